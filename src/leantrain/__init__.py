@@ -1,0 +1,33 @@
+"""leantrain: fine-tune Hugging Face transformer models efficiently, on whatever hardware exists.
+
+    import leantrain
+    result = leantrain.train(leantrain.TrainConfig(data="train.csv", epochs=2))
+    print(result.metrics["eval_accuracy"], result.model_dir)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from leantrain.config import TrainConfig
+from leantrain.errors import LeantrainError
+
+__version__ = "0.1.0"
+__all__ = ["LeantrainError", "TrainConfig", "TrainResult", "__version__", "evaluate", "predict", "train"]
+
+if TYPE_CHECKING:
+    from leantrain.inference import evaluate, predict
+    from leantrain.train import TrainResult, train
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing torch and transformers takes seconds; `import leantrain` should not.
+    if name in ("train", "TrainResult"):
+        from leantrain import train as _train_pkg
+
+        return getattr(_train_pkg, name)
+    if name in ("evaluate", "predict"):
+        from leantrain import inference
+
+        return getattr(inference, name)
+    raise AttributeError(f"module 'leantrain' has no attribute {name!r}")

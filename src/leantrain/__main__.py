@@ -1,0 +1,5 @@
+import sys
+
+from leantrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,209 @@
+"""The `leantrain` command: a thin layer over the Python API.
+
+Heavy libraries are imported inside the commands, so `leantrain --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from dataclasses import MISSING, fields
+from typing import Any
+
+from leantrain.config import TrainConfig, field_base_type
+from leantrain.errors import LeantrainError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that fails in one line, naming the flag and suggesting the closest known one."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments"):
+            bad = message.split(":", 1)[1].split()
+            flag = next((b for b in bad if b.startswith("-")), bad[0] if bad else "")
+            known = [o for p in _all_parsers(self) for a in p._actions for o in a.option_strings]
+            near = difflib.get_close_matches(flag.split("=")[0], known, n=1)
+            hint = f"; did you mean {near[0]}?" if near else f"; see `{self.prog} --help`"
+            message = f"unknown flag {flag}{hint}"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _all_parsers(sub)
+    return found
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field; unset flags stay absent so YAML values are not overridden."""
+    parser.add_argument("--config", metavar="YAML", help="YAML file of config keys; flags given here override it.")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        kind = field_base_type(f)
+        help_text = f.metadata.get("help", "")
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=f"{help_text} (default: {default})")
+        else:
+            parser.add_argument(flag, dest=f.name, type=_typed(kind, flag), default=argparse.SUPPRESS,
+                                metavar=f.name.upper(), help=f"{help_text} (default: {default})")
+
+
+def _typed(kind: type, flag: str):
+    def convert(text: str) -> Any:
+        if kind is str:
+            return text
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} needs {'an integer' if kind is int else 'a number'}, "
+                                             f"got '{text}'") from None
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="leantrain", description="Fine-tune Hugging Face transformer models efficiently.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("train", help="Fine-tune a model (defaults: MiniLM on the embedded tweet corpus).",
+                       description="Fine-tune a sequence classifier. Every flag is also a key of --config.")
+    _add_config_flags(p)
+
+    sub.add_parser("env", help="Show the devices, precisions and library versions training would use here.")
+
+    p = sub.add_parser("info", help="Show a model's config, parameter counts and classification head.")
+    p.add_argument("model", nargs="?", default=None, help="Model folder, hub name or run directory "
+                                                          "(default: the embedded MiniLM).")
+    p.add_argument("--num-labels", type=int, default=2, help="Labels the head would have (default: 2).")
+
+    p = sub.add_parser("evaluate", help="Score a trained run or model on a labelled file.")
+    p.add_argument("model", metavar="RUN_OR_MODEL")
+    p.add_argument("--data", required=True, help="Labelled file to score.")
+    _add_column_flags(p, label=True)
+
+    p = sub.add_parser("predict", help="Predict labels with probabilities for texts or a file.")
+    p.add_argument("model", metavar="RUN_OR_MODEL")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", action="append", help="A text to classify (repeatable).")
+    src.add_argument("--data", help="File of texts to classify.")
+    p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")
+    _add_column_flags(p, label=False)
+    return parser
+
+
+def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
+    p.add_argument("--text-column")
+    p.add_argument("--text-pair-column")
+    if label:
+        p.add_argument("--label-column")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=64)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    if args.config:
+        return TrainConfig.from_yaml(args.config, overrides=given)
+    return TrainConfig.from_dict(given, source="flags")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from leantrain.train import train
+
+    result = train(config_from_args(args))
+    m = result.metrics
+    print(f"accuracy {m['eval_accuracy']:.4f}  macro-F1 {m['eval_macro_f1']:.4f}  "
+          f"({m['train_samples_per_second']:.1f} samples/s)  model: {result.model_dir}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from leantrain.parallel import environment_report
+    from leantrain.telemetry import summary_table
+
+    print(summary_table("leantrain env", environment_report()).rstrip())
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from leantrain import models
+
+    if args.num_labels < 1:
+        raise LeantrainError(f"--num-labels must be a positive integer, got {args.num_labels}")
+    path = models.resolve_model(args.model)
+    model = models.load_for_classification(path, [f"LABEL_{i}" for i in range(args.num_labels)])
+    counts = models.count_parameters(model)
+    print(model.config)
+    print(f"architecture     {type(model).__name__}")
+    print(f"parameters       {counts.total:,} total, {counts.trainable:,} trainable, "
+          f"{counts.embeddings:,} in embeddings, {counts.non_embedding:,} outside them")
+    print(f"head ({args.num_labels} labels) {models.classification_head(model)}")
+    limit = models.max_supported_length(model.config)
+    print(f"max input length {limit if limit is not None else 'not stated'}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from leantrain.inference import evaluate
+
+    _check_sizes(args)
+    metrics = evaluate(args.model, args.data, args.text_column, args.text_pair_column, args.label_column,
+                       args.max_length, args.batch_size)
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from leantrain.inference import predict, write_predictions
+
+    _check_sizes(args)
+    rows = predict(args.model, texts=args.text, data=args.data, text_column=args.text_column,
+                   text_pair_column=args.text_pair_column, max_length=args.max_length, batch_size=args.batch_size)
+    write_predictions(rows, args.output, sys.stdout)
+    return 0
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    for name in ("max_length", "batch_size"):
+        if getattr(args, name) <= 0:
+            raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+
+
+COMMANDS = {"train": cmd_train, "env": cmd_env, "info": cmd_info, "evaluate": cmd_evaluate, "predict": cmd_predict}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    _quiet_libraries()
+    try:
+        return COMMANDS[args.command](args)
+    except LeantrainError as exc:
+        print(f"leantrain {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"leantrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _quiet_libraries() -> None:
+    """Keep the libraries' own progress bars and advice out of the user's terminal."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Typed training config: one dataclass, validated on creation, loadable from YAML, overridable by flags.
+
+Every field is both a YAML key (`batch_size`) and a CLI flag (`--batch-size`); the CLI is generated
+from the fields below, so the two can never drift apart. Precedence: defaults < YAML file < flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from leantrain.errors import ConfigError
+
+#: rows of the embedded tweet corpus used by the default job, sized for ~5 minutes on 2 CPU cores
+DEFAULT_JOB_LIMIT = 12_000
+
+SCHEDULERS = ("linear", "cosine", "constant")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run. Unset (None) fields are resolved by `resolved()`."""
+
+    # --- model and data
+    model: str | None = _help(
+        "Hugging Face model: a local folder or a hub name. Default: the embedded all-MiniLM-L6-v2.",
+        default=None,
+    )
+    data: str | None = _help(
+        "Training data: a CSV/TSV/JSON/JSONL/Parquet file, a `save_to_disk` folder or a hub data set "
+        "name. Default: the embedded 3-class tweet sentiment corpus.",
+        default=None,
+    )
+    eval_data: str | None = _help(
+        "Evaluation data in the same formats. Default: a stratified split of --data.", default=None
+    )
+    text_column: str | None = _help("Column holding the text. Guessed when obvious.", default=None)
+    text_pair_column: str | None = _help(
+        "Column holding the second text of a sentence pair. Guessed when obvious.", default=None
+    )
+    label_column: str | None = _help("Column holding the label. Guessed when obvious.", default=None)
+    max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
+    limit: int | None = _help(
+        "Train on a stratified sample of this many training rows. The default job uses "
+        f"{DEFAULT_JOB_LIMIT}; otherwise all rows.",
+        default=None,
+    )
+    eval_fraction: float = _help(
+        "Share of --data held out for evaluation when --eval-data is not given (0 < f < 1).", default=0.1
+    )
+    # --- optimisation
+    batch_size: int = _help("Examples per micro-batch on each device.", default=32)
+    epochs: float = _help("Passes over the training data (fractions allowed).", default=1.0)
+    max_steps: int | None = _help("Stop after this many optimizer steps (overrides --epochs).", default=None)
+    lr: float = _help("Peak learning rate.", default=5e-5)
+    weight_decay: float = _help(
+        "AdamW weight decay; never applied to biases and LayerNorm weights.", default=0.01
+    )
+    warmup_ratio: float = _help("Share of the optimizer steps spent warming up the learning rate.", default=0.06)
+    scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
+    max_grad_norm: float = _help("Clip the global gradient norm to this (0 disables clipping).", default=1.0)
+    precision: str = _help(
+        f"Numeric precision: {'|'.join(PRECISIONS)}. auto picks bf16 where the device runs it fast.",
+        default="auto",
+    )
+    # --- evaluation, logging, output
+    eval_every: int | None = _help("Evaluate every N optimizer steps (and always at the end).", default=None)
+    log_every: int = _help("Log a row to metrics.jsonl every N optimizer steps.", default=10)
+    seed: int = _help("Seed for data order, splits, head initialisation and dropout.", default=42)
+    output_dir: str | None = _help("Where the run is written. Default: runs/<timestamp>.", default=None)
+    overwrite: bool = _help("Replace a finished run in --output-dir (only once the new run succeeds).", default=False)
+    cache_dir: str | None = _help(
+        "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
+    )
+    progress: bool = _help("Show a progress bar.", default=True)
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        _positive(self, "max_length", "batch_size", "log_every")
+        _positive(self, "limit", "max_steps", "eval_every", optional=True)
+        if not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
+        if not 0 < self.eval_fraction < 1:
+            raise ConfigError(
+                f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}"
+            )
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"{_flag('warmup_ratio')} must be in [0, 1), got {self.warmup_ratio}")
+        if not self.lr > 0:
+            raise ConfigError(f"{_flag('lr')} must be positive, got {self.lr}")
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        _choice(self, "scheduler", SCHEDULERS)
+        _choice(self, "precision", PRECISIONS)
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
+        """Build from a mapping, refusing unknown keys with a suggestion."""
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                hint = difflib.get_close_matches(key, sorted(known), n=1)
+                fix = f"; did you mean '{hint[0]}'?" if hint else "; see `leantrain train --help`"
+                raise ConfigError(f"{source}: unknown key '{key}'{fix}")
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+        """Load a YAML file, then apply `overrides` (the flags given on the command line)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"--config: no such file '{path}'")
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(values).__name__}")
+        values = {str(k).replace("-", "_"): v for k, v in values.items()}
+        return cls.from_dict({**values, **(overrides or {})}, source=str(path))
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def field_help(cls: type = TrainConfig) -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+def field_base_type(f: dataclasses.Field) -> type:
+    """The concrete type of a field, with `| None` stripped."""
+    hint = typing.get_type_hints(TrainConfig)[f.name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0]
+    return hint
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _coerce_types(cfg: TrainConfig) -> None:
+    """Accept what YAML and Python callers naturally give (1 for 1.0, "1e-4" for 1e-4); refuse the rest."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None:
+            continue
+        want = field_base_type(f)
+        if want is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
+        elif want is int:
+            if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+                raise ConfigError(f"{_flag(f.name)} must be an integer, got {value!r}")
+            setattr(cfg, f.name, int(value))
+        elif want is float:
+            try:
+                if isinstance(value, bool):
+                    raise ValueError
+                setattr(cfg, f.name, float(value))
+            except (TypeError, ValueError):
+                raise ConfigError(f"{_flag(f.name)} must be a number, got {value!r}") from None
+        elif want is str:
+            if not isinstance(value, (str, Path)):
+                raise ConfigError(f"{_flag(f.name)} must be a string, got {value!r}")
+            setattr(cfg, f.name, str(value))
+
+
+def _positive(cfg: TrainConfig, *names: str, optional: bool = False) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value is None and optional:
+            continue
+        if value is None or value <= 0:
+            raise ConfigError(f"{_flag(name)} must be a positive integer, got {value}")
+
+
+def _choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")

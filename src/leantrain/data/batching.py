@@ -1,0 +1,148 @@
+"""Batches with little padding, whose contents do not depend on how the global batch is split.
+
+The sampler thinks in *global batches* (micro-batch x accumulation steps x processes = one optimizer
+step). Which examples form each global batch depends only on the seed, the epoch and the global batch
+size; the global batch is then cut into micro-batches for each accumulation step and process. So one
+process with batch 64, four accumulation steps of 16, and two processes of 32 all see the same
+examples per optimizer step, which is what makes their equivalence testable.
+
+Micro-batches are yielded in the order Accelerate's batch-sampler sharding expects: for each
+accumulation step, one micro-batch per process in turn (process p takes every N-th batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from leantrain.data.prepare import LabelledText
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One example's place in an optimizer step: what the loss normalisation needs to know."""
+
+    index: int
+    window_examples: int  # examples in the whole optimizer step, across all micro-batches and processes
+    window_end: bool      # the last micro-batch of the step on this process: step the optimizer after it
+
+
+class GlobalBatchSampler:
+    """Yields micro-batches (lists of `Slot`) for every process, grouped by global batch."""
+
+    def __init__(self, lengths: np.ndarray, micro_batch: int, accumulation: int = 1, num_processes: int = 1,
+                 seed: int = 0, group_by_length: bool = True, chunk_batches: int = 50):
+        self.lengths = np.asarray(lengths)
+        self.micro_batch, self.accumulation, self.num_processes = micro_batch, accumulation, num_processes
+        self.global_batch = micro_batch * accumulation * num_processes
+        self.seed, self.group_by_length, self.chunk_batches = seed, group_by_length, chunk_batches
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def global_batches(self) -> list[np.ndarray]:
+        """This epoch's global batches, as example indices (each sorted longest first when grouping)."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(self.lengths))
+        if self.group_by_length:
+            # Sort within large random chunks, so a batch holds similar lengths while the epoch stays random.
+            chunk = self.global_batch * self.chunk_batches
+            order = np.concatenate([c[np.argsort(-self.lengths[c], kind="stable")]
+                                    for c in np.split(order, range(chunk, len(order), chunk))])
+        batches = np.split(order, range(self.global_batch, len(order), self.global_batch))
+        if self.group_by_length and len(batches) > 1:
+            # Shuffle full batches; keep the short remainder last so every other step is full-size.
+            full, last = batches[:-1], batches[-1]
+            batches = [full[i] for i in rng.permutation(len(full))] + [last]
+        return batches
+
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.lengths) / self.global_batch) if len(self.lengths) >= self.num_processes else 0
+
+    def micro_steps(self, batch: np.ndarray) -> int:
+        """Accumulation steps that `batch` takes: fewer for the last, shorter batch of an epoch."""
+        return min(self.accumulation, math.ceil(len(batch) / (self.micro_batch * self.num_processes)))
+
+    def __iter__(self):
+        n = self.num_processes
+        for batch in self.global_batches():
+            if len(batch) < n:
+                continue  # fewer examples than processes: cannot give each one a micro-batch
+            k = self.micro_steps(batch)
+            # Contiguous slices of a length-sorted batch keep each micro-batch's lengths alike.
+            parts = np.array_split(batch, k * n)
+            for a in range(k):
+                for p in range(n):
+                    yield [Slot(int(i), len(batch), a == k - 1) for i in parts[a * n + p]]
+
+    def __len__(self) -> int:
+        total = 0
+        for size in _batch_sizes(len(self.lengths), self.global_batch):
+            if size >= self.num_processes:
+                total += min(self.accumulation, math.ceil(size / (self.micro_batch * self.num_processes)))
+        return total * self.num_processes
+
+
+def _batch_sizes(n: int, global_batch: int) -> list[int]:
+    sizes = [global_batch] * (n // global_batch)
+    return sizes + ([n % global_batch] if n % global_batch else [])
+
+
+class ClassificationDataset(torch.utils.data.Dataset):
+    """Map-style dataset over `LabelledText`; accepts an int or a `Slot` as key."""
+
+    def __init__(self, data: LabelledText):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key):
+        slot = key if isinstance(key, Slot) else Slot(int(key), 0, True)
+        item = self.data.tokens.row(slot.index)
+        item["label"] = self.data.labels[slot.index]
+        item["index"] = slot.index
+        item["window_examples"] = slot.window_examples
+        item["window_end"] = slot.window_end
+        return item
+
+
+class Collator:
+    """Pads each micro-batch to its own longest row (dynamic padding)."""
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None):
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        lengths = [len(x["input_ids"]) for x in items]
+        width = max(lengths)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        ids = torch.full((len(items), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        types = torch.zeros((len(items), width), dtype=torch.long) if "token_type_ids" in items[0] else None
+        for r, (x, n) in enumerate(zip(items, lengths)):
+            ids[r, :n] = torch.from_numpy(x["input_ids"].astype(np.int64))
+            mask[r, :n] = 1
+            if types is not None:
+                types[r, :n] = torch.from_numpy(x["token_type_ids"].astype(np.int64))
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "labels": torch.tensor([x["label"] for x in items], dtype=torch.long),
+                 "index": torch.tensor([x["index"] for x in items], dtype=torch.long),
+                 "window_examples": torch.tensor(items[0]["window_examples"], dtype=torch.long),
+                 "window_end": torch.tensor(bool(items[-1]["window_end"])),
+                 "num_tokens": torch.tensor(sum(lengths), dtype=torch.long)}
+        if types is not None:
+            batch["token_type_ids"] = types
+        return batch
+
+
+def eval_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
+    """Length-sorted, fixed-order batches for evaluation and prediction (least padding, no shuffling)."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]

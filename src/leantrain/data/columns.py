@@ -1,0 +1,86 @@
+"""Find the text, text-pair and label columns of a table, and build the label map."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from leantrain.errors import DataError
+
+TEXT_NAMES = ("text", "sentence", "content", "review", "document", "tweet", "message", "sms", "comment", "body")
+PAIR_NAMES = (("sentence1", "sentence2"), ("#1 String", "#2 String"), ("text_a", "text_b"),
+              ("question1", "question2"), ("premise", "hypothesis"), ("question", "sentence"),
+              ("text", "text_pair"))
+LABEL_NAMES = ("label", "labels", "sentiment", "class", "category", "target", "quality", "y")
+
+
+@dataclass(frozen=True)
+class Columns:
+    text: str
+    label: str | None
+    text_pair: str | None = None
+
+
+def resolve_columns(df: pd.DataFrame, source: str, text: str | None, pair: str | None,
+                    label: str | None, require_label: bool = True) -> Columns:
+    """Use the columns the user named; guess the others when exactly one choice is obvious."""
+    cols = list(df.columns)
+    lower = {str(c).lower(): c for c in cols}
+    for flag, name in (("--text-column", text), ("--text-pair-column", pair), ("--label-column", label)):
+        if name is not None and name not in df.columns:
+            raise DataError(f"{source}: no column '{name}' (given by {flag}); columns are {_list(cols)}")
+    if label is None:
+        label = next((lower[n] for n in LABEL_NAMES if n in lower), None)
+        if label is None and require_label:
+            raise DataError(f"{source}: cannot tell which column holds the label among {_list(cols)}; "
+                            "name it with --label-column")
+    if text is None:
+        for a, b in PAIR_NAMES:
+            if a.lower() in lower and b.lower() in lower and pair in (None, lower[b.lower()]):
+                text, pair = lower[a.lower()], lower[b.lower()]
+                break
+    if text is None:
+        named = [lower[n] for n in TEXT_NAMES if n in lower]
+        if len(named) == 1:
+            text = named[0]
+        else:
+            candidates = named or [c for c in cols if c not in (label, pair) and _is_string(df[c])]
+            if len(candidates) != 1:
+                what = "ambiguous" if candidates else "not found"
+                raise DataError(f"{source}: text column {what} among {_list(cols)}; name it with --text-column")
+            text = candidates[0]
+    if text == label:
+        raise DataError(f"{source}: --text-column and --label-column are both '{text}'")
+    return Columns(text=text, label=label, text_pair=pair)
+
+
+def _is_string(series: pd.Series) -> bool:
+    sample = series.dropna().head(100)
+    return len(sample) > 0 and all(isinstance(v, str) for v in sample)
+
+
+def _list(cols: list) -> str:
+    return ", ".join(repr(str(c)) for c in cols)
+
+
+def normalise_labels(values: pd.Series) -> pd.Series:
+    """Labels as strings, so '1' in a CSV and 1 in a JSON file are the same label."""
+    def one(v):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        return str(v).strip()
+
+    return values.map(one)
+
+
+def build_label_map(labels: pd.Series, source: str, column: str) -> list[str]:
+    """Sorted label names (numerically when all are integers); index = class id."""
+    names = sorted(set(labels))
+    if len(names) < 2:
+        only = names[0] if names else "nothing"
+        raise DataError(f"{source}: label column '{column}' holds a single class ({only!r}); "
+                        "a classifier needs at least two")
+    if all(n.lstrip("-").isdigit() for n in names):
+        names = sorted(names, key=int)
+    return names

@@ -1,0 +1,150 @@
+"""From a config to tokenized train/eval sets: read, repair, pick columns, map labels, split, cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from leantrain.data.columns import Columns, build_label_map, normalise_labels, resolve_columns
+from leantrain.data.sources import ReadReport, read_table, resolve_data_path
+from leantrain.data.tokenize import (TokenizedText, cache_key, load_cached, save_cached, source_fingerprint,
+                                     tokenize, tokenizer_fingerprint)
+from leantrain.errors import DataError
+
+log = logging.getLogger("leantrain")
+
+
+@dataclass
+class LabelledText:
+    """Tokenized examples with their class ids."""
+
+    tokens: TokenizedText
+    labels: np.ndarray  # int64 class ids
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.tokens.lengths
+
+    def subset(self, rows: np.ndarray) -> LabelledText:
+        return LabelledText(self.tokens.subset(rows), self.labels[rows])
+
+
+@dataclass
+class Source:
+    """One data source after reading and tokenizing (or loading both from the cache)."""
+
+    path: str
+    columns: Columns
+    tokens: TokenizedText
+    labels: list[str]  # label names as strings, one per row
+    report: ReadReport
+    cache_hit: bool
+
+
+@dataclass
+class PreparedData:
+    train: LabelledText
+    eval: LabelledText
+    label_names: list[str]
+    columns: Columns
+    notes: list[str] = field(default_factory=list)  # what the user should hear about the data
+
+
+def load_source(source: str, tokenizer, max_length: int, cache_dir: Path, split: str,
+                text_column: str | None = None, text_pair_column: str | None = None,
+                label_column: str | None = None) -> Source:
+    key = cache_key(source=source_fingerprint(source), split=split, text=text_column, pair=text_pair_column,
+                    label=label_column, tokenizer=tokenizer_fingerprint(tokenizer), max_length=max_length)
+    path = cache_dir / "tokenized" / f"{key}.npz"
+    cached = load_cached(path)
+    if cached is not None:
+        tokens, labels, meta = cached
+        return Source(source, Columns(**meta["columns"]), tokens, labels, ReadReport(**meta["report"]), True)
+
+    df, report = read_table(source, split=split)
+    cols = resolve_columns(df, source, text_column, text_pair_column, label_column)
+    df = _drop_unusable(df, cols, report)
+    labels = normalise_labels(df[cols.label]).tolist()
+    texts = df[cols.text].astype(str).tolist()
+    pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
+    tokens = tokenize(tokenizer, texts, pairs, max_length)
+    meta = {"columns": cols.__dict__, "report": report.__dict__}
+    try:
+        save_cached(path, tokens, labels, meta)
+    except OSError as exc:  # a read-only cache slows the next run down; it does not stop this one
+        log.warning("could not write the tokenization cache at %s (%s)", path, exc)
+    return Source(source, cols, tokens, labels, report, False)
+
+
+def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.DataFrame:
+    text_cols = [c for c in (cols.text, cols.text_pair) if c]
+    empty_text = np.zeros(len(df), dtype=bool)
+    for c in text_cols:
+        empty_text |= df[c].isna().to_numpy() | (df[c].astype(str).str.strip() == "").to_numpy()
+    no_label = df[cols.label].isna().to_numpy() | (df[cols.label].astype(str).str.strip() == "").to_numpy()
+    report.drop("with empty text", int((empty_text & ~no_label).sum()))
+    report.drop("without a label", int(no_label.sum()))
+    return df[~(empty_text | no_label)].reset_index(drop=True)
+
+
+def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
+    """Load (or reuse) the tokenized training and evaluation data that `cfg` describes."""
+    common = dict(tokenizer=tokenizer, max_length=cfg.max_length, cache_dir=cache_dir,
+                  text_column=cfg.text_column, text_pair_column=cfg.text_pair_column,
+                  label_column=cfg.label_column)
+    train_src = load_source(resolve_data_path(cfg.data), split="train", **common)
+    notes = [_describe(train_src)]
+    label_names = build_label_map(pd.Series(train_src.labels), train_src.path, train_src.columns.label)
+    label_id = {name: i for i, name in enumerate(label_names)}
+    all_train = LabelledText(train_src.tokens, np.array([label_id[x] for x in train_src.labels], dtype=np.int64))
+    if len(all_train) < 2:
+        raise DataError(f"{train_src.path}: only {len(all_train)} usable rows; need at least two")
+
+    if cfg.eval_data:
+        eval_src = load_source(cfg.eval_data, split="eval", **common)
+        notes.append(_describe(eval_src))
+        unseen = sorted(set(eval_src.labels) - set(label_names))
+        if unseen:
+            raise DataError(f"{eval_src.path}: labels {unseen[:5]} in column '{eval_src.columns.label}' never "
+                            f"occur in the training data (which has {label_names}); fix or drop those rows")
+        eval_set = LabelledText(eval_src.tokens, np.array([label_id[x] for x in eval_src.labels], dtype=np.int64))
+        train_rows = np.arange(len(all_train))
+    else:
+        train_rows, eval_rows = stratified_split(all_train.labels, cfg.eval_fraction, cfg.seed)
+        eval_set = all_train.subset(eval_rows)
+        notes.append(f"held out {len(eval_rows):,} rows ({cfg.eval_fraction:.0%}, stratified, seed {cfg.seed}) "
+                     "for evaluation")
+    if cfg.limit is not None and cfg.limit < len(train_rows):
+        keep, _ = stratified_split(all_train.labels[train_rows], 1 - cfg.limit / len(train_rows), cfg.seed + 1,
+                                   exact_first=cfg.limit)
+        train_rows = np.sort(train_rows[keep])
+        notes.append(f"training on a stratified sample of {len(train_rows):,} rows (--limit)")
+    return PreparedData(all_train.subset(train_rows), eval_set, label_names, train_src.columns, notes)
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int,
+                     exact_first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of a stratified split; falls back to a random split when a class is too rare to stratify."""
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(len(labels))
+    kwargs = {"train_size": exact_first} if exact_first is not None else {"test_size": test_fraction}
+    try:
+        a, b = train_test_split(idx, stratify=labels, random_state=seed, **kwargs)
+    except ValueError:
+        a, b = train_test_split(idx, random_state=seed, **kwargs)
+    return np.sort(a), np.sort(b)
+
+
+def _describe(src: Source) -> str:
+    cols = f"text='{src.columns.text}'" + (f", pair='{src.columns.text_pair}'" if src.columns.text_pair else "")
+    cols += f", label='{src.columns.label}'"
+    cached = "tokenized data loaded from cache" if src.cache_hit else "tokenized and cached"
+    return f"{src.report.summary()}; columns {cols}; {cached}"

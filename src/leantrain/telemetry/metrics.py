@@ -1,0 +1,96 @@
+"""Per-step metrics log (JSON lines), throughput counters and the end-of-run summary table."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Appends one JSON object per line; flushed each row so a crash keeps what was logged."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._file = path.open("a", encoding="utf-8") if path is not None else None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(_plain(row)) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Throughput:
+    """Counts examples and tokens over training time only (evaluation and saving are paused out)."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+        self.tokens = 0          # real tokens, padding excluded
+        self.padded_tokens = 0   # what the model computed on, padding included
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def elapsed(self) -> float:
+        running = time.perf_counter() - self._started if self._started is not None else 0.0
+        return self.seconds + running
+
+    def add(self, examples: int, tokens: int, padded_tokens: int) -> None:
+        self.examples += examples
+        self.tokens += tokens
+        self.padded_tokens += padded_tokens
+
+    @property
+    def samples_per_second(self) -> float:
+        t = self.elapsed()
+        return self.examples / t if t > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        t = self.elapsed()
+        return self.tokens / t if t > 0 else 0.0
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in row.items():
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = str(v)
+        out[k] = v
+    return out
+
+
+def summary_table(title: str, rows: list[tuple[str, str]]) -> str:
+    """A two-column table as text (rich renders it; plain text when output is not a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in rows:
+        table.add_row(k, v)
+    console = Console(width=100, file=io.StringIO())
+    console.print(table)
+    return console.file.getvalue()

@@ -1,0 +1,39 @@
+"""Evaluation: predictions gathered across processes without duplicates, then standard metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from leantrain.train.loop import model_inputs
+
+
+@torch.no_grad()
+def predict_loop(model, loader, accelerator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Probabilities, labels and example indices for every example in `loader`, in loader order."""
+    model.eval()
+    probs, labels, indices = [], [], []
+    for batch in loader:
+        logits = model(**model_inputs(batch)).logits.float()
+        p, y, i = accelerator.gather_for_metrics((F.softmax(logits, dim=-1), batch["labels"], batch["index"]))
+        probs.append(p.cpu())
+        labels.append(y.cpu())
+        indices.append(i.cpu())
+    return torch.cat(probs).numpy(), torch.cat(labels).numpy(), torch.cat(indices).numpy()
+
+
+def classification_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import accuracy_score, f1_score
+
+    preds = probs.argmax(-1)
+    eps = 1e-12
+    loss = float(-np.log(np.clip(probs[np.arange(len(labels)), labels], eps, 1)).mean())
+    return {"accuracy": float(accuracy_score(labels, preds)),
+            "macro_f1": float(f1_score(labels, preds, average="macro", zero_division=0)),
+            "loss": loss}
+
+
+def evaluate_loop(model, loader, accelerator) -> dict[str, float]:
+    probs, labels, _ = predict_loop(model, loader, accelerator)
+    return classification_metrics(probs, labels)
