@@ -17,15 +17,15 @@ __all__ = ["LeantrainError", "TrainConfig", "TrainResult", "__version__", "evalu
 
 if TYPE_CHECKING:
     from leantrain.inference import evaluate, predict
-    from leantrain.train import TrainResult, train
+    from leantrain.training import TrainResult, train
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: importing torch and transformers takes seconds; `import leantrain` should not.
     if name in ("train", "TrainResult"):
-        from leantrain import train as _train_pkg
+        from leantrain import training
 
-        return getattr(_train_pkg, name)
+        return getattr(training, name)
     if name in ("evaluate", "predict"):
         from leantrain import inference
 

@@ -22,11 +22,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments"):
             bad = message.split(":", 1)[1].split()
-            flag = next((b for b in bad if b.startswith("-")), bad[0] if bad else "")
-            known = [o for p in _all_parsers(self) for a in p._actions for o in a.option_strings]
-            near = difflib.get_close_matches(flag.split("=")[0], known, n=1)
-            hint = f"; did you mean {near[0]}?" if near else f"; see `{self.prog} --help`"
-            message = f"unknown flag {flag}{hint}"
+            flag = next((b for b in bad if b.startswith("-")), None)
+            if flag is None:
+                message = f"unexpected argument '{bad[0] if bad else ''}'; see `{self.prog} --help`"
+            else:
+                known = [o for p in _all_parsers(self) for a in p._actions for o in a.option_strings]
+                near = difflib.get_close_matches(flag.split("=")[0], known, n=1)
+                hint = f"; did you mean {near[0]}?" if near else f"; see `{self.prog} --help`"
+                message = f"unknown flag {flag}{hint}"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -115,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from leantrain.train import train
+    from leantrain.training import train
 
     result = train(config_from_args(args))
     m = result.metrics

@@ -24,6 +24,7 @@ DEFAULT_JOB_LIMIT = 12_000
 
 SCHEDULERS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adafactor", "adamw8bit", "sgd")
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -72,6 +73,10 @@ class TrainConfig:
     warmup_ratio: float = _help("Share of the optimizer steps spent warming up the learning rate.", default=0.06)
     scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
     max_grad_norm: float = _help("Clip the global gradient norm to this (0 disables clipping).", default=1.0)
+    optimizer: str = _help(
+        f"Optimizer: {'|'.join(OPTIMIZERS)}. adafactor and adamw8bit keep far less state than adamw.",
+        default="adamw",
+    )
     precision: str = _help(
         f"Numeric precision: {'|'.join(PRECISIONS)}. auto picks bf16 where the device runs it fast.",
         default="auto",
@@ -106,6 +111,7 @@ class TrainConfig:
                 raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
         _choice(self, "scheduler", SCHEDULERS)
         _choice(self, "precision", PRECISIONS)
+        _choice(self, "optimizer", OPTIMIZERS)
 
     # -- construction ----------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ def _loader(tokens, labels: np.ndarray, tokenizer, batch_size: int):
 
 def _run(model, loader, precision: str = "fp32"):
     from leantrain import parallel
-    from leantrain.train.evaluate import predict_loop
+    from leantrain.training.evaluate import predict_loop
 
     accelerator = parallel.make_accelerator(precision)
     model, loader = accelerator.prepare(model, loader)
@@ -53,7 +53,7 @@ def evaluate(run_or_model: str, data: str, text_column: str | None = None, text_
     """Accuracy, macro-F1 and loss of a trained model on a labelled file."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
-    from leantrain.train.evaluate import classification_metrics
+    from leantrain.training.evaluate import classification_metrics
 
     _, model, tokenizer, names = _load(run_or_model)
     src = load_source(data, tokenizer, max_length, Path(cache_dir) if cache_dir else default_cache_dir(), "eval",

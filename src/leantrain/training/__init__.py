@@ -1,5 +1,5 @@
 """The training loop and evaluation."""
 
-from leantrain.train.loop import TrainResult, train
+from leantrain.training.loop import TrainResult, train
 
 __all__ = ["TrainResult", "train"]

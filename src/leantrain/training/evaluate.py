@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from leantrain.train.loop import model_inputs
+from leantrain.training.loop import model_inputs
 
 
 @torch.no_grad()

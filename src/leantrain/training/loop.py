@@ -90,13 +90,14 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     from leantrain.optim import build_optimizer, build_scheduler
     from leantrain.run_dir import RunDir
     from leantrain.telemetry import Console, MetricsLog, Throughput, summary_table
-    from leantrain.train.evaluate import evaluate_loop
+    from leantrain.training.evaluate import evaluate_loop
 
     if config is None:
         config = TrainConfig()
     elif isinstance(config, dict):
         config = TrainConfig.from_dict(config)
     cfg = resolve_config(config.replace(**overrides) if overrides else config)
+    _quiet_transformers()
     run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
     run.check()
 
@@ -129,7 +130,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                              batch_sampler=eval_batches(data.eval.lengths, cfg.batch_size * 2))
     steps_per_epoch = sampler.steps_per_epoch()
     total_steps = cfg.max_steps or max(1, math.ceil(steps_per_epoch * cfg.epochs))
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, cfg.warmup_ratio)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler)
@@ -229,6 +230,13 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     return TrainResult(output_dir=out, model_dir=out / "model", metrics=metrics,
                        paths={"model": out / "model", "metrics": out / "metrics.json",
                               "log": out / "metrics.jsonl", "config": out / "config.yaml"})
+
+
+def _quiet_transformers() -> None:
+    """leantrain reports loading and saving itself; the libraries' own bars would interleave with ours."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _epoch_progress(step: int, steps_per_epoch: int) -> float:

@@ -1,0 +1,88 @@
+"""Shared fixtures: a tiny random BERT (with MiniLM's real tokenizer) and small labelled files.
+
+Tests never reach the Hub: HF_HUB_OFFLINE is set before transformers is imported, and every model
+comes from a local folder or a config.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import csv  # noqa: E402
+import random  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+POSITIVE = ["great", "wonderful", "superb", "lovely", "excellent", "delightful", "brilliant", "charming"]
+NEGATIVE = ["awful", "terrible", "dreadful", "boring", "horrible", "poor", "tedious", "clumsy"]
+FILLER = ["the", "film", "was", "a", "story", "with", "acting", "and", "plot", "really", "quite", "very"]
+
+
+def make_sentiment_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Short texts whose label is carried by one sentiment word: learnable by a tiny model in seconds."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = "pos" if i % 2 == 0 else "neg"
+        words = rng.choices(FILLER, k=rng.randint(2, 14))
+        words.insert(rng.randint(0, len(words)), rng.choice(POSITIVE if label == "pos" else NEGATIVE))
+        rows.append((" ".join(words), label))
+    rng.shuffle(rows)
+    return rows
+
+
+def write_csv(path: Path, rows, header=("text", "label"), delimiter=",") -> Path:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter=delimiter)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from leantrain.models import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A 2-layer, 64-wide BERT with random weights and MiniLM's tokenizer; dropout off for exact tests."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    import torch
+
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def sentiment_csv(tmp_path_factory) -> Path:
+    return write_csv(tmp_path_factory.mktemp("data") / "sentiment.csv", make_sentiment_rows(240))
+
+
+@pytest.fixture()
+def cache_dir(tmp_path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is absent")
+    return SHARED_DATA

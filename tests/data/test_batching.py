@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+
+from leantrain.data.batching import Collator, GlobalBatchSampler, eval_batches
+
+
+def _steps(sampler):
+    """Group the yielded micro-batches into optimizer steps, per process (round-robin sharding)."""
+    n = sampler.num_processes
+    steps, current = [], []
+    for k, micro in enumerate(sampler):
+        current.append((k % n, [s.index for s in micro], micro[0].window_examples, micro[-1].window_end))
+        if k % n == n - 1 and micro[-1].window_end:
+            steps.append(current)
+            current = []
+    assert not current
+    return steps
+
+
+@pytest.mark.parametrize("micro,accum,procs", [(8, 1, 1), (4, 2, 1), (2, 2, 2), (1, 8, 1), (4, 1, 2)])
+def test_each_step_holds_the_same_examples_however_the_batch_is_split(micro, accum, procs):
+    lengths = np.random.default_rng(0).integers(3, 60, size=203)
+    reference = GlobalBatchSampler(lengths, micro_batch=8, seed=7)
+    split = GlobalBatchSampler(lengths, micro_batch=micro, accumulation=accum, num_processes=procs, seed=7)
+    for epoch in (0, 1):
+        reference.set_epoch(epoch)
+        split.set_epoch(epoch)
+        want = [sorted(i for _, idx, _, _ in step for i in idx) for step in _steps(reference)]
+        got_steps = _steps(split)
+        got = [sorted(i for _, idx, _, _ in step for i in idx) for step in got_steps]
+        assert got == want
+        for step, examples in zip(got_steps, want):
+            assert all(w == len(examples) for _, _, w, _ in step)  # the loss normaliser is the whole step
+
+
+def test_an_epoch_sees_every_example_exactly_once_and_the_order_changes():
+    lengths = np.random.default_rng(1).integers(1, 100, size=150)
+    sampler = GlobalBatchSampler(lengths, micro_batch=16, accumulation=2, num_processes=1, seed=3)
+    seen = [s.index for micro in sampler for s in micro]
+    assert sorted(seen) == list(range(150))
+    assert len(list(sampler)) == len(sampler)
+    sampler.set_epoch(1)
+    assert [s.index for micro in sampler for s in micro] != seen
+
+
+def test_last_short_step_takes_fewer_micro_steps():
+    sampler = GlobalBatchSampler(np.ones(76, dtype=int), micro_batch=8, accumulation=4, seed=0)
+    steps = _steps(sampler)
+    assert [len(s) for s in steps] == [4, 4, 2]  # 32, 32, then 12 examples: two micro-batches, not four
+    assert [len(idx) for _, idx, _, _ in steps[-1]] == [6, 6]
+    assert all(w == 12 for _, _, w, _ in steps[-1])
+    assert sampler.steps_per_epoch() == 3 and len(sampler) == 10
+
+
+def test_length_grouping_cuts_padding():
+    lengths = np.random.default_rng(2).integers(5, 128, size=4000)
+
+    def padding(sampler):
+        real = padded = 0
+        for micro in sampler:
+            ls = lengths[[s.index for s in micro]]
+            real += ls.sum()
+            padded += ls.max() * len(ls)
+        return 1 - real / padded
+
+    grouped = padding(GlobalBatchSampler(lengths, 32, seed=0))
+    random_order = padding(GlobalBatchSampler(lengths, 32, seed=0, group_by_length=False))
+    assert grouped < 0.05 < 0.3 < random_order
+
+
+def test_collator_pads_to_the_longest_row_and_masks_padding():
+    items = [{"input_ids": np.array([101, 5, 102]), "label": 1, "index": 0, "window_examples": 2, "window_end": False},
+             {"input_ids": np.array([101, 102]), "label": 0, "index": 1, "window_examples": 2, "window_end": True}]
+    batch = Collator(pad_token_id=0)(items)
+    assert batch["input_ids"].tolist() == [[101, 5, 102], [101, 102, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["num_tokens"].item() == 5 and batch["window_end"].item() is True
+
+
+def test_eval_batches_cover_everything_once():
+    batches = eval_batches(np.array([3, 9, 1, 7, 5]), 2)
+    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
+    assert batches[0] == [1, 3]

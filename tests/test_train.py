@@ -1,0 +1,148 @@
+"""End to end on a tiny random BERT: the outputs a user relies on, caching, and never losing a run."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from leantrain import TrainConfig, train
+from leantrain.errors import ConfigError, DataError, ModelError
+
+
+@pytest.fixture()
+def job(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
+    def make(**changes):
+        base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), output_dir=str(tmp_path / "run"),
+                    cache_dir=str(cache_dir), batch_size=16, epochs=1, lr=1e-3, progress=False, log_every=2,
+                    precision="fp32")
+        return TrainConfig(**{**base, **changes})
+    return make
+
+
+def test_train_writes_a_shippable_run(job, capsys):
+    result = train(job(epochs=4, lr=3e-3, warmup_ratio=0.0))
+    out = result.output_dir
+    for name in ("model/config.json", "model/model.safetensors", "model/tokenizer.json", "metrics.json",
+                 "metrics.jsonl", "config.yaml"):
+        assert (out / name).is_file(), name
+    assert not (out / ".incomplete").exists()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics == pytest.approx(result.metrics)
+    assert metrics["eval_accuracy"] > 0.8  # the label is one word: even a tiny model learns it
+    assert 0 <= metrics["padding_fraction"] < 0.2
+    assert metrics["train_samples_per_second"] > 0 and metrics["train_tokens_per_second"] > 0
+    # label map travels with the model
+    config = json.loads((out / "model/config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"}
+    # the resolved config records what ran
+    assert yaml.safe_load((out / "config.yaml").read_text())["batch_size"] == 16
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(2, metrics["optimizer_steps"] + 1, 2))
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"]
+    assert "eval_accuracy" in rows[-1]
+
+
+def test_the_model_loads_in_a_transformers_pipeline_offline(job):
+    from transformers import pipeline
+
+    result = train(job(max_steps=2))
+    clf = pipeline("text-classification", model=str(result.model_dir))
+    assert clf("the film was wonderful and superb")[0]["label"] in ("pos", "neg")
+
+
+def test_a_run_is_repeatable_with_the_same_seed(job, tmp_path):
+    a = train(job(output_dir=str(tmp_path / "a"))).metrics
+    b = train(job(output_dir=str(tmp_path / "b"))).metrics
+    assert a["train_loss"] == b["train_loss"] and a["eval_loss"] == b["eval_loss"]
+
+
+def test_second_run_reuses_the_tokenization_cache(job, tmp_path, capsys):
+    train(job(output_dir=str(tmp_path / "a"), max_steps=1))
+    first = capsys.readouterr().err
+    train(job(output_dir=str(tmp_path / "b"), max_steps=1))
+    second = capsys.readouterr().err
+    assert "tokenized and cached" in first
+    assert "tokenized data loaded from cache" in second
+
+
+def test_a_finished_run_is_not_overwritten(job):
+    train(job(max_steps=1))
+    with pytest.raises(ConfigError, match="holds a finished run; pass --overwrite"):
+        train(job(max_steps=1))
+
+
+def test_a_failed_overwrite_keeps_the_finished_run(job, monkeypatch):
+    first = train(job(max_steps=2))
+    weights = (first.model_dir / "model.safetensors").read_bytes()
+    metrics = (first.output_dir / "metrics.json").read_text()
+
+    import leantrain.training.evaluate as evaluate
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated crash during the final evaluation")
+
+    monkeypatch.setattr(evaluate, "evaluate_loop", boom)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(job(max_steps=3, overwrite=True))
+    assert (first.model_dir / "model.safetensors").read_bytes() == weights
+    assert (first.output_dir / "metrics.json").read_text() == metrics
+
+
+def test_overwrite_replaces_a_finished_run_once_the_new_one_succeeds(job):
+    train(job(max_steps=1))
+    second = train(job(max_steps=3, overwrite=True))
+    assert json.loads((second.output_dir / "metrics.json").read_text())["optimizer_steps"] == 3
+
+
+def test_separate_eval_data_and_unseen_labels(job, tmp_path):
+    from tests.conftest import make_sentiment_rows, write_csv
+
+    eval_csv = write_csv(tmp_path / "eval.csv", make_sentiment_rows(40, seed=5))
+    result = train(job(eval_data=str(eval_csv), max_steps=2))
+    assert result.metrics["eval_accuracy"] >= 0
+    bad = write_csv(tmp_path / "bad_eval.csv", [("good film", "pos"), ("meh", "neutral")])
+    with pytest.raises(DataError, match=r"bad_eval.csv: labels \['neutral'\].*never occur in the training data"):
+        train(job(eval_data=str(bad), output_dir=str(tmp_path / "other")))
+
+
+def test_limit_takes_a_stratified_sample(job):
+    result = train(job(limit=40, max_steps=1))
+    assert result.metrics["optimizer_steps"] == 1
+    result = train(job(limit=40, overwrite=True))
+    assert result.metrics["train_examples"] == 40
+
+
+def test_max_length_beyond_the_model_is_refused(job):
+    with pytest.raises(ConfigError, match=r"--max-length 4096 is beyond .* supports \(128\)"):
+        train(job(max_length=4096))
+
+
+def test_model_folder_without_a_model_is_refused(job, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="holds no model"):
+        train(job(model=str(tmp_path / "empty")))
+
+
+def test_unknown_hub_model_offline_is_refused(job):
+    with pytest.raises(ModelError, match="Hub"):
+        train(job(model="someone/not-a-model-xyz"))
+
+
+def test_sentence_pairs_train(tiny_model_dir, cache_dir, tmp_path):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    words = ["cat", "dog", "car", "tree", "sun", "rain", "book", "song"]
+    rows = []
+    for i in range(120):
+        a = " ".join(rng.choice(words, 4))
+        same = i % 2 == 0
+        b = a if same else " ".join(rng.choice(words, 4))
+        rows.append({"sentence1": a, "sentence2": b, "label": int(same)})
+    path = tmp_path / "pairs.jsonl"
+    pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+    result = train(TrainConfig(model=str(tiny_model_dir), data=str(path), output_dir=str(tmp_path / "run"),
+                               cache_dir=str(cache_dir), max_steps=2, progress=False, precision="fp32"))
+    assert result.metrics["num_labels"] == 2
