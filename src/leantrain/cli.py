@@ -65,7 +65,7 @@ def _typed(kind: type, flag: str):
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} needs {'an integer' if kind is int else 'a number'}, "
+            raise argparse.ArgumentTypeError(f"needs {'an integer' if kind is int else 'a number'}, "
                                              f"got '{text}'") from None
     convert.__name__ = kind.__name__
     return convert
@@ -186,7 +186,10 @@ COMMANDS = {"train": cmd_train, "env": cmd_env, "info": cmd_info, "evaluate": cm
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed in one line
+        return exc.code if isinstance(exc.code, int) else 2
     if args.command is None:
         parser.print_help()
         return 2
