@@ -77,6 +77,23 @@ class TrainConfig:
         f"Optimizer: {'|'.join(OPTIMIZERS)}. adafactor and adamw8bit keep far less state than adamw.",
         default="adamw",
     )
+    grad_accum: int = _help(
+        "Micro-batches per optimizer step (exact: the loss is normalised over the whole step).", default=1
+    )
+    activation_checkpointing: bool = _help(
+        "Recompute activations in the backward pass: less memory, about a third more compute.", default=False
+    )
+    local_sgd_steps: int | None = _help(
+        "Local SGD: each process takes this many optimizer steps alone, then parameters are averaged.",
+        default=None,
+    )
+    local_sgd_outer_lr: float | None = _help(
+        "Local SGD with an outer optimizer (DiLoCo): learning rate of the Nesterov step on the averaged delta.",
+        default=None,
+    )
+    local_sgd_outer_momentum: float = _help("Local SGD outer optimizer momentum (Nesterov).", default=0.0)
+    compile: bool = _help("torch.compile the model (compile time is reported apart from throughput).",
+                          default=False)
     precision: str = _help(
         f"Numeric precision: {'|'.join(PRECISIONS)}. auto picks bf16 where the device runs it fast.",
         default="auto",
@@ -94,8 +111,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _coerce_types(self)
-        _positive(self, "max_length", "batch_size", "log_every")
-        _positive(self, "limit", "max_steps", "eval_every", optional=True)
+        _positive(self, "max_length", "batch_size", "log_every", "grad_accum")
+        _positive(self, "limit", "max_steps", "eval_every", "local_sgd_steps", optional=True)
+        if self.local_sgd_outer_lr is not None and not self.local_sgd_outer_lr > 0:
+            raise ConfigError(f"{_flag('local_sgd_outer_lr')} must be positive, got {self.local_sgd_outer_lr}")
+        if not 0 <= self.local_sgd_outer_momentum < 1:
+            raise ConfigError(f"{_flag('local_sgd_outer_momentum')} must be in [0, 1), got {self.local_sgd_outer_momentum}")
+        if (self.local_sgd_outer_lr is not None or self.local_sgd_outer_momentum) and self.local_sgd_steps is None:
+            raise ConfigError(f"{_flag('local_sgd_outer_lr')}/{_flag('local_sgd_outer_momentum')} need "
+                              f"{_flag('local_sgd_steps')}")
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
             raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
         if not 0 < self.eval_fraction < 1:

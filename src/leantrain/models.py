@@ -110,6 +110,19 @@ def load_for_classification(name: str, label_names: list[str], dropout: float | 
     return model
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward instead of storing them."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ModelError(f"{type(model).__name__} does not support --activation-checkpointing")
+    # transformers 5 renamed gradient_checkpointing_enable (which now warns); the reentrant variant
+    # would lose gradients of inputs that do not require grad.
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 @dataclass
 class ParamCounts:
     total: int

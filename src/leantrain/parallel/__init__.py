@@ -96,7 +96,9 @@ def make_accelerator(precision: str):
     AcceleratorState._reset_state(reset_partial_state=False)
     mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
     # The schedule counts global optimizer steps, so the scheduler steps once per optimizer step.
-    return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False)
+    # cpu=True on a host without CUDA: under torchrun, Accelerate otherwise reports a single process
+    # and leaves the model unwrapped, though torch.distributed runs with several ranks.
+    return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=device_type() == "cpu")
 
 
 def seed_everything(seed: int) -> None:

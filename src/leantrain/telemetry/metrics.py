@@ -31,7 +31,10 @@ class MetricsLog:
 class Throughput:
     """Counts examples and tokens over training time only (evaluation and saving are paused out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, warmup_steps: int = 0) -> None:
+        self.warmup_steps = warmup_steps  # the first steps pay one-off costs; "steady" figures skip them
+        self.steps = 0
+        self._steady_mark: tuple[int, int, float] | None = None
         self.examples = 0
         self.tokens = 0          # real tokens, padding excluded
         self.padded_tokens = 0   # what the model computed on, padding included
@@ -54,6 +57,26 @@ class Throughput:
         self.examples += examples
         self.tokens += tokens
         self.padded_tokens += padded_tokens
+
+    def step_done(self) -> None:
+        self.steps += 1
+        if self.steps == self.warmup_steps:
+            self._steady_mark = (self.examples, self.tokens, self.elapsed())
+
+    def _steady(self, count_index: int) -> float:
+        if self._steady_mark is None:
+            return self.samples_per_second if count_index == 0 else self.tokens_per_second
+        t = self.elapsed() - self._steady_mark[2]
+        done = (self.examples, self.tokens)[count_index] - self._steady_mark[count_index]
+        return done / t if t > 0 else 0.0
+
+    @property
+    def steady_samples_per_second(self) -> float:
+        return self._steady(0)
+
+    @property
+    def steady_tokens_per_second(self) -> float:
+        return self._steady(1)
 
     @property
     def samples_per_second(self) -> float:

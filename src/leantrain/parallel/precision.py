@@ -1,0 +1,54 @@
+"""Mixed precision: Accelerate's autocast, plus fp16 loss scaling on CPU, which Accelerate leaves out.
+
+Accelerate autocasts bf16 on CPU and GPU and scales fp16 losses on GPU; for fp16 on CPU it does
+neither (its `native_amp` is off there). `MixedPrecision` fills that gap with torch's own CPU autocast
+and `GradScaler("cpu")`, so the loop has one way to run a step whatever the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class MixedPrecision:
+    def __init__(self, accelerator, precision: str):
+        self.accelerator = accelerator
+        self.precision = precision
+        self.manual = precision == "fp16" and accelerator.device.type == "cpu"
+        self.scaler = torch.amp.GradScaler("cpu") if self.manual else None
+        self.skipped_steps = 0
+
+    def autocast(self):
+        if self.manual:
+            return torch.autocast("cpu", dtype=torch.float16)
+        return contextlib.nullcontext()  # the prepared model autocasts itself
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(self.scaler.scale(loss) if self.manual else loss)
+
+    def clip_and_step(self, model, optimizer, max_grad_norm: float) -> tuple[float | None, bool]:
+        """Unscale, clip, step. Returns (pre-clip gradient norm, whether the step was skipped for inf/NaN)."""
+        acc = self.accelerator
+        if self.manual:
+            self.scaler.unscale_(optimizer)
+        grad_norm = float(acc.clip_grad_norm_(model.parameters(), max_grad_norm)) if max_grad_norm > 0 else None
+        if self.manual:
+            scale = self.scaler.get_scale()
+            self.scaler.step(optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale
+        else:
+            optimizer.step()
+            skipped = bool(acc.optimizer_step_was_skipped)
+        self.skipped_steps += int(skipped)
+        return grad_norm, skipped
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict() if self.scaler else None, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = state.get("skipped_steps", 0)
