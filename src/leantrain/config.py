@@ -20,11 +20,14 @@ import yaml
 from leantrain.errors import ConfigError
 
 #: rows of the embedded tweet corpus used by the default job, sized for ~5 minutes on 2 CPU cores
-DEFAULT_JOB_LIMIT = 12_000
+DEFAULT_JOB_LIMIT = 30_000
 
 SCHEDULERS = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adafactor", "adamw8bit", "sgd")
+LAUNCHERS = ("accelerate", "torchrun", "ray")
+SHARDING = ("none", "fsdp")
+ON_NAN = ("stop", "skip")
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -98,6 +101,36 @@ class TrainConfig:
         f"Numeric precision: {'|'.join(PRECISIONS)}. auto picks bf16 where the device runs it fast.",
         default="auto",
     )
+    pad_to_max_length: bool = _help(
+        "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
+    )
+    # --- processes and machines
+    num_processes: int | None = _help(
+        "Processes to start on this machine (one per GPU, or CPU processes with gloo). Default: one, or "
+        "what an outer `accelerate launch`/`torchrun` already started.",
+        default=None,
+    )
+    num_machines: int = _help("Machines taking part in the job.", default=1)
+    machine_rank: int = _help("This machine's rank among --num-machines (0 is the main machine).", default=0)
+    main_process_ip: str | None = _help("Address of the main machine (rank 0), for several machines.", default=None)
+    main_process_port: int | None = _help("Port on the main machine for the process group.", default=None)
+    launcher: str = _help(f"How processes are started: {'|'.join(LAUNCHERS)}.", default="accelerate")
+    num_workers: int | None = _help("Ray workers (with --launcher ray).", default=None)
+    use_gpu: bool = _help("Ray workers use one GPU each (with --launcher ray).", default=False)
+    shard: str = _help(f"Shard model, gradients and optimizer state across processes: {'|'.join(SHARDING)}.",
+                       default="none")
+    # --- checkpoints
+    save_every: int | None = _help("Save a checkpoint every N optimizer steps.", default=None)
+    save_total_limit: int | None = _help("Keep only the newest N checkpoints (the best is kept apart).",
+                                         default=None)
+    metric_for_best: str = _help("Eval metric that picks the best checkpoint (higher is better; loss: lower).",
+                                 default="accuracy")
+    resume: str | None = _help("Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.",
+                               default=None)
+    on_nan: str = _help(f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good "
+                        "state first).", default="stop")
+    trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).",
+                                    default=False)
     # --- evaluation, logging, output
     eval_every: int | None = _help("Evaluate every N optimizer steps (and always at the end).", default=None)
     log_every: int = _help("Log a row to metrics.jsonl every N optimizer steps.", default=10)
@@ -136,6 +169,14 @@ class TrainConfig:
         _choice(self, "scheduler", SCHEDULERS)
         _choice(self, "precision", PRECISIONS)
         _choice(self, "optimizer", OPTIMIZERS)
+        _choice(self, "launcher", LAUNCHERS)
+        _choice(self, "shard", SHARDING)
+        _choice(self, "on_nan", ON_NAN)
+        _positive(self, "num_machines")
+        _positive(self, "num_processes", "num_workers", "save_every", "save_total_limit", "main_process_port",
+                  optional=True)
+        if not 0 <= self.machine_rank < self.num_machines:
+            raise ConfigError(f"--machine-rank must be in [0, --num-machines), got {self.machine_rank}")
 
     # -- construction ----------------------------------------------------------------------------
 

@@ -129,7 +129,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     # -- batches, optimizer, schedule ---------------------------------------------------------------
     sampler = GlobalBatchSampler(data.train.lengths, cfg.batch_size, cfg.grad_accum, accelerator.num_processes,
                                  cfg.seed)
-    collate = Collator(tokenizer.pad_token_id or 0)
+    collate = Collator(tokenizer.pad_token_id or 0, fixed_length=cfg.max_length if cfg.pad_to_max_length else None)
     train_loader = DataLoader(ClassificationDataset(data.train), batch_sampler=sampler, collate_fn=collate)
     eval_loader = DataLoader(ClassificationDataset(data.eval), collate_fn=collate,
                              batch_sampler=eval_batches(data.eval.lengths, cfg.batch_size * 2))
