@@ -79,6 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Fine-tune a sequence classifier. Every flag is also a key of --config.")
     _add_config_flags(p)
 
+    p = sub.add_parser("bench", help="Compare throughput, memory and loss of each technique against fp32/AdamW.",
+                       description="Run the same short job under the fp32/AdamW baseline and under each technique "
+                                   "(each in its own process), then print and save the comparison. Takes every "
+                                   "`train` flag for the job itself.")
+    _add_config_flags(p)
+    p.add_argument("--steps", type=int, default=30, help="Optimizer steps per technique (default: 30).")
+    p.add_argument("--full-epoch", action="store_true",
+                   help="Train each technique for --epochs instead of --steps, to compare final eval accuracy.")
+    p.add_argument("--techniques", help="Comma-separated techniques (default: all but compile). Known: "
+                                        "baseline, bf16, fp16, grad_accum4, activation_ckpt, adafactor, adamw8bit, "
+                                        "compile, bf16+activation_ckpt, bf16+adafactor, lean.")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="Run the whole list this many times round-robin; keep each technique's median run.")
+    p.add_argument("--bench-dir", help="Where runs, bench.csv, bench.png and bench.md go (default: runs/bench-<time>).")
+
     sub.add_parser("env", help="Show the devices, precisions and library versions training would use here.")
 
     p = sub.add_parser("info", help="Show a model's config, parameter counts and classification head.")
@@ -125,6 +140,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"accuracy {m['eval_accuracy']:.4f}  macro-F1 {m['eval_macro_f1']:.4f}  "
           f"({m['train_samples_per_second']:.1f} samples/s)  model: {result.model_dir}")
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from leantrain import bench
+
+    base_cfg = config_from_args(args)  # validates the job before anything runs
+    given = {f.name: getattr(base_cfg, f.name) for f in fields(TrainConfig)
+             if hasattr(args, f.name) or (args.config and getattr(base_cfg, f.name) != f.default)}
+    given.pop("output_dir", None)
+    if args.steps <= 0:
+        raise LeantrainError(f"--steps must be a positive integer, got {args.steps}")
+    names = bench.parse_techniques(args.techniques)
+    bench_dir = Path(args.bench_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    say = lambda m: print(f"leantrain: {m}", file=sys.stderr, flush=True)  # noqa: E731
+    if args.repeats <= 0:
+        raise LeantrainError(f"--repeats must be a positive integer, got {args.repeats}")
+    rows = bench.run_bench(given, names, None if args.full_epoch else args.steps, bench_dir, say=say,
+                           repeats=args.repeats)
+    records = bench.table_rows(rows)
+    context = {**bench.environment_context(), "job": " ".join(bench._flags(given)) or "(defaults)",
+               "steps": "full epochs" if args.full_epoch else args.steps, "repeats": args.repeats}
+    paths = bench.write_outputs(records, bench_dir, context)
+    print(bench.render(records).rstrip())
+    print(f"written: {paths['md']}, {paths['csv']}, {paths['png']}")
+    return 0 if all(r.error is None for r in rows) else 1
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -181,7 +224,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
             raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
 
-COMMANDS = {"train": cmd_train, "env": cmd_env, "info": cmd_info, "evaluate": cmd_evaluate, "predict": cmd_predict}
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "env": cmd_env, "info": cmd_info, "evaluate": cmd_evaluate, "predict": cmd_predict}
 
 
 def main(argv: list[str] | None = None) -> int:
