@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev]"
+# (pip's "Location ... is ignored" lines come from this machine's extra index settings: noise)
+pipq() { python -m pip install -q "$@" 2> >(grep -v "is ignored" >&2); }
+pipq "torch==2.13.0"
+pipq -e ".[dev]"
 export HF_HUB_OFFLINE=1
 python -m pytest "$@"
