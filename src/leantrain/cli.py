@@ -133,12 +133,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from leantrain.parallel import launch
+
+    cfg = config_from_args(args)
+    launch.check_shard(cfg)
+    if launch.needs_launch(cfg):  # several processes or machines, or Ray: start them, each runs this again
+        return launch.launch(cfg)
+    launch.check_launched(cfg)
+    launch.install_fault_hook()
+    rank, world = launch.rank_info()
     from leantrain.training import train
 
-    result = train(config_from_args(args))
-    m = result.metrics
-    print(f"accuracy {m['eval_accuracy']:.4f}  macro-F1 {m['eval_macro_f1']:.4f}  "
-          f"({m['train_samples_per_second']:.1f} samples/s)  model: {result.model_dir}")
+    with launch.report_failure(rank, world):
+        result = train(cfg)
+    if rank == 0:
+        launch.print_result(result.metrics, result.model_dir)
     return 0
 
 

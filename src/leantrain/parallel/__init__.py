@@ -86,8 +86,12 @@ def choose_precision(requested: str, device: str | None = None) -> tuple[str, st
     return "fp32", f"auto: fp32, since bf16 would not be faster here ({bf16.why})"
 
 
-def make_accelerator(precision: str):
-    """One Accelerator per run. Mixed precision maps to Accelerate's autocast ('no' for fp32)."""
+def make_accelerator(precision: str, shard: str = "none"):
+    """One Accelerator per run. Mixed precision maps to Accelerate's autocast ('no' for fp32).
+
+    shard="fsdp" shards parameters, gradients and optimizer state with FSDP2 (Accelerate's FSDP plugin),
+    one transformer layer per unit; the full state dict is gathered for saving.
+    """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -95,10 +99,34 @@ def make_accelerator(precision: str):
     # several jobs (the Python API, tests, `leantrain bench`) resets it. The process group is kept.
     AcceleratorState._reset_state(reset_partial_state=False)
     mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
+    cpu = device_type() == "cpu"
+    kwargs = {}
+    if shard == "fsdp":
+        kwargs["fsdp_plugin"] = fsdp_plugin(cpu)
+    elif shard != "none":
+        from leantrain.errors import ConfigError
+
+        raise ConfigError(f"--shard must be none or fsdp; got '{shard}'")
     # The schedule counts global optimizer steps, so the scheduler steps once per optimizer step.
     # cpu=True on a host without CUDA: under torchrun, Accelerate otherwise reports a single process
     # and leaves the model unwrapped, though torch.distributed runs with several ranks.
-    return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=device_type() == "cpu")
+    return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=cpu, **kwargs)
+
+
+def fsdp_plugin(cpu: bool):
+    """Accelerate's FSDP2 plugin; refused on CPU, where Accelerate runs FSDP only on accelerators."""
+    from leantrain.errors import ConfigError
+
+    if cpu:
+        # Accelerate turns the plugin on only for MULTI_GPU-like states; on MULTI_CPU (gloo) it would
+        # silently train plain DDP instead.
+        raise ConfigError("--shard fsdp needs GPUs (Accelerate runs FSDP on accelerators only; on CPU it "
+                          "would silently fall back to plain data parallelism); use --shard none here")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True,
+        state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False)
 
 
 def seed_everything(seed: int) -> None:

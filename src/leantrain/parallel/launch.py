@@ -1,0 +1,328 @@
+"""Start the processes of a data-parallel job, or notice that we are already one of them.
+
+`leantrain train --num-processes N` (or `--num-machines M`) runs itself again through a launcher,
+which starts the processes that train:
+
+* `--launcher accelerate` (default): `accelerate launch --multi_gpu`, which runs torchrun in turn.
+  On a CPU host this still starts N gloo ranks (plain `accelerate launch --cpu` would start one);
+* `--launcher torchrun`: `torch.distributed.run` (torchrun) directly;
+* `--launcher ray`: Ray Train's `TorchTrainer` with `--num-workers` workers, each running the same
+  training function (`pip install "leantrain[ray]"`).
+
+Each started process trains, through Accelerate: gloo between CPU processes, NCCL between GPUs.
+A process started by any launcher (ours, or the user's own `torchrun`/`accelerate launch`, or Ray)
+carries `RANK`/`LOCAL_RANK`/`WORLD_SIZE` in its environment, and never launches again.
+
+Failures: torchrun's agent watches its processes; when one exits non-zero or is killed, it stops the
+others and exits non-zero, and every process reports its own error on stderr, naming its rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from leantrain.config import TrainConfig
+from leantrain.errors import ConfigError
+
+#: set in each process our launchers start; with the variables below it marks "already launched"
+LAUNCHED_ENV = "LEANTRAIN_LAUNCHED"
+#: present in every process that torchrun, `accelerate launch --multi_gpu` or Ray Train starts
+TORCH_LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+#: set by every `accelerate launch`, also the single-process one that sets no RANK
+ACCELERATE_LAUNCH_ENV = "ACCELERATE_DYNAMO_BACKEND"
+#: test hook: "RANK:STEP:raise|kill" makes global rank RANK fail at its STEP-th optimizer step
+FAULT_ENV = "LEANTRAIN_FAULT"
+DEFAULT_PORT = 29500
+
+
+# -- where are we ------------------------------------------------------------------------------------
+
+def launched(environ: dict[str, str] | None = None) -> bool:
+    """True in a process that a launcher started: it trains, it does not launch again."""
+    env = os.environ if environ is None else environ
+    return (LAUNCHED_ENV in env or ACCELERATE_LAUNCH_ENV in env
+            or any(k in env for k in TORCH_LAUNCH_ENV))
+
+
+def rank_info(environ: dict[str, str] | None = None) -> tuple[int, int]:
+    """(global rank, world size) of this process as its launcher set them; (0, 1) when not launched."""
+    env = os.environ if environ is None else environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
+
+
+def needs_launch(cfg: TrainConfig, environ: dict[str, str] | None = None) -> bool:
+    """Should `leantrain train` start processes (rather than train in this one)?"""
+    if launched(environ):
+        return False
+    return cfg.launcher == "ray" or (cfg.num_processes or 1) > 1 or cfg.num_machines > 1
+
+
+def check_launched(cfg: TrainConfig, environ: dict[str, str] | None = None) -> None:
+    """Inside a launched process: refuse flags that disagree with what the launcher started."""
+    env = os.environ if environ is None else environ
+    if not launched(env) or env.get("LEANTRAIN_RAY_WORKER"):
+        return
+    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1)))
+    world = int(env.get("WORLD_SIZE", 1))
+    if cfg.num_processes is not None and cfg.num_processes != local_world:
+        raise ConfigError(f"--num-processes {cfg.num_processes}, but the launcher that started this process "
+                          f"started {local_world} on this machine; drop --num-processes, or run plain "
+                          f"`leantrain train --num-processes {cfg.num_processes}` and let leantrain launch")
+    if cfg.num_machines > 1 and world != local_world * cfg.num_machines:
+        raise ConfigError(f"--num-machines {cfg.num_machines}, but the launcher started {world} processes in all "
+                          f"({local_world} on this machine)")
+
+
+def check_shard(cfg: TrainConfig) -> None:
+    """Fail before launching anything when --shard asks for what this machine cannot do."""
+    if cfg.shard == "fsdp":
+        from leantrain.parallel import fsdp_plugin
+
+        if cfg.launcher == "ray" and cfg.use_gpu:
+            return  # the workers have GPUs; this driver need not
+        fsdp_plugin(cpu=gpu_count() == 0)  # raises ConfigError on CPU
+        if cfg.local_sgd_steps is not None:
+            raise ConfigError("--local-sgd-steps needs whole model replicas; it cannot be combined with --shard fsdp")
+
+
+# -- the launch commands -------------------------------------------------------------------------------
+
+def config_to_argv(cfg: TrainConfig) -> list[str]:
+    """Flags that rebuild `cfg` (every field that differs from its default)."""
+    argv: list[str] = []
+    for f in fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        default = f.default if f.default is not MISSING else None
+        if value == default and type(value) is type(default):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return argv
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def gpu_count() -> int:
+    import torch
+
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def launch_command(cfg: TrainConfig, *, gpus: int = 0, cores: int | None = None,
+                   python: str = sys.executable, port: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """The launcher command line that runs `python -m leantrain train` with `cfg` in every process,
+    and the environment variables to add for it."""
+    nproc = cfg.num_processes or 1
+    machines = cfg.num_machines
+    if machines > 1 and not cfg.main_process_ip:
+        raise ConfigError(f"--num-machines {machines} needs --main-process-ip: the address of machine rank 0, "
+                          "which every machine can reach")
+    if gpus and nproc > gpus:
+        raise ConfigError(f"--num-processes {nproc}, but this machine has {gpus} GPU(s): start at most one "
+                          "process per GPU")
+    env = {LAUNCHED_ENV: "1"}
+    if not gpus and "OMP_NUM_THREADS" not in os.environ:
+        # CPU ranks share the cores: one rank per core beats oversubscribed thread pools
+        env["OMP_NUM_THREADS"] = str(max(1, (cores or cpu_count()) // nproc))
+    train = ["-m", "leantrain", "train", *config_to_argv(cfg)]
+    given_port = cfg.main_process_port
+    if cfg.launcher == "torchrun":
+        cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        if machines == 1 and not cfg.main_process_ip and given_port is None:
+            cmd.append("--standalone")  # a private rendezvous on a free local port
+        else:
+            cmd += ["--nnodes", str(machines), "--node-rank", str(cfg.machine_rank),
+                    "--master-addr", cfg.main_process_ip or "127.0.0.1",
+                    "--master-port", str(given_port or DEFAULT_PORT)]
+        cmd += ["--max-restarts", "0", "--monitor-interval", "0.5", *train]
+        return cmd, env
+    if cfg.launcher == "accelerate":
+        if machines == 1 and given_port is None:
+            given_port = port or free_port()  # accelerate would take 29500, which another job may hold
+        cmd = [python, "-m", "accelerate.commands.launch", "--multi_gpu",
+               "--num_processes", str(nproc * machines), "--num_machines", str(machines),
+               "--machine_rank", str(cfg.machine_rank),
+               "--main_process_ip", cfg.main_process_ip or "127.0.0.1",
+               "--main_process_port", str(given_port or DEFAULT_PORT),
+               # static rendezvous: machine rank 0 holds global rank 0 (the one that writes)
+               "--same_network", "--rdzv_backend", "static",
+               "--mixed_precision", "no", "--dynamo_backend", "no",  # the loop chooses these itself
+               "--max_restarts", "0", "--monitor_interval", "0.5", *train]
+        if gpus:
+            cmd.insert(cmd.index("--num_machines"), "--gpu_ids")
+            cmd.insert(cmd.index("--num_machines"), "all")
+        return cmd, env
+    raise ConfigError(f"--launcher {cfg.launcher} does not start processes with a command line")
+
+
+def launch(cfg: TrainConfig) -> int:
+    """Start the job's processes on this machine and wait for them. Returns the job's exit code."""
+    from leantrain.training.loop import resolve_config
+
+    # Every process must agree on the output directory: fix the timestamped default here, once.
+    cfg = resolve_config(cfg)
+    if cfg.launcher == "ray":
+        return launch_ray(cfg)
+    cmd, extra = launch_command(cfg, gpus=gpu_count())
+    nproc = cfg.num_processes or 1
+    where = (f"machine {cfg.machine_rank} of {cfg.num_machines}, main process at "
+             f"{cfg.main_process_ip}:{cfg.main_process_port or DEFAULT_PORT}" if cfg.num_machines > 1 else "this machine")
+    print(f"leantrain: starting {nproc} process(es) on {where} with {cfg.launcher}", file=sys.stderr, flush=True)
+    return run_and_wait(cmd, {**os.environ, **extra})
+
+
+def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the launcher; pass SIGTERM/SIGHUP on to it (Ctrl-C reaches the whole process group anyway)."""
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops its processes
+    try:
+        rc = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if rc != 0:
+        why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+        print(f"leantrain train: error: the job failed ({why}); the failing process's error is above",
+              file=sys.stderr, flush=True)
+    return 1 if rc < 0 else rc
+
+
+# -- Ray Train ------------------------------------------------------------------------------------------
+
+def launch_ray(cfg: TrainConfig) -> int:
+    """Run the training function in `--num-workers` Ray Train workers (a TorchTrainer) and wait."""
+    import json
+    import shutil
+    import tempfile
+
+    try:
+        import ray
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+    except ImportError:
+        raise ConfigError("--launcher ray needs Ray Train: pip install \"leantrain[ray]\" "
+                          "(or \"ray[train]\")") from None
+    workers = cfg.num_workers or cfg.num_processes or 1
+    storage = tempfile.mkdtemp(prefix="leantrain-ray-")
+    print(f"leantrain: starting {workers} Ray Train worker(s) ({'one GPU' if cfg.use_gpu else 'CPU'} each)",
+          file=sys.stderr, flush=True)
+    init: dict[str, Any] = {"log_to_driver": True, "include_dashboard": False}
+    if not os.environ.get("RAY_ADDRESS"):
+        init["_temp_dir"] = os.environ.get("LEANTRAIN_RAY_TMPDIR") or None
+    try:
+        ray.init(**{k: v for k, v in init.items() if v is not None})
+        trainer = TorchTrainer(
+            _ray_worker, train_loop_config={"config": cfg.to_dict(), "fault": os.environ.get(FAULT_ENV)},
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.use_gpu),
+            run_config=RunConfig(name="leantrain", storage_path=storage))
+        try:
+            trainer.fit()
+        except Exception as exc:  # ray.train.TrainingFailedError and kin: a worker failed
+            print(f"leantrain train: error: a Ray Train worker failed: {_first_lines(exc)}", file=sys.stderr,
+                  flush=True)
+            return 1
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        shutil.rmtree(storage, ignore_errors=True)
+    metrics = json.loads((Path(cfg.output_dir) / "metrics.json").read_text())
+    print_result(metrics, Path(cfg.output_dir) / "model")
+    return 0
+
+
+def _ray_worker(loop_config: dict) -> None:
+    """One Ray Train worker: Ray has set RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* and the process group."""
+    from leantrain.training import train
+
+    os.environ["LEANTRAIN_RAY_WORKER"] = "1"
+    if loop_config.get("fault"):
+        os.environ[FAULT_ENV] = loop_config["fault"]
+    install_fault_hook()
+    rank, world = rank_info()
+    with report_failure(rank, world):
+        train(TrainConfig.from_dict(loop_config["config"]))
+
+
+def _first_lines(exc: BaseException, n: int = 6) -> str:
+    text = str(exc).strip()
+    lines = [x for x in text.splitlines() if x.strip()]
+    return " | ".join(lines[-n:]) if lines else type(exc).__name__
+
+
+# -- inside a launched process --------------------------------------------------------------------------
+
+class report_failure:
+    """Context manager: a process that fails says so on stderr, naming its rank, before the error unwinds."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.world > 1 and not issubclass(exc_type, (SystemExit,)):
+            print(f"leantrain train: process {self.rank} of {self.world} failed: {exc_type.__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+
+
+def install_fault_hook(environ: dict[str, str] | None = None) -> None:
+    """For tests: `LEANTRAIN_FAULT=RANK:STEP:raise|kill` makes that rank fail at that optimizer step."""
+    env = os.environ if environ is None else environ
+    spec = env.get(FAULT_ENV)
+    if not spec:
+        return
+    fault_rank, fault_step, mode = spec.split(":")
+    if int(env.get("RANK", 0)) != int(fault_rank):
+        return
+    from leantrain.training import loop
+
+    original = loop.train_step
+    calls = [0]
+
+    def train_step(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == int(fault_step):
+            print(f"leantrain: injecting a fault ({mode}) into process {fault_rank} at optimizer step "
+                  f"{fault_step} (t={time.time():.3f})", file=sys.stderr, flush=True)
+            if mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected fault ({FAULT_ENV}) at optimizer step {fault_step}")
+        return original(*args, **kwargs)
+
+    loop.train_step = train_step
+
+
+def print_result(metrics: dict[str, Any], model_dir: Path) -> None:
+    print(f"accuracy {metrics['eval_accuracy']:.4f}  macro-F1 {metrics['eval_macro_f1']:.4f}  "
+          f"({metrics['train_samples_per_second']:.1f} samples/s)  model: {model_dir}")
