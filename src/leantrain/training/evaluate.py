@@ -16,11 +16,24 @@ def predict_loop(model, loader, accelerator) -> tuple[np.ndarray, np.ndarray, np
     probs, labels, indices = [], [], []
     for batch in loader:
         logits = model(**model_inputs(batch)).logits.float()
-        p, y, i = accelerator.gather_for_metrics((F.softmax(logits, dim=-1), batch["labels"], batch["index"]))
+        p, y, i = F.softmax(logits, dim=-1), batch["labels"], batch["index"]
+        if accelerator.num_processes > 1:
+            # Length-sorted eval batches differ in size across processes, and the sharded loader repeats
+            # examples to give every process a batch: pad to a common size (index -1), gather, drop the
+            # padding here and the repeats below. (gather_for_metrics assumes equal batch sizes.)
+            p, y, i = accelerator.pad_across_processes((p, y, i), dim=0, pad_index=-1)
+            p, y, i = accelerator.gather((p.contiguous(), y.contiguous(), i.contiguous()))
+            keep = i >= 0
+            p, y, i = p[keep], y[keep], i[keep]
         probs.append(p.cpu())
         labels.append(y.cpu())
         indices.append(i.cpu())
-    return torch.cat(probs).numpy(), torch.cat(labels).numpy(), torch.cat(indices).numpy()
+    probs, labels, indices = torch.cat(probs).numpy(), torch.cat(labels).numpy(), torch.cat(indices).numpy()
+    if accelerator.num_processes > 1:
+        _, first = np.unique(indices, return_index=True)
+        first.sort()  # each example once, in the order it was first seen
+        probs, labels, indices = probs[first], labels[first], indices[first]
+    return probs, labels, indices
 
 
 def classification_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
