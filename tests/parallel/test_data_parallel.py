@@ -1,0 +1,281 @@
+"""Real multi-process jobs on CPU (gloo), checked against one process.
+
+Each job is a `leantrain train` command in a subprocess (its own session, killed whole on timeout),
+on the tiny dropout-free BERT in fp32 with plain SGD, one thread per rank. The single-process
+baselines run in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, train
+from leantrain.parallel.launch import free_port
+from tests.conftest import make_sentiment_rows, write_csv
+
+TOL = 1e-5
+JOB_TIMEOUT = 240
+PROBE = Path(__file__).with_name("probe.py")
+COMMON = dict(optimizer="sgd", lr=0.5, precision="fp32", weight_decay=0.0, warmup_ratio=0.0, max_grad_norm=0.0,
+              progress=False, log_every=1, seed=3)
+
+
+def flags(**values) -> list[str]:
+    out = []
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def clean_env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                        "LEANTRAIN_LAUNCHED", "LEANTRAIN_FAULT") and not k.startswith("ACCELERATE_")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def start(args: list[str], **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], env=clean_env(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = JOB_TIMEOUT) -> tuple[int, str, str]:
+    """Wait for a job; on timeout kill its whole process group (launcher and ranks) and fail."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"job hung for {timeout} s; stderr tail:\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def run_job(args: list[str], timeout: float = JOB_TIMEOUT, **env) -> tuple[int, str, str]:
+    return finish(start(args, **env), timeout)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "model" / "model.safetensors")
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir, sentiment_csv, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp")
+    base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(root / "cache"), **COMMON)
+    return root, base
+
+
+@pytest.fixture(scope="module")
+def baseline(setup):
+    """One process, global batch 16, 6 steps: what every 2-process run with 16 examples per step must equal."""
+    root, base = setup
+    result = train(TrainConfig(**base, batch_size=16, max_steps=6, output_dir=str(root / "one")))
+    return result.output_dir
+
+
+def assert_one_writer(run_dir: Path, out: str, err: str) -> None:
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.json", "metrics.jsonl", "model"]
+    assert out.count("accuracy ") == 1, out            # the result line, once
+    assert err.count("leantrain: training ") == 1, err  # the main process's messages, once
+    assert err.count("eval accuracy") == 1, err         # the summary table, once
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_two_processes_equal_one_process_with_twice_the_batch(setup, baseline, launcher):
+    root, base = setup
+    out_dir = root / f"two-{launcher}"
+    rc, out, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6,
+                                                                output_dir=out_dir, num_processes=2,
+                                                                launcher=launcher)])
+    assert rc == 0, err[-3000:]
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    one = json.loads((baseline / "metrics.json").read_text())
+    assert metrics["num_processes"] == 2 and metrics["global_batch"] == 16 and metrics["optimizer_steps"] == 6
+    assert max_diff(weights(out_dir), weights(baseline)) <= TOL
+    # evaluation gathers every example once, so the metrics are the single-process ones
+    for key in ("eval_accuracy", "eval_macro_f1", "eval_loss"):
+        assert metrics[key] == pytest.approx(one[key], abs=1e-6), key
+    assert metrics["train_examples"] == one["train_examples"] == 6 * 16
+    assert_one_writer(out_dir, out, err)
+
+
+def test_two_machines_with_gradient_accumulation_equal_one_process(setup, baseline):
+    """Two `leantrain` commands on 127.0.0.1 as machine ranks 0 and 1, one process each, 2 micro-batches of 4
+    per step: 16 examples per optimizer step, as the baseline."""
+    root, base = setup
+    out_dir, port = root / "machines", free_port()
+    jobs = [start(["-m", "leantrain", "train",
+                   *flags(**base, batch_size=4, grad_accum=2, max_steps=6, output_dir=out_dir, num_processes=1,
+                          num_machines=2, machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port)])
+            for rank in (0, 1)]
+    results = [finish(job) for job in jobs]
+    for rc, _, err in results:
+        assert rc == 0, err[-3000:]
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["num_processes"] == 2 and metrics["micro_steps"] == 12 and metrics["optimizer_steps"] == 6
+    assert max_diff(weights(out_dir), weights(baseline)) <= TOL
+    assert "accuracy " in results[0][1] and "accuracy " not in results[1][1]  # machine 0 writes, 1 does not
+
+
+def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local_sgd_averages(
+        setup, tiny_model_dir, tmp_path):
+    """The user's own torchrun around plain `leantrain train` (tests/parallel/probe.py records what each rank
+    saw): 54 training rows, 16 per step, 2 epochs; 27 evaluation rows in batches of 16 and 11."""
+    from leantrain import models
+
+    root, base = setup
+    train_csv = write_csv(tmp_path / "train.csv", make_sentiment_rows(54, seed=1))
+    eval_csv = write_csv(tmp_path / "eval.csv", make_sentiment_rows(27, seed=2))
+    out_dir, record = tmp_path / "run", tmp_path / "record"
+    k, lr = 2, 0.5
+    cfg = {**base, "data": train_csv, "eval_data": eval_csv, "batch_size": 8, "epochs": 2, "local_sgd_steps": k,
+           "scheduler": "constant", "lr": lr, "output_dir": out_dir}
+    rc, _, err = run_job(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROBE),
+                          str(record), "train", *flags(**cfg)])
+    assert rc == 0, err[-3000:]
+    ranks = [torch.load(f"{record}.{r}.pt", weights_only=False) for r in (0, 1)]
+
+    # every epoch: each rank a disjoint shard, together every training example exactly once
+    for epoch in (0, 1):
+        seen = [[i for b in rank["batches"] if b["epoch"] == epoch for i in b["index"].tolist()] for rank in ranks]
+        assert all(len(s) == len(set(s)) for s in seen)
+        assert not set(seen[0]) & set(seen[1])
+        assert sorted(seen[0] + seen[1]) == list(range(54))
+    # evaluation: the ranks hold batches of different sizes (one padded by repeats), the gathered result
+    # holds each of the 27 examples once
+    for rank in ranks:
+        for gathered in rank["eval_gathered"]:
+            assert sorted(gathered) == list(range(27))
+    assert sorted(set(ranks[0]["eval_local"][0] + ranks[1]["eval_local"][0])) == list(range(27))
+
+    # local SGD: replay each rank's steps from the same start in this process, average every k steps
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["optimizer_steps"] == 8 and metrics["local_sgd_syncs"] == 4
+    assert metrics["local_sgd_bytes_communicated"] == 4 * metrics["gradients_bytes"]
+    expected = replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]),
+                                ranks, k, lr)
+    assert max_diff(weights(out_dir), expected) <= TOL
+    # and it is not plain data parallelism: the averaged model differs from one that all-reduced every step
+    assert max_diff(expected, replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]),
+                                               ranks, 1, lr)) > 1e-4
+
+
+def replay_local_sgd(model, ranks: list[dict], k: int, lr: float) -> dict[str, torch.Tensor]:
+    """Each rank steps alone on its own micro-batches (loss as the loop scales it), parameters averaged every k
+    optimizer steps and at the end."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from leantrain.training.loop import model_inputs
+
+    model.load_state_dict(ranks[0]["init"])
+    replicas = [copy.deepcopy(model) for _ in ranks]
+    steps = []
+    for rank in ranks:
+        groups, current = [], []
+        for batch in rank["batches"]:
+            current.append(batch)
+            if bool(batch["window_end"]):
+                groups.append(current)
+                current = []
+        steps.append(groups)
+    assert len({len(s) for s in steps}) == 1
+    n = len(ranks)
+    for step in range(len(steps[0])):
+        for replica, groups in zip(replicas, steps):
+            replica.train()
+            for batch in groups[step]:
+                logits = replica(**model_inputs(batch)).logits
+                loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum") * n / batch["window_examples"]
+                loss.backward()
+            with torch.no_grad():
+                for p in replica.parameters():
+                    if p.grad is not None:
+                        p -= lr * p.grad
+                        p.grad = None
+        if (step + 1) % k == 0 or step + 1 == len(steps[0]):
+            with torch.no_grad():
+                for params in zip(*(r.parameters() for r in replicas)):
+                    mean = sum(p.detach() for p in params) / n
+                    for p in params:
+                        p.copy_(mean)
+    return {k: v.detach().clone() for k, v in replicas[0].state_dict().items()}
+
+
+@pytest.mark.parametrize("mode, launcher", [("raise", "accelerate"), ("kill", "torchrun")])
+def test_a_failing_process_fails_the_whole_job_quickly(setup, tmp_path, mode, launcher):
+    root, base = setup
+    out_dir = tmp_path / "run"
+    rc, out, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir,
+                                                                num_processes=2, launcher=launcher)],
+                           timeout=180, LEANTRAIN_FAULT=f"1:2:{mode}")
+    ended = time.time()
+    assert rc != 0
+    fault = re.search(r"injecting a fault \((\w+)\) into process 1 at optimizer step 2 \(t=([\d.]+)\)", err)
+    assert fault, err[-3000:]
+    assert ended - float(fault.group(2)) < 60
+    if mode == "raise":
+        assert "process 1 of 2 failed: RuntimeError: injected fault" in err  # the failing rank's own error
+    else:
+        assert "SIGKILL" in err  # the launcher names the rank that was killed and how
+        assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9", err), err[-3000:]
+    assert "the job failed" in err
+    assert not (out_dir / "metrics.json").exists()  # nothing published
+    assert "accuracy " not in out
+
+
+def test_ray_train_workers_equal_one_process(setup, baseline, tmp_path_factory):
+    pytest.importorskip("ray.train.torch")
+    import shutil
+    import tempfile
+
+    root, base = setup
+    out_dir = root / "ray"
+    ray_tmp = tempfile.mkdtemp(prefix="ltray", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    try:
+        rc, out, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6,
+                                                                    output_dir=out_dir, launcher="ray",
+                                                                    num_workers=2)],
+                               timeout=300, LEANTRAIN_RAY_TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0")
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert rc == 0, err[-3000:]
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["num_processes"] == 2 and metrics["global_batch"] == 16
+    assert max_diff(weights(out_dir), weights(baseline)) <= TOL
+    assert out.count("accuracy ") == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="FSDP needs 2 GPUs")
+def test_fsdp_on_two_gpus_trains_close_to_ddp(setup, tmp_path):  # pragma: no cover - GPU only
+    root, base = setup
+    runs = {}
+    for shard in ("none", "fsdp"):
+        out_dir = tmp_path / shard
+        rc, _, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6,
+                                                                  output_dir=out_dir, num_processes=2, shard=shard)])
+        assert rc == 0, err[-3000:]
+        runs[shard] = weights(out_dir)
+    assert max_diff(runs["none"], runs["fsdp"]) <= 1e-4

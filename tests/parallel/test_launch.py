@@ -1,0 +1,147 @@
+"""The launcher's decisions and command lines, without starting any process."""
+
+from __future__ import annotations
+
+import pytest
+
+from leantrain import cli
+from leantrain.config import TrainConfig
+from leantrain.errors import ConfigError
+from leantrain.parallel import launch
+
+
+def cfg(**kw) -> TrainConfig:
+    return TrainConfig(**{"model": "m", "data": "d.csv", "output_dir": "out", **kw})
+
+
+def test_a_launched_process_is_recognised_by_its_environment():
+    assert not launched({})
+    assert not launched({"SLURM_PROCID": "0", "OMP_NUM_THREADS": "1"})
+    for env in ({"RANK": "0"}, {"LOCAL_RANK": "1"}, {"WORLD_SIZE": "2"}, {"LEANTRAIN_LAUNCHED": "1"},
+                {"ACCELERATE_DYNAMO_BACKEND": "NO"}):
+        assert launched(env), env
+
+
+def launched(env):
+    return launch.launched(env)
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({}, False),
+    ({"num_processes": 1}, False),
+    ({"num_processes": 2}, True),
+    ({"num_machines": 2, "main_process_ip": "10.0.0.1"}, True),
+    ({"launcher": "ray", "num_workers": 2}, True),
+])
+def test_launches_only_for_several_processes_machines_or_ray(changes, expected):
+    assert launch.needs_launch(cfg(**changes), environ={}) is expected
+
+
+def test_never_launches_again_inside_a_launched_process():
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert not launch.needs_launch(cfg(num_processes=2), environ=env)
+    assert not launch.needs_launch(cfg(launcher="ray", num_workers=2), environ=env)
+    launch.check_launched(cfg(num_processes=2), environ=env)  # agrees with the launcher: fine
+    launch.check_launched(cfg(), environ=env)                 # under the user's own torchrun: fine
+    with pytest.raises(ConfigError, match="--num-processes 4, but the launcher"):
+        launch.check_launched(cfg(num_processes=4), environ=env)
+    with pytest.raises(ConfigError, match="--num-machines 2"):
+        launch.check_launched(cfg(num_machines=2, main_process_ip="h"), environ=env)
+
+
+def test_torchrun_on_one_machine_is_standalone_with_one_thread_per_core(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cmd, env = launch.launch_command(cfg(num_processes=2, launcher="torchrun", lr=3e-5), cores=2, python="py")
+    assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and _after(cmd, "--nproc-per-node") == "2"
+    tail = cmd[cmd.index("leantrain") - 1:]
+    assert tail[:3] == ["-m", "leantrain", "train"]
+    assert _after(tail, "--lr") == "3e-05" and _after(tail, "--num-processes") == "2"
+    assert env == {"LEANTRAIN_LAUNCHED": "1", "OMP_NUM_THREADS": "1"}
+    _, env = launch.launch_command(cfg(num_processes=2, launcher="torchrun"), cores=16)
+    assert env["OMP_NUM_THREADS"] == "8"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stands
+    _, env = launch.launch_command(cfg(num_processes=2, launcher="torchrun"), cores=16)
+    assert "OMP_NUM_THREADS" not in env
+    _, env = launch.launch_command(cfg(num_processes=2, launcher="torchrun"), gpus=2)
+    assert "OMP_NUM_THREADS" not in env  # GPU ranks keep torch's default
+
+
+def test_torchrun_on_several_machines_names_the_main_machine():
+    c = cfg(num_processes=4, num_machines=2, machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29600,
+            launcher="torchrun")
+    cmd, _ = launch.launch_command(c, gpus=4)
+    assert "--standalone" not in cmd
+    assert [_after(cmd, f) for f in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
+                                     "--master-port")] == ["4", "2", "1", "10.0.0.1", "29600"]
+
+
+def test_accelerate_launch_starts_every_rank_with_multi_gpu_also_on_cpu():
+    c = cfg(num_processes=2, num_machines=2, machine_rank=0, main_process_ip="10.0.0.1")
+    cmd, _ = launch.launch_command(c, cores=2, python="py")
+    assert cmd[:4] == ["py", "-m", "accelerate.commands.launch", "--multi_gpu"]  # --cpu would start one
+    assert [_after(cmd, f) for f in ("--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
+                                     "--main_process_port", "--rdzv_backend")] == \
+        ["4", "2", "0", "10.0.0.1", "29500", "static"]
+    assert "--same_network" in cmd
+    one, _ = launch.launch_command(cfg(num_processes=2), port=41234)
+    assert _after(one, "--main_process_port") == "41234"  # a free port, not 29500 that another job may hold
+    assert "--gpu_ids" not in one
+    gpu, _ = launch.launch_command(cfg(num_processes=2), gpus=2)
+    assert _after(gpu, "--gpu_ids") == "all"
+
+
+def test_bad_launch_requests_fail_in_one_line():
+    with pytest.raises(ConfigError, match="needs --main-process-ip"):
+        launch.launch_command(cfg(num_machines=2, machine_rank=1))
+    with pytest.raises(ConfigError, match="this machine has 1 GPU"):
+        launch.launch_command(cfg(num_processes=2), gpus=1)
+    with pytest.raises(ConfigError, match="does not start processes with a command line"):
+        launch.launch_command(cfg(launcher="ray"))
+
+
+def test_flags_rebuild_the_same_config():
+    c = cfg(num_processes=2, lr=1e-4, epochs=0.5, progress=False, activation_checkpointing=True, limit=7,
+            text_column="my text", grad_accum=3, local_sgd_steps=2, launcher="torchrun")
+    argv = ["train", *launch.config_to_argv(c)]
+    assert cli.config_from_args(cli.build_parser().parse_args(argv)) == c
+    assert launch.config_to_argv(TrainConfig()) == []
+
+
+def test_train_hands_off_to_the_launcher(monkeypatch):
+    seen = []
+    monkeypatch.setattr(launch, "launch", lambda c: seen.append(c) or 0)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LEANTRAIN_LAUNCHED", "ACCELERATE_DYNAMO_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["train", "--num-processes", "2", "--model", "m", "--data", "d.csv"]) == 0
+    assert seen and seen[0].num_processes == 2
+
+
+def test_fsdp_is_refused_on_cpu_before_anything_starts(capsys, monkeypatch):
+    monkeypatch.setattr(launch, "gpu_count", lambda: 0)
+    assert cli.main(["train", "--shard", "fsdp", "--num-processes", "2", "--model", "m", "--data", "d"]) == 2
+    assert "--shard fsdp needs GPUs" in capsys.readouterr().err
+    from leantrain import parallel
+
+    with pytest.raises(ConfigError, match="needs GPUs"):
+        parallel.fsdp_plugin(cpu=True)
+
+
+def test_fault_hook_fires_only_on_its_rank(monkeypatch):
+    from leantrain.training import loop
+
+    original = loop.train_step
+    try:
+        launch.install_fault_hook({"LEANTRAIN_FAULT": "1:2:raise", "RANK": "0"})
+        assert loop.train_step is original
+        monkeypatch.setattr(loop, "train_step", lambda *a, **k: (None, False))
+        launch.install_fault_hook({"LEANTRAIN_FAULT": "1:2:raise", "RANK": "1"})
+        assert loop.train_step() == (None, False)
+        with pytest.raises(RuntimeError, match="injected fault"):
+            loop.train_step()
+    finally:
+        loop.train_step = original
+
+
+def _after(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
