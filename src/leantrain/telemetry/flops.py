@@ -1,0 +1,241 @@
+"""Model FLOPs of a training step, and model FLOPs utilisation (MFU).
+
+Every model here is summarised as a per-sequence polynomial in the sequence length s:
+
+    FLOPs(one sequence of length s, forward + backward) = per_sequence + per_token * s + per_token_sq * s**2
+
+so a batch costs  B * per_sequence + per_token * sum(s_i) + per_token_sq * sum(s_i**2).
+A padded batch of B rows of S tokens has s_i = S for every row: what the device computed on.
+The same polynomial over the rows' real lengths gives the useful FLOPs (padding excluded).
+
+BERT-like encoders: the closed form (`encoder_flop_model`)
+-----------------------------------------------------------
+A matrix multiply of an (m x k) by a (k x n) matrix costs 2*m*k*n FLOPs (a multiply and an add per
+term). For a linear layer applied to T tokens that is 2 * T * (its weight count) in the forward pass.
+The backward pass does two such products, one for the input gradient and one for the weight
+gradient: 4 * T * weights. Forward + backward: 6 FLOPs per parameter per token (Kaplan et al. 2020,
+"Scaling laws"; the PaLM paper's MFU uses the same count).
+
+Per encoder layer (hidden h, feed-forward width i) the parameters are
+    attention   Q, K, V, output projections   4 * (h*h + h)
+    feed-forward in and out                   h*i + i + i*h + h
+    two LayerNorms                            2 * 2*h
+    total                                     4h^2 + 2hi + 9h + i
+and they act on every token: 6 * layers * (4h^2 + 2hi + 9h + i) FLOPs per token. Biases and norms
+are elementwise work, counted at the same 6 FLOPs per parameter by convention ("6 x non-embedding
+parameters"); they are (9h + i) / (4h^2 + 2hi) of the total: 0.3% for MiniLM-L6, 2% for a 64-wide
+test model.
+
+Attention itself has no parameters but two matrix products per layer and sequence, whatever the
+number of heads (heads * head_dim = h):
+    scores  Q K^T   (s x h) @ (h x s)   2 * s^2 * h
+    context P V     (s x s) @ (s x h)   2 * s^2 * h
+    forward 4 * s^2 * h, backward twice that: 12 * layers * h * s^2 per sequence (fwd + bwd).
+Softmax, masking and dropout are elementwise and not counted. Fused attention kernels (flash,
+memory-efficient SDPA) recompute Q K^T in the backward pass: the device then does 14 rather than
+12 * h * s^2, but MFU counts the model's FLOPs, not re-computation (nor activation checkpointing's).
+
+Embeddings are table look-ups (no FLOPs); their backward is a scatter-add (not counted). The
+position and type embeddings and the embedding LayerNorm are left out with them. ELECTRA-style
+models whose embedding width e differs from h add a projection: 6 * (e*h + h) per token.
+
+The classification head acts on one vector per sequence (BERT's pooler on [CLS], RoBERTa's and
+ELECTRA's dense layer on <s>, DistilBERT's pre-classifier): a dense h x h layer then h x C to the
+C labels, 6 * (h^2 + h + h*C + C) per sequence.
+
+So, for L layers:  per_token = 6 L (4h^2 + 2hi + 9h + i),  per_token_sq = 12 L h,
+                   per_sequence = 6 (h^2 + h + hC + C).
+For MiniLM-L6 (h 384, i 1536, L 6): 63.9 MFLOP per token, plus 27.6 kFLOP * s of attention
+(65.5 MFLOP per token at s = 60).
+
+Any other model: counted (`counted_flop_model`)
+------------------------------------------------
+`torch.utils.flop_counter.FlopCounterMode` counts the matrix products (mm, addmm, bmm, attention,
+convolutions) of one forward and backward pass. It runs on a copy of the model built on the meta
+device (shapes only: no memory, no arithmetic), at three sequence lengths; three counts fix the
+three coefficients of the polynomial exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+# Encoders the closed form describes: post-LN or pre-LN transformer layers with one dense
+# feed-forward, absolute positions, and a one-vector classification head.
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert"})
+
+
+@dataclass(frozen=True)
+class FlopModel:
+    """FLOPs of one training pass (forward + backward) as a polynomial in the sequence length."""
+
+    per_sequence: float
+    per_token: float
+    per_token_sq: float
+    source: str  # how the figures were obtained, for the report
+
+    def sequence_flops(self, lengths: Sequence[int]) -> float:
+        """FLOPs for sequences of the given lengths (padded or real)."""
+        n = len(lengths)
+        total = sum(lengths)
+        squares = sum(s * s for s in lengths)
+        return n * self.per_sequence + self.per_token * total + self.per_token_sq * squares
+
+    def batch_flops(self, batch_size: int, seq_len: int) -> float:
+        """FLOPs for a padded (batch_size x seq_len) batch: what the device computes on."""
+        return batch_size * (self.per_sequence + self.per_token * seq_len + self.per_token_sq * seq_len * seq_len)
+
+    def per_padded_token(self, seq_len: int) -> float:
+        """FLOPs per token at this padded length (for messages: 'N MFLOP per token')."""
+        return self.per_sequence / seq_len + self.per_token + self.per_token_sq * seq_len
+
+
+def _get(config: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    raise ValueError(f"{type(config).__name__} has none of {names}")
+
+
+def is_encoder_config(config: Any) -> bool:
+    return getattr(config, "model_type", None) in ENCODER_TYPES
+
+
+def encoder_flop_model(config: Any, num_labels: int | None = None) -> FlopModel:
+    """The closed form above, from a BERT-like config (hidden size, layers, feed-forward width)."""
+    h = int(_get(config, "hidden_size", "dim"))
+    layers = int(_get(config, "num_hidden_layers", "n_layers"))
+    i = int(_get(config, "intermediate_size", "hidden_dim"))
+    labels = int(num_labels if num_labels is not None else getattr(config, "num_labels", 2))
+    layer_params = 4 * h * h + 2 * h * i + 9 * h + i
+    per_token = 6 * layers * layer_params
+    embedding = getattr(config, "embedding_size", None)
+    if embedding and int(embedding) != h:  # ELECTRA's embeddings_project
+        per_token += 6 * (int(embedding) * h + h)
+    per_token_sq = 12 * layers * h
+    per_sequence = 6 * (h * h + h + h * labels + labels)
+    kind = getattr(config, "model_type", "encoder")
+    return FlopModel(per_sequence=float(per_sequence), per_token=float(per_token), per_token_sq=float(per_token_sq),
+                     source=f"formula: {kind}, {layers} layers, hidden {h}, feed-forward {i}, {labels} labels")
+
+
+def _meta_copy(model):
+    """The model rebuilt on the meta device: from its config for Transformers models, else a deep copy."""
+    import copy
+
+    import torch
+
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(type(model), "config_class"):
+        config = copy.deepcopy(config)
+        with torch.device("meta"):
+            clone = type(model)(config)
+    else:
+        clone = copy.deepcopy(model).to("meta")
+    clone.train()
+    return clone
+
+
+def count_flops(model, seq_len: int, batch_size: int = 1) -> int:
+    """FlopCounterMode's count of one forward and backward pass on a meta-device copy of `model`.
+
+    `model` may itself be a meta-device copy (from `_meta_copy`). Tries `input_ids`, then
+    `inputs_embeds` (models whose forward reads values, such as a pad-token check, fail on meta
+    tensors; embeddings cost no FLOPs, so the count is the same). The embeddings are trainable, so
+    the inputs of the first layer need gradients too.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def run(**inputs):
+        with FlopCounterMode(display=False) as counter:
+            out = model(**inputs)
+            logits = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, (tuple, list)) else out
+            logits.float().sum().backward()
+        return counter.get_total_flops()
+
+    ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
+    try:
+        return run(input_ids=ids)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        hidden = model.get_input_embeddings().embedding_dim
+        embeds = torch.zeros(batch_size, seq_len, hidden, device="meta", requires_grad=True)
+        return run(inputs_embeds=embeds)
+
+
+def counted_flop_model(model, lengths: tuple[int, int, int] = (16, 32, 64)) -> FlopModel:
+    """Fit the polynomial to FlopCounterMode counts at three sequence lengths (exact for transformers)."""
+    import numpy as np
+
+    clone = _meta_copy(model)
+    counts = [float(count_flops(clone, s)) for s in lengths]
+    a = np.array([[1.0, s, s * s] for s in lengths])
+    c0, c1, c2 = np.linalg.solve(a, np.array(counts))
+    return FlopModel(per_sequence=max(float(c0), 0.0), per_token=float(c1), per_token_sq=max(float(c2), 0.0),
+                     source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), "
+                            f"lengths {', '.join(map(str, lengths))}")
+
+
+def flop_model(model) -> FlopModel:
+    """The closed form for BERT-like encoders, a FlopCounterMode count for anything else."""
+    config = getattr(model, "config", None)
+    if config is not None and is_encoder_config(config):
+        return encoder_flop_model(config)
+    return counted_flop_model(model)
+
+
+def mfu(flops: float, seconds: float, peak_flops_per_second: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the device's peak FLOP/s (None when unknown)."""
+    if not peak_flops_per_second or seconds <= 0:
+        return None
+    return flops / seconds / peak_flops_per_second
+
+
+class FlopMeter:
+    """Counts model FLOPs batch by batch, padded (device work) and useful (padding excluded).
+
+    The useful count needs each row's length; it is summed on the batch's device and read back only
+    when `metrics()` is called, so adding a batch never waits for the device.
+    """
+
+    def __init__(self, model: FlopModel, peak_flops_per_second: float | None = None):
+        self.model = model
+        self.peak = peak_flops_per_second
+        self.flops = 0.0  # padded: what the device computed
+        self.sequences = 0
+        self._lengths = 0  # Python ints, or device tensors until read
+        self._squares = 0
+
+    def add(self, input_ids, attention_mask=None) -> float:
+        """Count one micro-batch; returns its padded FLOPs."""
+        batch, seq = int(input_ids.shape[0]), int(input_ids.shape[-1])
+        padded = self.model.batch_flops(batch, seq)
+        self.flops += padded
+        self.sequences += batch
+        if attention_mask is None:
+            self._lengths += batch * seq
+            self._squares += batch * seq * seq
+        else:
+            lengths = attention_mask.sum(dim=-1).double()
+            self._lengths = self._lengths + lengths.sum()
+            self._squares = self._squares + (lengths * lengths).sum()
+        return padded
+
+    @property
+    def useful_flops(self) -> float:
+        lengths, squares = float(self._lengths), float(self._squares)
+        self._lengths, self._squares = lengths, squares
+        m = self.model
+        return self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
+
+    def metrics(self, seconds: float) -> dict[str, float | None]:
+        """Row fields over `seconds` of training time (this process's FLOPs, this device's peak)."""
+        useful = self.useful_flops
+        return {
+            "model_tflops": self.flops / 1e12,
+            "model_tflops_per_second": self.flops / seconds / 1e12 if seconds > 0 else None,
+            "mfu": mfu(self.flops, seconds, self.peak),
+            "mfu_useful": mfu(useful, seconds, self.peak),
+        }

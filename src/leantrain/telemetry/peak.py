@@ -1,0 +1,203 @@
+"""The device's peak FLOP/s, the denominator of MFU.
+
+GPUs: dense (no 2:4 sparsity) tensor-core figures from the vendor's data sheets, matched on
+`torch.cuda.get_device_name()`. CPUs, and GPUs not in the table: measured once by a GEMM probe
+(a square matmul repeated for about half a second; the best repetition counts) in the run's math
+dtype, and cached in `~/.cache/leantrain/peak.json` (`$LEANTRAIN_CACHE` moves it) keyed by device
+model, thread count, torch version and dtype. A measured peak is what this device reaches on a
+large GEMM, so MFU against it reads higher than against a data-sheet figure; the report says which.
+
+`LEANTRAIN_PEAK_TFLOPS=<number>` overrides both (for a device the table gets wrong).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+T = 1e12
+
+# (pattern on the upper-cased device name, name, {math dtype: dense TFLOP/s}); first match wins, so
+# the more specific names come first. Figures: NVIDIA data sheets (sparse figures halved to dense);
+# GeForce parts use the fp32-accumulate tensor rate, which PyTorch's matmuls use.
+GPU_PEAKS: list[tuple[str, str, dict[str, float]]] = [
+    (r"H200.*NVL", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H200", "H200 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    (r"H100.*NVL", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H100.*PCIE", "H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    (r"H100", "H100 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    (r"A100", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    (r"L40S", "L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    (r"\bL4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (r"\bA40\b", "A40", {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7}),
+    # NVIDIA publishes no A10G sheet (an AWS part, GA102): third-party figures differ; approximate.
+    (r"A10G", "A10G (approximate: no NVIDIA data sheet)", {"fp32": 31.2, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0}),
+    (r"\bA10\b", "A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    (r"\bT4\b", "T4", {"fp32": 8.1, "fp16": 65.0}),  # no bf16 or tf32 tensor cores (Turing)
+    (r"V100S", "V100S PCIe", {"fp32": 16.4, "fp16": 130.0}),
+    (r"V100.*PCIE", "V100 PCIe", {"fp32": 14.0, "fp16": 112.0}),
+    (r"V100", "V100 SXM2", {"fp32": 15.7, "fp16": 125.0}),
+    (r"RTX 4090", "GeForce RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
+    (r"RTX 3090 TI", "GeForce RTX 3090 Ti", {"fp32": 40.0, "tf32": 40.0, "bf16": 80.0, "fp16": 80.0}),
+    (r"RTX 3090", "GeForce RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0}),
+]
+
+PROBE_SIZE = {"cpu": 2048, "cuda": 8192}
+PROBE_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops_per_second: float
+    dtype: str      # the math dtype the figure is for: fp32, tf32, bf16, fp16
+    device: str     # the device's name
+    source: str     # where the figure comes from, for the report
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gpu_peak(device_name: str, dtype: str) -> Peak | None:
+    """The data-sheet figure for this GPU and dtype, or None when the table does not know it."""
+    upper = device_name.upper()
+    for pattern, name, figures in GPU_PEAKS:
+        if re.search(pattern, upper):
+            if dtype not in figures:
+                return None
+            return Peak(figures[dtype] * T, dtype, device_name, f"data sheet: {name}, {dtype} dense")
+    return None
+
+
+def math_dtype(device_type: str, precision: str) -> str:
+    """The dtype matmuls run in: the autocast dtype, or for fp32 on CUDA tf32 when torch allows it."""
+    if precision in ("bf16", "fp16"):
+        return precision
+    if device_type == "cuda":
+        import torch
+
+        if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
+            return "tf32"
+    return "fp32"
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+
+def measure_peak(dtype: str = "fp32", device: str = "cpu", size: int | None = None,
+                 seconds: float = PROBE_SECONDS) -> float:
+    """FLOP/s of the fastest of repeated (size x size) @ (size x size) matmuls over about `seconds`."""
+    import torch
+
+    size = size or PROBE_SIZE.get(torch.device(device).type, 2048)
+    dev = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(device=dev, dtype=_torch_dtype(dtype))
+    b = torch.randn(size, size, generator=gen).to(device=dev, dtype=_torch_dtype(dtype))
+    out = torch.empty_like(a)
+    inner = 10 if dev.type == "cuda" else 1  # GPU matmuls are too quick to time one at a time
+    torch.matmul(a, b, out=out)  # warm-up: thread pool, kernels, first-touch pages
+    sync()
+    best, reps, started = 0.0, 0, time.perf_counter()
+    while reps < 3 or time.perf_counter() - started < seconds:
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            torch.matmul(a, b, out=out)
+        sync()
+        elapsed = time.perf_counter() - t0
+        if elapsed > 0:
+            best = max(best, inner * 2 * size**3 / elapsed)
+        reps += 1
+    return best
+
+
+def cache_file() -> Path:
+    root = Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
+    return root / "peak.json"
+
+
+def _cache_key(device_name: str, threads: int, dtype: str) -> str:
+    import torch
+
+    return f"{device_name} | {threads} threads | torch {torch.__version__} | {dtype}"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_cache(path)
+        data[key] = entry
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home still gets a figure, measured again next time
+
+
+def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = None, refresh: bool = False) -> Peak:
+    """The probe's figure for this device, thread count, torch version and dtype; measured once, then cached.
+
+    `refresh=True` probes again; the cache keeps the better of the old and new figures.
+    """
+    import torch
+
+    if device_name is None:
+        if torch.device(device).type == "cuda":
+            device_name = torch.cuda.get_device_name(torch.device(device))
+        else:
+            from leantrain.parallel import cpu_name
+
+            device_name = cpu_name()
+    threads = torch.get_num_threads()
+    key = _cache_key(device_name, threads, dtype)
+    path = cache_file()
+    entry = _read_cache(path).get(key)
+    if not isinstance(entry, dict):
+        entry = None
+    if entry is not None and not refresh and float(entry.get("flops_per_second", 0)) > 0:
+        return Peak(float(entry["flops_per_second"]), dtype, device_name,
+                    f"measured: {entry.get('size', '?')}² {dtype} GEMM, {threads} threads, "
+                    f"{entry.get('measured', '?')} (cached in {path})")
+    size = PROBE_SIZE.get(torch.device(device).type, 2048)
+    flops = measure_peak(dtype, device, size, seconds=PROBE_SECONDS)
+    if entry is not None and entry.get("size") == size:
+        # a peak is the best the device has shown: a probe slowed by a busy neighbour does not lower it
+        flops = max(flops, float(entry.get("flops_per_second", 0)))
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    _write_cache(path, key, {"flops_per_second": flops, "size": size, "measured": stamp})
+    return Peak(flops, dtype, device_name, f"measured: {size}² {dtype} GEMM, {threads} threads, {stamp}")
+
+
+def device_peak(device: Any = "cpu", precision: str = "fp32") -> Peak:
+    """Peak FLOP/s of `device` (a torch.device or string) for a run in `precision` (fp32/bf16/fp16)."""
+    import torch
+
+    dev = torch.device(device)
+    dtype = math_dtype(dev.type, precision)
+    override = os.environ.get("LEANTRAIN_PEAK_TFLOPS")
+    if override:
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        return Peak(float(override) * T, dtype, name, "LEANTRAIN_PEAK_TFLOPS")
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        found = gpu_peak(name, dtype)
+        if found is not None:
+            return found
+        return measured_peak(dtype, str(dev), name)
+    return measured_peak(dtype, "cpu")

@@ -1,0 +1,116 @@
+"""Model FLOPs: the closed form for BERT-like encoders, checked by hand and against FlopCounterMode; MFU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leantrain.telemetry.flops import (FlopMeter, FlopModel, count_flops, counted_flop_model, encoder_flop_model,
+                                       flop_model, mfu)
+
+
+def tiny_bert_config(num_labels: int = 2):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=128, max_position_embeddings=128, num_labels=num_labels)
+
+
+def meta_bert(num_labels: int = 2):
+    from transformers import BertForSequenceClassification
+
+    with torch.device("meta"):
+        return BertForSequenceClassification(tiny_bert_config(num_labels))
+
+
+def test_formula_matches_the_hand_computed_count_for_a_tiny_bert():
+    # h = 64, i = 128, L = 2 layers, C = 2 labels.
+    # One layer's parameters:
+    #   attention Q, K, V, O   4 * (64*64 + 64)             = 4 * 4160        = 16640
+    #   feed-forward           (64*128 + 128) + (128*64 + 64) = 8320 + 8256    = 16576
+    #   two LayerNorms         2 * (64 + 64)                                   =   256
+    #   total                                                                   = 33472
+    # per token (fwd + bwd): 6 * 2 layers * 33472                              = 401664
+    # attention per sequence: 12 * 2 layers * 64 * s^2                          = 1536 * s^2
+    # head per sequence: 6 * (pooler 64*64 + 64 + classifier 64*2 + 2) = 6 * 4290 = 25740
+    # a padded batch of 4 x 16: 4 * (25740 + 401664*16 + 1536*16*16)
+    #                         = 4 * (25740 + 6426624 + 393216) = 4 * 6845580     = 27382320
+    model = encoder_flop_model(tiny_bert_config(num_labels=2))
+    assert model.per_token == 401664
+    assert model.per_token_sq == 1536
+    assert model.per_sequence == 25740
+    assert model.batch_flops(4, 16) == 27382320
+    assert model.sequence_flops([16, 16, 16, 16]) == 27382320
+    assert model.sequence_flops([3, 5]) == 2 * 25740 + 401664 * 8 + 1536 * (9 + 25)
+
+
+def test_the_parameter_counts_in_the_formula_are_the_models():
+    model = meta_bert(num_labels=2)
+    per_layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
+    head = sum(p.numel() for p in model.bert.pooler.parameters()) + sum(p.numel() for p in model.classifier.parameters())
+    assert per_layer == 33472 and head == 4290
+
+
+@pytest.mark.parametrize("batch,seq", [(4, 16), (8, 64), (2, 128)])
+def test_formula_agrees_with_flop_counter_mode_within_a_few_percent(batch, seq):
+    formula = encoder_flop_model(tiny_bert_config()).batch_flops(batch, seq)
+    counted = count_flops(meta_bert(), seq, batch_size=batch)
+    # The formula counts biases and LayerNorms at 6 FLOPs per parameter (the usual convention);
+    # FlopCounterMode counts matrix products only: (9h + i) / (4h^2 + 2hi) = 2% more here.
+    assert formula == pytest.approx(counted, rel=0.03)
+    assert formula >= counted
+
+
+def test_the_counted_polynomial_reproduces_direct_counts():
+    fitted = counted_flop_model(meta_bert())
+    assert "counted" in fitted.source
+    for batch, seq in ((1, 24), (3, 100)):
+        assert fitted.batch_flops(batch, seq) == pytest.approx(count_flops(meta_bert(), seq, batch), rel=1e-9)
+
+
+def test_models_outside_the_closed_form_are_counted():
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=256, pad_token_id=0,
+                        bos_token_id=0, eos_token_id=0)
+    with torch.device("meta"):
+        model = GPT2ForSequenceClassification(config)
+    fm = flop_model(model)
+    assert fm.source.startswith("counted")
+    # a GPT-2 block has 12 h^2 weights: about 6 * 2 layers * 12 * 64^2 FLOPs per token, plus attention
+    assert fm.per_token == pytest.approx(6 * 2 * 12 * 64 * 64, rel=0.1)
+    assert fm.per_token_sq > 0
+
+
+def test_bert_models_use_the_formula():
+    assert flop_model(meta_bert()).source.startswith("formula: bert")
+
+
+def test_minilm_is_about_65_mflop_per_token(minilm_dir):
+    from transformers import AutoConfig
+
+    fm = encoder_flop_model(AutoConfig.from_pretrained(minilm_dir), num_labels=3)
+    assert fm.per_token == pytest.approx(63.88e6, rel=1e-3)
+    assert fm.per_padded_token(60) == pytest.approx(65.5e6, rel=0.01)
+
+
+def test_mfu_with_a_fixed_peak():
+    assert mfu(2e12, 4.0, 1e12) == pytest.approx(0.5)
+    assert mfu(1e12, 1.0, None) is None
+    assert mfu(1e12, 0.0, 1e12) is None
+
+
+def test_flop_meter_counts_padded_and_useful_flops():
+    fm = FlopModel(per_sequence=10.0, per_token=100.0, per_token_sq=1.0, source="test")
+    meter = FlopMeter(fm, peak_flops_per_second=1e4)
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    padded = meter.add(ids, mask)
+    assert padded == 2 * (10 + 400 + 16)
+    assert meter.useful_flops == 2 * 10 + 100 * 6 + (16 + 4)
+    row = meter.metrics(seconds=0.1)
+    assert row["mfu"] == pytest.approx(padded / 0.1 / 1e4)
+    assert row["mfu_useful"] == pytest.approx((20 + 600 + 20) / 0.1 / 1e4)
+    assert row["model_tflops_per_second"] == pytest.approx(padded / 0.1 / 1e12)
+    meter.add(ids)  # no mask: every position is real
+    assert meter.useful_flops == 2 * 10 + 100 * 6 + 20 + padded

@@ -1,0 +1,109 @@
+"""Peak FLOP/s: the GPU table, the CPU GEMM probe and its cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leantrain.telemetry import peak
+
+
+@pytest.mark.parametrize("name,dtype,tflops,table_name", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4, "H100 SXM"),
+    ("NVIDIA H100 PCIe", "bf16", 756.0, "H100 PCIe"),
+    ("NVIDIA H100 NVL", "tf32", 417.5, "H100 NVL"),
+    ("NVIDIA H200", "fp16", 989.4, "H200 SXM"),
+    ("NVIDIA H200 NVL", "bf16", 835.5, "H200 NVL"),
+    ("NVIDIA A100-SXM4-80GB", "tf32", 156.0, "A100"),
+    ("NVIDIA A100 80GB PCIe", "bf16", 312.0, "A100"),
+    ("NVIDIA A10G", "bf16", 70.0, "A10G"),
+    ("NVIDIA A10", "bf16", 125.0, "A10"),
+    ("NVIDIA L4", "bf16", 121.0, "L4"),
+    ("NVIDIA L40S", "fp32", 91.6, "L40S"),
+    ("Tesla T4", "fp16", 65.0, "T4"),
+    ("Tesla V100-SXM2-16GB", "fp16", 125.0, "V100 SXM2"),
+    ("Tesla V100-PCIE-32GB", "fp32", 14.0, "V100 PCIe"),
+    ("NVIDIA GeForce RTX 4090", "bf16", 165.2, "RTX 4090"),
+    ("NVIDIA GeForce RTX 3090", "bf16", 71.0, "RTX 3090"),
+    ("NVIDIA GeForce RTX 3090 Ti", "bf16", 80.0, "RTX 3090 Ti"),
+])
+def test_gpu_table_matches_device_names(name, dtype, tflops, table_name):
+    found = peak.gpu_peak(name, dtype)
+    assert found is not None
+    assert found.flops_per_second == pytest.approx(tflops * 1e12)
+    assert table_name in found.source and dtype in found.source
+
+
+def test_gpu_table_knows_what_it_does_not_know():
+    assert peak.gpu_peak("Tesla T4", "bf16") is None  # no bf16 tensor cores: measured instead
+    assert peak.gpu_peak("Some Future GPU", "bf16") is None
+
+
+def test_math_dtype_follows_the_precision():
+    assert peak.math_dtype("cpu", "fp32") == "fp32"
+    assert peak.math_dtype("cpu", "bf16") == "bf16"
+    assert peak.math_dtype("cuda", "fp16") == "fp16"
+
+
+def test_the_probe_measures_a_positive_figure():
+    flops = peak.measure_peak("fp32", "cpu", size=256, seconds=0.05)
+    assert flops > 1e8  # any CPU does 0.1 GFLOP/s
+
+
+def test_the_measurement_is_cached_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    monkeypatch.delenv("LEANTRAIN_PEAK_TFLOPS", raising=False)
+    calls = []
+
+    def fake_measure(dtype, device="cpu", size=None, seconds=0.5):
+        calls.append((dtype, size))
+        return 123e9
+
+    monkeypatch.setattr(peak, "measure_peak", fake_measure)
+    first = peak.device_peak("cpu", "bf16")
+    assert first.flops_per_second == 123e9 and first.dtype == "bf16" and "measured" in first.source
+    again = peak.device_peak("cpu", "bf16")
+    assert again.flops_per_second == 123e9 and "cached" in again.source
+    assert len(calls) == 1
+    cached = json.loads((tmp_path / "peak.json").read_text())
+    (key, entry), = cached.items()
+    assert "bf16" in key and "threads" in key and "torch" in key
+    assert entry["flops_per_second"] == 123e9
+    peak.device_peak("cpu", "fp32")  # another dtype: another probe
+    assert len(calls) == 2
+    peak.measured_peak("bf16", refresh=True)
+    assert len(calls) == 3
+
+
+def test_a_real_probe_lands_in_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    monkeypatch.delenv("LEANTRAIN_PEAK_TFLOPS", raising=False)
+    monkeypatch.setitem(peak.PROBE_SIZE, "cpu", 256)
+    monkeypatch.setattr(peak, "PROBE_SECONDS", 0.05)
+    measured = peak.device_peak("cpu", "fp32")
+    assert measured.flops_per_second > 0
+    assert peak.device_peak("cpu", "fp32").flops_per_second == measured.flops_per_second
+
+
+def test_an_unwritable_cache_still_gives_a_figure(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(blocker))
+    monkeypatch.setattr(peak, "measure_peak", lambda *a, **k: 5e9)
+    assert peak.measured_peak("fp32").flops_per_second == 5e9
+
+
+def test_the_environment_overrides_the_peak(monkeypatch):
+    monkeypatch.setenv("LEANTRAIN_PEAK_TFLOPS", "2.5")
+    found = peak.device_peak("cpu", "fp32")
+    assert found.flops_per_second == 2.5e12 and found.source == "LEANTRAIN_PEAK_TFLOPS"
+
+
+def test_refreshing_keeps_the_best_figure(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    figures = iter([100e9, 40e9, 150e9])
+    monkeypatch.setattr(peak, "measure_peak", lambda *a, **k: next(figures))
+    assert peak.measured_peak("fp32").flops_per_second == 100e9
+    assert peak.measured_peak("fp32", refresh=True).flops_per_second == 100e9  # a busy moment does not lower it
+    assert peak.measured_peak("fp32", refresh=True).flops_per_second == 150e9
