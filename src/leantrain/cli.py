@@ -113,6 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--data", help="File of texts to classify.")
     p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")
     _add_column_flags(p, label=False)
+
+    p = sub.add_parser("report", help="Write a self-contained HTML report of a run (plots, config, environment).",
+                       description="Render RUN_DIR/report.html from the run's metrics.json, metrics.jsonl and "
+                                   "config.yaml: loss, learning rate, evaluation, throughput and MFU, the time "
+                                   "breakdown, memory, the resolved config and the environment.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--output", help="Where to write the page (default: RUN_DIR/report.html).")
+
+    p = sub.add_parser("compare", help="Compare runs side by side: config differences, metrics, throughput, memory.",
+                       description="Print two or more runs side by side (only the config keys that differ) and "
+                                   "write a comparison chart.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--output", default="compare.png", help="Chart PNG to write (default: compare.png).")
     return parser
 
 
@@ -227,13 +240,29 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from leantrain.telemetry.report import write_report
+
+    print(write_report(args.run_dir, args.output))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from leantrain.telemetry.compare import compare
+
+    path = compare(args.run_dirs, args.output)
+    print(f"written: {path}")
+    return 0
+
+
 def _check_sizes(args: argparse.Namespace) -> None:
     for name in ("max_length", "batch_size"):
         if getattr(args, name) <= 0:
             raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "env": cmd_env, "info": cmd_info, "evaluate": cmd_evaluate, "predict": cmd_predict}
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "env": cmd_env, "info": cmd_info, "evaluate": cmd_evaluate, "predict": cmd_predict,
+            "report": cmd_report, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

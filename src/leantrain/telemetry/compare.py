@@ -1,0 +1,204 @@
+"""`leantrain compare RUN_A RUN_B ...`: runs side by side, and a chart of them.
+
+The tables show only the config keys whose values differ between the runs (the output directory,
+which always does, names the columns instead), then results, throughput and cost, the time
+breakdown and memory. Throughput and memory figures also carry their ratio to the first run: on a
+shared machine ratios within one comparison are what survive the noise.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from leantrain.errors import LeantrainError
+from leantrain.telemetry.report import RunData, fmt_value, load_run, time_totals
+from leantrain.telemetry.timing import PHASES
+
+IGNORED_CONFIG = {"output_dir", "overwrite", "progress", "cache_dir"}
+
+SECTIONS: list[tuple[str, list[tuple[str, str]], bool]] = [
+    ("results", [("eval_accuracy", "eval accuracy"), ("eval_macro_f1", "eval macro-F1"), ("eval_loss", "eval loss"),
+                 ("train_loss", "train loss (last log)"), ("optimizer_steps", "optimizer steps"),
+                 ("epochs", "epochs")], False),
+    ("throughput and cost", [("train_samples_per_second", "samples/s (train)"),
+                             ("steady_samples_per_second", "samples/s (steady)"),
+                             ("train_tokens_per_second", "tokens/s (no padding)"),
+                             ("padding_fraction", "padding"), ("model_tflops_per_second", "model TFLOP/s"),
+                             ("mfu", "MFU (padded tokens)"), ("mfu_useful", "MFU (real tokens)"),
+                             ("train_seconds", "training time"), ("wall_seconds", "wall time")], True),
+    ("memory", [("peak_memory_over_baseline_bytes", "peak over baseline"), ("peak_memory_bytes", "peak (process)"),
+                ("weights_bytes", "weights"), ("gradients_bytes", "gradients"),
+                ("optimizer_state_bytes", "optimizer state")], True),
+]
+
+
+def run_labels(runs: list[RunData]) -> list[str]:
+    """Column names: the directory names, with parents added until they are unique."""
+    paths = [r.path.resolve() for r in runs]
+    depth = 1
+    while True:
+        labels = ["/".join(p.parts[-depth:]) for p in paths]
+        if len(set(labels)) == len(labels) or depth >= max(len(p.parts) for p in paths):
+            return labels
+        depth += 1
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def config_differences(runs: list[RunData]) -> list[tuple[str, list[Any]]]:
+    """(key, value per run) for each config key whose value is not the same in every run."""
+    keys: list[str] = []
+    for r in runs:
+        keys += [k for k in r.config if k not in keys]
+    missing = object()
+    diffs = []
+    for k in keys:
+        if k in IGNORED_CONFIG:
+            continue
+        values = [r.config.get(k, missing) for r in runs]
+        if not all(_same(values[0], v) for v in values[1:]):
+            diffs.append((k, [None if v is missing else v for v in values]))
+    return diffs
+
+
+def _ratio(value: Any, first: Any) -> str:
+    if (isinstance(value, (int, float)) and isinstance(first, (int, float)) and not isinstance(value, bool)
+            and first and math.isfinite(value) and math.isfinite(first)):
+        return f" ({value / first:.2f}x)"
+    return ""
+
+
+def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
+    """(section, label, cell per run) for every row at least one run has a value for."""
+    rows: list[tuple[str, str, list[str]]] = []
+    for key, values in config_differences(runs):
+        rows.append(("config (differences only)", key, ["-" if v is None else str(v) for v in values]))
+    for section, keys, with_ratio in SECTIONS:
+        for key, label in keys:
+            values = [r.metrics.get(key) for r in runs]
+            if all(v is None for v in values):
+                continue
+            ratio = with_ratio and not (key.endswith("_fraction") or key.startswith("mfu"))
+            cells = [fmt_value(key, v) + (_ratio(v, values[0]) if ratio and i else "")
+                     for i, v in enumerate(values)]
+            rows.append((section, label, cells))
+    totals = [time_totals(r) for r in runs]
+    for phase in PHASES:
+        if not any(phase in t for t in totals):
+            continue
+        cells = []
+        for t in totals:
+            wall = sum(t.values())
+            cells.append(f"{t[phase]:.1f} s ({t[phase] / wall:.0%})" if phase in t and wall > 0 else "-")
+        rows.append(("time breakdown", phase, cells))
+    return rows
+
+
+def print_comparison(runs: list[RunData], console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    labels = run_labels(runs)
+    table = Table(title="leantrain compare", title_justify="left", show_lines=False)
+    table.add_column("", style="bold")
+    for label in labels:
+        table.add_column(label, justify="right", overflow="fold")
+    section = None
+    for sec, label, cells in comparison_rows(runs):
+        if sec != section:
+            if section is not None:
+                table.add_section()
+            table.add_row(f"[dim]{sec}[/dim]", *([""] * len(cells)))
+            section = sec
+        table.add_row(label, *cells)
+    console.print(table)
+    unfinished = [lab for lab, r in zip(labels, runs) if not r.finished]
+    if unfinished:
+        console.print(f"not finished (read from .incomplete/): {', '.join(unfinished)}")
+
+
+def write_chart(runs: list[RunData], path: str | Path) -> Path:
+    """2 x 2 panels: loss curves, eval metrics, throughput and memory per run."""
+    from matplotlib.figure import Figure
+
+    from leantrain.telemetry.report import _series
+
+    labels = run_labels(runs)
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    fig = Figure(figsize=(12, 8), layout="constrained")
+    (ax_loss, ax_eval), (ax_tp, ax_mem) = fig.subplots(2, 2)
+
+    for run, label, color in zip(runs, labels, colors):
+        xs, ys = _series(run.train_rows, "loss")
+        if xs:
+            ax_loss.plot(xs, ys, color=color, label=label)
+        xs, ys = _series(run.eval_rows, "eval_loss")
+        if xs:
+            ax_loss.plot(xs, ys, "o--", color=color, markersize=4)
+    ax_loss.set(xlabel="optimizer step", ylabel="loss", title="Loss (line: train, dashed: eval)")
+    ax_loss.grid(alpha=0.3)
+    if ax_loss.lines:
+        ax_loss.legend(fontsize=8)
+
+    def bars(ax, key: str, scale: float, title: str, unit: str) -> None:
+        values = [r.metrics.get(key) for r in runs]
+        values = [float(v) * scale if isinstance(v, (int, float)) and math.isfinite(v) else 0.0 for v in values]
+        ax.barh(labels, values, color=colors)
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {v:,.3g} {unit}", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.margins(x=0.3)
+        ax.set_title(title)
+
+    eval_keys = [k for k in ("eval_accuracy", "eval_macro_f1") if any(k in r.metrics for r in runs)]
+    if eval_keys:
+        import numpy as np
+
+        y = np.arange(len(runs))
+        h = 0.8 / len(eval_keys)
+        for j, key in enumerate(eval_keys):
+            vals = [float(r.metrics.get(key) or 0.0) for r in runs]
+            ax_eval.barh(y + j * h, vals, height=h, label=key.removeprefix("eval_"),
+                         color=["#3b7dd8", "#6aa84f"][j % 2])
+            for yy, v in zip(y + j * h, vals):
+                ax_eval.text(v, yy, f" {v:.3f}", va="center", fontsize=8)
+        ax_eval.set_yticks(y + h * (len(eval_keys) - 1) / 2, labels)
+        ax_eval.invert_yaxis()
+        ax_eval.set(xlim=(0, 1.15), title="Final evaluation")
+        ax_eval.legend(fontsize=8, loc="lower right")
+    else:
+        ax_eval.set_axis_off()
+
+    tp_key = next((k for k in ("steady_samples_per_second", "train_samples_per_second")
+                   if any(isinstance(r.metrics.get(k), (int, float)) for r in runs)), None)
+    if tp_key:
+        bars(ax_tp, tp_key, 1.0, "Throughput (" + ("steady " if tp_key.startswith("steady") else "") + "samples/s)",
+             "")
+    else:
+        ax_tp.set_axis_off()
+    mem_key = next((k for k in ("peak_memory_over_baseline_bytes", "peak_memory_bytes")
+                    if any(isinstance(r.metrics.get(k), (int, float)) for r in runs)), None)
+    if mem_key:
+        bars(ax_mem, mem_key, 1 / 2**20, "Peak memory" + (" over baseline" if "baseline" in mem_key else ""), "MB")
+    else:
+        ax_mem.set_axis_off()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def compare(run_dirs: list[str | Path], output: str | Path | None = "compare.png", console=None) -> Path | None:
+    """Print the comparison; write the chart to `output` (None: no chart). Returns the chart's path."""
+    if len(run_dirs) < 2:
+        raise LeantrainError("compare needs at least two run directories")
+    runs = [load_run(d) for d in run_dirs]
+    print_comparison(runs, console)
+    return write_chart(runs, output) if output is not None else None

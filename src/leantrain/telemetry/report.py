@@ -1,0 +1,491 @@
+"""`leantrain report RUN_DIR`: one self-contained HTML page about a run.
+
+The page (`RUN_DIR/report.html`) embeds its plots as base64 PNG data URIs, so it can be mailed or
+attached to an issue as one file. It reads what the run wrote: `metrics.json` (final figures),
+`metrics.jsonl` (one row per log interval and per evaluation), `config.yaml` (the resolved config)
+and, when present, `environment.json`. A run still in progress is read from `RUN_DIR/.incomplete/`.
+Columns that a run did not log (MFU, the time breakdown, memory over time) are left out of the
+page, not drawn empty.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from leantrain.errors import LeantrainError
+from leantrain.telemetry.timing import PHASES, row_key
+
+REPORT_NAME = "report.html"
+ENVIRONMENT_NAME = "environment.json"
+PHASE_COLORS = {"data": "#e4a11b", "forward_backward": "#3b7dd8", "optimizer": "#6aa84f", "eval": "#9b59b6",
+                "checkpoint": "#8e6c4a", "comm": "#d9534f", "other": "#aaaaaa"}
+MEMORY_KEYS = (("weights_bytes", "weights"), ("gradients_bytes", "gradients"),
+               ("optimizer_state_bytes", "optimizer state"),
+               ("peak_memory_over_baseline_bytes", "peak over baseline"), ("peak_memory_bytes", "peak (process)"),
+               ("peak_reserved_bytes", "peak reserved (CUDA)"))
+
+
+@dataclass
+class RunData:
+    path: Path
+    finished: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    config_text: str = ""
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        path = self.path.resolve()
+        return path.parent.name if path.name == ".incomplete" else path.name
+
+    @property
+    def train_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if "loss" in r and "step" in r]
+
+    @property
+    def eval_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if "step" in r and any(k.startswith("eval_") for k in r)]
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+def _number(value: Any) -> Any:
+    """metrics.jsonl writes non-finite floats as strings ('nan', 'inf'): read them back as floats."""
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return float(value)
+    return value
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of metrics.jsonl; a torn last line (a run killed mid-write) is skipped."""
+    rows = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return rows
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append({k: _number(v) for k, v in row.items()})
+    return rows
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """What a run directory holds; raises LeantrainError when it holds nothing a report could show."""
+    import yaml
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise LeantrainError(f"'{path}' is not a directory; give a run's output directory")
+    finished = (path / "metrics.json").is_file()
+    source = path if finished or not (path / ".incomplete").is_dir() else path / ".incomplete"
+    run = RunData(path=path, finished=finished)
+    names = ("metrics.json", "metrics.jsonl", "config.yaml")
+    if not any((source / n).is_file() for n in names):
+        raise LeantrainError(f"'{path}' holds no run: none of {', '.join(names)} is there")
+    try:
+        run.metrics = {k: _number(v) for k, v in json.loads((source / "metrics.json").read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        run.metrics = {}
+    run.rows = read_rows(source / "metrics.jsonl")
+    try:
+        run.config_text = (source / "config.yaml").read_text(encoding="utf-8")
+        run.config = yaml.safe_load(run.config_text) or {}
+    except (OSError, yaml.YAMLError):
+        run.config, run.config_text = {}, ""
+    for where in (source / ENVIRONMENT_NAME, path / ENVIRONMENT_NAME):
+        try:
+            run.environment = json.loads(where.read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    return run
+
+
+def collect_environment(device: Any = None, peak: Any = None, num_processes: int | None = None) -> dict[str, Any]:
+    """The facts a reader needs to judge a run's speed; the loop writes them to environment.json."""
+    import os
+    import platform
+
+    import torch
+
+    from leantrain.parallel import cpu_name
+
+    env: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        env["device"] = torch.cuda.get_device_name(dev)
+        env["cuda"] = torch.version.cuda
+    else:
+        env["device"] = cpu_name()
+    env.update({"cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__})
+    for lib in ("transformers", "accelerate", "datasets"):
+        try:
+            env[lib] = __import__(lib).__version__
+        except Exception:  # noqa: BLE001 - a missing library is just not reported
+            pass
+    if num_processes is not None:
+        env["num_processes"] = num_processes
+    if peak is not None:
+        env["peak_tflops"] = peak.flops_per_second / 1e12
+        env["peak_dtype"] = peak.dtype
+        env["peak_source"] = peak.source
+    return env
+
+
+def write_environment(directory: str | Path, **kwargs: Any) -> Path:
+    path = Path(directory) / ENVIRONMENT_NAME
+    path.write_text(json.dumps(collect_environment(**kwargs), indent=2) + "\n")
+    return path
+
+
+# -- formatting ------------------------------------------------------------------------------------
+
+def fmt_bytes(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "-"
+    mb = value / 2**20
+    return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.1f} MB"
+
+
+def fmt_value(key: str, value: Any) -> str:
+    """A metric as a reader wants it: bytes in MB, fractions in %, seconds with units."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if key.endswith("_bytes"):
+        return fmt_bytes(value)
+    if key in ("mfu", "mfu_useful") or key.endswith("_fraction"):
+        return f"{value:.1%}"
+    if key.endswith("_seconds") and "per_second" not in key:
+        return f"{value:.1f} s" if value >= 1 else f"{value * 1000:.0f} ms"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.4g}"
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and "step" in r:
+            xs.append(r["step"])
+            ys.append(float(v))
+    return xs, ys
+
+
+def _has(rows: list[dict[str, Any]], key: str) -> bool:
+    return bool(_series(rows, key)[0])
+
+
+# -- plots -----------------------------------------------------------------------------------------
+
+def _figure(ncols: int = 1, width: float = 10.0, height: float = 3.6):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96)
+    return buf.getvalue()
+
+
+def plot_loss(run: RunData) -> bytes | None:
+    train, evals = run.train_rows, run.eval_rows
+    if not (_has(train, "loss") or _has(evals, "eval_loss") or _has(train, "lr")):
+        return None
+    fig, (ax, ax_lr) = _figure(2)
+    if _has(train, "loss"):
+        ax.plot(*_series(train, "loss"), label="train loss", color="#3b7dd8")
+    if _has(evals, "eval_loss"):
+        ax.plot(*_series(evals, "eval_loss"), "o-", label="eval loss", color="#d9534f")
+    ax.set(xlabel="optimizer step", ylabel="loss", title="Loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    if _has(train, "lr"):
+        ax_lr.plot(*_series(train, "lr"), color="#6aa84f")
+        ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax_lr.set(xlabel="optimizer step", ylabel="learning rate", title="Learning rate")
+    ax_lr.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plot_eval(run: RunData) -> bytes | None:
+    evals = run.eval_rows
+    keys = sorted({k for r in evals for k in r if k.startswith("eval_") and k != "eval_loss" and _has(evals, k)})
+    if not keys:
+        return None
+    fig, (ax,) = _figure(1, width=7)
+    for k in keys:
+        ax.plot(*_series(evals, k), "o-", label=k.removeprefix("eval_"))
+    ax.set(xlabel="optimizer step", title="Evaluation")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plot_throughput(run: RunData) -> bytes | None:
+    train = run.train_rows
+    has_rate = _has(train, "samples_per_second") or _has(train, "tokens_per_second")
+    has_mfu = _has(train, "mfu") or _has(train, "model_tflops_per_second")
+    if not (has_rate or has_mfu):
+        return None
+    fig, axes = _figure(2 if has_mfu and has_rate else 1)
+    if has_rate:
+        ax = axes[0]
+        if _has(train, "samples_per_second"):
+            ax.plot(*_series(train, "samples_per_second"), color="#3b7dd8", label="samples/s")
+        ax.set(xlabel="optimizer step", ylabel="samples/s", title="Throughput (training time only)")
+        ax.grid(alpha=0.3)
+        if _has(train, "tokens_per_second"):
+            twin = ax.twinx()
+            twin.plot(*_series(train, "tokens_per_second"), color="#e4a11b", label="tokens/s (no padding)")
+            twin.set_ylabel("tokens/s")
+            lines = ax.get_lines() + twin.get_lines()
+            ax.legend(lines, [line.get_label() for line in lines], loc="lower right")
+    if has_mfu:
+        ax = axes[-1]
+        if _has(train, "mfu"):
+            xs, ys = _series(train, "mfu")
+            ax.plot(xs, [100 * y for y in ys], color="#9b59b6", label="MFU (padded tokens)")
+            if _has(train, "mfu_useful"):
+                xs, ys = _series(train, "mfu_useful")
+                ax.plot(xs, [100 * y for y in ys], "--", color="#9b59b6", label="MFU (real tokens)")
+            ax.set(ylabel="MFU (%)", title="Model FLOPs utilisation")
+            ax.set_ylim(bottom=0)
+            ax.legend(loc="lower right")
+        else:
+            ax.plot(*_series(train, "model_tflops_per_second"), color="#9b59b6")
+            ax.set(ylabel="model TFLOP/s", title="Model FLOP/s")
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def time_totals(run: RunData) -> dict[str, float]:
+    """Seconds per part of the time breakdown: metrics.json totals, else the rows' windows summed."""
+    totals = {p: run.metrics.get(row_key(p)) for p in PHASES}
+    totals = {p: float(v) for p, v in totals.items() if isinstance(v, (int, float))}
+    if totals:
+        return totals
+    summed: dict[str, float] = {}
+    for r in run.rows:
+        for p in PHASES:
+            v = r.get(row_key(p))
+            if isinstance(v, (int, float)):
+                summed[p] = summed.get(p, 0.0) + float(v)
+    return summed
+
+
+def plot_time(run: RunData) -> bytes | None:
+    totals = time_totals(run)
+    windows = [r for r in run.rows if any(isinstance(r.get(row_key(p)), (int, float)) for p in PHASES)]
+    if not totals and not windows:
+        return None
+    fig, axes = _figure(2 if windows else 1, height=3.8)
+    wall = sum(totals.values())
+    if totals and wall > 0:
+        ax, left = axes[0], 0.0
+        for p in PHASES:
+            share = totals.get(p, 0.0) / wall
+            if share > 0:
+                ax.barh([0], [share * 100], left=[left], height=0.5, color=PHASE_COLORS[p], label=f"{p} {share:.1%}")
+                left += share * 100
+        ax.set(xlim=(0, 100), yticks=[], xlabel="% of wall time", title=f"Where the time went ({wall:.1f} s)")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8)
+    if windows:
+        ax = axes[-1]
+        steps = [r["step"] for r in windows]
+        bottom = [0.0] * len(windows)
+        walls = []
+        for r in windows:
+            w = r.get(row_key("wall"))
+            w = w if isinstance(w, (int, float)) and w > 0 else sum(
+                float(r.get(row_key(p)) or 0) for p in PHASES)
+            walls.append(w or 1.0)
+        width = max(0.8 * (steps[1] - steps[0]), 0.5) if len(steps) > 1 else 0.8
+        for p in PHASES:
+            vals = [100 * float(r.get(row_key(p)) or 0) / w for r, w in zip(windows, walls)]
+            if any(vals):
+                ax.bar(steps, vals, bottom=bottom, width=width, color=PHASE_COLORS[p], label=p)
+                bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set(xlabel="optimizer step (end of log window)", ylabel="% of window", ylim=(0, 100),
+               title="Time breakdown per log window")
+        if not totals:
+            ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_memory(run: RunData) -> bytes | None:
+    bars = [(label, run.metrics[k]) for k, label in MEMORY_KEYS if isinstance(run.metrics.get(k), (int, float))]
+    mem_keys = sorted({k for r in run.train_rows for k in r if k.endswith("_bytes") and _has(run.train_rows, k)})
+    if not bars and not mem_keys:
+        return None
+    fig, axes = _figure(2 if bars and mem_keys else 1, height=3.4)
+    if bars:
+        ax = axes[0]
+        labels = [b[0] for b in bars]
+        values = [b[1] / 2**20 for b in bars]
+        ax.barh(labels, values, color="#3b7dd8")
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {v:,.0f} MB", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set(xlabel="MB", title="Memory")
+        ax.margins(x=0.25)
+    if mem_keys:
+        ax = axes[-1]
+        for k in mem_keys:
+            xs, ys = _series(run.train_rows, k)
+            ax.plot(xs, [y / 2**20 for y in ys], label=k.removesuffix("_bytes"))
+        ax.set(xlabel="optimizer step", ylabel="MB", title="Memory over time")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+PLOTS: list[tuple[str, str, Callable[[RunData], bytes | None]]] = [
+    ("loss", "Loss and learning rate", plot_loss),
+    ("eval", "Evaluation metrics", plot_eval),
+    ("throughput", "Throughput and MFU", plot_throughput),
+    ("time", "Time breakdown", plot_time),
+    ("memory", "Memory", plot_memory),
+]
+
+
+# -- page ------------------------------------------------------------------------------------------
+
+HEADLINE = [
+    ("eval_accuracy", "eval accuracy"), ("eval_macro_f1", "eval macro-F1"), ("eval_loss", "eval loss"),
+    ("train_loss", "train loss (last log)"), ("optimizer_steps", "optimizer steps"),
+    ("train_samples_per_second", "samples/s (train)"), ("steady_samples_per_second", "samples/s (steady)"),
+    ("train_tokens_per_second", "tokens/s (no padding)"), ("padding_fraction", "padding"),
+    ("model_tflops_per_second", "model TFLOP/s"), ("mfu", "MFU (padded tokens)"), ("mfu_useful", "MFU (real tokens)"),
+    ("peak_memory_over_baseline_bytes", "peak memory over baseline"), ("optimizer_state_bytes", "optimizer state"),
+    ("precision", "precision"), ("num_processes", "processes"), ("wall_seconds", "wall time"),
+]
+
+CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.8em;
+     border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+.sub { color: #666; margin-top: 0; }
+.badge { display: inline-block; padding: 0.1em 0.5em; border-radius: 0.3em; font-size: 0.8em;
+         background: #e8f1fb; color: #1d5fa8; } .badge.warn { background: #fdf0dc; color: #8a5a00; }
+table { border-collapse: collapse; font-size: 0.9em; } td, th { padding: 0.2em 0.9em 0.2em 0; text-align: left;
+        vertical-align: top; } td.num { font-variant-numeric: tabular-nums; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(330px, 1fr)); gap: 0 2em; }
+img { max-width: 100%; height: auto; display: block; margin: 0.5em 0; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+details summary { cursor: pointer; color: #1d5fa8; }
+"""
+
+# Sets data-images-loaded on <body> once every plot has decoded (read by tests and scripts).
+SCRIPT = """
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0 && i.naturalHeight > 0; });
+  document.body.setAttribute('data-images-total', String(imgs.length));
+  document.body.setAttribute('data-images-loaded', String(ok.length));
+});
+"""
+
+
+def _table(pairs: list[tuple[str, str]]) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td class='num'>{html.escape(v)}</td></tr>" for k, v in pairs)
+    return f"<table>{rows}</table>"
+
+
+def render_report(run: RunData) -> str:
+    m = run.metrics
+    title = f"leantrain run {run.name}"
+    status = ("<span class='badge'>finished</span>" if run.finished
+              else "<span class='badge warn'>in progress or failed: read from .incomplete/</span>")
+    model = run.config.get("model") or "?"
+    data = run.config.get("data") or "?"
+    parts = [f"<h1>{html.escape(title)} {status}</h1>",
+             f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
+             f"{html.escape(str(run.path.resolve()))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>"]
+    headline = [(label, fmt_value(k, m.get(k))) for k, label in HEADLINE if m.get(k) is not None]
+    if headline:
+        half = (len(headline) + 1) // 2
+        parts.append("<h2>Summary</h2><div class='grid'>" + _table(headline[:half]) + _table(headline[half:])
+                     + "</div>")
+    peak_note = _peak_note(run)
+    if peak_note:
+        parts.append(f"<p class='sub'>{html.escape(peak_note)}</p>")
+    for anchor, heading, plot in PLOTS:
+        png = plot(run)
+        if png is None:
+            continue
+        data_uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+        parts.append(f"<h2 id='{anchor}'>{html.escape(heading)}</h2>"
+                     f"<img src='{data_uri}' alt='{html.escape(heading)}' data-plot='{anchor}'>")
+    totals = time_totals(run)
+    if totals:
+        wall = sum(totals.values()) or 1.0
+        parts.append(_table([(p, f"{totals[p]:.2f} s ({totals[p] / wall:.1%})") for p in PHASES if p in totals]))
+    if m:
+        parts.append("<h2>All final metrics</h2><details><summary>metrics.json</summary>"
+                     + _table([(k, fmt_value(k, v)) for k, v in m.items()]) + "</details>")
+    if run.config_text:
+        parts.append("<h2>Resolved config</h2><p class='sub'>rerun with <code>leantrain train --config "
+                     "config.yaml</code></p><pre>" + html.escape(run.config_text) + "</pre>")
+    env = run.environment or {k: m[k] for k in ("precision", "num_processes") if k in m}
+    if env:
+        parts.append("<h2>Environment</h2>" + _table([(k, fmt_value(k, v)) for k, v in env.items()]))
+    if not run.rows:
+        parts.append("<p class='sub'>metrics.jsonl is empty or missing: no curves to draw.</p>")
+    body = "\n".join(parts)
+    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def _peak_note(run: RunData) -> str:
+    env, m = run.environment, run.metrics
+    source = env.get("peak_source") or m.get("peak_source")
+    tflops = env.get("peak_tflops") or m.get("peak_tflops")
+    if not (source and tflops):
+        return ""
+    return f"MFU is against a peak of {float(tflops):.3g} TFLOP/s ({source})."
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Render RUN_DIR's report.html (or `output`); returns its path."""
+    run = load_run(run_dir)
+    page = render_report(run)
+    path = Path(output) if output is not None else Path(run_dir) / REPORT_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path
