@@ -114,3 +114,12 @@ def test_flop_meter_counts_padded_and_useful_flops():
     assert row["model_tflops_per_second"] == pytest.approx(padded / 0.1 / 1e12)
     meter.add(ids)  # no mask: every position is real
     assert meter.useful_flops == 2 * 10 + 100 * 6 + 20 + padded
+
+
+def test_wrapped_models_are_unwrapped():
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+    assert flop_model(Wrapper(meta_bert())).source.startswith("formula: bert")

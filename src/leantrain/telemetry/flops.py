@@ -178,8 +178,18 @@ def counted_flop_model(model, lengths: tuple[int, int, int] = (16, 32, 64)) -> F
                             f"lengths {', '.join(map(str, lengths))}")
 
 
+def unwrap(model):
+    """The model inside torch.compile's and DDP's wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None or inner is model:
+            return model
+        model = inner
+
+
 def flop_model(model) -> FlopModel:
     """The closed form for BERT-like encoders, a FlopCounterMode count for anything else."""
+    model = unwrap(model)
     config = getattr(model, "config", None)
     if config is not None and is_encoder_config(config):
         return encoder_flop_model(config)

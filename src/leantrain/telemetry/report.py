@@ -45,8 +45,13 @@ class RunData:
 
     @property
     def name(self) -> str:
+        return self.display_path.name
+
+    @property
+    def display_path(self) -> Path:
+        """The run's directory (a report written from the staging directory names the run, not the stage)."""
         path = self.path.resolve()
-        return path.parent.name if path.name == ".incomplete" else path.name
+        return path.parent if path.name == ".incomplete" else path
 
     @property
     def train_rows(self) -> list[dict[str, Any]]:
@@ -313,14 +318,13 @@ def plot_time(run: RunData) -> bytes | None:
     fig, axes = _figure(2 if windows else 1, height=3.8)
     wall = sum(totals.values())
     if totals and wall > 0:
-        ax, left = axes[0], 0.0
-        for p in PHASES:
-            share = totals.get(p, 0.0) / wall
-            if share > 0:
-                ax.barh([0], [share * 100], left=[left], height=0.5, color=PHASE_COLORS[p], label=f"{p} {share:.1%}")
-                left += share * 100
-        ax.set(xlim=(0, 100), yticks=[], xlabel="% of wall time", title=f"Where the time went ({wall:.1f} s)")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8)
+        ax = axes[0]
+        shown = [p for p in PHASES if totals.get(p, 0.0) > 0]
+        ax.pie([totals[p] for p in shown], colors=[PHASE_COLORS[p] for p in shown], startangle=90,
+               counterclock=False, wedgeprops={"width": 0.4, "edgecolor": "white"})
+        ax.legend([f"{p} {totals[p] / wall:.1%}" for p in shown], loc="center left", bbox_to_anchor=(1.0, 0.5),
+                  fontsize=8, frameon=False)
+        ax.set_title(f"Where the time went ({wall:.1f} s)")
     if windows:
         ax = axes[-1]
         steps = [r["step"] for r in windows]
@@ -433,7 +437,7 @@ def render_report(run: RunData) -> str:
     data = run.config.get("data") or "?"
     parts = [f"<h1>{html.escape(title)} {status}</h1>",
              f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
-             f"{html.escape(str(run.path.resolve()))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>"]
+             f"{html.escape(str(run.display_path))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>"]
     headline = [(label, fmt_value(k, m.get(k))) for k, label in HEADLINE if m.get(k) is not None]
     if headline:
         half = (len(headline) + 1) // 2

@@ -23,6 +23,12 @@ def tensorboard_available() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
+def check_tensorboard() -> None:
+    """Fail before any work when --log tensorboard is asked for and tensorboard is not installed."""
+    if not tensorboard_available():
+        raise ConfigError(f"--log tensorboard needs the tensorboard package: {INSTALL_HINT}")
+
+
 def tag_for(key: str) -> str:
     if key.startswith("eval_"):
         return "eval/" + key[len("eval_"):]
@@ -40,8 +46,7 @@ class TensorBoardLogger:
     """Scalars of each metrics row at its `step`; text for the config. Raises ConfigError without tensorboard."""
 
     def __init__(self, log_dir: str | Path, config: dict[str, Any] | None = None):
-        if not tensorboard_available():
-            raise ConfigError(f"--log tensorboard needs the tensorboard package: {INSTALL_HINT}")
+        check_tensorboard()
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
