@@ -228,7 +228,7 @@ class FlopMeter:
             self._lengths += batch * seq
             self._squares += batch * seq * seq
         else:
-            lengths = attention_mask.sum(dim=-1).double()
+            lengths = attention_mask.sum(dim=-1).long()  # integers: exact, and every device has int64
             self._lengths = self._lengths + lengths.sum()
             self._squares = self._squares + (lengths * lengths).sum()
         return padded
