@@ -45,22 +45,23 @@ def _offline_hint(name: str, exc: Exception) -> ModelError:
                       f"({why}); give a local folder")
 
 
-def load_config(name: str, **kwargs):
+def load_config(name: str, trust_remote_code: bool = False, **kwargs):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(name, **kwargs)
+        # Model code shipped with a checkpoint runs only when the user said so (--trust-remote-code).
+        return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError) as exc:
         if Path(name).exists():
             raise ModelError(f"{name}: config.json is not a usable model config ({str(exc).splitlines()[0]})") from None
         raise _offline_hint(name, exc) from None
 
 
-def load_tokenizer(name: str):
+def load_tokenizer(name: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         if Path(name).exists():
             raise ModelError(f"{name}: holds no usable tokenizer ({str(exc).splitlines()[0][:160]}); "
@@ -81,13 +82,15 @@ def max_supported_length(config, tokenizer=None) -> int | None:
     return min(limits) if limits else None
 
 
-def load_for_classification(name: str, label_names: list[str], dropout: float | None = None):
+def load_for_classification(name: str, label_names: list[str], dropout: float | None = None,
+                            trust_remote_code: bool = False):
     """A sequence classifier with one output per label; the head is new when the checkpoint has none."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     config = load_config(
         name,
+        trust_remote_code=trust_remote_code,
         num_labels=len(label_names),
         id2label=dict(enumerate(label_names)),
         label2id={n: i for i, n in enumerate(label_names)},
@@ -102,7 +105,8 @@ def load_for_classification(name: str, label_names: list[str], dropout: float | 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(name, config=config)
+        model = AutoModelForSequenceClassification.from_pretrained(name, config=config,
+                                                                   trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ModelError(f"{name}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:200]})") from None
     finally:

@@ -40,9 +40,20 @@ class GlobalBatchSampler:
         self.global_batch = micro_batch * accumulation * num_processes
         self.seed, self.group_by_length, self.chunk_batches = seed, group_by_length, chunk_batches
         self.epoch = 0
+        self.start = (0, 0)  # (epoch, global batch): where iteration of that epoch begins
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def start_at(self, epoch: int, global_batch: int) -> None:
+        """Make epoch `epoch` begin at its global batch `global_batch` (resuming a checkpoint).
+
+        A seek, not a replay: the skipped batches are never built. Other epochs are unaffected.
+        """
+        self.start = (epoch, global_batch)
+
+    def _first_batch(self) -> int:
+        return self.start[1] if self.start[0] == self.epoch else 0
 
     def global_batches(self) -> list[np.ndarray]:
         """This epoch's global batches, as example indices (each sorted longest first when grouping)."""
@@ -69,7 +80,7 @@ class GlobalBatchSampler:
 
     def __iter__(self):
         n = self.num_processes
-        for batch in self.global_batches():
+        for batch in self.global_batches()[self._first_batch():]:
             if len(batch) < n:
                 continue  # fewer examples than processes: cannot give each one a micro-batch
             k = self.micro_steps(batch)
@@ -81,7 +92,7 @@ class GlobalBatchSampler:
 
     def __len__(self) -> int:
         total = 0
-        for size in _batch_sizes(len(self.lengths), self.global_batch):
+        for size in _batch_sizes(len(self.lengths), self.global_batch)[self._first_batch():]:
             if size >= self.num_processes:
                 total += min(self.accumulation, math.ceil(size / (self.micro_batch * self.num_processes)))
         return total * self.num_processes

@@ -28,12 +28,27 @@ class MixedPrecision:
     def backward(self, loss: torch.Tensor) -> None:
         self.accelerator.backward(self.scaler.scale(loss) if self.manual else loss)
 
-    def clip_and_step(self, model, optimizer, max_grad_norm: float) -> tuple[float | None, bool]:
+    def clip_and_step(self, model, optimizer, max_grad_norm: float) -> tuple[float, bool]:
         """Unscale, clip, step. Returns (pre-clip gradient norm, whether the step was skipped for inf/NaN)."""
-        acc = self.accelerator
+        grad_norm = self.unscale_and_clip(model, optimizer, max_grad_norm)
+        return grad_norm, self.step(optimizer)
+
+    @property
+    def scales_loss(self) -> bool:
+        """fp16 loss scaling is on: non-finite gradients are then routine overflow, skipped by the scaler."""
+        return self.manual or getattr(self.accelerator, "scaler", None) is not None
+
+    def unscale_and_clip(self, model, optimizer, max_grad_norm: float) -> float:
+        """Unscale (fp16) and clip the gradients (max_grad_norm 0: no clipping); returns their pre-clip norm."""
         if self.manual:
             self.scaler.unscale_(optimizer)
-        grad_norm = float(acc.clip_grad_norm_(model.parameters(), max_grad_norm)) if max_grad_norm > 0 else None
+        # An infinite bound measures without clipping: the gradients are multiplied by exactly 1.
+        bound = max_grad_norm if max_grad_norm > 0 else float("inf")
+        return float(self.accelerator.clip_grad_norm_(model.parameters(), bound))
+
+    def step(self, optimizer) -> bool:
+        """Step the optimizer (through the scaler for fp16); returns whether it was skipped for inf/NaN."""
+        acc = self.accelerator
         if self.manual:
             scale = self.scaler.get_scale()
             self.scaler.step(optimizer)
@@ -43,7 +58,17 @@ class MixedPrecision:
             optimizer.step()
             skipped = bool(acc.optimizer_step_was_skipped)
         self.skipped_steps += int(skipped)
-        return grad_norm, skipped
+        return skipped
+
+    def drop_step(self, optimizer) -> None:
+        """Do not step: clear the gradients, keeping the loss scaler's books (the NaN guard's --on-nan skip)."""
+        scaler = self.scaler if self.manual else getattr(self.accelerator, "scaler", None)
+        if scaler is not None:
+            try:
+                scaler.update()  # closes this step's unscale_; the inf/NaN it found lowers the scale
+            except AssertionError:
+                pass  # nothing was unscaled this step
+        optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict() if self.scaler else None, "skipped_steps": self.skipped_steps}
