@@ -1,5 +1,9 @@
 """The training loop, read top to bottom: train -> train_step -> forward_backward_step.
 
+Checkpoints (leantrain.checkpoint) are saved every --save-every optimizer steps and at each new best
+evaluation; --resume restores one exactly, so a killed run resumed ends bitwise where the same run left
+alone would have. The NaN guard checks each step's loss and gradient norm before the optimizer moves.
+
 Loss normalisation: each micro-batch contributes sum(per-example loss) / (examples in the whole
 optimizer step, across micro-batches and processes). Summed over the step that is exactly the mean
 loss of the global batch, however it was split; Accelerate's DDP averages gradients over N
@@ -9,6 +13,7 @@ processes, so the local loss is scaled by N to turn that average back into the s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -19,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from leantrain.config import DEFAULT_JOB_LIMIT, TrainConfig
-from leantrain.errors import ConfigError
+from leantrain.errors import ConfigError, LeantrainError
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -69,12 +74,27 @@ def forward_backward_step(model, batch, accelerator, amp) -> torch.Tensor:
     return loss_sum.detach()
 
 
-def train_step(model, optimizer, scheduler, amp, max_grad_norm: float) -> tuple[float | None, bool]:
-    """Close an optimizer step: clip, step, schedule, clear. Returns (pre-clip grad norm, skipped)."""
-    grad_norm, skipped = amp.clip_and_step(model, optimizer, max_grad_norm)
+def train_step(model, optimizer, scheduler, amp, accelerator, max_grad_norm: float, window_loss: float,
+               on_nan: str) -> tuple[float, bool]:
+    """Close an optimizer step: unscale and clip, check, step, schedule, clear.
+
+    Returns (pre-clip gradient norm, finite). The NaN guard: a non-finite loss, or a non-finite gradient
+    norm (except under fp16 loss scaling, whose scaler skips overflowing steps as routine), on any process
+    makes the step not finite. Then with --on-nan skip its gradients are dropped (the schedule moves on);
+    with --on-nan stop nothing is touched, so the caller can save the last good state.
+    """
+    grad_norm = amp.unscale_and_clip(model, optimizer, max_grad_norm)
+    values = [window_loss] if amp.scales_loss else [window_loss, grad_norm]
+    finite = _all_finite(accelerator, values)
+    if not finite and on_nan == "stop":
+        return grad_norm, False
+    if finite:
+        amp.step(optimizer)
+    else:
+        amp.drop_step(optimizer)
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm, skipped
+    return grad_norm, finite
 
 
 def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainResult:
@@ -82,7 +102,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from leantrain import models, parallel
+    from leantrain import checkpoint, models, parallel
     from leantrain.data.batching import ClassificationDataset, Collator, GlobalBatchSampler, eval_batches
     from leantrain.data.prepare import prepare_data
     from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
@@ -108,10 +128,17 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     say = Console(enabled=accelerator.is_main_process)
     parallel.seed_everything(cfg.seed)
 
+    # -- which checkpoint to resume (refused now, before any work, if it is from a different run) ----------
+    checkpoints = checkpoint.CheckpointDir(run.path / "checkpoints", accelerator)
+    checkpoint.metric_key(cfg.metric_for_best)
+    resume_from = _find_resume(cfg, run, checkpoints, accelerator, say)
+    if resume_from is not None:
+        resume_from.check_matches(cfg.to_dict(), {"precision": precision, "num_processes": accelerator.num_processes})
+
     # -- model and data ---------------------------------------------------------------------------
     model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
-    tokenizer = models.load_tokenizer(model_path)
-    model_config = models.load_config(model_path)
+    tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
+    model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
     limit = models.max_supported_length(model_config, tokenizer)
     if limit is not None and cfg.max_length > limit:
         raise ConfigError(f"--max-length {cfg.max_length} is beyond what {cfg.model} supports ({limit}); "
@@ -119,7 +146,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     data = prepare_data(cfg, tokenizer, Path(cfg.cache_dir))
     for note in data.notes:
         say.info(note)
-    model = models.load_for_classification(model_path, data.label_names)
+    data_facts = {"train_examples": len(data.train), "label_names": list(data.label_names),
+                  "data_fingerprint": _fingerprint(data.train)}
+    if resume_from is not None:
+        resume_from.check_matches({}, data_facts)
+    model = models.load_for_classification(model_path, data.label_names, trust_remote_code=cfg.trust_remote_code)
     if cfg.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     say.info(models.describe(model))
@@ -130,8 +161,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     sampler = GlobalBatchSampler(data.train.lengths, cfg.batch_size, cfg.grad_accum, accelerator.num_processes,
                                  cfg.seed)
     collate = Collator(tokenizer.pad_token_id or 0, fixed_length=cfg.max_length if cfg.pad_to_max_length else None)
-    train_loader = DataLoader(ClassificationDataset(data.train), batch_sampler=sampler, collate_fn=collate)
-    eval_loader = DataLoader(ClassificationDataset(data.eval), collate_fn=collate,
+    # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
+    # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
+    train_loader = DataLoader(ClassificationDataset(data.train), batch_sampler=sampler, collate_fn=collate,
+                              generator=torch.Generator())
+    eval_loader = DataLoader(ClassificationDataset(data.eval), collate_fn=collate, generator=torch.Generator(),
                              batch_sampler=eval_batches(data.eval.lengths, cfg.batch_size * 2))
     steps_per_epoch = sampler.steps_per_epoch()
     if steps_per_epoch == 0:
@@ -150,7 +184,27 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         say.info(local_sgd.reason)
 
     staging = run.begin() if accelerator.is_main_process else None
-    log = MetricsLog(staging / "metrics.jsonl" if staging else None)
+    log_path = staging / "metrics.jsonl" if staging else None
+    progress = checkpoint.Progress(best_metric=cfg.metric_for_best)  # counters a checkpoint records
+    history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
+    resume_rng = None
+    if resume_from is not None:
+        resume_rng = checkpoint.restore(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, amp=amp,
+                                        local_sgd=local_sgd, accelerator=accelerator)
+        progress = resume_from.progress
+        if progress.best_metric != cfg.metric_for_best:  # another yardstick: its best is yet to be seen
+            progress.best_metric, progress.best_value, progress.best_step = cfg.metric_for_best, None, None
+        if log_path is not None:
+            history = [r for r in checkpoint.restore_log(resume_from, log_path) if "loss" in r]
+        sampler.start_at(progress.epoch, progress.steps_in_epoch)  # a seek: the skipped batches are never built
+        say.info(f"resuming from {resume_from.path}: step {progress.step}, {progress.steps_in_epoch} steps into "
+                 f"epoch {progress.epoch + 1}")
+    elif cfg.save_every:
+        note = checkpoint.free_space_check(run.path, checkpoint.estimate_checkpoint_bytes(model, cfg.optimizer),
+                                           cfg.save_total_limit)
+        if note:
+            say.info(f"warning: {note}")
+    log = MetricsLog(log_path)
     say.info(f"training {len(data.train):,} examples for {total_steps:,} optimizer steps (global batch "
              f"{sampler.global_batch} = {cfg.batch_size} x {cfg.grad_accum} accumulation x "
              f"{accelerator.num_processes} processes; {steps_per_epoch:,} steps per epoch); writing {run.path}")
@@ -158,19 +212,39 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     # -- the loop ------------------------------------------------------------------------------------
     meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
     memory = MemoryMeter(accelerator.device)
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not (cfg.progress and accelerator.is_main_process),
-               dynamic_ncols=True)
-    step, micro_step, epoch = 0, 0, 0
-    window_loss, window_count, logged_loss, logged_examples = 0.0, 0, 0.0, 0
-    history: list[dict[str, Any]] = []
-    started = time.perf_counter()
+    bar = tqdm(total=total_steps, initial=min(progress.step, total_steps), desc="train", unit="step",
+               disable=not (cfg.progress and accelerator.is_main_process), dynamic_ncols=True)
+    step, micro_step, epoch, steps_in_epoch = progress.step, progress.micro_step, progress.epoch, progress.steps_in_epoch
+    window_loss, window_count, logged_loss, logged_examples = 0.0, 0, progress.logged_loss, progress.logged_examples
+    started = time.perf_counter() - progress.elapsed_seconds
+    facts = {"precision": precision, "num_processes": accelerator.num_processes, **data_facts}
+
+    def save(reason: str, rng: dict, **rollback: int) -> Path:
+        """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it."""
+        meter.pause()
+        now = dict(step=step, micro_step=micro_step, epoch=epoch, steps_in_epoch=steps_in_epoch,
+                   logged_loss=logged_loss, logged_examples=logged_examples,
+                   elapsed_seconds=time.perf_counter() - started)
+        state = dataclasses.replace(progress, **{**now, **rollback})
+        path = checkpoints.save(state, model=model, optimizer=optimizer, scheduler=scheduler, amp=amp,
+                                local_sgd=local_sgd, rng=rng, config=cfg.to_dict(), facts=facts, log_path=log_path,
+                                reason=reason, keep=cfg.save_total_limit)
+        meter.start()
+        return path
+
     model.train()
     memory.start()
     meter.start()
+    if resume_rng is not None:
+        checkpoint.set_rng_state(resume_rng)  # last, so that nothing above moves it
     with local_sgd:
         while step < total_steps:
+            # Accelerate's loader hands the sampler its own count of passes: set both to this epoch.
             sampler.set_epoch(epoch)
+            train_loader.set_epoch(epoch)
             for batch in train_loader:
+                if window_count == 0:  # an optimizer step begins: what a NaN stop rolls back to
+                    window_rng, window_micro_step = checkpoint.rng_state(), micro_step
                 window_end = bool(batch["window_end"])
                 # Gradients are all-reduced once per optimizer step, never with local SGD.
                 if local_sgd.enabled:
@@ -185,38 +259,61 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 meter.add(len(batch["labels"]), int(batch["num_tokens"]), batch["input_ids"].numel())
                 if not window_end:
                     continue
-                grad_norm, skipped = train_step(model, optimizer, scheduler, amp, cfg.max_grad_norm)
+                grad_norm, finite = train_step(model, optimizer, scheduler, amp, accelerator, cfg.max_grad_norm,
+                                               window_loss / window_count, cfg.on_nan)
+                if not finite and cfg.on_nan == "stop":
+                    # Nothing has moved yet: save the state before this step, then stop.
+                    saved = checkpoints.root / f"{checkpoint.PREFIX}{step:06d}"
+                    if step > 0 and not saved.is_dir():
+                        saved = save("last good state before a non-finite step", window_rng,
+                                     micro_step=window_micro_step)
+                    bar.close()
+                    log.close()
+                    raise LeantrainError(_nan_message(step + 1, window_loss / window_count, grad_norm, cfg.lr,
+                                                      precision, saved if step > 0 else None))
                 step += 1
+                steps_in_epoch += 1
                 local_sgd.step()
                 meter.step_done()
-                logged_loss += window_loss
-                logged_examples += window_count
+                if finite:
+                    logged_loss += window_loss
+                    logged_examples += window_count
+                else:
+                    progress.nan_skipped_steps += 1
+                    say.info(f"step {step}: non-finite loss or gradient norm; step skipped (--on-nan skip)")
                 window_loss, window_count = 0.0, 0
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == total_steps:
                     row = {"step": step, "micro_step": micro_step,
                            "epoch": epoch + _epoch_progress(step, steps_per_epoch),
-                           "loss": logged_loss / max(logged_examples, 1), "lr": scheduler.get_last_lr()[0],
-                           "grad_norm": grad_norm, "skipped_steps": amp.skipped_steps,
+                           "loss": logged_loss / logged_examples if logged_examples else None,
+                           "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                           "skipped_steps": amp.skipped_steps, "nan_skipped_steps": progress.nan_skipped_steps,
                            "samples_per_second": meter.samples_per_second * accelerator.num_processes,
                            "tokens_per_second": meter.tokens_per_second * accelerator.num_processes,
                            "elapsed_seconds": time.perf_counter() - started}
                     log.write(row)
                     history.append(row)
-                    bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}",
+                    bar.set_postfix(loss=f"{row['loss'] or float('nan'):.4f}", lr=f"{row['lr']:.2e}",
                                     sps=f"{row['samples_per_second']:.1f}")
                     logged_loss, logged_examples = 0.0, 0
+                new_best = False
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
                     meter.pause()
                     local_sgd.sync()  # evaluate the averaged model, as the final one will be
                     metrics = evaluate_loop(model, eval_loader, accelerator)
                     log.write({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
                     say.info(f"step {step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
+                    new_best = progress.update_best(metrics, step)
                     model.train()
                     meter.start()
+                if cfg.save_every and (step % cfg.save_every == 0 or new_best):
+                    save(f"every {cfg.save_every} steps" if step % cfg.save_every == 0 else
+                         f"best eval {cfg.metric_for_best}", checkpoint.rng_state())
                 if step >= total_steps:
                     break
             epoch += 1
+            steps_in_epoch = 0
     meter.pause()
     bar.close()
     peak = memory.report()
@@ -234,7 +331,9 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         **{f"eval_{k}": v for k, v in eval_metrics.items()},
         "train_loss": history[-1]["loss"] if history else None,
         "optimizer_steps": step, "micro_steps": micro_step, "epochs": step / max(steps_per_epoch, 1),
-        "skipped_steps": amp.skipped_steps,
+        "skipped_steps": amp.skipped_steps, "nan_skipped_steps": progress.nan_skipped_steps,
+        "resumed_from": str(resume_from.path) if resume_from is not None else None,
+        "best_checkpoint": str(checkpoints.best()) if cfg.save_every and checkpoints.best() else None,
         "train_examples": totals["examples"], "train_seconds": meter.seconds,
         "train_samples_per_second": totals["examples"] / meter.seconds if meter.seconds else None,
         "train_tokens_per_second": totals["tokens"] / meter.seconds if meter.seconds else None,
@@ -264,9 +363,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         ("eval macro-F1", f"{eval_metrics['macro_f1']:.4f}"),
         ("eval loss", f"{eval_metrics['loss']:.4f}"),
         ("train loss (last log)", f"{metrics['train_loss']:.4f}" if metrics["train_loss"] is not None else "-"),
-        ("optimizer steps", f"{step:,}" + (f" ({amp.skipped_steps} skipped: fp16 overflow)" if amp.skipped_steps else "")),
-        ("samples/s (train)", f"{metrics['train_samples_per_second']:.1f}"),
-        ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second']:.0f}"),
+        ("optimizer steps", f"{step:,}" + (f" ({amp.skipped_steps} skipped: fp16 overflow)" if amp.skipped_steps else "")
+         + (f" ({progress.nan_skipped_steps} skipped: non-finite)" if progress.nan_skipped_steps else "")
+         + (f" (resumed at {resume_from.step:,})" if resume_from is not None else "")),
+        ("samples/s (train)", f"{metrics['train_samples_per_second'] or 0:.1f}"),
+        ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second'] or 0:.0f}"),
         ("padding", f"{metrics['padding_fraction']:.1%}"),
         ("peak memory over baseline", f"{peak['peak_memory_over_baseline_bytes'] * mb:.0f} MB"
          if peak.get("peak_memory_over_baseline_bytes") is not None else "-"),
@@ -295,6 +396,58 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+
+
+def _find_resume(cfg: TrainConfig, run, checkpoints, accelerator, say):
+    """The checkpoint to resume, or None. A fresh run refuses a directory holding an unfinished run's
+    checkpoints (--overwrite discards them); --resume auto with none found starts from scratch."""
+    if accelerator.is_main_process:
+        checkpoints.clean()  # saves and prunes cut short by a kill
+    found = None
+    if cfg.resume is None:
+        newest = checkpoints.step_dirs()
+        if newest and not cfg.overwrite:
+            raise ConfigError(f"--output-dir: '{run.path}' holds checkpoints of an unfinished run (newest: "
+                              f"{newest[0].name}); pass --resume auto to continue it, or --overwrite to start over")
+        if newest and accelerator.is_main_process:
+            say.info(f"--overwrite: discarding the checkpoints in {checkpoints.root}")
+            checkpoints.discard_all()
+    else:
+        found = checkpoints.find(cfg.resume, run.path, warn=say.info)
+        if found is None:
+            say.info(f"--resume auto: no checkpoint in {checkpoints.root} yet; starting from scratch")
+    accelerator.wait_for_everyone()
+    return found
+
+
+def _fingerprint(data) -> int:
+    """A checksum of the training set's labels and token lengths: same file name, same data?"""
+    import zlib
+
+    import numpy as np
+
+    return zlib.crc32(np.ascontiguousarray(data.labels, dtype=np.int64).tobytes() +
+                      np.ascontiguousarray(data.lengths, dtype=np.int64).tobytes())
+
+
+def _all_finite(accelerator, values: list[float]) -> bool:
+    """Whether every value is finite on every process (one all-reduce when there are several)."""
+    finite = all(math.isfinite(v) for v in values)
+    if accelerator.num_processes > 1:
+        flag = torch.tensor([0.0 if finite else 1.0], device=accelerator.device)
+        finite = float(accelerator.reduce(flag, reduction="sum")) == 0.0
+    return finite
+
+
+def _nan_message(step: int, loss: float, grad_norm: float, lr: float, precision: str, saved: Path | None) -> str:
+    what = " and ".join(f"{name} ({value})" for name, value in (("loss", loss), ("gradient norm", grad_norm))
+                        if not math.isfinite(value)) or "loss or gradient norm on another process"
+    cause = ("fp16 overflow (values beyond fp16's range); start again with --precision bf16 (or fp32), or a "
+             "lower --lr" if precision == "fp16" else
+             f"the learning rate is too high (--lr {lr:g}); start again with a lower --lr")
+    kept = f" The last good state (step {step - 1}) is saved in {saved}." if saved is not None else ""
+    return (f"step {step}: non-finite {what}. Likely cause: {cause}.{kept} To skip such steps instead: "
+            "--on-nan skip (e.g. --resume auto --on-nan skip)")
 
 
 def _epoch_progress(step: int, steps_per_epoch: int) -> float:

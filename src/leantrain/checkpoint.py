@@ -1,0 +1,483 @@
+"""Checkpoints that never lose work: atomic saves, exact resume, and a refusal to resume a different run.
+
+Layout of `OUTPUT_DIR/checkpoints/step-000123/` (one per save; the directory name is its optimizer step):
+
+    model.safetensors    the model's weights (safetensors: loading runs no code)
+    optimizer.pt         optimizer.state_dict() (AdamW moments, bitsandbytes 8-bit blocks, Adafactor factors)
+    training_state.pt    scheduler, loss scaler, local SGD counters and outer momentum
+    rank-0.pt ...        per process: every RNG (Python, NumPy, torch, CUDA); with local SGD its optimizer too
+    metrics.jsonl        the run's log so far, which a resumed run continues
+    checkpoint.json      written last: step counters, data position, best metric, resolved config, and the
+                         size and CRC-32 of every file above
+
+Atomic: a save writes into `.step-000123.tmp/` beside its final place, fsyncs every file and the directory,
+then renames it into place, so a directory named `step-*` is complete or absent. A kill mid-save leaves
+a `.tmp` directory that nothing reads (and the next run deletes) and the previous checkpoint untouched.
+Pruning renames a checkpoint away before deleting it, for the same reason.
+
+Safe loading: weights through safetensors, everything else through `torch.load(weights_only=True)` or
+JSON, after every file's size and checksum were verified: a corrupted or truncated file is named in a
+one-line `LeantrainError` instead of failing deep inside torch.
+
+Exact resume: the data order is a function of (seed, epoch), so the position is (epoch, optimizer steps
+done in it) and the sampler seeks there; the loaders draw no numbers from the global RNGs, so restoring
+them just before the loop puts every dropout mask where it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from leantrain.errors import ConfigError, LeantrainError
+
+FORMAT = 1
+MANIFEST = "checkpoint.json"
+PREFIX = "step-"
+EVAL_METRICS = ("accuracy", "macro_f1", "loss")
+
+#: config keys that may change between a run and its resumption: they change how long the run goes on,
+#: where and how often it reports and saves, not what any optimizer step computes
+RESUMABLE_CHANGES = frozenset({
+    "epochs", "max_steps", "save_every", "save_total_limit", "eval_every", "log_every", "output_dir", "progress",
+    "overwrite", "resume", "cache_dir", "on_nan", "metric_for_best", "trust_remote_code", "main_process_ip",
+    "main_process_port",
+})
+
+
+class CheckpointError(LeantrainError):
+    """A checkpoint is missing, incomplete, corrupted, or belongs to a different run."""
+
+
+# -- what a checkpoint records besides tensors ---------------------------------------------------------------
+
+@dataclass
+class Progress:
+    """Where the run is: counters, data position and running sums; saved in checkpoint.json."""
+
+    step: int = 0                  # optimizer steps done (NaN-skipped ones included)
+    micro_step: int = 0
+    epoch: int = 0
+    steps_in_epoch: int = 0        # optimizer steps (= global batches) done in `epoch`
+    logged_loss: float = 0.0       # loss summed since the last metrics.jsonl row
+    logged_examples: int = 0
+    nan_skipped_steps: int = 0
+    elapsed_seconds: float = 0.0
+    best_metric: str = "accuracy"
+    best_value: float | None = None
+    best_step: int | None = None
+
+    def update_best(self, metrics: dict[str, float], step: int) -> bool:
+        """Record an evaluation; True when it is the best so far (loss: lower is better, else higher)."""
+        value = metrics[metric_key(self.best_metric)]
+        lower = metric_key(self.best_metric) == "loss"
+        if self.best_value is None or (value < self.best_value if lower else value > self.best_value):
+            self.best_value, self.best_step = value, step
+            return True
+        return False
+
+
+def metric_key(name: str) -> str:
+    """`eval_accuracy` and `accuracy` both name the evaluation's accuracy."""
+    key = name.removeprefix("eval_")
+    if key not in EVAL_METRICS:
+        raise ConfigError(f"--metric-for-best {name!r} is not an evaluation metric; choose one of "
+                          f"{', '.join(EVAL_METRICS)}")
+    return key
+
+
+@dataclass
+class Checkpoint:
+    """A verified, complete checkpoint on disk (its manifest read, its files' sizes and checksums checked)."""
+
+    path: Path
+    manifest: dict[str, Any] = field(repr=False)
+
+    @property
+    def step(self) -> int:
+        return self.manifest["progress"]["step"]
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(**self.manifest["progress"])
+
+    def check_matches(self, config: dict[str, Any], facts: dict[str, Any]) -> None:
+        """Refuse to resume when a setting that changes the result differs; name every differing key."""
+        saved, config = self.manifest["config"], json.loads(json.dumps(config))
+        differing = [k for k in config if k not in RESUMABLE_CHANGES and k in saved and saved[k] != config[k]]
+        differing += [k for k in facts if self.manifest.get("facts", {}).get(k, facts[k]) != facts[k]]
+        if differing:
+            what = "; ".join(f"{k}: {_show(saved.get(k, self.manifest.get('facts', {}).get(k)))} -> "
+                             f"{_show(config.get(k, facts.get(k)))}" for k in differing)
+            raise CheckpointError(
+                f"cannot resume from {self.path}: {what} differ from the checkpoint's run, which would change "
+                f"the result. Use the checkpoint's settings (its config is in {self.path / MANIFEST}), or start a "
+                "new run in another --output-dir")
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+# -- RNG ------------------------------------------------------------------------------------------------------
+
+def rng_state() -> dict[str, Any]:
+    """Every global RNG this process uses, in a form torch.load(weights_only=True) reads back."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state = {"python": random.getstate(),
+             "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)},
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- the checkpoints folder -----------------------------------------------------------------------------------
+
+class CheckpointDir:
+    """`OUTPUT_DIR/checkpoints`: save, find, verify, load and prune checkpoints.
+
+    Every process calls `save` (each writes its own RNG); the main process writes the rest and renames.
+    """
+
+    def __init__(self, root: str | Path, accelerator=None):
+        self.root = Path(root)
+        self.accelerator = accelerator
+
+    # -- finding ----------------------------------------------------------------------------------------------
+    def step_dirs(self) -> list[Path]:
+        """Checkpoint directories by step, newest first (complete or not: renames make them complete)."""
+        if not self.root.is_dir():
+            return []
+        dirs = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+                and p.name[len(PREFIX):].isdigit()]
+        return sorted(dirs, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
+
+    def latest(self, warn=None) -> Checkpoint | None:
+        """The newest checkpoint that verifies; a damaged newer one is reported through `warn` and passed over."""
+        for path in self.step_dirs():
+            try:
+                return verify(path)
+            except CheckpointError as exc:
+                if warn is not None:
+                    warn(f"{exc}; trying an older checkpoint")
+        return None
+
+    def best(self) -> Path | None:
+        """The checkpoint holding the best evaluation so far, as the newest checkpoint records it."""
+        for path in self.step_dirs():
+            try:
+                step = json.loads((path / MANIFEST).read_text())["progress"]["best_step"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            return self.root / f"{PREFIX}{step:06d}" if step is not None else None
+        return None
+
+    def clean(self) -> None:
+        """Delete what killed saves and prunes left behind (`.step-*.tmp`, `.step-*.deleting`). Main process."""
+        if self.root.is_dir():
+            for p in self.root.iterdir():
+                if p.name.startswith(f".{PREFIX}") and p.name.endswith((".tmp", ".deleting")):
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def discard_all(self) -> None:
+        """Remove every checkpoint (a fresh run with --overwrite). Main process."""
+        if self.root.is_dir():
+            aside = self.root.with_name(f".{self.root.name}.deleting-{os.getpid()}")
+            os.replace(self.root, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+
+    # -- saving -----------------------------------------------------------------------------------------------
+    def save(self, progress: Progress, *, model, optimizer, scheduler, amp, local_sgd, rng: dict, config: dict,
+             facts: dict, log_path: Path | None, reason: str, keep: int | None = None) -> Path:
+        """Write checkpoint `step-{progress.step}` atomically, then prune to the newest `keep` (+ the best).
+
+        Collective: every process calls it at the same step. An OSError (disk full, unwritable) becomes a
+        CheckpointError naming the path, after the partial save is removed; earlier checkpoints stay intact.
+        """
+        acc = self.accelerator
+        main = acc is None or acc.is_main_process
+        rank = 0 if acc is None else acc.process_index
+        name = f"{PREFIX}{progress.step:06d}"
+        final, tmp = self.root / name, self.root / f".{name}.tmp"
+        per_rank_optimizer = getattr(local_sgd, "enabled", False)  # local SGD: each process has its own moments
+        if local_sgd is not None:
+            local_sgd.sync()  # the processes' parameters agree before they are saved (collective)
+
+        def prepare():
+            if main:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+
+        def write_own():
+            own = {"rng": rng, "optimizer": optimizer.state_dict() if per_rank_optimizer else None}
+            _write(tmp / f"rank-{rank}.pt", lambda f: torch.save(own, f))
+            if not main:
+                return
+            from safetensors.torch import save_model
+
+            unwrapped = acc.unwrap_model(model) if acc is not None else model
+            _write_to_path(tmp / "model.safetensors", lambda p: save_model(unwrapped, str(p)))
+            if not per_rank_optimizer:
+                _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
+            scaler = getattr(acc, "scaler", None) if acc is not None else None
+            state = {"scheduler": scheduler.state_dict(), "amp": amp.state_dict() if amp is not None else None,
+                     "accelerate_scaler": scaler.state_dict() if scaler is not None else None,
+                     "local_sgd": local_sgd.state_dict() if local_sgd is not None else None}
+            _write(tmp / "training_state.pt", lambda f: torch.save(state, f))
+            if log_path is not None and log_path.is_file():
+                _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
+
+        def publish():
+            if not main:
+                return
+            files = {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)} for p in sorted(tmp.iterdir())}
+            manifest = {"format": FORMAT, "reason": reason, "progress": asdict(progress), "facts": facts,
+                        "config": config, "num_processes": 1 if acc is None else acc.num_processes,
+                        "per_rank_optimizer": per_rank_optimizer, "files": files, "versions": _versions()}
+            _write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+            _fsync_dir(tmp)
+            if final.exists():  # the same step saved again (e.g. by a run that was resumed before it)
+                os.replace(final, self.root / f".{name}.deleting")
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            shutil.rmtree(self.root / f".{name}.deleting", ignore_errors=True)
+
+        for phase in (prepare, write_own, publish):
+            self._collectively(phase, tmp)
+        if main:
+            self.prune(keep)
+        return final
+
+    def _collectively(self, phase, tmp: Path) -> None:
+        """Run one phase of a save on every process; if it fails anywhere, clean up and fail everywhere."""
+        error = None
+        try:
+            phase()
+        except OSError as exc:
+            error = exc
+        if not _all_agree(self.accelerator, error is None):
+            if self.accelerator is None or self.accelerator.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+            where = getattr(error, "filename", None) or tmp
+            why = (error.strerror or str(error)) if error is not None else "another process failed to save"
+            if error is not None and error.errno == errno.ENOSPC:
+                why += ": free some space or point --output-dir at a bigger disk"
+            previous = next((p.name for p in self.step_dirs()), None)
+            kept = f"; the previous checkpoint {previous} is intact" if previous else ""
+            raise CheckpointError(f"cannot save a checkpoint to {where} ({why}){kept}") from None
+
+    def prune(self, keep: int | None) -> None:
+        """Keep the newest `keep` checkpoints and the best one; rename the others away, then delete them."""
+        if not keep:
+            return
+        best = self.best()
+        for path in self.step_dirs()[keep:]:
+            if path != best:
+                aside = path.with_name(f".{path.name}.deleting")
+                os.replace(path, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+
+    # -- loading ----------------------------------------------------------------------------------------------
+    def find(self, resume: str | None, output_dir: Path, warn=None) -> Checkpoint | None:
+        """The checkpoint `--resume` names: 'auto' (newest complete one here; None if there is none) or a path."""
+        if resume is None:
+            return None
+        if resume == "auto":
+            return self.latest(warn)
+        path = Path(resume).expanduser()
+        if (path / self.root.name).is_dir() and not (path / MANIFEST).exists():
+            found = CheckpointDir(path / self.root.name).latest(warn)  # a run directory: its newest checkpoint
+            if found is None:
+                raise CheckpointError(f"--resume {resume}: no complete checkpoint in {path / self.root.name}")
+            return found
+        if not path.is_dir():
+            raise CheckpointError(f"--resume {resume}: no such checkpoint directory; give a "
+                                  f"{self.root.name}/{PREFIX}NNNNNN folder, a run directory, or 'auto'")
+        return verify(path)
+
+
+def verify(path: Path) -> Checkpoint:
+    """Read the manifest and check that every file it lists is there with its size and checksum."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path}: not a complete checkpoint (no {MANIFEST}: its save never finished)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files, progress = manifest["files"], manifest["progress"]
+        Progress(**progress)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{manifest_path}: unreadable or damaged ({type(exc).__name__}: {exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{manifest_path}: checkpoint format {manifest.get('format')} is not the "
+                              f"format {FORMAT} this leantrain reads")
+    for name, want in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing from the checkpoint")
+        size = file.stat().st_size
+        if size != want["bytes"]:
+            raise CheckpointError(f"{file}: truncated or damaged ({size:,} bytes, the checkpoint recorded "
+                                  f"{want['bytes']:,}); resume from another checkpoint with --resume PATH")
+        if _crc32(file) != want["crc32"]:
+            raise CheckpointError(f"{file}: corrupted (its checksum differs from the one recorded at save); "
+                                  "resume from another checkpoint with --resume PATH")
+    return Checkpoint(path, manifest)
+
+
+def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator=None) -> dict:
+    """Load weights, optimizer, scheduler, scaler and local SGD state; returns this process's RNG state,
+    to be set (with `set_rng_state`) just before the loop resumes. The caller checked the config matches."""
+    from safetensors.torch import load_model
+
+    rank = 0 if accelerator is None else accelerator.process_index
+    unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
+    _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
+    own = _load(ckpt.path / f"rank-{rank}.pt", _torch_load)
+    if ckpt.manifest.get("per_rank_optimizer"):
+        optimizer_file, optimizer_state = ckpt.path / f"rank-{rank}.pt", own["optimizer"]
+    else:
+        optimizer_file = ckpt.path / "optimizer.pt"
+        optimizer_state = _load(optimizer_file, _torch_load)
+    _load(optimizer_file, lambda p: optimizer.load_state_dict(optimizer_state))
+    state = _load(ckpt.path / "training_state.pt", _torch_load)
+    _load(ckpt.path / "training_state.pt", lambda p: _restore_training_state(state, scheduler, amp, local_sgd,
+                                                                             accelerator))
+    return own["rng"]
+
+
+def _restore_training_state(state, scheduler, amp, local_sgd, accelerator) -> None:
+    scheduler.load_state_dict(state["scheduler"])
+    if amp is not None and state["amp"] is not None:
+        amp.load_state_dict(state["amp"])
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is not None and state.get("accelerate_scaler"):
+        scaler.load_state_dict(state["accelerate_scaler"])
+    if local_sgd is not None and state["local_sgd"] is not None:
+        local_sgd.load_state_dict(state["local_sgd"])
+
+
+def restore_log(ckpt: Checkpoint, log_path: Path) -> list[dict]:
+    """Put the checkpoint's metrics.jsonl in place for the resumed run to append to; returns its rows."""
+    source = ckpt.path / "metrics.jsonl"
+    if not source.is_file():
+        return []
+    shutil.copyfile(source, log_path)
+    return [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+
+
+def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None) -> str | None:
+    """Fail now if not even one checkpoint fits on the disk; return a warning if `keep` of them will not."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return None
+    mb = 1 / 2**20
+    if free < checkpoint_bytes * 1.1:
+        raise CheckpointError(f"--output-dir {path}: {free * mb:,.0f} MB free, but one checkpoint needs about "
+                              f"{checkpoint_bytes * mb:,.0f} MB; free some space or choose another --output-dir")
+    need = checkpoint_bytes * ((keep + 2) if keep else 2)
+    if free < need:
+        return (f"{free * mb:,.0f} MB free in {path}: the checkpoints may need about {need * mb:,.0f} MB "
+                "(set --save-total-limit to keep fewer)")
+    return None
+
+
+def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
+    """Weights plus optimizer state, before the optimizer has made its (lazy) state."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    per_param = {"adamw": 8.0, "adamw8bit": 2.0, "adafactor": 0.1, "sgd": 0.0}.get(optimizer_name, 8.0)
+    return int(weights + trainable * per_param) + (1 << 20)
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+def _write(path: Path, write) -> None:
+    """Write a file through `write(binary_file)` and fsync it."""
+    with path.open("wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_to_path(path: Path, write) -> None:
+    """Write a file through `write(path)` (for writers that open the file themselves) and fsync it."""
+    write(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory
+    finally:
+        os.close(fd)
+
+
+def _crc32(path: Path, chunk: int = 16 << 20) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _torch_load(path: Path):
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def _load(path: Path, load):
+    """Run a loader; any failure becomes a one-line CheckpointError naming the file."""
+    try:
+        return load(path)
+    except Exception as exc:  # torch and safetensors raise many types for damaged or mismatched files
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot be loaded ({first}); it is damaged or from a different "
+                              "model/optimizer; resume from another checkpoint with --resume PATH") from None
+
+
+def _all_agree(accelerator, ok: bool) -> bool:
+    """Whether `ok` holds on every process (a collective when there are several)."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return ok
+    flag = torch.tensor([0.0 if ok else 1.0], device=accelerator.device)
+    return float(accelerator.reduce(flag, reduction="sum")) == 0.0
+
+
+def _versions() -> dict[str, str]:
+    import leantrain
+
+    return {"leantrain": leantrain.__version__, "torch": torch.__version__}

@@ -1,0 +1,475 @@
+"""Checkpoints that never lose work: exact resume (also after SIGKILL), atomic saves, safe loading, refusing
+a changed config, pruning and the best checkpoint, the NaN guard, and a full disk.
+
+The tiny BERT here has dropout on, so exactness also covers the RNG; fp32 on CPU, where resuming must give
+bitwise the weights and per-step losses of the same run left alone.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, checkpoint, train
+from leantrain.data.batching import GlobalBatchSampler
+from leantrain.errors import ConfigError, LeantrainError
+
+HELPER = Path(__file__).with_name("checkpoint_helper.py")
+
+
+@pytest.fixture(scope="session")
+def dropout_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-bert-dropout")
+    for f in tiny_model_dir.iterdir():
+        shutil.copy(f, path / f.name)
+    config = json.loads((path / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture()
+def job(dropout_model_dir, sentiment_csv, cache_dir, tmp_path):
+    def make(name="run", **changes) -> TrainConfig:
+        base = dict(model=str(dropout_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir),
+                    output_dir=str(tmp_path / name), batch_size=24, max_steps=8, lr=3e-3, precision="fp32",
+                    log_every=1, progress=False, seed=5)
+        return TrainConfig(**{**base, **changes})
+    return make
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(Path(run_dir) / "model" / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
+
+
+def loss_log(run_dir: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if "loss" in r]
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+
+
+# -- the sampler seeks ---------------------------------------------------------------------------------------
+
+def test_sampler_starts_at_a_global_batch_without_building_the_skipped_ones(monkeypatch):
+    lengths = np.random.default_rng(0).integers(3, 40, size=203)
+    full = GlobalBatchSampler(lengths, micro_batch=4, accumulation=3, num_processes=2, seed=1)
+    full.set_epoch(2)
+    micro = list(full)
+    per_step = full.accumulation * full.num_processes
+    seek = GlobalBatchSampler(lengths, micro_batch=4, accumulation=3, num_processes=2, seed=1)
+    seek.start_at(2, 5)
+    seek.set_epoch(2)
+    assert list(seek) == micro[5 * per_step:]
+    assert len(seek) == len(micro) - 5 * per_step
+    seek.set_epoch(3)  # other epochs start at their beginning
+    full.set_epoch(3)
+    assert list(seek) == list(full)
+    # a seek, not a replay: global_batches() is computed once per pass, its skipped batches never sliced
+    calls = []
+    original = GlobalBatchSampler.global_batches
+    monkeypatch.setattr(GlobalBatchSampler, "global_batches", lambda self: calls.append(1) or original(self))
+    seek.set_epoch(2)
+    first = next(iter(seek))
+    assert calls == [1] and first == micro[5 * per_step]
+
+
+# -- exact resume, in process ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes", [
+    dict(optimizer="adamw"),
+    dict(optimizer="adafactor"),
+    dict(optimizer="adamw8bit"),
+    dict(optimizer="adamw", precision="fp16", grad_accum=2, batch_size=12),  # the loss scaler's state
+], ids=["adamw", "adafactor", "adamw8bit", "fp16-accum"])
+def test_resuming_a_checkpoint_gives_bitwise_the_same_run(job, changes):
+    if changes["optimizer"] == "adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    whole = train(job("whole", save_every=2, eval_every=3, **changes))
+    ckpt = step_dir(whole.output_dir, 4)
+    assert checkpoint.verify(ckpt).step == 4
+    resumed = train(job("resumed", save_every=2, eval_every=3, resume=str(ckpt), **changes))
+    assert resumed.metrics["resumed_from"] == str(ckpt)
+    assert_same_weights(whole.output_dir, resumed.output_dir)
+    assert loss_log(resumed.output_dir) == loss_log(whole.output_dir)
+    assert [s for s, _ in loss_log(resumed.output_dir)] == list(range(1, 9))
+
+
+def test_checkpoint_contents_load_safely(job):
+    result = train(job(save_every=4, max_steps=4))
+    ckpt = step_dir(result.output_dir, 4)
+    names = {p.name for p in ckpt.iterdir()}
+    assert names == {"model.safetensors", "optimizer.pt", "training_state.pt", "rank-0.pt", "metrics.jsonl",
+                     "checkpoint.json"}
+    for name in ("optimizer.pt", "training_state.pt", "rank-0.pt"):
+        torch.load(ckpt / name, weights_only=True)  # no pickled code anywhere
+    manifest = json.loads((ckpt / "checkpoint.json").read_text())
+    assert manifest["progress"]["step"] == 4 and manifest["config"]["lr"] == 3e-3
+    assert set(manifest["files"]) == names - {"checkpoint.json"}
+    assert set(torch.load(ckpt / "rank-0.pt", weights_only=True)["rng"]) >= {"python", "numpy", "torch"}
+
+
+# -- resume auto, pruning, the best checkpoint -------------------------------------------------------------------
+
+class Killed(BaseException):
+    """Stands in for a kill inside the process (not an Exception: nothing in leantrain catches it)."""
+
+
+def die_at_step(monkeypatch, step: int) -> None:
+    from leantrain.training import loop
+
+    real = loop.train_step
+    count = iter(range(1, 10**6))
+
+    def train_step(*args, **kwargs):
+        if next(count) == step:
+            raise Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", train_step)
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint(job, monkeypatch, capsys):
+    whole = train(job("whole", save_every=2))
+    cfg = job("broken", save_every=2)
+    die_at_step(monkeypatch, 7)
+    with pytest.raises(Killed):
+        train(cfg)
+    monkeypatch.undo()
+    root = Path(cfg.output_dir) / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000004", "step-000006"]
+    with pytest.raises(ConfigError, match="--resume auto"):  # a fresh start would lose the checkpoints
+        train(cfg)
+    # what a kill mid-save or a damaged newer copy leaves: nothing that resume auto may pick
+    partial = root / ".step-000008.tmp"
+    partial.mkdir()
+    shutil.copy(root / "step-000006" / "model.safetensors", partial)
+    no_manifest = root / "step-000010"
+    shutil.copytree(root / "step-000006", no_manifest)
+    (no_manifest / "checkpoint.json").unlink()
+    resumed = train(cfg.replace(resume="auto"))
+    err = capsys.readouterr().err
+    assert "step-000010: not a complete checkpoint" in err and "resuming from" in err and "step-000006" in err
+    assert resumed.metrics["resumed_from"].endswith("step-000006")
+    assert not partial.exists()  # the dead save's leftovers are cleaned up
+    assert_same_weights(whole.output_dir, resumed.output_dir)
+    assert loss_log(resumed.output_dir) == loss_log(whole.output_dir)
+
+
+def test_resume_auto_without_checkpoints_starts_from_scratch(job, capsys):
+    result = train(job(resume="auto", max_steps=2))
+    assert result.metrics["resumed_from"] is None
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_total_limit_prunes_the_oldest_and_keeps_the_best(job, monkeypatch):
+    from leantrain.training import evaluate
+
+    # evaluations at steps 3, 6 and 9 (and the end): the first is the best, whatever the tiny model learns
+    accuracies = iter([0.9, 0.6, 0.7, 0.5])
+    monkeypatch.setattr(evaluate, "evaluate_loop", lambda *a: {"accuracy": next(accuracies), "macro_f1": 0.5,
+                                                           "loss": 0.5})
+    result = train(job(save_every=2, save_total_limit=2, eval_every=3, max_steps=10))
+    root = result.output_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-000003", "step-000008", "step-000010"]
+    assert result.metrics["best_checkpoint"] == str(root / "step-000003")
+    manifest = checkpoint.verify(root / "step-000010").manifest
+    assert manifest["progress"]["best_step"] == 3 and manifest["progress"]["best_value"] == 0.9
+    assert checkpoint.verify(root / "step-000003").manifest["reason"] == "best eval accuracy"
+
+
+def test_loss_as_the_best_metric_means_lower_is_better():
+    progress = checkpoint.Progress(best_metric="eval_loss")
+    assert progress.update_best({"loss": 0.5, "accuracy": 0.5}, 1)
+    assert not progress.update_best({"loss": 0.6, "accuracy": 0.9}, 2)
+    assert progress.update_best({"loss": 0.4, "accuracy": 0.1}, 3) and progress.best_step == 3
+    with pytest.raises(ConfigError, match="metric-for-best"):
+        checkpoint.Progress(best_metric="f1").update_best({"loss": 1.0}, 1)
+
+
+def test_a_finished_run_is_not_resumed_and_overwrite_discards_its_checkpoints(job):
+    first = train(job(save_every=4, max_steps=4))
+    with pytest.raises(ConfigError, match="finished run"):
+        train(job(save_every=4, max_steps=4, resume="auto"))
+    train(job(save_every=3, max_steps=3, overwrite=True))
+    assert sorted(p.name for p in (first.output_dir / "checkpoints").iterdir()) == ["step-000003"]
+
+
+# -- a changed config is refused ----------------------------------------------------------------------------------
+
+def test_resuming_with_a_result_changing_config_is_refused_naming_the_keys(job, sentiment_csv, tmp_path):
+    data = tmp_path / "data.csv"
+    shutil.copy(sentiment_csv, data)
+    whole = train(job("whole", data=str(data), save_every=4, max_steps=4))
+    ckpt = str(step_dir(whole.output_dir, 4))
+    with pytest.raises(LeantrainError) as err:
+        train(job("other", data=str(data), resume=ckpt, lr=1e-3, batch_size=16, seed=6))
+    message = str(err.value)
+    assert "lr: 0.003 -> 0.001" in message and "batch_size: 24 -> 16" in message and "seed: 5 -> 6" in message
+    assert "\n" not in message
+    # the same file name holding other data
+    data.write_text("\n".join(data.read_text().splitlines()[:-30]) + "\n")
+    with pytest.raises(LeantrainError, match="train_examples: 216 -> 189"):
+        train(job("other", data=str(data), resume=ckpt))
+    # harmless changes: longer, another output dir, another saving, logging and evaluation cadence
+    shutil.copy(sentiment_csv, data)
+    longer = train(job("longer", data=str(data), resume=ckpt, max_steps=6, save_every=3, log_every=2, eval_every=5))
+    assert longer.metrics["optimizer_steps"] == 6
+
+
+# -- damaged checkpoints give one clear line -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pristine_checkpoint(dropout_model_dir, sentiment_csv, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("source") / "run"
+    train(TrainConfig(model=str(dropout_model_dir), data=str(sentiment_csv), output_dir=str(out), batch_size=24,
+                      max_steps=2, lr=3e-3, precision="fp32", log_every=1, progress=False, seed=5, save_every=2,
+                      cache_dir=str(tmp_path_factory.mktemp("cache"))))
+    return step_dir(out, 2)
+
+
+@pytest.fixture()
+def saved_checkpoint(pristine_checkpoint, tmp_path) -> Path:
+    return Path(shutil.copytree(pristine_checkpoint, tmp_path / "copy" / pristine_checkpoint.name))
+
+
+@pytest.mark.parametrize("damage", ["truncate model.safetensors", "truncate optimizer.pt", "flip training_state.pt",
+                                    "drop rank-0.pt", "garble checkpoint.json"])
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(saved_checkpoint, job, damage, capsys):
+    from leantrain.cli import main
+
+    how, name = damage.split()
+    path = saved_checkpoint / name
+    data = path.read_bytes()
+    if how == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "flip":
+        path.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    elif how == "drop":
+        path.unlink()
+    else:
+        path.write_text(data.decode()[:40])
+    cfg = job("resumed", resume=str(saved_checkpoint))
+    with pytest.raises(LeantrainError, match=name.replace(".", r"\.")):
+        train(cfg)
+    args = ["train", "--model", cfg.model, "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--output-dir",
+            cfg.output_dir, "--batch-size", "24", "--max-steps", "8", "--lr", "3e-3", "--precision", "fp32",
+            "--log-every", "1", "--seed", "5", "--no-progress", "--resume", str(saved_checkpoint)]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("leantrain train: error: ") and name in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_a_checkpoint_file_with_pickled_code_is_refused(saved_checkpoint, job):
+    """Even with a matching checksum (a checkpoint made by someone else), loading runs no code."""
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    path = saved_checkpoint / "training_state.pt"
+    torch.save({"scheduler": Evil()}, path)
+    manifest = json.loads((saved_checkpoint / "checkpoint.json").read_text())
+    manifest["files"]["training_state.pt"] = {"bytes": path.stat().st_size, "crc32": checkpoint._crc32(path)}
+    (saved_checkpoint / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(LeantrainError, match="training_state.pt: cannot be loaded"):
+        train(job("resumed", resume=str(saved_checkpoint)))
+
+
+# -- a full disk ---------------------------------------------------------------------------------------------
+
+def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_survives(job, monkeypatch):
+    cfg = job(save_every=2)
+    real_save = torch.save
+    calls = iter(range(10**6))
+
+    def save(obj, f, *a, **kw):
+        if next(calls) >= 3:  # the first checkpoint's three torch files go through, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(getattr(f, "name", f)))
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    with pytest.raises(LeantrainError) as err:
+        train(cfg)
+    message = str(err.value)
+    assert "No space left on device" in message and ".step-000004.tmp" in message
+    assert "step-000002 is intact" in message
+    root = Path(cfg.output_dir) / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002"]  # no partial save left behind
+    assert checkpoint.verify(root / "step-000002").step == 2
+
+
+def test_too_little_disk_for_one_checkpoint_is_reported_before_training(job, monkeypatch):
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 10**5, 10**5))
+    with pytest.raises(LeantrainError, match="MB free, but one checkpoint needs"):
+        train(job(save_every=2))
+    assert not (Path(job().output_dir) / "checkpoints").exists()
+
+
+# -- the NaN guard ------------------------------------------------------------------------------------------------
+
+def inject_nan(monkeypatch, step: int, where: str) -> None:
+    """Make optimizer step `step` non-finite: its loss, or one gradient (the loss staying finite)."""
+    from leantrain.training import loop
+
+    real = loop.forward_backward_step
+    count = iter(range(1, 10**6))
+
+    def forward_backward_step(model, batch, accelerator, amp):
+        loss = real(model, batch, accelerator, amp)
+        if next(count) == step:  # one micro-batch per step here
+            if where == "loss":
+                return loss * float("nan")
+            next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
+        return loss
+
+    monkeypatch.setattr(loop, "forward_backward_step", forward_backward_step)
+
+
+@pytest.mark.parametrize("where", ["loss", "grad"])
+def test_on_nan_stop_saves_the_last_good_state_which_resumes_exactly(job, monkeypatch, where):
+    whole = train(job("whole"))
+    cfg = job("broken")  # no --save-every: the stop saves anyway
+    inject_nan(monkeypatch, 5, where)
+    with pytest.raises(LeantrainError) as err:
+        train(cfg)
+    monkeypatch.undo()
+    message = str(err.value)
+    assert message.startswith("step 5: non-finite")
+    assert ("loss (nan)" if where == "loss" else "gradient norm (inf)") in message
+    assert "learning rate is too high" in message and "step-000004" in message and "--on-nan skip" in message
+    ckpt = step_dir(cfg.output_dir, 4)
+    assert checkpoint.verify(ckpt).manifest["reason"].startswith("last good state")
+    resumed = train(cfg.replace(resume="auto"))
+    assert_same_weights(whole.output_dir, resumed.output_dir)
+    assert loss_log(resumed.output_dir) == loss_log(whole.output_dir)
+
+
+def test_on_nan_stop_under_fp16_points_at_bf16(job, monkeypatch):
+    inject_nan(monkeypatch, 2, "loss")
+    with pytest.raises(LeantrainError, match="fp16 overflow.*--precision bf16"):
+        train(job(precision="fp16"))
+
+
+@pytest.mark.parametrize("where", ["loss", "grad"])
+def test_on_nan_skip_drops_the_step_and_goes_on(job, monkeypatch, where):
+    inject_nan(monkeypatch, 3, where)
+    result = train(job(on_nan="skip", max_steps=6))
+    assert result.metrics["nan_skipped_steps"] == 1 and result.metrics["optimizer_steps"] == 6
+    assert all(torch.isfinite(t).all() for t in weights(result.output_dir).values())
+    rows = dict(loss_log(result.output_dir))
+    assert rows[3] is None and all(np.isfinite(rows[s]) for s in (1, 2, 4, 5, 6))
+
+
+def test_a_huge_learning_rate_stops_with_the_cause(job):
+    with pytest.raises(LeantrainError, match=r"non-finite .*learning rate is too high \(--lr 1e\+06\)"):
+        train(job(lr=1e6, optimizer="adamw", max_steps=30))
+
+
+# -- SIGKILL: real processes ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cli_job(dropout_model_dir, sentiment_csv, tmp_path_factory):
+    """`leantrain train` arguments for two epochs of 12 steps (216 rows, batch 18), saving every 2 steps."""
+    cache = tmp_path_factory.mktemp("cli-cache")
+    return ["train", "--model", str(dropout_model_dir), "--data", str(sentiment_csv), "--cache-dir", str(cache),
+            "--batch-size", "18", "--epochs", "2", "--lr", "3e-3", "--precision", "fp32", "--log-every", "1",
+            "--seed", "5", "--save-every", "2", "--eval-every", "5", "--no-progress"]
+
+
+def run_cli(args: list[str], output_dir: Path, env: dict | None = None, helper: bool = False,
+            wait: bool = True) -> subprocess.Popen:
+    command = [sys.executable, str(HELPER)] if helper else [sys.executable, "-m", "leantrain"]
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    proc = subprocess.Popen(command + args + ["--output-dir", str(output_dir)], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if wait:
+        out, err = proc.communicate(timeout=300)
+        proc.stdout_text, proc.stderr_text = out, err
+    return proc
+
+
+@pytest.fixture(scope="module")
+def left_alone(cli_job, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "left-alone"
+    proc = run_cli(cli_job, out)
+    assert proc.returncode == 0, proc.stderr_text
+    return out
+
+
+def resume_and_compare(cli_job, out: Path, left_alone: Path) -> str:
+    assert not (out / "metrics.json").exists()  # the killed run did not finish
+    proc = run_cli(cli_job + ["--resume", "auto"], out)
+    assert proc.returncode == 0, proc.stderr_text
+    assert_same_weights(left_alone, out)
+    assert loss_log(out) == loss_log(left_alone)
+    assert [s for s, _ in loss_log(out)] == list(range(1, 25))
+    return proc.stderr_text
+
+
+def test_sigkill_mid_epoch_then_resume_auto_is_exact(cli_job, left_alone, tmp_path):
+    out = tmp_path / "killed"
+    proc = run_cli(cli_job, out, env={"LT_STEP_SLEEP": "0.15"}, helper=True, wait=False)
+    try:
+        deadline = time.monotonic() + 120
+        while not step_dir(out, 4).is_dir():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.05)
+        time.sleep(random.uniform(0.0, 0.6))  # a random point some steps later
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    newest = checkpoint.CheckpointDir(out / "checkpoints").latest()
+    assert 4 <= newest.step < 12, "killed in the first epoch, after its first checkpoints"
+    err = resume_and_compare(cli_job, out, left_alone)
+    assert f"resuming from {newest.path}" in err
+
+
+def test_sigkill_at_the_end_of_an_epoch_then_resume_auto_is_exact(cli_job, left_alone, tmp_path):
+    out = tmp_path / "killed"
+    proc = run_cli(cli_job, out, env={"LT_KILL_AFTER_SAVE": "12"}, helper=True)
+    assert proc.returncode == -signal.SIGKILL
+    newest = checkpoint.CheckpointDir(out / "checkpoints").latest()
+    assert newest.step == 12 and newest.progress.epoch == 0 and newest.progress.steps_in_epoch == 12
+    resume_and_compare(cli_job, out, left_alone)
+
+
+def test_sigkill_while_saving_keeps_the_previous_checkpoint(cli_job, left_alone, tmp_path):
+    out = tmp_path / "killed"
+    proc = run_cli(cli_job, out, env={"LT_KILL_MID_SAVE": "8"}, helper=True)
+    assert proc.returncode == -signal.SIGKILL
+    root = out / "checkpoints"
+    assert (root / ".step-000008.tmp" / "model.safetensors").is_file()  # the save was cut short
+    assert not step_dir(out, 8).exists()
+    assert checkpoint.CheckpointDir(root).latest().step == 6
+    err = resume_and_compare(cli_job, out, left_alone)
+    assert "step-000006" in err
+    assert not (root / ".step-000008.tmp").exists()
