@@ -10,5 +10,11 @@ python3 -m venv .venv
 pipq() { python -m pip install -q "$@" 2> >(grep -v "is ignored" >&2); }
 pipq "torch==2.13.0"
 pipq -e ".[dev]"
+# The report test opens report.html in headless Chromium (skipped without it). Install it where we can.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+   && [ -z "${LEANTRAIN_NO_BROWSER:-}" ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "chromium not installed: the browser test will be skipped" >&2
+fi
 export HF_HUB_OFFLINE=1
 python -m pytest "$@"

@@ -28,6 +28,7 @@ OPTIMIZERS = ("adamw", "adafactor", "adamw8bit", "sgd")
 LAUNCHERS = ("accelerate", "torchrun", "ray")
 SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
+LOGS = ("jsonl", "tensorboard")
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -141,6 +142,10 @@ class TrainConfig:
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
     )
     progress: bool = _help("Show a progress bar.", default=True)
+    log: str = _help(f"Per-step metrics go to metrics.jsonl, and with {'|'.join(LOGS[1:])} also to TensorBoard "
+                     "event files in OUTPUT_DIR/tensorboard/ (pip install 'leantrain[tensorboard]').",
+                     default="jsonl")
+    report: bool = _help("Write report.html (plots, config, environment) at the end of the run.", default=True)
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -172,6 +177,7 @@ class TrainConfig:
         _choice(self, "launcher", LAUNCHERS)
         _choice(self, "shard", SHARDING)
         _choice(self, "on_nan", ON_NAN)
+        _choice(self, "log", LOGS)
         _positive(self, "num_machines")
         _positive(self, "num_processes", "num_workers", "save_every", "save_total_limit", "main_process_port",
                   optional=True)
