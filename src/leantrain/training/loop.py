@@ -110,7 +110,12 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     from leantrain.parallel.precision import MixedPrecision
     from leantrain.run_dir import RunDir
     from leantrain.telemetry import Console, MetricsLog, Throughput, summary_table
+    from leantrain.telemetry.flops import FlopMeter, flop_model
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
+    from leantrain.telemetry.peak import device_peak
+    from leantrain.telemetry.report import write_environment, write_report
+    from leantrain.telemetry.tensorboard_log import TeeLog, TensorBoardLogger, check_tensorboard
+    from leantrain.telemetry.timing import StepTimer
     from leantrain.training.evaluate import evaluate_loop
 
     if config is None:
@@ -121,6 +126,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     _quiet_transformers()
     run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
     run.check()
+    if cfg.log == "tensorboard":
+        check_tensorboard()
 
     precision, precision_why = parallel.choose_precision(cfg.precision)
     accelerator = parallel.make_accelerator(precision)
@@ -175,6 +182,12 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, cfg.warmup_ratio)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler)
+    flops = FlopMeter(flop_model(accelerator.unwrap_model(model)))
+    flop_peak = device_peak(accelerator.device, precision)  # CPU: a ~1 s GEMM probe the first time, then cached
+    flops.peak = flop_peak.flops_per_second
+    say.info(f"{flops.model.per_padded_token(cfg.max_length // 2) / 1e6:.1f} MFLOP per token at length "
+             f"{cfg.max_length // 2} ({flops.model.source}); peak {flop_peak.flops_per_second / 1e12:.3g} TFLOP/s "
+             f"({flop_peak.source})")
     compile_seconds = None
     if cfg.compile:
         model, compile_seconds = _compile(model, train_loader, accelerator, amp, say)
@@ -204,7 +217,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                                            cfg.save_total_limit)
         if note:
             say.info(f"warning: {note}")
-    log = MetricsLog(log_path)
+    if staging is not None:
+        write_environment(staging, device=accelerator.device, peak=flop_peak, num_processes=accelerator.num_processes)
+    board = (TensorBoardLogger(staging / "tensorboard", config=cfg.to_dict())
+             if cfg.log == "tensorboard" and staging is not None else None)
+    log = TeeLog(MetricsLog(log_path), board)
     say.info(f"training {len(data.train):,} examples for {total_steps:,} optimizer steps (global batch "
              f"{sampler.global_batch} = {cfg.batch_size} x {cfg.grad_accum} accumulation x "
              f"{accelerator.num_processes} processes; {steps_per_epoch:,} steps per epoch); writing {run.path}")
@@ -212,6 +229,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     # -- the loop ------------------------------------------------------------------------------------
     meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
     memory = MemoryMeter(accelerator.device)
+    timer = StepTimer(accelerator.device)  # synchronises CUDA at phase boundaries
     bar = tqdm(total=total_steps, initial=min(progress.step, total_steps), desc="train", unit="step",
                disable=not (cfg.progress and accelerator.is_main_process), dynamic_ncols=True)
     step, micro_step, epoch, steps_in_epoch = progress.step, progress.micro_step, progress.epoch, progress.steps_in_epoch
@@ -226,15 +244,17 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                    logged_loss=logged_loss, logged_examples=logged_examples,
                    elapsed_seconds=time.perf_counter() - started)
         state = dataclasses.replace(progress, **{**now, **rollback})
-        path = checkpoints.save(state, model=model, optimizer=optimizer, scheduler=scheduler, amp=amp,
-                                local_sgd=local_sgd, rng=rng, config=cfg.to_dict(), facts=facts, log_path=log_path,
-                                reason=reason, keep=cfg.save_total_limit)
+        with timer.phase("checkpoint"):
+            path = checkpoints.save(state, model=model, optimizer=optimizer, scheduler=scheduler, amp=amp,
+                                    local_sgd=local_sgd, rng=rng, config=cfg.to_dict(), facts=facts,
+                                    log_path=log_path, reason=reason, keep=cfg.save_total_limit)
         meter.start()
         return path
 
     model.train()
     memory.start()
     meter.start()
+    timer.start()
     if resume_rng is not None:
         checkpoint.set_rng_state(resume_rng)  # last, so that nothing above moves it
     with local_sgd:
@@ -242,7 +262,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
             # Accelerate's loader hands the sampler its own count of passes: set both to this epoch.
             sampler.set_epoch(epoch)
             train_loader.set_epoch(epoch)
-            for batch in train_loader:
+            for batch in timer.timed(train_loader):  # the wait for each batch is "data"
                 if window_count == 0:  # an optimizer step begins: what a NaN stop rolls back to
                     window_rng, window_micro_step = checkpoint.rng_state(), micro_step
                 window_end = bool(batch["window_end"])
@@ -251,16 +271,18 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                     sync = local_sgd.no_sync()
                 else:
                     sync = contextlib.nullcontext() if window_end else accelerator.no_sync(model)
-                with sync:
+                with sync, timer.phase("forward_backward"):
                     loss_sum = forward_backward_step(model, batch, accelerator, amp)
                 micro_step += 1
                 window_loss += float(loss_sum)
                 window_count += len(batch["labels"])
                 meter.add(len(batch["labels"]), int(batch["num_tokens"]), batch["input_ids"].numel())
+                flops.add(batch["input_ids"], batch.get("attention_mask"))
                 if not window_end:
                     continue
-                grad_norm, finite = train_step(model, optimizer, scheduler, amp, accelerator, cfg.max_grad_norm,
-                                               window_loss / window_count, cfg.on_nan)
+                with timer.phase("optimizer"):
+                    grad_norm, finite = train_step(model, optimizer, scheduler, amp, accelerator, cfg.max_grad_norm,
+                                                   window_loss / window_count, cfg.on_nan)
                 if not finite and cfg.on_nan == "stop":
                     # Nothing has moved yet: save the state before this step, then stop.
                     saved = checkpoints.root / f"{checkpoint.PREFIX}{step:06d}"
@@ -273,7 +295,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                                                       precision, saved if step > 0 else None))
                 step += 1
                 steps_in_epoch += 1
-                local_sgd.step()
+                with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
+                    local_sgd.step()
                 meter.step_done()
                 if finite:
                     logged_loss += window_loss
@@ -291,17 +314,24 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                            "skipped_steps": amp.skipped_steps, "nan_skipped_steps": progress.nan_skipped_steps,
                            "samples_per_second": meter.samples_per_second * accelerator.num_processes,
                            "tokens_per_second": meter.tokens_per_second * accelerator.num_processes,
-                           "elapsed_seconds": time.perf_counter() - started}
+                           "elapsed_seconds": time.perf_counter() - started,
+                           **flops.metrics(meter.elapsed()), **timer.window_row(),
+                           "peak_memory_bytes": memory.report()["peak_memory_bytes"]}
                     log.write(row)
                     history.append(row)
+                    wall = row["time_wall_seconds"] or 1.0
                     bar.set_postfix(loss=f"{row['loss'] or float('nan'):.4f}", lr=f"{row['lr']:.2e}",
-                                    sps=f"{row['samples_per_second']:.1f}")
+                                    sps=f"{row['samples_per_second']:.1f}",
+                                    mfu=f"{row['mfu']:.1%}" if row["mfu"] is not None else "-",
+                                    data=f"{row['time_data_seconds'] / wall:.0%}")
                     logged_loss, logged_examples = 0.0, 0
                 new_best = False
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
                     meter.pause()
-                    local_sgd.sync()  # evaluate the averaged model, as the final one will be
-                    metrics = evaluate_loop(model, eval_loader, accelerator)
+                    with timer.phase("eval"):
+                        with timer.phase("comm"):
+                            local_sgd.sync()  # evaluate the averaged model, as the final one will be
+                        metrics = evaluate_loop(model, eval_loader, accelerator)
                     log.write({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
                     say.info(f"step {step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
                     new_best = progress.update_best(metrics, step)
@@ -319,7 +349,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     peak = memory.report()
 
     # -- final evaluation and outputs ---------------------------------------------------------------
-    eval_metrics = evaluate_loop(model, eval_loader, accelerator)
+    with timer.phase("eval"):
+        eval_metrics = evaluate_loop(model, eval_loader, accelerator)
     log.write({"step": step, **{f"eval_{k}": v for k, v in eval_metrics.items()}})
     log.close()
     totals = _gather_totals(accelerator, meter)
@@ -341,6 +372,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "steady_tokens_per_second": meter.steady_tokens_per_second * accelerator.num_processes,
         "padding_fraction": 1 - totals["tokens"] / totals["padded"] if totals["padded"] else 0.0,
         "compile_seconds": compile_seconds,
+        **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
+        "flops_per_padded_token": flops.flops / totals["padded"] * accelerator.num_processes if totals["padded"] else None,
+        "peak_tflops": flop_peak.flops_per_second / 1e12, "peak_source": flop_peak.source,
+        "flop_model": flops.model.source,
+        **timer.total_row(),
         "wall_seconds": time.perf_counter() - started,
         **peak,
         "weights_bytes": tensor_bytes(params),
@@ -355,6 +391,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _write_outputs(staging, unwrapped, tokenizer, cfg, metrics)
+        if cfg.report:
+            try:
+                write_report(staging)
+            except Exception as exc:  # noqa: BLE001 - a plot must never fail a finished run
+                say.info(f"warning: report.html not written ({type(exc).__name__}: {exc})")
         run.publish()
     accelerator.wait_for_everyone()
     mb = 1 / 2**20
