@@ -15,16 +15,16 @@ def job(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
     def make(**changes):
         base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), output_dir=str(tmp_path / "run"),
                     cache_dir=str(cache_dir), batch_size=16, epochs=1, lr=1e-3, progress=False, log_every=2,
-                    precision="fp32")
+                    precision="fp32", report=False)
         return TrainConfig(**{**base, **changes})
     return make
 
 
 def test_train_writes_a_shippable_run(job, capsys):
-    result = train(job(epochs=4, lr=3e-3, warmup_ratio=0.0))
+    result = train(job(epochs=4, lr=3e-3, warmup_ratio=0.0, report=True))
     out = result.output_dir
     for name in ("model/config.json", "model/model.safetensors", "model/tokenizer.json", "metrics.json",
-                 "metrics.jsonl", "config.yaml"):
+                 "metrics.jsonl", "config.yaml", "report.html"):
         assert (out / name).is_file(), name
     assert not (out / ".incomplete").exists()
     metrics = json.loads((out / "metrics.json").read_text())

@@ -16,7 +16,8 @@ def run(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
     def go(**changes):
         base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir),
                     output_dir=str(tmp_path / f"run{next(count)}"), optimizer="sgd", lr=0.5, precision="fp32",
-                    weight_decay=0.0, warmup_ratio=0.0, max_grad_norm=0.0, progress=False, log_every=1, seed=3)
+                    weight_decay=0.0, warmup_ratio=0.0, max_grad_norm=0.0, progress=False, log_every=1, seed=3,
+                    report=False)
         result = train(TrainConfig(**{**base, **changes}))
         return result, load_file(result.model_dir / "model.safetensors")
     return go
