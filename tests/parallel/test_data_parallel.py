@@ -94,8 +94,10 @@ def baseline(setup):
     return result.output_dir
 
 
-def assert_one_writer(run_dir: Path, out: str, err: str) -> None:
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.json", "metrics.jsonl", "model"]
+def assert_one_writer(run_dir: Path, single: Path, out: str, err: str) -> None:
+    # the same outputs as a single process, nothing left over (no staging, no second writer's files)
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(p.name for p in single.iterdir())
+    assert {"config.yaml", "metrics.json", "metrics.jsonl", "model"} <= {p.name for p in run_dir.iterdir()}
     assert out.count("accuracy ") == 1, out            # the result line, once
     assert err.count("leantrain: training ") == 1, err  # the main process's messages, once
     assert err.count("eval accuracy") == 1, err         # the summary table, once
@@ -117,7 +119,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(setup, baseline, l
     for key in ("eval_accuracy", "eval_macro_f1", "eval_loss"):
         assert metrics[key] == pytest.approx(one[key], abs=1e-6), key
     assert metrics["train_examples"] == one["train_examples"] == 6 * 16
-    assert_one_writer(out_dir, out, err)
+    assert_one_writer(out_dir, baseline, out, err)
 
 
 def test_two_machines_with_gradient_accumulation_equal_one_process(setup, baseline):
