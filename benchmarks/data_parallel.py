@@ -173,7 +173,8 @@ def markdown(rows: list[dict], env_before: dict, load_after, args) -> str:
     lines = [
         "# Data parallelism on this machine: 1 process against 2",
         "",
-        f"Written by `benchmarks/data_parallel.py` on {env_before.get('date', time.strftime('%Y-%m-%d'))}. MiniLM-L6 (embedded), "
+        f"Written by `benchmarks/data_parallel.py` on {env_before.get('date', time.strftime('%Y-%m-%d'))}. "
+        "MiniLM-L6 (embedded), "
         f"SST-2 first 1,000 training rows (900 trained on), fp32, AdamW, max length 128, global batch "
         f"{GLOBAL_BATCH}, {args.steps} optimizer steps per run, {args.repeats} round(s) (median shown).",
         "",

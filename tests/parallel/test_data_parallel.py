@@ -146,7 +146,7 @@ def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local
     saw): 54 training rows, 16 per step, 2 epochs; 27 evaluation rows in batches of 16 and 11."""
     from leantrain import models
 
-    root, base = setup
+    _, base = setup
     train_csv = write_csv(tmp_path / "train.csv", make_sentiment_rows(54, seed=1))
     eval_csv = write_csv(tmp_path / "eval.csv", make_sentiment_rows(27, seed=2))
     out_dir, record = tmp_path / "run", tmp_path / "record"
@@ -228,7 +228,7 @@ def replay_local_sgd(model, ranks: list[dict], k: int, lr: float) -> dict[str, t
 
 @pytest.mark.parametrize("mode, launcher", [("raise", "accelerate"), ("kill", "torchrun")])
 def test_a_failing_process_fails_the_whole_job_quickly(setup, tmp_path, mode, launcher):
-    root, base = setup
+    _, base = setup
     out_dir = tmp_path / "run"
     rc, out, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir,
                                                                 num_processes=2, launcher=launcher)],
@@ -272,7 +272,7 @@ def test_ray_train_workers_equal_one_process(setup, baseline, tmp_path_factory):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="FSDP needs 2 GPUs")
 def test_fsdp_on_two_gpus_trains_close_to_ddp(setup, tmp_path):  # pragma: no cover - GPU only
-    root, base = setup
+    _, base = setup
     runs = {}
     for shard in ("none", "fsdp"):
         out_dir = tmp_path / shard

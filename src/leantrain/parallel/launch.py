@@ -189,8 +189,10 @@ def launch(cfg: TrainConfig) -> int:
         return launch_ray(cfg)
     cmd, extra = launch_command(cfg, gpus=gpu_count())
     nproc = cfg.num_processes or 1
-    where = (f"machine {cfg.machine_rank} of {cfg.num_machines}, main process at "
-             f"{cfg.main_process_ip}:{cfg.main_process_port or DEFAULT_PORT}" if cfg.num_machines > 1 else "this machine")
+    where = "this machine"
+    if cfg.num_machines > 1:
+        where = (f"machine {cfg.machine_rank} of {cfg.num_machines}, main process at "
+                 f"{cfg.main_process_ip}:{cfg.main_process_port or DEFAULT_PORT}")
     print(f"leantrain: starting {nproc} process(es) on {where} with {cfg.launcher}", file=sys.stderr, flush=True)
     return run_and_wait(cmd, {**os.environ, **extra})
 
