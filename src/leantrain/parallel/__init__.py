@@ -168,3 +168,13 @@ def environment_report() -> list[tuple[str, str]]:
         ("datasets", datasets.__version__),
     ]
     return rows
+
+
+def broadcast_from_main(value):
+    """The main process's `value` on every process (a no-op with one process)."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    if PartialState().num_processes == 1:
+        return value
+    return broadcast_object_list([value], from_process=0)[0]

@@ -124,13 +124,15 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         config = TrainConfig.from_dict(config)
     cfg = resolve_config(config.replace(**overrides) if overrides else config)
     _quiet_transformers()
-    run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
-    run.check()
     if cfg.log == "tensorboard":
         check_tensorboard()
 
     precision, precision_why = parallel.choose_precision(cfg.precision)
-    accelerator = parallel.make_accelerator(precision)
+    accelerator = parallel.make_accelerator(precision, cfg.shard)
+    if config.output_dir is None:  # every process must write under rank 0's timestamped default
+        cfg = cfg.replace(output_dir=parallel.broadcast_from_main(cfg.output_dir))
+    run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
+    run.check()  # on every process, so each one fails with the message rather than waiting for the others
     amp = MixedPrecision(accelerator, precision)
     say = Console(enabled=accelerator.is_main_process)
     parallel.seed_everything(cfg.seed)
@@ -307,6 +309,10 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 window_loss, window_count = 0.0, 0
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == total_steps:
+                    if accelerator.num_processes > 1:  # the global batch's loss, not this process's share
+                        sums = torch.tensor([logged_loss, logged_examples], dtype=torch.float64,
+                                            device=accelerator.device)
+                        logged_loss, logged_examples = accelerator.reduce(sums, reduction="sum").tolist()
                     row = {"step": step, "micro_step": micro_step,
                            "epoch": epoch + _epoch_progress(step, steps_per_epoch),
                            "loss": logged_loss / logged_examples if logged_examples else None,
