@@ -12,11 +12,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import csv  # noqa: E402
-import random  # noqa: E402
-from pathlib import Path  # noqa: E402
+import csv
+import random
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

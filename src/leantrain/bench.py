@@ -162,10 +162,10 @@ def table_rows(rows: list[BenchRow]) -> list[dict[str, Any]]:
 
 
 def render(records: list[dict[str, Any]]) -> str:
+    import io
+
     from rich.console import Console
     from rich.table import Table
-
-    import io
 
     table = Table(title="leantrain bench (relative to the fp32/AdamW baseline in brackets)")
     table.add_column("technique")

@@ -65,7 +65,7 @@ def evaluate(run_or_model: str, data: str, text_column: str | None = None, text_
                         f"(it knows {names})")
     labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
     probs, y, _ = _run(model, _loader(src.tokens, labels, tokenizer, batch_size))
-    return {**classification_metrics(probs, y), "examples": int(len(y))}
+    return {**classification_metrics(probs, y), "examples": len(y)}
 
 
 def predict(run_or_model: str, texts: list[str] | None = None, data: str | None = None,

@@ -7,8 +7,7 @@ import io
 import pytest
 
 from leantrain.errors import LeantrainError
-from leantrain.telemetry.compare import (comparison_rows, config_differences, print_comparison, run_labels,
-                                         write_chart)
+from leantrain.telemetry.compare import comparison_rows, config_differences, print_comparison, run_labels, write_chart
 from leantrain.telemetry.report import load_run
 
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leantrain.telemetry.flops import (FlopMeter, FlopModel, count_flops, counted_flop_model, encoder_flop_model,
-                                       flop_model, mfu)
+from leantrain.telemetry.flops import (
+    FlopMeter,
+    FlopModel,
+    count_flops,
+    counted_flop_model,
+    encoder_flop_model,
+    flop_model,
+    mfu,
+)
 
 
 def tiny_bert_config(num_labels: int = 2):

@@ -11,8 +11,15 @@ import pandas as pd
 
 from leantrain.data.columns import Columns, build_label_map, normalise_labels, resolve_columns
 from leantrain.data.sources import ReadReport, read_table, resolve_data_path
-from leantrain.data.tokenize import (TokenizedText, cache_key, load_cached, save_cached, source_fingerprint,
-                                     tokenize, tokenizer_fingerprint)
+from leantrain.data.tokenize import (
+    TokenizedText,
+    cache_key,
+    load_cached,
+    save_cached,
+    source_fingerprint,
+    tokenize,
+    tokenizer_fingerprint,
+)
 from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")

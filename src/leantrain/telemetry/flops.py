@@ -58,8 +58,9 @@ three coefficients of the polynomial exactly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 # Encoders the closed form describes: post-LN or pre-LN transformer layers with one dense
 # feed-forward, absolute positions, and a one-vector classification head.

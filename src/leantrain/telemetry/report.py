@@ -16,9 +16,10 @@ import io
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from leantrain.errors import LeantrainError
 from leantrain.telemetry.timing import PHASES, row_key
@@ -144,7 +145,7 @@ def collect_environment(device: Any = None, peak: Any = None, num_processes: int
     for lib in ("transformers", "accelerate", "datasets"):
         try:
             env[lib] = __import__(lib).__version__
-        except Exception:  # noqa: BLE001 - a missing library is just not reported
+        except Exception:  # a missing library is just not reported
             pass
     if num_processes is not None:
         env["num_processes"] = num_processes

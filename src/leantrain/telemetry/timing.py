@@ -18,8 +18,9 @@ apart from it without a profiler: it stays inside "forward_backward".
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 DATA = "data"
 FORWARD_BACKWARD = "forward_backward"

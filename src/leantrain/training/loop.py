@@ -400,7 +400,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         if cfg.report:
             try:
                 write_report(staging)
-            except Exception as exc:  # noqa: BLE001 - a plot must never fail a finished run
+            except Exception as exc:  # a plot must never fail a finished run
                 say.info(f"warning: report.html not written ({type(exc).__name__}: {exc})")
         run.publish()
     accelerator.wait_for_everyone()
