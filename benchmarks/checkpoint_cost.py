@@ -36,8 +36,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "sst2" / "train_1k.tsv"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
-JOB = dict(batch_size=32, lr=5e-5, max_length=128, optimizer="adamw", precision="fp32", seed=42, log_every=1,
-           progress=False)
+JOB = dict(
+    batch_size=32, lr=5e-5, max_length=128, optimizer="adamw", precision="fp32", seed=42, log_every=1, progress=False
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -166,36 +167,49 @@ def main(argv=None) -> int:
     med = statistics.median
     results = {
         "job": {**JOB, "data": str(args.data), "model": "embedded all-MiniLM-L6-v2"},
-        "checkpoint_bytes": sum(files.values()), "files": files,
-        "save_seconds": saves, "save_seconds_median": med(saves),
-        "fsync_seconds_per_save": fsync_total / len(saves), "crc32_seconds_per_save": crc_total / len(saves),
+        "checkpoint_bytes": sum(files.values()),
+        "files": files,
+        "save_seconds": saves,
+        "save_seconds_median": med(saves),
+        "fsync_seconds_per_save": fsync_total / len(saves),
+        "crc32_seconds_per_save": crc_total / len(saves),
         "train_seconds_per_step": step_seconds,
-        "setup_seconds_fresh": fresh, "setup_seconds_resumed": resumed,
-        "first_step_done_seconds_fresh": fresh_step, "first_step_done_seconds_resumed": resumed_step,
-        "verify_seconds": verify, "restore_seconds": restore,
-        "weights_bytes": saved.metrics["weights_bytes"], "optimizer_state_bytes": saved.metrics["optimizer_state_bytes"],
+        "setup_seconds_fresh": fresh,
+        "setup_seconds_resumed": resumed,
+        "first_step_done_seconds_fresh": fresh_step,
+        "first_step_done_seconds_resumed": resumed_step,
+        "verify_seconds": verify,
+        "restore_seconds": restore,
+        "weights_bytes": saved.metrics["weights_bytes"],
+        "optimizer_state_bytes": saved.metrics["optimizer_state_bytes"],
         "load_average_before_after": [load_before, load_after],
         "hardware": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-                     "leantrain": leantrain.__version__},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__,
+            "leantrain": leantrain.__version__,
+        },
         "run_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
-    size_rows = "\n".join(f"| `{name}` | {size * mb:,.1f} MB |" if size >= 2**20 else f"| `{name}` | {size / 1024:,.1f} KB |"
-                          for name, size in files.items())
+    size_rows = "\n".join(
+        f"| `{name}` | {size * mb:,.1f} MB |" if size >= 2**20 else f"| `{name}` | {size / 1024:,.1f} KB |"
+        for name, size in files.items()
+    )
     md = f"""# What a checkpoint costs
 
-Job: {results['job']['model']} with fused AdamW, fp32, batch 32, max length 128, on `{args.data.name}`
+Job: {results["job"]["model"]} with fused AdamW, fp32, batch 32, max length 128, on `{args.data.name}`
 (10% held out), `--save-every 1` for {args.saves} steps; then a run resumed from the step-2 checkpoint.
 
 | what | figure |
 |---|---|
-| one checkpoint on disk | {results['checkpoint_bytes'] * mb:,.1f} MB (weights {results['weights_bytes'] * mb:,.1f} MB, AdamW state {results['optimizer_state_bytes'] * mb:,.1f} MB) |
-| one save, median of {len(saves)} | {med(saves):.2f} s (each: {', '.join(f'{s:.2f}' for s in saves)}) |
-| of which fsync / CRC-32 | {results['fsync_seconds_per_save']:.2f} s / {results['crc32_seconds_per_save']:.2f} s |
+| one checkpoint on disk | {results["checkpoint_bytes"] * mb:,.1f} MB (weights {results["weights_bytes"] * mb:,.1f} MB, AdamW state {results["optimizer_state_bytes"] * mb:,.1f} MB) |
+| one save, median of {len(saves)} | {med(saves):.2f} s (each: {", ".join(f"{s:.2f}" for s in saves)}) |
+| of which fsync / CRC-32 | {results["fsync_seconds_per_save"]:.2f} s / {results["crc32_seconds_per_save"]:.2f} s |
 | one training step (for scale) | {step_seconds:.2f} s |
-| `train()` to the first step's forward, fresh | {med(fresh):.1f} s (each: {', '.join(f'{s:.1f}' for s in fresh)}) |
-| `train()` to the first step's forward, resumed at step 2 | {med(resumed):.1f} s (each: {', '.join(f'{s:.1f}' for s in resumed)}) |
+| `train()` to the first step's forward, fresh | {med(fresh):.1f} s (each: {", ".join(f"{s:.1f}" for s in fresh)}) |
+| `train()` to the first step's forward, resumed at step 2 | {med(resumed):.1f} s (each: {", ".join(f"{s:.1f}" for s in resumed)}) |
 | `train()` to the end of the first step, fresh / resumed | {med(fresh_step):.1f} s / {med(resumed_step):.1f} s (the batches differ in length) |
 | of which verifying the checkpoint (sizes, CRC-32) | {med(verify):.2f} s |
 | of which restoring it (weights, optimizer, scheduler, RNG) | {med(restore):.2f} s |
@@ -213,9 +227,9 @@ noisy machine (1-minute load average {load_before:.1f} before, {load_after:.1f} 
 
 ## Hardware and versions
 
-- CPU: {results['hardware']['cpu']}, {results['hardware']['cores']} cores, torch threads {results['hardware']['torch_threads']}
-- python {results['versions']['python']}, torch {results['versions']['torch']}, transformers {results['versions']['transformers']}, accelerate {results['versions']['accelerate']}, leantrain {results['versions']['leantrain']}
-- run {results['run_at']}; disk: the temporary folder {work.parent}
+- CPU: {results["hardware"]["cpu"]}, {results["hardware"]["cores"]} cores, torch threads {results["hardware"]["torch_threads"]}
+- python {results["versions"]["python"]}, torch {results["versions"]["torch"]}, transformers {results["versions"]["transformers"]}, accelerate {results["versions"]["accelerate"]}, leantrain {results["versions"]["leantrain"]}
+- run {results["run_at"]}; disk: the temporary folder {work.parent}
 
 ## Command
 

@@ -56,20 +56,26 @@ CONFIGS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="training TSV (default: %(default)s)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per run (global batch 32)")
     p.add_argument("--repeats", type=int, default=1, help="rounds over all configurations (median reported)")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
     p.add_argument("--no-write", action="store_true", help="print the results, write no files")
     p.add_argument("--timeout", type=int, default=900, help="seconds one run may take before it is killed")
-    p.add_argument("--render", type=Path, metavar="JSON",
-                   help="rewrite the markdown from a data_parallel.json written earlier; run nothing")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="rewrite the markdown from a data_parallel.json written earlier; run nothing",
+    )
     return p.parse_args(argv)
 
 
 # --- one rank: plain `leantrain train`, plus a DDP hook that counts all-reduced bytes -----------------------
+
 
 def worker(out: str, argv: list[str]) -> int:
     import torch.distributed as dist
@@ -104,12 +110,21 @@ def worker(out: str, argv: list[str]) -> int:
 
 # --- the driver -------------------------------------------------------------------------------------------------
 
+
 def run(name: str, args, root: Path) -> dict:
     nproc, threads, extra = CONFIGS[name]
     out_dir = root / f"run-{len(list(root.glob('run-*')))}"
     counts = root / f"counts-{out_dir.name}"
-    flags = {"data": args.data, "max_steps": args.steps, "precision": "fp32", "max_length": 128,
-             "output_dir": out_dir, "cache_dir": root / "cache", "log_every": max(1, args.steps), **extra}
+    flags = {
+        "data": args.data,
+        "max_steps": args.steps,
+        "precision": "fp32",
+        "max_length": 128,
+        "output_dir": out_dir,
+        "cache_dir": root / "cache",
+        "log_every": max(1, args.steps),
+        **extra,
+    }
     argv = ["train", "--no-progress"]
     for key, value in flags.items():
         argv += ["--" + key.replace("_", "-"), str(value)]
@@ -117,8 +132,16 @@ def run(name: str, args, root: Path) -> dict:
     if nproc == 1:
         cmd = [sys.executable, *me, *argv]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               *me, *argv]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            *me,
+            *argv,
+        ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -131,14 +154,21 @@ def run(name: str, args, root: Path) -> dict:
     ddp_bytes = ranks[0]["allreduce_bytes"]
     local_bytes = metrics.get("local_sgd_bytes_communicated") or 0
     return {
-        "config": name, "processes": nproc, "threads": threads, "batch_per_process": extra["batch_size"],
-        "grad_accum": extra.get("grad_accum", 1), "global_batch": metrics["global_batch"], "steps": steps,
+        "config": name,
+        "processes": nproc,
+        "threads": threads,
+        "batch_per_process": extra["batch_size"],
+        "grad_accum": extra.get("grad_accum", 1),
+        "global_batch": metrics["global_batch"],
+        "steps": steps,
         "samples_per_second": metrics["train_samples_per_second"],
         "steady_samples_per_second": metrics["steady_samples_per_second"],
         "allreduce_bytes_per_step": (ddp_bytes + local_bytes) / steps,
         "ddp_allreduce_calls_per_step": ranks[0]["allreduce_calls"] / steps,
-        "gradient_bytes": metrics["gradients_bytes"], "local_sgd_syncs": metrics.get("local_sgd_syncs"),
-        "eval_accuracy": metrics["eval_accuracy"], "wall_seconds": wall,
+        "gradient_bytes": metrics["gradients_bytes"],
+        "local_sgd_syncs": metrics.get("local_sgd_syncs"),
+        "eval_accuracy": metrics["eval_accuracy"],
+        "wall_seconds": wall,
     }
 
 
@@ -149,10 +179,16 @@ def environment() -> dict:
 
     from leantrain.parallel import cpu_name
 
-    return {"cpu": cpu_name(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-            "torch": torch.__version__, "accelerate": accelerate.__version__,
-            "transformers": transformers.__version__, "load_average": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "cpu": cpu_name(),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "accelerate": accelerate.__version__,
+        "transformers": transformers.__version__,
+        "load_average": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def summarise(results: list[dict]) -> list[dict]:
@@ -194,7 +230,8 @@ def markdown(rows: list[dict], env_before: dict, load_after, args) -> str:
             f"| {r['config']} | {r['processes']} x {r['threads']} | {r['batch_per_process']} x {r['grad_accum']} | "
             f"{r['samples_per_second']:.1f} | {r['steady_samples_per_second']:.1f} | "
             f"{', '.join(f'{x:.1f}' for x in r['samples_per_second_all'])} | "
-            f"{r['allreduce_bytes_per_step'] * mb:.1f} MiB | {r['ddp_allreduce_calls_per_step']:.1f} |")
+            f"{r['allreduce_bytes_per_step'] * mb:.1f} MiB | {r['ddp_allreduce_calls_per_step']:.1f} |"
+        )
     k = CONFIGS["2 processes, --local-sgd-steps 4"][2]["local_sgd_steps"]
     lines += [
         "",
@@ -215,14 +252,16 @@ def markdown(rows: list[dict], env_before: dict, load_after, args) -> str:
 def _verdict(rows: list[dict]) -> str:
     by = {r["config"]: r["steady_samples_per_second"] for r in rows}
     two, one, single = by["2 processes (DDP)"], by["1 process"], by["1 process, 1 thread"]
-    return (f"Steady throughput of 2 processes against 1 process with 2 threads: {two / one:.2f}x; against 1 "
-            f"process with 1 thread: {two / single:.2f}x. On 2 quiet cores two single-threaded processes do the "
-            "same arithmetic as one process with two threads, plus a gloo all-reduce of every gradient over "
-            "loopback each step, so no speed-up is to be expected (a quiet machine of this kind gave 20.6 "
-            "against 27.3 samples/s); when other jobs share the cores, two OpenMP threads that wait for each "
-            "other at every barrier suffer more than two independent processes, which can reverse the order. "
-            "What several processes are for on this machine is correctness (tests/parallel: 2 processes equal 1 "
-            "to 1e-5); they pay off where each gets its own cores or GPU.")
+    return (
+        f"Steady throughput of 2 processes against 1 process with 2 threads: {two / one:.2f}x; against 1 "
+        f"process with 1 thread: {two / single:.2f}x. On 2 quiet cores two single-threaded processes do the "
+        "same arithmetic as one process with two threads, plus a gloo all-reduce of every gradient over "
+        "loopback each step, so no speed-up is to be expected (a quiet machine of this kind gave 20.6 "
+        "against 27.3 samples/s); when other jobs share the cores, two OpenMP threads that wait for each "
+        "other at every barrier suffer more than two independent processes, which can reverse the order. "
+        "What several processes are for on this machine is correctness (tests/parallel: 2 processes equal 1 "
+        "to 1e-5); they pay off where each gets its own cores or GPU."
+    )
 
 
 def main(argv=None) -> int:
@@ -242,10 +281,13 @@ def main(argv=None) -> int:
             for name in CONFIGS:
                 r = run(name, args, root)
                 results.append(r)
-                print(f"[{round_ + 1}/{args.repeats}] {name}: {r['samples_per_second']:.1f} samples/s "
-                      f"(steady {r['steady_samples_per_second']:.1f}), "
-                      f"{r['allreduce_bytes_per_step'] / 2**20:.1f} MiB all-reduced per step, "
-                      f"wall {r['wall_seconds']:.0f} s", flush=True)
+                print(
+                    f"[{round_ + 1}/{args.repeats}] {name}: {r['samples_per_second']:.1f} samples/s "
+                    f"(steady {r['steady_samples_per_second']:.1f}), "
+                    f"{r['allreduce_bytes_per_step'] / 2**20:.1f} MiB all-reduced per step, "
+                    f"wall {r['wall_seconds']:.0f} s",
+                    flush=True,
+                )
     rows = summarise(results)
     load_after = os.getloadavg()
     text = markdown(rows, env_before, load_after, args)
@@ -253,9 +295,19 @@ def main(argv=None) -> int:
     if not args.no_write:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         (args.out_dir / "data_parallel.md").write_text(text)
-        (args.out_dir / "data_parallel.json").write_text(json.dumps(
-            {"environment": env_before, "load_average_after": load_after, "steps": args.steps,
-             "repeats": args.repeats, "rows": rows}, indent=2) + "\n")
+        (args.out_dir / "data_parallel.json").write_text(
+            json.dumps(
+                {
+                    "environment": env_before,
+                    "load_average_after": load_after,
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -9,7 +9,11 @@ from leantrain.errors import ConfigError
 
 def test_technique_overrides_keep_the_global_batch():
     assert bench.job_overrides("grad_accum4", {"batch_size": 32}) == {
-        "precision": "fp32", "optimizer": "adamw", "grad_accum": 4, "batch_size": 8}
+        "precision": "fp32",
+        "optimizer": "adamw",
+        "grad_accum": 4,
+        "batch_size": 8,
+    }
     assert bench.job_overrides("lean", {})["optimizer"] == "adamw8bit"
     with pytest.raises(ConfigError, match="not divisible"):
         bench.job_overrides("grad_accum4", {"batch_size": 6})
@@ -18,11 +22,28 @@ def test_technique_overrides_keep_the_global_batch():
     assert bench.parse_techniques("bf16")[0] == "baseline"
 
 
-def test_bench_runs_each_technique_and_writes_the_comparison(tiny_model_dir, sentiment_csv, cache_dir, tmp_path,
-                                                             capsys):
-    code = main(["bench", "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--cache-dir",
-                 str(cache_dir), "--batch-size", "8", "--steps", "3", "--techniques", "adafactor,grad_accum4",
-                 "--bench-dir", str(tmp_path / "b")])
+def test_bench_runs_each_technique_and_writes_the_comparison(
+    tiny_model_dir, sentiment_csv, cache_dir, tmp_path, capsys
+):
+    code = main(
+        [
+            "bench",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(sentiment_csv),
+            "--cache-dir",
+            str(cache_dir),
+            "--batch-size",
+            "8",
+            "--steps",
+            "3",
+            "--techniques",
+            "adafactor,grad_accum4",
+            "--bench-dir",
+            str(tmp_path / "b"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "adafactor" in out and "grad_accum4" in out

@@ -18,8 +18,20 @@ def run(capsys, *argv):
 
 @pytest.fixture()
 def base(tiny_model_dir, sentiment_csv, tmp_path, cache_dir):
-    return ["train", "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--output-dir",
-            str(tmp_path / "run"), "--cache-dir", str(cache_dir), "--no-progress", "--precision", "fp32"]
+    return [
+        "train",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        str(sentiment_csv),
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--cache-dir",
+        str(cache_dir),
+        "--no-progress",
+        "--precision",
+        "fp32",
+    ]
 
 
 def _one_line_error(code, err, *needles):
@@ -31,23 +43,26 @@ def _one_line_error(code, err, *needles):
         assert needle in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("change,needles", [
-    (["--data", "missing.csv"], ["missing.csv", "no such file"]),
-    (["--data", "{tmp}/notes.xyz"], ["notes.xyz", "unknown format"]),
-    (["--data", "{tmp}/empty.csv"], ["empty.csv", "empty"]),
-    (["--data", "{tmp}/nolabel.csv"], ["nolabel.csv", "--label-column"]),
-    (["--data", "{tmp}/ambiguous.csv"], ["ambiguous.csv", "--text-column"]),
-    (["--data", "{tmp}/oneclass.csv"], ["oneclass.csv", "single class"]),
-    (["--label-column", "stars"], ["no column 'stars'", "--label-column"]),
-    (["--model", "{tmp}"], ["holds no model"]),
-    (["--batch-size", "0"], ["--batch-size", "positive"]),
-    (["--max-length", "-5"], ["--max-length", "positive"]),
-    (["--max-length", "100000"], ["--max-length 100000", "supports"]),
-    (["--eval-fraction", "1.5"], ["--eval-fraction"]),
-    (["--batch-size", "abc"], ["--batch-size", "integer"]),
-    (["--batch-sise", "8"], ["unknown flag --batch-sise", "did you mean --batch-size"]),
-    (["--config", "{tmp}/bad.yaml"], ["bad.yaml", "unknown key 'lrate'"]),
-])
+@pytest.mark.parametrize(
+    "change,needles",
+    [
+        (["--data", "missing.csv"], ["missing.csv", "no such file"]),
+        (["--data", "{tmp}/notes.xyz"], ["notes.xyz", "unknown format"]),
+        (["--data", "{tmp}/empty.csv"], ["empty.csv", "empty"]),
+        (["--data", "{tmp}/nolabel.csv"], ["nolabel.csv", "--label-column"]),
+        (["--data", "{tmp}/ambiguous.csv"], ["ambiguous.csv", "--text-column"]),
+        (["--data", "{tmp}/oneclass.csv"], ["oneclass.csv", "single class"]),
+        (["--label-column", "stars"], ["no column 'stars'", "--label-column"]),
+        (["--model", "{tmp}"], ["holds no model"]),
+        (["--batch-size", "0"], ["--batch-size", "positive"]),
+        (["--max-length", "-5"], ["--max-length", "positive"]),
+        (["--max-length", "100000"], ["--max-length 100000", "supports"]),
+        (["--eval-fraction", "1.5"], ["--eval-fraction"]),
+        (["--batch-size", "abc"], ["--batch-size", "integer"]),
+        (["--batch-sise", "8"], ["unknown flag --batch-sise", "did you mean --batch-size"]),
+        (["--config", "{tmp}/bad.yaml"], ["bad.yaml", "unknown key 'lrate'"]),
+    ],
+)
 def test_bad_input(capsys, base, tmp_path, change, needles):
     (tmp_path / "notes.xyz").write_text("a,b\n")
     (tmp_path / "empty.csv").write_text("")
@@ -106,14 +121,28 @@ def test_info_shows_config_counts_and_head(capsys, tiny_model_dir):
 
 def test_env_reports_devices_precisions_and_versions(capsys):
     code, out, _ = run(capsys, "env")
-    for needle in ("device", "distributed type", "processes", "bf16", "fp16", "--precision auto", "torch",
-                   "transformers", "accelerate", "datasets"):
+    for needle in (
+        "device",
+        "distributed type",
+        "processes",
+        "bf16",
+        "fp16",
+        "--precision auto",
+        "torch",
+        "transformers",
+        "accelerate",
+        "datasets",
+    ):
         assert needle in out
 
 
 def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "leantrain", "train", "--data", str(tmp_path / "nope.csv")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "leantrain", "train", "--data", str(tmp_path / "nope.csv")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("leantrain train: error: ")
@@ -121,8 +150,10 @@ def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
 
 def test_yaml_config_with_flag_override(capsys, tiny_model_dir, sentiment_csv, tmp_path, cache_dir):
     cfg = tmp_path / "job.yaml"
-    cfg.write_text(f"model: {tiny_model_dir}\ndata: {sentiment_csv}\nmax_steps: 5\nbatch_size: 8\n"
-                   f"cache_dir: {cache_dir}\nprecision: fp32\nprogress: false\n")
+    cfg.write_text(
+        f"model: {tiny_model_dir}\ndata: {sentiment_csv}\nmax_steps: 5\nbatch_size: 8\n"
+        f"cache_dir: {cache_dir}\nprecision: fp32\nprogress: false\n"
+    )
     code, _, _ = run(capsys, "train", "--config", str(cfg), "--max-steps", "2", "--output-dir", str(tmp_path / "r"))
     assert code == 0
     metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())

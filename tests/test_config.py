@@ -9,22 +9,25 @@ def test_defaults_are_valid_and_round_trip_through_a_dict():
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize("key,value,flag", [
-    ("batch_size", 0, "--batch-size"),
-    ("max_length", -3, "--max-length"),
-    ("limit", 0, "--limit"),
-    ("max_steps", -1, "--max-steps"),
-    ("eval_fraction", 1.0, "--eval-fraction"),
-    ("eval_fraction", 0, "--eval-fraction"),
-    ("epochs", 0, "--epochs"),
-    ("lr", 0, "--lr"),
-    ("warmup_ratio", 1.5, "--warmup-ratio"),
-    ("scheduler", "exponential", "--scheduler"),
-    ("precision", "int4", "--precision"),
-    ("batch_size", 2.5, "--batch-size"),
-    ("batch_size", "32", "--batch-size"),
-    ("overwrite", "yes", "--overwrite"),
-])
+@pytest.mark.parametrize(
+    "key,value,flag",
+    [
+        ("batch_size", 0, "--batch-size"),
+        ("max_length", -3, "--max-length"),
+        ("limit", 0, "--limit"),
+        ("max_steps", -1, "--max-steps"),
+        ("eval_fraction", 1.0, "--eval-fraction"),
+        ("eval_fraction", 0, "--eval-fraction"),
+        ("epochs", 0, "--epochs"),
+        ("lr", 0, "--lr"),
+        ("warmup_ratio", 1.5, "--warmup-ratio"),
+        ("scheduler", "exponential", "--scheduler"),
+        ("precision", "int4", "--precision"),
+        ("batch_size", 2.5, "--batch-size"),
+        ("batch_size", "32", "--batch-size"),
+        ("overwrite", "yes", "--overwrite"),
+    ],
+)
 def test_bad_values_name_the_flag(key, value, flag):
     with pytest.raises(ConfigError, match=flag):
         TrainConfig(**{key: value})

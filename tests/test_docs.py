@@ -19,8 +19,15 @@ def test_cli_reference_is_generated_from_the_current_parser():
 
 
 def test_public_api_is_what_the_docs_say():
-    assert sorted(leantrain.__all__) == ["LeantrainError", "TrainConfig", "TrainResult", "__version__",
-                                         "evaluate", "predict", "train"]
+    assert sorted(leantrain.__all__) == [
+        "LeantrainError",
+        "TrainConfig",
+        "TrainResult",
+        "__version__",
+        "evaluate",
+        "predict",
+        "train",
+    ]
     api_page = (REPO / "docs" / "reference" / "api.md").read_text()
     for name in ("TrainConfig", "train", "TrainResult", "evaluate", "predict", "LeantrainError"):
         assert f".{name}" in api_page
@@ -35,12 +42,19 @@ def test_every_config_key_is_a_documented_flag():
         assert "--" + f.name.replace("_", "-") in page
 
 
-@pytest.mark.skipif(shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
-                    reason="mkdocs not installed")
+@pytest.mark.skipif(
+    shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
+    reason="mkdocs not installed",
+)
 def test_site_builds_strictly(tmp_path):
     mkdocs = shutil.which("mkdocs") or str(Path(sys.executable).parent / "mkdocs")
-    proc = subprocess.run([mkdocs, "build", "--strict", "-q", "-d", str(tmp_path / "site")], cwd=REPO,
-                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-                          timeout=300)
+    proc = subprocess.run(
+        [mkdocs, "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "site" / "techniques" / "gradient-accumulation" / "index.html").is_file()

@@ -22,8 +22,18 @@ def test_example_config_validates(path):
 def test_cheap_examples_run_on_the_tiny_model(name, tiny_model_dir, shared_data, cache_dir, tmp_path):
     if name == "memory_lean.yaml":
         pytest.importorskip("bitsandbytes")
-    cfg = TrainConfig.from_yaml(Path(__file__).resolve().parents[1] / "examples" / name, overrides={
-        "model": str(tiny_model_dir), "data": str(shared_data / "sst2" / "train_1k.tsv"),
-        "eval_data": str(shared_data / "sst2" / "dev.tsv"), "max_steps": 3, "output_dir": str(tmp_path / "run"),
-        "cache_dir": str(cache_dir), "progress": False, "limit": None, "eval_every": None})
+    cfg = TrainConfig.from_yaml(
+        Path(__file__).resolve().parents[1] / "examples" / name,
+        overrides={
+            "model": str(tiny_model_dir),
+            "data": str(shared_data / "sst2" / "train_1k.tsv"),
+            "eval_data": str(shared_data / "sst2" / "dev.tsv"),
+            "max_steps": 3,
+            "output_dir": str(tmp_path / "run"),
+            "cache_dir": str(cache_dir),
+            "progress": False,
+            "limit": None,
+            "eval_every": None,
+        },
+    )
     assert train(cfg).metrics["optimizer_steps"] == 3

@@ -72,8 +72,9 @@ SCENARIOS = {
 
 def _run_rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=WORLD, timeout=timedelta(seconds=60))
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
     results = {}
     for name, (k, steps, kwargs, ddp) in SCENARIOS.items():
         model = make_model()
@@ -87,9 +88,15 @@ def _run_rank(rank: int, port: int, out: str) -> None:
                 train_step(model, opt, rank, step, local_sgd.no_sync)
                 synced = local_sgd.step()
                 records.append((step, synced, snapshot(model)))
-        results[name] = {"records": records, "final": snapshot(model), "enabled": local_sgd.enabled,
-                         "reason": local_sgd.reason, "num_syncs": local_sgd.num_syncs,
-                         "bytes": local_sgd.bytes_communicated, "no_sync_type": no_sync_type}
+        results[name] = {
+            "records": records,
+            "final": snapshot(model),
+            "enabled": local_sgd.enabled,
+            "reason": local_sgd.reason,
+            "num_syncs": local_sgd.num_syncs,
+            "bytes": local_sgd.bytes_communicated,
+            "no_sync_type": no_sync_type,
+        }
     torch.save(results, f"{out}/rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
@@ -160,8 +167,7 @@ def replay(k: int, steps: int, outer_lr=None, outer_momentum=0.0):
             for s in round_steps:
                 train_step(model, opt, rank, s)
             ends.append(model.state_dict())
-        mean = {n: (sum(e[n] for e in ends) / WORLD if v.is_floating_point() else ends[0][n])
-                for n, v in start.items()}
+        mean = {n: (sum(e[n] for e in ends) / WORLD if v.is_floating_point() else ends[0][n]) for n, v in start.items()}
         if outer_lr is not None:
             for n in TRAINABLE:
                 grad = anchor[n] - mean[n]

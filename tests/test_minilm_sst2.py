@@ -7,9 +7,17 @@ from leantrain import TrainConfig, train
 
 @pytest.mark.slow
 def test_minilm_learns_sst2(shared_data, tmp_path):
-    result = train(TrainConfig(data=str(shared_data / "sst2" / "train_1k.tsv"),
-                               eval_data=str(shared_data / "sst2" / "dev.tsv"),
-                               output_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
-                               epochs=3, lr=1e-4, batch_size=32, progress=False))
+    result = train(
+        TrainConfig(
+            data=str(shared_data / "sst2" / "train_1k.tsv"),
+            eval_data=str(shared_data / "sst2" / "dev.tsv"),
+            output_dir=str(tmp_path / "run"),
+            cache_dir=str(tmp_path / "cache"),
+            epochs=3,
+            lr=1e-4,
+            batch_size=32,
+            progress=False,
+        )
+    )
     assert result.metrics["eval_accuracy"] > 0.75
     assert result.metrics["train_examples"] == 3000

@@ -59,8 +59,9 @@ def tiny_bert():
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    return BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                intermediate_size=64))
+    return BertModel(
+        BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    )
 
 
 def test_parameter_groups_decay_matrices_only():

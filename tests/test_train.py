@@ -13,18 +13,36 @@ from leantrain.errors import ConfigError, DataError, ModelError
 @pytest.fixture()
 def job(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
     def make(**changes):
-        base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), output_dir=str(tmp_path / "run"),
-                    cache_dir=str(cache_dir), batch_size=16, epochs=1, lr=1e-3, progress=False, log_every=2,
-                    precision="fp32", report=False)
+        base = dict(
+            model=str(tiny_model_dir),
+            data=str(sentiment_csv),
+            output_dir=str(tmp_path / "run"),
+            cache_dir=str(cache_dir),
+            batch_size=16,
+            epochs=1,
+            lr=1e-3,
+            progress=False,
+            log_every=2,
+            precision="fp32",
+            report=False,
+        )
         return TrainConfig(**{**base, **changes})
+
     return make
 
 
 def test_train_writes_a_shippable_run(job, capsys):
     result = train(job(epochs=4, lr=3e-3, warmup_ratio=0.0, report=True))
     out = result.output_dir
-    for name in ("model/config.json", "model/model.safetensors", "model/tokenizer.json", "metrics.json",
-                 "metrics.jsonl", "config.yaml", "report.html"):
+    for name in (
+        "model/config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+        "metrics.json",
+        "metrics.jsonl",
+        "config.yaml",
+        "report.html",
+    ):
         assert (out / name).is_file(), name
     assert not (out / ".incomplete").exists()
     metrics = json.loads((out / "metrics.json").read_text())
@@ -143,6 +161,15 @@ def test_sentence_pairs_train(tiny_model_dir, cache_dir, tmp_path):
         rows.append({"sentence1": a, "sentence2": b, "label": int(same)})
     path = tmp_path / "pairs.jsonl"
     pd.DataFrame(rows).to_json(path, orient="records", lines=True)
-    result = train(TrainConfig(model=str(tiny_model_dir), data=str(path), output_dir=str(tmp_path / "run"),
-                               cache_dir=str(cache_dir), max_steps=2, progress=False, precision="fp32"))
+    result = train(
+        TrainConfig(
+            model=str(tiny_model_dir),
+            data=str(path),
+            output_dir=str(tmp_path / "run"),
+            cache_dir=str(cache_dir),
+            max_steps=2,
+            progress=False,
+            precision="fp32",
+        )
+    )
     assert result.metrics["num_labels"] == 2

@@ -1,8 +1,8 @@
 """leantrain: fine-tune Hugging Face transformer models efficiently, on whatever hardware exists.
 
-    import leantrain
-    result = leantrain.train(leantrain.TrainConfig(data="train.csv", epochs=2))
-    print(result.metrics["eval_accuracy"], result.model_dir)
+import leantrain
+result = leantrain.train(leantrain.TrainConfig(data="train.csv", epochs=2))
+print(result.metrics["eval_accuracy"], result.model_dir)
 """
 
 from __future__ import annotations

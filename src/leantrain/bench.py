@@ -35,8 +35,18 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "bf16+adafactor": {"precision": "bf16", "optimizer": "adafactor"},
     "lean": {"precision": "bf16", "activation_checkpointing": True, "optimizer": "adamw8bit"},
 }
-DEFAULT_TECHNIQUES = ("baseline", "bf16", "fp16", "grad_accum4", "activation_ckpt", "adafactor", "adamw8bit",
-                      "bf16+activation_ckpt", "bf16+adafactor", "lean")
+DEFAULT_TECHNIQUES = (
+    "baseline",
+    "bf16",
+    "fp16",
+    "grad_accum4",
+    "activation_ckpt",
+    "adafactor",
+    "adamw8bit",
+    "bf16+activation_ckpt",
+    "bf16+adafactor",
+    "lean",
+)
 
 
 @dataclass
@@ -80,8 +90,15 @@ def _flags(values: dict[str, Any]) -> list[str]:
     return out
 
 
-def run_bench(base: dict[str, Any], techniques: list[str], steps: int | None, bench_dir: Path,
-              say=print, timeout: float = 3600, repeats: int = 1) -> list[BenchRow]:
+def run_bench(
+    base: dict[str, Any],
+    techniques: list[str],
+    steps: int | None,
+    bench_dir: Path,
+    say=print,
+    timeout: float = 3600,
+    repeats: int = 1,
+) -> list[BenchRow]:
     """Run every technique as its own `leantrain train` process; `steps=None` trains --epochs fully.
 
     With repeats > 1 the whole list runs round-robin that many times (so a neighbour's load hits all
@@ -103,8 +120,13 @@ def _run_once(base, techniques, steps, bench_dir, say, timeout) -> list[BenchRow
     rows = []
     for name in techniques:
         over = job_overrides(name, base)
-        job = {**base, **over, "output_dir": str(bench_dir / "runs" / name.replace("+", "_")),
-               "overwrite": True, "progress": False}
+        job = {
+            **base,
+            **over,
+            "output_dir": str(bench_dir / "runs" / name.replace("+", "_")),
+            "overwrite": True,
+            "progress": False,
+        }
         if steps is not None:
             job.update(max_steps=steps, log_every=max(1, steps // 3))
         cmd = [sys.executable, "-m", "leantrain", "train", *_flags(job)]
@@ -183,8 +205,12 @@ def render(records: list[dict[str, Any]]) -> str:
 
 
 def write_outputs(records: list[dict[str, Any]], bench_dir: Path, context: dict[str, Any]) -> dict[str, Path]:
-    paths = {"csv": bench_dir / "bench.csv", "png": bench_dir / "bench.png", "md": bench_dir / "bench.md",
-             "json": bench_dir / "bench.json"}
+    paths = {
+        "csv": bench_dir / "bench.csv",
+        "png": bench_dir / "bench.png",
+        "md": bench_dir / "bench.md",
+        "json": bench_dir / "bench.json",
+    }
     with paths["csv"].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(records[0]))
         writer.writeheader()
@@ -231,8 +257,11 @@ def environment_context() -> dict[str, Any]:
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "device": torch.cuda.get_device_name(0) if device == "cuda" else cpu_name(),
-        "cores": os.cpu_count(), "torch threads": torch.get_num_threads(),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "accelerate": accelerate.__version__,
+        "cores": os.cpu_count(),
+        "torch threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
         "datasets": datasets.__version__,
     }

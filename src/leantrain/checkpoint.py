@@ -48,11 +48,26 @@ EVAL_METRICS = ("accuracy", "macro_f1", "loss")
 
 #: config keys that may change between a run and its resumption: they change how long the run goes on,
 #: where and how often it reports and saves, not what any optimizer step computes
-RESUMABLE_CHANGES = frozenset({
-    "epochs", "max_steps", "save_every", "save_total_limit", "eval_every", "log_every", "output_dir", "progress",
-    "overwrite", "resume", "cache_dir", "on_nan", "metric_for_best", "trust_remote_code", "main_process_ip",
-    "main_process_port",
-})
+RESUMABLE_CHANGES = frozenset(
+    {
+        "epochs",
+        "max_steps",
+        "save_every",
+        "save_total_limit",
+        "eval_every",
+        "log_every",
+        "output_dir",
+        "progress",
+        "overwrite",
+        "resume",
+        "cache_dir",
+        "on_nan",
+        "metric_for_best",
+        "trust_remote_code",
+        "main_process_ip",
+        "main_process_port",
+    }
+)
 
 
 class CheckpointError(LeantrainError):
@@ -61,15 +76,16 @@ class CheckpointError(LeantrainError):
 
 # -- what a checkpoint records besides tensors ---------------------------------------------------------------
 
+
 @dataclass
 class Progress:
     """Where the run is: counters, data position and running sums; saved in checkpoint.json."""
 
-    step: int = 0                  # optimizer steps done (NaN-skipped ones included)
+    step: int = 0  # optimizer steps done (NaN-skipped ones included)
     micro_step: int = 0
     epoch: int = 0
-    steps_in_epoch: int = 0        # optimizer steps (= global batches) done in `epoch`
-    logged_loss: float = 0.0       # loss summed since the last metrics.jsonl row
+    steps_in_epoch: int = 0  # optimizer steps (= global batches) done in `epoch`
+    logged_loss: float = 0.0  # loss summed since the last metrics.jsonl row
     logged_examples: int = 0
     nan_skipped_steps: int = 0
     elapsed_seconds: float = 0.0
@@ -91,8 +107,9 @@ def metric_key(name: str) -> str:
     """`eval_accuracy` and `accuracy` both name the evaluation's accuracy."""
     key = name.removeprefix("eval_")
     if key not in EVAL_METRICS:
-        raise ConfigError(f"--metric-for-best {name!r} is not an evaluation metric; choose one of "
-                          f"{', '.join(EVAL_METRICS)}")
+        raise ConfigError(
+            f"--metric-for-best {name!r} is not an evaluation metric; choose one of {', '.join(EVAL_METRICS)}"
+        )
     return key
 
 
@@ -117,12 +134,16 @@ class Checkpoint:
         differing = [k for k in config if k not in RESUMABLE_CHANGES and k in saved and saved[k] != config[k]]
         differing += [k for k in facts if self.manifest.get("facts", {}).get(k, facts[k]) != facts[k]]
         if differing:
-            what = "; ".join(f"{k}: {_show(saved.get(k, self.manifest.get('facts', {}).get(k)))} -> "
-                             f"{_show(config.get(k, facts.get(k)))}" for k in differing)
+            what = "; ".join(
+                f"{k}: {_show(saved.get(k, self.manifest.get('facts', {}).get(k)))} -> "
+                f"{_show(config.get(k, facts.get(k)))}"
+                for k in differing
+            )
             raise CheckpointError(
                 f"cannot resume from {self.path}: {what} differ from the checkpoint's run, which would change "
                 f"the result. Use the checkpoint's settings (its config is in {self.path / MANIFEST}), or start a "
-                "new run in another --output-dir")
+                "new run in another --output-dir"
+            )
 
 
 def _show(value: Any) -> str:
@@ -131,13 +152,21 @@ def _show(value: Any) -> str:
 
 # -- RNG ------------------------------------------------------------------------------------------------------
 
+
 def rng_state() -> dict[str, Any]:
     """Every global RNG this process uses, in a form torch.load(weights_only=True) reads back."""
     kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    state = {"python": random.getstate(),
-             "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "gauss": float(gauss)},
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -155,6 +184,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # -- the checkpoints folder -----------------------------------------------------------------------------------
 
+
 class CheckpointDir:
     """`OUTPUT_DIR/checkpoints`: save, find, verify, load and prune checkpoints.
 
@@ -170,9 +200,12 @@ class CheckpointDir:
         """Checkpoint directories by step, newest first (complete or not: renames make them complete)."""
         if not self.root.is_dir():
             return []
-        dirs = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
-                and p.name[len(PREFIX):].isdigit()]
-        return sorted(dirs, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
+        dirs = [
+            p
+            for p in self.root.iterdir()
+            if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
+        ]
+        return sorted(dirs, key=lambda p: int(p.name[len(PREFIX) :]), reverse=True)
 
     def latest(self, warn=None) -> Checkpoint | None:
         """The newest checkpoint that verifies; a damaged newer one is reported through `warn` and passed over."""
@@ -209,8 +242,22 @@ class CheckpointDir:
             shutil.rmtree(aside, ignore_errors=True)
 
     # -- saving -----------------------------------------------------------------------------------------------
-    def save(self, progress: Progress, *, model, optimizer, scheduler, amp, local_sgd, rng: dict, config: dict,
-             facts: dict, log_path: Path | None, reason: str, keep: int | None = None) -> Path:
+    def save(
+        self,
+        progress: Progress,
+        *,
+        model,
+        optimizer,
+        scheduler,
+        amp,
+        local_sgd,
+        rng: dict,
+        config: dict,
+        facts: dict,
+        log_path: Path | None,
+        reason: str,
+        keep: int | None = None,
+    ) -> Path:
         """Write checkpoint `step-{progress.step}` atomically, then prune to the newest `keep` (+ the best).
 
         Collective: every process calls it at the same step. An OSError (disk full, unwritable) becomes a
@@ -244,9 +291,12 @@ class CheckpointDir:
             if not per_rank_optimizer:
                 _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
             scaler = getattr(acc, "scaler", None) if acc is not None else None
-            state = {"scheduler": scheduler.state_dict(), "amp": amp.state_dict() if amp is not None else None,
-                     "accelerate_scaler": scaler.state_dict() if scaler is not None else None,
-                     "local_sgd": local_sgd.state_dict() if local_sgd is not None else None}
+            state = {
+                "scheduler": scheduler.state_dict(),
+                "amp": amp.state_dict() if amp is not None else None,
+                "accelerate_scaler": scaler.state_dict() if scaler is not None else None,
+                "local_sgd": local_sgd.state_dict() if local_sgd is not None else None,
+            }
             _write(tmp / "training_state.pt", lambda f: torch.save(state, f))
             if log_path is not None and log_path.is_file():
                 _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
@@ -255,9 +305,17 @@ class CheckpointDir:
             if not main:
                 return
             files = {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)} for p in sorted(tmp.iterdir())}
-            manifest = {"format": FORMAT, "reason": reason, "progress": asdict(progress), "facts": facts,
-                        "config": config, "num_processes": 1 if acc is None else acc.num_processes,
-                        "per_rank_optimizer": per_rank_optimizer, "files": files, "versions": _versions()}
+            manifest = {
+                "format": FORMAT,
+                "reason": reason,
+                "progress": asdict(progress),
+                "facts": facts,
+                "config": config,
+                "num_processes": 1 if acc is None else acc.num_processes,
+                "per_rank_optimizer": per_rank_optimizer,
+                "files": files,
+                "versions": _versions(),
+            }
             _write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
             _fsync_dir(tmp)
             if final.exists():  # the same step saved again (e.g. by a run that was resumed before it)
@@ -315,8 +373,10 @@ class CheckpointDir:
                 raise CheckpointError(f"--resume {resume}: no complete checkpoint in {path / self.root.name}")
             return found
         if not path.is_dir():
-            raise CheckpointError(f"--resume {resume}: no such checkpoint directory; give a "
-                                  f"{self.root.name}/{PREFIX}NNNNNN folder, a run directory, or 'auto'")
+            raise CheckpointError(
+                f"--resume {resume}: no such checkpoint directory; give a "
+                f"{self.root.name}/{PREFIX}NNNNNN folder, a run directory, or 'auto'"
+            )
         return verify(path)
 
 
@@ -332,19 +392,25 @@ def verify(path: Path) -> Checkpoint:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path}: unreadable or damaged ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{manifest_path}: checkpoint format {manifest.get('format')} is not the "
-                              f"format {FORMAT} this leantrain reads")
+        raise CheckpointError(
+            f"{manifest_path}: checkpoint format {manifest.get('format')} is not the "
+            f"format {FORMAT} this leantrain reads"
+        )
     for name, want in files.items():
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{file}: missing from the checkpoint")
         size = file.stat().st_size
         if size != want["bytes"]:
-            raise CheckpointError(f"{file}: truncated or damaged ({size:,} bytes, the checkpoint recorded "
-                                  f"{want['bytes']:,}); resume from another checkpoint with --resume PATH")
+            raise CheckpointError(
+                f"{file}: truncated or damaged ({size:,} bytes, the checkpoint recorded "
+                f"{want['bytes']:,}); resume from another checkpoint with --resume PATH"
+            )
         if _crc32(file) != want["crc32"]:
-            raise CheckpointError(f"{file}: corrupted (its checksum differs from the one recorded at save); "
-                                  "resume from another checkpoint with --resume PATH")
+            raise CheckpointError(
+                f"{file}: corrupted (its checksum differs from the one recorded at save); "
+                "resume from another checkpoint with --resume PATH"
+            )
     return Checkpoint(path, manifest)
 
 
@@ -364,8 +430,10 @@ def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, ac
         optimizer_state = _load(optimizer_file, _torch_load)
     _load(optimizer_file, lambda p: optimizer.load_state_dict(optimizer_state))
     state = _load(ckpt.path / "training_state.pt", _torch_load)
-    _load(ckpt.path / "training_state.pt", lambda p: _restore_training_state(state, scheduler, amp, local_sgd,
-                                                                             accelerator))
+    _load(
+        ckpt.path / "training_state.pt",
+        lambda p: _restore_training_state(state, scheduler, amp, local_sgd, accelerator),
+    )
     return own["rng"]
 
 
@@ -397,12 +465,16 @@ def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None) -> str
         return None
     mb = 1 / 2**20
     if free < checkpoint_bytes * 1.1:
-        raise CheckpointError(f"--output-dir {path}: {free * mb:,.0f} MB free, but one checkpoint needs about "
-                              f"{checkpoint_bytes * mb:,.0f} MB; free some space or choose another --output-dir")
+        raise CheckpointError(
+            f"--output-dir {path}: {free * mb:,.0f} MB free, but one checkpoint needs about "
+            f"{checkpoint_bytes * mb:,.0f} MB; free some space or choose another --output-dir"
+        )
     need = checkpoint_bytes * ((keep + 2) if keep else 2)
     if free < need:
-        return (f"{free * mb:,.0f} MB free in {path}: the checkpoints may need about {need * mb:,.0f} MB "
-                "(set --save-total-limit to keep fewer)")
+        return (
+            f"{free * mb:,.0f} MB free in {path}: the checkpoints may need about {need * mb:,.0f} MB "
+            "(set --save-total-limit to keep fewer)"
+        )
     return None
 
 
@@ -415,6 +487,7 @@ def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
+
 
 def _write(path: Path, write) -> None:
     """Write a file through `write(binary_file)` and fsync it."""
@@ -465,8 +538,10 @@ def _load(path: Path, load):
         return load(path)
     except Exception as exc:  # torch and safetensors raise many types for damaged or mismatched files
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: cannot be loaded ({first}); it is damaged or from a different "
-                              "model/optimizer; resume from another checkpoint with --resume PATH") from None
+        raise CheckpointError(
+            f"{path}: cannot be loaded ({first}); it is damaged or from a different "
+            "model/optimizer; resume from another checkpoint with --resume PATH"
+        ) from None
 
 
 def _all_agree(accelerator, ok: bool) -> bool:

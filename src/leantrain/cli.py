@@ -51,11 +51,22 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         kind = field_base_type(f)
         help_text = f.metadata.get("help", "")
         if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=f"{help_text} (default: {default})")
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=f"{help_text} (default: {default})",
+            )
         else:
-            parser.add_argument(flag, dest=f.name, type=_typed(kind, flag), default=argparse.SUPPRESS,
-                                metavar=f.name.upper(), help=f"{help_text} (default: {default})")
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                type=_typed(kind, flag),
+                default=argparse.SUPPRESS,
+                metavar=f.name.upper(),
+                help=f"{help_text} (default: {default})",
+            )
 
 
 def _typed(kind: type, flag: str):
@@ -65,8 +76,10 @@ def _typed(kind: type, flag: str):
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"needs {'an integer' if kind is int else 'a number'}, "
-                                             f"got '{text}'") from None
+            raise argparse.ArgumentTypeError(
+                f"needs {'an integer' if kind is int else 'a number'}, got '{text}'"
+            ) from None
+
     convert.__name__ = kind.__name__
     return convert
 
@@ -75,30 +88,47 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="leantrain", description="Fine-tune Hugging Face transformer models efficiently.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("train", help="Fine-tune a model (defaults: MiniLM on the embedded tweet corpus).",
-                       description="Fine-tune a sequence classifier. Every flag is also a key of --config.")
+    p = sub.add_parser(
+        "train",
+        help="Fine-tune a model (defaults: MiniLM on the embedded tweet corpus).",
+        description="Fine-tune a sequence classifier. Every flag is also a key of --config.",
+    )
     _add_config_flags(p)
 
-    p = sub.add_parser("bench", help="Compare throughput, memory and loss of each technique against fp32/AdamW.",
-                       description="Run the same short job under the fp32/AdamW baseline and under each technique "
-                                   "(each in its own process), then print and save the comparison. Takes every "
-                                   "`train` flag for the job itself.")
+    p = sub.add_parser(
+        "bench",
+        help="Compare throughput, memory and loss of each technique against fp32/AdamW.",
+        description="Run the same short job under the fp32/AdamW baseline and under each technique "
+        "(each in its own process), then print and save the comparison. Takes every "
+        "`train` flag for the job itself.",
+    )
     _add_config_flags(p)
     p.add_argument("--steps", type=int, default=30, help="Optimizer steps per technique (default: 30).")
-    p.add_argument("--full-epoch", action="store_true",
-                   help="Train each technique for --epochs instead of --steps, to compare final eval accuracy.")
-    p.add_argument("--techniques", help="Comma-separated techniques (default: all but compile). Known: "
-                                        "baseline, bf16, fp16, grad_accum4, activation_ckpt, adafactor, adamw8bit, "
-                                        "compile, bf16+activation_ckpt, bf16+adafactor, lean.")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="Run the whole list this many times round-robin; keep each technique's median run.")
+    p.add_argument(
+        "--full-epoch",
+        action="store_true",
+        help="Train each technique for --epochs instead of --steps, to compare final eval accuracy.",
+    )
+    p.add_argument(
+        "--techniques",
+        help="Comma-separated techniques (default: all but compile). Known: "
+        "baseline, bf16, fp16, grad_accum4, activation_ckpt, adafactor, adamw8bit, "
+        "compile, bf16+activation_ckpt, bf16+adafactor, lean.",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Run the whole list this many times round-robin; keep each technique's median run.",
+    )
     p.add_argument("--bench-dir", help="Where runs, bench.csv, bench.png and bench.md go (default: runs/bench-<time>).")
 
     sub.add_parser("env", help="Show the devices, precisions and library versions training would use here.")
 
     p = sub.add_parser("info", help="Show a model's config, parameter counts and classification head.")
-    p.add_argument("model", nargs="?", default=None, help="Model folder, hub name or run directory "
-                                                          "(default: the embedded MiniLM).")
+    p.add_argument(
+        "model", nargs="?", default=None, help="Model folder, hub name or run directory (default: the embedded MiniLM)."
+    )
     p.add_argument("--num-labels", type=int, default=2, help="Labels the head would have (default: 2).")
 
     p = sub.add_parser("evaluate", help="Score a trained run or model on a labelled file.")
@@ -114,16 +144,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")
     _add_column_flags(p, label=False)
 
-    p = sub.add_parser("report", help="Write a self-contained HTML report of a run (plots, config, environment).",
-                       description="Render RUN_DIR/report.html from the run's metrics.json, metrics.jsonl and "
-                                   "config.yaml: loss, learning rate, evaluation, throughput and MFU, the time "
-                                   "breakdown, memory, the resolved config and the environment.")
+    p = sub.add_parser(
+        "report",
+        help="Write a self-contained HTML report of a run (plots, config, environment).",
+        description="Render RUN_DIR/report.html from the run's metrics.json, metrics.jsonl and "
+        "config.yaml: loss, learning rate, evaluation, throughput and MFU, the time "
+        "breakdown, memory, the resolved config and the environment.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--output", help="Where to write the page (default: RUN_DIR/report.html).")
 
-    p = sub.add_parser("compare", help="Compare runs side by side: config differences, metrics, throughput, memory.",
-                       description="Print two or more runs side by side (only the config keys that differ) and "
-                                   "write a comparison chart.")
+    p = sub.add_parser(
+        "compare",
+        help="Compare runs side by side: config differences, metrics, throughput, memory.",
+        description="Print two or more runs side by side (only the config keys that differ) and "
+        "write a comparison chart.",
+    )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--output", default="compare.png", help="Chart PNG to write (default: compare.png).")
     return parser
@@ -171,8 +207,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from leantrain import bench
 
     base_cfg = config_from_args(args)  # validates the job before anything runs
-    given = {f.name: getattr(base_cfg, f.name) for f in fields(TrainConfig)
-             if hasattr(args, f.name) or (args.config and getattr(base_cfg, f.name) != f.default)}
+    given = {
+        f.name: getattr(base_cfg, f.name)
+        for f in fields(TrainConfig)
+        if hasattr(args, f.name) or (args.config and getattr(base_cfg, f.name) != f.default)
+    }
     given.pop("output_dir", None)
     if args.steps <= 0:
         raise LeantrainError(f"--steps must be a positive integer, got {args.steps}")
@@ -181,11 +220,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     say = lambda m: print(f"leantrain: {m}", file=sys.stderr, flush=True)  # noqa: E731
     if args.repeats <= 0:
         raise LeantrainError(f"--repeats must be a positive integer, got {args.repeats}")
-    rows = bench.run_bench(given, names, None if args.full_epoch else args.steps, bench_dir, say=say,
-                           repeats=args.repeats)
+    rows = bench.run_bench(
+        given, names, None if args.full_epoch else args.steps, bench_dir, say=say, repeats=args.repeats
+    )
     records = bench.table_rows(rows)
-    context = {**bench.environment_context(), "job": " ".join(bench._flags(given)) or "(defaults)",
-               "steps": "full epochs" if args.full_epoch else args.steps, "repeats": args.repeats}
+    context = {
+        **bench.environment_context(),
+        "job": " ".join(bench._flags(given)) or "(defaults)",
+        "steps": "full epochs" if args.full_epoch else args.steps,
+        "repeats": args.repeats,
+    }
     paths = bench.write_outputs(records, bench_dir, context)
     print(bench.render(records).rstrip())
     print(f"written: {paths['md']}, {paths['csv']}, {paths['png']}")
@@ -210,8 +254,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     counts = models.count_parameters(model)
     print(model.config)
     print(f"architecture     {type(model).__name__}")
-    print(f"parameters       {counts.total:,} total, {counts.trainable:,} trainable, "
-          f"{counts.embeddings:,} in embeddings, {counts.non_embedding:,} outside them")
+    print(
+        f"parameters       {counts.total:,} total, {counts.trainable:,} trainable, "
+        f"{counts.embeddings:,} in embeddings, {counts.non_embedding:,} outside them"
+    )
     print(f"head ({args.num_labels} labels) {models.classification_head(model)}")
     limit = models.max_supported_length(model.config)
     print(f"max input length {limit if limit is not None else 'not stated'}")
@@ -224,8 +270,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from leantrain.inference import evaluate
 
     _check_sizes(args)
-    metrics = evaluate(args.model, args.data, args.text_column, args.text_pair_column, args.label_column,
-                       args.max_length, args.batch_size)
+    metrics = evaluate(
+        args.model,
+        args.data,
+        args.text_column,
+        args.text_pair_column,
+        args.label_column,
+        args.max_length,
+        args.batch_size,
+    )
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -234,8 +287,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from leantrain.inference import predict, write_predictions
 
     _check_sizes(args)
-    rows = predict(args.model, texts=args.text, data=args.data, text_column=args.text_column,
-                   text_pair_column=args.text_pair_column, max_length=args.max_length, batch_size=args.batch_size)
+    rows = predict(
+        args.model,
+        texts=args.text,
+        data=args.data,
+        text_column=args.text_column,
+        text_pair_column=args.text_pair_column,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+    )
     write_predictions(rows, args.output, sys.stdout)
     return 0
 
@@ -261,8 +321,16 @@ def _check_sizes(args: argparse.Namespace) -> None:
             raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "env": cmd_env, "info": cmd_info, "evaluate": cmd_evaluate, "predict": cmd_predict,
-            "report": cmd_report, "compare": cmd_compare}
+COMMANDS = {
+    "train": cmd_train,
+    "bench": cmd_bench,
+    "env": cmd_env,
+    "info": cmd_info,
+    "evaluate": cmd_evaluate,
+    "predict": cmd_predict,
+    "report": cmd_report,
+    "compare": cmd_compare,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,9 +71,7 @@ class TrainConfig:
     epochs: float = _help("Passes over the training data (fractions allowed).", default=1.0)
     max_steps: int | None = _help("Stop after this many optimizer steps (overrides --epochs).", default=None)
     lr: float = _help("Peak learning rate.", default=5e-5)
-    weight_decay: float = _help(
-        "AdamW weight decay; never applied to biases and LayerNorm weights.", default=0.01
-    )
+    weight_decay: float = _help("AdamW weight decay; never applied to biases and LayerNorm weights.", default=0.01)
     warmup_ratio: float = _help("Share of the optimizer steps spent warming up the learning rate.", default=0.06)
     scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
     max_grad_norm: float = _help("Clip the global gradient norm to this (0 disables clipping).", default=1.0)
@@ -96,8 +94,7 @@ class TrainConfig:
         default=None,
     )
     local_sgd_outer_momentum: float = _help("Local SGD outer optimizer momentum (Nesterov).", default=0.0)
-    compile: bool = _help("torch.compile the model (compile time is reported apart from throughput).",
-                          default=False)
+    compile: bool = _help("torch.compile the model (compile time is reported apart from throughput).", default=False)
     precision: str = _help(
         f"Numeric precision: {'|'.join(PRECISIONS)}. auto picks bf16 where the device runs it fast.",
         default="auto",
@@ -118,20 +115,23 @@ class TrainConfig:
     launcher: str = _help(f"How processes are started: {'|'.join(LAUNCHERS)}.", default="accelerate")
     num_workers: int | None = _help("Ray workers (with --launcher ray).", default=None)
     use_gpu: bool = _help("Ray workers use one GPU each (with --launcher ray).", default=False)
-    shard: str = _help(f"Shard model, gradients and optimizer state across processes: {'|'.join(SHARDING)}.",
-                       default="none")
+    shard: str = _help(
+        f"Shard model, gradients and optimizer state across processes: {'|'.join(SHARDING)}.", default="none"
+    )
     # --- checkpoints
     save_every: int | None = _help("Save a checkpoint every N optimizer steps.", default=None)
-    save_total_limit: int | None = _help("Keep only the newest N checkpoints (the best is kept apart).",
-                                         default=None)
-    metric_for_best: str = _help("Eval metric that picks the best checkpoint (higher is better; loss: lower).",
-                                 default="accuracy")
-    resume: str | None = _help("Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.",
-                               default=None)
-    on_nan: str = _help(f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good "
-                        "state first).", default="stop")
-    trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).",
-                                    default=False)
+    save_total_limit: int | None = _help("Keep only the newest N checkpoints (the best is kept apart).", default=None)
+    metric_for_best: str = _help(
+        "Eval metric that picks the best checkpoint (higher is better; loss: lower).", default="accuracy"
+    )
+    resume: str | None = _help(
+        "Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.", default=None
+    )
+    on_nan: str = _help(
+        f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good state first).",
+        default="stop",
+    )
+    trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
     # --- evaluation, logging, output
     eval_every: int | None = _help("Evaluate every N optimizer steps (and always at the end).", default=None)
     log_every: int = _help("Log a row to metrics.jsonl every N optimizer steps.", default=10)
@@ -142,9 +142,11 @@ class TrainConfig:
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
     )
     progress: bool = _help("Show a progress bar.", default=True)
-    log: str = _help(f"Per-step metrics go to metrics.jsonl, and with {'|'.join(LOGS[1:])} also to TensorBoard "
-                     "event files in OUTPUT_DIR/tensorboard/ (pip install 'leantrain[tensorboard]').",
-                     default="jsonl")
+    log: str = _help(
+        f"Per-step metrics go to metrics.jsonl, and with {'|'.join(LOGS[1:])} also to TensorBoard "
+        "event files in OUTPUT_DIR/tensorboard/ (pip install 'leantrain[tensorboard]').",
+        default="jsonl",
+    )
     report: bool = _help("Write report.html (plots, config, environment) at the end of the run.", default=True)
 
     def __post_init__(self) -> None:
@@ -154,16 +156,17 @@ class TrainConfig:
         if self.local_sgd_outer_lr is not None and not self.local_sgd_outer_lr > 0:
             raise ConfigError(f"{_flag('local_sgd_outer_lr')} must be positive, got {self.local_sgd_outer_lr}")
         if not 0 <= self.local_sgd_outer_momentum < 1:
-            raise ConfigError(f"{_flag('local_sgd_outer_momentum')} must be in [0, 1), got {self.local_sgd_outer_momentum}")
+            raise ConfigError(
+                f"{_flag('local_sgd_outer_momentum')} must be in [0, 1), got {self.local_sgd_outer_momentum}"
+            )
         if (self.local_sgd_outer_lr is not None or self.local_sgd_outer_momentum) and self.local_sgd_steps is None:
-            raise ConfigError(f"{_flag('local_sgd_outer_lr')}/{_flag('local_sgd_outer_momentum')} need "
-                              f"{_flag('local_sgd_steps')}")
+            raise ConfigError(
+                f"{_flag('local_sgd_outer_lr')}/{_flag('local_sgd_outer_momentum')} need {_flag('local_sgd_steps')}"
+            )
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
             raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
         if not 0 < self.eval_fraction < 1:
-            raise ConfigError(
-                f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}"
-            )
+            raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"{_flag('warmup_ratio')} must be in [0, 1), got {self.warmup_ratio}")
         if not self.lr > 0:
@@ -179,8 +182,9 @@ class TrainConfig:
         _choice(self, "on_nan", ON_NAN)
         _choice(self, "log", LOGS)
         _positive(self, "num_machines")
-        _positive(self, "num_processes", "num_workers", "save_every", "save_total_limit", "main_process_port",
-                  optional=True)
+        _positive(
+            self, "num_processes", "num_workers", "save_every", "save_total_limit", "main_process_port", optional=True
+        )
         if not 0 <= self.machine_rank < self.num_machines:
             raise ConfigError(f"--machine-rank must be in [0, --num-machines), got {self.machine_rank}")
 
@@ -251,7 +255,9 @@ def _coerce_types(cfg: TrainConfig) -> None:
             if not isinstance(value, bool):
                 raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
         elif want is int:
-            if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            if isinstance(value, bool) or not (
+                isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            ):
                 raise ConfigError(f"{_flag(f.name)} must be an integer, got {value!r}")
             setattr(cfg, f.name, int(value))
         elif want is float:

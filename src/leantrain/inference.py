@@ -21,7 +21,9 @@ def _load(run_or_model: str):
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path)
     except (OSError, ValueError) as exc:
-        raise ModelError(f"{run_or_model}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:160]})") from None
+        raise ModelError(
+            f"{run_or_model}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:160]})"
+        ) from None
     model.eval()
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     return path, model, tokenizer, names
@@ -34,8 +36,11 @@ def _loader(tokens, labels: np.ndarray, tokenizer, batch_size: int):
     from leantrain.data.prepare import LabelledText
 
     data = LabelledText(tokens, labels)
-    return DataLoader(ClassificationDataset(data), batch_sampler=eval_batches(data.lengths, batch_size),
-                      collate_fn=Collator(tokenizer.pad_token_id or 0))
+    return DataLoader(
+        ClassificationDataset(data),
+        batch_sampler=eval_batches(data.lengths, batch_size),
+        collate_fn=Collator(tokenizer.pad_token_id or 0),
+    )
 
 
 def _run(model, loader, precision: str = "fp32"):
@@ -47,30 +52,52 @@ def _run(model, loader, precision: str = "fp32"):
     return predict_loop(model, loader, accelerator)
 
 
-def evaluate(run_or_model: str, data: str, text_column: str | None = None, text_pair_column: str | None = None,
-             label_column: str | None = None, max_length: int = 128, batch_size: int = 64,
-             cache_dir: str | None = None) -> dict[str, float]:
+def evaluate(
+    run_or_model: str,
+    data: str,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    label_column: str | None = None,
+    max_length: int = 128,
+    batch_size: int = 64,
+    cache_dir: str | None = None,
+) -> dict[str, float]:
     """Accuracy, macro-F1 and loss of a trained model on a labelled file."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
     from leantrain.training.evaluate import classification_metrics
 
     _, model, tokenizer, names = _load(run_or_model)
-    src = load_source(data, tokenizer, max_length, Path(cache_dir) if cache_dir else default_cache_dir(), "eval",
-                      text_column, text_pair_column, label_column)
+    src = load_source(
+        data,
+        tokenizer,
+        max_length,
+        Path(cache_dir) if cache_dir else default_cache_dir(),
+        "eval",
+        text_column,
+        text_pair_column,
+        label_column,
+    )
     label_id = {n: i for i, n in enumerate(names)}
     unseen = sorted(set(src.labels) - set(label_id))
     if unseen:
-        raise DataError(f"{data}: labels {unseen[:5]} in column '{src.columns.label}' are unknown to the model "
-                        f"(it knows {names})")
+        raise DataError(
+            f"{data}: labels {unseen[:5]} in column '{src.columns.label}' are unknown to the model (it knows {names})"
+        )
     labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
     probs, y, _ = _run(model, _loader(src.tokens, labels, tokenizer, batch_size))
     return {**classification_metrics(probs, y), "examples": len(y)}
 
 
-def predict(run_or_model: str, texts: list[str] | None = None, data: str | None = None,
-            text_column: str | None = None, text_pair_column: str | None = None, max_length: int = 128,
-            batch_size: int = 64) -> list[dict[str, Any]]:
+def predict(
+    run_or_model: str,
+    texts: list[str] | None = None,
+    data: str | None = None,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    max_length: int = 128,
+    batch_size: int = 64,
+) -> list[dict[str, Any]]:
     """One row per input: the text, the predicted label, its probability and all probabilities."""
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
@@ -97,8 +124,13 @@ def predict(run_or_model: str, texts: list[str] | None = None, data: str | None 
         row: dict[str, Any] = {"text": texts[i]}
         if pairs is not None:
             row["text_pair"] = pairs[i]
-        row.update({"label": names[best], "score": float(p[best]),
-                    "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)}})
+        row.update(
+            {
+                "label": names[best],
+                "score": float(p[best]),
+                "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)},
+            }
+        )
         out[i] = row
     return out
 
@@ -113,8 +145,10 @@ def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> N
     if target.suffix.lower() in (".csv", ".tsv"):
         import pandas as pd
 
-        flat = [{k: v for k, v in r.items() if k != "probabilities"} |
-                {f"p_{n}": q for n, q in r["probabilities"].items()} for r in rows]
+        flat = [
+            {k: v for k, v in r.items() if k != "probabilities"} | {f"p_{n}": q for n, q in r["probabilities"].items()}
+            for r in rows
+        ]
         pd.DataFrame(flat).to_csv(target, index=False, sep="\t" if target.suffix.lower() == ".tsv" else ",")
     else:
         with target.open("w", encoding="utf-8") as f:

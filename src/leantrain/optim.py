@@ -34,8 +34,9 @@ def _fused_supported(device: torch.device) -> bool:
         return device.type in ("cpu", "cuda")
 
 
-def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 5e-5,
-                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: torch.nn.Module, name: str = "adamw", lr: float = 5e-5, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     """The optimizer `name` (one of OPTIMIZERS) over `parameter_groups(model, weight_decay)`.
 
     Every optimizer takes its weight decay from the groups, so biases and norm weights never decay.

@@ -36,16 +36,19 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--output-dir: '{self.path}' is a file; choose a directory")
         if self.finished and not self.overwrite:
-            raise ConfigError(f"--output-dir: '{self.path}' holds a finished run; pass --overwrite to replace it "
-                              "once the new run succeeds, or choose another --output-dir")
+            raise ConfigError(
+                f"--output-dir: '{self.path}' holds a finished run; pass --overwrite to replace it "
+                "once the new run succeeds, or choose another --output-dir"
+            )
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             probe = self.path / f".write-test-{os.getpid()}"
             probe.write_bytes(b"ok")
             probe.unlink()
         except OSError as exc:
-            raise ConfigError(f"--output-dir: cannot write to '{self.path}' ({exc.strerror}); "
-                              "choose a writable directory") from None
+            raise ConfigError(
+                f"--output-dir: cannot write to '{self.path}' ({exc.strerror}); choose a writable directory"
+            ) from None
 
     def begin(self) -> Path:
         """A clean staging directory for this run's outputs."""

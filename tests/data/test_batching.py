@@ -69,8 +69,10 @@ def test_length_grouping_cuts_padding():
 
 
 def test_collator_pads_to_the_longest_row_and_masks_padding():
-    items = [{"input_ids": np.array([101, 5, 102]), "label": 1, "index": 0, "window_examples": 2, "window_end": False},
-             {"input_ids": np.array([101, 102]), "label": 0, "index": 1, "window_examples": 2, "window_end": True}]
+    items = [
+        {"input_ids": np.array([101, 5, 102]), "label": 1, "index": 0, "window_examples": 2, "window_end": False},
+        {"input_ids": np.array([101, 102]), "label": 0, "index": 1, "window_examples": 2, "window_end": True},
+    ]
     batch = Collator(pad_token_id=0)(items)
     assert batch["input_ids"].tolist() == [[101, 5, 102], [101, 102, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]

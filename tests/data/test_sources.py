@@ -12,8 +12,8 @@ def test_mixed_encodings_are_read_and_repaired(tmp_path):
     path = tmp_path / "mixed.csv"
     path.write_bytes(
         b"label,text\r\n"
-        b"pos,caf\xc3\xa9 is lovely\r\n"              # valid UTF-8
-        b"neg,na\xefve and dull\r\n"                  # Latin-1 byte: not UTF-8
+        b"pos,caf\xc3\xa9 is lovely\r\n"  # valid UTF-8
+        b"neg,na\xefve and dull\r\n"  # Latin-1 byte: not UTF-8
         b"pos,I don\xd5\xa2_\x8a\xce_\x86\xa2t mind\r\n"  # multiply garbled apostrophe
         b"neg,&amp; so on\n"
     )
@@ -53,19 +53,23 @@ def test_other_formats(tmp_path, suffix):
 def test_save_to_disk_folder(tmp_path):
     import datasets
 
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["x y", "z"], "label": [1, 0]})}
-                         ).save_to_disk(str(tmp_path / "ds"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["x y", "z"], "label": [1, 0]})}).save_to_disk(
+        str(tmp_path / "ds")
+    )
     df, _ = read_table(str(tmp_path / "ds"))
     assert df["label"].tolist() == [1, 0]
 
 
-@pytest.mark.parametrize("name,content,message", [
-    ("missing.csv", None, "no such file"),
-    ("empty.csv", b"", "empty"),
-    ("header.csv", b"text,label\n", "no rows"),
-    ("data.xlsx", b"PK\x03\x04", "unknown format '.xlsx'"),
-    ("bad.json", b"{not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("missing.csv", None, "no such file"),
+        ("empty.csv", b"", "empty"),
+        ("header.csv", b"text,label\n", "no rows"),
+        ("data.xlsx", b"PK\x03\x04", "unknown format '.xlsx'"),
+        ("bad.json", b"{not json", "not valid JSON"),
+    ],
+)
 def test_bad_files_give_clear_errors(tmp_path, name, content, message):
     path = tmp_path / name
     if content is not None:
@@ -92,8 +96,13 @@ def _frame(**cols):
 def test_columns_are_guessed_when_obvious():
     cols = resolve_columns(_frame(sentence=["a"], label=[1]), "f", None, None, None)
     assert (cols.text, cols.label, cols.text_pair) == ("sentence", "label", None)
-    cols = resolve_columns(_frame(**{"Quality": [1], "#1 ID": [3], "#2 ID": [4], "#1 String": ["a"],
-                                     "#2 String": ["b"]}), "mrpc", None, None, None)
+    cols = resolve_columns(
+        _frame(**{"Quality": [1], "#1 ID": [3], "#2 ID": [4], "#1 String": ["a"], "#2 String": ["b"]}),
+        "mrpc",
+        None,
+        None,
+        None,
+    )
     assert (cols.text, cols.text_pair, cols.label) == ("#1 String", "#2 String", "Quality")
 
 

@@ -27,8 +27,17 @@ from tests.conftest import make_sentiment_rows, write_csv
 TOL = 1e-5
 JOB_TIMEOUT = 240
 PROBE = Path(__file__).with_name("probe.py")
-COMMON = dict(optimizer="sgd", lr=0.5, precision="fp32", weight_decay=0.0, warmup_ratio=0.0, max_grad_norm=0.0,
-              progress=False, log_every=1, seed=3)
+COMMON = dict(
+    optimizer="sgd",
+    lr=0.5,
+    precision="fp32",
+    weight_decay=0.0,
+    warmup_ratio=0.0,
+    max_grad_norm=0.0,
+    progress=False,
+    log_every=1,
+    seed=3,
+)
 
 
 def flags(**values) -> list[str]:
@@ -43,16 +52,35 @@ def flags(**values) -> list[str]:
 
 
 def clean_env(**extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        "LEANTRAIN_LAUNCHED", "LEANTRAIN_FAULT") and not k.startswith("ACCELERATE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "LEANTRAIN_LAUNCHED",
+            "LEANTRAIN_FAULT",
+        )
+        and not k.startswith("ACCELERATE_")
+    }
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **extra)
     return env
 
 
 def start(args: list[str], **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], env=clean_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env=clean_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = JOB_TIMEOUT) -> tuple[int, str, str]:
@@ -98,18 +126,23 @@ def assert_one_writer(run_dir: Path, single: Path, out: str, err: str) -> None:
     # the same outputs as a single process, nothing left over (no staging, no second writer's files)
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(p.name for p in single.iterdir())
     assert {"config.yaml", "metrics.json", "metrics.jsonl", "model"} <= {p.name for p in run_dir.iterdir()}
-    assert out.count("accuracy ") == 1, out            # the result line, once
+    assert out.count("accuracy ") == 1, out  # the result line, once
     assert err.count("leantrain: training ") == 1, err  # the main process's messages, once
-    assert err.count("eval accuracy") == 1, err         # the summary table, once
+    assert err.count("eval accuracy") == 1, err  # the summary table, once
 
 
 @pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
 def test_two_processes_equal_one_process_with_twice_the_batch(setup, baseline, launcher):
     root, base = setup
     out_dir = root / f"two-{launcher}"
-    rc, out, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6,
-                                                                output_dir=out_dir, num_processes=2,
-                                                                launcher=launcher)])
+    rc, out, err = run_job(
+        [
+            "-m",
+            "leantrain",
+            "train",
+            *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir, num_processes=2, launcher=launcher),
+        ]
+    )
     assert rc == 0, err[-3000:]
     metrics = json.loads((out_dir / "metrics.json").read_text())
     one = json.loads((baseline / "metrics.json").read_text())
@@ -127,10 +160,28 @@ def test_two_machines_with_gradient_accumulation_equal_one_process(setup, baseli
     per step: 16 examples per optimizer step, as the baseline."""
     root, base = setup
     out_dir, port = root / "machines", free_port()
-    jobs = [start(["-m", "leantrain", "train",
-                   *flags(**base, batch_size=4, grad_accum=2, max_steps=6, output_dir=out_dir, num_processes=1,
-                          num_machines=2, machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port)])
-            for rank in (0, 1)]
+    jobs = [
+        start(
+            [
+                "-m",
+                "leantrain",
+                "train",
+                *flags(
+                    **base,
+                    batch_size=4,
+                    grad_accum=2,
+                    max_steps=6,
+                    output_dir=out_dir,
+                    num_processes=1,
+                    num_machines=2,
+                    machine_rank=rank,
+                    main_process_ip="127.0.0.1",
+                    main_process_port=port,
+                ),
+            ]
+        )
+        for rank in (0, 1)
+    ]
     results = [finish(job) for job in jobs]
     for rc, _, err in results:
         assert rc == 0, err[-3000:]
@@ -141,7 +192,8 @@ def test_two_machines_with_gradient_accumulation_equal_one_process(setup, baseli
 
 
 def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local_sgd_averages(
-        setup, tiny_model_dir, tmp_path):
+    setup, tiny_model_dir, tmp_path
+):
     """The user's own torchrun around plain `leantrain train` (tests/parallel/probe.py records what each rank
     saw): 54 training rows, 16 per step, 2 epochs; 27 evaluation rows in batches of 16 and 11."""
     from leantrain import models
@@ -151,10 +203,30 @@ def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local
     eval_csv = write_csv(tmp_path / "eval.csv", make_sentiment_rows(27, seed=2))
     out_dir, record = tmp_path / "run", tmp_path / "record"
     k, lr = 2, 0.5
-    cfg = {**base, "data": train_csv, "eval_data": eval_csv, "batch_size": 8, "epochs": 2, "local_sgd_steps": k,
-           "scheduler": "constant", "lr": lr, "output_dir": out_dir}
-    rc, _, err = run_job(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROBE),
-                          str(record), "train", *flags(**cfg)])
+    cfg = {
+        **base,
+        "data": train_csv,
+        "eval_data": eval_csv,
+        "batch_size": 8,
+        "epochs": 2,
+        "local_sgd_steps": k,
+        "scheduler": "constant",
+        "lr": lr,
+        "output_dir": out_dir,
+    }
+    rc, _, err = run_job(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(PROBE),
+            str(record),
+            "train",
+            *flags(**cfg),
+        ]
+    )
     assert rc == 0, err[-3000:]
     ranks = [torch.load(f"{record}.{r}.pt", weights_only=False) for r in (0, 1)]
 
@@ -175,12 +247,16 @@ def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert metrics["optimizer_steps"] == 8 and metrics["local_sgd_syncs"] == 4
     assert metrics["local_sgd_bytes_communicated"] == 4 * metrics["gradients_bytes"]
-    expected = replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]),
-                                ranks, k, lr)
+    expected = replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]), ranks, k, lr)
     assert max_diff(weights(out_dir), expected) <= TOL
     # and it is not plain data parallelism: the averaged model differs from one that all-reduced every step
-    assert max_diff(expected, replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]),
-                                               ranks, 1, lr)) > 1e-4
+    assert (
+        max_diff(
+            expected,
+            replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]), ranks, 1, lr),
+        )
+        > 1e-4
+    )
 
 
 def replay_local_sgd(model, ranks: list[dict], k: int, lr: float) -> dict[str, torch.Tensor]:
@@ -230,9 +306,16 @@ def replay_local_sgd(model, ranks: list[dict], k: int, lr: float) -> dict[str, t
 def test_a_failing_process_fails_the_whole_job_quickly(setup, tmp_path, mode, launcher):
     _, base = setup
     out_dir = tmp_path / "run"
-    rc, out, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir,
-                                                                num_processes=2, launcher=launcher)],
-                           timeout=180, LEANTRAIN_FAULT=f"1:2:{mode}")
+    rc, out, err = run_job(
+        [
+            "-m",
+            "leantrain",
+            "train",
+            *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir, num_processes=2, launcher=launcher),
+        ],
+        timeout=180,
+        LEANTRAIN_FAULT=f"1:2:{mode}",
+    )
     ended = time.time()
     assert rc != 0
     fault = re.search(r"injecting a fault \((\w+)\) into process 1 at optimizer step 2 \(t=([\d.]+)\)", err)
@@ -257,10 +340,17 @@ def test_ray_train_workers_equal_one_process(setup, baseline, tmp_path_factory):
     out_dir = root / "ray"
     ray_tmp = tempfile.mkdtemp(prefix="ltray", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
     try:
-        rc, out, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6,
-                                                                    output_dir=out_dir, launcher="ray",
-                                                                    num_workers=2)],
-                               timeout=300, LEANTRAIN_RAY_TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0")
+        rc, out, err = run_job(
+            [
+                "-m",
+                "leantrain",
+                "train",
+                *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir, launcher="ray", num_workers=2),
+            ],
+            timeout=300,
+            LEANTRAIN_RAY_TMPDIR=ray_tmp,
+            RAY_USAGE_STATS_ENABLED="0",
+        )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert rc == 0, err[-3000:]
@@ -276,8 +366,14 @@ def test_fsdp_on_two_gpus_trains_close_to_ddp(setup, tmp_path):  # pragma: no co
     runs = {}
     for shard in ("none", "fsdp"):
         out_dir = tmp_path / shard
-        rc, _, err = run_job(["-m", "leantrain", "train", *flags(**base, batch_size=8, max_steps=6,
-                                                                  output_dir=out_dir, num_processes=2, shard=shard)])
+        rc, _, err = run_job(
+            [
+                "-m",
+                "leantrain",
+                "train",
+                *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir, num_processes=2, shard=shard),
+            ]
+        )
         assert rc == 0, err[-3000:]
         runs[shard] = weights(out_dir)
     assert max_diff(runs["none"], runs["fsdp"]) <= 1e-4

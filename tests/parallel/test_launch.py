@@ -17,8 +17,13 @@ def cfg(**kw) -> TrainConfig:
 def test_a_launched_process_is_recognised_by_its_environment():
     assert not launched({})
     assert not launched({"SLURM_PROCID": "0", "OMP_NUM_THREADS": "1"})
-    for env in ({"RANK": "0"}, {"LOCAL_RANK": "1"}, {"WORLD_SIZE": "2"}, {"LEANTRAIN_LAUNCHED": "1"},
-                {"ACCELERATE_DYNAMO_BACKEND": "NO"}):
+    for env in (
+        {"RANK": "0"},
+        {"LOCAL_RANK": "1"},
+        {"WORLD_SIZE": "2"},
+        {"LEANTRAIN_LAUNCHED": "1"},
+        {"ACCELERATE_DYNAMO_BACKEND": "NO"},
+    ):
         assert launched(env), env
 
 
@@ -26,13 +31,16 @@ def launched(env):
     return launch.launched(env)
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({}, False),
-    ({"num_processes": 1}, False),
-    ({"num_processes": 2}, True),
-    ({"num_machines": 2, "main_process_ip": "10.0.0.1"}, True),
-    ({"launcher": "ray", "num_workers": 2}, True),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({}, False),
+        ({"num_processes": 1}, False),
+        ({"num_processes": 2}, True),
+        ({"num_machines": 2, "main_process_ip": "10.0.0.1"}, True),
+        ({"launcher": "ray", "num_workers": 2}, True),
+    ],
+)
 def test_launches_only_for_several_processes_machines_or_ray(changes, expected):
     assert launch.needs_launch(cfg(**changes), environ={}) is expected
 
@@ -42,7 +50,7 @@ def test_never_launches_again_inside_a_launched_process():
     assert not launch.needs_launch(cfg(num_processes=2), environ=env)
     assert not launch.needs_launch(cfg(launcher="ray", num_workers=2), environ=env)
     launch.check_launched(cfg(num_processes=2), environ=env)  # agrees with the launcher: fine
-    launch.check_launched(cfg(), environ=env)                 # under the user's own torchrun: fine
+    launch.check_launched(cfg(), environ=env)  # under the user's own torchrun: fine
     with pytest.raises(ConfigError, match="--num-processes 4, but the launcher"):
         launch.check_launched(cfg(num_processes=4), environ=env)
     with pytest.raises(ConfigError, match="--num-machines 2"):
@@ -54,7 +62,7 @@ def test_torchrun_on_one_machine_is_standalone_with_one_thread_per_core(monkeypa
     cmd, env = launch.launch_command(cfg(num_processes=2, launcher="torchrun", lr=3e-5), cores=2, python="py")
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
     assert "--standalone" in cmd and _after(cmd, "--nproc-per-node") == "2"
-    tail = cmd[cmd.index("leantrain") - 1:]
+    tail = cmd[cmd.index("leantrain") - 1 :]
     assert tail[:3] == ["-m", "leantrain", "train"]
     assert _after(tail, "--lr") == "3e-05" and _after(tail, "--num-processes") == "2"
     assert env == {"LEANTRAIN_LAUNCHED": "1", "OMP_NUM_THREADS": "1"}
@@ -68,21 +76,36 @@ def test_torchrun_on_one_machine_is_standalone_with_one_thread_per_core(monkeypa
 
 
 def test_torchrun_on_several_machines_names_the_main_machine():
-    c = cfg(num_processes=4, num_machines=2, machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29600,
-            launcher="torchrun")
+    c = cfg(
+        num_processes=4,
+        num_machines=2,
+        machine_rank=1,
+        main_process_ip="10.0.0.1",
+        main_process_port=29600,
+        launcher="torchrun",
+    )
     cmd, _ = launch.launch_command(c, gpus=4)
     assert "--standalone" not in cmd
-    assert [_after(cmd, f) for f in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
-                                     "--master-port")] == ["4", "2", "1", "10.0.0.1", "29600"]
+    assert [
+        _after(cmd, f) for f in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port")
+    ] == ["4", "2", "1", "10.0.0.1", "29600"]
 
 
 def test_accelerate_launch_starts_every_rank_with_multi_gpu_also_on_cpu():
     c = cfg(num_processes=2, num_machines=2, machine_rank=0, main_process_ip="10.0.0.1")
     cmd, _ = launch.launch_command(c, cores=2, python="py")
     assert cmd[:4] == ["py", "-m", "accelerate.commands.launch", "--multi_gpu"]  # --cpu would start one
-    assert [_after(cmd, f) for f in ("--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
-                                     "--main_process_port", "--rdzv_backend")] == \
-        ["4", "2", "0", "10.0.0.1", "29500", "static"]
+    assert [
+        _after(cmd, f)
+        for f in (
+            "--num_processes",
+            "--num_machines",
+            "--machine_rank",
+            "--main_process_ip",
+            "--main_process_port",
+            "--rdzv_backend",
+        )
+    ] == ["4", "2", "0", "10.0.0.1", "29500", "static"]
     assert "--same_network" in cmd
     one, _ = launch.launch_command(cfg(num_processes=2), port=41234)
     assert _after(one, "--main_process_port") == "41234"  # a free port, not 29500 that another job may hold
@@ -101,8 +124,18 @@ def test_bad_launch_requests_fail_in_one_line():
 
 
 def test_flags_rebuild_the_same_config():
-    c = cfg(num_processes=2, lr=1e-4, epochs=0.5, progress=False, activation_checkpointing=True, limit=7,
-            text_column="my text", grad_accum=3, local_sgd_steps=2, launcher="torchrun")
+    c = cfg(
+        num_processes=2,
+        lr=1e-4,
+        epochs=0.5,
+        progress=False,
+        activation_checkpointing=True,
+        limit=7,
+        text_column="my text",
+        grad_accum=3,
+        local_sgd_steps=2,
+        launcher="torchrun",
+    )
     argv = ["train", *launch.config_to_argv(c)]
     assert cli.config_from_args(cli.build_parser().parse_args(argv)) == c
     assert launch.config_to_argv(TrainConfig()) == []

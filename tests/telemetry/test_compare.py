@@ -24,8 +24,16 @@ def test_the_table_puts_the_runs_side_by_side(tiny_runs):
     console = Console(file=io.StringIO(), width=160)
     print_comparison(runs, console)
     text = console.file.getvalue()
-    for needle in ("run-a", "run-b", "batch_size", "eval accuracy", "samples/s (train)", "optimizer state",
-                   "config (differences only)", "memory"):
+    for needle in (
+        "run-a",
+        "run-b",
+        "batch_size",
+        "eval accuracy",
+        "samples/s (train)",
+        "optimizer state",
+        "config (differences only)",
+        "memory",
+    ):
         assert needle in text, needle
     sections = {sec for sec, _, _ in comparison_rows(runs)}
     assert {"config (differences only)", "results", "throughput and cost", "memory"} <= sections

@@ -19,8 +19,15 @@ from leantrain.telemetry.flops import (
 def tiny_bert_config(num_labels: int = 2):
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=128, max_position_embeddings=128, num_labels=num_labels)
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        num_labels=num_labels,
+    )
 
 
 def meta_bert(num_labels: int = 2):
@@ -54,7 +61,9 @@ def test_formula_matches_the_hand_computed_count_for_a_tiny_bert():
 def test_the_parameter_counts_in_the_formula_are_the_models():
     model = meta_bert(num_labels=2)
     per_layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
-    head = sum(p.numel() for p in model.bert.pooler.parameters()) + sum(p.numel() for p in model.classifier.parameters())
+    head = sum(p.numel() for p in model.bert.pooler.parameters()) + sum(
+        p.numel() for p in model.classifier.parameters()
+    )
     assert per_layer == 33472 and head == 4290
 
 
@@ -78,8 +87,9 @@ def test_the_counted_polynomial_reproduces_direct_counts():
 def test_models_outside_the_closed_form_are_counted():
     from transformers import GPT2Config, GPT2ForSequenceClassification
 
-    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=256, pad_token_id=0,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=256, pad_token_id=0, bos_token_id=0, eos_token_id=0
+    )
     with torch.device("meta"):
         model = GPT2ForSequenceClassification(config)
     fm = flop_model(model)

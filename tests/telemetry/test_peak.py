@@ -9,25 +9,28 @@ import pytest
 from leantrain.telemetry import peak
 
 
-@pytest.mark.parametrize("name,dtype,tflops,table_name", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4, "H100 SXM"),
-    ("NVIDIA H100 PCIe", "bf16", 756.0, "H100 PCIe"),
-    ("NVIDIA H100 NVL", "tf32", 417.5, "H100 NVL"),
-    ("NVIDIA H200", "fp16", 989.4, "H200 SXM"),
-    ("NVIDIA H200 NVL", "bf16", 835.5, "H200 NVL"),
-    ("NVIDIA A100-SXM4-80GB", "tf32", 156.0, "A100"),
-    ("NVIDIA A100 80GB PCIe", "bf16", 312.0, "A100"),
-    ("NVIDIA A10G", "bf16", 70.0, "A10G"),
-    ("NVIDIA A10", "bf16", 125.0, "A10"),
-    ("NVIDIA L4", "bf16", 121.0, "L4"),
-    ("NVIDIA L40S", "fp32", 91.6, "L40S"),
-    ("Tesla T4", "fp16", 65.0, "T4"),
-    ("Tesla V100-SXM2-16GB", "fp16", 125.0, "V100 SXM2"),
-    ("Tesla V100-PCIE-32GB", "fp32", 14.0, "V100 PCIe"),
-    ("NVIDIA GeForce RTX 4090", "bf16", 165.2, "RTX 4090"),
-    ("NVIDIA GeForce RTX 3090", "bf16", 71.0, "RTX 3090"),
-    ("NVIDIA GeForce RTX 3090 Ti", "bf16", 80.0, "RTX 3090 Ti"),
-])
+@pytest.mark.parametrize(
+    "name,dtype,tflops,table_name",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4, "H100 SXM"),
+        ("NVIDIA H100 PCIe", "bf16", 756.0, "H100 PCIe"),
+        ("NVIDIA H100 NVL", "tf32", 417.5, "H100 NVL"),
+        ("NVIDIA H200", "fp16", 989.4, "H200 SXM"),
+        ("NVIDIA H200 NVL", "bf16", 835.5, "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156.0, "A100"),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312.0, "A100"),
+        ("NVIDIA A10G", "bf16", 70.0, "A10G"),
+        ("NVIDIA A10", "bf16", 125.0, "A10"),
+        ("NVIDIA L4", "bf16", 121.0, "L4"),
+        ("NVIDIA L40S", "fp32", 91.6, "L40S"),
+        ("Tesla T4", "fp16", 65.0, "T4"),
+        ("Tesla V100-SXM2-16GB", "fp16", 125.0, "V100 SXM2"),
+        ("Tesla V100-PCIE-32GB", "fp32", 14.0, "V100 PCIe"),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2, "RTX 4090"),
+        ("NVIDIA GeForce RTX 3090", "bf16", 71.0, "RTX 3090"),
+        ("NVIDIA GeForce RTX 3090 Ti", "bf16", 80.0, "RTX 3090 Ti"),
+    ],
+)
 def test_gpu_table_matches_device_names(name, dtype, tflops, table_name):
     found = peak.gpu_peak(name, dtype)
     assert found is not None
@@ -67,7 +70,7 @@ def test_the_measurement_is_cached_and_reused(tmp_path, monkeypatch):
     assert again.flops_per_second == 123e9 and "cached" in again.source
     assert len(calls) == 1
     cached = json.loads((tmp_path / "peak.json").read_text())
-    (key, entry), = cached.items()
+    ((key, entry),) = cached.items()
     assert "bf16" in key and "threads" in key and "torch" in key
     assert entry["flops_per_second"] == 123e9
     peak.device_peak("cpu", "fp32")  # another dtype: another probe

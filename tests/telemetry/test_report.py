@@ -22,8 +22,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def images(page: str) -> dict[str, bytes]:
     """data-plot name -> decoded PNG bytes, for every embedded plot."""
     found = {}
-    for src, name in re.findall(r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)' alt='[^']*' data-plot='(\w+)'>",
-                                page):
+    for src, name in re.findall(
+        r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)' alt='[^']*' data-plot='(\w+)'>", page
+    ):
         found[name] = base64.b64decode(src)
     return found
 
@@ -40,34 +41,84 @@ def synthetic_run(root: Path, finished: bool = True) -> Path:
     where.mkdir(parents=True)
     rows = []
     for step in range(5, 101, 5):
-        parts = {"data": 0.1, "forward_backward": 2.0, "optimizer": 0.3, "eval": 0.5 if step % 25 == 0 else 0.0,
-                 "checkpoint": 0.0, "comm": 0.05, "other": 0.05}
-        rows.append({"step": step, "micro_step": step, "epoch": step / 100, "loss": 1.0 / step ** 0.3,
-                     "lr": 1e-4 * min(1.0, step / 20), "grad_norm": 1.0, "skipped_steps": 0,
-                     "samples_per_second": 40 + step / 10, "tokens_per_second": 2000 + step,
-                     "model_tflops_per_second": 0.12, "mfu": 0.16 + step / 2000, "mfu_useful": 0.15,
-                     "memory_bytes": 300e6 + step * 1e5,
-                     **{row_key(p): v for p, v in parts.items()}, row_key("wall"): sum(parts.values()),
-                     "elapsed_seconds": step * 3.0})
+        parts = {
+            "data": 0.1,
+            "forward_backward": 2.0,
+            "optimizer": 0.3,
+            "eval": 0.5 if step % 25 == 0 else 0.0,
+            "checkpoint": 0.0,
+            "comm": 0.05,
+            "other": 0.05,
+        }
+        rows.append(
+            {
+                "step": step,
+                "micro_step": step,
+                "epoch": step / 100,
+                "loss": 1.0 / step**0.3,
+                "lr": 1e-4 * min(1.0, step / 20),
+                "grad_norm": 1.0,
+                "skipped_steps": 0,
+                "samples_per_second": 40 + step / 10,
+                "tokens_per_second": 2000 + step,
+                "model_tflops_per_second": 0.12,
+                "mfu": 0.16 + step / 2000,
+                "mfu_useful": 0.15,
+                "memory_bytes": 300e6 + step * 1e5,
+                **{row_key(p): v for p, v in parts.items()},
+                row_key("wall"): sum(parts.values()),
+                "elapsed_seconds": step * 3.0,
+            }
+        )
         if step % 25 == 0:
-            rows.append({"step": step, "eval_accuracy": 0.5 + step / 250, "eval_macro_f1": 0.45 + step / 250,
-                         "eval_loss": 0.9 - step / 200})
+            rows.append(
+                {
+                    "step": step,
+                    "eval_accuracy": 0.5 + step / 250,
+                    "eval_macro_f1": 0.45 + step / 250,
+                    "eval_loss": 0.9 - step / 200,
+                }
+            )
     rows.append({"step": 100, "loss": "nan"})  # non-finite values are written as strings
     text = "\n".join(json.dumps(r) for r in rows) + '\n{"step": 101, "lo'  # a torn last line
     (where / "metrics.jsonl").write_text(text)
     (where / "config.yaml").write_text(yaml.safe_dump({"model": "tiny", "data": "x.csv", "lr": 1e-4}))
     if finished:
-        metrics = {"eval_accuracy": 0.9, "eval_macro_f1": 0.89, "eval_loss": 0.4, "train_loss": 0.3,
-                   "optimizer_steps": 100, "train_samples_per_second": 45.0, "steady_samples_per_second": 47.0,
-                   "train_tokens_per_second": 2050.0, "padding_fraction": 0.03, "mfu": 0.2, "mfu_useful": 0.19,
-                   "model_tflops_per_second": 0.12, "peak_memory_bytes": 900e6,
-                   "peak_memory_over_baseline_bytes": 400e6, "weights_bytes": 90e6, "gradients_bytes": 90e6,
-                   "optimizer_state_bytes": 180e6, "precision": "bf16", "num_processes": 1, "wall_seconds": 300.0,
-                   **{row_key(p): v for p, v in zip(PHASES, (10, 200, 30, 20, 0, 5, 5))}}
+        metrics = {
+            "eval_accuracy": 0.9,
+            "eval_macro_f1": 0.89,
+            "eval_loss": 0.4,
+            "train_loss": 0.3,
+            "optimizer_steps": 100,
+            "train_samples_per_second": 45.0,
+            "steady_samples_per_second": 47.0,
+            "train_tokens_per_second": 2050.0,
+            "padding_fraction": 0.03,
+            "mfu": 0.2,
+            "mfu_useful": 0.19,
+            "model_tflops_per_second": 0.12,
+            "peak_memory_bytes": 900e6,
+            "peak_memory_over_baseline_bytes": 400e6,
+            "weights_bytes": 90e6,
+            "gradients_bytes": 90e6,
+            "optimizer_state_bytes": 180e6,
+            "precision": "bf16",
+            "num_processes": 1,
+            "wall_seconds": 300.0,
+            **{row_key(p): v for p, v in zip(PHASES, (10, 200, 30, 20, 0, 5, 5))},
+        }
         (where / "metrics.json").write_text(json.dumps(metrics))
-        (where / "environment.json").write_text(json.dumps({"device": "test CPU", "torch": "x", "peak_tflops": 0.7,
-                                                            "peak_dtype": "bf16",
-                                                            "peak_source": "measured: 2048² bf16 GEMM"}))
+        (where / "environment.json").write_text(
+            json.dumps(
+                {
+                    "device": "test CPU",
+                    "torch": "x",
+                    "peak_tflops": 0.7,
+                    "peak_dtype": "bf16",
+                    "peak_source": "measured: 2048² bf16 GEMM",
+                }
+            )
+        )
     return run
 
 
@@ -81,8 +132,15 @@ def test_a_report_from_a_synthetic_run_has_every_plot(tmp_path):
     for data in plots.values():
         w, h = png_size(data)
         assert w > 300 and h > 150
-    for text in ("MFU (padded tokens)", "20.0%", "forward_backward", "Resolved config", "test CPU",
-                 "MFU is against a peak of 0.7 TFLOP/s", "finished"):
+    for text in (
+        "MFU (padded tokens)",
+        "20.0%",
+        "forward_backward",
+        "Resolved config",
+        "test CPU",
+        "MFU is against a peak of 0.7 TFLOP/s",
+        "finished",
+    ):
         assert text in page, text
     assert "http://" not in page and "https://" not in page  # self-contained
 
@@ -133,11 +191,23 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_page_renders_with_its_images_in_headless_chromium(tmp_path):
     page = write_report(synthetic_run(tmp_path))
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([CHROMIUM, *flags, "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120)
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [CHROMIUM, *flags, "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     body = re.search(r"<body([^>]*)>", dom.stdout)
     assert body, dom.stdout[:500]
@@ -147,8 +217,12 @@ def test_the_page_renders_with_its_images_in_headless_chromium(tmp_path):
     assert int(total.group(1)) == 5 and int(loaded.group(1)) == 5  # every plot decoded with a non-zero size
 
     shot = tmp_path / "shot.png"
-    run = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,2000", "--hide-scrollbars",
-                          page.as_uri()], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,2000", "--hide-scrollbars", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
     import matplotlib.image
 

@@ -49,8 +49,17 @@ def test_rows_land_in_event_files(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     log = TensorBoardLogger(tmp_path / "tb", config={"lr": 1e-3})
-    log.write({"step": 2, "micro_step": 2, "loss": 0.7, "lr": 1e-3, "mfu": 0.2, "grad_norm": float("nan"),
-               "time_data_seconds": 0.1})
+    log.write(
+        {
+            "step": 2,
+            "micro_step": 2,
+            "loss": 0.7,
+            "lr": 1e-3,
+            "mfu": 0.2,
+            "grad_norm": float("nan"),
+            "time_data_seconds": 0.1,
+        }
+    )
     log.write({"step": 4, "loss": 0.5, "lr": 9e-4, "mfu": 0.25})
     log.write({"step": 4, "eval_accuracy": 0.8})
     log.close()

@@ -17,8 +17,7 @@ def slow_loader(n: int, wait: float):
 
 def test_parts_sum_to_the_wall_time_in_a_synthetic_loop():
     timer = StepTimer()
-    sleeps = {"data": 0.012, "forward_backward": 0.02, "optimizer": 0.008, "eval": 0.015, "comm": 0.004,
-              "other": 0.004}
+    sleeps = {"data": 0.012, "forward_backward": 0.02, "optimizer": 0.008, "eval": 0.015, "comm": 0.004, "other": 0.004}
     steps = 8
     started = time.perf_counter()
     timer.start()
@@ -77,12 +76,12 @@ def test_windows_cover_the_time_since_the_previous_window():
 def test_a_fake_clock_gives_exact_parts():
     ticks = iter([0.0, 1.0, 3.0, 3.5, 7.0, 7.0])
     timer = StepTimer(clock=lambda: next(ticks))
-    timer.start()                      # 0.0
-    with timer.phase("data"):          # other 0 -> 1.0
-        pass                           # data 1.0 -> 3.0
+    timer.start()  # 0.0
+    with timer.phase("data"):  # other 0 -> 1.0
+        pass  # data 1.0 -> 3.0
     with timer.phase("forward_backward"):  # other 3.0 -> 3.5
-        pass                               # forward_backward 3.5 -> 7.0
-    parts = timer.read()               # 7.0
+        pass  # forward_backward 3.5 -> 7.0
+    parts = timer.read()  # 7.0
     assert parts["data"] == 2.0 and parts["forward_backward"] == 3.5 and parts["other"] == 1.5
     assert parts["wall"] == 7.0
     assert timer.fractions(parts)["forward_backward"] == 0.5

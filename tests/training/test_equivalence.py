@@ -14,12 +14,25 @@ def run(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
     count = iter(range(100))
 
     def go(**changes):
-        base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir),
-                    output_dir=str(tmp_path / f"run{next(count)}"), optimizer="sgd", lr=0.5, precision="fp32",
-                    weight_decay=0.0, warmup_ratio=0.0, max_grad_norm=0.0, progress=False, log_every=1, seed=3,
-                    report=False)
+        base = dict(
+            model=str(tiny_model_dir),
+            data=str(sentiment_csv),
+            cache_dir=str(cache_dir),
+            output_dir=str(tmp_path / f"run{next(count)}"),
+            optimizer="sgd",
+            lr=0.5,
+            precision="fp32",
+            weight_decay=0.0,
+            warmup_ratio=0.0,
+            max_grad_norm=0.0,
+            progress=False,
+            log_every=1,
+            seed=3,
+            report=False,
+        )
         result = train(TrainConfig(**{**base, **changes}))
         return result, load_file(result.model_dir / "model.safetensors")
+
     return go
 
 
@@ -74,15 +87,18 @@ def test_local_sgd_with_one_process_is_a_no_op_that_says_so(run, capsys):
     assert max_diff(w_plain, w_local) == 0.0
 
 
-@pytest.mark.parametrize("changes", [
-    dict(precision="bf16"),
-    dict(precision="fp16"),
-    dict(grad_accum=2, batch_size=8),
-    dict(activation_checkpointing=True),
-    dict(optimizer="adafactor"),
-    dict(optimizer="adamw8bit"),
-    dict(precision="bf16", grad_accum=2, batch_size=8, activation_checkpointing=True, optimizer="adafactor"),
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(precision="bf16"),
+        dict(precision="fp16"),
+        dict(grad_accum=2, batch_size=8),
+        dict(activation_checkpointing=True),
+        dict(optimizer="adafactor"),
+        dict(optimizer="adamw8bit"),
+        dict(precision="bf16", grad_accum=2, batch_size=8, activation_checkpointing=True, optimizer="adafactor"),
+    ],
+)
 def test_every_technique_trains_close_to_the_baseline(run, changes):
     if changes.get("optimizer") == "adamw8bit":
         pytest.importorskip("bitsandbytes")

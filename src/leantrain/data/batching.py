@@ -27,14 +27,22 @@ class Slot:
 
     index: int
     window_examples: int  # examples in the whole optimizer step, across all micro-batches and processes
-    window_end: bool      # the last micro-batch of the step on this process: step the optimizer after it
+    window_end: bool  # the last micro-batch of the step on this process: step the optimizer after it
 
 
 class GlobalBatchSampler:
     """Yields micro-batches (lists of `Slot`) for every process, grouped by global batch."""
 
-    def __init__(self, lengths: np.ndarray, micro_batch: int, accumulation: int = 1, num_processes: int = 1,
-                 seed: int = 0, group_by_length: bool = True, chunk_batches: int = 50):
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        micro_batch: int,
+        accumulation: int = 1,
+        num_processes: int = 1,
+        seed: int = 0,
+        group_by_length: bool = True,
+        chunk_batches: int = 50,
+    ):
         self.lengths = np.asarray(lengths)
         self.micro_batch, self.accumulation, self.num_processes = micro_batch, accumulation, num_processes
         self.global_batch = micro_batch * accumulation * num_processes
@@ -62,8 +70,12 @@ class GlobalBatchSampler:
         if self.group_by_length:
             # Sort within large random chunks, so a batch holds similar lengths while the epoch stays random.
             chunk = self.global_batch * self.chunk_batches
-            order = np.concatenate([c[np.argsort(-self.lengths[c], kind="stable")]
-                                    for c in np.split(order, range(chunk, len(order), chunk))])
+            order = np.concatenate(
+                [
+                    c[np.argsort(-self.lengths[c], kind="stable")]
+                    for c in np.split(order, range(chunk, len(order), chunk))
+                ]
+            )
         batches = np.split(order, range(self.global_batch, len(order), self.global_batch))
         if self.group_by_length and len(batches) > 1:
             # Shuffle full batches; keep the short remainder last so every other step is full-size.
@@ -80,7 +92,7 @@ class GlobalBatchSampler:
 
     def __iter__(self):
         n = self.num_processes
-        for batch in self.global_batches()[self._first_batch():]:
+        for batch in self.global_batches()[self._first_batch() :]:
             if len(batch) < n:
                 continue  # fewer examples than processes: cannot give each one a micro-batch
             k = self.micro_steps(batch)
@@ -92,7 +104,7 @@ class GlobalBatchSampler:
 
     def __len__(self) -> int:
         total = 0
-        for size in _batch_sizes(len(self.lengths), self.global_batch)[self._first_batch():]:
+        for size in _batch_sizes(len(self.lengths), self.global_batch)[self._first_batch() :]:
             if size >= self.num_processes:
                 total += min(self.accumulation, math.ceil(size / (self.micro_batch * self.num_processes)))
         return total * self.num_processes
@@ -143,12 +155,15 @@ class Collator:
             mask[r, :n] = 1
             if types is not None:
                 types[r, :n] = torch.from_numpy(x["token_type_ids"].astype(np.int64))
-        batch = {"input_ids": ids, "attention_mask": mask,
-                 "labels": torch.tensor([x["label"] for x in items], dtype=torch.long),
-                 "index": torch.tensor([x["index"] for x in items], dtype=torch.long),
-                 "window_examples": torch.tensor(items[0]["window_examples"], dtype=torch.long),
-                 "window_end": torch.tensor(bool(items[-1]["window_end"])),
-                 "num_tokens": torch.tensor(sum(lengths), dtype=torch.long)}
+        batch = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "labels": torch.tensor([x["label"] for x in items], dtype=torch.long),
+            "index": torch.tensor([x["index"] for x in items], dtype=torch.long),
+            "window_examples": torch.tensor(items[0]["window_examples"], dtype=torch.long),
+            "window_end": torch.tensor(bool(items[-1]["window_end"])),
+            "num_tokens": torch.tensor(sum(lengths), dtype=torch.long),
+        }
         if types is not None:
             batch["token_type_ids"] = types
         return batch

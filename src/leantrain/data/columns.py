@@ -9,9 +9,15 @@ import pandas as pd
 from leantrain.errors import DataError
 
 TEXT_NAMES = ("text", "sentence", "content", "review", "document", "tweet", "message", "sms", "comment", "body")
-PAIR_NAMES = (("sentence1", "sentence2"), ("#1 String", "#2 String"), ("text_a", "text_b"),
-              ("question1", "question2"), ("premise", "hypothesis"), ("question", "sentence"),
-              ("text", "text_pair"))
+PAIR_NAMES = (
+    ("sentence1", "sentence2"),
+    ("#1 String", "#2 String"),
+    ("text_a", "text_b"),
+    ("question1", "question2"),
+    ("premise", "hypothesis"),
+    ("question", "sentence"),
+    ("text", "text_pair"),
+)
 LABEL_NAMES = ("label", "labels", "sentiment", "class", "category", "target", "quality", "y")
 
 
@@ -22,8 +28,9 @@ class Columns:
     text_pair: str | None = None
 
 
-def resolve_columns(df: pd.DataFrame, source: str, text: str | None, pair: str | None,
-                    label: str | None, require_label: bool = True) -> Columns:
+def resolve_columns(
+    df: pd.DataFrame, source: str, text: str | None, pair: str | None, label: str | None, require_label: bool = True
+) -> Columns:
     """Use the columns the user named; guess the others when exactly one choice is obvious."""
     cols = list(df.columns)
     lower = {str(c).lower(): c for c in cols}
@@ -33,8 +40,9 @@ def resolve_columns(df: pd.DataFrame, source: str, text: str | None, pair: str |
     if label is None:
         label = next((lower[n] for n in LABEL_NAMES if n in lower), None)
         if label is None and require_label:
-            raise DataError(f"{source}: cannot tell which column holds the label among {_list(cols)}; "
-                            "name it with --label-column")
+            raise DataError(
+                f"{source}: cannot tell which column holds the label among {_list(cols)}; name it with --label-column"
+            )
     if text is None:
         for a, b in PAIR_NAMES:
             if a.lower() in lower and b.lower() in lower and pair in (None, lower[b.lower()]):
@@ -66,6 +74,7 @@ def _list(cols: list) -> str:
 
 def normalise_labels(values: pd.Series) -> pd.Series:
     """Labels as strings, so '1' in a CSV and 1 in a JSON file are the same label."""
+
     def one(v):
         if isinstance(v, float) and v.is_integer():
             v = int(v)
@@ -79,8 +88,9 @@ def build_label_map(labels: pd.Series, source: str, column: str) -> list[str]:
     names = sorted(set(labels))
     if len(names) < 2:
         only = names[0] if names else "nothing"
-        raise DataError(f"{source}: label column '{column}' holds a single class ({only!r}); "
-                        "a classifier needs at least two")
+        raise DataError(
+            f"{source}: label column '{column}' holds a single class ({only!r}); a classifier needs at least two"
+        )
     if all(n.lstrip("-").isdigit() for n in names):
         names = sorted(names, key=int)
     return names

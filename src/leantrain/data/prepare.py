@@ -64,11 +64,25 @@ class PreparedData:
     notes: list[str] = field(default_factory=list)  # what the user should hear about the data
 
 
-def load_source(source: str, tokenizer, max_length: int, cache_dir: Path, split: str,
-                text_column: str | None = None, text_pair_column: str | None = None,
-                label_column: str | None = None) -> Source:
-    key = cache_key(source=source_fingerprint(source), split=split, text=text_column, pair=text_pair_column,
-                    label=label_column, tokenizer=tokenizer_fingerprint(tokenizer), max_length=max_length)
+def load_source(
+    source: str,
+    tokenizer,
+    max_length: int,
+    cache_dir: Path,
+    split: str,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    label_column: str | None = None,
+) -> Source:
+    key = cache_key(
+        source=source_fingerprint(source),
+        split=split,
+        text=text_column,
+        pair=text_pair_column,
+        label=label_column,
+        tokenizer=tokenizer_fingerprint(tokenizer),
+        max_length=max_length,
+    )
     path = cache_dir / "tokenized" / f"{key}.npz"
     cached = load_cached(path)
     if cached is not None:
@@ -103,9 +117,14 @@ def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.Da
 
 def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
     """Load (or reuse) the tokenized training and evaluation data that `cfg` describes."""
-    common = dict(tokenizer=tokenizer, max_length=cfg.max_length, cache_dir=cache_dir,
-                  text_column=cfg.text_column, text_pair_column=cfg.text_pair_column,
-                  label_column=cfg.label_column)
+    common = dict(
+        tokenizer=tokenizer,
+        max_length=cfg.max_length,
+        cache_dir=cache_dir,
+        text_column=cfg.text_column,
+        text_pair_column=cfg.text_pair_column,
+        label_column=cfg.label_column,
+    )
     train_src = load_source(resolve_data_path(cfg.data), split="train", **common)
     notes = [_describe(train_src)]
     label_names = build_label_map(pd.Series(train_src.labels), train_src.path, train_src.columns.label)
@@ -119,25 +138,30 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
         notes.append(_describe(eval_src))
         unseen = sorted(set(eval_src.labels) - set(label_names))
         if unseen:
-            raise DataError(f"{eval_src.path}: labels {unseen[:5]} in column '{eval_src.columns.label}' never "
-                            f"occur in the training data (which has {label_names}); fix or drop those rows")
+            raise DataError(
+                f"{eval_src.path}: labels {unseen[:5]} in column '{eval_src.columns.label}' never "
+                f"occur in the training data (which has {label_names}); fix or drop those rows"
+            )
         eval_set = LabelledText(eval_src.tokens, np.array([label_id[x] for x in eval_src.labels], dtype=np.int64))
         train_rows = np.arange(len(all_train))
     else:
         train_rows, eval_rows = stratified_split(all_train.labels, cfg.eval_fraction, cfg.seed)
         eval_set = all_train.subset(eval_rows)
-        notes.append(f"held out {len(eval_rows):,} rows ({cfg.eval_fraction:.0%}, stratified, seed {cfg.seed}) "
-                     "for evaluation")
+        notes.append(
+            f"held out {len(eval_rows):,} rows ({cfg.eval_fraction:.0%}, stratified, seed {cfg.seed}) for evaluation"
+        )
     if cfg.limit is not None and cfg.limit < len(train_rows):
-        keep, _ = stratified_split(all_train.labels[train_rows], 1 - cfg.limit / len(train_rows), cfg.seed + 1,
-                                   exact_first=cfg.limit)
+        keep, _ = stratified_split(
+            all_train.labels[train_rows], 1 - cfg.limit / len(train_rows), cfg.seed + 1, exact_first=cfg.limit
+        )
         train_rows = np.sort(train_rows[keep])
         notes.append(f"training on a stratified sample of {len(train_rows):,} rows (--limit)")
     return PreparedData(all_train.subset(train_rows), eval_set, label_names, train_src.columns, notes)
 
 
-def stratified_split(labels: np.ndarray, test_fraction: float, seed: int,
-                     exact_first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, seed: int, exact_first: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Indices of a stratified split; falls back to a random split when a class is too rare to stratify."""
     from sklearn.model_selection import train_test_split
 

@@ -16,8 +16,16 @@ import pandas as pd
 
 from leantrain.errors import DataError
 
-TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl",
-                  ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+TABLE_SUFFIXES = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".json": "json",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 
 EMBEDDED_DATA = "embedded:tweet-sentiment"
 

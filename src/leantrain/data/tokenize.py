@@ -44,13 +44,16 @@ class TokenizedText:
         lengths = self.lengths[rows]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        take = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in rows]) if len(rows) else np.zeros(0, dtype=np.int64)
+        take = (
+            np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in rows])
+            if len(rows)
+            else np.zeros(0, dtype=np.int64)
+        )
         tt = self.token_type_ids[take] if self.token_type_ids is not None else None
         return TokenizedText(self.input_ids[take], offsets, tt)
 
 
-def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int,
-             chunk: int = 2048) -> TokenizedText:
+def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int, chunk: int = 2048) -> TokenizedText:
     ids: list[np.ndarray] = []
     types: list[np.ndarray] = []
     keep_types = pairs is not None
@@ -109,9 +112,12 @@ def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict
     """Write atomically: a crash mid-write never leaves a cache entry that later loads as garbage."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    arrays = {"input_ids": tokens.input_ids, "offsets": tokens.offsets,
-              "labels": np.asarray(labels, dtype=object).astype(str),
-              "meta": np.asarray(json.dumps(meta))}
+    arrays = {
+        "input_ids": tokens.input_ids,
+        "offsets": tokens.offsets,
+        "labels": np.asarray(labels, dtype=object).astype(str),
+        "meta": np.asarray(json.dumps(meta)),
+    }
     if tokens.token_type_ids is not None:
         arrays["token_type_ids"] = tokens.token_type_ids
     with tmp.open("wb") as f:
@@ -124,8 +130,7 @@ def load_cached(path: Path) -> tuple[TokenizedText, list[str], dict] | None:
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            tokens = TokenizedText(z["input_ids"], z["offsets"],
-                                   z["token_type_ids"] if "token_type_ids" in z else None)
+            tokens = TokenizedText(z["input_ids"], z["offsets"], z["token_type_ids"] if "token_type_ids" in z else None)
             return tokens, z["labels"].tolist(), json.loads(str(z["meta"]))
     except Exception:  # a damaged cache entry is rebuilt, never trusted
         return None

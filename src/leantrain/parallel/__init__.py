@@ -58,9 +58,16 @@ def precision_support(device_type: str) -> dict[str, PrecisionSupport]:
     flags = cpu_flags()
     amx_bf16 = "amx_bf16" in flags
     avx_bf16 = "avx512_bf16" in flags
-    bf16_why = ("AMX-BF16 matrix units" if amx_bf16 else "AVX-512 BF16 instructions" if avx_bf16
-                else "no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32")
-    fp16_why = "AMX-FP16 matrix units" if "amx_fp16" in flags else "no AMX-FP16: fp16 runs no faster than fp32 on this CPU"
+    bf16_why = (
+        "AMX-BF16 matrix units"
+        if amx_bf16
+        else "AVX-512 BF16 instructions"
+        if avx_bf16
+        else "no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32"
+    )
+    fp16_why = (
+        "AMX-FP16 matrix units" if "amx_fp16" in flags else "no AMX-FP16: fp16 runs no faster than fp32 on this CPU"
+    )
     return {
         "bf16": PrecisionSupport(True, amx_bf16 or avx_bf16, bf16_why),
         "fp16": PrecisionSupport(True, "amx_fp16" in flags, fp16_why),
@@ -120,13 +127,19 @@ def fsdp_plugin(cpu: bool):
     if cpu:
         # Accelerate turns the plugin on only for MULTI_GPU-like states; on MULTI_CPU (gloo) it would
         # silently train plain DDP instead.
-        raise ConfigError("--shard fsdp needs GPUs (Accelerate runs FSDP on accelerators only; on CPU it "
-                          "would silently fall back to plain data parallelism); use --shard none here")
+        raise ConfigError(
+            "--shard fsdp needs GPUs (Accelerate runs FSDP on accelerators only; on CPU it "
+            "would silently fall back to plain data parallelism); use --shard none here"
+        )
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     return FullyShardedDataParallelPlugin(
-        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True,
-        state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False)
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        reshard_after_forward=True,
+        state_dict_type="FULL_STATE_DICT",
+        cpu_ram_efficient_loading=False,
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -156,7 +169,9 @@ def environment_report() -> list[tuple[str, str]]:
         ("CPU threads (torch)", str(torch.get_num_threads())),
     ]
     for name, support in precision_support(device).items():
-        verdict = ("fast" if support.fast else "supported, not faster than fp32") if support.supported else "unsupported"
+        verdict = (
+            ("fast" if support.fast else "supported, not faster than fp32") if support.supported else "unsupported"
+        )
         rows.append((name, f"{verdict}: {support.why}"))
     chosen, why = choose_precision("auto", device)
     rows.append(("--precision auto", f"{chosen} ({why.removeprefix('auto: ')})"))

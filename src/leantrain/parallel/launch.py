@@ -45,11 +45,11 @@ DEFAULT_PORT = 29500
 
 # -- where are we ------------------------------------------------------------------------------------
 
+
 def launched(environ: dict[str, str] | None = None) -> bool:
     """True in a process that a launcher started: it trains, it does not launch again."""
     env = os.environ if environ is None else environ
-    return (LAUNCHED_ENV in env or ACCELERATE_LAUNCH_ENV in env
-            or any(k in env for k in TORCH_LAUNCH_ENV))
+    return LAUNCHED_ENV in env or ACCELERATE_LAUNCH_ENV in env or any(k in env for k in TORCH_LAUNCH_ENV)
 
 
 def rank_info(environ: dict[str, str] | None = None) -> tuple[int, int]:
@@ -73,12 +73,16 @@ def check_launched(cfg: TrainConfig, environ: dict[str, str] | None = None) -> N
     local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1)))
     world = int(env.get("WORLD_SIZE", 1))
     if cfg.num_processes is not None and cfg.num_processes != local_world:
-        raise ConfigError(f"--num-processes {cfg.num_processes}, but the launcher that started this process "
-                          f"started {local_world} on this machine; drop --num-processes, or run plain "
-                          f"`leantrain train --num-processes {cfg.num_processes}` and let leantrain launch")
+        raise ConfigError(
+            f"--num-processes {cfg.num_processes}, but the launcher that started this process "
+            f"started {local_world} on this machine; drop --num-processes, or run plain "
+            f"`leantrain train --num-processes {cfg.num_processes}` and let leantrain launch"
+        )
     if cfg.num_machines > 1 and world != local_world * cfg.num_machines:
-        raise ConfigError(f"--num-machines {cfg.num_machines}, but the launcher started {world} processes in all "
-                          f"({local_world} on this machine)")
+        raise ConfigError(
+            f"--num-machines {cfg.num_machines}, but the launcher started {world} processes in all "
+            f"({local_world} on this machine)"
+        )
 
 
 def check_shard(cfg: TrainConfig) -> None:
@@ -94,6 +98,7 @@ def check_shard(cfg: TrainConfig) -> None:
 
 
 # -- the launch commands -------------------------------------------------------------------------------
+
 
 def config_to_argv(cfg: TrainConfig) -> list[str]:
     """Flags that rebuild `cfg` (every field that differs from its default)."""
@@ -132,18 +137,22 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def launch_command(cfg: TrainConfig, *, gpus: int = 0, cores: int | None = None,
-                   python: str = sys.executable, port: int | None = None) -> tuple[list[str], dict[str, str]]:
+def launch_command(
+    cfg: TrainConfig, *, gpus: int = 0, cores: int | None = None, python: str = sys.executable, port: int | None = None
+) -> tuple[list[str], dict[str, str]]:
     """The launcher command line that runs `python -m leantrain train` with `cfg` in every process,
     and the environment variables to add for it."""
     nproc = cfg.num_processes or 1
     machines = cfg.num_machines
     if machines > 1 and not cfg.main_process_ip:
-        raise ConfigError(f"--num-machines {machines} needs --main-process-ip: the address of machine rank 0, "
-                          "which every machine can reach")
+        raise ConfigError(
+            f"--num-machines {machines} needs --main-process-ip: the address of machine rank 0, "
+            "which every machine can reach"
+        )
     if gpus and nproc > gpus:
-        raise ConfigError(f"--num-processes {nproc}, but this machine has {gpus} GPU(s): start at most one "
-                          "process per GPU")
+        raise ConfigError(
+            f"--num-processes {nproc}, but this machine has {gpus} GPU(s): start at most one process per GPU"
+        )
     env = {LAUNCHED_ENV: "1"}
     if not gpus and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks share the cores: one rank per core beats oversubscribed thread pools
@@ -155,23 +164,50 @@ def launch_command(cfg: TrainConfig, *, gpus: int = 0, cores: int | None = None,
         if machines == 1 and not cfg.main_process_ip and given_port is None:
             cmd.append("--standalone")  # a private rendezvous on a free local port
         else:
-            cmd += ["--nnodes", str(machines), "--node-rank", str(cfg.machine_rank),
-                    "--master-addr", cfg.main_process_ip or "127.0.0.1",
-                    "--master-port", str(given_port or DEFAULT_PORT)]
+            cmd += [
+                "--nnodes",
+                str(machines),
+                "--node-rank",
+                str(cfg.machine_rank),
+                "--master-addr",
+                cfg.main_process_ip or "127.0.0.1",
+                "--master-port",
+                str(given_port or DEFAULT_PORT),
+            ]
         cmd += ["--max-restarts", "0", "--monitor-interval", "0.5", *train]
         return cmd, env
     if cfg.launcher == "accelerate":
         if machines == 1 and given_port is None:
             given_port = port or free_port()  # accelerate would take 29500, which another job may hold
-        cmd = [python, "-m", "accelerate.commands.launch", "--multi_gpu",
-               "--num_processes", str(nproc * machines), "--num_machines", str(machines),
-               "--machine_rank", str(cfg.machine_rank),
-               "--main_process_ip", cfg.main_process_ip or "127.0.0.1",
-               "--main_process_port", str(given_port or DEFAULT_PORT),
-               # static rendezvous: machine rank 0 holds global rank 0 (the one that writes)
-               "--same_network", "--rdzv_backend", "static",
-               "--mixed_precision", "no", "--dynamo_backend", "no",  # the loop chooses these itself
-               "--max_restarts", "0", "--monitor_interval", "0.5", *train]
+        cmd = [
+            python,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(nproc * machines),
+            "--num_machines",
+            str(machines),
+            "--machine_rank",
+            str(cfg.machine_rank),
+            "--main_process_ip",
+            cfg.main_process_ip or "127.0.0.1",
+            "--main_process_port",
+            str(given_port or DEFAULT_PORT),
+            # static rendezvous: machine rank 0 holds global rank 0 (the one that writes)
+            "--same_network",
+            "--rdzv_backend",
+            "static",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",  # the loop chooses these itself
+            "--max_restarts",
+            "0",
+            "--monitor_interval",
+            "0.5",
+            *train,
+        ]
         if gpus:
             cmd.insert(cmd.index("--num_machines"), "--gpu_ids")
             cmd.insert(cmd.index("--num_machines"), "all")
@@ -191,8 +227,10 @@ def launch(cfg: TrainConfig) -> int:
     nproc = cfg.num_processes or 1
     where = "this machine"
     if cfg.num_machines > 1:
-        where = (f"machine {cfg.machine_rank} of {cfg.num_machines}, main process at "
-                 f"{cfg.main_process_ip}:{cfg.main_process_port or DEFAULT_PORT}")
+        where = (
+            f"machine {cfg.machine_rank} of {cfg.num_machines}, main process at "
+            f"{cfg.main_process_ip}:{cfg.main_process_port or DEFAULT_PORT}"
+        )
     print(f"leantrain: starting {nproc} process(es) on {where} with {cfg.launcher}", file=sys.stderr, flush=True)
     return run_and_wait(cmd, {**os.environ, **extra})
 
@@ -214,12 +252,16 @@ def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
             signal.signal(s, handler)
     if rc != 0:
         why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-        print(f"leantrain train: error: the job failed ({why}); the failing process's error is above",
-              file=sys.stderr, flush=True)
+        print(
+            f"leantrain train: error: the job failed ({why}); the failing process's error is above",
+            file=sys.stderr,
+            flush=True,
+        )
     return 1 if rc < 0 else rc
 
 
 # -- Ray Train ------------------------------------------------------------------------------------------
+
 
 def launch_ray(cfg: TrainConfig) -> int:
     """Run the training function in `--num-workers` Ray Train workers (a TorchTrainer) and wait."""
@@ -232,26 +274,31 @@ def launch_ray(cfg: TrainConfig) -> int:
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
     except ImportError:
-        raise ConfigError("--launcher ray needs Ray Train: pip install \"leantrain[ray]\" "
-                          "(or \"ray[train]\")") from None
+        raise ConfigError('--launcher ray needs Ray Train: pip install "leantrain[ray]" (or "ray[train]")') from None
     workers = cfg.num_workers or cfg.num_processes or 1
     storage = tempfile.mkdtemp(prefix="leantrain-ray-")
-    print(f"leantrain: starting {workers} Ray Train worker(s) ({'one GPU' if cfg.use_gpu else 'CPU'} each)",
-          file=sys.stderr, flush=True)
+    print(
+        f"leantrain: starting {workers} Ray Train worker(s) ({'one GPU' if cfg.use_gpu else 'CPU'} each)",
+        file=sys.stderr,
+        flush=True,
+    )
     init: dict[str, Any] = {"log_to_driver": True, "include_dashboard": False}
     if not os.environ.get("RAY_ADDRESS"):
         init["_temp_dir"] = os.environ.get("LEANTRAIN_RAY_TMPDIR") or None
     try:
         ray.init(**{k: v for k, v in init.items() if v is not None})
         trainer = TorchTrainer(
-            _ray_worker, train_loop_config={"config": cfg.to_dict(), "fault": os.environ.get(FAULT_ENV)},
+            _ray_worker,
+            train_loop_config={"config": cfg.to_dict(), "fault": os.environ.get(FAULT_ENV)},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.use_gpu),
-            run_config=RunConfig(name="leantrain", storage_path=storage))
+            run_config=RunConfig(name="leantrain", storage_path=storage),
+        )
         try:
             trainer.fit()
         except Exception as exc:  # ray.train.TrainingFailedError and kin: a worker failed
-            print(f"leantrain train: error: a Ray Train worker failed: {_first_lines(exc)}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"leantrain train: error: a Ray Train worker failed: {_first_lines(exc)}", file=sys.stderr, flush=True
+            )
             return 1
     finally:
         if ray.is_initialized():
@@ -283,6 +330,7 @@ def _first_lines(exc: BaseException, n: int = 6) -> str:
 
 # -- inside a launched process --------------------------------------------------------------------------
 
+
 class report_failure:
     """Context manager: a process that fails says so on stderr, naming its rank, before the error unwinds."""
 
@@ -294,8 +342,11 @@ class report_failure:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and self.world > 1 and not issubclass(exc_type, (SystemExit,)):
-            print(f"leantrain train: process {self.rank} of {self.world} failed: {exc_type.__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"leantrain train: process {self.rank} of {self.world} failed: {exc_type.__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def install_fault_hook(environ: dict[str, str] | None = None) -> None:
@@ -315,8 +366,12 @@ def install_fault_hook(environ: dict[str, str] | None = None) -> None:
     def train_step(*args, **kwargs):
         calls[0] += 1
         if calls[0] == int(fault_step):
-            print(f"leantrain: injecting a fault ({mode}) into process {fault_rank} at optimizer step "
-                  f"{fault_step} (t={time.time():.3f})", file=sys.stderr, flush=True)
+            print(
+                f"leantrain: injecting a fault ({mode}) into process {fault_rank} at optimizer step "
+                f"{fault_step} (t={time.time():.3f})",
+                file=sys.stderr,
+                flush=True,
+            )
             if mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault ({FAULT_ENV}) at optimizer step {fault_step}")
@@ -326,5 +381,7 @@ def install_fault_hook(environ: dict[str, str] | None = None) -> None:
 
 
 def print_result(metrics: dict[str, Any], model_dir: Path) -> None:
-    print(f"accuracy {metrics['eval_accuracy']:.4f}  macro-F1 {metrics['eval_macro_f1']:.4f}  "
-          f"({metrics['train_samples_per_second']:.1f} samples/s)  model: {model_dir}")
+    print(
+        f"accuracy {metrics['eval_accuracy']:.4f}  macro-F1 {metrics['eval_macro_f1']:.4f}  "
+        f"({metrics['train_samples_per_second']:.1f} samples/s)  model: {model_dir}"
+    )

@@ -64,9 +64,18 @@ class LocalSGD:
     # leaving the block syncs the last partial round (not when an exception is propagating)
     """
 
-    def __init__(self, model: nn.Module, local_sgd_steps: int, outer_lr: float | None = None,
-                 outer_momentum: float = 0.0, enabled: bool = True, *, process_group=None,
-                 sync_frozen: bool = False, bucket_bytes: int = 64 << 20):
+    def __init__(
+        self,
+        model: nn.Module,
+        local_sgd_steps: int,
+        outer_lr: float | None = None,
+        outer_momentum: float = 0.0,
+        enabled: bool = True,
+        *,
+        process_group=None,
+        sync_frozen: bool = False,
+        bucket_bytes: int = 64 << 20,
+    ):
         if local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be at least 1, got {local_sgd_steps}")
         if outer_lr is None and outer_momentum:
@@ -81,7 +90,7 @@ class LocalSGD:
         self.outer_momentum = outer_momentum
         self.process_group = process_group
         self.bucket_bytes = bucket_bytes
-        self.num_steps = 0          # optimizer steps seen
+        self.num_steps = 0  # optimizer steps seen
         self.steps_since_sync = 0
         self.num_syncs = 0
         self.bytes_communicated = 0  # payload handed to all_reduce by this process
@@ -98,16 +107,22 @@ class LocalSGD:
             self.enabled, self.reason = False, "local SGD off: world size is 1, nothing to average"
         else:
             self.enabled = True
-            outer = ("plain averaging" if outer_lr is None else
-                     f"outer Nesterov SGD lr={outer_lr} momentum={outer_momentum}" if outer_momentum else
-                     f"outer SGD lr={outer_lr}")
-            self.reason = (f"local SGD on: averaging every {local_sgd_steps} optimizer steps "
-                           f"across {world} processes ({outer})")
+            outer = (
+                "plain averaging"
+                if outer_lr is None
+                else f"outer Nesterov SGD lr={outer_lr} momentum={outer_momentum}"
+                if outer_momentum
+                else f"outer SGD lr={outer_lr}"
+            )
+            self.reason = (
+                f"local SGD on: averaging every {local_sgd_steps} optimizer steps across {world} processes ({outer})"
+            )
         if self.enabled and _is_sharded(self.module):
             raise NotImplementedError("LocalSGD needs whole replicas on every process (no FSDP / sharding)")
 
-        self._params = [p for p in self.module.parameters()
-                        if p.is_floating_point() and (p.requires_grad or sync_frozen)]
+        self._params = [
+            p for p in self.module.parameters() if p.is_floating_point() and (p.requires_grad or sync_frozen)
+        ]
         self._outer_params = [p for p in self._params if p.requires_grad]
         self._anchor: list[torch.Tensor] | None = None
         self._outer: torch.optim.Optimizer | None = None
@@ -166,9 +181,13 @@ class LocalSGD:
 
     # -- checkpointing: call sync() before saving, so the anchor equals the parameters -----------------------
     def state_dict(self) -> dict:
-        return {"num_steps": self.num_steps, "steps_since_sync": self.steps_since_sync,
-                "num_syncs": self.num_syncs, "bytes_communicated": self.bytes_communicated,
-                "outer": self._outer.state_dict() if self._outer is not None else None}
+        return {
+            "num_steps": self.num_steps,
+            "steps_since_sync": self.steps_since_sync,
+            "num_syncs": self.num_syncs,
+            "bytes_communicated": self.bytes_communicated,
+            "outer": self._outer.state_dict() if self._outer is not None else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore counters and outer momentum; the anchor is taken from the (loaded) parameters."""
@@ -181,8 +200,9 @@ class LocalSGD:
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _snapshot_anchor(self) -> None:
-        self._anchor = [p.detach().to(torch.promote_types(p.dtype, torch.float32), copy=True)
-                        for p in self._outer_params]
+        self._anchor = [
+            p.detach().to(torch.promote_types(p.dtype, torch.float32), copy=True) for p in self._outer_params
+        ]
         m = self.outer_momentum
         self._outer = torch.optim.SGD(self._anchor, lr=self.outer_lr, momentum=m, nesterov=m > 0)
 
@@ -210,5 +230,5 @@ class LocalSGD:
         self.bytes_communicated += flat.numel() * flat.element_size()
         offset = 0
         for t in bucket:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()

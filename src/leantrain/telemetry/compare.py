@@ -19,18 +19,44 @@ from leantrain.telemetry.timing import PHASES
 IGNORED_CONFIG = {"output_dir", "overwrite", "progress", "cache_dir"}
 
 SECTIONS: list[tuple[str, list[tuple[str, str]], bool]] = [
-    ("results", [("eval_accuracy", "eval accuracy"), ("eval_macro_f1", "eval macro-F1"), ("eval_loss", "eval loss"),
-                 ("train_loss", "train loss (last log)"), ("optimizer_steps", "optimizer steps"),
-                 ("epochs", "epochs")], False),
-    ("throughput and cost", [("train_samples_per_second", "samples/s (train)"),
-                             ("steady_samples_per_second", "samples/s (steady)"),
-                             ("train_tokens_per_second", "tokens/s (no padding)"),
-                             ("padding_fraction", "padding"), ("model_tflops_per_second", "model TFLOP/s"),
-                             ("mfu", "MFU (padded tokens)"), ("mfu_useful", "MFU (real tokens)"),
-                             ("train_seconds", "training time"), ("wall_seconds", "wall time")], True),
-    ("memory", [("peak_memory_over_baseline_bytes", "peak over baseline"), ("peak_memory_bytes", "peak (process)"),
-                ("weights_bytes", "weights"), ("gradients_bytes", "gradients"),
-                ("optimizer_state_bytes", "optimizer state")], True),
+    (
+        "results",
+        [
+            ("eval_accuracy", "eval accuracy"),
+            ("eval_macro_f1", "eval macro-F1"),
+            ("eval_loss", "eval loss"),
+            ("train_loss", "train loss (last log)"),
+            ("optimizer_steps", "optimizer steps"),
+            ("epochs", "epochs"),
+        ],
+        False,
+    ),
+    (
+        "throughput and cost",
+        [
+            ("train_samples_per_second", "samples/s (train)"),
+            ("steady_samples_per_second", "samples/s (steady)"),
+            ("train_tokens_per_second", "tokens/s (no padding)"),
+            ("padding_fraction", "padding"),
+            ("model_tflops_per_second", "model TFLOP/s"),
+            ("mfu", "MFU (padded tokens)"),
+            ("mfu_useful", "MFU (real tokens)"),
+            ("train_seconds", "training time"),
+            ("wall_seconds", "wall time"),
+        ],
+        True,
+    ),
+    (
+        "memory",
+        [
+            ("peak_memory_over_baseline_bytes", "peak over baseline"),
+            ("peak_memory_bytes", "peak (process)"),
+            ("weights_bytes", "weights"),
+            ("gradients_bytes", "gradients"),
+            ("optimizer_state_bytes", "optimizer state"),
+        ],
+        True,
+    ),
 ]
 
 
@@ -68,8 +94,14 @@ def config_differences(runs: list[RunData]) -> list[tuple[str, list[Any]]]:
 
 
 def _ratio(value: Any, first: Any) -> str:
-    if (isinstance(value, (int, float)) and isinstance(first, (int, float)) and not isinstance(value, bool)
-            and first and math.isfinite(value) and math.isfinite(first)):
+    if (
+        isinstance(value, (int, float))
+        and isinstance(first, (int, float))
+        and not isinstance(value, bool)
+        and first
+        and math.isfinite(value)
+        and math.isfinite(first)
+    ):
         return f" ({value / first:.2f}x)"
     return ""
 
@@ -85,8 +117,7 @@ def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
             if all(v is None for v in values):
                 continue
             ratio = with_ratio and not (key.endswith("_fraction") or key.startswith("mfu"))
-            cells = [fmt_value(key, v) + (_ratio(v, values[0]) if ratio and i else "")
-                     for i, v in enumerate(values)]
+            cells = [fmt_value(key, v) + (_ratio(v, values[0]) if ratio and i else "") for i, v in enumerate(values)]
             rows.append((section, label, cells))
     totals = [time_totals(r) for r in runs]
     for phase in PHASES:
@@ -165,8 +196,9 @@ def write_chart(runs: list[RunData], path: str | Path) -> Path:
         h = 0.8 / len(eval_keys)
         for j, key in enumerate(eval_keys):
             vals = [float(r.metrics.get(key) or 0.0) for r in runs]
-            ax_eval.barh(y + j * h, vals, height=h, label=key.removeprefix("eval_"),
-                         color=["#3b7dd8", "#6aa84f"][j % 2])
+            ax_eval.barh(
+                y + j * h, vals, height=h, label=key.removeprefix("eval_"), color=["#3b7dd8", "#6aa84f"][j % 2]
+            )
             for yy, v in zip(y + j * h, vals):
                 ax_eval.text(v, yy, f" {v:.3f}", va="center", fontsize=8)
         ax_eval.set_yticks(y + h * (len(eval_keys) - 1) / 2, labels)
@@ -176,15 +208,26 @@ def write_chart(runs: list[RunData], path: str | Path) -> Path:
     else:
         ax_eval.set_axis_off()
 
-    tp_key = next((k for k in ("steady_samples_per_second", "train_samples_per_second")
-                   if any(isinstance(r.metrics.get(k), (int, float)) for r in runs)), None)
+    tp_key = next(
+        (
+            k
+            for k in ("steady_samples_per_second", "train_samples_per_second")
+            if any(isinstance(r.metrics.get(k), (int, float)) for r in runs)
+        ),
+        None,
+    )
     if tp_key:
-        bars(ax_tp, tp_key, 1.0, "Throughput (" + ("steady " if tp_key.startswith("steady") else "") + "samples/s)",
-             "")
+        bars(ax_tp, tp_key, 1.0, "Throughput (" + ("steady " if tp_key.startswith("steady") else "") + "samples/s)", "")
     else:
         ax_tp.set_axis_off()
-    mem_key = next((k for k in ("peak_memory_over_baseline_bytes", "peak_memory_bytes")
-                    if any(isinstance(r.metrics.get(k), (int, float)) for r in runs)), None)
+    mem_key = next(
+        (
+            k
+            for k in ("peak_memory_over_baseline_bytes", "peak_memory_bytes")
+            if any(isinstance(r.metrics.get(k), (int, float)) for r in runs)
+        ),
+        None,
+    )
     if mem_key:
         bars(ax_mem, mem_key, 1 / 2**20, "Peak memory" + (" over baseline" if "baseline" in mem_key else ""), "MB")
     else:

@@ -118,8 +118,12 @@ def encoder_flop_model(config: Any, num_labels: int | None = None) -> FlopModel:
     per_token_sq = 12 * layers * h
     per_sequence = 6 * (h * h + h + h * labels + labels)
     kind = getattr(config, "model_type", "encoder")
-    return FlopModel(per_sequence=float(per_sequence), per_token=float(per_token), per_token_sq=float(per_token_sq),
-                     source=f"formula: {kind}, {layers} layers, hidden {h}, feed-forward {i}, {labels} labels")
+    return FlopModel(
+        per_sequence=float(per_sequence),
+        per_token=float(per_token),
+        per_token_sq=float(per_token_sq),
+        source=f"formula: {kind}, {layers} layers, hidden {h}, feed-forward {i}, {labels} labels",
+    )
 
 
 def _meta_copy(model):
@@ -174,9 +178,13 @@ def counted_flop_model(model, lengths: tuple[int, int, int] = (16, 32, 64)) -> F
     counts = [float(count_flops(clone, s)) for s in lengths]
     a = np.array([[1.0, s, s * s] for s in lengths])
     c0, c1, c2 = np.linalg.solve(a, np.array(counts))
-    return FlopModel(per_sequence=max(float(c0), 0.0), per_token=float(c1), per_token_sq=max(float(c2), 0.0),
-                     source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), "
-                            f"lengths {', '.join(map(str, lengths))}")
+    return FlopModel(
+        per_sequence=max(float(c0), 0.0),
+        per_token=float(c1),
+        per_token_sq=max(float(c2), 0.0),
+        source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), "
+        f"lengths {', '.join(map(str, lengths))}",
+    )
 
 
 def unwrap(model):

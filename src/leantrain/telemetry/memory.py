@@ -44,12 +44,17 @@ class MemoryMeter:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
-            return {"peak_memory_bytes": peak, "peak_memory_over_baseline_bytes": peak - self.baseline,
-                    "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)}
+            return {
+                "peak_memory_bytes": peak,
+                "peak_memory_over_baseline_bytes": peak - self.baseline,
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device),
+            }
         hwm = _status_kib("VmHWM")
         peak = hwm * 1024 if hwm is not None else None
-        return {"peak_memory_bytes": peak,
-                "peak_memory_over_baseline_bytes": peak - self.baseline if peak is not None else None}
+        return {
+            "peak_memory_bytes": peak,
+            "peak_memory_over_baseline_bytes": peak - self.baseline if peak is not None else None,
+        }
 
 
 def tensor_bytes(tensors) -> int:

@@ -36,8 +36,8 @@ class Throughput:
         self.steps = 0
         self._steady_mark: tuple[int, int, float] | None = None
         self.examples = 0
-        self.tokens = 0          # real tokens, padding excluded
-        self.padded_tokens = 0   # what the model computed on, padding included
+        self.tokens = 0  # real tokens, padding excluded
+        self.padded_tokens = 0  # what the model computed on, padding included
         self.seconds = 0.0
         self._started: float | None = None
 

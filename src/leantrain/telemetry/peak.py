@@ -54,9 +54,9 @@ PROBE_SECONDS = 0.5
 @dataclass(frozen=True)
 class Peak:
     flops_per_second: float
-    dtype: str      # the math dtype the figure is for: fp32, tf32, bf16, fp16
-    device: str     # the device's name
-    source: str     # where the figure comes from, for the report
+    dtype: str  # the math dtype the figure is for: fp32, tf32, bf16, fp16
+    device: str  # the device's name
+    source: str  # where the figure comes from, for the report
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,8 +91,9 @@ def _torch_dtype(dtype: str):
     return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
-def measure_peak(dtype: str = "fp32", device: str = "cpu", size: int | None = None,
-                 seconds: float = PROBE_SECONDS) -> float:
+def measure_peak(
+    dtype: str = "fp32", device: str = "cpu", size: int | None = None, seconds: float = PROBE_SECONDS
+) -> float:
     """FLOP/s of the fastest of repeated (size x size) @ (size x size) matmuls over about `seconds`."""
     import torch
 
@@ -171,9 +172,13 @@ def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = Non
     if not isinstance(entry, dict):
         entry = None
     if entry is not None and not refresh and float(entry.get("flops_per_second", 0)) > 0:
-        return Peak(float(entry["flops_per_second"]), dtype, device_name,
-                    f"measured: {entry.get('size', '?')}² {dtype} GEMM, {threads} threads, "
-                    f"{entry.get('measured', '?')} (cached in {path})")
+        return Peak(
+            float(entry["flops_per_second"]),
+            dtype,
+            device_name,
+            f"measured: {entry.get('size', '?')}² {dtype} GEMM, {threads} threads, "
+            f"{entry.get('measured', '?')} (cached in {path})",
+        )
     size = PROBE_SIZE.get(torch.device(device).type, 2048)
     flops = measure_peak(dtype, device, size, seconds=PROBE_SECONDS)
     if entry is not None and entry.get("size") == size:

@@ -26,12 +26,23 @@ from leantrain.telemetry.timing import PHASES, row_key
 
 REPORT_NAME = "report.html"
 ENVIRONMENT_NAME = "environment.json"
-PHASE_COLORS = {"data": "#e4a11b", "forward_backward": "#3b7dd8", "optimizer": "#6aa84f", "eval": "#9b59b6",
-                "checkpoint": "#8e6c4a", "comm": "#d9534f", "other": "#aaaaaa"}
-MEMORY_KEYS = (("weights_bytes", "weights"), ("gradients_bytes", "gradients"),
-               ("optimizer_state_bytes", "optimizer state"),
-               ("peak_memory_over_baseline_bytes", "peak over baseline"), ("peak_memory_bytes", "peak (process)"),
-               ("peak_reserved_bytes", "peak reserved (CUDA)"))
+PHASE_COLORS = {
+    "data": "#e4a11b",
+    "forward_backward": "#3b7dd8",
+    "optimizer": "#6aa84f",
+    "eval": "#9b59b6",
+    "checkpoint": "#8e6c4a",
+    "comm": "#d9534f",
+    "other": "#aaaaaa",
+}
+MEMORY_KEYS = (
+    ("weights_bytes", "weights"),
+    ("gradients_bytes", "gradients"),
+    ("optimizer_state_bytes", "optimizer state"),
+    ("peak_memory_over_baseline_bytes", "peak over baseline"),
+    ("peak_memory_bytes", "peak (process)"),
+    ("peak_reserved_bytes", "peak reserved (CUDA)"),
+)
 
 
 @dataclass
@@ -64,6 +75,7 @@ class RunData:
 
 
 # -- reading ---------------------------------------------------------------------------------------
+
 
 def _number(value: Any) -> Any:
     """metrics.jsonl writes non-finite floats as strings ('nan', 'inf'): read them back as floats."""
@@ -140,8 +152,16 @@ def collect_environment(device: Any = None, peak: Any = None, num_processes: int
         env["cuda"] = torch.version.cuda
     else:
         env["device"] = cpu_name()
-    env.update({"cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__})
+    env.update(
+        {
+            "cpu": cpu_name(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        }
+    )
     for lib in ("transformers", "accelerate", "datasets"):
         try:
             env[lib] = __import__(lib).__version__
@@ -163,6 +183,7 @@ def write_environment(directory: str | Path, **kwargs: Any) -> Path:
 
 
 # -- formatting ------------------------------------------------------------------------------------
+
 
 def fmt_bytes(value: Any) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -209,6 +230,7 @@ def _has(rows: list[dict[str, Any]], key: str) -> bool:
 
 
 # -- plots -----------------------------------------------------------------------------------------
+
 
 def _figure(ncols: int = 1, width: float = 10.0, height: float = 3.6):
     from matplotlib.figure import Figure
@@ -321,10 +343,20 @@ def plot_time(run: RunData) -> bytes | None:
     if totals and wall > 0:
         ax = axes[0]
         shown = [p for p in PHASES if totals.get(p, 0.0) > 0]
-        ax.pie([totals[p] for p in shown], colors=[PHASE_COLORS[p] for p in shown], startangle=90,
-               counterclock=False, wedgeprops={"width": 0.4, "edgecolor": "white"})
-        ax.legend([f"{p} {totals[p] / wall:.1%}" for p in shown], loc="center left", bbox_to_anchor=(1.0, 0.5),
-                  fontsize=8, frameon=False)
+        ax.pie(
+            [totals[p] for p in shown],
+            colors=[PHASE_COLORS[p] for p in shown],
+            startangle=90,
+            counterclock=False,
+            wedgeprops={"width": 0.4, "edgecolor": "white"},
+        )
+        ax.legend(
+            [f"{p} {totals[p] / wall:.1%}" for p in shown],
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            fontsize=8,
+            frameon=False,
+        )
         ax.set_title(f"Where the time went ({wall:.1f} s)")
     if windows:
         ax = axes[-1]
@@ -333,8 +365,7 @@ def plot_time(run: RunData) -> bytes | None:
         walls = []
         for r in windows:
             w = r.get(row_key("wall"))
-            w = w if isinstance(w, (int, float)) and w > 0 else sum(
-                float(r.get(row_key(p)) or 0) for p in PHASES)
+            w = w if isinstance(w, (int, float)) and w > 0 else sum(float(r.get(row_key(p)) or 0) for p in PHASES)
             walls.append(w or 1.0)
         width = max(0.8 * (steps[1] - steps[0]), 0.5) if len(steps) > 1 else 0.8
         for p in PHASES:
@@ -342,8 +373,12 @@ def plot_time(run: RunData) -> bytes | None:
             if any(vals):
                 ax.bar(steps, vals, bottom=bottom, width=width, color=PHASE_COLORS[p], label=p)
                 bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set(xlabel="optimizer step (end of log window)", ylabel="% of window", ylim=(0, 100),
-               title="Time breakdown per log window")
+        ax.set(
+            xlabel="optimizer step (end of log window)",
+            ylabel="% of window",
+            ylim=(0, 100),
+            title="Time breakdown per log window",
+        )
         if not totals:
             ax.legend(fontsize=8)
     return _png(fig)
@@ -388,13 +423,23 @@ PLOTS: list[tuple[str, str, Callable[[RunData], bytes | None]]] = [
 # -- page ------------------------------------------------------------------------------------------
 
 HEADLINE = [
-    ("eval_accuracy", "eval accuracy"), ("eval_macro_f1", "eval macro-F1"), ("eval_loss", "eval loss"),
-    ("train_loss", "train loss (last log)"), ("optimizer_steps", "optimizer steps"),
-    ("train_samples_per_second", "samples/s (train)"), ("steady_samples_per_second", "samples/s (steady)"),
-    ("train_tokens_per_second", "tokens/s (no padding)"), ("padding_fraction", "padding"),
-    ("model_tflops_per_second", "model TFLOP/s"), ("mfu", "MFU (padded tokens)"), ("mfu_useful", "MFU (real tokens)"),
-    ("peak_memory_over_baseline_bytes", "peak memory over baseline"), ("optimizer_state_bytes", "optimizer state"),
-    ("precision", "precision"), ("num_processes", "processes"), ("wall_seconds", "wall time"),
+    ("eval_accuracy", "eval accuracy"),
+    ("eval_macro_f1", "eval macro-F1"),
+    ("eval_loss", "eval loss"),
+    ("train_loss", "train loss (last log)"),
+    ("optimizer_steps", "optimizer steps"),
+    ("train_samples_per_second", "samples/s (train)"),
+    ("steady_samples_per_second", "samples/s (steady)"),
+    ("train_tokens_per_second", "tokens/s (no padding)"),
+    ("padding_fraction", "padding"),
+    ("model_tflops_per_second", "model TFLOP/s"),
+    ("mfu", "MFU (padded tokens)"),
+    ("mfu_useful", "MFU (real tokens)"),
+    ("peak_memory_over_baseline_bytes", "peak memory over baseline"),
+    ("optimizer_state_bytes", "optimizer state"),
+    ("precision", "precision"),
+    ("num_processes", "processes"),
+    ("wall_seconds", "wall time"),
 ]
 
 CSS = """
@@ -432,18 +477,24 @@ def _table(pairs: list[tuple[str, str]]) -> str:
 def render_report(run: RunData) -> str:
     m = run.metrics
     title = f"leantrain run {run.name}"
-    status = ("<span class='badge'>finished</span>" if run.finished
-              else "<span class='badge warn'>in progress or failed: read from .incomplete/</span>")
+    status = (
+        "<span class='badge'>finished</span>"
+        if run.finished
+        else "<span class='badge warn'>in progress or failed: read from .incomplete/</span>"
+    )
     model = run.config.get("model") or "?"
     data = run.config.get("data") or "?"
-    parts = [f"<h1>{html.escape(title)} {status}</h1>",
-             f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
-             f"{html.escape(str(run.display_path))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>"]
+    parts = [
+        f"<h1>{html.escape(title)} {status}</h1>",
+        f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
+        f"{html.escape(str(run.display_path))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>",
+    ]
     headline = [(label, fmt_value(k, m.get(k))) for k, label in HEADLINE if m.get(k) is not None]
     if headline:
         half = (len(headline) + 1) // 2
-        parts.append("<h2>Summary</h2><div class='grid'>" + _table(headline[:half]) + _table(headline[half:])
-                     + "</div>")
+        parts.append(
+            "<h2>Summary</h2><div class='grid'>" + _table(headline[:half]) + _table(headline[half:]) + "</div>"
+        )
     peak_note = _peak_note(run)
     if peak_note:
         parts.append(f"<p class='sub'>{html.escape(peak_note)}</p>")
@@ -452,27 +503,36 @@ def render_report(run: RunData) -> str:
         if png is None:
             continue
         data_uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-        parts.append(f"<h2 id='{anchor}'>{html.escape(heading)}</h2>"
-                     f"<img src='{data_uri}' alt='{html.escape(heading)}' data-plot='{anchor}'>")
+        parts.append(
+            f"<h2 id='{anchor}'>{html.escape(heading)}</h2>"
+            f"<img src='{data_uri}' alt='{html.escape(heading)}' data-plot='{anchor}'>"
+        )
     totals = time_totals(run)
     if totals:
         wall = sum(totals.values()) or 1.0
         parts.append(_table([(p, f"{totals[p]:.2f} s ({totals[p] / wall:.1%})") for p in PHASES if p in totals]))
     if m:
-        parts.append("<h2>All final metrics</h2><details><summary>metrics.json</summary>"
-                     + _table([(k, fmt_value(k, v)) for k, v in m.items()]) + "</details>")
+        parts.append(
+            "<h2>All final metrics</h2><details><summary>metrics.json</summary>"
+            + _table([(k, fmt_value(k, v)) for k, v in m.items()])
+            + "</details>"
+        )
     if run.config_text:
-        parts.append("<h2>Resolved config</h2><p class='sub'>rerun with <code>leantrain train --config "
-                     "config.yaml</code></p><pre>" + html.escape(run.config_text) + "</pre>")
+        parts.append(
+            "<h2>Resolved config</h2><p class='sub'>rerun with <code>leantrain train --config "
+            "config.yaml</code></p><pre>" + html.escape(run.config_text) + "</pre>"
+        )
     env = run.environment or {k: m[k] for k in ("precision", "num_processes") if k in m}
     if env:
         parts.append("<h2>Environment</h2>" + _table([(k, fmt_value(k, v)) for k, v in env.items()]))
     if not run.rows:
         parts.append("<p class='sub'>metrics.jsonl is empty or missing: no curves to draw.</p>")
     body = "\n".join(parts)
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n<body>\n{body}\n</body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n<body>\n{body}\n</body></html>\n"
+    )
 
 
 def _peak_note(run: RunData) -> str:

@@ -31,11 +31,17 @@ def check_tensorboard() -> None:
 
 def tag_for(key: str) -> str:
     if key.startswith("eval_"):
-        return "eval/" + key[len("eval_"):]
+        return "eval/" + key[len("eval_") :]
     if key.startswith("time_") and key.endswith("_seconds"):
-        return "time/" + key[len("time_"):-len("_seconds")]
-    if key in ("samples_per_second", "tokens_per_second", "model_tflops_per_second", "mfu", "mfu_useful",
-               "model_tflops"):
+        return "time/" + key[len("time_") : -len("_seconds")]
+    if key in (
+        "samples_per_second",
+        "tokens_per_second",
+        "model_tflops_per_second",
+        "mfu",
+        "mfu_useful",
+        "model_tflops",
+    ):
         return "throughput/" + key
     if "memory" in key or key.endswith("_bytes"):
         return "memory/" + key

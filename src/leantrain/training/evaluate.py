@@ -42,9 +42,11 @@ def classification_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, f
     preds = probs.argmax(-1)
     eps = 1e-12
     loss = float(-np.log(np.clip(probs[np.arange(len(labels)), labels], eps, 1)).mean())
-    return {"accuracy": float(accuracy_score(labels, preds)),
-            "macro_f1": float(f1_score(labels, preds, average="macro", zero_division=0)),
-            "loss": loss}
+    return {
+        "accuracy": float(accuracy_score(labels, preds)),
+        "macro_f1": float(f1_score(labels, preds, average="macro", zero_division=0)),
+        "loss": loss,
+    }
 
 
 def evaluate_loop(model, loader, accelerator) -> dict[str, float]:

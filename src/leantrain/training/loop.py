@@ -74,8 +74,9 @@ def forward_backward_step(model, batch, accelerator, amp) -> torch.Tensor:
     return loss_sum.detach()
 
 
-def train_step(model, optimizer, scheduler, amp, accelerator, max_grad_norm: float, window_loss: float,
-               on_nan: str) -> tuple[float, bool]:
+def train_step(
+    model, optimizer, scheduler, amp, accelerator, max_grad_norm: float, window_loss: float, on_nan: str
+) -> tuple[float, bool]:
     """Close an optimizer step: unscale and clip, check, step, schedule, clear.
 
     Returns (pre-clip gradient norm, finite). The NaN guard: a non-finite loss, or a non-finite gradient
@@ -150,32 +151,45 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
     limit = models.max_supported_length(model_config, tokenizer)
     if limit is not None and cfg.max_length > limit:
-        raise ConfigError(f"--max-length {cfg.max_length} is beyond what {cfg.model} supports ({limit}); "
-                          f"use --max-length {limit} or less")
+        raise ConfigError(
+            f"--max-length {cfg.max_length} is beyond what {cfg.model} supports ({limit}); "
+            f"use --max-length {limit} or less"
+        )
     data = prepare_data(cfg, tokenizer, Path(cfg.cache_dir))
     for note in data.notes:
         say.info(note)
-    data_facts = {"train_examples": len(data.train), "label_names": list(data.label_names),
-                  "data_fingerprint": _fingerprint(data.train)}
+    data_facts = {
+        "train_examples": len(data.train),
+        "label_names": list(data.label_names),
+        "data_fingerprint": _fingerprint(data.train),
+    }
     if resume_from is not None:
         resume_from.check_matches({}, data_facts)
     model = models.load_for_classification(model_path, data.label_names, trust_remote_code=cfg.trust_remote_code)
     if cfg.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     say.info(models.describe(model))
-    say.info(f"labels: {', '.join(data.label_names)}; precision {precision} ({precision_why}); "
-             f"device {accelerator.device}, {accelerator.num_processes} process(es)")
+    say.info(
+        f"labels: {', '.join(data.label_names)}; precision {precision} ({precision_why}); "
+        f"device {accelerator.device}, {accelerator.num_processes} process(es)"
+    )
 
     # -- batches, optimizer, schedule ---------------------------------------------------------------
-    sampler = GlobalBatchSampler(data.train.lengths, cfg.batch_size, cfg.grad_accum, accelerator.num_processes,
-                                 cfg.seed)
+    sampler = GlobalBatchSampler(
+        data.train.lengths, cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed
+    )
     collate = Collator(tokenizer.pad_token_id or 0, fixed_length=cfg.max_length if cfg.pad_to_max_length else None)
     # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
     # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
-    train_loader = DataLoader(ClassificationDataset(data.train), batch_sampler=sampler, collate_fn=collate,
-                              generator=torch.Generator())
-    eval_loader = DataLoader(ClassificationDataset(data.eval), collate_fn=collate, generator=torch.Generator(),
-                             batch_sampler=eval_batches(data.eval.lengths, cfg.batch_size * 2))
+    train_loader = DataLoader(
+        ClassificationDataset(data.train), batch_sampler=sampler, collate_fn=collate, generator=torch.Generator()
+    )
+    eval_loader = DataLoader(
+        ClassificationDataset(data.eval),
+        collate_fn=collate,
+        generator=torch.Generator(),
+        batch_sampler=eval_batches(data.eval.lengths, cfg.batch_size * 2),
+    )
     steps_per_epoch = sampler.steps_per_epoch()
     if steps_per_epoch == 0:
         raise ConfigError(f"--data: {len(data.train)} training rows cannot feed {accelerator.num_processes} processes")
@@ -183,18 +197,26 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, cfg.warmup_ratio)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, eval_loader, scheduler)
+        model, optimizer, train_loader, eval_loader, scheduler
+    )
     flops = FlopMeter(flop_model(accelerator.unwrap_model(model)))
     flop_peak = device_peak(accelerator.device, precision)  # CPU: a ~1 s GEMM probe the first time, then cached
     flops.peak = flop_peak.flops_per_second
-    say.info(f"{flops.model.per_padded_token(cfg.max_length // 2) / 1e6:.1f} MFLOP per token at length "
-             f"{cfg.max_length // 2} ({flops.model.source}); peak {flop_peak.flops_per_second / 1e12:.3g} TFLOP/s "
-             f"({flop_peak.source})")
+    say.info(
+        f"{flops.model.per_padded_token(cfg.max_length // 2) / 1e6:.1f} MFLOP per token at length "
+        f"{cfg.max_length // 2} ({flops.model.source}); peak {flop_peak.flops_per_second / 1e12:.3g} TFLOP/s "
+        f"({flop_peak.source})"
+    )
     compile_seconds = None
     if cfg.compile:
         model, compile_seconds = _compile(model, train_loader, accelerator, amp, say)
-    local_sgd = LocalSGD(model, cfg.local_sgd_steps or 1, cfg.local_sgd_outer_lr, cfg.local_sgd_outer_momentum,
-                         enabled=cfg.local_sgd_steps is not None)
+    local_sgd = LocalSGD(
+        model,
+        cfg.local_sgd_steps or 1,
+        cfg.local_sgd_outer_lr,
+        cfg.local_sgd_outer_momentum,
+        enabled=cfg.local_sgd_steps is not None,
+    )
     if cfg.local_sgd_steps is not None:
         say.info(local_sgd.reason)
 
@@ -204,37 +226,63 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
     resume_rng = None
     if resume_from is not None:
-        resume_rng = checkpoint.restore(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, amp=amp,
-                                        local_sgd=local_sgd, accelerator=accelerator)
+        resume_rng = checkpoint.restore(
+            resume_from,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            amp=amp,
+            local_sgd=local_sgd,
+            accelerator=accelerator,
+        )
         progress = resume_from.progress
         if progress.best_metric != cfg.metric_for_best:  # another yardstick: its best is yet to be seen
             progress.best_metric, progress.best_value, progress.best_step = cfg.metric_for_best, None, None
         if log_path is not None:
             history = [r for r in checkpoint.restore_log(resume_from, log_path) if "loss" in r]
         sampler.start_at(progress.epoch, progress.steps_in_epoch)  # a seek: the skipped batches are never built
-        say.info(f"resuming from {resume_from.path}: step {progress.step}, {progress.steps_in_epoch} steps into "
-                 f"epoch {progress.epoch + 1}")
+        say.info(
+            f"resuming from {resume_from.path}: step {progress.step}, {progress.steps_in_epoch} steps into "
+            f"epoch {progress.epoch + 1}"
+        )
     elif cfg.save_every:
-        note = checkpoint.free_space_check(run.path, checkpoint.estimate_checkpoint_bytes(model, cfg.optimizer),
-                                           cfg.save_total_limit)
+        note = checkpoint.free_space_check(
+            run.path, checkpoint.estimate_checkpoint_bytes(model, cfg.optimizer), cfg.save_total_limit
+        )
         if note:
             say.info(f"warning: {note}")
     if staging is not None:
         write_environment(staging, device=accelerator.device, peak=flop_peak, num_processes=accelerator.num_processes)
-    board = (TensorBoardLogger(staging / "tensorboard", config=cfg.to_dict())
-             if cfg.log == "tensorboard" and staging is not None else None)
+    board = (
+        TensorBoardLogger(staging / "tensorboard", config=cfg.to_dict())
+        if cfg.log == "tensorboard" and staging is not None
+        else None
+    )
     log = TeeLog(MetricsLog(log_path), board)
-    say.info(f"training {len(data.train):,} examples for {total_steps:,} optimizer steps (global batch "
-             f"{sampler.global_batch} = {cfg.batch_size} x {cfg.grad_accum} accumulation x "
-             f"{accelerator.num_processes} processes; {steps_per_epoch:,} steps per epoch); writing {run.path}")
+    say.info(
+        f"training {len(data.train):,} examples for {total_steps:,} optimizer steps (global batch "
+        f"{sampler.global_batch} = {cfg.batch_size} x {cfg.grad_accum} accumulation x "
+        f"{accelerator.num_processes} processes; {steps_per_epoch:,} steps per epoch); writing {run.path}"
+    )
 
     # -- the loop ------------------------------------------------------------------------------------
     meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
     memory = MemoryMeter(accelerator.device)
     timer = StepTimer(accelerator.device)  # synchronises CUDA at phase boundaries
-    bar = tqdm(total=total_steps, initial=min(progress.step, total_steps), desc="train", unit="step",
-               disable=not (cfg.progress and accelerator.is_main_process), dynamic_ncols=True)
-    step, micro_step, epoch, steps_in_epoch = progress.step, progress.micro_step, progress.epoch, progress.steps_in_epoch
+    bar = tqdm(
+        total=total_steps,
+        initial=min(progress.step, total_steps),
+        desc="train",
+        unit="step",
+        disable=not (cfg.progress and accelerator.is_main_process),
+        dynamic_ncols=True,
+    )
+    step, micro_step, epoch, steps_in_epoch = (
+        progress.step,
+        progress.micro_step,
+        progress.epoch,
+        progress.steps_in_epoch,
+    )
     window_loss, window_count, logged_loss, logged_examples = 0.0, 0, progress.logged_loss, progress.logged_examples
     started = time.perf_counter() - progress.elapsed_seconds
     facts = {"precision": precision, "num_processes": accelerator.num_processes, **data_facts}
@@ -242,14 +290,31 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     def save(reason: str, rng: dict, **rollback: int) -> Path:
         """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it."""
         meter.pause()
-        now = dict(step=step, micro_step=micro_step, epoch=epoch, steps_in_epoch=steps_in_epoch,
-                   logged_loss=logged_loss, logged_examples=logged_examples,
-                   elapsed_seconds=time.perf_counter() - started)
+        now = dict(
+            step=step,
+            micro_step=micro_step,
+            epoch=epoch,
+            steps_in_epoch=steps_in_epoch,
+            logged_loss=logged_loss,
+            logged_examples=logged_examples,
+            elapsed_seconds=time.perf_counter() - started,
+        )
         state = dataclasses.replace(progress, **{**now, **rollback})
         with timer.phase("checkpoint"):
-            path = checkpoints.save(state, model=model, optimizer=optimizer, scheduler=scheduler, amp=amp,
-                                    local_sgd=local_sgd, rng=rng, config=cfg.to_dict(), facts=facts,
-                                    log_path=log_path, reason=reason, keep=cfg.save_total_limit)
+            path = checkpoints.save(
+                state,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                amp=amp,
+                local_sgd=local_sgd,
+                rng=rng,
+                config=cfg.to_dict(),
+                facts=facts,
+                log_path=log_path,
+                reason=reason,
+                keep=cfg.save_total_limit,
+            )
         meter.start()
         return path
 
@@ -283,18 +348,35 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 if not window_end:
                     continue
                 with timer.phase("optimizer"):
-                    grad_norm, finite = train_step(model, optimizer, scheduler, amp, accelerator, cfg.max_grad_norm,
-                                                   window_loss / window_count, cfg.on_nan)
+                    grad_norm, finite = train_step(
+                        model,
+                        optimizer,
+                        scheduler,
+                        amp,
+                        accelerator,
+                        cfg.max_grad_norm,
+                        window_loss / window_count,
+                        cfg.on_nan,
+                    )
                 if not finite and cfg.on_nan == "stop":
                     # Nothing has moved yet: save the state before this step, then stop.
                     saved = checkpoints.root / f"{checkpoint.PREFIX}{step:06d}"
                     if step > 0 and not saved.is_dir():
-                        saved = save("last good state before a non-finite step", window_rng,
-                                     micro_step=window_micro_step)
+                        saved = save(
+                            "last good state before a non-finite step", window_rng, micro_step=window_micro_step
+                        )
                     bar.close()
                     log.close()
-                    raise LeantrainError(_nan_message(step + 1, window_loss / window_count, grad_norm, cfg.lr,
-                                                      precision, saved if step > 0 else None))
+                    raise LeantrainError(
+                        _nan_message(
+                            step + 1,
+                            window_loss / window_count,
+                            grad_norm,
+                            cfg.lr,
+                            precision,
+                            saved if step > 0 else None,
+                        )
+                    )
                 step += 1
                 steps_in_epoch += 1
                 with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
@@ -310,26 +392,36 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == total_steps:
                     if accelerator.num_processes > 1:  # the global batch's loss, not this process's share
-                        sums = torch.tensor([logged_loss, logged_examples], dtype=torch.float64,
-                                            device=accelerator.device)
+                        sums = torch.tensor(
+                            [logged_loss, logged_examples], dtype=torch.float64, device=accelerator.device
+                        )
                         logged_loss, logged_examples = accelerator.reduce(sums, reduction="sum").tolist()
-                    row = {"step": step, "micro_step": micro_step,
-                           "epoch": epoch + _epoch_progress(step, steps_per_epoch),
-                           "loss": logged_loss / logged_examples if logged_examples else None,
-                           "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                           "skipped_steps": amp.skipped_steps, "nan_skipped_steps": progress.nan_skipped_steps,
-                           "samples_per_second": meter.samples_per_second * accelerator.num_processes,
-                           "tokens_per_second": meter.tokens_per_second * accelerator.num_processes,
-                           "elapsed_seconds": time.perf_counter() - started,
-                           **flops.metrics(meter.elapsed()), **timer.window_row(),
-                           "peak_memory_bytes": memory.report()["peak_memory_bytes"]}
+                    row = {
+                        "step": step,
+                        "micro_step": micro_step,
+                        "epoch": epoch + _epoch_progress(step, steps_per_epoch),
+                        "loss": logged_loss / logged_examples if logged_examples else None,
+                        "lr": scheduler.get_last_lr()[0],
+                        "grad_norm": grad_norm,
+                        "skipped_steps": amp.skipped_steps,
+                        "nan_skipped_steps": progress.nan_skipped_steps,
+                        "samples_per_second": meter.samples_per_second * accelerator.num_processes,
+                        "tokens_per_second": meter.tokens_per_second * accelerator.num_processes,
+                        "elapsed_seconds": time.perf_counter() - started,
+                        **flops.metrics(meter.elapsed()),
+                        **timer.window_row(),
+                        "peak_memory_bytes": memory.report()["peak_memory_bytes"],
+                    }
                     log.write(row)
                     history.append(row)
                     wall = row["time_wall_seconds"] or 1.0
-                    bar.set_postfix(loss=f"{row['loss'] or float('nan'):.4f}", lr=f"{row['lr']:.2e}",
-                                    sps=f"{row['samples_per_second']:.1f}",
-                                    mfu=f"{row['mfu']:.1%}" if row["mfu"] is not None else "-",
-                                    data=f"{row['time_data_seconds'] / wall:.0%}")
+                    bar.set_postfix(
+                        loss=f"{row['loss'] or float('nan'):.4f}",
+                        lr=f"{row['lr']:.2e}",
+                        sps=f"{row['samples_per_second']:.1f}",
+                        mfu=f"{row['mfu']:.1%}" if row["mfu"] is not None else "-",
+                        data=f"{row['time_data_seconds'] / wall:.0%}",
+                    )
                     logged_loss, logged_examples = 0.0, 0
                 new_best = False
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
@@ -344,8 +436,12 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                     model.train()
                     meter.start()
                 if cfg.save_every and (step % cfg.save_every == 0 or new_best):
-                    save(f"every {cfg.save_every} steps" if step % cfg.save_every == 0 else
-                         f"best eval {cfg.metric_for_best}", checkpoint.rng_state())
+                    save(
+                        f"every {cfg.save_every} steps"
+                        if step % cfg.save_every == 0
+                        else f"best eval {cfg.metric_for_best}",
+                        checkpoint.rng_state(),
+                    )
                 if step >= total_steps:
                     break
             epoch += 1
@@ -367,11 +463,15 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     metrics = {
         **{f"eval_{k}": v for k, v in eval_metrics.items()},
         "train_loss": history[-1]["loss"] if history else None,
-        "optimizer_steps": step, "micro_steps": micro_step, "epochs": step / max(steps_per_epoch, 1),
-        "skipped_steps": amp.skipped_steps, "nan_skipped_steps": progress.nan_skipped_steps,
+        "optimizer_steps": step,
+        "micro_steps": micro_step,
+        "epochs": step / max(steps_per_epoch, 1),
+        "skipped_steps": amp.skipped_steps,
+        "nan_skipped_steps": progress.nan_skipped_steps,
         "resumed_from": str(resume_from.path) if resume_from is not None else None,
         "best_checkpoint": str(checkpoints.best()) if cfg.save_every and checkpoints.best() else None,
-        "train_examples": totals["examples"], "train_seconds": meter.seconds,
+        "train_examples": totals["examples"],
+        "train_seconds": meter.seconds,
         "train_samples_per_second": totals["examples"] / meter.seconds if meter.seconds else None,
         "train_tokens_per_second": totals["tokens"] / meter.seconds if meter.seconds else None,
         "steady_samples_per_second": meter.steady_samples_per_second * accelerator.num_processes,
@@ -379,8 +479,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "padding_fraction": 1 - totals["tokens"] / totals["padded"] if totals["padded"] else 0.0,
         "compile_seconds": compile_seconds,
         **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
-        "flops_per_padded_token": flops.flops / totals["padded"] * accelerator.num_processes if totals["padded"] else None,
-        "peak_tflops": flop_peak.flops_per_second / 1e12, "peak_source": flop_peak.source,
+        "flops_per_padded_token": flops.flops / totals["padded"] * accelerator.num_processes
+        if totals["padded"]
+        else None,
+        "peak_tflops": flop_peak.flops_per_second / 1e12,
+        "peak_source": flop_peak.source,
         "flop_model": flops.model.source,
         **timer.total_row(),
         "wall_seconds": time.perf_counter() - started,
@@ -391,8 +494,10 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "optimizer_state_bytes_per_param": state_bytes / max(sum(p.numel() for p in trainable), 1),
         "local_sgd_syncs": local_sgd.num_syncs if local_sgd.enabled else None,
         "local_sgd_bytes_communicated": local_sgd.bytes_communicated if local_sgd.enabled else None,
-        "precision": precision, "num_processes": accelerator.num_processes,
-        "global_batch": sampler.global_batch, "num_labels": len(data.label_names),
+        "precision": precision,
+        "num_processes": accelerator.num_processes,
+        "global_batch": sampler.global_batch,
+        "num_labels": len(data.label_names),
     }
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -405,26 +510,47 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         run.publish()
     accelerator.wait_for_everyone()
     mb = 1 / 2**20
-    say.info(summary_table(f"leantrain run {run.path}", [
-        ("eval accuracy", f"{eval_metrics['accuracy']:.4f}"),
-        ("eval macro-F1", f"{eval_metrics['macro_f1']:.4f}"),
-        ("eval loss", f"{eval_metrics['loss']:.4f}"),
-        ("train loss (last log)", f"{metrics['train_loss']:.4f}" if metrics["train_loss"] is not None else "-"),
-        ("optimizer steps", f"{step:,}" + (f" ({amp.skipped_steps} skipped: fp16 overflow)" if amp.skipped_steps else "")
-         + (f" ({progress.nan_skipped_steps} skipped: non-finite)" if progress.nan_skipped_steps else "")
-         + (f" (resumed at {resume_from.step:,})" if resume_from is not None else "")),
-        ("samples/s (train)", f"{metrics['train_samples_per_second'] or 0:.1f}"),
-        ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second'] or 0:.0f}"),
-        ("padding", f"{metrics['padding_fraction']:.1%}"),
-        ("peak memory over baseline", f"{peak['peak_memory_over_baseline_bytes'] * mb:.0f} MB"
-         if peak.get("peak_memory_over_baseline_bytes") is not None else "-"),
-        ("optimizer state", f"{state_bytes * mb:.1f} MB"),
-        ("wall time", f"{metrics['wall_seconds']:.1f} s"),
-    ]).rstrip())
+    say.info(
+        summary_table(
+            f"leantrain run {run.path}",
+            [
+                ("eval accuracy", f"{eval_metrics['accuracy']:.4f}"),
+                ("eval macro-F1", f"{eval_metrics['macro_f1']:.4f}"),
+                ("eval loss", f"{eval_metrics['loss']:.4f}"),
+                ("train loss (last log)", f"{metrics['train_loss']:.4f}" if metrics["train_loss"] is not None else "-"),
+                (
+                    "optimizer steps",
+                    f"{step:,}"
+                    + (f" ({amp.skipped_steps} skipped: fp16 overflow)" if amp.skipped_steps else "")
+                    + (f" ({progress.nan_skipped_steps} skipped: non-finite)" if progress.nan_skipped_steps else "")
+                    + (f" (resumed at {resume_from.step:,})" if resume_from is not None else ""),
+                ),
+                ("samples/s (train)", f"{metrics['train_samples_per_second'] or 0:.1f}"),
+                ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second'] or 0:.0f}"),
+                ("padding", f"{metrics['padding_fraction']:.1%}"),
+                (
+                    "peak memory over baseline",
+                    f"{peak['peak_memory_over_baseline_bytes'] * mb:.0f} MB"
+                    if peak.get("peak_memory_over_baseline_bytes") is not None
+                    else "-",
+                ),
+                ("optimizer state", f"{state_bytes * mb:.1f} MB"),
+                ("wall time", f"{metrics['wall_seconds']:.1f} s"),
+            ],
+        ).rstrip()
+    )
     out = run.path
-    return TrainResult(output_dir=out, model_dir=out / "model", metrics=metrics,
-                       paths={"model": out / "model", "metrics": out / "metrics.json",
-                              "log": out / "metrics.jsonl", "config": out / "config.yaml"})
+    return TrainResult(
+        output_dir=out,
+        model_dir=out / "model",
+        metrics=metrics,
+        paths={
+            "model": out / "model",
+            "metrics": out / "metrics.json",
+            "log": out / "metrics.jsonl",
+            "config": out / "config.yaml",
+        },
+    )
 
 
 def _compile(model, loader, accelerator, amp, say):
@@ -454,8 +580,10 @@ def _find_resume(cfg: TrainConfig, run, checkpoints, accelerator, say):
     if cfg.resume is None:
         newest = checkpoints.step_dirs()
         if newest and not cfg.overwrite:
-            raise ConfigError(f"--output-dir: '{run.path}' holds checkpoints of an unfinished run (newest: "
-                              f"{newest[0].name}); pass --resume auto to continue it, or --overwrite to start over")
+            raise ConfigError(
+                f"--output-dir: '{run.path}' holds checkpoints of an unfinished run (newest: "
+                f"{newest[0].name}); pass --resume auto to continue it, or --overwrite to start over"
+            )
         if newest and accelerator.is_main_process:
             say.info(f"--overwrite: discarding the checkpoints in {checkpoints.root}")
             checkpoints.discard_all()
@@ -473,8 +601,10 @@ def _fingerprint(data) -> int:
 
     import numpy as np
 
-    return zlib.crc32(np.ascontiguousarray(data.labels, dtype=np.int64).tobytes() +
-                      np.ascontiguousarray(data.lengths, dtype=np.int64).tobytes())
+    return zlib.crc32(
+        np.ascontiguousarray(data.labels, dtype=np.int64).tobytes()
+        + np.ascontiguousarray(data.lengths, dtype=np.int64).tobytes()
+    )
 
 
 def _all_finite(accelerator, values: list[float]) -> bool:
@@ -487,14 +617,24 @@ def _all_finite(accelerator, values: list[float]) -> bool:
 
 
 def _nan_message(step: int, loss: float, grad_norm: float, lr: float, precision: str, saved: Path | None) -> str:
-    what = " and ".join(f"{name} ({value})" for name, value in (("loss", loss), ("gradient norm", grad_norm))
-                        if not math.isfinite(value)) or "loss or gradient norm on another process"
-    cause = ("fp16 overflow (values beyond fp16's range); start again with --precision bf16 (or fp32), or a "
-             "lower --lr" if precision == "fp16" else
-             f"the learning rate is too high (--lr {lr:g}); start again with a lower --lr")
+    what = (
+        " and ".join(
+            f"{name} ({value})"
+            for name, value in (("loss", loss), ("gradient norm", grad_norm))
+            if not math.isfinite(value)
+        )
+        or "loss or gradient norm on another process"
+    )
+    cause = (
+        "fp16 overflow (values beyond fp16's range); start again with --precision bf16 (or fp32), or a lower --lr"
+        if precision == "fp16"
+        else f"the learning rate is too high (--lr {lr:g}); start again with a lower --lr"
+    )
     kept = f" The last good state (step {step - 1}) is saved in {saved}." if saved is not None else ""
-    return (f"step {step}: non-finite {what}. Likely cause: {cause}.{kept} To skip such steps instead: "
-            "--on-nan skip (e.g. --resume auto --on-nan skip)")
+    return (
+        f"step {step}: non-finite {what}. Likely cause: {cause}.{kept} To skip such steps instead: "
+        "--on-nan skip (e.g. --resume auto --on-nan skip)"
+    )
 
 
 def _epoch_progress(step: int, steps_per_epoch: int) -> float:
@@ -502,8 +642,9 @@ def _epoch_progress(step: int, steps_per_epoch: int) -> float:
 
 
 def _gather_totals(accelerator, meter) -> dict[str, int]:
-    t = torch.tensor([meter.examples, meter.tokens, meter.padded_tokens], dtype=torch.float64,
-                     device=accelerator.device)
+    t = torch.tensor(
+        [meter.examples, meter.tokens, meter.padded_tokens], dtype=torch.float64, device=accelerator.device
+    )
     t = accelerator.reduce(t, reduction="sum")
     return {"examples": int(t[0]), "tokens": int(t[1]), "padded": int(t[2])}
 
