@@ -66,6 +66,9 @@ RESUMABLE_CHANGES = frozenset(
         "trust_remote_code",
         "main_process_ip",
         "main_process_port",
+        "launcher",  # the number of processes itself is checked as a fact
+        "log",
+        "report",
     }
 )
 
@@ -458,7 +461,18 @@ def restore_log(ckpt: Checkpoint, log_path: Path) -> list[dict]:
 
 
 def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None) -> str | None:
-    """Fail now if not even one checkpoint fits on the disk; return a warning if `keep` of them will not."""
+    """Fail now if the checkpoints folder cannot be written or not even one checkpoint fits on the disk;
+    return a warning if `keep` of them will not."""
+    root = path / "checkpoints"
+    if root.exists():
+        probe = root / f".{PREFIX}write-test-{os.getpid()}.tmp"
+        try:
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write checkpoints to {root} ({exc.strerror}); make it writable or choose another --output-dir"
+            ) from None
     try:
         free = shutil.disk_usage(path).free
     except OSError:

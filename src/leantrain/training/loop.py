@@ -141,6 +141,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     # -- which checkpoint to resume (refused now, before any work, if it is from a different run) ----------
     checkpoints = checkpoint.CheckpointDir(run.path / "checkpoints", accelerator)
     checkpoint.metric_key(cfg.metric_for_best)
+    if cfg.shard != "none" and (cfg.save_every or cfg.resume):
+        raise ConfigError(
+            f"--save-every/--resume do not support --shard {cfg.shard} yet (a checkpoint holds whole replicas); "
+            "train without sharding to checkpoint"
+        )
     resume_from = _find_resume(cfg, run, checkpoints, accelerator, say)
     if resume_from is not None:
         resume_from.check_matches(cfg.to_dict(), {"precision": precision, "num_processes": accelerator.num_processes})
@@ -361,7 +366,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 if not finite and cfg.on_nan == "stop":
                     # Nothing has moved yet: save the state before this step, then stop.
                     saved = checkpoints.root / f"{checkpoint.PREFIX}{step:06d}"
-                    if step > 0 and not saved.is_dir():
+                    if step > 0 and not saved.is_dir() and cfg.shard == "none":
                         saved = save(
                             "last good state before a non-finite step", window_rng, micro_step=window_micro_step
                         )
@@ -374,7 +379,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                             grad_norm,
                             cfg.lr,
                             precision,
-                            saved if step > 0 else None,
+                            saved if saved.is_dir() else None,
                         )
                     )
                 step += 1
