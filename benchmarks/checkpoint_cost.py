@@ -236,7 +236,7 @@ noisy machine (1-minute load average {load_before:.1f} before, {load_after:.1f} 
 ```
 python benchmarks/checkpoint_cost.py {shlex.join(argv if argv is not None else sys.argv[1:])}
 ```
-"""
+"""  # noqa: E501 - markdown table rows and list items cannot be wrapped
     print(md)
     if not args.no_write:
         args.out_dir.mkdir(parents=True, exist_ok=True)

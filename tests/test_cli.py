@@ -120,7 +120,7 @@ def test_info_shows_config_counts_and_head(capsys, tiny_model_dir):
 
 
 def test_env_reports_devices_precisions_and_versions(capsys):
-    code, out, _ = run(capsys, "env")
+    _code, out, _ = run(capsys, "env")
     for needle in (
         "device",
         "distributed type",

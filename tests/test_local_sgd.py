@@ -184,7 +184,7 @@ def replay(k: int, steps: int, outer_lr=None, outer_momentum=0.0):
 def assert_states_close(a, b, atol=ATOL):
     assert a.keys() == b.keys()
     for n in a:
-        torch.testing.assert_close(a[n], b[n], atol=atol, rtol=0, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(a[n], b[n], atol=atol, rtol=0, msg=lambda m: f"{n}: {m}")  # noqa: B023 - called within this iteration
 
 
 def states_equal(a, b) -> bool:

@@ -107,9 +107,9 @@ def test_columns_are_guessed_when_obvious():
 
 
 def test_ambiguous_or_missing_columns_are_errors():
-    with pytest.raises(DataError, match="text column ambiguous.*--text-column"):
+    with pytest.raises(DataError, match=r"text column ambiguous.*--text-column"):
         resolve_columns(_frame(title=["a"], body2=["b"], label=[1]), "f.csv", None, None, None)
-    with pytest.raises(DataError, match="which column holds the label.*--label-column"):
+    with pytest.raises(DataError, match=r"which column holds the label.*--label-column"):
         resolve_columns(_frame(text=["a"], score=[1]), "f.csv", None, None, None)
     with pytest.raises(DataError, match="no column 'txt' \\(given by --text-column\\)"):
         resolve_columns(_frame(text=["a"], label=[1]), "f.csv", "txt", None, None)

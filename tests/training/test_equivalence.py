@@ -67,8 +67,8 @@ def test_uneven_micro_batches_and_the_short_last_step_are_exact(run):
 
 
 def test_gradient_accumulation_with_clipping_and_adamw_stays_close(run):
-    big, w_big = run(batch_size=16, grad_accum=1, max_steps=4, optimizer="adamw", lr=1e-3, max_grad_norm=1.0)
-    small, w_small = run(batch_size=4, grad_accum=4, max_steps=4, optimizer="adamw", lr=1e-3, max_grad_norm=1.0)
+    _big, w_big = run(batch_size=16, grad_accum=1, max_steps=4, optimizer="adamw", lr=1e-3, max_grad_norm=1.0)
+    _small, w_small = run(batch_size=4, grad_accum=4, max_steps=4, optimizer="adamw", lr=1e-3, max_grad_norm=1.0)
     # Adam divides by sqrt(v): rounding differences near zero gradients are magnified, so not 1e-5
     assert max_diff(w_big, w_small) <= 1e-3
 
@@ -81,8 +81,8 @@ def test_activation_checkpointing_trains_identically(run):
 
 
 def test_local_sgd_with_one_process_is_a_no_op_that_says_so(run, capsys):
-    plain, w_plain = run(batch_size=16, max_steps=4)
-    local, w_local = run(batch_size=16, max_steps=4, local_sgd_steps=2)
+    _plain, w_plain = run(batch_size=16, max_steps=4)
+    _local, w_local = run(batch_size=16, max_steps=4, local_sgd_steps=2)
     assert "local SGD off" in capsys.readouterr().err
     assert max_diff(w_plain, w_local) == 0.0
 
