@@ -109,9 +109,14 @@ def run_bench(
     for _ in range(repeats):
         for row in _run_once(base, techniques, steps, bench_dir, say, timeout):
             runs[row.name].append(row)
+
+    def steady(r: BenchRow) -> float:
+        assert r.metrics is not None  # only runs with metrics are sorted
+        return r.metrics["steady_samples_per_second"]
+
     rows = []
-    for name, tries in runs.items():
-        ok = sorted((r for r in tries if r.metrics), key=lambda r: r.metrics["steady_samples_per_second"])
+    for tries in runs.values():
+        ok = sorted((r for r in tries if r.metrics), key=steady)
         rows.append(ok[len(ok) // 2] if ok else tries[0])
     return rows
 
@@ -199,9 +204,10 @@ def render(records: list[dict[str, Any]]) -> str:
             v, rel = rec[label], rec[f"{label} vs baseline"]
             cells.append("-" if v is None else f"{v:{fmt}}" + (f" ({rel:.2f}x)" if rel is not None else ""))
         table.add_row(rec["technique"] + (" [failed]" if rec["error"] else ""), *cells)
-    console = Console(width=160, file=io.StringIO())
+    buffer = io.StringIO()
+    console = Console(width=160, file=buffer)
     console.print(table)
-    return console.file.getvalue()
+    return buffer.getvalue()
 
 
 def write_outputs(records: list[dict[str, Any]], bench_dir: Path, context: dict[str, Any]) -> dict[str, Path]:

@@ -158,7 +158,9 @@ def _show(value: Any) -> str:
 
 def rng_state() -> dict[str, Any]:
     """Every global RNG this process uses, in a form torch.load(weights_only=True) reads back."""
-    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # the global RNG is an MT19937: its legacy state is a tuple
+    kind, key, pos, has_gauss, gauss = legacy
     state = {
         "python": random.getstate(),
         "numpy": {
@@ -227,7 +229,8 @@ class CheckpointDir:
                 step = json.loads((path / MANIFEST).read_text())["progress"]["best_step"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            return self.root / f"{PREFIX}{step:06d}" if step is not None else None
+            best = self.root / f"{PREFIX}{step:06d}" if step is not None else None
+            return best if best is not None and best.is_dir() else None  # (evaluated while not saving)
         return None
 
     def clean(self) -> None:

@@ -18,7 +18,8 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         for name, p in module.named_parameters(recurse=False):
             if is_norm or name.endswith("bias") or p.ndim < 2:
                 no_decay_ids.add(id(p))
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (no_decay if id(p) in no_decay_ids else decay).append(p)
@@ -117,5 +118,5 @@ def build_scheduler(optimizer: torch.optim.Optimizer, name: str, total_steps: in
     from transformers import get_scheduler
 
     hf_name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[name]
-    warmup = int(round(warmup_ratio * total_steps))
+    warmup = round(warmup_ratio * total_steps)
     return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))

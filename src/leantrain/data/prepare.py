@@ -127,6 +127,7 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
     )
     train_src = load_source(resolve_data_path(cfg.data), split="train", **common)
     notes = [_describe(train_src)]
+    assert train_src.columns.label is not None  # resolve_columns requires a label column by default
     label_names = build_label_map(pd.Series(train_src.labels), train_src.path, train_src.columns.label)
     label_id = {name: i for i, name in enumerate(label_names)}
     all_train = LabelledText(train_src.tokens, np.array([label_id[x] for x in train_src.labels], dtype=np.int64))

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict
     """Write atomically: a crash mid-write never leaves a cache entry that later loads as garbage."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    arrays = {
+    arrays: dict[str, Any] = {
         "input_ids": tokens.input_ids,
         "offsets": tokens.offsets,
         "labels": np.asarray(labels, dtype=object).astype(str),
@@ -130,7 +131,7 @@ def load_cached(path: Path) -> tuple[TokenizedText, list[str], dict] | None:
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            tokens = TokenizedText(z["input_ids"], z["offsets"], z["token_type_ids"] if "token_type_ids" in z else None)
+            tokens = TokenizedText(z["input_ids"], z["offsets"], z.get("token_type_ids"))
             return tokens, z["labels"].tolist(), json.loads(str(z["meta"]))
     except Exception:  # a damaged cache entry is rebuilt, never trusted
         return None

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ DEFAULT_PORT = 29500
 # -- where are we ------------------------------------------------------------------------------------
 
 
-def launched(environ: dict[str, str] | None = None) -> bool:
+def launched(environ: Mapping[str, str] | None = None) -> bool:
     """True in a process that a launcher started: it trains, it does not launch again."""
     env = os.environ if environ is None else environ
     return LAUNCHED_ENV in env or ACCELERATE_LAUNCH_ENV in env or any(k in env for k in TORCH_LAUNCH_ENV)
@@ -58,14 +59,14 @@ def rank_info(environ: dict[str, str] | None = None) -> tuple[int, int]:
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
 
 
-def needs_launch(cfg: TrainConfig, environ: dict[str, str] | None = None) -> bool:
+def needs_launch(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> bool:
     """Should `leantrain train` start processes (rather than train in this one)?"""
     if launched(environ):
         return False
     return cfg.launcher == "ray" or (cfg.num_processes or 1) > 1 or cfg.num_machines > 1
 
 
-def check_launched(cfg: TrainConfig, environ: dict[str, str] | None = None) -> None:
+def check_launched(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> None:
     """Inside a launched process: refuse flags that disagree with what the launcher started."""
     env = os.environ if environ is None else environ
     if not launched(env) or env.get("LEANTRAIN_RAY_WORKER"):
@@ -304,6 +305,7 @@ def launch_ray(cfg: TrainConfig) -> int:
         if ray.is_initialized():
             ray.shutdown()
         shutil.rmtree(storage, ignore_errors=True)
+    assert cfg.output_dir is not None  # launch() resolved the config
     metrics = json.loads((Path(cfg.output_dir) / "metrics.json").read_text())
     print_result(metrics, Path(cfg.output_dir) / "model")
     return 0

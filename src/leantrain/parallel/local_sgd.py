@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ def _unwrap(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
         if isinstance(model, nn.parallel.DistributedDataParallel):
             ddp, model = model, model.module
         elif hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
-            model = model._orig_mod
+            model = cast(nn.Module, model._orig_mod)
         else:
             return model, ddp
 
@@ -168,6 +169,7 @@ class LocalSGD:
             buffers = [b for b in self.module.buffers() if b.is_floating_point()]
             self._all_reduce_mean(self._params + buffers)
             if self._outer is not None:
+                assert self._anchor is not None  # the outer optimizer steps the anchor
                 for p, a in zip(self._outer_params, self._anchor):
                     a.grad = a - p.to(a.dtype)  # outer gradient: anchor - mean(params)
                 self._outer.step()
@@ -196,6 +198,7 @@ class LocalSGD:
         if self._anchor is not None:
             self._snapshot_anchor()
             if state.get("outer") is not None:
+                assert self._outer is not None  # _snapshot_anchor made it
                 self._outer.load_state_dict(state["outer"])
 
     # -- internals ---------------------------------------------------------------------------------------------
@@ -204,6 +207,7 @@ class LocalSGD:
             p.detach().to(torch.promote_types(p.dtype, torch.float32), copy=True) for p in self._outer_params
         ]
         m = self.outer_momentum
+        assert self.outer_lr is not None  # an anchor exists only with an outer optimizer
         self._outer = torch.optim.SGD(self._anchor, lr=self.outer_lr, momentum=m, nesterov=m > 0)
 
     def _all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
@@ -212,7 +216,8 @@ class LocalSGD:
         for t in tensors:
             groups[(t.device, t.dtype)].append(t)
         for group in groups.values():
-            bucket, size = [], 0
+            bucket: list[torch.Tensor] = []
+            size = 0
             for t in group:
                 nbytes = t.numel() * t.element_size()
                 if bucket and size + nbytes > self.bucket_bytes:

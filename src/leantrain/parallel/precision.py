@@ -26,7 +26,10 @@ class MixedPrecision:
         return contextlib.nullcontext()  # the prepared model autocasts itself
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.accelerator.backward(self.scaler.scale(loss) if self.manual else loss)
+        if self.manual:
+            assert self.scaler is not None  # made whenever self.manual
+            loss = self.scaler.scale(loss)
+        self.accelerator.backward(loss)
 
     def clip_and_step(self, model, optimizer, max_grad_norm: float) -> tuple[float, bool]:
         """Unscale, clip, step. Returns (pre-clip gradient norm, whether the step was skipped for inf/NaN)."""
@@ -41,6 +44,7 @@ class MixedPrecision:
     def unscale_and_clip(self, model, optimizer, max_grad_norm: float) -> float:
         """Unscale (fp16) and clip the gradients (max_grad_norm 0: no clipping); returns their pre-clip norm."""
         if self.manual:
+            assert self.scaler is not None  # made whenever self.manual
             self.scaler.unscale_(optimizer)
         # An infinite bound measures without clipping: the gradients are multiplied by exactly 1.
         bound = max_grad_norm if max_grad_norm > 0 else float("inf")
@@ -50,6 +54,7 @@ class MixedPrecision:
         """Step the optimizer (through the scaler for fp16); returns whether it was skipped for inf/NaN."""
         acc = self.accelerator
         if self.manual:
+            assert self.scaler is not None  # made whenever self.manual
             scale = self.scaler.get_scale()
             self.scaler.step(optimizer)
             self.scaler.update()
@@ -64,10 +69,8 @@ class MixedPrecision:
         """Do not step: clear the gradients, keeping the loss scaler's books (the NaN guard's --on-nan skip)."""
         scaler = self.scaler if self.manual else getattr(self.accelerator, "scaler", None)
         if scaler is not None:
-            try:
+            with contextlib.suppress(AssertionError):  # raised when nothing was unscaled this step
                 scaler.update()  # closes this step's unscale_; the inf/NaN it found lowers the scale
-            except AssertionError:
-                pass  # nothing was unscaled this step
         optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict:

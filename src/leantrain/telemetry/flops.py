@@ -224,8 +224,8 @@ class FlopMeter:
         self.peak = peak_flops_per_second
         self.flops = 0.0  # padded: what the device computed
         self.sequences = 0
-        self._lengths = 0  # Python ints, or device tensors until read
-        self._squares = 0
+        self._lengths: Any = 0  # Python ints, or device tensors until read (then a float)
+        self._squares: Any = 0
 
     def add(self, input_ids, attention_mask=None) -> float:
         """Count one micro-batch; returns its padded FLOPs."""

@@ -8,6 +8,7 @@ slack already resident (a few MB to tens of MB); compare configurations by ratio
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -34,10 +35,8 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device)
             return
-        try:
+        with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak then covers the whole process
             Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass  # not Linux, or not allowed: the peak then covers the whole process
         self.baseline = (_status_kib("VmRSS") or 0) * 1024
 
     def report(self) -> dict[str, int | None]:
@@ -50,10 +49,10 @@ class MemoryMeter:
                 "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device),
             }
         hwm = _status_kib("VmHWM")
-        peak = hwm * 1024 if hwm is not None else None
+        rss_peak = hwm * 1024 if hwm is not None else None
         return {
-            "peak_memory_bytes": peak,
-            "peak_memory_over_baseline_bytes": peak - self.baseline if peak is not None else None,
+            "peak_memory_bytes": rss_peak,
+            "peak_memory_over_baseline_bytes": rss_peak - self.baseline if rss_peak is not None else None,
         }
 
 

@@ -114,6 +114,7 @@ def summary_table(title: str, rows: list[tuple[str, str]]) -> str:
     table.add_column()
     for k, v in rows:
         table.add_row(k, v)
-    console = Console(width=100, file=io.StringIO())
+    buffer = io.StringIO()
+    console = Console(width=100, file=buffer)
     console.print(table)
-    return console.file.getvalue()
+    return buffer.getvalue()

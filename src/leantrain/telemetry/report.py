@@ -11,6 +11,7 @@ page, not drawn empty.
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import json
@@ -86,7 +87,7 @@ def _number(value: Any) -> Any:
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of metrics.jsonl; a torn last line (a run killed mid-write) is skipped."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
@@ -163,10 +164,8 @@ def collect_environment(device: Any = None, peak: Any = None, num_processes: int
         }
     )
     for lib in ("transformers", "accelerate", "datasets"):
-        try:
+        with contextlib.suppress(Exception):  # a missing library is just not reported
             env[lib] = __import__(lib).__version__
-        except Exception:  # a missing library is just not reported
-            pass
     if num_processes is not None:
         env["num_processes"] = num_processes
     if peak is not None:
@@ -320,8 +319,8 @@ def plot_throughput(run: RunData) -> bytes | None:
 
 def time_totals(run: RunData) -> dict[str, float]:
     """Seconds per part of the time breakdown: metrics.json totals, else the rows' windows summed."""
-    totals = {p: run.metrics.get(row_key(p)) for p in PHASES}
-    totals = {p: float(v) for p, v in totals.items() if isinstance(v, (int, float))}
+    recorded = {p: run.metrics.get(row_key(p)) for p in PHASES}
+    totals = {p: float(v) for p, v in recorded.items() if isinstance(v, (int, float))}
     if totals:
         return totals
     summed: dict[str, float] = {}

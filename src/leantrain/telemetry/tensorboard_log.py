@@ -56,7 +56,7 @@ class TensorBoardLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
-        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._writer: SummaryWriter | None = SummaryWriter(log_dir=str(self.log_dir))
         if config:
             import yaml
 

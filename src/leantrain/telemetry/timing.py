@@ -132,8 +132,8 @@ class StepTimer:
 
 def fractions_from_row(row: dict[str, Any]) -> dict[str, float]:
     """Parts' shares of the wall time from a metrics row's time_*_seconds fields ({} if there are none)."""
-    parts = {p: row.get(row_key(p)) for p in PHASES}
-    parts = {p: float(v) for p, v in parts.items() if isinstance(v, (int, float))}
+    recorded = {p: row.get(row_key(p)) for p in PHASES}
+    parts = {p: float(v) for p, v in recorded.items() if isinstance(v, (int, float))}
     wall = row.get(row_key("wall"))
     wall = float(wall) if isinstance(wall, (int, float)) else sum(parts.values())
     return {p: v / wall for p, v in parts.items()} if wall > 0 else {}

@@ -13,7 +13,9 @@ from leantrain.training.loop import model_inputs
 def predict_loop(model, loader, accelerator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Probabilities, labels and example indices for every example in `loader`, in loader order."""
     model.eval()
-    probs, labels, indices = [], [], []
+    probs_t: list[torch.Tensor] = []
+    labels_t: list[torch.Tensor] = []
+    indices_t: list[torch.Tensor] = []
     for batch in loader:
         logits = model(**model_inputs(batch)).logits.float()
         p, y, i = F.softmax(logits, dim=-1), batch["labels"], batch["index"]
@@ -25,10 +27,10 @@ def predict_loop(model, loader, accelerator) -> tuple[np.ndarray, np.ndarray, np
             p, y, i = accelerator.gather((p.contiguous(), y.contiguous(), i.contiguous()))
             keep = i >= 0
             p, y, i = p[keep], y[keep], i[keep]
-        probs.append(p.cpu())
-        labels.append(y.cpu())
-        indices.append(i.cpu())
-    probs, labels, indices = torch.cat(probs).numpy(), torch.cat(labels).numpy(), torch.cat(indices).numpy()
+        probs_t.append(p.cpu())
+        labels_t.append(y.cpu())
+        indices_t.append(i.cpu())
+    probs, labels, indices = torch.cat(probs_t).numpy(), torch.cat(labels_t).numpy(), torch.cat(indices_t).numpy()
     if accelerator.num_processes > 1:
         _, first = np.unique(indices, return_index=True)
         first.sort()  # each example once, in the order it was first seen

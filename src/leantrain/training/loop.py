@@ -132,6 +132,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     accelerator = parallel.make_accelerator(precision, cfg.shard)
     if config.output_dir is None:  # every process must write under rank 0's timestamped default
         cfg = cfg.replace(output_dir=parallel.broadcast_from_main(cfg.output_dir))
+    assert cfg.output_dir is not None and cfg.cache_dir is not None  # resolve_config filled them
     run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
     run.check()  # on every process, so each one fails with the message rather than waiting for the others
     amp = MixedPrecision(accelerator, precision)
@@ -251,11 +252,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
             f"epoch {progress.epoch + 1}"
         )
     elif cfg.save_every:
-        note = checkpoint.free_space_check(
+        space_note = checkpoint.free_space_check(
             run.path, checkpoint.estimate_checkpoint_bytes(model, cfg.optimizer), cfg.save_total_limit
         )
-        if note:
-            say.info(f"warning: {note}")
+        if space_note:
+            say.info(f"warning: {space_note}")
     if staging is not None:
         write_environment(staging, device=accelerator.device, peak=flop_peak, num_processes=accelerator.num_processes)
     board = (
@@ -295,7 +296,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     def save(reason: str, rng: dict, **rollback: int) -> Path:
         """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it."""
         meter.pause()
-        now = dict(
+        now: dict[str, Any] = dict(
             step=step,
             micro_step=micro_step,
             epoch=epoch,
@@ -434,7 +435,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                     with timer.phase("eval"):
                         with timer.phase("comm"):
                             local_sgd.sync()  # evaluate the averaged model, as the final one will be
-                        metrics = evaluate_loop(model, eval_loader, accelerator)
+                        metrics: dict[str, Any] = evaluate_loop(model, eval_loader, accelerator)
                     log.write({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
                     say.info(f"step {step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
                     new_best = progress.update_best(metrics, step)
@@ -506,6 +507,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     }
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        assert staging is not None  # the main process stages the run
         _write_outputs(staging, unwrapped, tokenizer, cfg, metrics)
         if cfg.report:
             try:
@@ -515,6 +517,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         run.publish()
     accelerator.wait_for_everyone()
     mb = 1 / 2**20
+    over_baseline = peak.get("peak_memory_over_baseline_bytes")
     say.info(
         summary_table(
             f"leantrain run {run.path}",
@@ -535,9 +538,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 ("padding", f"{metrics['padding_fraction']:.1%}"),
                 (
                     "peak memory over baseline",
-                    f"{peak['peak_memory_over_baseline_bytes'] * mb:.0f} MB"
-                    if peak.get("peak_memory_over_baseline_bytes") is not None
-                    else "-",
+                    f"{over_baseline * mb:.0f} MB" if over_baseline is not None else "-",
                 ),
                 ("optimizer state", f"{state_bytes * mb:.1f} MB"),
                 ("wall time", f"{metrics['wall_seconds']:.1f} s"),
