@@ -17,4 +17,9 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
     || echo "chromium not installed: the browser test will be skipped" >&2
 fi
 export HF_HUB_OFFLINE=1
-python -m pytest "$@"
+# Lint, format and type checks (settings in pyproject.toml; .pre-commit-config.yaml runs the same)
+ruff check src tests scripts benchmarks
+ruff format --check src tests scripts benchmarks
+mypy
+# Coverage of the leantrain package; the floor is [tool.coverage.report] fail_under in pyproject.toml
+python -m pytest --cov=leantrain --cov-report=term "$@"
