@@ -45,24 +45,44 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "sst2"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
 
 # The job both sides run. Any change here changes both sides.
-JOB = dict(batch_size=32, lr=5e-5, epochs=1, max_length=128, weight_decay=0.01, warmup_ratio=0.06,
-           scheduler="linear", max_grad_norm=1.0, seed=42)
+JOB = dict(
+    batch_size=32,
+    lr=5e-5,
+    epochs=1,
+    max_length=128,
+    weight_decay=0.01,
+    warmup_ratio=0.06,
+    scheduler="linear",
+    max_grad_norm=1.0,
+    seed=42,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA,
-                   help="folder holding SST-2's train.tsv and dev.tsv (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA,
+        help="folder holding SST-2's train.tsv and dev.tsv (default: %(default)s)",
+    )
     p.add_argument("--train-rows", type=int, default=2000, help="first N rows of train.tsv to train on")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     p.add_argument("--repeats", type=int, default=1, help="back-to-back (leantrain, Trainer) pairs per precision")
-    p.add_argument("--no-warmup", action="store_true",
-                   help="skip the untimed 2-step run of each side per precision (warms kernels and "
-                        "leantrain's tokenization cache)")
-    p.add_argument("--leantrain-rev", metavar="REV",
-                   help="benchmark leantrain as committed at this git revision (its src/ exported to a temp "
-                        "folder) rather than the installed one; useful while src/ is being edited")
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the untimed 2-step run of each side per precision (warms kernels and "
+        "leantrain's tokenization cache)",
+    )
+    p.add_argument(
+        "--leantrain-rev",
+        metavar="REV",
+        help="benchmark leantrain as committed at this git revision (its src/ exported to a temp "
+        "folder) rather than the installed one; useful while src/ is being edited",
+    )
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="where the .md and .json go")
     p.add_argument("--no-write", action="store_true", help="print the results, write no files")
     args = p.parse_args(argv)
@@ -111,28 +131,49 @@ def leantrain_train_function():
     return train if callable(train) else train.train
 
 
-def run_leantrain(model_path: Path, train_tsv: Path, dev_tsv: Path, precision: str, work: Path,
-                  max_steps: int | None = None) -> dict:
+def run_leantrain(
+    model_path: Path, train_tsv: Path, dev_tsv: Path, precision: str, work: Path, max_steps: int | None = None
+) -> dict:
     from leantrain import TrainConfig
 
     train = leantrain_train_function()
     extra = {}
     if "report" in {f.name for f in dataclasses.fields(TrainConfig)}:
         extra["report"] = False  # report.html is written after training; the Trainer side writes nothing either
-    cfg = TrainConfig(model=str(model_path), data=str(train_tsv), eval_data=str(dev_tsv),
-                      batch_size=JOB["batch_size"], epochs=JOB["epochs"], lr=JOB["lr"],
-                      max_length=JOB["max_length"], weight_decay=JOB["weight_decay"],
-                      warmup_ratio=JOB["warmup_ratio"], scheduler=JOB["scheduler"],
-                      max_grad_norm=JOB["max_grad_norm"], seed=JOB["seed"], precision=precision,
-                      max_steps=max_steps, output_dir=str(work / "leantrain-run"), overwrite=True,
-                      progress=False, cache_dir=str(work / "leantrain-cache"), **extra)
+    cfg = TrainConfig(
+        model=str(model_path),
+        data=str(train_tsv),
+        eval_data=str(dev_tsv),
+        batch_size=JOB["batch_size"],
+        epochs=JOB["epochs"],
+        lr=JOB["lr"],
+        max_length=JOB["max_length"],
+        weight_decay=JOB["weight_decay"],
+        warmup_ratio=JOB["warmup_ratio"],
+        scheduler=JOB["scheduler"],
+        max_grad_norm=JOB["max_grad_norm"],
+        seed=JOB["seed"],
+        precision=precision,
+        max_steps=max_steps,
+        output_dir=str(work / "leantrain-run"),
+        overwrite=True,
+        progress=False,
+        cache_dir=str(work / "leantrain-cache"),
+        **extra,
+    )
     m = train(cfg).metrics
     # train_samples_per_second counts every step (like the Trainer's figure); steady_* skips the first few.
-    return {"samples_per_second": m["train_samples_per_second"], "train_seconds": m["train_seconds"],
-            "steady_samples_per_second": m.get("steady_samples_per_second"),
-            "train_examples": m["train_examples"], "optimizer_steps": m["optimizer_steps"],
-            "eval_accuracy": m["eval_accuracy"], "train_loss": m["train_loss"],
-            "padding_fraction": m["padding_fraction"], "precision": m["precision"]}
+    return {
+        "samples_per_second": m["train_samples_per_second"],
+        "train_seconds": m["train_seconds"],
+        "steady_samples_per_second": m.get("steady_samples_per_second"),
+        "train_examples": m["train_examples"],
+        "optimizer_steps": m["optimizer_steps"],
+        "eval_accuracy": m["eval_accuracy"],
+        "train_loss": m["train_loss"],
+        "padding_fraction": m["padding_fraction"],
+        "precision": m["precision"],
+    }
 
 
 # --- Trainer side --------------------------------------------------------------------------------
@@ -153,11 +194,18 @@ def tokenize_for_trainer(model_path: Path, train_tsv: Path, dev_tsv: Path):
     return tok, build(train_tsv), build(dev_tsv)
 
 
-def run_trainer(model_path: Path, tok, train_ds, dev_ds, precision: str, work: Path,
-                max_steps: int | None = None) -> dict:
+def run_trainer(
+    model_path: Path, tok, train_ds, dev_ds, precision: str, work: Path, max_steps: int | None = None
+) -> dict:
     import numpy as np
-    from transformers import (AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer,
-                              TrainerCallback, TrainingArguments, set_seed)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        set_seed,
+    )
 
     class LoopClock(TrainerCallback):
         """Times the Trainer's loop alone, to separate set-up inside train() from training."""
@@ -172,20 +220,36 @@ def run_trainer(model_path: Path, tok, train_ds, dev_ds, precision: str, work: P
     model = AutoModelForSequenceClassification.from_pretrained(str(model_path), num_labels=2)
     args = TrainingArguments(
         output_dir=str(work / "trainer-run"),
-        per_device_train_batch_size=JOB["batch_size"], per_device_eval_batch_size=2 * JOB["batch_size"],
-        learning_rate=JOB["lr"], num_train_epochs=JOB["epochs"], max_steps=max_steps or -1,
+        per_device_train_batch_size=JOB["batch_size"],
+        per_device_eval_batch_size=2 * JOB["batch_size"],
+        learning_rate=JOB["lr"],
+        num_train_epochs=JOB["epochs"],
+        max_steps=max_steps or -1,
         weight_decay=JOB["weight_decay"],
         warmup_steps=JOB["warmup_ratio"],  # transformers 5: a float below 1 is a ratio (no warmup_ratio)
-        lr_scheduler_type=JOB["scheduler"], max_grad_norm=JOB["max_grad_norm"], seed=JOB["seed"],
+        lr_scheduler_type=JOB["scheduler"],
+        max_grad_norm=JOB["max_grad_norm"],
+        seed=JOB["seed"],
         train_sampling_strategy="group_by_length",  # v5 name of group_by_length: 3% padding, not 44%
         optim="adamw_torch_fused",  # 4x faster optimizer step on CPU than foreach
-        bf16=(precision == "bf16"), use_cpu=True,
-        report_to=[], save_strategy="no", eval_strategy="no", logging_strategy="no", disable_tqdm=True,
+        bf16=(precision == "bf16"),
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
         dataloader_num_workers=0,  # 2 cores: workers would steal them from the model
     )
     clock = LoopClock()
-    trainer = Trainer(model=model, args=args, train_dataset=train_ds, processing_class=tok,
-                      data_collator=DataCollatorWithPadding(tok), callbacks=[clock])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        processing_class=tok,
+        data_collator=DataCollatorWithPadding(tok),
+        callbacks=[clock],
+    )
     t0 = time.perf_counter()
     out = trainer.train()
     wall = time.perf_counter() - t0
@@ -193,9 +257,16 @@ def run_trainer(model_path: Path, tok, train_ds, dev_ds, precision: str, work: P
     pred = trainer.predict(dev_ds)
     accuracy = float((np.argmax(pred.predictions, axis=-1) == pred.label_ids).mean())
     loop = clock.end - clock.begin
-    return {"samples_per_second": examples / wall, "train_seconds": wall, "train_examples": examples,
-            "loop_seconds": loop, "loop_samples_per_second": examples / loop,
-            "optimizer_steps": out.global_step, "eval_accuracy": accuracy, "train_loss": out.training_loss}
+    return {
+        "samples_per_second": examples / wall,
+        "train_seconds": wall,
+        "train_examples": examples,
+        "loop_seconds": loop,
+        "loop_samples_per_second": examples / loop,
+        "optimizer_steps": out.global_step,
+        "eval_accuracy": accuracy,
+        "train_loss": out.training_loss,
+    }
 
 
 # --- the comparison ------------------------------------------------------------------------------
@@ -217,11 +288,18 @@ def environment(rev_commit: str | None) -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-            "datasets": datasets.__version__, "leantrain": leantrain.__version__,
-            "leantrain_source": leantrain_source(Path(leantrain.__file__).parent, rev_commit)}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "datasets": datasets.__version__,
+        "leantrain": leantrain.__version__,
+        "leantrain_source": leantrain_source(Path(leantrain.__file__).parent, rev_commit),
+    }
 
 
 def git(*args: str) -> str:
@@ -315,8 +393,9 @@ def main(argv=None) -> int:
         train_tsv = work / "train.tsv"
         n_rows = write_train_slice(train_src, train_tsv, args.train_rows)
         tok, train_ds, dev_ds = tokenize_for_trainer(model_path, train_tsv, dev_tsv)
-        print(f"training on the first {n_rows:,} rows of {train_src}; evaluating on {len(dev_ds):,} dev rows",
-              flush=True)
+        print(
+            f"training on the first {n_rows:,} rows of {train_src}; evaluating on {len(dev_ds):,} dev rows", flush=True
+        )
 
         for precision in args.precisions:
             if not args.no_warmup:
@@ -336,22 +415,41 @@ def main(argv=None) -> int:
                 free_memory()
                 lean["other_processes_cores"] = round(lean_noise.cores, 2)
                 hf["other_processes_cores"] = round(hf_noise.cores, 2)
-                pair = {"precision": precision, "repeat": rep + 1, "leantrain": lean, "trainer": hf,
-                        "ratio": lean["samples_per_second"] / hf["samples_per_second"],
-                        "ratio_vs_trainer_loop": lean["samples_per_second"] / hf["loop_samples_per_second"]}
+                pair = {
+                    "precision": precision,
+                    "repeat": rep + 1,
+                    "leantrain": lean,
+                    "trainer": hf,
+                    "ratio": lean["samples_per_second"] / hf["samples_per_second"],
+                    "ratio_vs_trainer_loop": lean["samples_per_second"] / hf["loop_samples_per_second"],
+                }
                 pairs.append(pair)
-                print(f"[{precision} #{rep + 1}] leantrain {lean['samples_per_second']:.1f} samples/s "
-                      f"(acc {lean['eval_accuracy']:.4f}), Trainer {hf['samples_per_second']:.1f} samples/s "
-                      f"(loop only {hf['loop_samples_per_second']:.1f}; acc {hf['eval_accuracy']:.4f}), "
-                      f"ratio {pair['ratio']:.2f}; other processes used {lean_noise.cores:.2f} / "
-                      f"{hf_noise.cores:.2f} cores", flush=True)
+                print(
+                    f"[{precision} #{rep + 1}] leantrain {lean['samples_per_second']:.1f} samples/s "
+                    f"(acc {lean['eval_accuracy']:.4f}), Trainer {hf['samples_per_second']:.1f} samples/s "
+                    f"(loop only {hf['loop_samples_per_second']:.1f}; acc {hf['eval_accuracy']:.4f}), "
+                    f"ratio {pair['ratio']:.2f}; other processes used {lean_noise.cores:.2f} / "
+                    f"{hf_noise.cores:.2f} cores",
+                    flush=True,
+                )
 
     summary = summarise(pairs, args.precisions)
-    result = {"job": {**JOB, "model": "embedded all-MiniLM-L6-v2", "train_rows": n_rows,
-                      "train_data": f"first {n_rows} rows of SST-2 train.tsv", "eval_data": "SST-2 dev.tsv",
-                      "eval_rows": len(dev_ds), "warmup_runs": not args.no_warmup},
-              "summary": summary, "pairs": pairs, "environment": env, "command": command,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    result = {
+        "job": {
+            **JOB,
+            "model": "embedded all-MiniLM-L6-v2",
+            "train_rows": n_rows,
+            "train_data": f"first {n_rows} rows of SST-2 train.tsv",
+            "eval_data": "SST-2 dev.tsv",
+            "eval_rows": len(dev_ds),
+            "warmup_runs": not args.no_warmup,
+        },
+        "summary": summary,
+        "pairs": pairs,
+        "environment": env,
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
     md = render_markdown(result)
     print("\n" + md)
     if not args.no_write:
@@ -378,63 +476,104 @@ def summarise(pairs: list[dict], precisions: list[str]) -> list[dict]:
     for precision in precisions:
         ps = [p for p in pairs if p["precision"] == precision]
         quiet = [p for p in ps if is_quiet(p)]
-        med = lambda side, key: statistics.median(p[side][key] for p in ps)  # noqa: E731
+
+        def med(side: str, key: str, ps: list[dict] = ps) -> float:
+            return statistics.median(p[side][key] for p in ps)
+
         ratio = statistics.median(p["ratio"] for p in ps)
         quiet_ratio = statistics.median(p["ratio"] for p in quiet) if quiet else None
         lean_acc, hf_acc = med("leantrain", "eval_accuracy"), med("trainer", "eval_accuracy")
         met = (quiet_ratio if quiet else ratio) >= 1.0 and lean_acc >= hf_acc - 0.01
-        rows.append({"precision": precision, "pairs": len(ps), "quiet_pairs": len(quiet),
-                     "leantrain_samples_per_second": med("leantrain", "samples_per_second"),
-                     "trainer_samples_per_second": med("trainer", "samples_per_second"),
-                     "trainer_loop_samples_per_second": med("trainer", "loop_samples_per_second"),
-                     "ratio_median": ratio, "ratios": [p["ratio"] for p in ps], "ratio_quiet_median": quiet_ratio,
-                     "leantrain_eval_accuracy": lean_acc, "trainer_eval_accuracy": hf_acc,
-                     "goal_met": met if quiet else None, "goal_met_on_noisy_pairs": None if quiet else met})
+        rows.append(
+            {
+                "precision": precision,
+                "pairs": len(ps),
+                "quiet_pairs": len(quiet),
+                "leantrain_samples_per_second": med("leantrain", "samples_per_second"),
+                "trainer_samples_per_second": med("trainer", "samples_per_second"),
+                "trainer_loop_samples_per_second": med("trainer", "loop_samples_per_second"),
+                "ratio_median": ratio,
+                "ratios": [p["ratio"] for p in ps],
+                "ratio_quiet_median": quiet_ratio,
+                "leantrain_eval_accuracy": lean_acc,
+                "trainer_eval_accuracy": hf_acc,
+                "goal_met": met if quiet else None,
+                "goal_met_on_noisy_pairs": None if quiet else met,
+            }
+        )
     return rows
 
 
 def render_markdown(r: dict) -> str:
     job, env = r["job"], r["environment"]
-    out = ["# leantrain vs Hugging Face Trainer", "",
-           f"One job both ways: {job['model']} fine-tuned on the {job['train_data']}, evaluated on "
-           f"{job['eval_data']} ({job['eval_rows']} rows). Batch {job['batch_size']}, lr {job['lr']}, "
-           f"{job['epochs']} epoch, max length {job['max_length']}, weight decay {job['weight_decay']}, "
-           f"warm-up {job['warmup_ratio']:.0%}, {job['scheduler']} schedule, clipping {job['max_grad_norm']}, "
-           f"seed {job['seed']}. Trainer: group_by_length sampling, fused AdamW, dynamic padding, "
-           "no logging/saving/eval during training.", "",
-           "samples/s: leantrain's `train_samples_per_second` (training loop only); Trainer: examples / wall "
-           "seconds of `trainer.train()` (its loop alone, from the train-begin to the train-end callback, in "
-           "brackets). Ratio = leantrain / Trainer, measured back to back; medians over pairs.", "",
-           "| precision | leantrain samples/s | Trainer samples/s | ratio (median) | ratios per pair "
-           "| quiet pairs (their median ratio) | leantrain dev acc | Trainer dev acc | goal met |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "# leantrain vs Hugging Face Trainer",
+        "",
+        f"One job both ways: {job['model']} fine-tuned on the {job['train_data']}, evaluated on "
+        f"{job['eval_data']} ({job['eval_rows']} rows). Batch {job['batch_size']}, lr {job['lr']}, "
+        f"{job['epochs']} epoch, max length {job['max_length']}, weight decay {job['weight_decay']}, "
+        f"warm-up {job['warmup_ratio']:.0%}, {job['scheduler']} schedule, clipping {job['max_grad_norm']}, "
+        f"seed {job['seed']}. Trainer: group_by_length sampling, fused AdamW, dynamic padding, "
+        "no logging/saving/eval during training.",
+        "",
+        "samples/s: leantrain's `train_samples_per_second` (training loop only); Trainer: examples / wall "
+        "seconds of `trainer.train()` (its loop alone, from the train-begin to the train-end callback, in "
+        "brackets). Ratio = leantrain / Trainer, measured back to back; medians over pairs.",
+        "",
+        "| precision | leantrain samples/s | Trainer samples/s | ratio (median) | ratios per pair "
+        "| quiet pairs (their median ratio) | leantrain dev acc | Trainer dev acc | goal met |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in r["summary"]:
         quiet = f"{s['quiet_pairs']} ({s['ratio_quiet_median']:.2f})" if s["quiet_pairs"] else "0"
         verdict = ("yes" if s["goal_met"] else "no") if s["quiet_pairs"] else "undecided (no quiet pair)"
-        out.append(f"| {s['precision']} | {s['leantrain_samples_per_second']:.1f} "
-                   f"| {s['trainer_samples_per_second']:.1f} ({s['trainer_loop_samples_per_second']:.1f}) "
-                   f"| {s['ratio_median']:.2f} | {', '.join(f'{x:.2f}' for x in s['ratios'])} | {quiet} "
-                   f"| {s['leantrain_eval_accuracy']:.4f} | {s['trainer_eval_accuracy']:.4f} | {verdict} |")
-    out += ["", "Goal: leantrain at least as fast as the Trainer (ratio >= 1) at equal accuracy (within one "
-            f"point), judged on quiet pairs: those during which other processes used at most {QUIET_CORES} "
-            "cores in both runs. Each side's samples/s column is its own median, so it need not match the "
-            "median ratio.", "", "## Every pair", "",
-            "The machine is shared: \"others\" is how many cores' worth of CPU other processes used during "
-            "that run (of 2). A pair in which the two differ a lot is a measurement of the neighbours.", "",
-            "| precision | pair | leantrain samples/s (others) | Trainer samples/s (others) | ratio "
-            "| leantrain acc | Trainer acc |", "|---|---|---|---|---|---|---|"]
+        out.append(
+            f"| {s['precision']} | {s['leantrain_samples_per_second']:.1f} "
+            f"| {s['trainer_samples_per_second']:.1f} ({s['trainer_loop_samples_per_second']:.1f}) "
+            f"| {s['ratio_median']:.2f} | {', '.join(f'{x:.2f}' for x in s['ratios'])} | {quiet} "
+            f"| {s['leantrain_eval_accuracy']:.4f} | {s['trainer_eval_accuracy']:.4f} | {verdict} |"
+        )
+    out += [
+        "",
+        "Goal: leantrain at least as fast as the Trainer (ratio >= 1) at equal accuracy (within one "
+        f"point), judged on quiet pairs: those during which other processes used at most {QUIET_CORES} "
+        "cores in both runs. Each side's samples/s column is its own median, so it need not match the "
+        "median ratio.",
+        "",
+        "## Every pair",
+        "",
+        'The machine is shared: "others" is how many cores\' worth of CPU other processes used during '
+        "that run (of 2). A pair in which the two differ a lot is a measurement of the neighbours.",
+        "",
+        "| precision | pair | leantrain samples/s (others) | Trainer samples/s (others) | ratio "
+        "| leantrain acc | Trainer acc |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for p in r["pairs"]:
         a, b = p["leantrain"], p["trainer"]
-        out.append(f"| {p['precision']} | {p['repeat']} | {a['samples_per_second']:.1f} ({a['other_processes_cores']:.2f}) "
-                   f"| {b['samples_per_second']:.1f} ({b['other_processes_cores']:.2f}) | {p['ratio']:.2f} "
-                   f"| {a['eval_accuracy']:.4f} | {b['eval_accuracy']:.4f} |")
-    out += ["",
-            "## Hardware and versions", "",
-            f"- CPU: {env['cpu']}, {env['cores']} cores, torch threads {env['torch_threads']}",
-            f"- python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
-            f"accelerate {env['accelerate']}, datasets {env['datasets']}, leantrain {env['leantrain']}",
-            f"- leantrain: {env['leantrain_source']}",
-            f"- run {r['date']}", "", "## Command", "", "```", r["command"], "```", ""]
+        out.append(
+            f"| {p['precision']} | {p['repeat']} "
+            f"| {a['samples_per_second']:.1f} ({a['other_processes_cores']:.2f}) "
+            f"| {b['samples_per_second']:.1f} ({b['other_processes_cores']:.2f}) | {p['ratio']:.2f} "
+            f"| {a['eval_accuracy']:.4f} | {b['eval_accuracy']:.4f} |"
+        )
+    out += [
+        "",
+        "## Hardware and versions",
+        "",
+        f"- CPU: {env['cpu']}, {env['cores']} cores, torch threads {env['torch_threads']}",
+        f"- python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
+        f"accelerate {env['accelerate']}, datasets {env['datasets']}, leantrain {env['leantrain']}",
+        f"- leantrain: {env['leantrain_source']}",
+        f"- run {r['date']}",
+        "",
+        "## Command",
+        "",
+        "```",
+        r["command"],
+        "```",
+        "",
+    ]
     return "\n".join(out)
 
 
