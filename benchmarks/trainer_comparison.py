@@ -44,6 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "sst2"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
 
+QUIET_CORES = 0.25  # a pair is "quiet" when other processes used at most this much CPU during both runs
+
 # The job both sides run. Any change here changes both sides.
 JOB = dict(
     batch_size=32,
@@ -82,6 +84,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="REV",
         help="benchmark leantrain as committed at this git revision (its src/ exported to a temp "
         "folder) rather than the installed one; useful while src/ is being edited",
+    )
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="before each pair, wait up to this long for other processes to use at most "
+        f"{QUIET_CORES} cores (then run anyway; every pair records what it got)",
     )
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="where the .md and .json go")
     p.add_argument("--no-write", action="store_true", help="print the results, write no files")
@@ -364,6 +374,17 @@ def _own_cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def wait_for_quiet(max_seconds: float, probe_seconds: float = 5.0) -> float:
+    """Sleep until other processes use at most QUIET_CORES over a probe, or max_seconds pass; returns the wait."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < max_seconds:
+        with OtherLoad() as probe:
+            time.sleep(probe_seconds)
+        if probe.cores <= QUIET_CORES:
+            break
+    return time.perf_counter() - started
+
+
 def free_memory() -> None:
     gc.collect()  # each run loads its own model; drop the last one before the next starts
 
@@ -396,6 +417,19 @@ def main(argv=None) -> int:
         print(
             f"training on the first {n_rows:,} rows of {train_src}; evaluating on {len(dev_ds):,} dev rows", flush=True
         )
+        meta = {
+            "job": {
+                **JOB,
+                "model": "embedded all-MiniLM-L6-v2",
+                "train_rows": n_rows,
+                "train_data": f"first {n_rows} rows of SST-2 train.tsv",
+                "eval_data": "SST-2 dev.tsv",
+                "eval_rows": len(dev_ds),
+                "warmup_runs": not args.no_warmup,
+            },
+            "environment": env,
+            "command": command,
+        }
 
         for precision in args.precisions:
             if not args.no_warmup:
@@ -407,6 +441,9 @@ def main(argv=None) -> int:
                 free_memory()
                 print(f"[{precision}] warm-up done in {time.perf_counter() - t:.0f} s", flush=True)
             for rep in range(args.repeats):
+                if args.wait_quiet:
+                    waited = wait_for_quiet(args.wait_quiet)
+                    print(f"[{precision} #{rep + 1}] waited {waited:.0f} s for a quiet machine", flush=True)
                 with OtherLoad() as lean_noise:
                     lean = run_leantrain(model_path, train_tsv, dev_tsv, precision, work)
                 free_memory()
@@ -432,35 +469,33 @@ def main(argv=None) -> int:
                     f"{hf_noise.cores:.2f} cores",
                     flush=True,
                 )
+                if not args.no_write:  # after every pair, so a run killed part-way keeps what it measured
+                    write_result(build_result(pairs, args, meta, complete=False), args.out_dir)
 
-    summary = summarise(pairs, args.precisions)
-    result = {
-        "job": {
-            **JOB,
-            "model": "embedded all-MiniLM-L6-v2",
-            "train_rows": n_rows,
-            "train_data": f"first {n_rows} rows of SST-2 train.tsv",
-            "eval_data": "SST-2 dev.tsv",
-            "eval_rows": len(dev_ds),
-            "warmup_runs": not args.no_warmup,
-        },
-        "summary": summary,
-        "pairs": pairs,
-        "environment": env,
-        "command": command,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
-    md = render_markdown(result)
-    print("\n" + md)
+    result = build_result(pairs, args, meta, complete=True)
+    print("\n" + render_markdown(result))
     if not args.no_write:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        (args.out_dir / "trainer_comparison.json").write_text(json.dumps(result, indent=2) + "\n")
-        (args.out_dir / "trainer_comparison.md").write_text(md)
+        write_result(result, args.out_dir)
         print(f"wrote {args.out_dir / 'trainer_comparison.md'} and .json")
     return 0
 
 
-QUIET_CORES = 0.25  # a pair is "quiet" when other processes used at most this much CPU during both runs
+def build_result(pairs: list[dict], args: argparse.Namespace, meta: dict, complete: bool) -> dict:
+    precisions = [x for x in args.precisions if any(p["precision"] == x for p in pairs)]
+    return {
+        **meta,
+        "complete": complete,
+        "pairs_planned": args.repeats * len(args.precisions),
+        "summary": summarise(pairs, precisions),
+        "pairs": pairs,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def write_result(result: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "trainer_comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "trainer_comparison.md").write_text(render_markdown(result))
 
 
 def is_quiet(pair: dict) -> bool:
@@ -509,6 +544,11 @@ def render_markdown(r: dict) -> str:
     out = [
         "# leantrain vs Hugging Face Trainer",
         "",
+        *(
+            []
+            if r.get("complete", True)
+            else [f"**Incomplete run: {len(r['pairs'])} of {r['pairs_planned']} pairs measured so far.**", ""]
+        ),
         f"One job both ways: {job['model']} fine-tuned on the {job['train_data']}, evaluated on "
         f"{job['eval_data']} ({job['eval_rows']} rows). Batch {job['batch_size']}, lr {job['lr']}, "
         f"{job['epochs']} epoch, max length {job['max_length']}, weight decay {job['weight_decay']}, "
