@@ -4,12 +4,7 @@
 # several-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-. .venv/bin/activate
-# (pip's "Location ... is ignored" lines come from this machine's extra index settings: noise)
-pipq() { python -m pip install -q "$@" 2> >(grep -v "is ignored" >&2); }
-pipq "torch==2.13.0"
-pipq -e ".[dev]"
+source scripts/install.sh ".[dev]"
 # The report test opens report.html in headless Chromium (skipped without it). Install it where we can.
 if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
    && [ -z "${LEANTRAIN_NO_BROWSER:-}" ]; then
