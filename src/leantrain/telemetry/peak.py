@@ -4,7 +4,9 @@ GPUs: dense (no 2:4 sparsity) tensor-core figures from the vendor's data sheets,
 `torch.cuda.get_device_name()`. CPUs, and GPUs not in the table: measured once by a GEMM probe
 (a square matmul repeated for about half a second; the best repetition counts) in the run's math
 dtype, and cached in `~/.cache/leantrain/peak.json` (`$LEANTRAIN_CACHE` moves it) keyed by device
-model, thread count, torch version and dtype. A measured peak is what this device reaches on a
+model, thread count, torch version and dtype. The first few runs each probe and the cache keeps the
+best figure, so one probe on a busy machine cannot deflate the peak (and inflate MFU) for good; a run
+that beats the cached peak sends it back to probing. A measured peak is what this device reaches on a
 large GEMM, so MFU against it reads higher than against a data-sheet figure; the report says which.
 
 `LEANTRAIN_PEAK_TFLOPS=<number>` overrides both (for a device the table gets wrong).
@@ -57,6 +59,7 @@ class Peak:
     dtype: str  # the math dtype the figure is for: fp32, tf32, bf16, fp16
     device: str  # the device's name
     source: str  # where the figure comes from, for the report
+    cache_key: str | None = None  # set for probe figures: the entry `distrust()` marks
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,10 +154,17 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
         pass  # a read-only home still gets a figure, measured again next time
 
 
-def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = None, refresh: bool = False) -> Peak:
-    """The probe's figure for this device, thread count, torch version and dtype; measured once, then cached.
+#: a CPU figure is probed afresh by this many runs (the best kept) before the cache is trusted alone:
+#: one probe taken while a neighbour was busy would otherwise deflate the peak, and inflate MFU, forever
+PROBES_TO_TRUST = 3
 
-    `refresh=True` probes again; the cache keeps the better of the old and new figures.
+
+def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = None, refresh: bool = False) -> Peak:
+    """The best probe figure for this device, thread count, torch version and dtype.
+
+    The first `PROBES_TO_TRUST` runs each probe (about half a second) and the cache keeps the best
+    figure; later runs read the cache. `refresh=True` probes again, and `distrust()` (called when a run
+    beats the cached peak) sends the next runs back to probing.
     """
     import torch
 
@@ -168,25 +178,49 @@ def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = Non
     threads = torch.get_num_threads()
     key = _cache_key(device_name, threads, dtype)
     path = cache_file()
+    size = PROBE_SIZE.get(torch.device(device).type, 2048)
     entry = _read_cache(path).get(key)
-    if not isinstance(entry, dict):
+    if not isinstance(entry, dict) or entry.get("size") != size or float(entry.get("flops_per_second", 0)) <= 0:
         entry = None
-    if entry is not None and not refresh and float(entry.get("flops_per_second", 0)) > 0:
+    probes = int(entry.get("probes", PROBES_TO_TRUST)) if entry else 0  # entries from before the count: trusted
+    if entry is not None and not refresh and probes >= PROBES_TO_TRUST:
         return Peak(
             float(entry["flops_per_second"]),
             dtype,
             device_name,
-            f"measured: {entry.get('size', '?')}² {dtype} GEMM, {threads} threads, "
+            f"measured: best of {probes} probes, {size}² {dtype} GEMM, {threads} threads, "
             f"{entry.get('measured', '?')} (cached in {path})",
+            key,
         )
-    size = PROBE_SIZE.get(torch.device(device).type, 2048)
     flops = measure_peak(dtype, device, size, seconds=PROBE_SECONDS)
-    if entry is not None and entry.get("size") == size:
-        # a peak is the best the device has shown: a probe slowed by a busy neighbour does not lower it
-        flops = max(flops, float(entry.get("flops_per_second", 0)))
     stamp = time.strftime("%Y-%m-%d %H:%M")
-    _write_cache(path, key, {"flops_per_second": flops, "size": size, "measured": stamp})
-    return Peak(flops, dtype, device_name, f"measured: {size}² {dtype} GEMM, {threads} threads, {stamp}")
+    if entry is not None and float(entry["flops_per_second"]) >= flops:
+        # a peak is the best the device has shown: a probe slowed by a busy neighbour does not lower it
+        flops, stamp = float(entry["flops_per_second"]), entry.get("measured", stamp)
+    probes += 1
+    _write_cache(path, key, {"flops_per_second": flops, "size": size, "measured": stamp, "probes": probes})
+    return Peak(
+        flops,
+        dtype,
+        device_name,
+        f"measured: best of {probes} probes, {size}² {dtype} GEMM, {threads} threads, {stamp}",
+        key,
+    )
+
+
+def distrust(found: Peak, achieved_flops_per_second: float) -> bool:
+    """Send a measured peak back to probing when a run achieved more than it (MFU above 100%).
+
+    Returns True when the cached figure was marked; the next runs probe again and keep the best.
+    """
+    if found.cache_key is None or achieved_flops_per_second <= found.flops_per_second:
+        return False
+    path = cache_file()
+    entry = _read_cache(path).get(found.cache_key)
+    if not isinstance(entry, dict):
+        return False
+    _write_cache(path, found.cache_key, {**entry, "probes": 0})
+    return True
 
 
 def device_peak(device: Any = "cpu", precision: str = "fp32") -> Peak:

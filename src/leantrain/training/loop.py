@@ -113,7 +113,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     from leantrain.telemetry import Console, MetricsLog, Throughput, summary_table
     from leantrain.telemetry.flops import FlopMeter, flop_model
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
-    from leantrain.telemetry.peak import device_peak
+    from leantrain.telemetry.peak import device_peak, distrust
     from leantrain.telemetry.report import write_environment, write_report
     from leantrain.telemetry.tensorboard_log import TeeLog, TensorBoardLogger, check_tensorboard
     from leantrain.telemetry.timing import StepTimer
@@ -505,6 +505,12 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "global_batch": sampler.global_batch,
         "num_labels": len(data.label_names),
     }
+    if (
+        metrics["mfu"] is not None
+        and metrics["mfu"] > 1
+        and distrust(flop_peak, flop_peak.flops_per_second * metrics["mfu"])
+    ):
+        say.info("warning: this run beat the cached peak FLOP/s (MFU above 100%); the next runs probe it again")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         assert staging is not None  # the main process stages the run
