@@ -183,6 +183,10 @@ def run_leantrain(
         "train_loss": m["train_loss"],
         "padding_fraction": m["padding_fraction"],
         "precision": m["precision"],
+        "model_tflops": m.get("model_tflops"),
+        "mfu": m.get("mfu"),
+        "mfu_useful": m.get("mfu_useful"),
+        "peak_tflops": m.get("peak_tflops"),
     }
 
 
@@ -252,6 +256,7 @@ def run_trainer(
         dataloader_num_workers=0,  # 2 cores: workers would steal them from the model
     )
     clock = LoopClock()
+    flops = TrainingFlops(model, precision)
     trainer = Trainer(
         model=model,
         args=args,
@@ -267,7 +272,9 @@ def run_trainer(
     pred = trainer.predict(dev_ds)
     accuracy = float((np.argmax(pred.predictions, axis=-1) == pred.label_ids).mean())
     loop = clock.end - clock.begin
+    flops.remove_hook()
     return {
+        **flops.row(wall, loop),
         "samples_per_second": examples / wall,
         "train_seconds": wall,
         "train_examples": examples,
@@ -277,6 +284,38 @@ def run_trainer(
         "eval_accuracy": accuracy,
         "train_loss": out.training_loss,
     }
+
+
+class TrainingFlops:
+    """MFU for the Trainer, computed as leantrain computes its own: leantrain's FLOP model of this model
+    (telemetry/flops.py) applied to every training batch the model sees (a forward pre-hook reads the
+    batch's shape and attention mask), over the same peak (telemetry/peak.py, same precision)."""
+
+    def __init__(self, model, precision: str):
+        from leantrain.telemetry.flops import FlopMeter, flop_model
+        from leantrain.telemetry.peak import device_peak
+
+        self.meter = FlopMeter(flop_model(model), device_peak("cpu", precision).flops_per_second)
+        self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module, args, kwargs):
+        if module.training and kwargs.get("input_ids") is not None:  # eval batches are not training FLOPs
+            self.meter.add(kwargs["input_ids"], kwargs.get("attention_mask"))
+
+    def remove_hook(self) -> None:
+        self._handle.remove()
+
+    def row(self, wall_seconds: float, loop_seconds: float) -> dict:
+        from leantrain.telemetry.flops import mfu
+
+        m = self.meter.metrics(wall_seconds)
+        return {
+            "model_tflops": m["model_tflops"],
+            "mfu": m["mfu"],  # over the wall time of trainer.train(), like its samples/s
+            "mfu_useful": m["mfu_useful"],
+            "mfu_loop": mfu(self.meter.flops, loop_seconds, self.meter.peak),
+            "peak_tflops": (self.meter.peak or 0) / 1e12,
+        }
 
 
 # --- the comparison ------------------------------------------------------------------------------
@@ -532,11 +571,47 @@ def summarise(pairs: list[dict], precisions: list[str]) -> list[dict]:
                 "ratio_quiet_median": quiet_ratio,
                 "leantrain_eval_accuracy": lean_acc,
                 "trainer_eval_accuracy": hf_acc,
+                **{
+                    f"{side}_{key}": med(side, key)
+                    for side, keys in (
+                        ("leantrain", ("mfu", "mfu_useful", "peak_tflops")),
+                        ("trainer", ("mfu", "mfu_useful", "mfu_loop")),
+                    )
+                    for key in keys
+                    if all(p[side].get(key) is not None for p in ps)
+                },
                 "goal_met": met if quiet else None,
                 "goal_met_on_noisy_pairs": None if quiet else met,
             }
         )
     return rows
+
+
+def mfu_section(summary: list[dict]) -> list[str]:
+    rows = [s for s in summary if "leantrain_mfu" in s and "trainer_mfu" in s]
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Model FLOPs utilisation",
+        "",
+        "Both sides computed the same way: leantrain's FLOP model of MiniLM (closed form, forward + backward "
+        "= 3x forward) applied to every training batch each side fed the model (a forward pre-hook counts "
+        "the Trainer's), over this CPU's peak for the run's math dtype (leantrain's GEMM probe: the best "
+        "2048x2048 matmul). MFU counts the padded tokens the device computed; 'real tokens' leaves the "
+        "padding out. Trainer: over the wall time of `trainer.train()` (its loop alone in brackets).",
+        "",
+        "| precision | peak TFLOP/s | leantrain MFU | Trainer MFU | leantrain MFU (real tokens) "
+        "| Trainer MFU (real tokens) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        loop = f" ({s['trainer_mfu_loop']:.1%})" if "trainer_mfu_loop" in s else ""
+        out.append(
+            f"| {s['precision']} | {s['leantrain_peak_tflops']:.3f} | {s['leantrain_mfu']:.1%} "
+            f"| {s['trainer_mfu']:.1%}{loop} | {s['leantrain_mfu_useful']:.1%} | {s['trainer_mfu_useful']:.1%} |"
+        )
+    return out
 
 
 def render_markdown(r: dict) -> str:
@@ -597,6 +672,7 @@ def render_markdown(r: dict) -> str:
             f"| {b['samples_per_second']:.1f} ({b['other_processes_cores']:.2f}) | {p['ratio']:.2f} "
             f"| {a['eval_accuracy']:.4f} | {b['eval_accuracy']:.4f} |"
         )
+    out += mfu_section(r["summary"])
     out += [
         "",
         "## Hardware and versions",

@@ -153,6 +153,7 @@ def _run_once(base, techniques, steps, bench_dir, say, timeout) -> list[BenchRow
 COLUMNS = [
     ("samples/s", "steady_samples_per_second", 1, ".1f"),
     ("tokens/s", "steady_tokens_per_second", 1, ".0f"),
+    ("MFU", "steady_mfu", 1, ".1%"),
     ("peak MB", "peak_memory_over_baseline_bytes", 2**-20, ".0f"),
     ("activations MB", "activation_bytes_estimate", 2**-20, ".0f"),
     ("optim state MB", "optimizer_state_bytes", 2**-20, ".1f"),

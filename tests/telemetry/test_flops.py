@@ -133,6 +133,20 @@ def test_flop_meter_counts_padded_and_useful_flops():
     assert meter.useful_flops == 2 * 10 + 100 * 6 + 20 + padded
 
 
+def test_steady_mfu_leaves_out_the_warm_up_steps():
+    fm = FlopModel(per_sequence=0.0, per_token=100.0, per_token_sq=0.0, source="test")
+    meter = FlopMeter(fm, peak_flops_per_second=1e4)
+    ids = torch.zeros(1, 10, dtype=torch.long)
+    meter.add(ids)  # a warm-up step: 1,000 FLOPs
+    meter.mark()
+    meter.add(ids)
+    meter.add(ids)  # 2,000 FLOPs after the warm-up
+    steady = meter.steady_metrics(seconds=0.1)
+    assert steady["steady_mfu"] == pytest.approx(2000 / 0.1 / 1e4)
+    assert steady["steady_model_tflops_per_second"] == pytest.approx(2000 / 0.1 / 1e12)
+    assert meter.metrics(seconds=0.1)["mfu"] == pytest.approx(3000 / 0.1 / 1e4)
+
+
 def test_wrapped_models_are_unwrapped():
     class Wrapper(torch.nn.Module):
         def __init__(self, inner):

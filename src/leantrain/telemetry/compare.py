@@ -39,6 +39,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str]], bool]] = [
             ("train_tokens_per_second", "tokens/s (no padding)"),
             ("padding_fraction", "padding"),
             ("model_tflops_per_second", "model TFLOP/s"),
+            ("steady_mfu", "MFU (steady, padded tokens)"),
             ("mfu", "MFU (padded tokens)"),
             ("mfu_useful", "MFU (real tokens)"),
             ("train_seconds", "training time"),
@@ -116,7 +117,7 @@ def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
             values = [r.metrics.get(key) for r in runs]
             if all(v is None for v in values):
                 continue
-            ratio = with_ratio and not (key.endswith("_fraction") or key.startswith("mfu"))
+            ratio = with_ratio and not (key.endswith("_fraction") or "mfu" in key)
             cells = [fmt_value(key, v) + (_ratio(v, values[0]) if ratio and i else "") for i, v in enumerate(values)]
             rows.append((section, label, cells))
     totals = [time_totals(r) for r in runs]

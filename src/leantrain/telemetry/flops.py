@@ -196,9 +196,41 @@ def unwrap(model):
         model = inner
 
 
-def flop_model(model) -> FlopModel:
-    """The closed form for BERT-like encoders, a FlopCounterMode count for anything else."""
+def example_flop_model(model, input_shapes: dict[str, tuple[int, ...]]) -> FlopModel:
+    """Fixed-size inputs (images, audio): FlopCounterMode's count of one example, all of it per sequence.
+
+    Models that cannot run on the meta device get a zero model (MFU then reads 0), said in `source`.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        clone = _meta_copy(model)
+        inputs = {k: torch.zeros(shape, device="meta") for k, shape in input_shapes.items()}
+        with FlopCounterMode(display=False) as counter:
+            out = clone(**inputs)
+            logits = out.logits if hasattr(out, "logits") else out[0]
+            logits.float().sum().backward()
+        count = float(counter.get_total_flops())
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
+        return FlopModel(0.0, 0.0, 0.0, source=f"not counted ({type(exc).__name__} on the meta device)")
+    shapes = ", ".join(f"{k} {tuple(v[1:])}" for k, v in input_shapes.items())
+    return FlopModel(
+        per_sequence=count,
+        per_token=0.0,
+        per_token_sq=0.0,
+        source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), one example of {shapes}",
+    )
+
+
+def flop_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) -> FlopModel:
+    """The closed form for BERT-like encoders, a FlopCounterMode count for anything else.
+
+    `input_shapes` (images, audio: fixed-size inputs of one example) count one example instead of text lengths.
+    """
     model = unwrap(model)
+    if input_shapes:
+        return example_flop_model(model, input_shapes)
     config = getattr(model, "config", None)
     if config is not None and is_encoder_config(config):
         return encoder_flop_model(config)
@@ -226,6 +258,7 @@ class FlopMeter:
         self.sequences = 0
         self._lengths: Any = 0  # Python ints, or device tensors until read (then a float)
         self._squares: Any = 0
+        self._mark = 0.0  # padded FLOPs when the warm-up steps ended
 
     def add(self, input_ids, attention_mask=None) -> float:
         """Count one micro-batch; returns its padded FLOPs."""
@@ -248,6 +281,18 @@ class FlopMeter:
         self._lengths, self._squares = lengths, squares
         m = self.model
         return self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
+
+    def mark(self) -> None:
+        """Call when the warm-up steps end: `steady_metrics` counts the FLOPs done after this."""
+        self._mark = self.flops
+
+    def steady_metrics(self, seconds: float) -> dict[str, float | None]:
+        """MFU over the steps after the warm-up (one-off costs such as kernel selection excluded)."""
+        done = self.flops - self._mark
+        return {
+            "steady_model_tflops_per_second": done / seconds / 1e12 if seconds > 0 else None,
+            "steady_mfu": mfu(done, seconds, self.peak),
+        }
 
     def metrics(self, seconds: float) -> dict[str, float | None]:
         """Row fields over `seconds` of training time (this process's FLOPs, this device's peak)."""

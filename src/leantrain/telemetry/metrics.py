@@ -71,6 +71,11 @@ class Throughput:
         return done / t if t > 0 else 0.0
 
     @property
+    def steady_seconds(self) -> float:
+        """Training time since the warm-up steps ended (all of it when they have not)."""
+        return self.elapsed() - self._steady_mark[2] if self._steady_mark is not None else self.elapsed()
+
+    @property
     def steady_samples_per_second(self) -> float:
         return self._steady(0)
 

@@ -201,7 +201,7 @@ def fmt_value(key: str, value: Any) -> str:
         return str(value)
     if key.endswith("_bytes"):
         return fmt_bytes(value)
-    if key in ("mfu", "mfu_useful") or key.endswith("_fraction"):
+    if key in ("mfu", "mfu_useful", "steady_mfu") or key.endswith("_fraction"):
         return f"{value:.1%}"
     if key.endswith("_seconds") and "per_second" not in key:
         return f"{value:.1f} s" if value >= 1 else f"{value * 1000:.0f} ms"
@@ -432,6 +432,7 @@ HEADLINE = [
     ("train_tokens_per_second", "tokens/s (no padding)"),
     ("padding_fraction", "padding"),
     ("model_tflops_per_second", "model TFLOP/s"),
+    ("steady_mfu", "MFU (steady, padded tokens)"),
     ("mfu", "MFU (padded tokens)"),
     ("mfu_useful", "MFU (real tokens)"),
     ("peak_memory_over_baseline_bytes", "peak memory over baseline"),

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from leantrain.config import DEFAULT_JOB_LIMIT, TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_values", "input_features")
 
 
 @dataclass
@@ -153,15 +153,24 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
 
     # -- model and data ---------------------------------------------------------------------------
     model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
-    tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
     model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
-    limit = models.max_supported_length(model_config, tokenizer)
-    if limit is not None and cfg.max_length > limit:
-        raise ConfigError(
-            f"--max-length {cfg.max_length} is beyond what {cfg.model} supports ({limit}); "
-            f"use --max-length {limit} or less"
-        )
-    data = prepare_data(cfg, tokenizer, Path(cfg.cache_dir))
+    task = models.infer_task(model_config, cfg.task)
+    media_config = None  # images and audio: the data side picks the processor from the model (data/media.py)
+    if task == "text-classification":
+        tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
+        limit = models.max_supported_length(model_config, tokenizer)
+        if limit is not None and cfg.max_length > limit:
+            raise ConfigError(
+                f"--max-length {cfg.max_length} is beyond what {cfg.model} supports ({limit}); "
+                f"use --max-length {limit} or less"
+            )
+        data = prepare_data(cfg, tokenizer, Path(cfg.cache_dir))
+    else:
+        from leantrain.data import media
+
+        tokenizer = media.load_processor(model_path, model_config, task, cfg.max_seconds)  # saved like a tokenizer
+        data = media.prepare_media_data(cfg, tokenizer, Path(cfg.cache_dir))
+        media_config = media.model_config(model_path, model_config, tokenizer, cfg.trust_remote_code)
     for note in data.notes:
         say.info(note)
     data_facts = {
@@ -171,7 +180,9 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     }
     if resume_from is not None:
         resume_from.check_matches({}, data_facts)
-    model = models.load_for_classification(model_path, data.label_names, trust_remote_code=cfg.trust_remote_code)
+    model = models.load_for_classification(
+        model_path, data.label_names, trust_remote_code=cfg.trust_remote_code, task=task, config=media_config
+    )
     if cfg.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     say.info(models.describe(model))
@@ -185,10 +196,16 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         data.train.lengths, cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed
     )
     collate = Collator(tokenizer.pad_token_id or 0, fixed_length=cfg.max_length if cfg.pad_to_max_length else None)
+    if media_config is not None:
+        collate = media.MediaCollator(task, data.train.tokens.norm)
+        train_collate = media.MediaCollator(task, data.train.tokens.norm, augment=cfg.augment, seed=cfg.seed)
     # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
     # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
     train_loader = DataLoader(
-        ClassificationDataset(data.train), batch_sampler=sampler, collate_fn=collate, generator=torch.Generator()
+        ClassificationDataset(data.train),
+        batch_sampler=sampler,
+        collate_fn=train_collate if media_config is not None else collate,
+        generator=torch.Generator(),
     )
     eval_loader = DataLoader(
         ClassificationDataset(data.eval),
@@ -205,12 +222,17 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
-    flops = FlopMeter(flop_model(accelerator.unwrap_model(model)))
+    flops = FlopMeter(flop_model(accelerator.unwrap_model(model), getattr(data.train.tokens, "input_shapes", None)))
     flop_peak = device_peak(accelerator.device, precision)  # CPU: a ~1 s GEMM probe the first time, then cached
     flops.peak = flop_peak.flops_per_second
     say.info(
-        f"{flops.model.per_padded_token(cfg.max_length // 2) / 1e6:.1f} MFLOP per token at length "
-        f"{cfg.max_length // 2} ({flops.model.source}); peak {flop_peak.flops_per_second / 1e12:.3g} TFLOP/s "
+        (
+            f"{flops.model.per_sequence / 1e6:.1f} MFLOP per example"
+            if media_config is not None
+            else f"{flops.model.per_padded_token(cfg.max_length // 2) / 1e6:.1f} MFLOP per token at length "
+            f"{cfg.max_length // 2}"
+        )
+        + f" ({flops.model.source}); peak {flop_peak.flops_per_second / 1e12:.3g} TFLOP/s "
         f"({flop_peak.source})"
     )
     compile_seconds = None
@@ -349,8 +371,10 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 micro_step += 1
                 window_loss += float(loss_sum)
                 window_count += len(batch["labels"])
-                meter.add(len(batch["labels"]), int(batch["num_tokens"]), batch["input_ids"].numel())
-                flops.add(batch["input_ids"], batch.get("attention_mask"))
+                # Images and audio have no tokens (and no padding): counted as 0, FLOPs per example.
+                main = next(v for k, v in model_inputs(batch).items() if k != "attention_mask")
+                meter.add(len(batch["labels"]), int(batch.get("num_tokens", 0)), main.numel() if media_config is None else 0)
+                flops.add(main, batch.get("attention_mask"))
                 if not window_end:
                     continue
                 with timer.phase("optimizer"):
@@ -388,6 +412,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
                     local_sgd.step()
                 meter.step_done()
+                if meter.steps == meter.warmup_steps:
+                    flops.mark()
                 if finite:
                     logged_loss += window_loss
                     logged_examples += window_count
@@ -485,6 +511,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "padding_fraction": 1 - totals["tokens"] / totals["padded"] if totals["padded"] else 0.0,
         "compile_seconds": compile_seconds,
         **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
+        **flops.steady_metrics(meter.steady_seconds),  # the same after the warm-up steps: the headline MFU
         "flops_per_padded_token": flops.flops / totals["padded"] * accelerator.num_processes
         if totals["padded"]
         else None,
@@ -505,11 +532,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "global_batch": sampler.global_batch,
         "num_labels": len(data.label_names),
     }
-    if (
-        metrics["mfu"] is not None
-        and metrics["mfu"] > 1
-        and distrust(flop_peak, flop_peak.flops_per_second * metrics["mfu"])
-    ):
+    best_mfu = max(metrics["mfu"] or 0.0, metrics["steady_mfu"] or 0.0)
+    if best_mfu > 1 and distrust(flop_peak, flop_peak.flops_per_second * best_mfu):
         say.info("warning: this run beat the cached peak FLOP/s (MFU above 100%); the next runs probe it again")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -542,6 +566,12 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 ("samples/s (train)", f"{metrics['train_samples_per_second'] or 0:.1f}"),
                 ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second'] or 0:.0f}"),
                 ("padding", f"{metrics['padding_fraction']:.1%}"),
+                (
+                    "MFU (steady)",
+                    f"{metrics['steady_mfu']:.1%} of {flop_peak.flops_per_second / 1e12:.3g} TFLOP/s"
+                    if metrics["steady_mfu"] is not None
+                    else "-",
+                ),
                 (
                     "peak memory over baseline",
                     f"{over_baseline * mb:.0f} MB" if over_baseline is not None else "-",
