@@ -254,11 +254,10 @@ def _chart(records: list[dict[str, Any]], path: Path) -> None:
 
 def environment_context() -> dict[str, Any]:
     import accelerate
-    import datasets
     import torch
     import transformers
 
-    from leantrain.parallel import cpu_name, device_type
+    from leantrain.parallel import cpu_name, device_type, package_version
 
     device = device_type()
     return {
@@ -270,5 +269,5 @@ def environment_context() -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
-        "datasets": datasets.__version__,
+        "datasets": package_version("datasets"),
     }

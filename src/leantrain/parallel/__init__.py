@@ -153,7 +153,6 @@ def environment_report() -> list[tuple[str, str]]:
     import platform
 
     import accelerate
-    import datasets
     import torch
     import transformers
     from accelerate import PartialState
@@ -180,9 +179,19 @@ def environment_report() -> list[tuple[str, str]]:
         ("torch", torch.__version__),
         ("transformers", transformers.__version__),
         ("accelerate", accelerate.__version__),
-        ("datasets", datasets.__version__),
+        ("datasets", package_version("datasets")),
     ]
     return rows
+
+
+def package_version(name: str) -> str:
+    """An installed distribution's version, without importing it (datasets is needed only for some inputs)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def broadcast_from_main(value):
