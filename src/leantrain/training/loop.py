@@ -195,10 +195,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     sampler = GlobalBatchSampler(
         data.train.lengths, cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed
     )
-    collate = Collator(tokenizer.pad_token_id or 0, fixed_length=cfg.max_length if cfg.pad_to_max_length else None)
+    collate: Any = Collator(tokenizer.pad_token_id or 0, fixed_length=cfg.max_length if cfg.pad_to_max_length else None)
     if media_config is not None:
-        collate = media.MediaCollator(task, data.train.tokens.norm)
-        train_collate = media.MediaCollator(task, data.train.tokens.norm, augment=cfg.augment, seed=cfg.seed)
+        norm = getattr(data.train.tokens, "norm", None)  # uint8 pixels: normalised per batch
+        collate = media.MediaCollator(task, norm)
+        train_collate = media.MediaCollator(task, norm, augment=cfg.augment, seed=cfg.seed)
     # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
     # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
     train_loader = DataLoader(
@@ -373,7 +374,9 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 window_count += len(batch["labels"])
                 # Images and audio have no tokens (and no padding): counted as 0, FLOPs per example.
                 main = next(v for k, v in model_inputs(batch).items() if k != "attention_mask")
-                meter.add(len(batch["labels"]), int(batch.get("num_tokens", 0)), main.numel() if media_config is None else 0)
+                meter.add(
+                    len(batch["labels"]), int(batch.get("num_tokens", 0)), main.numel() if media_config is None else 0
+                )
                 flops.add(main, batch.get("attention_mask"))
                 if not window_end:
                     continue
@@ -596,13 +599,19 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
 
 
 def _compile(model, loader, accelerator, amp, say):
-    """torch.compile, then run one forward so compile time is measured apart from training throughput."""
-    say.info("compiling the model (torch.compile); the first step pays for it")
+    """torch.compile, then one untimed forward and backward so that compiling the training graphs is
+    measured apart from throughput. The RNG is forked (dropout draws nothing from the run's stream) and
+    the gradients are dropped, so the run trains exactly as it would have without this warm-up."""
+    say.info("compiling the model (torch.compile) on one batch, forward and backward")
     started = time.perf_counter()
     compiled = torch.compile(model)
     batch = next(iter(loader))
-    with torch.no_grad(), amp.autocast():
-        compiled(**model_inputs(batch))
+    devices = [accelerator.device] if accelerator.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        with amp.autocast():
+            loss = compiled(**model_inputs(batch)).logits.float().sum()
+        loss.backward()
+    model.zero_grad(set_to_none=True)
     return compiled, time.perf_counter() - started
 
 
