@@ -87,19 +87,7 @@ def techniques(smoke: bool) -> dict[str, dict]:
         "bf16+compile b256": {"precision": "bf16", "compile": True, "batch_size": 256},
     }
     bench.TECHNIQUES.update(extra)
-    names = [
-        "baseline",
-        "bf16",
-        "fp16",
-        "grad_accum4",
-        "activation_ckpt",
-        "adafactor",
-        "adamw8bit",
-        "bf16+activation_ckpt",
-        "bf16+adafactor",
-        "lean",
-        *extra,
-    ]
+    names = [*bench.DEFAULT_TECHNIQUES, *extra]
     if smoke:  # the script's paths, not the numbers: compile is minutes on a CPU
         names = ["baseline", "bf16", "grad_accum4", "bf16 b32"]
     return {n: bench.TECHNIQUES[n] for n in names}

@@ -13,48 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.errors import LeantrainError
-from leantrain.telemetry.report import RunData, fmt_value, load_run, time_totals
+from leantrain.telemetry.report import METRIC_LABELS, RunData, fmt_value, load_run, time_totals
 from leantrain.telemetry.timing import PHASES
 
 IGNORED_CONFIG = {"output_dir", "overwrite", "progress", "cache_dir"}
 
-SECTIONS: list[tuple[str, list[tuple[str, str]], bool]] = [
-    (
-        "results",
-        [
-            ("eval_accuracy", "eval accuracy"),
-            ("eval_macro_f1", "eval macro-F1"),
-            ("eval_loss", "eval loss"),
-            ("train_loss", "train loss (last log)"),
-            ("optimizer_steps", "optimizer steps"),
-            ("epochs", "epochs"),
-        ],
-        False,
-    ),
+#: (section, metrics, whether to show each run's ratio to the first); labels from report.METRIC_LABELS
+SECTIONS: list[tuple[str, list[str], bool]] = [
+    ("results", ["eval_accuracy", "eval_macro_f1", "eval_loss", "train_loss", "optimizer_steps", "epochs"], False),
     (
         "throughput and cost",
         [
-            ("train_samples_per_second", "samples/s (train)"),
-            ("steady_samples_per_second", "samples/s (steady)"),
-            ("train_tokens_per_second", "tokens/s (no padding)"),
-            ("padding_fraction", "padding"),
-            ("model_tflops_per_second", "model TFLOP/s"),
-            ("steady_mfu", "MFU (steady, padded tokens)"),
-            ("mfu", "MFU (padded tokens)"),
-            ("mfu_useful", "MFU (real tokens)"),
-            ("train_seconds", "training time"),
-            ("wall_seconds", "wall time"),
+            *("train_samples_per_second", "steady_samples_per_second", "train_tokens_per_second", "padding_fraction"),
+            *("model_tflops_per_second", "steady_mfu", "mfu", "mfu_useful", "train_seconds", "wall_seconds"),
         ],
         True,
     ),
     (
         "memory",
         [
-            ("peak_memory_over_baseline_bytes", "peak over baseline"),
-            ("peak_memory_bytes", "peak (process)"),
-            ("weights_bytes", "weights"),
-            ("gradients_bytes", "gradients"),
-            ("optimizer_state_bytes", "optimizer state"),
+            *("peak_memory_over_baseline_bytes", "peak_memory_bytes", "weights_bytes", "gradients_bytes"),
+            "optimizer_state_bytes",
         ],
         True,
     ),
@@ -113,7 +92,8 @@ def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
     for key, values in config_differences(runs):
         rows.append(("config (differences only)", key, ["-" if v is None else str(v) for v in values]))
     for section, keys, with_ratio in SECTIONS:
-        for key, label in keys:
+        for key in keys:
+            label = METRIC_LABELS[key]
             values = [r.metrics.get(key) for r in runs]
             if all(v is None for v in values):
                 continue

@@ -421,25 +421,38 @@ PLOTS: list[tuple[str, str, Callable[[RunData], bytes | None]]] = [
 
 # -- page ------------------------------------------------------------------------------------------
 
+#: how a metric is called wherever runs are shown (this page, `leantrain compare`)
+METRIC_LABELS = {
+    "eval_accuracy": "eval accuracy",
+    "eval_macro_f1": "eval macro-F1",
+    "eval_loss": "eval loss",
+    "train_loss": "train loss (last log)",
+    "optimizer_steps": "optimizer steps",
+    "epochs": "epochs",
+    "train_samples_per_second": "samples/s (train)",
+    "steady_samples_per_second": "samples/s (steady)",
+    "train_tokens_per_second": "tokens/s (no padding)",
+    "padding_fraction": "padding",
+    "model_tflops_per_second": "model TFLOP/s",
+    "steady_mfu": "MFU (steady, padded tokens)",
+    "mfu": "MFU (padded tokens)",
+    "mfu_useful": "MFU (real tokens)",
+    "train_seconds": "training time",
+    "wall_seconds": "wall time",
+    "peak_memory_over_baseline_bytes": "peak memory over baseline",
+    "peak_memory_bytes": "peak memory (process)",
+    "weights_bytes": "weights",
+    "gradients_bytes": "gradients",
+    "optimizer_state_bytes": "optimizer state",
+    "precision": "precision",
+    "num_processes": "processes",
+}
+
 HEADLINE = [
-    ("eval_accuracy", "eval accuracy"),
-    ("eval_macro_f1", "eval macro-F1"),
-    ("eval_loss", "eval loss"),
-    ("train_loss", "train loss (last log)"),
-    ("optimizer_steps", "optimizer steps"),
-    ("train_samples_per_second", "samples/s (train)"),
-    ("steady_samples_per_second", "samples/s (steady)"),
-    ("train_tokens_per_second", "tokens/s (no padding)"),
-    ("padding_fraction", "padding"),
-    ("model_tflops_per_second", "model TFLOP/s"),
-    ("steady_mfu", "MFU (steady, padded tokens)"),
-    ("mfu", "MFU (padded tokens)"),
-    ("mfu_useful", "MFU (real tokens)"),
-    ("peak_memory_over_baseline_bytes", "peak memory over baseline"),
-    ("optimizer_state_bytes", "optimizer state"),
-    ("precision", "precision"),
-    ("num_processes", "processes"),
-    ("wall_seconds", "wall time"),
+    *("eval_accuracy", "eval_macro_f1", "eval_loss", "train_loss", "optimizer_steps"),
+    *("train_samples_per_second", "steady_samples_per_second", "train_tokens_per_second", "padding_fraction"),
+    *("model_tflops_per_second", "steady_mfu", "mfu", "mfu_useful"),
+    *("peak_memory_over_baseline_bytes", "optimizer_state_bytes", "precision", "num_processes", "wall_seconds"),
 ]
 
 CSS = """
@@ -489,7 +502,7 @@ def render_report(run: RunData) -> str:
         f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
         f"{html.escape(str(run.display_path))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>",
     ]
-    headline = [(label, fmt_value(k, m.get(k))) for k, label in HEADLINE if m.get(k) is not None]
+    headline = [(METRIC_LABELS[k], fmt_value(k, m.get(k))) for k in HEADLINE if m.get(k) is not None]
     if headline:
         half = (len(headline) + 1) // 2
         parts.append(
