@@ -131,16 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num-labels", type=int, default=2, help="Labels the head would have (default: 2).")
 
-    p = sub.add_parser("evaluate", help="Score a trained run or model on a labelled file.")
+    p = sub.add_parser("evaluate", help="Score a trained run or model on a labelled file (or image/audio folder).")
     p.add_argument("model", metavar="RUN_OR_MODEL")
-    p.add_argument("--data", required=True, help="Labelled file to score.")
+    p.add_argument("--data", required=True, help="Labelled file to score, or a folder of images or audio files.")
     _add_column_flags(p, label=True)
 
-    p = sub.add_parser("predict", help="Predict labels with probabilities for texts or a file.")
+    p = sub.add_parser("predict", help="Predict labels with probabilities for texts, images or audio files.")
     p.add_argument("model", metavar="RUN_OR_MODEL")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", action="append", help="A text to classify (repeatable).")
-    src.add_argument("--data", help="File of texts to classify.")
+    src.add_argument("--file", action="append", help="An image or audio file to classify (repeatable).")
+    src.add_argument("--data", help="File of texts to classify, or a folder or table of images or audio files.")
     p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")
     _add_column_flags(p, label=False)
 
@@ -170,6 +171,10 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
     p.add_argument("--text-pair-column")
     if label:
         p.add_argument("--label-column")
+    p.add_argument("--image-column", help="Images: the table column holding them (guessed when obvious).")
+    p.add_argument("--audio-column", help="Audio: the table column holding it (guessed when obvious).")
+    if label:
+        p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)
 
@@ -278,6 +283,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         args.label_column,
         args.max_length,
         args.batch_size,
+        image_column=args.image_column,
+        audio_column=args.audio_column,
+        label_pattern=args.label_pattern,
     )
     print(json.dumps(metrics, indent=2))
     return 0
@@ -291,6 +299,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         args.model,
         texts=args.text,
         data=args.data,
+        files=args.file,
+        image_column=args.image_column,
+        audio_column=args.audio_column,
         text_column=args.text_column,
         text_pair_column=args.text_pair_column,
         max_length=args.max_length,

@@ -29,6 +29,7 @@ LAUNCHERS = ("accelerate", "torchrun", "ray")
 SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
+TASKS = ("text-classification", "image-classification", "audio-classification")
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -66,6 +67,40 @@ class TrainConfig:
     eval_fraction: float = _help(
         "Share of --data held out for evaluation when --eval-data is not given (0 < f < 1).", default=0.1
     )
+    # --- images and audio (issue #8)
+    task: str | None = _help(
+        f"What the model learns: {'|'.join(TASKS)}. Default: inferred from the model's config (text when unclear).",
+        default=None,
+    )
+    image_column: str | None = _help(
+        "Table column holding images (paths relative to the table, or `datasets` images). Guessed when obvious.",
+        default=None,
+    )
+    audio_column: str | None = _help(
+        "Table column holding audio (paths relative to the table, or `datasets` audio). Guessed when obvious.",
+        default=None,
+    )
+    label_pattern: str | None = _help(
+        "Regular expression that takes each file's label from its path inside a --data folder (the group named "
+        "'label', else the first group), e.g. '^(\\d+)_' for '7_jackson_3.wav'. Default: the class sub-folder.",
+        default=None,
+    )
+    eval_pattern: str | None = _help(
+        "Regular expression: the files of --data whose path matches (e.g. '_[0-4]\\.wav$') are the evaluation "
+        "set, instead of a random --eval-fraction.",
+        default=None,
+    )
+    max_seconds: float | None = _help(
+        "Audio: pad or cut every clip to this many seconds. Default: the feature extractor's own length, "
+        "else the longest training clip (at most 30 s).",
+        default=None,
+    )
+    augment: bool = _help(
+        "Random augmentation of training examples: images shifted by up to 1/8 of their size, audio shifted "
+        "in time by up to 1/10 of its length.",
+        default=False,
+    )
+    strict: bool = _help("Stop at the first unreadable image or audio file instead of skipping it.", default=False)
     # --- optimisation
     batch_size: int = _help("Examples per micro-batch on each device.", default=32)
     epochs: float = _help("Passes over the training data (fractions allowed).", default=1.0)
@@ -151,6 +186,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _coerce_types(self)
+        _check_media(self)
         _positive(self, "max_length", "batch_size", "log_every", "grad_accum")
         _positive(self, "limit", "max_steps", "eval_every", "local_sgd_steps", optional=True)
         if self.local_sgd_outer_lr is not None and not self.local_sgd_outer_lr > 0:
@@ -286,3 +322,20 @@ def _choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(cfg, name)
     if value not in choices:
         raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")
+
+
+def _check_media(cfg: TrainConfig) -> None:
+    """The images-and-audio keys (issue #8): a known task, valid regular expressions, a positive length."""
+    import re
+
+    if cfg.task is not None:
+        _choice(cfg, "task", TASKS)
+    for name in ("label_pattern", "eval_pattern"):
+        pattern = getattr(cfg, name)
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{_flag(name)} '{pattern}' is not a regular expression ({exc})") from None
+    if cfg.max_seconds is not None and not (cfg.max_seconds > 0 and math.isfinite(cfg.max_seconds)):
+        raise ConfigError(f"{_flag('max_seconds')} must be a positive number, got {cfg.max_seconds}")

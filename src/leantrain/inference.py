@@ -43,6 +43,105 @@ def _loader(tokens, labels: np.ndarray, tokenizer, batch_size: int):
     )
 
 
+def _task_of(run_or_model: str) -> tuple[str, Any, str]:
+    from leantrain import models
+
+    path = models.resolve_model(run_or_model)
+    config = models.load_config(path)
+    return path, config, models.infer_task(config)
+
+
+def _load_media(path: str, config, task: str):
+    """An image or audio classifier and the processor it was trained with (data/media.py)."""
+    from transformers import AutoModelForAudioClassification, AutoModelForImageClassification
+
+    from leantrain.data import media
+
+    auto = AutoModelForImageClassification if task == media.IMAGE else AutoModelForAudioClassification
+    try:
+        model = auto.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"{path}: cannot load as {media.kind(task)} classifier ({str(exc).splitlines()[0][:160]})"
+        ) from None
+    model.eval()
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    return model, media.load_processor(path, model.config, task), names
+
+
+def _media_loader(features, labels: np.ndarray, task: str, batch_size: int):
+    from torch.utils.data import DataLoader
+
+    from leantrain.data.batching import ClassificationDataset, eval_batches
+    from leantrain.data.media import MediaCollator
+    from leantrain.data.prepare import LabelledText
+
+    data = LabelledText(features, labels)
+    return DataLoader(
+        ClassificationDataset(data),
+        batch_sampler=eval_batches(data.lengths, batch_size),
+        collate_fn=MediaCollator(task, features.norm),
+    )
+
+
+def _evaluate_media(path, config, task, data, label_column, label_pattern, input_column, batch_size, cache_dir):
+    from leantrain.data.media import load_media_source
+    from leantrain.data.tokenize import default_cache_dir
+    from leantrain.training.evaluate import classification_metrics
+
+    model, mp, names = _load_media(path, config, task)
+    src = load_media_source(
+        data,
+        mp,
+        Path(cache_dir) if cache_dir else default_cache_dir(),
+        "eval",
+        input_column=input_column,
+        label_column=label_column,
+        label_pattern=label_pattern,
+    )
+    label_id = {n: i for i, n in enumerate(names)}
+    unseen = sorted(set(src.labels) - set(label_id))
+    if unseen:
+        raise DataError(f"{data}: labels {unseen[:5]} are unknown to the model (it knows {names})")
+    labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
+    probs, y, _ = _run(model, _media_loader(src.features, labels, task, batch_size))
+    return {**classification_metrics(probs, y), "examples": len(y), "skipped": src.report.rows_dropped}
+
+
+def _predict_media(path, config, task, files, data, input_column, batch_size) -> list[dict[str, Any]]:
+    from leantrain.data.media import MediaListing, list_source, process_source
+    from leantrain.data.sources import ReadReport
+
+    model, mp, names = _load_media(path, config, task)
+    if files is not None:
+        missing = [f for f in files if not Path(f).is_file()]
+        if missing:
+            raise DataError(f"{missing[0]}: no such file")
+        listing = MediaListing("--file", list(files), list(files), None, "-", "files", ReadReport("--file", len(files)))
+    else:
+        listing = list_source(data, task, need_labels=False, input_column=input_column, split="eval")
+    src = process_source(listing, mp, strict=files is not None)
+    if src.skipped:
+        import logging
+
+        logging.getLogger("leantrain").warning(
+            "%s: %d unreadable files skipped (%s)", data, src.report.rows_dropped, ", ".join(src.skipped)
+        )
+    probs, _, index = _run(
+        model, _media_loader(src.features, np.zeros(len(src.names), dtype=np.int64), task, batch_size)
+    )
+    out: list[dict[str, Any]] = [{} for _ in src.names]
+    for p, i in zip(probs, index):
+        best = int(p.argmax())
+        out[i] = {
+            "file": src.names[i],
+            "label": names[best],
+            "score": float(p[best]),
+            "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)},
+        }
+    return out
+
+
 def _run(model, loader, precision: str = "fp32"):
     from leantrain import parallel
     from leantrain.training.evaluate import predict_loop
@@ -61,12 +160,19 @@ def evaluate(
     max_length: int = 128,
     batch_size: int = 64,
     cache_dir: str | None = None,
+    image_column: str | None = None,
+    audio_column: str | None = None,
+    label_pattern: str | None = None,
 ) -> dict[str, float]:
-    """Accuracy, macro-F1 and loss of a trained model on a labelled file."""
+    """Accuracy, macro-F1 and loss of a trained model on a labelled file (or, for images and audio, folder)."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
     from leantrain.training.evaluate import classification_metrics
 
+    path, config, task = _task_of(run_or_model)
+    if task != "text-classification":
+        column = image_column if task == "image-classification" else audio_column
+        return _evaluate_media(path, config, task, data, label_column, label_pattern, column, batch_size, cache_dir)
     _, model, tokenizer, names = _load(run_or_model)
     src = load_source(
         data,
@@ -97,14 +203,26 @@ def predict(
     text_pair_column: str | None = None,
     max_length: int = 128,
     batch_size: int = 64,
+    files: list[str] | None = None,
+    image_column: str | None = None,
+    audio_column: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per input: the text, the predicted label, its probability and all probabilities."""
+    """One row per input: the text (or file), the predicted label, its probability and all probabilities."""
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
     from leantrain.data.tokenize import tokenize
 
-    if (texts is None) == (data is None):
-        raise DataError("predict: give either --text or --data")
+    if sum(x is not None for x in (texts, data, files)) != 1:
+        raise DataError("predict: give one of --text, --file or --data")
+    path, config, task = _task_of(run_or_model)
+    if task != "text-classification":
+        if texts is not None:
+            what = task.split("-")[0]
+            raise DataError(f"{run_or_model}: an {what} classifier; give {what} files with --file or --data")
+        column = image_column if task == "image-classification" else audio_column
+        return _predict_media(path, config, task, files, data, column, batch_size)
+    if files is not None:
+        raise DataError(f"{run_or_model}: a text classifier; give texts with --text or a table with --data")
     _, model, tokenizer, names = _load(run_or_model)
     pairs = None
     if data is not None:

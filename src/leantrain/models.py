@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +24,17 @@ def embedded_model_path() -> Path:
 
 
 def resolve_model(name: str | None) -> str:
-    """A local folder (checked to hold a model) or a hub id; None means the embedded default."""
+    """A local folder (checked to hold a model), a config.json file, a preset or a hub id; None: the default."""
+    from leantrain import presets
+
     if name in (None, EMBEDDED_MODEL):
         return str(embedded_model_path())
+    if presets.is_preset(name):
+        presets.preset_task(name)  # refuses an unknown preset now
+        return name
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".json":  # a bare config: the model is trained from scratch
+        return str(path)
     if path.exists():
         if (path / "model" / "config.json").is_file():  # a leantrain run directory
             return str(path / "model")
@@ -53,6 +61,10 @@ def _offline_hint(name: str, exc: Exception) -> ModelError:
 def load_config(name: str, trust_remote_code: bool = False, **kwargs):
     from transformers import AutoConfig
 
+    from leantrain import presets
+
+    if presets.is_preset(name):
+        return presets.preset_config(name, **kwargs)
     try:
         # Model code shipped with a checkpoint runs only when the user said so (--trust-remote-code).
         return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, **kwargs)
@@ -93,22 +105,82 @@ def max_supported_length(config, tokenizer=None) -> int | None:
     return min(limits) if limits else None
 
 
+TASKS = ("text-classification", "image-classification", "audio-classification")
+
+
+def infer_task(config, task: str | None = None) -> str:
+    """The task a model config does: `task` when given (checked), else from the model type; text when unclear."""
+    from transformers.models.auto import modeling_auto as auto
+
+    mappings: dict[str, typing.Any] = {
+        "text-classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        "image-classification": auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "audio-classification": auto.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES,
+    }
+    kind = getattr(config, "model_type", None)
+    able = [t for t, names in mappings.items() if kind in names]
+    if task is not None:
+        if able and task not in able:
+            raise ModelError(f"--task {task}: a '{kind}' model cannot do it (it does {', '.join(able)})")
+        return task
+    if len(able) == 1:
+        return able[0]
+    for arch in getattr(config, "architectures", None) or []:
+        for t, suffix in (
+            ("image-classification", "ImageClassification"),
+            ("audio-classification", "AudioClassification"),
+        ):
+            if arch.endswith(suffix):
+                return t
+    return "text-classification"
+
+
+def has_weights(name: str) -> bool | None:
+    """Whether a local model folder holds weights (None: a hub name, which from_pretrained fetches)."""
+    from leantrain import presets
+
+    if presets.is_preset(name):
+        return False
+    path = Path(name)
+    if path.is_file():
+        return False  # a bare config.json
+    if not path.is_dir():
+        return None
+    return any(path.glob("*.safetensors")) or any(path.glob("*.bin")) or any(path.glob("*.safetensors.index.json"))
+
+
 def load_for_classification(
-    name: str, label_names: list[str], dropout: float | None = None, trust_remote_code: bool = False
+    name: str,
+    label_names: list[str],
+    dropout: float | None = None,
+    trust_remote_code: bool = False,
+    task: str = "text-classification",
+    config=None,
 ):
-    """A sequence classifier with one output per label; the head is new when the checkpoint has none."""
-    from transformers import AutoModelForSequenceClassification
+    """A classifier with one output per label; the head is new when the checkpoint has none.
+
+    A preset, a bare config.json or a folder without weights gives a model initialised at random (from
+    scratch). `config` replaces the one `name` holds (presets sized for the data, for instance).
+    """
+    from transformers import (
+        AutoModelForAudioClassification,
+        AutoModelForImageClassification,
+        AutoModelForSequenceClassification,
+    )
     from transformers.utils import logging as hf_logging
 
-    config = load_config(
-        name,
-        trust_remote_code=trust_remote_code,
+    labels = dict(
         num_labels=len(label_names),
         id2label=dict(enumerate(label_names)),
         label2id={n: i for i, n in enumerate(label_names)},
         # Set up front: BERT's forward sets it on first call otherwise, which recompiles a compiled model.
         problem_type="single_label_classification",
     )
+    if config is None:
+        config = load_config(name, trust_remote_code=trust_remote_code, **labels)
+    else:
+        for key, value in labels.items():
+            setattr(config, key, value)
     if dropout is not None:
         for key in (
             "hidden_dropout_prob",
@@ -121,12 +193,20 @@ def load_for_classification(
                 setattr(config, key, dropout)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
+    auto_class = {
+        "text-classification": AutoModelForSequenceClassification,
+        "image-classification": AutoModelForImageClassification,
+        "audio-classification": AutoModelForAudioClassification,
+    }[task]
+    what = {"text-classification": "a sequence", "image-classification": "an image"}.get(task, "an audio")
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            name, config=config, trust_remote_code=trust_remote_code
-        )
+        if has_weights(name) is False:
+            model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
+            model.config._name_or_path = name
+        else:
+            model = auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise ModelError(f"{name}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:200]})") from None
+        raise ModelError(f"{name}: cannot load as {what} classifier ({str(exc).splitlines()[0][:200]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     return model

@@ -29,7 +29,7 @@ log = logging.getLogger("leantrain")
 class LabelledText:
     """Tokenized examples with their class ids."""
 
-    tokens: TokenizedText
+    tokens: TokenizedText  # or, for images and audio, data.media.MediaFeatures (the same interface)
     labels: np.ndarray  # int64 class ids
 
     def __len__(self) -> int:

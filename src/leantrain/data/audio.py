@@ -1,0 +1,121 @@
+"""Audio: read WAV files (scipy; other formats through `soundfile` when installed), mix to mono, resample to
+the feature extractor's rate (polyphase, scipy), pad or cut to a fixed length, extract features.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from leantrain.errors import DataError
+
+AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif"})
+MAX_RESAMPLE_FACTOR = 2000  # larger up/down factors mean a filter too long to be sensible (odd rates)
+
+
+def decode_audio(item: Any) -> tuple[np.ndarray, int]:
+    """(mono float32 waveform in [-1, 1], sampling rate) from a path, bytes or a datasets dict."""
+    if isinstance(item, dict):
+        if item.get("array") is not None and item.get("sampling_rate"):
+            return _mono(np.asarray(item["array"], dtype=np.float32)), int(item["sampling_rate"])
+        item = item.get("bytes") or item.get("path")
+    name = str(item) if not isinstance(item, bytes) else ""
+    is_wav = (isinstance(item, bytes) and item[:4] == b"RIFF") or Path(name).suffix.lower() in (".wav", ".wave")
+    if is_wav:
+        import warnings
+
+        from scipy.io import wavfile
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "chunk not understood": metadata chunks, harmless
+            rate, data = wavfile.read(io.BytesIO(item) if isinstance(item, bytes) else item)
+        return _mono(_to_float(data)), int(rate)
+    try:
+        import soundfile
+    except ImportError:
+        raise DataError(
+            f"{name or 'audio bytes'}: not a WAV file; reading other formats needs soundfile "
+            "(pip install soundfile), or convert the files to WAV"
+        ) from None
+    data, rate = soundfile.read(io.BytesIO(item) if isinstance(item, bytes) else item, dtype="float32")
+    return _mono(data), int(rate)
+
+
+def _to_float(data: np.ndarray) -> np.ndarray:
+    if data.dtype == np.uint8:
+        return (data.astype(np.float32) - 128) / 128
+    if np.issubdtype(data.dtype, np.integer):
+        return data.astype(np.float32) / float(np.iinfo(data.dtype).max + 1)
+    return data.astype(np.float32)
+
+
+def _mono(data: np.ndarray) -> np.ndarray:
+    data = np.asarray(data, dtype=np.float32)
+    if data.ndim == 2:
+        data = data.mean(axis=1)
+    if data.ndim != 1 or data.size == 0:
+        raise ValueError("no audio samples")
+    return data
+
+
+def resample(wave: np.ndarray, rate: int, target: int, name: str) -> np.ndarray:
+    """Polyphase resampling to `target` Hz; a rate with no small ratio to the target is refused."""
+    if rate == target:
+        return wave
+    if rate <= 0:
+        raise DataError(f"{name}: sample rate {rate} Hz cannot be resampled to {target} Hz")
+    g = math.gcd(rate, target)
+    up, down = target // g, rate // g
+    if max(up, down) > MAX_RESAMPLE_FACTOR:
+        raise DataError(
+            f"{name}: sample rate {rate} Hz cannot be resampled to {target} Hz (no small ratio: {up}/{down}); "
+            "convert the file to a standard rate such as 8000, 16000, 22050, 44100 or 48000 Hz"
+        )
+    from scipy.signal import resample_poly
+
+    return resample_poly(wave, up, down).astype(np.float32)
+
+
+def fit_length(wave: np.ndarray, samples: int) -> np.ndarray:
+    """Cut to `samples`, or pad with silence at the end."""
+    if len(wave) >= samples:
+        return wave[:samples]
+    return np.pad(wave, (0, samples - len(wave)))
+
+
+def native_seconds(extractor) -> float | None:
+    """The input length a feature extractor fixes itself (AST's frames, Whisper's 30 s), or None."""
+    if type(extractor).__name__ == "ASTFeatureExtractor":
+        return round((extractor.max_length - 1) * 0.010 + 0.025, 3)
+    n = getattr(extractor, "n_samples", None)
+    if n:
+        return n / extractor.sampling_rate
+    return None
+
+
+def process_audio(extractor, waves: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Features of equal-length waveforms at the extractor's rate, as float16 arrays."""
+    out = extractor(waves, sampling_rate=extractor.sampling_rate, return_tensors="np")
+    key = extractor.model_input_names[0]
+    return {key: np.asarray(out[key], dtype=np.float16)}
+
+
+def shift_audio(x, rng: np.random.Generator, fraction: float = 0.1):
+    """Augmentation: roll each example along its time axis by up to `fraction` of its length.
+
+    Time is the first axis after the batch for waveforms (B, T) and AST features (B, frames, mels); for
+    (B, mels, frames) features (Whisper) it is the last.
+    """
+    import torch
+
+    axis = 2 if x.dim() == 3 and x.shape[1] < x.shape[2] else 1
+    n = x.shape[axis]
+    out = torch.empty_like(x)
+    for i in range(x.shape[0]):
+        k = int(rng.integers(-round(n * fraction), round(n * fraction) + 1))
+        out[i] = torch.roll(x[i], k, dims=axis - 1)
+    return out

@@ -1,0 +1,154 @@
+"""Audio classification: WAV folders labelled by sub-folder or file-name pattern, tables, resampling, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from leantrain import TrainConfig, train
+from leantrain.cli import main
+from leantrain.errors import DataError
+
+TONES = {"0": 300.0, "1": 1200.0, "2": 2600.0}
+
+
+def write_wav(path: Path, freq: float, seconds: float, rate: int, rng: np.random.Generator, stereo=False) -> None:
+    from scipy.io import wavfile
+
+    t = np.arange(int(rate * seconds)) / rate
+    wave = 0.5 * np.sin(2 * np.pi * freq * t) + 0.05 * rng.standard_normal(len(t))
+    data = (wave * 20000).astype(np.int16)
+    if stereo:
+        data = np.stack([data, data], axis=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wavfile.write(path, rate, data)
+
+
+@pytest.fixture(scope="module")
+def fsdd_like(tmp_path_factory) -> Path:
+    """`{digit}_{speaker}_{index}.wav` at 8 kHz, like FSDD: a tone per class, of varying length."""
+    root = tmp_path_factory.mktemp("wavs")
+    rng = np.random.default_rng(0)
+    for label, freq in TONES.items():
+        for i in range(12):
+            write_wav(root / f"{label}_spk_{i}.wav", freq, rng.uniform(0.2, 0.8), 8000, rng)
+    return root
+
+
+@pytest.fixture()
+def job(tmp_path):
+    def make(**changes):
+        base = dict(
+            model="preset:tiny-audio",
+            output_dir=str(tmp_path / "run"),
+            cache_dir=str(tmp_path / "cache"),
+            batch_size=8,
+            epochs=2,
+            lr=2e-3,
+            progress=False,
+            report=False,
+            precision="fp32",
+            max_seconds=0.5,
+        )
+        return TrainConfig(**{**base, **changes})
+
+    return make
+
+
+def test_wav_folder_with_label_and_eval_patterns_trains_and_predicts(job, fsdd_like, tmp_path, capsys):
+    from leantrain import evaluate, predict
+
+    result = train(job(data=str(fsdd_like), label_pattern=r"^(\d+)_", eval_pattern=r"_[0-2]\.wav$", augment=True))
+    err = capsys.readouterr().err
+    assert "labels from pattern" in err and "9 files matching --eval-pattern" in err
+    assert "audio resampled to 16000 Hz, padded or cut to 0.5 s" in err
+    m = result.metrics
+    assert 0 <= m["eval_accuracy"] <= 1 and m["train_examples"] == 54 and m["num_labels"] == 3
+    model_dir = result.model_dir
+    assert json.loads((model_dir / "leantrain_inputs.json").read_text())["max_seconds"] == 0.5
+    assert json.loads((model_dir / "preprocessor_config.json").read_text())["feature_extractor_type"] == (
+        "ASTFeatureExtractor"
+    )
+    rows = predict(str(result.output_dir), files=[str(fsdd_like / "2_spk_5.wav")])
+    assert rows[0]["file"].endswith("2_spk_5.wav") and set(rows[0]["probabilities"]) == set(TONES)
+    metrics = evaluate(str(result.output_dir), str(fsdd_like), label_pattern=r"^(\d+)_", cache_dir=str(tmp_path / "c"))
+    assert metrics["examples"] == 36
+
+
+def test_class_subfolders_and_a_csv_of_paths(job, tmp_path):
+    rng = np.random.default_rng(1)
+    data = tmp_path / "d"
+    rows = []
+    for label, freq in TONES.items():
+        for i in range(4):
+            # 22.05 kHz stereo: mixed to mono and resampled
+            write_wav(data / f"class{label}" / f"{i}.wav", freq, 0.3, 22050, rng, stereo=True)
+            rows.append(f"class{label}/{i}.wav,{label}")
+    result = train(job(data=str(data), max_steps=2, eval_fraction=0.25))
+    assert result.metrics["num_labels"] == 3
+    table = data / "files.csv"
+    table.write_text("file,label\n" + "\n".join(rows) + "\n")
+    result = train(job(data=str(table), max_steps=2, eval_fraction=0.25, output_dir=str(tmp_path / "r2")))
+    assert result.metrics["num_labels"] == 3
+
+
+def test_resampling_and_fixed_length():
+    from leantrain.data.audio import fit_length, resample
+
+    wave = np.sin(np.arange(8000) / 10).astype(np.float32)
+    assert len(resample(wave, 8000, 16000, "x")) == 16000
+    assert len(resample(wave, 44100, 16000, "x")) == -(-8000 * 16000 // 44100)
+    with pytest.raises(DataError, match="cannot be resampled"):
+        resample(wave, 7919, 16000, "odd.wav")
+    assert len(fit_length(wave, 100)) == 100 and len(fit_length(wave, 9000)) == 9000
+    assert fit_length(wave, 9000)[-1] == 0
+
+
+def test_bad_audio_skipped_or_strict_and_odd_rates_exit_2(fsdd_like, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "w"
+    shutil.copytree(fsdd_like, data)
+    (data / "1_spk_99.wav").write_bytes(b"RIFF....WAVEjunk")
+    base = ["train", "--model", "preset:tiny-audio", "--data", str(data), "--label-pattern", r"^(\d+)_",
+            "--max-steps", "1", "--no-progress", "--no-report", "--max-seconds", "0.3"]  # fmt: skip
+    assert main([*base, "--cache-dir", str(tmp_path / "c1"), "--output-dir", str(tmp_path / "r1")]) == 0
+    err = capsys.readouterr().err
+    assert "1 dropped (1 unreadable audio files)" in err and "1_spk_99.wav" in err
+
+    assert main([*base, "--strict", "--cache-dir", str(tmp_path / "c2"), "--output-dir", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err
+    assert "1_spk_99.wav: cannot read as audio" in err and "Traceback" not in err
+
+    (data / "1_spk_99.wav").unlink()
+    write_wav(data / "2_spk_77.wav", 500, 0.3, 7919, np.random.default_rng(2))
+    assert main([*base, "--cache-dir", str(tmp_path / "c3"), "--output-dir", str(tmp_path / "r3")]) == 2
+    err = capsys.readouterr().err
+    assert "sample rate 7919 Hz cannot be resampled to 16000 Hz" in err and "Traceback" not in err
+
+
+def test_patterns_that_pick_nothing_exit_2(fsdd_like, tmp_path, capsys):
+    base = ["train", "--model", "preset:tiny-audio", "--data", str(fsdd_like), "--cache-dir", str(tmp_path / "c"),
+            "--output-dir", str(tmp_path / "r"), "--no-progress"]  # fmt: skip
+    assert main([*base, "--label-pattern", r"^speaker(\d)"]) == 2
+    assert "no file name matches --label-pattern" in capsys.readouterr().err
+    assert main([*base, "--label-pattern", r"^(\d)_", "--eval-pattern", r"_99\.wav$"]) == 2
+    assert "--eval-pattern '_99\\.wav$' matches none" in capsys.readouterr().err
+    assert main([*base, "--label-pattern", "(unclosed"]) == 2
+    assert "is not a regular expression" in capsys.readouterr().err
+
+
+def test_an_extractor_without_a_length_pads_to_the_longest_clip(fsdd_like):
+    from transformers import Wav2Vec2FeatureExtractor
+
+    from leantrain.data.media import AUDIO, MediaProcessor, list_source, process_source
+
+    mp = MediaProcessor(AUDIO, Wav2Vec2FeatureExtractor(sampling_rate=16000))
+    listing = list_source(str(fsdd_like), AUDIO, label_pattern=r"^(\d)_")
+    src = process_source(listing, mp)
+    assert mp.max_seconds is not None and 0.2 < mp.max_seconds <= 0.8
+    values = src.features.arrays["input_values"]
+    assert values.dtype == np.float16 and values.shape == (36, round(mp.max_seconds * 16000))

@@ -1,0 +1,260 @@
+"""Image classification: folders, tables and IDX files; tiny ViTs from presets and configs; bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from leantrain import TrainConfig, train
+from leantrain.cli import main
+from leantrain.errors import DataError
+
+COLOURS = {"red": 0, "blue": 2}
+
+
+def make_image(path: Path, colour: str, rng: np.random.Generator, size=(20, 24)) -> None:
+    from PIL import Image
+
+    a = rng.integers(0, 60, (*size, 3), dtype=np.uint8)
+    a[..., COLOURS[colour]] += 180
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(a).save(path)
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> Path:
+    """Two classes of small PNGs told apart by colour: learnable in a few steps."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for colour in COLOURS:
+        for i in range(24):
+            make_image(root / colour / f"{i}.png", colour, rng)
+    (root / "notes.txt").write_text("not an image, ignored")
+    return root
+
+
+@pytest.fixture()
+def job(tmp_path):
+    def make(**changes):
+        base = dict(
+            model="preset:tiny-vit",
+            output_dir=str(tmp_path / "run"),
+            cache_dir=str(tmp_path / "cache"),
+            batch_size=16,
+            epochs=3,
+            lr=2e-3,
+            progress=False,
+            report=False,
+            precision="fp32",
+            eval_fraction=0.25,
+        )
+        return TrainConfig(**{**base, **changes})
+
+    return make
+
+
+def test_image_folder_trains_saves_processor_and_predicts(job, image_folder, tmp_path, capsys):
+    from leantrain import evaluate, predict
+
+    result = train(job(data=str(image_folder)))
+    assert result.metrics["eval_accuracy"] == 1.0  # colour is all it takes
+    assert result.metrics["train_samples_per_second"] > 0 and result.metrics["padding_fraction"] == 0
+    assert "FlopCounterMode" in result.metrics["flop_model"] and result.metrics["model_tflops"] > 0
+    model_dir = result.model_dir
+    for name in ("config.json", "model.safetensors", "preprocessor_config.json", "leantrain_inputs.json"):
+        assert (model_dir / name).is_file(), name
+    assert json.loads((model_dir / "config.json").read_text())["id2label"] == {"0": "blue", "1": "red"}
+    err = capsys.readouterr().err
+    assert "labels from class folders" in err and "pixel_values (3, 32, 32) uint8" in err
+
+    rows = predict(str(result.output_dir), files=[str(image_folder / "red" / "0.png")])
+    assert rows[0]["label"] == "red" and set(rows[0]["probabilities"]) == {"red", "blue"}
+    metrics = evaluate(str(result.output_dir), str(image_folder), cache_dir=str(tmp_path / "cache"))
+    assert metrics["examples"] == 48 and metrics["accuracy"] == 1.0
+
+    # a second run reuses the processed images
+    train(job(data=str(image_folder), output_dir=str(tmp_path / "again"), max_steps=1))
+    assert "processed data loaded from cache" in capsys.readouterr().err
+
+    # the saved model also loads in a transformers pipeline, processor included
+    from transformers import pipeline
+
+    clf = pipeline("image-classification", model=str(model_dir))
+    assert clf(str(image_folder / "blue" / "3.png"))[0]["label"] in ("red", "blue")
+
+
+def test_cli_predict_and_evaluate_on_image_files(job, image_folder, tmp_path, capsys):
+    result = train(job(data=str(image_folder), max_steps=2))
+    out = tmp_path / "pred.csv"
+    assert main(["predict", str(result.output_dir), "--data", str(image_folder), "--output", str(out)]) == 0
+    import pandas as pd
+
+    pred = pd.read_csv(out)
+    assert len(pred) == 48 and {"file", "label", "score", "p_red", "p_blue"} <= set(pred.columns)
+    assert main(["predict", str(result.output_dir), "--text", "hello"]) == 2
+    assert "an image classifier" in capsys.readouterr().err
+
+
+def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job, image_folder, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "imgs"
+    shutil.copytree(image_folder, data)
+    (data / "red" / "broken.png").write_bytes(b"\x89PNG not really")
+    (data / "blue" / "empty.jpg").write_bytes(b"")
+    result = train(job(data=str(data), max_steps=1))
+    err = capsys.readouterr().err
+    assert "2 dropped (2 unreadable image files)" in err
+    assert "blue/empty.jpg" in err and "red/broken.png" in err
+    assert result.metrics["train_examples"] > 0
+
+    code = main(["train", "--model", "preset:tiny-vit", "--data", str(data), "--strict", "--cache-dir",
+                 str(tmp_path / "c2"), "--output-dir", str(tmp_path / "r2"), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot read as image" in err and "--strict" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "layout, needle",
+    [
+        ("empty_class", "class folder 'green' holds no image files"),
+        ("no_classes", "cannot tell the labels"),
+        ("one_class", "a classifier needs at least two"),
+    ],
+)
+def test_bad_folders_exit_2_with_one_line(tmp_path, capsys, layout, needle):
+    rng = np.random.default_rng(1)
+    root = tmp_path / "d"
+    if layout == "no_classes":
+        for i in range(4):
+            make_image(root / f"{i}.png", "red", rng)
+    else:
+        for i in range(4):
+            make_image(root / "red" / f"{i}.png", "red", rng)
+        if layout == "empty_class":
+            (root / "green").mkdir()
+            (root / "green" / "readme.txt").write_text("x")
+    code = main(["train", "--model", "preset:tiny-vit", "--data", str(root), "--cache-dir", str(tmp_path / "c"),
+                 "--output-dir", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _vit_config_folder(path: Path, image_size: int = 16, channels: int = 3) -> Path:
+    from transformers import ViTConfig
+
+    path.mkdir(parents=True, exist_ok=True)
+    ViTConfig(
+        image_size=image_size,
+        patch_size=4,
+        num_channels=channels,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    ).save_pretrained(path)
+    return path / "config.json"
+
+
+def test_a_config_json_without_a_processor_trains_from_scratch_on_images_of_its_size(job, tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    data = tmp_path / "d"
+    for colour in COLOURS:
+        for i in range(8):
+            make_image(data / colour / f"{i}.png", colour, rng, size=(16, 16))
+    config = _vit_config_folder(tmp_path / "cfg", channels=1)
+    result = train(job(model=str(config), data=str(data), max_steps=2, eval_fraction=0.5))
+    saved = json.loads((result.model_dir / "leantrain_inputs.json").read_text())
+    assert saved["resizes"] is False and saved["channels"] == 1
+    from leantrain import predict
+
+    assert predict(str(result.output_dir), files=[str(data / "red" / "0.png")])[0]["label"] in COLOURS
+
+
+def test_mixed_sizes_without_a_processor_or_the_wrong_size_exit_2(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    data = tmp_path / "d"
+    for colour in COLOURS:
+        for i in range(4):
+            make_image(data / colour / f"{i}.png", colour, rng, size=(16, 16) if i % 2 else (20, 20))
+    config = _vit_config_folder(tmp_path / "cfg")
+    args = ["train", "--model", str(config), "--data", str(data), "--cache-dir", str(tmp_path / "c"),
+            "--output-dir", str(tmp_path / "r"), "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "images of different sizes (" in err and "no image processor" in err and "Traceback" not in err
+
+    for p in data.rglob("*.png"):
+        make_image(p, p.parent.name, rng, size=(20, 20))
+    assert main(args) == 2
+    assert "images are 20x20 but the model takes 16x16" in capsys.readouterr().err
+
+
+def test_a_table_of_image_paths_and_labels(job, image_folder, tmp_path):
+    rows = [
+        {"path": str(p.relative_to(image_folder)), "category": p.parent.name}
+        for p in sorted(image_folder.rglob("*.png"))
+    ]
+    table = image_folder / "table.jsonl"
+    table.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    try:
+        result = train(job(data=str(table), label_column="category", max_steps=2))
+    finally:
+        table.unlink()
+    assert result.metrics["num_labels"] == 2
+
+
+def _write_idx(path: Path, array: np.ndarray, code: int) -> None:
+    header = bytes([0, 0, code, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_idx_files_are_a_source_like_mnist(job, tmp_path):
+    rng = np.random.default_rng(4)
+    labels = np.arange(40) % 2
+    images = rng.integers(0, 40, (40, 28, 28)).astype(np.uint8)
+    images[labels == 1, 8:20, 8:20] = 255  # a bright square: class 1
+    folder = tmp_path / "idx"
+    folder.mkdir()
+    _write_idx(folder / "t10k-images-idx3-ubyte.gz", images, 0x08)
+    _write_idx(folder / "t10k-labels-idx1-ubyte.gz", labels, 0x08)
+    result = train(job(data=str(folder), epochs=4))
+    assert result.metrics["eval_accuracy"] >= 0.9 and result.metrics["train_examples"] > 0
+
+    from leantrain.data.images import read_idx
+
+    (folder / "bad-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (5).to_bytes(4, "big") * 3 + b"\x00")
+    with pytest.raises(DataError, match="truncated IDX"):
+        read_idx(folder / "bad-images-idx3-ubyte")
+
+
+def test_task_is_inferred_from_the_model_and_a_wrong_task_is_refused(tmp_path, capsys):
+    from leantrain import models, presets
+
+    assert models.infer_task(presets.preset_config("preset:tiny-vit")) == "image-classification"
+    assert models.infer_task(presets.preset_config("preset:tiny-audio")) == "audio-classification"
+    from transformers import BertConfig
+
+    assert models.infer_task(BertConfig()) == "text-classification"
+    code = main(["train", "--model", "preset:tiny-vit", "--task", "audio-classification", "--data", str(tmp_path),
+                 "--output-dir", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+    assert code == 2 and "cannot do it" in capsys.readouterr().err
+    assert main(["train", "--model", "preset:nope", "--output-dir", str(tmp_path / "r2")]) == 2
+    assert "known presets: preset:tiny-vit" in capsys.readouterr().err
+
+
+def test_augmentation_shifts_images_deterministically():
+    import torch
+
+    from leantrain.data.images import shift_images
+
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    a = shift_images(x, np.random.default_rng(0))
+    b = shift_images(x, np.random.default_rng(0))
+    assert a.shape == x.shape and torch.equal(a, b) and not torch.equal(a, x)
