@@ -122,32 +122,42 @@ def run_bench(
 
 
 def _run_once(base, techniques, steps, bench_dir, say, timeout) -> list[BenchRow]:
-    rows = []
-    for name in techniques:
-        over = job_overrides(name, base)
-        job = {
-            **base,
-            **over,
-            "output_dir": str(bench_dir / "runs" / name.replace("+", "_")),
-            "overwrite": True,
-            "progress": False,
-        }
-        if steps is not None:
-            job.update(max_steps=steps, log_every=max(1, steps // 3))
-        cmd = [sys.executable, "-m", "leantrain", "train", *_flags(job)]
-        say(f"bench: {name} ...")
-        started = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            err = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-            say(f"bench: {name} failed: {err}")
-            rows.append(BenchRow(name, over, None, err))
-            continue
-        metrics = json.loads((Path(job["output_dir"]) / "metrics.json").read_text())
-        metrics["process_seconds"] = time.perf_counter() - started
-        rows.append(BenchRow(name, over, metrics))
-        say(f"bench: {name}: {metrics['steady_samples_per_second']:.1f} samples/s")
-    return rows
+    return [
+        run_job(name, job_overrides(name, base), base, steps, bench_dir / "runs" / name.replace("+", "_"), say, timeout)
+        for name in techniques
+    ]
+
+
+def run_job(
+    name: str,
+    over: dict[str, Any],
+    base: dict[str, Any],
+    steps: int | None,
+    out_dir: Path,
+    say=print,
+    timeout: float = 3600,
+    env: dict[str, str] | None = None,
+) -> BenchRow:
+    """Train `base` with `over` on top in its own `leantrain train` process; its metrics.json, or the error.
+
+    `steps=None` trains --epochs fully. `env` adds environment variables (the planner's probe uses it)."""
+    job = {**base, **over, "output_dir": str(out_dir), "overwrite": True, "progress": False}
+    if steps is not None:
+        job.update(max_steps=steps, log_every=max(1, steps // 3))
+    cmd = [sys.executable, "-m", "leantrain", "train", *_flags(job)]
+    say(f"bench: {name} ...")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
+    )
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        say(f"bench: {name} failed: {err}")
+        return BenchRow(name, over, None, err)
+    metrics = json.loads((Path(job["output_dir"]) / "metrics.json").read_text())
+    metrics["process_seconds"] = time.perf_counter() - started
+    say(f"bench: {name}: {metrics['steady_samples_per_second']:.1f} samples/s")
+    return BenchRow(name, over, metrics)
 
 
 COLUMNS = [

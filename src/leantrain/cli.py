@@ -123,6 +123,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bench-dir", help="Where runs, bench.csv, bench.png and bench.md go (default: runs/bench-<time>).")
 
+    p = sub.add_parser(
+        "plan",
+        help="Predict memory and speed of every combination of techniques; recommend the fastest that fits.",
+        description="Enumerate precision x activation checkpointing x optimizer x micro-batch (the global batch "
+        "held fixed), predict each one's peak memory by part and its relative throughput, mark those that fit "
+        "--memory and recommend the fastest. Takes every `train` flag for the job (`train --auto` trains "
+        "with the recommendation).",
+    )
+    _add_config_flags(p)
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        help="Examples per optimizer step (default: --batch-size x --grad-accum x --num-processes).",
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], help="Plan for this device (default: this machine's).")
+    p.add_argument("--probe", action="store_true", help="Run a few real steps of the top candidates and re-rank.")
+    p.add_argument("--probe-top", type=int, default=3, help="Candidates to probe (default: 3).")
+    p.add_argument("--probe-steps", type=int, default=5, help="Optimizer steps per probe (default: 5).")
+    p.add_argument("--all", action="store_true", help="List every candidate, not one row per combination.")
+    p.add_argument("--plan-dir", help="Write plan.json and plan.md (and the probes' runs) here.")
+
     sub.add_parser("env", help="Show the devices, precisions and library versions training would use here.")
 
     p = sub.add_parser("info", help="Show a model's config, parameter counts and classification head.")
@@ -241,6 +262,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(r.error is None for r in rows) else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from leantrain.planner.command import PlanOptions, run_plan
+
+    cfg = config_from_args(args)
+    given = {  # the job's own flags (and YAML keys), for the probes
+        f.name: getattr(cfg, f.name)
+        for f in fields(TrainConfig)
+        if hasattr(args, f.name) or (args.config and getattr(cfg, f.name) != f.default)
+    }
+    options = PlanOptions(args.global_batch, args.device, args.probe, args.probe_top, args.probe_steps, args.plan_dir)
+    say = lambda m: print(f"leantrain: {m}", file=sys.stderr, flush=True)  # noqa: E731
+    plan, paths = run_plan(cfg, options, given, say=say)
+    print(plan.render(all_rows=args.all).rstrip())
+    if paths:
+        print(f"written: {paths['json']}, {paths['md']}")
+    return 0 if plan.recommended is not None else 1
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from leantrain.parallel import environment_report
     from leantrain.telemetry import summary_table
@@ -335,6 +374,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
 COMMANDS = {
     "train": cmd_train,
     "bench": cmd_bench,
+    "plan": cmd_plan,
     "env": cmd_env,
     "info": cmd_info,
     "evaluate": cmd_evaluate,

@@ -137,6 +137,19 @@ class TrainConfig:
     pad_to_max_length: bool = _help(
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )
+    # --- planning (issue #7)
+    auto: bool = _help(
+        "Let the planner choose precision, activation checkpointing, optimizer (adamw, adafactor or adamw8bit; "
+        "--optimizer sgd is kept) and the micro-batch/accumulation split of the global batch (--batch-size x "
+        "--grad-accum x processes, held fixed) to train fastest within --memory; out of memory then halves the "
+        "micro-batch and redoes the step. The plan is written to plan.json and plan.md.",
+        default=False,
+    )
+    memory: str | None = _help(
+        "Memory budget per process for --auto and `leantrain plan`, e.g. 8GiB, 512MiB, 8GB. Default: the GPU's "
+        "memory, or the memory available on this machine.",
+        default=None,
+    )
     # --- processes and machines
     num_processes: int | None = _help(
         "Processes to start on this machine (one per GPU, or CPU processes with gloo). Default: one, or "
@@ -217,6 +230,10 @@ class TrainConfig:
         _choice(self, "shard", SHARDING)
         _choice(self, "on_nan", ON_NAN)
         _choice(self, "log", LOGS)
+        if self.memory is not None:
+            from leantrain.planner.memory import parse_memory
+
+            parse_memory(self.memory)  # a clear one-line error for '8 gigs'
         _positive(self, "num_machines")
         _positive(
             self, "num_processes", "num_workers", "save_every", "save_total_limit", "main_process_port", optional=True

@@ -202,3 +202,15 @@ def broadcast_from_main(value):
     if PartialState().num_processes == 1:
         return value
     return broadcast_object_list([value], from_process=0)[0]
+
+
+def any_process(accelerator, flag: bool) -> bool:
+    """Whether `flag` is true on any process: one all-reduce with several processes, none with one.
+
+    Every process must call it at the same point (the OOM fallback calls it after every micro-step)."""
+    if accelerator.num_processes == 1:
+        return flag
+    import torch
+
+    t = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return float(accelerator.reduce(t, reduction="sum")) > 0

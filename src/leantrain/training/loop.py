@@ -124,6 +124,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     elif isinstance(config, dict):
         config = TrainConfig.from_dict(config)
     cfg = resolve_config(config.replace(**overrides) if overrides else config)
+    plan = None
+    if cfg.auto:  # --auto: the planner's recommendation sets precision, checkpointing, optimizer and the split
+        from leantrain.planner.auto import plan_run
+
+        cfg, plan = plan_run(cfg)
     _quiet_transformers()
     if cfg.log == "tensorboard":
         check_tensorboard()
@@ -250,6 +255,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         say.info(local_sgd.reason)
 
     staging = run.begin() if accelerator.is_main_process else None
+    if staging is not None and plan is not None:
+        plan.write(staging)  # plan.json and plan.md: what was predicted, and why this configuration
     log_path = staging / "metrics.jsonl" if staging else None
     progress = checkpoint.Progress(best_metric=cfg.metric_for_best)  # counters a checkpoint records
     history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
@@ -297,6 +304,16 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     # -- the loop ------------------------------------------------------------------------------------
     meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
     memory = MemoryMeter(accelerator.device)
+    from leantrain.training.oom import OomGuard
+
+    oom = OomGuard(  # --auto: out of memory halves the micro-batch and redoes the step (training/oom.py)
+        cfg.auto,
+        sampler,
+        accelerator,
+        memory,
+        plan.request.budget if plan is not None else None,
+        tensor_bytes(accelerator.unwrap_model(model).parameters()),
+    )
     timer = StepTimer(accelerator.device)  # synchronises CUDA at phase boundaries
     bar = tqdm(
         total=total_steps,
@@ -348,7 +365,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         return path
 
     model.train()
-    memory.start()
+    memory.start(resident=model.parameters())  # weights paged in first: the peak over the baseline is training's own
     meter.start()
     timer.start()
     if resume_rng is not None:
@@ -358,7 +375,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
             # Accelerate's loader hands the sampler its own count of passes: set both to this epoch.
             sampler.set_epoch(epoch)
             train_loader.set_epoch(epoch)
-            for batch in timer.timed(train_loader):  # the wait for each batch is "data"
+            for batch in timer.timed(oom.batches(train_loader)):  # the wait for each batch is "data"
                 if window_count == 0:  # an optimizer step begins: what a NaN stop rolls back to
                     window_rng, window_micro_step = checkpoint.rng_state(), micro_step
                 window_end = bool(batch["window_end"])
@@ -368,7 +385,12 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                 else:
                     sync = contextlib.nullcontext() if window_end else accelerator.no_sync(model)
                 with sync, timer.phase("forward_backward"):
-                    loss_sum = forward_backward_step(model, batch, accelerator, amp)
+                    loss_sum = oom.forward_backward(forward_backward_step, model, batch, accelerator, amp, step)
+                if loss_sum is None:  # out of memory on some process (--auto): redo this step, micro-batch halved
+                    event = oom.recut(optimizer, epoch, steps_in_epoch, step)
+                    micro_step, window_loss, window_count = window_micro_step, 0.0, 0
+                    say.info(f"step {step + 1}: out of memory; {oom.describe(event)}")
+                    continue
                 micro_step += 1
                 window_loss += float(loss_sum)
                 window_count += len(batch["labels"])
@@ -533,6 +555,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "precision": precision,
         "num_processes": accelerator.num_processes,
         "global_batch": sampler.global_batch,
+        **(oom.metrics() if cfg.auto else {}),
         "num_labels": len(data.label_names),
     }
     best_mfu = max(metrics["mfu"] or 0.0, metrics["steady_mfu"] or 0.0)

@@ -1,0 +1,79 @@
+"""`leantrain train --auto`: turn a TrainConfig into the planner's request, and its recommendation into the config."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from leantrain.config import TrainConfig
+from leantrain.errors import LeantrainError
+from leantrain.planner.memory import format_bytes, parse_memory
+from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
+
+
+def default_budget(device: str) -> tuple[int, str]:
+    """(bytes, where from) when --memory is not given: the GPU's memory, or what this machine has available."""
+    if device == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        budget = int(total * 0.9)  # CUDA's context and the allocator's cache live outside what is counted
+        return budget, f"90% of the GPU's memory ({format_bytes(total)})"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                n = int(line.split()[1]) * 1024
+                return n, f"the memory available now ({format_bytes(n)}, /proc/meminfo)"
+    except OSError:
+        pass
+    raise LeantrainError("--auto: cannot tell how much memory this machine has; give --memory (e.g. --memory 8GiB)")
+
+
+def available_optimizers() -> tuple[str, ...]:
+    """The optimizers the planner may choose here: adamw8bit only where bitsandbytes is installed."""
+    have_bnb = importlib.util.find_spec("bitsandbytes") is not None
+    return tuple(o for o in DEFAULT_OPTIMIZERS if o != "adamw8bit" or have_bnb)
+
+
+def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[PlanRequest, str]:
+    """The planner's request for this run, and a note on where its budget comes from."""
+    if cfg.memory:
+        budget, source = parse_memory(cfg.memory), f"--memory {cfg.memory}"
+    else:
+        budget, source = default_budget(device)
+    request = PlanRequest(
+        model=cfg.model,
+        budget=budget,
+        global_batch=cfg.batch_size * cfg.grad_accum * num_processes,
+        seq_len=cfg.max_length,
+        device=device,
+        num_processes=num_processes,
+        # an explicit precision is kept (auto lets the planner choose); so is sgd, which nothing replaces
+        precisions=None if cfg.precision == "auto" else (cfg.precision,),
+        optimizers=("sgd",) if cfg.optimizer == "sgd" else available_optimizers(),
+    )
+    return request, source
+
+
+def plan_run(cfg: TrainConfig) -> tuple[TrainConfig, Plan]:
+    """The config the planner recommends for `cfg` (same global batch), and the plan; refuses when nothing fits.
+
+    Every process computes the same plan (it is a pure function of the config and the device kind), so
+    they agree without talking. On CPU the allocator is set to hand freed tensors back at once
+    (telemetry.memory.return_freed_memory), which is what the memory model and the budget assume.
+    """
+    from leantrain.parallel import device_type
+    from leantrain.parallel.launch import rank_info
+
+    device = device_type()
+    _, world = rank_info()
+    request, source = request_for(cfg, device, world)
+    plan = make_plan(request)
+    plan.notes.insert(0, f"budget: {source}")
+    if plan.recommended is None:
+        raise LeantrainError("--auto: " + plan.no_fit_message())
+    if device == "cpu":
+        from leantrain.telemetry.memory import return_freed_memory
+
+        return_freed_memory()
+    return cfg.replace(**plan.recommended.overrides()), plan

@@ -1,0 +1,213 @@
+"""Measure the peak memory of a few training steps, the way the planner's memory model is checked.
+
+A *trial* is one configuration (model, precision, activation checkpointing, optimizer, micro-batch,
+accumulation, sequence length). It runs the training loop's own step functions
+(`training.loop.forward_backward_step` and `train_step`, through the same Accelerator and mixed
+precision the trainer uses) on synthetic batches padded to the sequence length, for a few optimizer
+steps, so that weights, gradients, optimizer state, activations and the optimizer's own temporaries
+have all been live at least once.
+
+What is measured is the *training memory*: peak memory over a baseline taken before the model is
+built, so it counts the weights too, which is what the planner predicts and what `--memory` bounds.
+CPU: the resident high-water mark (VmHWM, reset through /proc/self/clear_refs) over the resident size
+at the baseline, with freed heap pages handed back to the kernel first (`malloc_trim`), so that one
+trial's leftovers do not hide the next trial's growth. CUDA: `max_memory_allocated` over the baseline
+(telemetry.memory.MemoryMeter does both).
+
+Trials run in a fresh interpreter by default (`measure_trials`): python -m leantrain.planner.measure
+reads a JSON list of trials on stdin and prints one JSON result per line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One configuration whose training memory (and step time) is measured."""
+
+    #: model folder or hub name (None: the embedded MiniLM); the weights are random, only shapes matter
+    model: str | None
+    #: fp32 | bf16 | fp16
+    precision: str = "fp32"
+    #: recompute each layer in backward
+    activation_checkpointing: bool = False
+    #: adamw | adafactor | adamw8bit | sgd
+    optimizer: str = "adamw"
+    #: examples per micro-batch
+    batch_size: int = 8
+    #: micro-batches per optimizer step
+    grad_accum: int = 1
+    #: every batch is padded to this many tokens (the planner's worst case)
+    seq_len: int = 128
+    #: optimizer steps; the first creates the optimizer state, later ones see everything live at once
+    steps: int = 3
+    #: labels of the classification head
+    num_labels: int = 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _trim() -> None:
+    from leantrain.telemetry.memory import release_free_memory
+
+    release_free_memory()
+
+
+def build_model(model: str | None, num_labels: int = 2, device: Any = None):
+    """A sequence classifier with random weights from the model's config (no weights read: shapes only)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain import models
+
+    path = models.resolve_model(model)
+    config = models.load_config(path, num_labels=num_labels, problem_type="single_label_classification")
+    with _quiet():
+        net = AutoModelForSequenceClassification.from_config(config)
+    return net.to(device) if device is not None else net
+
+
+class _quiet:
+    def __enter__(self):
+        from transformers.utils import logging as hf_logging
+
+        self.level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+
+    def __exit__(self, *exc):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(self.level)
+
+
+def measure_trial(trial: Trial) -> dict[str, Any]:
+    """Run `trial` in this process; returns the measured peak and the exact sizes of its parts (bytes)."""
+    import torch
+
+    from leantrain import models, parallel
+    from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+    from leantrain.parallel.precision import MixedPrecision
+    from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
+    from leantrain.training.loop import forward_backward_step, train_step
+
+    accelerator = parallel.make_accelerator(trial.precision)
+    device = accelerator.device
+    amp = MixedPrecision(accelerator, trial.precision)
+    gen = torch.Generator().manual_seed(0)
+    b, s = trial.batch_size, trial.seq_len
+    batches = [
+        {
+            "input_ids": torch.randint(1000, 2000, (b, s), generator=gen).to(device),
+            "attention_mask": torch.ones(b, s, dtype=torch.long, device=device),
+            "labels": torch.randint(0, trial.num_labels, (b,), generator=gen).to(device),
+            "window_examples": torch.tensor(b * trial.grad_accum),
+        }
+        for _ in range(trial.grad_accum)
+    ]
+    _trim()
+    meter = MemoryMeter(device)
+    meter.start()  # baseline: before the model exists, so the weights count
+    model = build_model(trial.model, trial.num_labels, device)
+    if trial.activation_checkpointing:
+        models.enable_activation_checkpointing(model)
+    model.train()
+    optimizer = build_optimizer(model, trial.optimizer, lr=1e-5, weight_decay=0.01)
+    scheduler = build_scheduler(optimizer, "constant", trial.steps, 0.0)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    seconds: list[float] = []
+    backward_peak = None
+    for _ in range(trial.steps):
+        started = time.perf_counter()
+        for batch in batches:
+            forward_backward_step(model, batch, accelerator, amp)
+        grads = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
+        backward_peak = meter.report()["peak_memory_over_baseline_bytes"]
+        train_step(model, optimizer, scheduler, amp, accelerator, 1.0, 1.0, "skip")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - started)
+    peak = meter.report()
+    params = list(accelerator.unwrap_model(model).parameters())
+    result = {
+        **trial.to_dict(),
+        "device": device.type,
+        "measured_peak_bytes": peak["peak_memory_over_baseline_bytes"],
+        "backward_peak_bytes": backward_peak,
+        "weights_bytes": tensor_bytes(params),
+        "gradients_bytes": grads,
+        "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+        "step_seconds": seconds,
+    }
+    del model, optimizer, scheduler, batches
+    accelerator.free_memory()
+    _trim()
+    return result
+
+
+def warm_up(trials: list[Trial]) -> None:
+    """Run one step of each distinct (model, precision, optimizer, shape) first and throw the result away.
+
+    The first step of a process loads kernels' code and starts thread pools, and the first step at a
+    shape builds that shape's kernels: memory that stays resident, paid once (the memory model's
+    `runtime` share), that would otherwise land in whichever trial runs first.
+    """
+    done = set()
+    for t in trials:
+        # Kernels are built per shape (oneDNN's bf16 matmuls JIT-compile and cache one per shape: 10-15 MiB
+        # for the tiny BERT's shapes), so the warm-up runs each trial's own shape; checkpointing and
+        # accumulation run the same kernels.
+        key = (t.model, t.precision, t.optimizer, t.batch_size, t.seq_len)
+        if key not in done:
+            done.add(key)
+            measure_trial(Trial(t.model, t.precision, False, t.optimizer, t.batch_size, 1, t.seq_len, 1))
+
+
+def measure_trials(
+    trials: list[Trial], fresh: bool = True, warm: bool = True, timeout: float = 1800
+) -> list[dict[str, Any]]:
+    """Measure each trial.
+
+    fresh: in one new interpreter (nothing this process holds counts); warm: after `warm_up`, so the
+    figures leave out the one-off runtime share; warm=False with one trial per call measures it too.
+    """
+    if not fresh:
+        if warm:
+            warm_up(trials)
+        return [measure_trial(t) for t in trials]
+    proc = subprocess.run(
+        [sys.executable, "-m", "leantrain.planner.measure"],
+        input=json.dumps({"warm": warm, "trials": [t.to_dict() for t in trials]}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"measuring {len(trials)} trial(s) failed:\n{tail}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from leantrain.telemetry.memory import return_freed_memory
+
+    return_freed_memory()  # as a run with a memory budget does (see there)
+    spec = json.loads(sys.stdin.read())
+    trials = [Trial(**t) for t in spec["trials"]]
+    if spec.get("warm", True):
+        warm_up(trials)
+    for t in trials:
+        print(json.dumps(measure_trial(t)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

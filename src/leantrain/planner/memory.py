@@ -1,0 +1,430 @@
+"""Predict the peak training memory of one configuration from the model's config, without training it.
+
+The peak is the larger of two moments of an optimizer step:
+
+    backward  weights + optimizer state + activations + gradients alive then + backward workspace
+    step      weights + optimizer state + gradients + the optimizer's temporaries
+
+plus a fixed *runtime* share (kernels' code, thread pools, allocator arenas: what the first step
+of any process costs on CPU, measured once per device kind; CUDA's context lies outside the allocator
+and is not counted there either).
+
+Where each part comes from:
+
+- **weights, gradients**: the parameters of the model built on the meta device (shapes only, no
+  memory): fp32 weights, fp32 gradients of the trainable ones (autocast never changes them).
+- **optimizer state**: per optimizer, from the same parameter shapes (AdamW: two fp32 moments;
+  Adafactor: factored second moments, rows + columns of each matrix; bitsandbytes' 8-bit AdamW: two
+  uint8 moments plus a per-256-block fp32 scale, fp32 moments for tensors under 4,096 elements; SGD:
+  none). These equal `optim.optimizer_state_bytes` of a real optimizer (tests/planner checks it).
+- **activations**: what autograd saves for backward, *counted* on small proxies of the real
+  architecture: the model's own config with one and with two layers, at the planned sequence length,
+  at two batch sizes, under the planned precision and checkpointing. The saved tensors' bytes are
+  recorded through `torch.autograd.graph.saved_tensors_hooks` (each storage once, parameters left
+  out). Two layer counts separate the per-layer share from the embeddings and head; two batch sizes
+  separate what grows with the batch (activations) from what does not (autocast's bf16 copies of the
+  weights). So the coefficients come from the architecture's real kernels (SDPA/flash attention,
+  dropout masks, GELU inputs, ...) and carry over to any width, depth, batch or length. With
+  activation checkpointing, backward recomputes one layer at a time: its full activations come on top
+  of the checkpoint inputs.
+- **workspace**: the micro-step's transients beyond what autograd saves (gradients of activations in
+  flight, fp32 casts around LayerNorm under autocast), about one fp32 feed-forward activation (tokens x
+  intermediate x 4 bytes; more under bf16), and the optimizer's temporaries (Adafactor builds about two
+  tensors the size of the largest matrix; bitsandbytes on CPU dequantises a tensor's moments to fp32,
+  about five). These few coefficients (WorkspaceModel) are a one-time fit to measurements of MiniLM and
+  a tiny BERT on CPU (benchmarks/planner_accuracy.py).
+
+On CPU the prediction is of the resident size when freed tensors go back to the kernel at once
+(telemetry.memory.return_freed_memory, which --auto sets): glibc's default keeps them, fragmented, and
+the resident size then runs 20-60% above live memory in ways no model of the tensors can follow.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from leantrain.errors import ConfigError
+
+MIB = 2**20
+GIB = 2**30
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 2**10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 2**20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 2**30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 2**40,
+}
+
+
+def parse_memory(text: str | int | float, flag: str = "--memory") -> int:
+    """Bytes in '8GiB', '512MiB', '8GB', '1.5 GiB', '123456' (bytes). GiB/MiB are powers of 2, GB/MB of 10."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(
+                f"{flag}: cannot read {text!r} as an amount of memory; write it like 8GiB, 512MiB, 8GB or 2.5GB"
+            )
+        value, unit = float(m.group(1)), m.group(2).lower()
+    n = int(value * _UNITS[unit])
+    if n <= 0:
+        raise ConfigError(f"{flag}: must be more than 0 bytes, got {text!r}")
+    return n
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GiB, 384 MiB: binary units, as --memory reads them."""
+    if abs(n) >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / MIB:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class ParamInventory:
+    """The parameters of a model, by shape: enough to size weights, gradients and optimizer state."""
+
+    #: shapes of every trainable parameter tensor
+    shapes: tuple[tuple[int, ...], ...]
+    #: shapes of the Linear layers' weights: what autocast copies to bf16/fp16
+    linear_shapes: tuple[tuple[int, ...], ...]
+    #: numel of the buffers (position ids etc.): weights the optimizer does not touch
+    buffer_bytes: int = 0
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    @property
+    def largest(self) -> int:
+        return max((math.prod(s) for s in self.shapes), default=0)
+
+
+#: bitsandbytes keeps fp32 state for tensors under this many elements (its `min_8bit_size`)
+BNB_MIN_8BIT_SIZE = 4096
+#: bitsandbytes' blockwise quantisation block: one fp32 absmax per block and moment
+BNB_BLOCK = 256
+
+
+def optimizer_state_bytes(inventory: ParamInventory, optimizer: str) -> int:
+    """Bytes of optimizer state once the first step has run (state is created lazily)."""
+    total = 0
+    for shape in inventory.shapes:
+        n = math.prod(shape)
+        if optimizer == "adamw":
+            total += 8 * n + 4  # exp_avg, exp_avg_sq (fp32) and a fp32 step tensor per parameter
+        elif optimizer == "adamw8bit":
+            if n >= BNB_MIN_8BIT_SIZE:
+                total += 2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK)  # two uint8 moments, two fp32 absmax per block
+            else:
+                total += 8 * n
+        elif optimizer == "adafactor":
+            # transformers' Adafactor without beta1: factored second moments for matrices, full for vectors
+            # (and a 0-dim fp32 RMS tensor per parameter)
+            total += 4 * (math.prod(shape[:-1]) + math.prod(shape[:-2] + shape[-1:])) if len(shape) >= 2 else 4 * n
+            total += 4
+        elif optimizer == "sgd":
+            pass
+        else:
+            raise ConfigError(f"no memory model for optimizer {optimizer!r}")
+    if optimizer == "adamw8bit":
+        total += 2 * 256 * 4  # the two dynamic quantisation maps, shared by all parameters
+    return total
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Bytes autograd keeps for backward, per sequence of the planned length, counted on proxies."""
+
+    #: per sequence, per encoder layer
+    per_layer: float
+    #: per sequence, outside the layers (embeddings, head, loss)
+    base: float
+    #: independent of the batch: autocast's low-precision weight copies, per layer and outside them
+    copies_per_layer: float
+    copies_base: float
+    #: per sequence, one layer's full activations (without checkpointing): what backward recomputes at once
+    layer_full: float
+    source: str
+
+    def saved(self, micro_batch: int, layers: int, checkpointing: bool) -> float:
+        act = micro_batch * (self.base + layers * self.per_layer) + self.copies_base + layers * self.copies_per_layer
+        if checkpointing:
+            act += micro_batch * self.layer_full + self.copies_per_layer
+        return act
+
+
+@dataclass(frozen=True)
+class WorkspaceModel:
+    """Transient memory, as a one-time fit to measurements (benchmarks/planner_accuracy.py)."""
+
+    #: transient tensors of a micro-step beyond what autograd saves (gradients of activations in backward, fp32
+    #: casts around LayerNorm under autocast, kernels' scratch), in fp32 feed-forward activations
+    #: (tokens x intermediate x 4 bytes): one such tensor in fp32 (measured 0.8-1.3 on MiniLM and the tiny BERT),
+    #: more under bf16 (1.2-2.1 on MiniLM, up to 5 on the tiny BERT)
+    transient_ffn: dict[str, float] = field(default_factory=lambda: {"fp32": 1.2, "bf16": 2.5, "fp16": 2.5})
+    #: optimizer temporaries in units of the largest parameter tensor: Adafactor's update and its factored
+    #: estimate; bitsandbytes on CPU dequantises both moments of a tensor to fp32 (measured 5.0 on both models)
+    optimizer_largest: dict[str, float] = field(
+        default_factory=lambda: {"adamw": 0.0, "adafactor": 2.0, "adamw8bit": 5.0, "sgd": 0.0}
+    )
+    #: one-off memory of the first training step of a run (kernels' code and buffers, thread pools), by device
+    #: and precision: 16-21 MiB in fp32 `leantrain train` runs of the tiny BERT and MiniLM on CPU; bf16 adds
+    #: oneDNN's cache of JIT-built kernels, one per matmul shape (13 MiB for the tiny BERT at one shape). CUDA's
+    #: context is outside the allocator, which is what the budget counts there.
+    runtime: dict[str, int] = field(
+        default_factory=lambda: {"cpu": 20 * MIB, "cpu/bf16": 36 * MIB, "cpu/fp16": 36 * MIB, "cuda": 0}
+    )
+
+    def runtime_bytes(self, device: str, precision: str) -> int:
+        return self.runtime.get(f"{device}/{precision}", self.runtime.get(device, 0))
+
+
+DEFAULT_WORKSPACE = WorkspaceModel()
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted peak training memory of one configuration, in bytes, with its parts."""
+
+    weights: int
+    #: all gradients (fp32), alive from the end of backward through the optimizer step
+    gradients: int
+    optimizer_state: int
+    #: saved for backward (with checkpointing: the checkpoint inputs plus one recomputed layer)
+    activations: int
+    #: transient in backward: gradients of activations in flight
+    backward_workspace: int
+    #: transient in the optimizer step: its temporaries
+    optimizer_workspace: int
+    #: one-off memory of the first step in a process (see WorkspaceModel.runtime)
+    runtime: int
+    #: where the peak falls: "backward" or "optimizer step"
+    phase: str
+    peak: int
+
+    @property
+    def workspace(self) -> int:
+        """Transient memory at the peak, runtime share included (the table's workspace column)."""
+        ws = self.backward_workspace if self.phase == "backward" else self.optimizer_workspace
+        return ws + self.runtime
+
+    @property
+    def steady_peak(self) -> int:
+        """The peak without the one-off runtime share: what a warmed-up process adds for this run."""
+        return self.peak - self.runtime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "workspace": self.workspace}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the memory and speed models need to know about a model, read from its config."""
+
+    name: str
+    model_type: str
+    hidden: int
+    intermediate: int
+    heads: int
+    layers: int
+    inventory: ParamInventory
+    #: the config as a JSON string (to build proxies, and a hashable cache key)
+    config_json: str
+
+    @property
+    def params(self) -> int:
+        return self.inventory.numel
+
+
+def _layers_attr(config) -> str:
+    for name in ("num_hidden_layers", "n_layers", "num_layers"):
+        if hasattr(config, name):
+            return name
+    raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs an encoder")
+
+
+def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool = False) -> ModelFacts:
+    """Read the model's config and count its parameters on the meta device (nothing is allocated)."""
+    from leantrain import models
+
+    path = models.resolve_model(model)
+    config = models.load_config(
+        path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
+    )
+    inventory = _inventory(config.to_json_string(), trust_remote_code)
+    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
+    return ModelFacts(
+        name=str(model) if model else models.EMBEDDED_MODEL,
+        model_type=getattr(config, "model_type", "?"),
+        hidden=hidden,
+        intermediate=int(getattr(config, "intermediate_size", 0) or getattr(config, "hidden_dim", 0) or 4 * hidden),
+        heads=int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_heads", 1)),
+        layers=int(getattr(config, _layers_attr(config))),
+        inventory=inventory,
+        config_json=config.to_json_string(),
+    )
+
+
+def _config_from_json(config_json: str, **changes: Any):
+    from transformers import AutoConfig
+
+    values = json.loads(config_json)
+    values.update(changes)
+    model_type = values.pop("model_type")
+    return AutoConfig.for_model(model_type, **values)
+
+
+def _build(config, device: str, trust_remote_code: bool = False):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with torch.device(device):
+            return AutoModelForSequenceClassification.from_config(config, trust_remote_code=trust_remote_code)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+@functools.lru_cache(maxsize=16)
+def _inventory(config_json: str, trust_remote_code: bool = False) -> ParamInventory:
+    import torch
+
+    net = _build(_config_from_json(config_json), "meta", trust_remote_code)
+    shapes = tuple(tuple(p.shape) for p in net.parameters() if p.requires_grad)
+    linear = tuple(tuple(m.weight.shape) for m in net.modules() if isinstance(m, torch.nn.Linear))
+    buffers = sum(b.numel() * b.element_size() for b in net.buffers())
+    return ParamInventory(shapes, linear, buffers)
+
+
+def _saved_bytes(net, batch: int, seq_len: int, precision: str) -> float:
+    """Bytes of the distinct storages autograd saves in one forward (parameters excluded)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(getattr(net.config, "vocab_size", 100))
+    ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq_len), generator=gen)
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in params:
+            seen[key] = max(seen.get(key, 0), storage.nbytes())
+        return t
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        logits = net(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        torch.nn.functional.cross_entropy(logits.float(), torch.zeros(batch, dtype=torch.long))
+    return float(sum(seen.values()))
+
+
+@functools.lru_cache(maxsize=64)
+def activation_profile(
+    config_json: str, seq_len: int, precision: str, checkpointing: bool, trust_remote_code: bool = False
+) -> ActivationProfile:
+    """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc)."""
+    import torch
+
+    from leantrain import models
+
+    base_config = _config_from_json(config_json)
+    layers_name = _layers_attr(base_config)
+    # A small vocabulary keeps the proxies cheap; embeddings save indices, not the table, so nothing changes.
+    changes: dict[str, Any] = {"vocab_size": min(int(getattr(base_config, "vocab_size", 512) or 512), 512)}
+    counts: dict[tuple[int, int, bool], float] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matmuls: one thread is as fast and leaves the neighbours alone
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            for n_layers in (1, 2):
+                for ckpt in {False, checkpointing}:
+                    net = _build(_config_from_json(config_json, **changes, **{layers_name: n_layers}), "cpu")
+                    net.train()
+                    if ckpt:
+                        models.enable_activation_checkpointing(net)
+                    for batch in (2, 4):
+                        counts[(n_layers, batch, ckpt)] = _saved_bytes(net, batch, seq_len, precision)
+    finally:
+        torch.set_num_threads(threads)
+
+    def split(ckpt: bool) -> tuple[float, float, float, float]:
+        # total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer
+        per_seq = {n: (counts[(n, 4, ckpt)] - counts[(n, 2, ckpt)]) / 2 for n in (1, 2)}
+        fixed = {n: counts[(n, 2, ckpt)] - 2 * per_seq[n] for n in (1, 2)}
+        layer = per_seq[2] - per_seq[1]
+        copies_layer = max(fixed[2] - fixed[1], 0.0)
+        return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
+
+    base, layer, copies_base, copies_layer = split(checkpointing)
+    full = split(False)[1] if checkpointing else 0.0
+    return ActivationProfile(
+        per_layer=layer,
+        base=base,
+        copies_per_layer=copies_layer,
+        copies_base=copies_base,
+        layer_full=full,
+        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}",
+    )
+
+
+def estimate(
+    facts: ModelFacts,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    checkpointing: bool,
+    optimizer: str,
+    grad_accum: int = 1,
+    device: str = "cpu",
+    workspace: WorkspaceModel = DEFAULT_WORKSPACE,
+) -> MemoryEstimate:
+    """Predicted peak training memory of one configuration (see the module docstring)."""
+    inv = facts.inventory
+    weights = 4 * inv.numel + inv.buffer_bytes
+    grads = 4 * inv.numel
+    state = optimizer_state_bytes(inv, optimizer)
+    profile = activation_profile(facts.config_json, seq_len, precision, checkpointing)
+    act = profile.saved(micro_batch, facts.layers, checkpointing)
+    # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
+    bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
+    # With accumulation, the gradients of earlier micro-batches are alive through the whole backward;
+    # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
+    grads_in_backward = grads if grad_accum > 1 else 0
+    backward = act + bwd_ws + grads_in_backward
+    opt_ws = workspace.optimizer_largest.get(optimizer, 0.0) * 4 * inv.largest
+    step = grads + opt_ws
+    runtime = workspace.runtime_bytes(device, precision)
+    return MemoryEstimate(
+        weights=weights,
+        gradients=grads,
+        optimizer_state=state,
+        activations=int(act),
+        backward_workspace=int(bwd_ws),
+        optimizer_workspace=int(opt_ws),
+        runtime=runtime,
+        phase="backward" if backward >= step else "optimizer step",
+        peak=int(weights + state + runtime + max(backward, step)),
+    )

@@ -1,0 +1,367 @@
+"""Enumerate configurations, predict each one's memory and speed, mark those that fit, recommend, explain.
+
+A candidate is precision x activation checkpointing x optimizer x micro-batch, with accumulation set so
+that micro-batch x accumulation x processes is the global batch the user asked for: every candidate
+trains on the same examples in the same optimizer steps, so the choice changes speed and memory only.
+The recommendation is the fastest candidate that fits (measured figures, where `--probe` ran it, win
+over predicted ones); ties go to the one that needs less memory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from leantrain.errors import ConfigError
+from leantrain.planner.memory import MemoryEstimate, ModelFacts, estimate, format_bytes
+from leantrain.planner.speed import DeviceSpeed, step_seconds
+
+DEFAULT_OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asks the planner."""
+
+    #: model folder or hub name (None: the embedded MiniLM)
+    model: str | None
+    #: bytes the run may use (training memory: weights, gradients, optimizer state, activations, workspace)
+    budget: int
+    #: examples per optimizer step across processes: held fixed, only its split changes
+    global_batch: int
+    #: tokens per sequence to plan for (the longest batch is padded to it)
+    seq_len: int
+    #: "cpu" or "cuda"
+    device: str = "cpu"
+    #: processes sharing the global batch (each holds a whole replica: the budget is per process)
+    num_processes: int = 1
+    #: precisions to consider; None: those this device supports
+    precisions: tuple[str, ...] | None = None
+    #: optimizers to consider
+    optimizers: tuple[str, ...] = DEFAULT_OPTIMIZERS
+    #: activation checkpointing settings to consider
+    checkpointing: tuple[bool, ...] = (False, True)
+    #: labels of the classification head
+    num_labels: int = 2
+
+    @property
+    def per_process_batch(self) -> int:
+        return self.global_batch // self.num_processes
+
+
+@dataclass
+class Candidate:
+    """One configuration with its predicted (and, once probed, measured) memory and speed."""
+
+    precision: str
+    activation_checkpointing: bool
+    optimizer: str
+    micro_batch: int
+    grad_accum: int
+    memory: MemoryEstimate
+    #: predicted seconds per optimizer step
+    step_seconds: float
+    #: predicted throughput relative to the fp32 / no checkpointing / AdamW / one-micro-batch baseline
+    relative_throughput: float = 0.0
+    #: predicted peak <= budget
+    fits: bool = False
+    #: filled by the probe: measured peak bytes, samples/s, throughput relative to the fastest probed
+    measured: dict[str, Any] | None = None
+    #: why it is not the recommendation (empty for the recommendation)
+    why_not: str = ""
+
+    @property
+    def name(self) -> str:
+        parts = [self.precision, "ckpt" if self.activation_checkpointing else "no-ckpt", self.optimizer]
+        return f"{'/'.join(parts)} {self.micro_batch}x{self.grad_accum}"
+
+    @property
+    def techniques(self) -> tuple[str, bool, str]:
+        return (self.precision, self.activation_checkpointing, self.optimizer)
+
+    @property
+    def peak(self) -> int:
+        """The measured peak where probed, else the predicted one."""
+        if self.measured and self.measured.get("peak_bytes") is not None:
+            return int(self.measured["peak_bytes"])
+        return self.memory.peak
+
+    def overrides(self) -> dict[str, Any]:
+        """The TrainConfig values this candidate sets."""
+        return {
+            "precision": self.precision,
+            "activation_checkpointing": self.activation_checkpointing,
+            "optimizer": self.optimizer,
+            "batch_size": self.micro_batch,
+            "grad_accum": self.grad_accum,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "memory"}
+        return {"name": self.name, **out, "memory": self.memory.to_dict()}
+
+
+@dataclass
+class Plan:
+    request: PlanRequest
+    facts: dict[str, Any]
+    candidates: list[Candidate]
+    recommended: Candidate | None
+    notes: list[str] = field(default_factory=list)
+    probed: bool = False
+
+    @property
+    def smallest(self) -> Candidate:
+        return min(self.candidates, key=lambda c: (c.peak, -c.relative_throughput))  # the fastest of the least
+
+    def no_fit_message(self) -> str:
+        s = self.smallest
+        return (
+            f"nothing fits in {format_bytes(self.request.budget)}: the smallest configuration ({s.name}: "
+            f"{s.precision}, {'with' if s.activation_checkpointing else 'without'} activation checkpointing, "
+            f"{s.optimizer}, micro-batch {s.micro_batch} x {s.grad_accum} accumulation) needs "
+            f"{format_bytes(s.peak)}; give --memory {_round_up_mib(s.peak)}MiB or more, or lower --max-length "
+            f"({self.request.seq_len}) or the global batch"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request": asdict(self.request),
+            "facts": self.facts,
+            "probed": self.probed,
+            "recommended": self.recommended.to_dict() if self.recommended else None,
+            "no_fit": None if self.recommended else self.no_fit_message(),
+            "notes": self.notes,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+    def write(self, directory: Path) -> dict[str, Path]:
+        """plan.json (everything) and plan.md (the table and the reasons) in `directory`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = {"json": directory / "plan.json", "md": directory / "plan.md"}
+        paths["json"].write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        paths["md"].write_text("# leantrain plan\n\n```\n" + self.render(all_rows=True).rstrip() + "\n```\n")
+        return paths
+
+    def render(self, all_rows: bool = False) -> str:
+        return render(self, all_rows)
+
+
+def _round_up_mib(n: int) -> int:
+    return -(-n // 2**20)
+
+
+def supported_precisions(device: str) -> tuple[str, ...]:
+    """fp32, plus the low precisions worth considering on this device (those that are not slower)."""
+    from leantrain.parallel import precision_support
+
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return ("fp32", "bf16")
+    support = precision_support(device)
+    return ("fp32", *[p for p in ("bf16", "fp16") if support[p].supported and support[p].fast])
+
+
+def micro_batches(per_process: int) -> list[int]:
+    """Every divisor of the per-process batch: each keeps the global batch exact."""
+    return [d for d in range(1, per_process + 1) if per_process % d == 0]
+
+
+def enumerate_candidates(
+    request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed, flops_per_sequence: float
+) -> list[Candidate]:
+    if request.global_batch % request.num_processes:
+        raise ConfigError(f"global batch {request.global_batch} is not divisible by {request.num_processes} processes")
+    precisions = request.precisions or supported_precisions(request.device)
+    out = []
+    for precision in precisions:
+        for ckpt in request.checkpointing:
+            for opt in request.optimizers:
+                for micro in micro_batches(request.per_process_batch):
+                    accum = request.per_process_batch // micro
+                    mem = estimate(facts, micro, request.seq_len, precision, ckpt, opt, accum, device=request.device)
+                    secs = step_seconds(
+                        speed,
+                        flops_per_sequence,
+                        facts.layers,
+                        facts.params,
+                        micro,
+                        accum,
+                        request.seq_len,
+                        precision,
+                        ckpt,
+                        opt,
+                    )
+                    out.append(
+                        Candidate(precision, ckpt, opt, micro, accum, mem, secs, fits=mem.peak <= request.budget)
+                    )
+    return out
+
+
+def choose(plan: Plan) -> None:
+    """Rank the candidates, pick the recommendation and say why each other candidate loses (in place)."""
+    cands = plan.candidates
+    base = next(
+        (c for c in cands if c.techniques == ("fp32", False, "adamw") and c.grad_accum == 1),
+        None,
+    )
+    base_secs = base.step_seconds if base else max(c.step_seconds for c in cands)
+    for c in cands:
+        c.relative_throughput = base_secs / c.step_seconds
+        failed = c.measured is not None and not c.measured.get("samples_per_second")
+        c.fits = not failed and c.peak <= plan.request.budget
+
+    def speed(c: Candidate) -> float:
+        if c.measured and c.measured.get("samples_per_second"):
+            return float(c.measured["relative_throughput"])
+        return c.relative_throughput
+
+    measured = [c for c in cands if c.measured and c.measured.get("samples_per_second")]
+    fitting = [c for c in (measured or cands) if c.fits]
+    if measured and not fitting:  # none of the probed fits: fall back to the predictions for the rest
+        fitting = [c for c in cands if c.fits and not c.measured]
+    plan.recommended = max(fitting, key=lambda c: (speed(c), -c.peak)) if fitting else None
+    cands.sort(key=lambda c: (-c.fits, -speed(c), c.peak))
+    for c in cands:
+        c.why_not = "" if c is plan.recommended else _why_not(c, plan.recommended, plan.request.budget, speed)
+
+
+def _why_not(c: Candidate, best: Candidate | None, budget: int, speed) -> str:
+    if c.measured is not None and not c.measured.get("samples_per_second"):
+        return f"probe failed: {c.measured.get('error') or 'no throughput measured'}"
+    if not c.fits:
+        over = c.peak - budget
+        src = "measured" if c.measured and c.measured.get("peak_bytes") is not None else "predicted"
+        return f"does not fit: needs {format_bytes(c.peak)} ({src}), {format_bytes(over)} over the budget"
+    if best is None:
+        return ""
+    ratio = speed(c) / speed(best) if speed(best) else 0.0
+    causes = []
+    if c.precision != best.precision:
+        causes.append(f"{c.precision} instead of {best.precision}")
+    if c.activation_checkpointing and not best.activation_checkpointing:
+        causes.append("checkpointing recomputes the forward")
+    elif best.activation_checkpointing and not c.activation_checkpointing:
+        causes.append("no checkpointing")
+    if c.optimizer != best.optimizer:
+        causes.append(f"{c.optimizer} step instead of {best.optimizer}")
+    if c.micro_batch != best.micro_batch:
+        causes.append(f"micro-batch {c.micro_batch} x {c.grad_accum} instead of {best.micro_batch} x {best.grad_accum}")
+    kind = "measured" if c.measured and best.measured else "predicted"
+    return f"slower: {ratio:.2f}x the recommendation ({kind}; {', '.join(causes) or 'same techniques'})"
+
+
+def representatives(plan: Plan) -> list[Candidate]:
+    """One row per technique combination: its fastest fitting micro-batch, or (nothing fits) its smallest need."""
+    rows: dict[tuple, Candidate] = {}
+    for c in plan.candidates:  # sorted: fitting first, fastest first
+        key = c.techniques
+        if key not in rows or (not rows[key].fits and not c.fits and c.peak < rows[key].peak):
+            rows[key] = c
+    picked = list(rows.values())
+    if plan.recommended is not None and plan.recommended not in picked:
+        picked.insert(0, plan.recommended)
+    return picked
+
+
+def render(plan: Plan, all_rows: bool = False) -> str:
+    """The table: each candidate's predicted memory by part, its peak, throughput, fit, and why it loses."""
+    r = plan.request
+    mib = 2**20
+    rows = plan.candidates if all_rows else representatives(plan)
+    head = (
+        f"{'':2}{'configuration':34}{'weights':>8}{'grads':>7}{'optim':>7}{'activ':>7}{'work':>6}"
+        f"{'peak':>8}{'speed':>7}{'measured':>18}  verdict"
+    )
+    lines = [
+        f"plan for {plan.facts['model']} ({plan.facts['params'] / 1e6:.1f} M parameters) on {r.device}: "
+        f"global batch {r.global_batch} ({r.num_processes} process(es)), length {r.seq_len}, "
+        f"budget {format_bytes(r.budget)}",
+        "memory in MiB (predicted peak = weights + optimizer state + the larger of backward "
+        "[activations + workspace] and the optimizer step [gradients + workspace]); speed relative to fp32/AdamW",
+        head,
+    ]
+    for c in rows:
+        m = c.memory
+        meas = ""
+        if c.measured:
+            mp = c.measured.get("peak_bytes")
+            sps = c.measured.get("samples_per_second")
+            meas = f"{mp / mib:.0f}MiB " if mp is not None else "- "
+            meas += f"{sps:.1f}/s" if sps else "failed"
+        mark = "=>" if c is plan.recommended else ("ok" if c.fits else "--")
+        verdict = "recommended" if c is plan.recommended else c.why_not
+        lines.append(
+            f"{mark:2}{c.name:34}{m.weights / mib:8.0f}{m.gradients / mib:7.0f}{m.optimizer_state / mib:7.0f}"
+            f"{m.activations / mib:7.0f}{m.workspace / mib:6.0f}{m.peak / mib:8.0f}{c.relative_throughput:6.2f}x"
+            f"{meas:>18}  {verdict}"
+        )
+    if not all_rows and len(rows) < len(plan.candidates):
+        lines.append(
+            f"({len(plan.candidates)} candidates in all; one row per technique combination: its fastest fitting "
+            "micro-batch; --all lists every one)"
+        )
+    if plan.recommended is not None:
+        c = plan.recommended
+        lines.append(
+            f"recommended: {c.name}: --precision {c.precision} "
+            f"{'--activation-checkpointing' if c.activation_checkpointing else '--no-activation-checkpointing'} "
+            f"--optimizer {c.optimizer} --batch-size {c.micro_batch} --grad-accum {c.grad_accum} "
+            f"({'measured' if c.measured else 'predicted'} peak {format_bytes(c.peak)} of {format_bytes(r.budget)}; "
+            f"predicted speed {c.relative_throughput:.2f}x fp32/AdamW"
+            + (f", measured {c.measured['samples_per_second']:.1f} samples/s" if c.measured else "")
+            + ")"
+        )
+    else:
+        lines.append(plan.no_fit_message())
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines) + "\n"
+
+
+def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: ModelFacts | None = None) -> Plan:
+    """Predict every candidate of `request`, recommend the fastest that fits."""
+    from leantrain.planner.memory import model_facts
+    from leantrain.planner.speed import device_speed
+    from leantrain.telemetry.flops import encoder_flop_model, is_encoder_config
+
+    if request.global_batch <= 0 or request.seq_len <= 0:
+        raise ConfigError("the global batch and the sequence length must be positive")
+    facts = facts or model_facts(request.model, request.num_labels)
+    speed = speed or device_speed(request.device)
+    from leantrain.planner.memory import _config_from_json
+
+    config = _config_from_json(facts.config_json)
+    if is_encoder_config(config):
+        flop = encoder_flop_model(config, request.num_labels)
+        per_seq = flop.batch_flops(1, request.seq_len)
+    else:  # 6 x parameters per token: the rule of thumb behind every FLOP count
+        per_seq = 6.0 * facts.params * request.seq_len
+    notes = [
+        f"speed model: {speed.source}",
+        "activations counted on 1- and 2-layer proxies of the model; workspace calibrated on CPU "
+        "(benchmarks/results/planner_accuracy.md)",
+    ]
+    if request.num_processes > 1:
+        notes.append("memory is per process: each holds a whole replica (no sharding)")
+    plan = Plan(
+        request=request,
+        facts={
+            "model": facts.name,
+            "model_type": facts.model_type,
+            "params": facts.params,
+            "layers": facts.layers,
+            "hidden": facts.hidden,
+            "intermediate": facts.intermediate,
+            "heads": facts.heads,
+            "flops_per_sequence": per_seq,
+        },
+        candidates=enumerate_candidates(request, facts, speed, per_seq),
+        recommended=None,
+        notes=notes,
+    )
+    choose(plan)
+    return plan

@@ -1,0 +1,154 @@
+"""Predict the relative throughput of one configuration: seconds per optimizer step, from FLOPs and a few factors.
+
+    step seconds = accumulation x micro-step seconds + optimizer step seconds
+    micro-step   = FLOPs(micro-batch) / (peak x utilisation x precision speed-up) x checkpointing cost
+                   x (1 + small-batch inefficiency) + fixed per-micro-step overhead
+
+FLOPs come from telemetry.flops (6 x parameters per token plus attention, per padded sequence), the
+peak from telemetry.peak (data sheet on GPUs, a measured GEMM on CPUs). Only *ratios* between
+configurations matter for ranking, so the utilisation and overhead constants below need not be exact;
+the factors that decide the ranking are measured (benchmarks/results/bench_minilm_sst2.md, shared/FACTS.md):
+
+- bf16 on a CPU with AMX: 1.51x end-to-end for MiniLM (GEMMs alone are ~3x, the rest of the step is not);
+  on Ampere+ GPUs: about 2x. Without fast bf16 (no AMX/AVX-512 BF16, pre-Ampere GPUs) it is emulated
+  and slower. fp16 on CPUs without AMX-FP16 is no faster than fp32 (FACTS).
+- Activation checkpointing: one more forward per step; measured 0.62x throughput on CPU (the forward
+  of a CPU step is relatively dearer than on GPU), 0.75x is the usual GPU figure.
+- Optimizer steps per parameter (CPU, 22.7 M params): fused AdamW 25 ms, Adafactor 150 ms,
+  bitsandbytes AdamW8bit 500 ms; on GPU the 8-bit step costs about what AdamW's does.
+- Smaller micro-batches use the device less well: a half-saturation of `half_tokens` tokens, and a fixed
+  cost per micro-step (kernel launches and Python per layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """What makes one configuration faster than another on a device; see the module docstring for sources."""
+
+    #: "cpu" or "cuda"
+    kind: str
+    #: peak FLOP/s of fp32 matmuls (measured on CPU, data sheet on GPU)
+    peak_fp32: float
+    #: end-to-end speed-up of each precision over fp32 on this device (1.0 = no faster, < 1 slower)
+    precision_speedup: dict[str, float]
+    #: share of the peak a well-fed training step reaches in fp32
+    utilisation: float = 0.5
+    #: throughput with activation checkpointing relative to without
+    checkpointing_factor: float = 0.62
+    #: optimizer step seconds per parameter
+    optimizer_seconds_per_param: dict[str, float] = field(default_factory=dict)
+    #: tokens per micro-batch at which the device runs at half its large-batch efficiency... beyond the
+    #: linear part: efficiency = tokens / (tokens + half_tokens)
+    half_tokens: float = 256.0
+    #: fixed seconds per micro-step (launches, Python), per layer
+    micro_step_overhead_per_layer: float = 0.001
+    #: where the figures come from, for the plan's notes
+    source: str = ""
+
+
+CPU_OPTIMIZER_SECONDS = {
+    # shared/FACTS.md, 22.7 M parameters on 2 Sapphire Rapids cores
+    "adamw": 0.025 / 22.7e6,
+    "adafactor": 0.150 / 22.7e6,
+    "adamw8bit": 0.500 / 22.7e6,
+    "sgd": 0.008 / 22.7e6,
+}
+GPU_OPTIMIZER_SECONDS = {
+    # memory-bound elementwise kernels: ~16 bytes read+written per parameter for AdamW at ~1 TB/s
+    "adamw": 2e-11,
+    "adafactor": 5e-11,
+    "adamw8bit": 2e-11,
+    "sgd": 1e-11,
+}
+
+
+def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceSpeed:
+    """The speed facts of this machine's `device` ("cpu" or "cuda")."""
+    from leantrain.parallel import precision_support
+
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            support = precision_support("cuda")
+            if peak_fp32 is None:
+                from leantrain.telemetry.peak import device_peak
+
+                peak_fp32 = device_peak("cuda", "fp32").flops_per_second
+            name = torch.cuda.get_device_name(0)
+        else:  # planning for a GPU from a machine without one: an A100-like device
+            from leantrain.parallel import PrecisionSupport
+
+            support = {
+                "bf16": PrecisionSupport(True, True, "assumed Ampere"),
+                "fp16": PrecisionSupport(True, True, "assumed Ampere"),
+            }
+            peak_fp32 = peak_fp32 or 156e12  # A100 tf32
+            name = "a CUDA GPU (none here: A100-like figures assumed)"
+        speed = {
+            "fp32": 1.0,
+            "bf16": 2.0 if support["bf16"].fast else 0.8,
+            "fp16": 2.0 if support["fp16"].fast else 0.8,
+        }
+        return DeviceSpeed(
+            "cuda",
+            peak_fp32,
+            speed,
+            utilisation=0.4,
+            checkpointing_factor=0.75,
+            optimizer_seconds_per_param=GPU_OPTIMIZER_SECONDS,
+            half_tokens=4096.0,
+            micro_step_overhead_per_layer=0.0005,
+            source=f"{name}; bf16 {support['bf16'].why}",
+        )
+    support = precision_support("cpu")
+    if peak_fp32 is None:
+        from leantrain.telemetry.peak import device_peak
+
+        peak_fp32 = device_peak("cpu", "fp32").flops_per_second
+    amx_fp16 = support["fp16"].fast
+    speed = {
+        # bench_minilm_sst2.md: 1.51x with AMX-BF16; emulated bf16 is far slower than fp32
+        "fp32": 1.0,
+        "bf16": 1.5 if support["bf16"].fast else 0.5,
+        "fp16": 1.5 if amx_fp16 else 0.9,
+    }
+    return DeviceSpeed(
+        "cpu",
+        peak_fp32,
+        speed,
+        utilisation=0.55,
+        checkpointing_factor=0.62,
+        optimizer_seconds_per_param=CPU_OPTIMIZER_SECONDS,
+        half_tokens=256.0,
+        micro_step_overhead_per_layer=0.001,
+        source=f"CPU; bf16: {support['bf16'].why}; fp16: {support['fp16'].why}",
+    )
+
+
+def step_seconds(
+    speed: DeviceSpeed,
+    flops_per_sequence: float,
+    layers: int,
+    params: int,
+    micro_batch: int,
+    grad_accum: int,
+    seq_len: int,
+    precision: str,
+    checkpointing: bool,
+    optimizer: str,
+) -> float:
+    """Predicted seconds of one optimizer step on one process (its share of the global batch)."""
+    tokens = micro_batch * seq_len
+    efficiency = tokens / (tokens + speed.half_tokens)
+    rate = speed.peak_fp32 * speed.utilisation * speed.precision_speedup.get(precision, 1.0) * efficiency
+    micro = micro_batch * flops_per_sequence / rate
+    if checkpointing:
+        micro /= speed.checkpointing_factor
+    micro += speed.micro_step_overhead_per_layer * layers
+    opt = speed.optimizer_seconds_per_param.get(optimizer, 0.0) * params
+    return grad_accum * micro + opt

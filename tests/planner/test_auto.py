@@ -1,0 +1,172 @@
+"""`leantrain plan` and `train --auto`: the table, the plan in the run directory, and the out-of-memory fallback.
+
+The fallback test: a run that runs out of memory at step k (forced, LEANTRAIN_FORCE_OOM) halves its
+micro-batch, doubles accumulation, redoes step k and ends with the same weights as a run that used the
+halved micro-batch from the start (fp32, dropout off, SGD).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, train
+from leantrain.cli import main
+
+EXACT = dict(
+    optimizer="sgd",
+    lr=0.5,
+    precision="fp32",
+    weight_decay=0.0,
+    warmup_ratio=0.0,
+    max_grad_norm=0.0,
+    progress=False,
+    log_every=1,
+    report=False,
+    seed=3,
+)
+
+
+def weights(run_dir):
+    return load_file(run_dir / "model" / "model.safetensors")
+
+
+def max_diff(a, b) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def test_plan_command_prints_the_table_and_writes_the_plan(tiny_model_dir, tmp_path, capsys):
+    code = main(
+        [
+            "plan",
+            "--model",
+            str(tiny_model_dir),
+            "--memory",
+            "150MiB",
+            "--global-batch",
+            "64",
+            "--max-length",
+            "128",
+            "--device",
+            "cpu",
+            "--plan-dir",
+            str(tmp_path / "p"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "recommended:" in out and "budget 150 MiB" in out and "=>" in out
+    data = json.loads((tmp_path / "p" / "plan.json").read_text())
+    rec = data["recommended"]
+    assert rec["micro_batch"] * rec["grad_accum"] == 64 and rec["memory"]["peak"] <= 150 * 2**20
+    assert (tmp_path / "p" / "plan.md").is_file()
+
+
+def test_plan_command_says_when_nothing_fits(tiny_model_dir, capsys):
+    code = main(["plan", "--model", str(tiny_model_dir), "--memory", "8MiB", "--max-length", "64"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "nothing fits in 8 MiB" in out and "needs" in out
+
+
+def test_plan_command_refuses_a_bad_budget(tiny_model_dir, capsys):
+    code = main(["plan", "--model", str(tiny_model_dir), "--memory", "lots"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--memory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_auto_uses_and_records_the_plan(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
+    out = tmp_path / "auto"
+    result = train(
+        TrainConfig(
+            model=str(tiny_model_dir),
+            data=str(sentiment_csv),
+            cache_dir=str(cache_dir),
+            output_dir=str(out),
+            batch_size=16,
+            grad_accum=1,
+            max_length=64,
+            max_steps=3,
+            auto=True,
+            memory="120MiB",
+            progress=False,
+            report=False,
+        )
+    )
+    plan = json.loads((out / "plan.json").read_text())
+    rec = plan["recommended"]
+    assert "recommended:" in (out / "plan.md").read_text()
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    for key in ("precision", "optimizer", "activation_checkpointing"):
+        assert config[key] == rec[key]
+    assert (config["batch_size"], config["grad_accum"]) == (rec["micro_batch"], rec["grad_accum"])
+    assert result.metrics["global_batch"] == 16 and result.metrics["oom_recuts"] == []
+    assert result.metrics["precision"] == rec["precision"]
+
+
+def test_train_auto_refuses_when_nothing_fits(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
+    from leantrain.errors import LeantrainError
+
+    with pytest.raises(LeantrainError, match="nothing fits in 4 MiB"):
+        train(
+            TrainConfig(
+                model=str(tiny_model_dir),
+                data=str(sentiment_csv),
+                cache_dir=str(cache_dir),
+                output_dir=str(tmp_path / "x"),
+                auto=True,
+                memory="4MiB",
+                progress=False,
+            )
+        )
+
+
+def test_out_of_memory_halves_the_micro_batch_and_ends_where_the_halved_run_ends(
+    tiny_model_dir, sentiment_csv, cache_dir, tmp_path, monkeypatch
+):
+    base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir), max_steps=5, **EXACT)
+    halved = train(TrainConfig(**base, batch_size=4, grad_accum=2, output_dir=str(tmp_path / "halved")))
+    monkeypatch.setenv("LEANTRAIN_FORCE_OOM", "2")  # at the last micro-step of the third optimizer step
+    auto = train(
+        TrainConfig(**base, batch_size=8, grad_accum=1, auto=True, memory="64GiB", output_dir=str(tmp_path / "auto"))
+    )
+    m = auto.metrics
+    assert json.loads((tmp_path / "auto" / "plan.json").read_text())["recommended"]["micro_batch"] == 8
+    assert m["oom_recuts"] == [
+        {"step": 2, "from": {"batch_size": 8, "grad_accum": 1}, "to": {"batch_size": 4, "grad_accum": 2}}
+    ]
+    assert (m["final_batch_size"], m["final_grad_accum"], m["global_batch"]) == (4, 2, 8)
+    assert m["optimizer_steps"] == halved.metrics["optimizer_steps"] == 5
+    assert m["micro_steps"] == 2 + 3 * 2  # two steps of one micro-batch, then three of two
+    assert max_diff(weights(auto.output_dir), weights(halved.output_dir)) <= 1e-5
+    assert m["train_loss"] == pytest.approx(halved.metrics["train_loss"], abs=1e-5)
+
+
+def test_two_processes_agree_on_the_recut_and_end_where_one_process_ends(
+    tiny_model_dir, sentiment_csv, cache_dir, tmp_path
+):
+    """Only rank 1 runs out of memory (at step 2); both halve, and the run equals one process of batch 16."""
+    from tests.parallel.test_data_parallel import flags, run_job
+
+    base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir), max_steps=4, **EXACT)
+    one = train(TrainConfig(**base, batch_size=16, output_dir=str(tmp_path / "one")))
+    out = tmp_path / "two"
+    rc, _, err = run_job(
+        [
+            "-m",
+            "leantrain",
+            "train",
+            *flags(**base, batch_size=8, num_processes=2, auto=True, memory="64GiB", output_dir=out),
+        ],
+        LEANTRAIN_FORCE_OOM="2:1",
+    )
+    assert rc == 0, err[-3000:]
+    assert err.count("out of memory; micro-batch 8 x 1 accumulation -> 4 x 2") == 1  # said once, by rank 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["oom_recuts"][0]["step"] == 2 and (m["final_batch_size"], m["final_grad_accum"]) == (4, 2)
+    assert m["num_processes"] == 2 and m["global_batch"] == 16 and m["optimizer_steps"] == 4
+    assert max_diff(weights(out), weights(one.output_dir)) <= 1e-5

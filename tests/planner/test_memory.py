@@ -1,0 +1,135 @@
+"""The memory model: units, optimizer state against real optimizers, and predicted against measured peaks.
+
+The measured peaks come from planner.measure (the training loop's own step functions in a fresh
+interpreter, the resident high-water mark over a baseline taken before the model is built, after a
+warm-up so the one-off runtime share is left out on both sides).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leantrain.errors import ConfigError
+from leantrain.planner import memory as M
+from leantrain.planner.measure import Trial, measure_trials
+
+TOLERANCE = 0.15
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8GiB", 8 * 2**30), ("512MiB", 512 * 2**20), ("8GB", 8 * 10**9), ("1.5 GiB", int(1.5 * 2**30)), ("1024", 1024)],
+)
+def test_memory_units(text, expected):
+    assert M.parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["8 gigs", "GiB", "-1GiB", "0MiB", ""])
+def test_bad_memory_values_fail_in_one_line(bad):
+    with pytest.raises(ConfigError, match="--memory") as info:
+        M.parse_memory(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_config_checks_memory():
+    from leantrain import TrainConfig
+
+    assert TrainConfig(memory="2GiB", auto=True).memory == "2GiB"
+    with pytest.raises(ConfigError, match="8GiB"):
+        TrainConfig(memory="eight")
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adamw8bit", "sgd"])
+def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer):
+    from leantrain.optim import build_optimizer, optimizer_state_bytes
+    from leantrain.planner.measure import build_model
+
+    model = build_model(str(tiny_model_dir))
+    opt = build_optimizer(model, optimizer, lr=1e-3, weight_decay=0.01)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    facts = M.model_facts(str(tiny_model_dir))
+    assert facts.params == sum(p.numel() for p in model.parameters())
+    assert M.optimizer_state_bytes(facts.inventory, optimizer) == optimizer_state_bytes(opt)
+
+
+def test_activation_profile_separates_layers_batch_and_copies(tiny_model_dir):
+    facts = M.model_facts(str(tiny_model_dir))
+    fp32 = M.activation_profile(facts.config_json, 64, "fp32", False)
+    bf16 = M.activation_profile(facts.config_json, 64, "bf16", False)
+    ckpt = M.activation_profile(facts.config_json, 64, "fp32", True)
+    assert fp32.per_layer > 0 and fp32.copies_per_layer == 0  # fp32 keeps no weight copies
+    assert bf16.per_layer < fp32.per_layer  # bf16 activations are (mostly) half the size
+    assert bf16.copies_per_layer > 0  # autocast's bf16 copies of the weights
+    # checkpointing keeps only each layer's input (hidden x 4 bytes per token), and recomputes one layer at a time
+    assert ckpt.per_layer == pytest.approx(64 * facts.hidden * 4, rel=0.05)
+    assert ckpt.layer_full == pytest.approx(fp32.per_layer, rel=1e-6)
+    # twice the length: more than twice the bytes per sequence would mean a quadratic term; BERT's SDPA has none
+    longer = M.activation_profile(facts.config_json, 128, "fp32", False)
+    assert longer.per_layer == pytest.approx(2 * fp32.per_layer, rel=0.05)
+
+
+def _table(rows) -> str:
+    lines = ["| precision | ckpt | optimizer | batch x accum | length | predicted MiB | measured MiB | error |"]
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for r, predicted, error in rows:
+        lines.append(
+            f"| {r['precision']} | {r['activation_checkpointing']} | {r['optimizer']} | {r['batch_size']} x "
+            f"{r['grad_accum']} | {r['seq_len']} | {predicted / 2**20:.1f} | {r['measured_peak_bytes'] / 2**20:.1f} "
+            f"| {error:+.1%} |"
+        )
+    return "\n".join(lines)
+
+
+def check_against_measurement(model: str | None, trials: list[Trial]) -> None:
+    facts = M.model_facts(model)
+    rows = []
+    for r in measure_trials(trials):
+        e = M.estimate(
+            facts,
+            r["batch_size"],
+            r["seq_len"],
+            r["precision"],
+            r["activation_checkpointing"],
+            r["optimizer"],
+            r["grad_accum"],
+        )
+        assert r["optimizer_state_bytes"] == e.optimizer_state  # exact, as above
+        rows.append((r, e.steady_peak, e.steady_peak / r["measured_peak_bytes"] - 1))
+    table = _table(rows)
+    print(table)
+    bad = [row for row in rows if abs(row[2]) > TOLERANCE]
+    assert not bad, f"predicted peak off by more than {TOLERANCE:.0%}:\n{table}"
+
+
+def test_tiny_bert_predicted_peak_within_15_percent_of_measured(tiny_model_dir):
+    """Several batch sizes and lengths, with and without checkpointing, AdamW/Adafactor/8-bit AdamW, fp32/bf16."""
+    m = str(tiny_model_dir)
+    check_against_measurement(
+        m,
+        [
+            Trial(m, "fp32", False, "adamw", 64, 1, 128),
+            Trial(m, "fp32", True, "adamw", 128, 1, 128),
+            Trial(m, "fp32", False, "adafactor", 96, 1, 96),
+            Trial(m, "fp32", True, "adafactor", 128, 1, 64),
+            Trial(m, "fp32", False, "adamw8bit", 64, 1, 128),
+            Trial(m, "bf16", False, "adamw", 128, 1, 64),
+            Trial(m, "bf16", True, "adamw8bit", 128, 1, 128),
+            Trial(m, "fp32", False, "adamw", 32, 2, 128),
+        ],
+    )
+
+
+@pytest.mark.slow
+def test_minilm_predicted_peak_within_15_percent_of_measured():
+    check_against_measurement(
+        None,
+        [
+            Trial(None, "fp32", False, "adamw", 16, 1, 128),
+            Trial(None, "fp32", True, "adafactor", 32, 1, 128),
+            Trial(None, "bf16", False, "adamw8bit", 16, 1, 64),
+            Trial(None, "bf16", True, "adamw", 32, 1, 128),
+        ],
+    )

@@ -1,0 +1,174 @@
+"""The search: candidates keep the global batch, the recommendation is the fastest that fits, probes re-rank.
+
+Speed facts are fixed here (no GEMM probe, no timing): the tests check the logic, the benchmark the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from leantrain.planner import search
+from leantrain.planner.memory import model_facts
+from leantrain.planner.speed import CPU_OPTIMIZER_SECONDS, DeviceSpeed
+
+SPEED = DeviceSpeed(
+    "cpu",
+    2.5e11,
+    {"fp32": 1.0, "bf16": 1.5, "fp16": 0.9},
+    optimizer_seconds_per_param=CPU_OPTIMIZER_SECONDS,
+    source="fixed for tests",
+)
+
+
+@pytest.fixture(scope="module")
+def facts(tiny_model_dir):
+    return model_facts(str(tiny_model_dir))
+
+
+def plan_for(facts, budget: int, **kw) -> search.Plan:
+    request = search.PlanRequest(
+        model=None,
+        budget=budget,
+        global_batch=kw.pop("global_batch", 64),
+        seq_len=128,
+        precisions=("fp32", "bf16"),
+        **kw,
+    )
+    return search.make_plan(request, speed=SPEED, facts=facts)
+
+
+def fastest_fitting(plan: search.Plan) -> search.Candidate:
+    return max(
+        (c for c in plan.candidates if c.memory.peak <= plan.request.budget), key=lambda c: c.relative_throughput
+    )
+
+
+def test_candidates_keep_the_global_batch(facts):
+    plan = plan_for(facts, 2**40, global_batch=48, num_processes=2)
+    assert {c.micro_batch * c.grad_accum for c in plan.candidates} == {24}
+    assert len(plan.candidates) == 2 * 2 * 3 * 8  # precisions x checkpointing x optimizers x divisors of 24
+    baseline = next(c for c in plan.candidates if c.name == "fp32/no-ckpt/adamw 24x1")
+    assert baseline.relative_throughput == pytest.approx(1.0)
+
+
+def planted_budgets(facts) -> dict[str, int]:
+    """Five budgets, each ruling a different set of candidates out."""
+    plan = plan_for(facts, 2**40)
+    by_name = {c.name: c for c in plan.candidates}
+    lowest = min(c.memory.peak for c in plan.candidates)
+    return {
+        "everything fits": 2**40,
+        "rules out the baseline": by_name["fp32/no-ckpt/adamw 64x1"].memory.peak - 1,
+        "rules out the fastest": plan.recommended.memory.peak - 1,
+        "rules out full micro-batches": min(c.memory.peak for c in plan.candidates if c.grad_accum == 1) - 1,
+        # the smallest need: only the candidates that need the least fit (the micro-batches whose peak is the
+        # optimizer step's, which does not depend on the micro-batch, tie)
+        "only the smallest": lowest,
+    }
+
+
+def test_planted_cases_recommend_the_fastest_that_fits(facts):
+    budgets = planted_budgets(facts)
+    for case, budget in budgets.items():
+        plan = plan_for(facts, budget)
+        assert plan.recommended is not None, case
+        assert plan.recommended is fastest_fitting(plan), case
+        assert plan.recommended.memory.peak <= budget, case
+        for c in plan.candidates:  # every other candidate says why it lost
+            assert (c is plan.recommended) == (c.why_not == ""), (case, c.name)
+            if not c.fits:
+                assert c.why_not.startswith("does not fit"), c.why_not
+    assert plan_for(facts, budgets["rules out the baseline"]).recommended.name != "fp32/no-ckpt/adamw 64x1"
+    smallest = plan_for(facts, budgets["only the smallest"])
+    assert {c.memory.peak for c in smallest.candidates if c.fits} == {budgets["only the smallest"]}
+    assert plan_for(facts, budgets["rules out full micro-batches"]).recommended.grad_accum > 1
+
+
+def test_nothing_fits_names_the_smallest_need(facts):
+    plan = plan_for(facts, 2**20)
+    assert plan.recommended is None
+    smallest = min(c.memory.peak for c in plan.candidates)
+    message = plan.no_fit_message()
+    assert message.startswith("nothing fits in 1 MiB")
+    assert f"--memory {-(-smallest // 2**20)}MiB" in message
+    assert plan.smallest.memory.peak == smallest and plan.smallest.name in message
+    assert "nothing fits" in plan.render()
+
+
+def test_render_and_write(facts, tmp_path):
+    plan = plan_for(facts, planted_budgets(facts)["rules out the baseline"])
+    text = plan.render()
+    assert "=>" in text and "recommended:" in text and "slower:" in text
+    assert "does not fit" in plan.render(all_rows=True)
+    for col in ("weights", "grads", "optim", "activ", "work", "peak", "speed"):
+        assert col in text
+    paths = plan.write(tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert data["recommended"]["name"] == plan.recommended.name
+    assert len(data["candidates"]) == len(plan.candidates)
+    assert "fp32/no-ckpt/adamw 64x1" in paths["md"].read_text()
+
+
+def test_probe_measurements_beat_predictions(facts, monkeypatch, tmp_path):
+    """Fake probes: the predicted favourite measures slow, another measures over budget; the third wins."""
+    from leantrain import bench
+    from leantrain.planner import probe
+
+    plan = plan_for(facts, 2**40)
+    picked = probe.pick(plan, probe.ProbeConfig(top=3))
+    assert len(picked) == 3 and len({c.techniques for c in picked}) == 3
+    first, second, third = picked
+    fake = {
+        first.name: {"steady_samples_per_second": 10.0, "peak_memory_over_baseline_bytes": 1000},
+        second.name: {"steady_samples_per_second": 50.0, "peak_memory_over_baseline_bytes": 2**41},
+        third.name: {"steady_samples_per_second": 20.0, "peak_memory_over_baseline_bytes": 1000},
+    }
+    calls = []
+
+    def run_job(name, over, base, steps, out_dir, say, timeout, env=None):
+        calls.append((name, over, base, env))
+        return bench.BenchRow(name, over, {**fake[name], "weights_bytes": 10, "optimizer_steps": steps})
+
+    monkeypatch.setattr(bench, "run_job", run_job)
+    probe.probe(plan, {"model": "m", "auto": True, "memory": "1GiB"}, tmp_path, probe.ProbeConfig(top=3, steps=2))
+    assert plan.probed and plan.recommended is third
+    assert not second.fits and "measured" in second.why_not
+    assert first.why_not.startswith("slower: 0.50x") and "measured" in first.why_not
+    _, over, base, env = calls[0]
+    assert over == first.overrides() and base["pad_to_max_length"] and "auto" not in base and "memory" not in base
+    assert env == {"MALLOC_MMAP_THRESHOLD_": "262144"}
+    assert "measured" in plan.render()
+
+
+def test_a_failed_probe_does_not_win(facts, monkeypatch, tmp_path):
+    from leantrain import bench
+    from leantrain.planner import probe
+
+    plan = plan_for(facts, 2**40)
+    first = probe.pick(plan, probe.ProbeConfig(top=2))[0]
+
+    def run_job(name, over, base, steps, out_dir, say, timeout, env=None):
+        if name == first.name:
+            return bench.BenchRow(name, over, None, "killed")
+        return bench.BenchRow(
+            name, over, {"steady_samples_per_second": 1.0, "peak_memory_over_baseline_bytes": 1, "weights_bytes": 1}
+        )
+
+    monkeypatch.setattr(bench, "run_job", run_job)
+    probe.probe(plan, {}, tmp_path, probe.ProbeConfig(top=2))
+    assert plan.recommended is not first and first.why_not == "probe failed: killed"
+
+
+def test_request_from_config(tmp_path):
+    from leantrain import TrainConfig
+    from leantrain.planner.auto import request_for
+
+    cfg = TrainConfig(batch_size=8, grad_accum=4, memory="3GiB", max_length=96)
+    request, source = request_for(cfg, "cpu", 2)
+    assert (request.global_batch, request.budget, request.seq_len, request.precisions) == (64, 3 * 2**30, 96, None)
+    assert source == "--memory 3GiB"
+    sgd = request_for(dataclasses.replace(cfg, optimizer="sgd", precision="fp32"), "cpu", 1)[0]
+    assert sgd.optimizers == ("sgd",) and sgd.precisions == ("fp32",)
