@@ -81,9 +81,10 @@ def grid(model: str | None, kind: str):
     for i, (precision, ckpt, opt) in enumerate(combos):
         for j in (0, 1):
             b, s = shapes[(i + 2 * j) % len(shapes)]
-            trials.append(Trial(model, precision, ckpt, opt, b, 1, s))
+            trials.append(Trial(model, precision, ckpt, opt, b, 1, s, steps=2))
     b, s = shapes[1]
-    trials.append(Trial(model, "fp32", False, "adamw", b // 2, 2, s))  # accumulation: gradients live in backward
+    # accumulation: the gradients are alive through backward
+    trials.append(Trial(model, "fp32", False, "adamw", b // 2, 2, s, steps=2))
     return trials
 
 

@@ -76,9 +76,8 @@ def probe(plan: Plan, base_job: dict[str, Any], work_dir: Path, config: ProbeCon
             continue
         over = m.get("peak_memory_over_baseline_bytes")
         c.measured = {
-            # weights are in the run's baseline; on CUDA peak_memory_bytes already counts them
-            "peak_bytes": (m.get("peak_memory_bytes") if m.get("device") == "cuda" else None)
-            or (over + m["weights_bytes"] if over is not None else None),
+            # the run's baseline is taken once the weights are resident: they come on top of its peak over it
+            "peak_bytes": over + m["weights_bytes"] if over is not None else None,
             "samples_per_second": m.get("steady_samples_per_second"),
             "steps": m.get("optimizer_steps"),
         }

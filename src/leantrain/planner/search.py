@@ -281,8 +281,9 @@ def render(plan: Plan, all_rows: bool = False) -> str:
         f"plan for {plan.facts['model']} ({plan.facts['params'] / 1e6:.1f} M parameters) on {r.device}: "
         f"global batch {r.global_batch} ({r.num_processes} process(es)), length {r.seq_len}, "
         f"budget {format_bytes(r.budget)}",
-        "memory in MiB (predicted peak = weights + optimizer state + the larger of backward "
-        "[activations + workspace] and the optimizer step [gradients + workspace]); speed relative to fp32/AdamW",
+        "memory in MiB: predicted peak = weights + optimizer state + the larger of backward [activations + "
+        "workspace] and the optimizer step [gradients + workspace]; work includes the one-off runtime share; "
+        "speed relative to fp32/AdamW in one micro-batch",
         head,
     ]
     for c in rows:
