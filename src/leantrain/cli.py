@@ -294,7 +294,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.num_labels < 1:
         raise LeantrainError(f"--num-labels must be a positive integer, got {args.num_labels}")
     path = models.resolve_model(args.model)
-    model = models.load_for_classification(path, [f"LABEL_{i}" for i in range(args.num_labels)])
+    task = models.infer_task(models.load_config(path))
+    model = models.load_for_classification(path, [f"LABEL_{i}" for i in range(args.num_labels)], task=task)
     counts = models.count_parameters(model)
     print(model.config)
     print(f"architecture     {type(model).__name__}")

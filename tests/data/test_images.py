@@ -247,6 +247,8 @@ def test_task_is_inferred_from_the_model_and_a_wrong_task_is_refused(tmp_path, c
     assert code == 2 and "cannot do it" in capsys.readouterr().err
     assert main(["train", "--model", "preset:nope", "--output-dir", str(tmp_path / "r2")]) == 2
     assert "known presets: preset:tiny-vit" in capsys.readouterr().err
+    assert main(["info", "preset:tiny-vit", "--num-labels", "10"]) == 0
+    assert "ViTForImageClassification" in capsys.readouterr().out
 
 
 def test_augmentation_shifts_images_deterministically():
