@@ -133,8 +133,8 @@ def _auto_processor(name: str, folder: Path, task: str):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if task == IMAGE:
-                return AutoImageProcessor.from_pretrained(str(folder) if local else name)
+            if task == IMAGE:  # the Pillow backend: numpy in, uint8 out, with or without torchvision installed
+                return AutoImageProcessor.from_pretrained(str(folder) if local else name, backend="pil")
             return AutoFeatureExtractor.from_pretrained(str(folder) if local else name)
     except (OSError, ValueError) as exc:
         what = "image processor" if task == IMAGE else "feature extractor"
