@@ -185,10 +185,10 @@ class WorkspaceModel:
     )
     #: one-off memory of the first training step of a run (kernels' code and buffers, thread pools), by device
     #: and precision: 16-21 MiB in fp32 `leantrain train` runs of the tiny BERT and MiniLM on CPU; bf16 adds
-    #: oneDNN's cache of JIT-built kernels, one per matmul shape (13 MiB for the tiny BERT at one shape). CUDA's
+    #: oneDNN's cache of JIT-built kernels, one per matmul shape (5-13 MiB for the tiny BERT at one shape). CUDA's
     #: context is outside the allocator, which is what the budget counts there.
     runtime: dict[str, int] = field(
-        default_factory=lambda: {"cpu": 20 * MIB, "cpu/bf16": 36 * MIB, "cpu/fp16": 36 * MIB, "cuda": 0}
+        default_factory=lambda: {"cpu": 20 * MIB, "cpu/bf16": 28 * MIB, "cpu/fp16": 28 * MIB, "cuda": 0}
     )
 
     def runtime_bytes(self, device: str, precision: str) -> int:

@@ -188,6 +188,7 @@ def enumerate_candidates(
                         speed,
                         flops_per_sequence,
                         facts.layers,
+                        facts.hidden,
                         facts.params,
                         micro,
                         accum,

@@ -9,9 +9,13 @@ peak from telemetry.peak (data sheet on GPUs, a measured GEMM on CPUs). Only *ra
 configurations matter for ranking, so the utilisation and overhead constants below need not be exact;
 the factors that decide the ranking are measured (benchmarks/results/bench_minilm_sst2.md, shared/FACTS.md):
 
-- bf16 on a CPU with AMX: 1.51x end-to-end for MiniLM (GEMMs alone are ~3x, the rest of the step is not);
-  on Ampere+ GPUs: about 2x. Without fast bf16 (no AMX/AVX-512 BF16, pre-Ampere GPUs) it is emulated
-  and slower. fp16 on CPUs without AMX-FP16 is no faster than fp32 (FACTS).
+- bf16 on a CPU with AMX: GEMMs run 2.8x fp32 (FACTS: 720 against 260 GFLOP/s), the rest of the step not
+  at all (a little slower: autocast's casts). The matmul share of an fp32 step grows with the width h as
+  h / (h + 350): 0.52 for MiniLM (h 384), which gives its measured 1.4-1.5x end to end
+  (bench_minilm_sst2.md: 1.51x; FACTS: 1.28-1.45x), and 0.15 for a 64-wide BERT, which bf16 does not speed
+  up (measured 0.8-1.0x, benchmarks/results/planner_accuracy.md). On Ampere+ GPUs: about 2x end to end.
+  Without fast bf16 (no AMX/AVX-512 BF16, pre-Ampere GPUs) it is emulated and slower. fp16 on CPUs
+  without AMX-FP16 is no faster than fp32 (FACTS).
 - Activation checkpointing: one more forward per step; measured 0.62x throughput on CPU (the forward
   of a CPU step is relatively dearer than on GPU), 0.75x is the usual GPU figure.
 - Optimizer steps per parameter (CPU, 22.7 M params): fused AdamW 25 ms, Adafactor 150 ms,
@@ -33,8 +37,13 @@ class DeviceSpeed:
     kind: str
     #: peak FLOP/s of fp32 matmuls (measured on CPU, data sheet on GPU)
     peak_fp32: float
-    #: end-to-end speed-up of each precision over fp32 on this device (1.0 = no faster, < 1 slower)
+    #: speed-up of each precision's matmuls over fp32 on this device (1.0 = no faster, < 1 slower)
     precision_speedup: dict[str, float]
+    #: the matmuls' share of an fp32 step is width / (width + this): narrow models spend their time in
+    #: elementwise work, embeddings and overheads, which low precision does not speed up (0: all matmul)
+    matmul_half_width: float = 0.0
+    #: how much slower the non-matmul rest of a step runs under a low precision (the casts autocast adds)
+    low_precision_rest: float = 1.0
     #: share of the peak a well-fed training step reaches in fp32
     utilisation: float = 0.5
     #: throughput with activation checkpointing relative to without
@@ -112,16 +121,18 @@ def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceS
         peak_fp32 = device_peak("cpu", "fp32").flops_per_second
     amx_fp16 = support["fp16"].fast
     speed = {
-        # bench_minilm_sst2.md: 1.51x with AMX-BF16; emulated bf16 is far slower than fp32
+        # matmuls alone: AMX-BF16 2.8x fp32 (FACTS); emulated bf16 is far slower than fp32
         "fp32": 1.0,
-        "bf16": 1.5 if support["bf16"].fast else 0.5,
-        "fp16": 1.5 if amx_fp16 else 0.9,
+        "bf16": 2.8 if support["bf16"].fast else 0.5,
+        "fp16": 2.8 if amx_fp16 else 0.9,
     }
     return DeviceSpeed(
         "cpu",
         peak_fp32,
         speed,
         utilisation=0.55,
+        matmul_half_width=350.0,
+        low_precision_rest=1.15,
         checkpointing_factor=0.62,
         optimizer_seconds_per_param=CPU_OPTIMIZER_SECONDS,
         half_tokens=256.0,
@@ -134,6 +145,7 @@ def step_seconds(
     speed: DeviceSpeed,
     flops_per_sequence: float,
     layers: int,
+    hidden: int,
     params: int,
     micro_batch: int,
     grad_accum: int,
@@ -145,8 +157,11 @@ def step_seconds(
     """Predicted seconds of one optimizer step on one process (its share of the global batch)."""
     tokens = micro_batch * seq_len
     efficiency = tokens / (tokens + speed.half_tokens)
-    rate = speed.peak_fp32 * speed.utilisation * speed.precision_speedup.get(precision, 1.0) * efficiency
-    micro = micro_batch * flops_per_sequence / rate
+    micro = micro_batch * flops_per_sequence / (speed.peak_fp32 * speed.utilisation * efficiency)  # fp32
+    if precision != "fp32":
+        share = hidden / (hidden + speed.matmul_half_width) if hidden else 1.0
+        rest = speed.low_precision_rest
+        micro *= share / speed.precision_speedup.get(precision, 1.0) + (1 - share) * rest
     if checkpointing:
         micro /= speed.checkpointing_factor
     micro += speed.micro_step_overhead_per_layer * layers
