@@ -107,16 +107,14 @@ def check_against_measurement(model: str | None, trials: list[Trial]) -> None:
 def test_tiny_bert_predicted_peak_within_15_percent_of_measured(tiny_model_dir):
     """Several batch sizes and lengths, with and without checkpointing, AdamW/Adafactor/8-bit AdamW, fp32/bf16."""
     m = str(tiny_model_dir)
-    check_against_measurement(
+    check_against_measurement(  # three shapes (each warmed up once per precision and optimizer) keep it quick
         m,
         [
             Trial(m, "fp32", False, "adamw", 64, 1, 128, steps=2),
-            Trial(m, "fp32", True, "adamw", 128, 1, 128, steps=2),
-            Trial(m, "fp32", False, "adafactor", 96, 1, 96, steps=2),
-            Trial(m, "fp32", True, "adafactor", 128, 1, 64, steps=2),
-            Trial(m, "fp32", False, "adamw8bit", 64, 1, 128, steps=2),
-            Trial(m, "bf16", False, "adamw", 128, 1, 64, steps=2),
-            Trial(m, "bf16", True, "adamw8bit", 128, 1, 128, steps=2),
+            Trial(m, "fp32", True, "adamw", 128, 1, 64, steps=2),
+            Trial(m, "fp32", False, "adafactor", 128, 1, 64, steps=2),
+            Trial(m, "fp32", True, "adamw8bit", 64, 1, 128, steps=2),
+            Trial(m, "bf16", False, "adamw", 64, 1, 128, steps=2),
             Trial(m, "fp32", False, "adamw", 32, 2, 128, steps=2),
         ],
     )

@@ -148,6 +148,19 @@ class Plan:
     def render(self, all_rows: bool = False) -> str:
         return render(self, all_rows)
 
+    def summary(self) -> str:
+        """One line for the run's log: what --auto chose and why it fits."""
+        c = self.recommended
+        if c is None:
+            return self.no_fit_message()
+        return (
+            f"--auto: {c.name} (precision {c.precision}, activation checkpointing "
+            f"{'on' if c.activation_checkpointing else 'off'}, {c.optimizer}, micro-batch {c.micro_batch} x "
+            f"{c.grad_accum} accumulation): predicted peak {format_bytes(c.peak)} of "
+            f"{format_bytes(self.request.budget)}, {c.relative_throughput:.2f}x fp32/AdamW; the other "
+            f"{len(self.candidates) - 1} candidates and why they lose are in plan.md"
+        )
+
 
 def _round_up_mib(n: int) -> int:
     return -(-n // 2**20)

@@ -142,6 +142,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     run.check()  # on every process, so each one fails with the message rather than waiting for the others
     amp = MixedPrecision(accelerator, precision)
     say = Console(enabled=accelerator.is_main_process)
+    if plan is not None:
+        say.info(plan.summary())
     parallel.seed_everything(cfg.seed)
 
     # -- which checkpoint to resume (refused now, before any work, if it is from a different run) ----------
