@@ -532,10 +532,12 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         "train_examples": totals["examples"],
         "train_seconds": meter.seconds,
         "train_samples_per_second": totals["examples"] / meter.seconds if meter.seconds else None,
-        "train_tokens_per_second": totals["tokens"] / meter.seconds if meter.seconds else None,
+        "train_tokens_per_second": totals["tokens"] / meter.seconds if meter.seconds and totals["padded"] else None,
         "steady_samples_per_second": meter.steady_samples_per_second * accelerator.num_processes,
-        "steady_tokens_per_second": meter.steady_tokens_per_second * accelerator.num_processes,
-        "padding_fraction": 1 - totals["tokens"] / totals["padded"] if totals["padded"] else 0.0,
+        "steady_tokens_per_second": meter.steady_tokens_per_second * accelerator.num_processes
+        if totals["padded"]
+        else None,
+        "padding_fraction": 1 - totals["tokens"] / totals["padded"] if totals["padded"] else None,  # None: no tokens
         "compile_seconds": compile_seconds,
         **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
         **flops.steady_metrics(meter.steady_seconds),  # the same after the warm-up steps: the headline MFU
@@ -578,7 +580,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     over_baseline = peak.get("peak_memory_over_baseline_bytes")
     say.info(
         summary_table(
-            f"leantrain run {run.path}",
+            "leantrain run",
             [
                 ("eval accuracy", f"{eval_metrics['accuracy']:.4f}"),
                 ("eval macro-F1", f"{eval_metrics['macro_f1']:.4f}"),
@@ -592,8 +594,14 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                     + (f" (resumed at {resume_from.step:,})" if resume_from is not None else ""),
                 ),
                 ("samples/s (train)", f"{metrics['train_samples_per_second'] or 0:.1f}"),
-                ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second'] or 0:.0f}"),
-                ("padding", f"{metrics['padding_fraction']:.1%}"),
+                *(  # images and audio have no tokens
+                    [
+                        ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second']:.0f}"),
+                        ("padding", f"{metrics['padding_fraction']:.1%}"),
+                    ]
+                    if metrics["padding_fraction"] is not None
+                    else []
+                ),
                 (
                     "MFU (steady)",
                     f"{metrics['steady_mfu']:.1%} of {flop_peak.flops_per_second / 1e12:.3g} TFLOP/s"
@@ -609,6 +617,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
             ],
         ).rstrip()
     )
+    say.info(f"written to {run.path}")  # on its own line: a table would fold a long path mid-name
     out = run.path
     return TrainResult(
         output_dir=out,
