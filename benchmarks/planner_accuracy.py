@@ -256,6 +256,15 @@ def write(results: dict, stem: Path) -> None:
                 f"| {c['case']} | {c['budget_mib']:.0f} | {c['predicted']} | {c['recommended_after_probe']} | "
                 f"{c['fastest_fitting_probed']} | {'yes' if c['prediction_was_right'] else 'no'} |"
             )
+        lines += [
+            "",
+            "Memory of the probes (real `leantrain train` runs, one-off runtime share included) against the full "
+            "prediction is in the table below. Speeds are what a shared 2-core machine gave with neighbours "
+            "running (see the load average below): the same candidate can measure 1.5x apart from one case to the "
+            "next, so where the prediction and the probe disagree between candidates predicted within ~1.5x of "
+            "each other, the probe's ranking is itself within that noise; that is what --probe's two rounds "
+            "(fastest run kept) are for.",
+        ]
         lines += ["", "Probed candidates (predicted against measured):", ""]
         lines += ["| case | candidate | predicted peak MiB | measured peak MiB | predicted speed | samples/s |"]
         lines.append("|---|---|---|---|---|---|")
