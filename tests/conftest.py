@@ -26,6 +26,27 @@ NEGATIVE = ["awful", "terrible", "dreadful", "boring", "horrible", "poor", "tedi
 FILLER = ["the", "film", "was", "a", "story", "with", "acting", "and", "plot", "really", "quite", "very"]
 
 
+#: settings under which two runs that should train identically can be compared to 1e-5: plain SGD in
+#: fp32 (Adam magnifies rounding near zero gradients), no weight decay, warm-up or clipping, fixed seed
+EXACT_JOB = dict(
+    optimizer="sgd",
+    lr=0.5,
+    precision="fp32",
+    weight_decay=0.0,
+    warmup_ratio=0.0,
+    max_grad_norm=0.0,
+    progress=False,
+    log_every=1,
+    seed=3,
+)
+
+
+def max_diff(a: dict, b: dict) -> float:
+    """Largest absolute difference between two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
 def make_sentiment_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """Short texts whose label is carried by one sentiment word: learnable by a tiny model in seconds."""
     rng = random.Random(seed)

@@ -22,22 +22,11 @@ from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
 from leantrain.parallel.launch import free_port
-from tests.conftest import make_sentiment_rows, write_csv
+from tests.conftest import EXACT_JOB, make_sentiment_rows, max_diff, write_csv
 
 TOL = 1e-5
 JOB_TIMEOUT = 240
 PROBE = Path(__file__).with_name("probe.py")
-COMMON = dict(
-    optimizer="sgd",
-    lr=0.5,
-    precision="fp32",
-    weight_decay=0.0,
-    warmup_ratio=0.0,
-    max_grad_norm=0.0,
-    progress=False,
-    log_every=1,
-    seed=3,
-)
 
 
 def flags(**values) -> list[str]:
@@ -102,15 +91,10 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "model" / "model.safetensors")
 
 
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir, sentiment_csv, tmp_path_factory):
     root = tmp_path_factory.mktemp("dp")
-    base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(root / "cache"), **COMMON)
+    base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(root / "cache"), **EXACT_JOB)
     return root, base
 
 

@@ -15,28 +15,13 @@ from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
 from leantrain.cli import main
+from tests.conftest import EXACT_JOB, max_diff
 
-EXACT = dict(
-    optimizer="sgd",
-    lr=0.5,
-    precision="fp32",
-    weight_decay=0.0,
-    warmup_ratio=0.0,
-    max_grad_norm=0.0,
-    progress=False,
-    log_every=1,
-    report=False,
-    seed=3,
-)
+EXACT = {**EXACT_JOB, "report": False}
 
 
 def weights(run_dir):
     return load_file(run_dir / "model" / "model.safetensors")
-
-
-def max_diff(a, b) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def test_plan_command_prints_the_table_and_writes_the_plan(tiny_model_dir, tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tests.training.test_equivalence import loss_log, max_diff, run  # noqa: F401  (run is a fixture)
+from tests.conftest import max_diff
+from tests.training.test_equivalence import loss_log, run  # noqa: F401  (run is a fixture)
 
 
 def test_a_compiled_model_trains_like_the_eager_one(run):  # noqa: F811

@@ -5,6 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
+from tests.conftest import EXACT_JOB, max_diff
 
 TOL = 1e-5
 
@@ -19,26 +20,13 @@ def run(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
             data=str(sentiment_csv),
             cache_dir=str(cache_dir),
             output_dir=str(tmp_path / f"run{next(count)}"),
-            optimizer="sgd",
-            lr=0.5,
-            precision="fp32",
-            weight_decay=0.0,
-            warmup_ratio=0.0,
-            max_grad_norm=0.0,
-            progress=False,
-            log_every=1,
-            seed=3,
             report=False,
+            **EXACT_JOB,
         )
         result = train(TrainConfig(**{**base, **changes}))
         return result, load_file(result.model_dir / "model.safetensors")
 
     return go
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 def loss_log(result) -> list[float]:

@@ -263,16 +263,9 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     progress = checkpoint.Progress(best_metric=cfg.metric_for_best)  # counters a checkpoint records
     history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
     resume_rng = None
+    trained_state = dict(model=model, optimizer=optimizer, scheduler=scheduler, amp=amp, local_sgd=local_sgd)
     if resume_from is not None:
-        resume_rng = checkpoint.restore(
-            resume_from,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            amp=amp,
-            local_sgd=local_sgd,
-            accelerator=accelerator,
-        )
+        resume_rng = checkpoint.restore(resume_from, **trained_state, accelerator=accelerator)
         progress = resume_from.progress
         if progress.best_metric != cfg.metric_for_best:  # another yardstick: its best is yet to be seen
             progress.best_metric, progress.best_value, progress.best_step = cfg.metric_for_best, None, None
@@ -351,11 +344,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
         with timer.phase("checkpoint"):
             path = checkpoints.save(
                 state,
-                model=model,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                amp=amp,
-                local_sgd=local_sgd,
+                **trained_state,
                 rng=rng,
                 config=cfg.to_dict(),
                 facts=facts,
