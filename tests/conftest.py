@@ -100,6 +100,21 @@ def tiny_model_dir(tmp_path_factory, minilm_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def dropout_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny BERT with dropout on (0.1), as models ship: exactness then also covers the RNG."""
+    import json
+    import shutil
+
+    path = tmp_path_factory.mktemp("tiny-bert-dropout")
+    for f in tiny_model_dir.iterdir():
+        shutil.copy(f, path / f.name)
+    config = json.loads((path / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="session")
 def sentiment_csv(tmp_path_factory) -> Path:
     return write_csv(tmp_path_factory.mktemp("data") / "sentiment.csv", make_sentiment_rows(240))
 
@@ -114,3 +129,35 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is absent")
     return SHARED_DATA
+
+
+#: tensors whose gradient is zero in exact arithmetic (softmax ignores a constant added to every key), so
+#: they move only by rounding: compared in absolute terms and not required to move
+ZERO_GRADIENT = ("attention.self.key.bias",)
+
+
+def assert_trained_alike(a: dict, b: dict, start: dict, rel: float = 1e-4) -> None:
+    """Two runs' weights agree per tensor, relative to how far each tensor moved from `start`, and every
+    tensor moved. A single absolute maximum would miss a tensor that moves ~1e-7 per step and is wrong.
+
+    Each tensor may differ by `rel` of its own movement plus a few float32 rounding steps (ulps) of its
+    magnitude: summing the same gradients in another order rounds differently, nothing more.
+    """
+    import torch
+
+    assert a.keys() == b.keys() == start.keys()
+    eps = torch.finfo(torch.float32).eps
+    wrong, still = [], []
+    for k in a:
+        x, y, s = a[k].double(), b[k].double(), start[k].double()
+        moved = (x - s).abs().max().item()
+        ulps = 8 * eps * x.abs().max().item()
+        if moved <= ulps and not k.endswith(ZERO_GRADIENT):
+            still.append(k)
+        diff = (x - y).abs().max().item()
+        if k.endswith(ZERO_GRADIENT):
+            ulps = max(ulps, 1e-9)  # rounding noise from a start at zero: far below any real update
+        if diff > rel * moved + ulps:
+            wrong.append(f"{k}: differs by {diff:.3g} after moving {moved:.3g}")
+    assert not still, f"{len(still)} tensors never moved, e.g. {still[0]}"
+    assert not wrong, f"{len(wrong)} of {len(a)} tensors differ: " + "; ".join(wrong[:3])

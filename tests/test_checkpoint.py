@@ -30,17 +30,6 @@ from leantrain.errors import ConfigError, LeantrainError
 HELPER = Path(__file__).with_name("checkpoint_helper.py")
 
 
-@pytest.fixture(scope="session")
-def dropout_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-bert-dropout")
-    for f in tiny_model_dir.iterdir():
-        shutil.copy(f, path / f.name)
-    config = json.loads((path / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    (path / "config.json").write_text(json.dumps(config))
-    return path
-
-
 @pytest.fixture()
 def job(dropout_model_dir, sentiment_csv, cache_dir, tmp_path):
     def make(name="run", **changes) -> TrainConfig:
@@ -129,9 +118,37 @@ def test_resuming_a_checkpoint_gives_bitwise_the_same_run(job, changes):
     assert checkpoint.verify(ckpt).step == 4
     resumed = train(job("resumed", save_every=2, eval_every=3, resume=str(ckpt), **changes))
     assert resumed.metrics["resumed_from"] == str(ckpt)
+    # the checkpoint was used: the resumed run trained only the last 4 of 8 steps (a rerun from scratch
+    # would equal the whole run too, so equality alone proves nothing)
+    assert whole.metrics["train_examples"] == 8 * 24 and resumed.metrics["train_examples"] == 4 * 24
     assert_same_weights(whole.output_dir, resumed.output_dir)
     assert loss_log(resumed.output_dir) == loss_log(whole.output_dir)
     assert [s for s, _ in loss_log(resumed.output_dir)] == list(range(1, 9))
+
+
+def test_resuming_starts_from_the_checkpoints_weights(job, tmp_path):
+    """A checkpoint whose weights were changed (its manifest fixed to match) resumes from the changed weights:
+    proof that resume loads them rather than retraining from the start."""
+    from safetensors.torch import load_file, save_file
+
+    whole = train(job("whole", save_every=4))
+    ckpt = tmp_path / "tampered"
+    shutil.copytree(step_dir(whole.output_dir, 4), ckpt)
+    state = load_file(ckpt / "model.safetensors")
+    name = next(k for k in state if k.endswith("classifier.weight"))
+    state[name] = state[name] + 0.5
+    save_file(state, ckpt / "model.safetensors")
+    manifest = json.loads((ckpt / "checkpoint.json").read_text())
+    manifest["files"]["model.safetensors"] = {
+        "bytes": (ckpt / "model.safetensors").stat().st_size,
+        "crc32": checkpoint._crc32(ckpt / "model.safetensors"),
+    }
+    (ckpt / "checkpoint.json").write_text(json.dumps(manifest))
+    resumed = train(job("resumed", save_every=4, resume=str(ckpt)))
+    before, after = weights(whole.output_dir), weights(resumed.output_dir)
+    assert (after[name] - before[name]).abs().min() > 0.1  # the +0.5 carried through 4 more steps
+    assert loss_log(resumed.output_dir)[:4] == loss_log(whole.output_dir)[:4]  # the log up to the checkpoint
+    assert loss_log(resumed.output_dir)[4:] != loss_log(whole.output_dir)[4:]
 
 
 def test_checkpoint_contents_load_safely(job):

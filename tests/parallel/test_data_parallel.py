@@ -53,7 +53,6 @@ def clean_env(**extra) -> dict[str, str]:
             "MASTER_ADDR",
             "MASTER_PORT",
             "LEANTRAIN_LAUNCHED",
-            "LEANTRAIN_FAULT",
         )
         and not k.startswith("ACCELERATE_")
     }
@@ -92,17 +91,29 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_model_dir, sentiment_csv, tmp_path_factory):
+def setup(tiny_model_dir, tmp_path_factory):
+    """109 training rows: six full steps of 16, then a step of 13 that two processes split unevenly (7 and 6
+    examples; with two accumulation steps of 4, micro-batches of 4, 3, 3 and 3)."""
     root = tmp_path_factory.mktemp("dp")
-    base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(root / "cache"), **EXACT_JOB)
+    train_csv = write_csv(root / "train.csv", make_sentiment_rows(109, seed=11))
+    eval_csv = write_csv(root / "eval.csv", make_sentiment_rows(27, seed=12))
+    base = dict(
+        model=str(tiny_model_dir),
+        data=str(train_csv),
+        eval_data=str(eval_csv),
+        cache_dir=str(root / "cache"),
+        **EXACT_JOB,
+    )
     return root, base
 
 
 @pytest.fixture(scope="module")
 def baseline(setup):
-    """One process, global batch 16, 6 steps: what every 2-process run with 16 examples per step must equal."""
+    """One process, global batch 16, one epoch (7 steps, the last of 13 examples): what every 2-process run
+    with 16 examples per step must equal."""
     root, base = setup
-    result = train(TrainConfig(**base, batch_size=16, max_steps=6, output_dir=str(root / "one")))
+    result = train(TrainConfig(**base, batch_size=16, epochs=1, output_dir=str(root / "one")))
+    assert result.metrics["optimizer_steps"] == 7
     return result.output_dir
 
 
@@ -124,19 +135,40 @@ def test_two_processes_equal_one_process_with_twice_the_batch(setup, baseline, l
             "-m",
             "leantrain",
             "train",
-            *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir, num_processes=2, launcher=launcher),
+            *flags(**base, batch_size=8, epochs=1, output_dir=out_dir, num_processes=2, launcher=launcher),
         ]
     )
     assert rc == 0, err[-3000:]
     metrics = json.loads((out_dir / "metrics.json").read_text())
     one = json.loads((baseline / "metrics.json").read_text())
-    assert metrics["num_processes"] == 2 and metrics["global_batch"] == 16 and metrics["optimizer_steps"] == 6
+    assert metrics["num_processes"] == 2 and metrics["global_batch"] == 16 and metrics["optimizer_steps"] == 7
     assert max_diff(weights(out_dir), weights(baseline)) <= TOL
     # evaluation gathers every example once, so the metrics are the single-process ones
     for key in ("eval_accuracy", "eval_macro_f1", "eval_loss"):
         assert metrics[key] == pytest.approx(one[key], abs=1e-6), key
-    assert metrics["train_examples"] == one["train_examples"] == 6 * 16
+    assert metrics["train_examples"] == one["train_examples"] == 109
     assert_one_writer(out_dir, baseline, out, err)
+
+
+def test_a_two_process_run_resumed_from_its_checkpoint_equals_the_run_left_alone(setup, dropout_model_dir):
+    """Each rank saves and restores its own state (rank-N.pt: its RNG draws its own dropout masks): resumed at
+    step 3 of 7, two processes with dropout and AdamW end bitwise where the uninterrupted two-process run does,
+    having trained only steps 4-7."""
+    root, base = setup
+    job = dict(base, model=dropout_model_dir, optimizer="adamw", lr=1e-3, batch_size=8, epochs=1, num_processes=2)
+    whole, resumed = root / "two-whole", root / "two-resumed"
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, save_every=3, output_dir=whole)])
+    assert rc == 0, err[-3000:]
+    ckpt = whole / "checkpoints" / "step-000003"
+    assert {p.name for p in ckpt.iterdir()} >= {"rank-0.pt", "rank-1.pt"}
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, save_every=3, output_dir=resumed, resume=ckpt)])
+    assert rc == 0, err[-3000:]
+    metrics = json.loads((resumed / "metrics.json").read_text())
+    assert metrics["resumed_from"] == str(ckpt) and metrics["optimizer_steps"] == 7
+    assert metrics["train_examples"] == 109 - 3 * 16  # only the steps after the checkpoint
+    w_whole, w_resumed = weights(whole), weights(resumed)
+    different = [k for k in w_whole if not torch.equal(w_whole[k], w_resumed[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
 
 
 def test_two_machines_with_gradient_accumulation_equal_one_process(setup, baseline):
@@ -154,7 +186,7 @@ def test_two_machines_with_gradient_accumulation_equal_one_process(setup, baseli
                     **base,
                     batch_size=4,
                     grad_accum=2,
-                    max_steps=6,
+                    epochs=1,
                     output_dir=out_dir,
                     num_processes=1,
                     num_machines=2,
@@ -170,7 +202,8 @@ def test_two_machines_with_gradient_accumulation_equal_one_process(setup, baseli
     for rc, _, err in results:
         assert rc == 0, err[-3000:]
     metrics = json.loads((out_dir / "metrics.json").read_text())
-    assert metrics["num_processes"] == 2 and metrics["micro_steps"] == 12 and metrics["optimizer_steps"] == 6
+    # six full steps of two micro-batches per process, and the short last step (13 examples) takes two as well
+    assert metrics["num_processes"] == 2 and metrics["micro_steps"] == 14 and metrics["optimizer_steps"] == 7
     assert max_diff(weights(out_dir), weights(baseline)) <= TOL
     assert "accuracy " in results[0][1] and "accuracy " not in results[1][1]  # machine 0 writes, 1 does not
 
@@ -244,13 +277,12 @@ def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local
 
 
 def replay_local_sgd(model, ranks: list[dict], k: int, lr: float) -> dict[str, torch.Tensor]:
-    """Each rank steps alone on its own micro-batches (loss as the loop scales it), parameters averaged every k
-    optimizer steps and at the end."""
+    """Local SGD from its definition: each rank runs plain SGD on the mean loss of its own examples of each
+    step, and parameters are averaged every k optimizer steps and at the end. (Every step here splits evenly
+    across the ranks, so each rank's mean is its share of the global batch's mean.)"""
     import copy
 
     import torch.nn.functional as F
-
-    from leantrain.training.loop import model_inputs
 
     model.load_state_dict(ranks[0]["init"])
     replicas = [copy.deepcopy(model) for _ in ranks]
@@ -268,9 +300,10 @@ def replay_local_sgd(model, ranks: list[dict], k: int, lr: float) -> dict[str, t
     for step in range(len(steps[0])):
         for replica, groups in zip(replicas, steps):
             replica.train()
+            examples = sum(len(batch["labels"]) for batch in groups[step])
             for batch in groups[step]:
-                logits = replica(**model_inputs(batch)).logits
-                loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum") * n / batch["window_examples"]
+                logits = replica(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                loss = F.cross_entropy(logits, batch["labels"], reduction="sum") / examples
                 loss.backward()
             with torch.no_grad():
                 for p in replica.parameters():
@@ -329,7 +362,7 @@ def test_ray_train_workers_equal_one_process(setup, baseline, tmp_path_factory):
                 "-m",
                 "leantrain",
                 "train",
-                *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir, launcher="ray", num_workers=2),
+                *flags(**base, batch_size=8, epochs=1, output_dir=out_dir, launcher="ray", num_workers=2),
             ],
             timeout=300,
             LEANTRAIN_RAY_TMPDIR=ray_tmp,

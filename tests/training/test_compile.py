@@ -1,18 +1,41 @@
-"""--compile: the compiled model trains as the eager one does, and compiling is timed apart."""
+"""--compile: the model is really compiled, trains as the eager one does, and compiling is timed apart."""
 
 import pytest
+import torch
 
-from tests.conftest import max_diff
-from tests.training.test_equivalence import loss_log, run  # noqa: F401  (run is a fixture)
+from leantrain import TrainConfig, train
+from tests.conftest import EXACT_JOB, max_diff
 
 
-def test_a_compiled_model_trains_like_the_eager_one(run):  # noqa: F811
-    eager, w_eager = run(batch_size=16, max_steps=3)
-    compiled, w_compiled = run(batch_size=16, max_steps=3, compile=True)
+@pytest.fixture()
+def run(dropout_model_dir, sentiment_csv, cache_dir, tmp_path):
+    """Runs on the tiny BERT with dropout on: the warm-up step that compiles must draw nothing from the run's
+    RNG, or every later dropout mask shifts."""
+    from safetensors.torch import load_file
+
+    def go(name, **changes):
+        cfg = dict(model=str(dropout_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir), report=False)
+        result = train(TrainConfig(**{**cfg, **EXACT_JOB, "output_dir": str(tmp_path / name), **changes}))
+        return result, load_file(result.model_dir / "model.safetensors")
+
+    return go
+
+
+def test_a_compiled_model_trains_like_the_eager_one(run, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    # Inductor draws dropout masks from its own generator unless told to use eager's: only then can a compiled
+    # run with dropout match an eager one, and only if the warm-up left the RNG where it found it.
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    torch._dynamo.reset()
+    counters.clear()
+    eager, w_eager = run("eager", batch_size=16, max_steps=3)
+    assert not counters["stats"]["unique_graphs"]  # nothing compiled in an eager run
+    compiled, w_compiled = run("compiled", batch_size=16, max_steps=3, compile=True)
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured and compiled the model
     # inductor fuses and reorders float arithmetic: close, not bitwise
-    assert loss_log(compiled) == pytest.approx(loss_log(eager), abs=1e-4)
+    losses = [compiled.metrics["train_loss"], eager.metrics["train_loss"]]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4)
     assert max_diff(w_eager, w_compiled) <= 1e-4
     assert eager.metrics["compile_seconds"] is None
-    # the forward and backward graphs are compiled before the clock starts: their cost is reported here
-    assert compiled.metrics["compile_seconds"] > 0
-    assert compiled.metrics["compile_seconds"] > compiled.metrics["train_seconds"] / 10
+    assert compiled.metrics["compile_seconds"] > 0  # the warm-up's cost is reported apart from train_seconds
