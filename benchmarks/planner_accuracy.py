@@ -8,7 +8,7 @@
 1. Memory: for MiniLM (all-MiniLM-L6-v2, 22.7 M parameters) and a tiny BERT (2 layers, width 64, 2.0 M),
    at several micro-batches and lengths, with and without activation checkpointing, for AdamW, Adafactor
    and 8-bit AdamW, in fp32 and bf16: the predicted peak (planner.memory, without its one-off runtime
-   share) against the measured one (planner.measure: the training loop's step functions, resident
+   share) against the measured one (benchmarks/planner_measure.py: the trainer's step, resident
    high-water mark over a baseline taken before the model is built, after a warm-up).
 2. Planted cases: budgets that rule out nothing, the baseline, the fastest candidate, every full
    micro-batch, all but the smallest; `plan --probe` runs the top candidates of each as real
@@ -62,7 +62,7 @@ def tiny_bert(path: Path) -> str:
 
 
 def grid(model: str | None, kind: str):
-    from leantrain.planner.measure import Trial
+    from planner_measure import Trial
 
     if kind == "tiny":
         shapes = [(32, 128), (64, 128), (128, 64), (128, 128), (96, 96)]
@@ -90,8 +90,9 @@ def grid(model: str | None, kind: str):
 
 
 def accuracy(model: str | None, kind: str, say) -> list[dict]:
+    from planner_measure import measure_trials
+
     from leantrain.planner import memory as M
-    from leantrain.planner.measure import measure_trials
 
     facts = M.model_facts(model)
     rows = []

@@ -3,7 +3,7 @@
     python tests/checkpoint_helper.py train --model ... --save-every 2
 
 Environment, all optional:
-  LT_STEP_SLEEP=S          sleep S seconds before each optimizer step (so a test can kill the run mid-epoch)
+  LT_TEST_STEP_SLEEP=S     sleep S seconds before each optimizer step (so a test can kill the run mid-epoch)
   LT_KILL_AFTER_SAVE=N     SIGKILL this process right after checkpoint step N is in place
   LT_KILL_MID_SAVE=N       SIGKILL this process while checkpoint step N is being written (after its weights)
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 
 def _kill() -> None:
@@ -23,19 +22,20 @@ def _kill() -> None:
 
 
 def main() -> int:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import leantrain.api as api
     from leantrain import checkpoint
     from leantrain.cli import main as cli_main
-    from leantrain.training import loop
+    from tests.hooks import from_environment
 
-    sleep = float(os.environ.get("LT_STEP_SLEEP", "0"))
-    if sleep:
-        train_step = loop.train_step
+    hooks = from_environment()
+    if hooks is not None:
+        original_train = api.train
 
-        def slow_train_step(*args, **kwargs):
-            time.sleep(sleep)
-            return train_step(*args, **kwargs)
+        def train(config=None, **kwargs):
+            return original_train(config, **{**kwargs, "hooks": hooks})
 
-        loop.train_step = slow_train_step
+        api.train = train
 
     if "LT_KILL_AFTER_SAVE" in os.environ:
         after = int(os.environ["LT_KILL_AFTER_SAVE"])

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from leantrain import TrainConfig, checkpoint, train
 from leantrain.data.batching import GlobalBatchSampler
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.training import Hooks
 
 HELPER = Path(__file__).with_name("checkpoint_helper.py")
 
@@ -178,27 +179,22 @@ class Killed(BaseException):
     """Stands in for a kill inside the process (not an Exception: nothing in leantrain catches it)."""
 
 
-def die_at_step(monkeypatch, step: int) -> None:
-    from leantrain.training import loop
+class DieAt(Hooks):
+    """Killed just before optimizer step `step` would be taken."""
 
-    real = loop.train_step
-    count = iter(range(1, 10**6))
+    def __init__(self, step: int):
+        self.step = step
 
-    def train_step(*args, **kwargs):
-        if next(count) == step:
+    def before_optimizer_step(self, step: int) -> None:
+        if step == self.step:
             raise Killed
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "train_step", train_step)
 
 
 def test_resume_auto_takes_the_newest_complete_checkpoint(job, monkeypatch, capsys):
     whole = train(job("whole", save_every=2))
     cfg = job("broken", save_every=2)
-    die_at_step(monkeypatch, 7)
     with pytest.raises(Killed):
-        train(cfg)
-    monkeypatch.undo()
+        train(cfg, hooks=DieAt(7))
     root = Path(cfg.output_dir) / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000004", "step-000006"]
     with pytest.raises(ConfigError, match="--resume auto"):  # a fresh start would lose the checkpoints
@@ -226,13 +222,11 @@ def test_resume_auto_without_checkpoints_starts_from_scratch(job, capsys):
 
 
 def test_total_limit_prunes_the_oldest_and_keeps_the_best(job, monkeypatch):
-    from leantrain.training import evaluate
+    from leantrain.training.evaluator import Evaluator
 
     # evaluations at steps 3, 6 and 9 (and the end): the first is the best, whatever the tiny model learns
     accuracies = iter([0.9, 0.6, 0.7, 0.5])
-    monkeypatch.setattr(
-        evaluate, "evaluate_loop", lambda *a: {"accuracy": next(accuracies), "macro_f1": 0.5, "loss": 0.5}
-    )
+    monkeypatch.setattr(Evaluator, "evaluate", lambda *a: {"accuracy": next(accuracies), "macro_f1": 0.5, "loss": 0.5})
     result = train(job(save_every=2, save_total_limit=2, eval_every=3, max_steps=10))
     root = result.output_dir / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step-000003", "step-000008", "step-000010"]
@@ -243,12 +237,12 @@ def test_total_limit_prunes_the_oldest_and_keeps_the_best(job, monkeypatch):
 
 
 def test_loss_as_the_best_metric_means_lower_is_better():
-    progress = checkpoint.Progress(best_metric="eval_loss")
+    progress = checkpoint.TrainState(best_metric="eval_loss")
     assert progress.update_best({"loss": 0.5, "accuracy": 0.5}, 1)
     assert not progress.update_best({"loss": 0.6, "accuracy": 0.9}, 2)
     assert progress.update_best({"loss": 0.4, "accuracy": 0.1}, 3) and progress.best_step == 3
     with pytest.raises(ConfigError, match="metric-for-best"):
-        checkpoint.Progress(best_metric="f1").update_best({"loss": 1.0}, 1)
+        checkpoint.TrainState(best_metric="f1").update_best({"loss": 1.0}, 1)
 
 
 def test_a_finished_run_is_not_resumed_and_overwrite_discards_its_checkpoints(job):
@@ -445,20 +439,20 @@ def test_sharded_training_does_not_checkpoint_yet(job):
 
 def inject_nan(monkeypatch, step: int, where: str) -> None:
     """Make optimizer step `step` non-finite: its loss, or one gradient (the loss staying finite)."""
-    from leantrain.training import loop
+    from leantrain.training.trainer import Trainer
 
-    real = loop.forward_backward_step
+    real = Trainer.forward_backward_step
     count = iter(range(1, 10**6))
 
-    def forward_backward_step(model, batch, accelerator, amp):
-        loss = real(model, batch, accelerator, amp)
+    def forward_backward_step(self, batch):
+        loss = real(self, batch)
         if next(count) == step:  # one micro-batch per step here
             if where == "loss":
                 return loss * float("nan")
-            next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
+            next(p for p in self.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
         return loss
 
-    monkeypatch.setattr(loop, "forward_backward_step", forward_backward_step)
+    monkeypatch.setattr(Trainer, "forward_backward_step", forward_backward_step)
 
 
 @pytest.mark.parametrize("where", ["loss", "grad"])
@@ -574,7 +568,7 @@ def resume_and_compare(cli_job, out: Path, left_alone: Path) -> str:
 
 def test_sigkill_mid_epoch_then_resume_auto_is_exact(cli_job, left_alone, tmp_path):
     out = tmp_path / "killed"
-    proc = run_cli(cli_job, out, env={"LT_STEP_SLEEP": "0.3"}, helper=True, wait=False)
+    proc = run_cli(cli_job, out, env={"LT_TEST_STEP_SLEEP": "0.3"}, helper=True, wait=False)
     try:
         deadline = time.monotonic() + 120
         while not step_dir(out, 2).is_dir():

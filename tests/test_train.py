@@ -97,12 +97,12 @@ def test_a_failed_overwrite_keeps_the_finished_run(job, monkeypatch):
     weights = (first.model_dir / "model.safetensors").read_bytes()
     metrics = (first.output_dir / "metrics.json").read_text()
 
-    import leantrain.training.evaluate as evaluate
+    from leantrain.training.evaluator import Evaluator
 
     def boom(*args, **kwargs):
         raise RuntimeError("simulated crash during the final evaluation")
 
-    monkeypatch.setattr(evaluate, "evaluate_loop", boom)
+    monkeypatch.setattr(Evaluator, "evaluate", boom)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(job(max_steps=3, overwrite=True))
     assert (first.model_dir / "model.safetensors").read_bytes() == weights

@@ -16,16 +16,21 @@ __version__ = "0.1.0"
 __all__ = ["LeantrainError", "TrainConfig", "TrainResult", "__version__", "evaluate", "predict", "train"]
 
 if TYPE_CHECKING:
+    from leantrain.api import train
     from leantrain.inference import evaluate, predict
-    from leantrain.training import TrainResult, train
+    from leantrain.training.trainer import TrainResult
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: importing torch and transformers takes seconds; `import leantrain` should not.
-    if name in ("train", "TrainResult"):
-        from leantrain import training
+    if name == "train":
+        from leantrain.api import train
 
-        return getattr(training, name)
+        return train
+    if name == "TrainResult":
+        from leantrain.training.trainer import TrainResult
+
+        return TrainResult
     if name in ("evaluate", "predict"):
         from leantrain import inference
 

@@ -81,8 +81,9 @@ class CheckpointError(LeantrainError):
 
 
 @dataclass
-class Progress:
-    """Where the run is: counters, data position and running sums; saved in checkpoint.json."""
+class TrainState:
+    """Where the run is: counters, data position and running sums. The trainer mutates this one object in
+    place (no copies of its counters elsewhere); a checkpoint saves it whole, in checkpoint.json."""
 
     step: int = 0  # optimizer steps done (NaN-skipped ones included)
     micro_step: int = 0
@@ -128,8 +129,8 @@ class Checkpoint:
         return self.manifest["progress"]["step"]
 
     @property
-    def progress(self) -> Progress:
-        return Progress(**self.manifest["progress"])
+    def progress(self) -> TrainState:
+        return TrainState(**self.manifest["progress"])
 
     def check_matches(self, config: dict[str, Any], facts: dict[str, Any]) -> None:
         """Refuse to resume when a setting that changes the result differs; name every differing key."""
@@ -250,7 +251,7 @@ class CheckpointDir:
     # -- saving -----------------------------------------------------------------------------------------------
     def save(
         self,
-        progress: Progress,
+        progress: TrainState,
         *,
         model,
         optimizer,
@@ -394,7 +395,7 @@ def verify(path: Path) -> Checkpoint:
     try:
         manifest = json.loads(manifest_path.read_text())
         files, progress = manifest["files"], manifest["progress"]
-        Progress(**progress)
+        TrainState(**progress)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path}: unreadable or damaged ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != FORMAT:

@@ -12,7 +12,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Any
 
-from leantrain.config import TrainConfig, field_base_type
+from leantrain.config import SECTIONS, TrainConfig, field_base_type
 from leantrain.errors import LeantrainError
 
 
@@ -45,28 +45,36 @@ def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParse
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field; unset flags stay absent so YAML values are not overridden."""
     parser.add_argument("--config", metavar="YAML", help="YAML file of config keys; flags given here override it.")
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        kind = field_base_type(f)
-        help_text = f.metadata.get("help", "")
-        if kind is bool:
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=f"{help_text} (default: {default})",
-            )
-        else:
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                type=_typed(kind, flag),
-                default=argparse.SUPPRESS,
-                metavar=f.name.upper(),
-                help=f"{help_text} (default: {default})",
-            )
+    for section in SECTIONS:  # one help group per config section
+        title = section.__name__.removesuffix("Config").lower()
+        group = parser.add_argument_group(title, (section.__doc__ or "").strip())
+        for f in fields(section):
+            _add_flag(group, f)
+
+
+def _add_flag(parser, f) -> None:
+    """The flag of one config field: `--no-X` too for booleans; absent unless given."""
+    flag = "--" + f.name.replace("_", "-")
+    default = f.default if f.default is not MISSING else None
+    kind = field_base_type(f)
+    help_text = f.metadata.get("help", "")
+    if kind is bool:
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            action=argparse.BooleanOptionalAction,
+            default=argparse.SUPPRESS,
+            help=f"{help_text} (default: {default})",
+        )
+    else:
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            type=_typed(kind, flag),
+            default=argparse.SUPPRESS,
+            metavar=f.name.upper(),
+            help=f"{help_text} (default: {default})",
+        )
 
 
 def _typed(kind: type, flag: str):
@@ -208,16 +216,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from leantrain.parallel import launch
+    from leantrain import launch
 
     cfg = config_from_args(args)
     launch.check_shard(cfg)
     if launch.needs_launch(cfg):  # several processes or machines, or Ray: start them, each runs this again
         return launch.launch(cfg)
     launch.check_launched(cfg)
-    launch.install_fault_hook()
     rank, world = launch.rank_info()
-    from leantrain.training import train
+    from leantrain.api import train
 
     with launch.report_failure(rank, world):
         result = train(cfg)

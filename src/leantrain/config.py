@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -32,19 +33,40 @@ LOGS = ("jsonl", "tensorboard")
 TASKS = ("text-classification", "image-classification", "audio-classification")
 
 
+_Section = TypeVar("_Section")
+
+
 def _help(text: str, **kw: Any) -> Any:
     return field(metadata={"help": text}, **kw)
 
 
 @dataclass
-class TrainConfig:
-    """Everything that defines a training run. Unset (None) fields are resolved by `resolved()`."""
+class ModelConfig:
+    """Which model, and what it learns."""
 
-    # --- model and data
     model: str | None = _help(
         "Hugging Face model: a local folder or a hub name. Default: the embedded all-MiniLM-L6-v2.",
         default=None,
     )
+    task: str | None = _help(
+        f"What the model learns: {'|'.join(TASKS)}. Default: inferred from the model's config (text when unclear).",
+        default=None,
+    )
+    trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        self._check()
+
+    def _check(self) -> None:
+        if self.task is not None:
+            _choice(self, "task", TASKS)
+
+
+@dataclass
+class DataConfig:
+    """Where the examples come from, how they are cut, split and cached."""
+
     data: str | None = _help(
         "Training data: a CSV/TSV/JSON/JSONL/Parquet file, a `save_to_disk` folder or a hub data set "
         "name. Default: the embedded 3-class tweet sentiment corpus.",
@@ -58,20 +80,6 @@ class TrainConfig:
         "Column holding the second text of a sentence pair. Guessed when obvious.", default=None
     )
     label_column: str | None = _help("Column holding the label. Guessed when obvious.", default=None)
-    max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
-    limit: int | None = _help(
-        "Train on a stratified sample of this many training rows. The default job uses "
-        f"{DEFAULT_JOB_LIMIT}; otherwise all rows.",
-        default=None,
-    )
-    eval_fraction: float = _help(
-        "Share of --data held out for evaluation when --eval-data is not given (0 < f < 1).", default=0.1
-    )
-    # --- images and audio (issue #8)
-    task: str | None = _help(
-        f"What the model learns: {'|'.join(TASKS)}. Default: inferred from the model's config (text when unclear).",
-        default=None,
-    )
     image_column: str | None = _help(
         "Table column holding images (paths relative to the table, or `datasets` images). Guessed when obvious.",
         default=None,
@@ -90,6 +98,15 @@ class TrainConfig:
         "set, instead of a random --eval-fraction.",
         default=None,
     )
+    max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
+    limit: int | None = _help(
+        "Train on a stratified sample of this many training rows. The default job uses "
+        f"{DEFAULT_JOB_LIMIT}; otherwise all rows.",
+        default=None,
+    )
+    eval_fraction: float = _help(
+        "Share of --data held out for evaluation when --eval-data is not given (0 < f < 1).", default=0.1
+    )
     max_seconds: float | None = _help(
         "Audio: pad or cut every clip to this many seconds. Default: the feature extractor's own length, "
         "else the longest training clip (at most 30 s).",
@@ -101,8 +118,38 @@ class TrainConfig:
         default=False,
     )
     strict: bool = _help("Stop at the first unreadable image or audio file instead of skipping it.", default=False)
-    # --- optimisation
+    cache_dir: str | None = _help(
+        "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
+    )
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        self._check()
+
+    def _check(self) -> None:
+        _positive(self, "max_length")
+        _positive(self, "limit", optional=True)
+        if not 0 < self.eval_fraction < 1:
+            raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
+        for name in ("label_pattern", "eval_pattern"):
+            pattern = getattr(self, name)
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ConfigError(f"{_flag(name)} '{pattern}' is not a regular expression ({exc})") from None
+        if self.max_seconds is not None and not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
+            raise ConfigError(f"{_flag('max_seconds')} must be a positive number, got {self.max_seconds}")
+
+
+@dataclass
+class OptimizationConfig:
+    """What each optimizer step computes: batch, schedule, optimizer, clipping, the NaN policy."""
+
     batch_size: int = _help("Examples per micro-batch on each device.", default=32)
+    grad_accum: int = _help(
+        "Micro-batches per optimizer step (exact: the loss is normalised over the whole step).", default=1
+    )
     epochs: float = _help("Passes over the training data (fractions allowed).", default=1.0)
     max_steps: int | None = _help("Stop after this many optimizer steps (overrides --epochs).", default=None)
     lr: float = _help("Peak learning rate.", default=5e-5)
@@ -114,30 +161,48 @@ class TrainConfig:
         f"Optimizer: {'|'.join(OPTIMIZERS)}. adafactor and adamw8bit keep far less state than adamw.",
         default="adamw",
     )
-    grad_accum: int = _help(
-        "Micro-batches per optimizer step (exact: the loss is normalised over the whole step).", default=1
+    seed: int = _help("Seed for data order, splits, head initialisation and dropout.", default=42)
+    on_nan: str = _help(
+        f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good state first).",
+        default="stop",
     )
-    activation_checkpointing: bool = _help(
-        "Recompute activations in the backward pass: less memory, about a third more compute.", default=False
-    )
-    local_sgd_steps: int | None = _help(
-        "Local SGD: each process takes this many optimizer steps alone, then parameters are averaged.",
-        default=None,
-    )
-    local_sgd_outer_lr: float | None = _help(
-        "Local SGD with an outer optimizer (DiLoCo): learning rate of the Nesterov step on the averaged delta.",
-        default=None,
-    )
-    local_sgd_outer_momentum: float = _help("Local SGD outer optimizer momentum (Nesterov).", default=0.0)
-    compile: bool = _help("torch.compile the model (compile time is reported apart from throughput).", default=False)
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        self._check()
+
+    def _check(self) -> None:
+        _positive(self, "batch_size", "grad_accum")
+        _positive(self, "max_steps", optional=True)
+        if not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"{_flag('warmup_ratio')} must be in [0, 1), got {self.warmup_ratio}")
+        if not self.lr > 0:
+            raise ConfigError(f"{_flag('lr')} must be positive, got {self.lr}")
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        _choice(self, "scheduler", SCHEDULERS)
+        _choice(self, "optimizer", OPTIMIZERS)
+        _choice(self, "on_nan", ON_NAN)
+
+
+@dataclass
+class EfficiencyConfig:
+    """How each device goes further: precision, recomputation, compilation, the planner."""
+
     precision: str = _help(
         f"Numeric precision: {'|'.join(PRECISIONS)}. auto picks bf16 where the device runs it fast.",
         default="auto",
     )
+    activation_checkpointing: bool = _help(
+        "Recompute activations in the backward pass: less memory, about a third more compute.", default=False
+    )
+    compile: bool = _help("torch.compile the model (compile time is reported apart from throughput).", default=False)
     pad_to_max_length: bool = _help(
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )
-    # --- planning (issue #7)
     auto: bool = _help(
         "Let the planner choose precision, activation checkpointing, optimizer (adamw, adafactor or adamw8bit; "
         "--optimizer sgd is kept) and the micro-batch/accumulation split of the global batch (--batch-size x "
@@ -150,7 +215,30 @@ class TrainConfig:
         "memory, or the memory available on this machine.",
         default=None,
     )
-    # --- processes and machines
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        self._check()
+
+    def _check(self) -> None:
+        _choice(self, "precision", PRECISIONS)
+        if self.memory is not None:
+            from leantrain.planner.memory import parse_memory
+
+            parse_memory(self.memory)  # a clear one-line error for '8 gigs'
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """--memory in bytes (None: not given)."""
+        from leantrain.planner.memory import parse_memory
+
+        return parse_memory(self.memory) if self.memory is not None else None
+
+
+@dataclass
+class ParallelConfig:
+    """How many processes on how many machines, started how, and how they share the work."""
+
     num_processes: int | None = _help(
         "Processes to start on this machine (one per GPU, or CPU processes with gloo). Default: one, or "
         "what an outer `accelerate launch`/`torchrun` already started.",
@@ -166,42 +254,27 @@ class TrainConfig:
     shard: str = _help(
         f"Shard model, gradients and optimizer state across processes: {'|'.join(SHARDING)}.", default="none"
     )
-    # --- checkpoints
-    save_every: int | None = _help("Save a checkpoint every N optimizer steps.", default=None)
-    save_total_limit: int | None = _help("Keep only the newest N checkpoints (the best is kept apart).", default=None)
-    metric_for_best: str = _help(
-        "Eval metric that picks the best checkpoint (higher is better; loss: lower).", default="accuracy"
+    local_sgd_steps: int | None = _help(
+        "Local SGD: each process takes this many optimizer steps alone, then parameters are averaged.",
+        default=None,
     )
-    resume: str | None = _help(
-        "Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.", default=None
+    local_sgd_outer_lr: float | None = _help(
+        "Local SGD with an outer optimizer (DiLoCo): learning rate of the Nesterov step on the averaged delta.",
+        default=None,
     )
-    on_nan: str = _help(
-        f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good state first).",
-        default="stop",
-    )
-    trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
-    # --- evaluation, logging, output
-    eval_every: int | None = _help("Evaluate every N optimizer steps (and always at the end).", default=None)
-    log_every: int = _help("Log a row to metrics.jsonl every N optimizer steps.", default=10)
-    seed: int = _help("Seed for data order, splits, head initialisation and dropout.", default=42)
-    output_dir: str | None = _help("Where the run is written. Default: runs/<timestamp>.", default=None)
-    overwrite: bool = _help("Replace a finished run in --output-dir (only once the new run succeeds).", default=False)
-    cache_dir: str | None = _help(
-        "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
-    )
-    progress: bool = _help("Show a progress bar.", default=True)
-    log: str = _help(
-        f"Per-step metrics go to metrics.jsonl, and with {'|'.join(LOGS[1:])} also to TensorBoard "
-        "event files in OUTPUT_DIR/tensorboard/ (pip install 'leantrain[tensorboard]').",
-        default="jsonl",
-    )
-    report: bool = _help("Write report.html (plots, config, environment) at the end of the run.", default=True)
+    local_sgd_outer_momentum: float = _help("Local SGD outer optimizer momentum (Nesterov).", default=0.0)
 
     def __post_init__(self) -> None:
         _coerce_types(self)
-        _check_media(self)
-        _positive(self, "max_length", "batch_size", "log_every", "grad_accum")
-        _positive(self, "limit", "max_steps", "eval_every", "local_sgd_steps", optional=True)
+        self._check()
+
+    def _check(self) -> None:
+        _positive(self, "num_machines")
+        _positive(self, "num_processes", "num_workers", "main_process_port", "local_sgd_steps", optional=True)
+        if not 0 <= self.machine_rank < self.num_machines:
+            raise ConfigError(f"--machine-rank must be in [0, --num-machines), got {self.machine_rank}")
+        _choice(self, "launcher", LAUNCHERS)
+        _choice(self, "shard", SHARDING)
         if self.local_sgd_outer_lr is not None and not self.local_sgd_outer_lr > 0:
             raise ConfigError(f"{_flag('local_sgd_outer_lr')} must be positive, got {self.local_sgd_outer_lr}")
         if not 0 <= self.local_sgd_outer_momentum < 1:
@@ -212,34 +285,90 @@ class TrainConfig:
             raise ConfigError(
                 f"{_flag('local_sgd_outer_lr')}/{_flag('local_sgd_outer_momentum')} need {_flag('local_sgd_steps')}"
             )
-        if not (self.epochs > 0 and math.isfinite(self.epochs)):
-            raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
-        if not 0 < self.eval_fraction < 1:
-            raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"{_flag('warmup_ratio')} must be in [0, 1), got {self.warmup_ratio}")
-        if not self.lr > 0:
-            raise ConfigError(f"{_flag('lr')} must be positive, got {self.lr}")
-        for name in ("weight_decay", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        _choice(self, "scheduler", SCHEDULERS)
-        _choice(self, "precision", PRECISIONS)
-        _choice(self, "optimizer", OPTIMIZERS)
-        _choice(self, "launcher", LAUNCHERS)
-        _choice(self, "shard", SHARDING)
-        _choice(self, "on_nan", ON_NAN)
-        _choice(self, "log", LOGS)
-        if self.memory is not None:
-            from leantrain.planner.memory import parse_memory
+        if self.shard != "none" and self.local_sgd_steps is not None:
+            raise ConfigError("--local-sgd-steps needs whole model replicas; it cannot be combined with --shard fsdp")
 
-            parse_memory(self.memory)  # a clear one-line error for '8 gigs'
-        _positive(self, "num_machines")
-        _positive(
-            self, "num_processes", "num_workers", "save_every", "save_total_limit", "main_process_port", optional=True
-        )
-        if not 0 <= self.machine_rank < self.num_machines:
-            raise ConfigError(f"--machine-rank must be in [0, --num-machines), got {self.machine_rank}")
+
+@dataclass
+class CheckpointConfig:
+    """Where the run is written, when it is checkpointed, and what it resumes."""
+
+    output_dir: str | None = _help("Where the run is written. Default: runs/<timestamp>.", default=None)
+    overwrite: bool = _help("Replace a finished run in --output-dir (only once the new run succeeds).", default=False)
+    save_every: int | None = _help("Save a checkpoint every N optimizer steps.", default=None)
+    save_total_limit: int | None = _help("Keep only the newest N checkpoints (the best is kept apart).", default=None)
+    metric_for_best: str = _help(
+        "Eval metric that picks the best checkpoint (higher is better; loss: lower).", default="accuracy"
+    )
+    resume: str | None = _help(
+        "Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.", default=None
+    )
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        self._check()
+
+    def _check(self) -> None:
+        _positive(self, "save_every", "save_total_limit", optional=True)
+
+
+@dataclass
+class LoggingConfig:
+    """What the run reports, and how often."""
+
+    eval_every: int | None = _help("Evaluate every N optimizer steps (and always at the end).", default=None)
+    log_every: int = _help("Log a row to metrics.jsonl every N optimizer steps.", default=10)
+    progress: bool = _help("Show a progress bar.", default=True)
+    log: str = _help(
+        f"Per-step metrics go to metrics.jsonl, and with {'|'.join(LOGS[1:])} also to TensorBoard "
+        "event files in OUTPUT_DIR/tensorboard/ (pip install 'leantrain[tensorboard]').",
+        default="jsonl",
+    )
+    report: bool = _help("Write report.html (plots, config, environment) at the end of the run.", default=True)
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        self._check()
+
+    def _check(self) -> None:
+        _positive(self, "log_every")
+        _positive(self, "eval_every", optional=True)
+        _choice(self, "log", LOGS)
+
+
+#: the config's sections, in the order of `--help` and config.yaml
+SECTIONS = (
+    ModelConfig,
+    DataConfig,
+    OptimizationConfig,
+    EfficiencyConfig,
+    ParallelConfig,
+    CheckpointConfig,
+    LoggingConfig,
+)
+
+
+@dataclass
+class TrainConfig(
+    LoggingConfig, CheckpointConfig, ParallelConfig, EfficiencyConfig, OptimizationConfig, DataConfig, ModelConfig
+):
+    """Everything that defines a training run: every section's fields, flat (`TrainConfig(lr=1e-4)`, one YAML
+    key and one flag per field). Unset (None) fields are resolved by `resolved()`."""
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        for section in SECTIONS:
+            section._check(self)
+        # rules across sections
+        if self.shard != "none" and (self.save_every or self.resume):
+            raise ConfigError(
+                f"--save-every/--resume do not support --shard {self.shard} yet (a checkpoint holds whole "
+                "replicas); train without sharding to checkpoint"
+            )
+
+    def section(self, cls: type[_Section]) -> _Section:
+        """This config's values of one section, e.g. `cfg.section(CheckpointConfig)`."""
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -271,6 +400,26 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+    def resolved(self) -> TrainConfig:
+        """Fill in what the defaults leave open, so config.yaml records exactly what ran."""
+        from leantrain.data.sources import EMBEDDED_DATA
+        from leantrain.data.tokenize import default_cache_dir
+        from leantrain.models import EMBEDDED_MODEL
+        from leantrain.run_dir import default_output_dir
+
+        changes: dict[str, Any] = {}
+        if self.data is None:
+            changes["data"] = EMBEDDED_DATA
+            if self.limit is None:
+                changes["limit"] = DEFAULT_JOB_LIMIT
+        if self.model is None:
+            changes["model"] = EMBEDDED_MODEL
+        if self.output_dir is None:
+            changes["output_dir"] = str(default_output_dir())
+        if self.cache_dir is None:
+            changes["cache_dir"] = str(default_cache_dir())
+        return self.replace(**changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -339,20 +488,3 @@ def _choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(cfg, name)
     if value not in choices:
         raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")
-
-
-def _check_media(cfg: TrainConfig) -> None:
-    """The images-and-audio keys (issue #8): a known task, valid regular expressions, a positive length."""
-    import re
-
-    if cfg.task is not None:
-        _choice(cfg, "task", TASKS)
-    for name in ("label_pattern", "eval_pattern"):
-        pattern = getattr(cfg, name)
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ConfigError(f"{_flag(name)} '{pattern}' is not a regular expression ({exc})") from None
-    if cfg.max_seconds is not None and not (cfg.max_seconds > 0 and math.isfinite(cfg.max_seconds)):
-        raise ConfigError(f"{_flag('max_seconds')} must be a positive number, got {cfg.max_seconds}")

@@ -87,7 +87,7 @@ def _media_loader(features, labels: np.ndarray, task: str, batch_size: int):
 def _evaluate_media(path, config, task, data, label_column, label_pattern, input_column, batch_size, cache_dir):
     from leantrain.data.media import load_media_source
     from leantrain.data.tokenize import default_cache_dir
-    from leantrain.training.evaluate import classification_metrics
+    from leantrain.tasks.classification import classification_metrics
 
     model, mp, names = _load_media(path, config, task)
     src = load_media_source(
@@ -104,7 +104,7 @@ def _evaluate_media(path, config, task, data, label_column, label_pattern, input
     if unseen:
         raise DataError(f"{data}: labels {unseen[:5]} are unknown to the model (it knows {names})")
     labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
-    probs, y, _ = _run(model, _media_loader(src.features, labels, task, batch_size))
+    probs, y, _ = _run(model, _media_loader(src.features, labels, task, batch_size), task)
     return {**classification_metrics(probs, y), "examples": len(y), "skipped": src.report.rows_dropped}
 
 
@@ -128,7 +128,7 @@ def _predict_media(path, config, task, files, data, input_column, batch_size) ->
             "%s: %d unreadable files skipped (%s)", data, src.report.rows_dropped, ", ".join(src.skipped)
         )
     probs, _, index = _run(
-        model, _media_loader(src.features, np.zeros(len(src.names), dtype=np.int64), task, batch_size)
+        model, _media_loader(src.features, np.zeros(len(src.names), dtype=np.int64), task, batch_size), task
     )
     out: list[dict[str, Any]] = [{} for _ in src.names]
     for p, i in zip(probs, index):
@@ -142,13 +142,16 @@ def _predict_media(path, config, task, files, data, input_column, batch_size) ->
     return out
 
 
-def _run(model, loader, precision: str = "fp32"):
+def _run(model, loader, task: str = "text-classification", precision: str = "fp32"):
+    """Probabilities, labels and example ids of every example in `loader`, through the evaluator's gathering."""
     from leantrain import parallel
-    from leantrain.training.evaluate import predict_loop
+    from leantrain.tasks import BUILTIN
+    from leantrain.training.evaluator import gather_rows
 
     accelerator = parallel.make_accelerator(precision)
     model, loader = accelerator.prepare(model, loader)
-    return predict_loop(model, loader, accelerator)
+    rows = gather_rows(model, loader, accelerator, BUILTIN[task](None))
+    return rows["probs"], rows["labels"], rows["index"]
 
 
 def evaluate(
@@ -167,7 +170,7 @@ def evaluate(
     """Accuracy, macro-F1 and loss of a trained model on a labelled file (or, for images and audio, folder)."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
-    from leantrain.training.evaluate import classification_metrics
+    from leantrain.tasks.classification import classification_metrics
 
     path, config, task = _task_of(run_or_model)
     if task != "text-classification":

@@ -105,9 +105,6 @@ def max_supported_length(config, tokenizer=None) -> int | None:
     return min(limits) if limits else None
 
 
-TASKS = ("text-classification", "image-classification", "audio-classification")
-
-
 def infer_task(config, task: str | None = None) -> str:
     """The task a model config does: `task` when given (checked), else from the model type; text when unclear."""
     from transformers.models.auto import modeling_auto as auto

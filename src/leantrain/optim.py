@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from leantrain.config import OPTIMIZERS  # the choices, defined once
 from leantrain.errors import ConfigError
-
-OPTIMIZERS = ("adamw", "adafactor", "adamw8bit", "sgd")
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

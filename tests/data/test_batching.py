@@ -9,8 +9,8 @@ def _steps(sampler):
     n = sampler.num_processes
     steps, current = [], []
     for k, micro in enumerate(sampler):
-        current.append((k % n, [s.index for s in micro], micro[0].window_examples, micro[-1].window_end))
-        if k % n == n - 1 and micro[-1].window_end:
+        current.append((k % n, [s.index for s in micro], micro[0].step_examples, micro[-1].step_end))
+        if k % n == n - 1 and micro[-1].step_end:
             steps.append(current)
             current = []
     assert not current
@@ -70,13 +70,13 @@ def test_length_grouping_cuts_padding():
 
 def test_collator_pads_to_the_longest_row_and_masks_padding():
     items = [
-        {"input_ids": np.array([101, 5, 102]), "label": 1, "index": 0, "window_examples": 2, "window_end": False},
-        {"input_ids": np.array([101, 102]), "label": 0, "index": 1, "window_examples": 2, "window_end": True},
+        {"input_ids": np.array([101, 5, 102]), "label": 1, "index": 0, "step_examples": 2, "step_end": False},
+        {"input_ids": np.array([101, 102]), "label": 0, "index": 1, "step_examples": 2, "step_end": True},
     ]
     batch = Collator(pad_token_id=0)(items)
     assert batch["input_ids"].tolist() == [[101, 5, 102], [101, 102, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
-    assert batch["num_tokens"].item() == 5 and batch["window_end"].item() is True
+    assert batch["num_tokens"].item() == 5 and batch["step_end"].item() is True
 
 
 def test_eval_batches_cover_everything_once():

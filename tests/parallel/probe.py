@@ -5,7 +5,7 @@ Usage: torchrun --nproc-per-node N tests/parallel/probe.py OUT train FLAGS...
 Writes OUT.<rank>.pt with: the model's parameters before the first step ("init"), every training
 micro-batch this rank fed to the model, with its epoch ("batches"), and for each evaluation the
 indices this rank was given ("eval_local") and the gathered indices it computed metrics on
-("eval_gathered"). The training itself is the real loop, unchanged: only two functions are wrapped.
+("eval_gathered"). The training itself is the real trainer, unchanged: it only reports to these hooks.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import leantrain.api as api
 import leantrain.data.batching as batching
-import leantrain.training.evaluate as evaluate
-import leantrain.training.loop as loop
 from leantrain.cli import main
+from leantrain.training import Hooks
 
 out, argv = sys.argv[1], sys.argv[2:]
 rank = int(os.environ.get("RANK", 0))
@@ -33,30 +35,34 @@ def set_epoch(self, e):
     return original_set_epoch(self, e)
 
 
-original_forward_backward = loop.forward_backward_step
+class Recorder(Hooks):
+    def __init__(self):
+        self.eval_local: list[int] = []
+
+    def on_micro_batch(self, model, batch):
+        if record["init"] is None:
+            inner = getattr(model, "module", model)
+            record["init"] = {k: v.detach().clone() for k, v in inner.state_dict().items()}
+        record["batches"].append({"epoch": epoch[0], **{k: v.detach().clone() for k, v in batch.items()}})
+
+    def on_eval_batch(self, batch):
+        self.eval_local += batch["index"].tolist()
+
+    def on_evaluated(self, rows):
+        record["eval_local"].append(self.eval_local)
+        record["eval_gathered"].append(rows["index"].tolist())
+        self.eval_local = []
 
 
-def forward_backward_step(model, batch, accelerator, amp):
-    if record["init"] is None:
-        inner = accelerator.unwrap_model(model)
-        record["init"] = {k: v.detach().clone() for k, v in inner.state_dict().items()}
-    record["batches"].append({"epoch": epoch[0], **{k: v.detach().clone() for k, v in batch.items()}})
-    return original_forward_backward(model, batch, accelerator, amp)
+original_train = api.train
 
 
-original_predict = evaluate.predict_loop
-
-
-def predict_loop(model, loader, accelerator):
-    record["eval_local"].append([i for b in loader for i in b["index"].tolist()])
-    probs, labels, indices = original_predict(model, loader, accelerator)
-    record["eval_gathered"].append(indices.tolist())
-    return probs, labels, indices
+def train(config=None, **kwargs):
+    return original_train(config, **{**kwargs, "hooks": Recorder()})
 
 
 batching.GlobalBatchSampler.set_epoch = set_epoch
-loop.forward_backward_step = forward_backward_step
-evaluate.predict_loop = predict_loop
+api.train = train
 try:
     code = main(argv)
 finally:

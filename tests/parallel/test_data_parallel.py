@@ -21,8 +21,9 @@ import torch
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
-from leantrain.parallel.launch import free_port
+from leantrain.launch import free_port
 from tests.conftest import EXACT_JOB, make_sentiment_rows, max_diff, write_csv
+from tests.hooks import site_env
 
 TOL = 1e-5
 JOB_TIMEOUT = 240
@@ -291,7 +292,7 @@ def replay_local_sgd(model, ranks: list[dict], k: int, lr: float) -> dict[str, t
         groups, current = [], []
         for batch in rank["batches"]:
             current.append(batch)
-            if bool(batch["window_end"]):
+            if bool(batch["step_end"]):
                 groups.append(current)
                 current = []
         steps.append(groups)
@@ -331,7 +332,7 @@ def test_a_failing_process_fails_the_whole_job_quickly(setup, tmp_path, mode, la
             *flags(**base, batch_size=8, max_steps=6, output_dir=out_dir, num_processes=2, launcher=launcher),
         ],
         timeout=180,
-        LEANTRAIN_FAULT=f"1:2:{mode}",
+        **site_env(LT_TEST_FAULT=f"1:2:{mode}"),
     )
     ended = time.time()
     assert rc != 0

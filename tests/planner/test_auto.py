@@ -1,6 +1,6 @@
 """`leantrain plan` and `train --auto`: the table, the plan in the run directory, and the out-of-memory fallback.
 
-The fallback test: a run that runs out of memory at step k (forced, LEANTRAIN_FORCE_OOM) halves its
+The fallback test: a run that runs out of memory at step k (simulated: tests/hooks.py OutOfMemoryAt) halves its
 micro-batch, doubles accumulation, redoes step k and ends with the same weights as a run that used the
 halved micro-batch from the start (fp32, dropout off, SGD).
 """
@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from leantrain import TrainConfig, train
 from leantrain.cli import main
 from tests.conftest import EXACT_JOB, max_diff
+from tests.hooks import OutOfMemoryAt, site_env
 
 EXACT = {**EXACT_JOB, "report": False}
 
@@ -115,9 +116,9 @@ def test_out_of_memory_halves_the_micro_batch_and_ends_where_the_halved_run_ends
 ):
     base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir), max_steps=5, **EXACT)
     halved = train(TrainConfig(**base, batch_size=4, grad_accum=2, output_dir=str(tmp_path / "halved")))
-    monkeypatch.setenv("LEANTRAIN_FORCE_OOM", "2")  # at the last micro-step of the third optimizer step
     auto = train(
-        TrainConfig(**base, batch_size=8, grad_accum=1, auto=True, memory="64GiB", output_dir=str(tmp_path / "auto"))
+        TrainConfig(**base, batch_size=8, grad_accum=1, auto=True, memory="64GiB", output_dir=str(tmp_path / "auto")),
+        hooks=OutOfMemoryAt(2),  # at the last micro-step of the third optimizer step
     )
     m = auto.metrics
     assert json.loads((tmp_path / "auto" / "plan.json").read_text())["recommended"]["micro_batch"] == 8
@@ -147,7 +148,7 @@ def test_two_processes_agree_on_the_recut_and_end_where_one_process_ends(
             "train",
             *flags(**base, batch_size=8, num_processes=2, auto=True, memory="64GiB", output_dir=out),
         ],
-        LEANTRAIN_FORCE_OOM="2:1",
+        **site_env(LT_TEST_OOM="2:1"),
     )
     assert rc == 0, err[-3000:]
     assert err.count("out of memory; micro-batch 8 x 1 accumulation -> 4 x 2") == 1  # said once, by rank 0

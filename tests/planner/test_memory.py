@@ -1,6 +1,6 @@
 """The memory model: units, optimizer state against real optimizers, and predicted against measured peaks.
 
-The measured peaks come from planner.measure (the training loop's own step functions in a fresh
+The measured peaks come from benchmarks/planner_measure.py (the trainer's step, in a fresh
 interpreter, the resident high-water mark over a baseline taken before the model is built, after a
 warm-up so the one-off runtime share is left out on both sides).
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from benchmarks.planner_measure import Trial, measure_trials
 
 from leantrain.errors import ConfigError
 from leantrain.planner import memory as M
-from leantrain.planner.measure import Trial, measure_trials
 
 TOLERANCE = 0.15
 
@@ -42,8 +42,9 @@ def test_config_checks_memory():
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adamw8bit", "sgd"])
 def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer):
+    from benchmarks.planner_measure import build_model
+
     from leantrain.optim import build_optimizer, optimizer_state_bytes
-    from leantrain.planner.measure import build_model
 
     model = build_model(str(tiny_model_dir))
     opt = build_optimizer(model, optimizer, lr=1e-3, weight_decay=0.01)

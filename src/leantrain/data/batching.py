@@ -26,8 +26,8 @@ class Slot:
     """One example's place in an optimizer step: what the loss normalisation needs to know."""
 
     index: int
-    window_examples: int  # examples in the whole optimizer step, across all micro-batches and processes
-    window_end: bool  # the last micro-batch of the step on this process: step the optimizer after it
+    step_examples: int  # examples in the whole optimizer step, across all micro-batches and processes
+    step_end: bool  # the last micro-batch of the step on this process: step the optimizer after it
 
 
 class GlobalBatchSampler:
@@ -129,8 +129,8 @@ class ClassificationDataset(torch.utils.data.Dataset):
         item = self.data.tokens.row(slot.index)
         item["label"] = self.data.labels[slot.index]
         item["index"] = slot.index
-        item["window_examples"] = slot.window_examples
-        item["window_end"] = slot.window_end
+        item["step_examples"] = slot.step_examples
+        item["step_end"] = slot.step_end
         return item
 
 
@@ -160,9 +160,10 @@ class Collator:
             "attention_mask": mask,
             "labels": torch.tensor([x["label"] for x in items], dtype=torch.long),
             "index": torch.tensor([x["index"] for x in items], dtype=torch.long),
-            "window_examples": torch.tensor(items[0]["window_examples"], dtype=torch.long),
-            "window_end": torch.tensor(bool(items[-1]["window_end"])),
-            "num_tokens": torch.tensor(sum(lengths), dtype=torch.long),
+            "step_examples": torch.tensor(items[0]["step_examples"], dtype=torch.long),
+            "step_end": torch.tensor(bool(items[-1]["step_end"])),
+            "num_tokens": torch.tensor(sum(lengths), dtype=torch.long),  # real tokens
+            "padded_tokens": torch.tensor(ids.numel(), dtype=torch.long),  # what the model computes on
         }
         if types is not None:
             batch["token_type_ids"] = types

@@ -209,7 +209,7 @@ class MediaCollator:
         import torch
 
         batch: dict[str, Any] = {}
-        keys = [k for k in items[0] if k not in ("label", "index", "window_examples", "window_end")]
+        keys = [k for k in items[0] if k not in ("label", "index", "step_examples", "step_end")]
         index = [int(x["index"]) for x in items]
         rng = np.random.default_rng([self.seed, *index]) if self.augment else None
         for k in keys:
@@ -225,8 +225,9 @@ class MediaCollator:
             batch[k] = x
         batch["labels"] = torch.tensor([x["label"] for x in items], dtype=torch.long)
         batch["index"] = torch.tensor(index, dtype=torch.long)
-        batch["window_examples"] = torch.tensor(items[0]["window_examples"], dtype=torch.long)
-        batch["window_end"] = torch.tensor(bool(items[-1]["window_end"]))
+        batch["step_examples"] = torch.tensor(items[0]["step_examples"], dtype=torch.long)
+        batch["step_end"] = torch.tensor(bool(items[-1]["step_end"]))
+        batch["num_tokens"] = batch["padded_tokens"] = torch.tensor(0)  # fixed-size inputs: no tokens, no padding
         return batch
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,3 +215,9 @@ def any_process(accelerator, flag: bool) -> bool:
 
     t = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
     return float(accelerator.reduce(t, reduction="sum")) > 0
+
+
+def rank_info(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(global rank, world size) of this process as its launcher set them; (0, 1) when not launched."""
+    env = os.environ if environ is None else environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))

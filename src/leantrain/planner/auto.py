@@ -62,8 +62,7 @@ def plan_run(cfg: TrainConfig) -> tuple[TrainConfig, Plan]:
     they agree without talking. On CPU the allocator is set to hand freed tensors back at once
     (telemetry.memory.return_freed_memory), which is what the memory model and the budget assume.
     """
-    from leantrain.parallel import device_type
-    from leantrain.parallel.launch import rank_info
+    from leantrain.parallel import device_type, rank_info
 
     device = device_type()
     _, world = rank_info()

@@ -33,10 +33,9 @@ def data_length(cfg: TrainConfig) -> int | None:
     """The longest tokenized training example of cfg.data (cut at --max-length), read through the cache."""
     from leantrain import models
     from leantrain.data.prepare import prepare_data
-    from leantrain.training.loop import resolve_config
 
-    resolved = resolve_config(cfg)
-    assert resolved.cache_dir is not None  # resolve_config fills it
+    resolved = cfg.resolved()
+    assert resolved.cache_dir is not None  # resolved() fills it
     tokenizer = models.load_tokenizer(models.resolve_model(cfg.model), trust_remote_code=cfg.trust_remote_code)
     data = prepare_data(resolved, tokenizer, Path(resolved.cache_dir))
     return int(max(data.train.lengths)) if len(data.train) else None

@@ -140,24 +140,12 @@ def write_chart(runs: list[RunData], path: str | Path) -> Path:
     """2 x 2 panels: loss curves, eval metrics, throughput and memory per run."""
     from matplotlib.figure import Figure
 
-    from leantrain.telemetry.report import _series
-
     labels = run_labels(runs)
     colors = [f"C{i % 10}" for i in range(len(runs))]
     fig = Figure(figsize=(12, 8), layout="constrained")
     (ax_loss, ax_eval), (ax_tp, ax_mem) = fig.subplots(2, 2)
 
-    for run, label, color in zip(runs, labels, colors):
-        xs, ys = _series(run.train_rows, "loss")
-        if xs:
-            ax_loss.plot(xs, ys, color=color, label=label)
-        xs, ys = _series(run.eval_rows, "eval_loss")
-        if xs:
-            ax_loss.plot(xs, ys, "o--", color=color, markersize=4)
-    ax_loss.set(xlabel="optimizer step", ylabel="loss", title="Loss (line: train, dashed: eval)")
-    ax_loss.grid(alpha=0.3)
-    if ax_loss.lines:
-        ax_loss.legend(fontsize=8)
+    _plot_losses(ax_loss, runs, labels, colors)
 
     def bars(ax, key: str, scale: float, title: str, unit: str) -> None:
         values = [r.metrics.get(key) for r in runs]
@@ -169,25 +157,7 @@ def write_chart(runs: list[RunData], path: str | Path) -> Path:
         ax.margins(x=0.3)
         ax.set_title(title)
 
-    eval_keys = [k for k in ("eval_accuracy", "eval_macro_f1") if any(k in r.metrics for r in runs)]
-    if eval_keys:
-        import numpy as np
-
-        y = np.arange(len(runs))
-        h = 0.8 / len(eval_keys)
-        for j, key in enumerate(eval_keys):
-            vals = [float(r.metrics.get(key) or 0.0) for r in runs]
-            ax_eval.barh(
-                y + j * h, vals, height=h, label=key.removeprefix("eval_"), color=["#3b7dd8", "#6aa84f"][j % 2]
-            )
-            for yy, v in zip(y + j * h, vals):
-                ax_eval.text(v, yy, f" {v:.3f}", va="center", fontsize=8)
-        ax_eval.set_yticks(y + h * (len(eval_keys) - 1) / 2, labels)
-        ax_eval.invert_yaxis()
-        ax_eval.set(xlim=(0, 1.15), title="Final evaluation")
-        ax_eval.legend(fontsize=8, loc="lower right")
-    else:
-        ax_eval.set_axis_off()
+    _plot_eval(ax_eval, runs, labels)
 
     tp_key = next(
         (
@@ -226,3 +196,41 @@ def compare(run_dirs: list[str | Path], output: str | Path | None = "compare.png
     runs = [load_run(d) for d in run_dirs]
     print_comparison(runs, console)
     return write_chart(runs, output) if output is not None else None
+
+
+def _plot_losses(ax, runs: list[RunData], labels: list[str], colors: list[str]) -> None:
+    from leantrain.telemetry.report import _series
+
+    for run, label, color in zip(runs, labels, colors):
+        xs, ys = _series(run.train_rows, "loss")
+        if xs:
+            ax.plot(xs, ys, color=color, label=label)
+        xs, ys = _series(run.eval_rows, "eval_loss")
+        if xs:
+            ax.plot(xs, ys, "o--", color=color, markersize=4)
+    ax.set(xlabel="optimizer step", ylabel="loss", title="Loss (line: train, dashed: eval)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+
+
+def _plot_eval(ax_eval, runs: list[RunData], labels: list[str]) -> None:
+    eval_keys = [k for k in ("eval_accuracy", "eval_macro_f1") if any(k in r.metrics for r in runs)]
+    if eval_keys:
+        import numpy as np
+
+        y = np.arange(len(runs))
+        h = 0.8 / len(eval_keys)
+        for j, key in enumerate(eval_keys):
+            vals = [float(r.metrics.get(key) or 0.0) for r in runs]
+            ax_eval.barh(
+                y + j * h, vals, height=h, label=key.removeprefix("eval_"), color=["#3b7dd8", "#6aa84f"][j % 2]
+            )
+            for yy, v in zip(y + j * h, vals):
+                ax_eval.text(v, yy, f" {v:.3f}", va="center", fontsize=8)
+        ax_eval.set_yticks(y + h * (len(eval_keys) - 1) / 2, labels)
+        ax_eval.invert_yaxis()
+        ax_eval.set(xlim=(0, 1.15), title="Final evaluation")
+        ax_eval.legend(fontsize=8, loc="lower right")
+    else:
+        ax_eval.set_axis_off()

@@ -1,5 +1,6 @@
-"""The training loop and evaluation."""
+"""The trainer and its components: evaluator, checkpointer, metrics logger, NaN and OOM guards, hooks."""
 
-from leantrain.training.loop import TrainResult, train
+from leantrain.training.hooks import Hooks
+from leantrain.training.trainer import Trainer, TrainResult
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["Hooks", "TrainResult", "Trainer"]

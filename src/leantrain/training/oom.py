@@ -18,14 +18,12 @@ Limits: an OOM raised inside the backward of the last micro-step of a step on se
 DDP's gradient all-reduce is in flight on the other ranks, cannot be recovered here (the collective
 is left half done); OOMs in the other micro-steps, and the CPU budget, are.
 
-Tests force an out-of-memory signal with LEANTRAIN_FORCE_OOM=STEP[:RANK] (at the last micro-step of
-optimizer step STEP, counting from 0, on process RANK or on every process).
+Tests simulate an out-of-memory signal through `Hooks.out_of_memory` (training/hooks.py).
 """
 
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 import torch
 
 from leantrain.errors import LeantrainError
+from leantrain.training.hooks import Hooks
 
 
 @dataclass
@@ -49,31 +48,26 @@ class OomGuard:
     budget: int | None
     #: bytes of the weights, which the meter's baseline already holds
     weights_bytes: int
+    #: where tests simulate running out of memory
+    hooks: Hooks = field(default_factory=Hooks)
     #: what happened: one entry per re-cut
     events: list[dict[str, Any]] = field(default_factory=list)
     _restart: bool = False
-    _forced: tuple[int, int | None] | None = None
 
-    def __post_init__(self) -> None:
-        spec = os.environ.get("LEANTRAIN_FORCE_OOM")
-        if spec:
-            step, _, rank = spec.partition(":")
-            self._forced = (int(step), int(rank) if rank else None)
-
-    def forward_backward(self, fn, model, batch, accelerator, amp, step: int) -> torch.Tensor | None:
-        """`fn(model, batch, accelerator, amp)`, or None when this micro-step ran out of memory on any process."""
+    def forward_backward(self, fn, batch, step: int) -> torch.Tensor | None:
+        """`fn(batch)`, or None when this micro-step ran out of memory on any process."""
         if not self.enabled:
-            return fn(model, batch, accelerator, amp)
+            return fn(batch)
         out_of_memory = False
         try:
-            loss = fn(model, batch, accelerator, amp)
+            loss = fn(batch)
         except torch.OutOfMemoryError:
             loss, out_of_memory = None, True  # the traceback (and the activations it holds) goes here
         if not out_of_memory:
-            out_of_memory = self._over_budget() or self._forced_now(step, bool(batch["window_end"]))
+            out_of_memory = self._over_budget() or self.hooks.out_of_memory(step, batch)
         from leantrain.parallel import any_process
 
-        return None if any_process(accelerator, out_of_memory) else loss
+        return None if any_process(self.accelerator, out_of_memory) else loss
 
     def _over_budget(self) -> bool:
         if self.budget is None:
@@ -83,14 +77,6 @@ class OomGuard:
             return False
         used = over + (self.weights_bytes if self.memory.device.type != "cuda" else self.memory.baseline)
         return used > self.budget
-
-    def _forced_now(self, step: int, window_end: bool) -> bool:
-        if self._forced is None or not window_end or step != self._forced[0]:
-            return False
-        if self._forced[1] is not None and self._forced[1] != self.accelerator.process_index:
-            return False
-        self._forced = None  # once
-        return True
 
     def recut(self, optimizer, epoch: int, steps_in_epoch: int, step: int) -> dict[str, Any]:
         """Halve the micro-batch, double accumulation and make the sampler start the current step again."""

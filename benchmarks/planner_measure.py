@@ -1,11 +1,12 @@
 """Measure the peak memory of a few training steps, the way the planner's memory model is checked.
 
 A *trial* is one configuration (model, precision, activation checkpointing, optimizer, micro-batch,
-accumulation, sequence length). It runs the training loop's own step functions
-(`training.loop.forward_backward_step` and `train_step`, through the same Accelerator and mixed
-precision the trainer uses) on synthetic batches padded to the sequence length, for a few optimizer
-steps, so that weights, gradients, optimizer state, activations and the optimizer's own temporaries
-have all been live at least once.
+accumulation, sequence length). It runs the trainer's step (forward under autocast, summed loss
+scaled to the step, backward; then unscale, clip, step, schedule, clear: the same calls through the
+same Accelerator and mixed precision) on synthetic batches padded to the sequence length, for a few
+optimizer steps, so that weights, gradients, optimizer state, activations and the optimizer's own
+temporaries have all been live at least once. Used by tests/planner and benchmarks/planner_accuracy.py:
+it is a measuring instrument, not part of the package.
 
 What is measured is the *training memory*: peak memory over a baseline taken before the model is
 built, so it counts the weights too, which is what the planner predicts and what `--memory` bounds.
@@ -14,7 +15,7 @@ at the baseline, with freed heap pages handed back to the kernel first (`malloc_
 trial's leftovers do not hide the next trial's growth. CUDA: `max_memory_allocated` over the baseline
 (telemetry.memory.MemoryMeter does both).
 
-Trials run in a fresh interpreter by default (`measure_trials`): python -m leantrain.planner.measure
+Trials run in a fresh interpreter by default (`measure_trials`): python benchmarks/planner_measure.py
 reads a JSON list of trials on stdin and prints one JSON result per line.
 """
 
@@ -90,12 +91,12 @@ class _quiet:
 def measure_trial(trial: Trial) -> dict[str, Any]:
     """Run `trial` in this process; returns the measured peak and the exact sizes of its parts (bytes)."""
     import torch
+    import torch.nn.functional as F
 
     from leantrain import models, parallel
     from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
     from leantrain.parallel.precision import MixedPrecision
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
-    from leantrain.training.loop import forward_backward_step, train_step
 
     accelerator = parallel.make_accelerator(trial.precision)
     device = accelerator.device
@@ -107,7 +108,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
             "input_ids": torch.randint(1000, 2000, (b, s), generator=gen).to(device),
             "attention_mask": torch.ones(b, s, dtype=torch.long, device=device),
             "labels": torch.randint(0, trial.num_labels, (b,), generator=gen).to(device),
-            "window_examples": torch.tensor(b * trial.grad_accum),
+            "step_examples": torch.tensor(b * trial.grad_accum),
         }
         for _ in range(trial.grad_accum)
     ]
@@ -126,10 +127,16 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     for _ in range(trial.steps):
         started = time.perf_counter()
         for batch in batches:
-            forward_backward_step(model, batch, accelerator, amp)
+            with amp.autocast():
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+            amp.backward(loss / batch["step_examples"])
         grads = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
         backward_peak = meter.report()["peak_memory_over_baseline_bytes"]
-        train_step(model, optimizer, scheduler, amp, accelerator, 1.0, 1.0, "skip")
+        amp.unscale_and_clip(model, optimizer, 1.0)
+        amp.step(optimizer)
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - started)
@@ -182,7 +189,7 @@ def measure_trials(
             warm_up(trials)
         return [measure_trial(t) for t in trials]
     proc = subprocess.run(
-        [sys.executable, "-m", "leantrain.planner.measure"],
+        [sys.executable, __file__],
         input=json.dumps({"warm": warm, "trials": [t.to_dict() for t in trials]}),
         capture_output=True,
         text=True,

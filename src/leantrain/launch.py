@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
+from leantrain.parallel import rank_info
 
 #: set in each process our launchers start; with the variables below it marks "already launched"
 LAUNCHED_ENV = "LEANTRAIN_LAUNCHED"
@@ -39,8 +39,6 @@ LAUNCHED_ENV = "LEANTRAIN_LAUNCHED"
 TORCH_LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 #: set by every `accelerate launch`, also the single-process one that sets no RANK
 ACCELERATE_LAUNCH_ENV = "ACCELERATE_DYNAMO_BACKEND"
-#: test hook: "RANK:STEP:raise|kill" makes global rank RANK fail at its STEP-th optimizer step
-FAULT_ENV = "LEANTRAIN_FAULT"
 DEFAULT_PORT = 29500
 
 
@@ -51,12 +49,6 @@ def launched(environ: Mapping[str, str] | None = None) -> bool:
     """True in a process that a launcher started: it trains, it does not launch again."""
     env = os.environ if environ is None else environ
     return LAUNCHED_ENV in env or ACCELERATE_LAUNCH_ENV in env or any(k in env for k in TORCH_LAUNCH_ENV)
-
-
-def rank_info(environ: dict[str, str] | None = None) -> tuple[int, int]:
-    """(global rank, world size) of this process as its launcher set them; (0, 1) when not launched."""
-    env = os.environ if environ is None else environ
-    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
 
 
 def needs_launch(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> bool:
@@ -94,8 +86,6 @@ def check_shard(cfg: TrainConfig) -> None:
         if cfg.launcher == "ray" and cfg.use_gpu:
             return  # the workers have GPUs; this driver need not
         fsdp_plugin(cpu=gpu_count() == 0)  # raises ConfigError on CPU
-        if cfg.local_sgd_steps is not None:
-            raise ConfigError("--local-sgd-steps needs whole model replicas; it cannot be combined with --shard fsdp")
 
 
 # -- the launch commands -------------------------------------------------------------------------------
@@ -218,10 +208,8 @@ def launch_command(
 
 def launch(cfg: TrainConfig) -> int:
     """Start the job's processes on this machine and wait for them. Returns the job's exit code."""
-    from leantrain.training.loop import resolve_config
-
     # Every process must agree on the output directory: fix the timestamped default here, once.
-    cfg = resolve_config(cfg)
+    cfg = cfg.resolved()
     if cfg.launcher == "ray":
         return launch_ray(cfg)
     cmd, extra = launch_command(cfg, gpus=gpu_count())
@@ -290,7 +278,7 @@ def launch_ray(cfg: TrainConfig) -> int:
         ray.init(**{k: v for k, v in init.items() if v is not None})
         trainer = TorchTrainer(
             _ray_worker,
-            train_loop_config={"config": cfg.to_dict(), "fault": os.environ.get(FAULT_ENV)},
+            train_loop_config={"config": cfg.to_dict()},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.use_gpu),
             run_config=RunConfig(name="leantrain", storage_path=storage),
         )
@@ -313,12 +301,9 @@ def launch_ray(cfg: TrainConfig) -> int:
 
 def _ray_worker(loop_config: dict) -> None:
     """One Ray Train worker: Ray has set RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* and the process group."""
-    from leantrain.training import train
+    from leantrain.api import train
 
     os.environ["LEANTRAIN_RAY_WORKER"] = "1"
-    if loop_config.get("fault"):
-        os.environ[FAULT_ENV] = loop_config["fault"]
-    install_fault_hook()
     rank, world = rank_info()
     with report_failure(rank, world):
         train(TrainConfig.from_dict(loop_config["config"]))
@@ -349,37 +334,6 @@ class report_failure:
                 file=sys.stderr,
                 flush=True,
             )
-
-
-def install_fault_hook(environ: dict[str, str] | None = None) -> None:
-    """For tests: `LEANTRAIN_FAULT=RANK:STEP:raise|kill` makes that rank fail at that optimizer step."""
-    env = os.environ if environ is None else environ
-    spec = env.get(FAULT_ENV)
-    if not spec:
-        return
-    fault_rank, fault_step, mode = spec.split(":")
-    if int(env.get("RANK", 0)) != int(fault_rank):
-        return
-    from leantrain.training import loop
-
-    original = loop.train_step
-    calls = [0]
-
-    def train_step(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == int(fault_step):
-            print(
-                f"leantrain: injecting a fault ({mode}) into process {fault_rank} at optimizer step "
-                f"{fault_step} (t={time.time():.3f})",
-                file=sys.stderr,
-                flush=True,
-            )
-            if mode == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError(f"injected fault ({FAULT_ENV}) at optimizer step {fault_step}")
-        return original(*args, **kwargs)
-
-    loop.train_step = train_step
 
 
 def print_result(metrics: dict[str, Any], model_dir: Path) -> None:

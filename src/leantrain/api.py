@@ -1,0 +1,64 @@
+"""`leantrain.train`: a config in, a trained and published run out."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from leantrain.config import TrainConfig
+from leantrain.tasks import Task, resolve
+from leantrain.training.hooks import Hooks
+from leantrain.training.trainer import Trainer, TrainResult
+
+
+def train(
+    config: TrainConfig | dict | None = None,
+    *,
+    task: type[Task] | None = None,
+    hooks: Hooks | None = None,
+    **overrides: Any,
+) -> TrainResult:
+    """Fine-tune a model as `config` says (a `TrainConfig`, a dict of its fields, or keyword overrides); returns
+    the metrics and the paths written. `task` trains a workload of your own (a `leantrain.tasks.Task` subclass)
+    instead of the one the config names or the model implies; `hooks` instruments the run (tests)."""
+    from leantrain import models
+
+    if config is None:
+        config = TrainConfig()
+    elif isinstance(config, dict):
+        config = TrainConfig.from_dict(config)
+    if overrides:
+        config = config.replace(**overrides)
+    cfg = config.resolved()
+    plan = None
+    if cfg.auto:  # --auto: the planner's recommendation sets precision, checkpointing, optimizer and the split
+        from leantrain.planner.auto import plan_run
+
+        cfg, plan = plan_run(cfg)
+    if cfg.log == "tensorboard":
+        from leantrain.telemetry.tensorboard_log import check_tensorboard
+
+        check_tensorboard()
+    model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
+    model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
+    chosen = task(cfg) if task is not None else resolve(cfg, model_config)
+    with _library_bars_off():
+        trainer = Trainer(
+            cfg, chosen, model_path, model_config, plan=plan, hooks=hooks, share_output_dir=config.output_dir is None
+        )
+        return trainer.fit()
+
+
+@contextlib.contextmanager
+def _library_bars_off():
+    """leantrain reports loading and saving itself; the libraries' own bars would interleave with ours.
+    Restored afterwards: a program that calls `train` keeps its own settings."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

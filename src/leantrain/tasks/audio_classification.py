@@ -1,0 +1,12 @@
+"""Audio classification: WAV folders or tables; resampled, padded or cut, features computed once, cached."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from leantrain.tasks.media_classification import MediaClassification
+
+
+class AudioClassification(MediaClassification):
+    name: ClassVar[str] = "audio-classification"
+    input_names: ClassVar[tuple[str, ...]] = ("input_values", "input_features", "attention_mask")

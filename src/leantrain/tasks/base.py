@@ -1,0 +1,106 @@
+"""The task interface: everything that differs between workloads, so the trainer never branches on one.
+
+A task turns a config into data and a model, batches examples, computes the loss and scores predictions.
+The trainer (leantrain.training) imports this module and nothing else from `tasks/`: a new workload is a
+new `Task` subclass, registered with `leantrain.tasks.register` or passed to `leantrain.train(task=...)`.
+
+Loss normalisation is the trainer's, and exact: a task returns the loss *summed* over the units it counts
+(examples for sequence tasks, tokens for token tasks), and the trainer divides by the units of the whole
+optimizer step across micro-batches and processes, which the sampler knows before the step begins.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+
+@dataclass
+class TaskData:
+    """A task's prepared data: what the trainer batches, evaluates and saves beside the model."""
+
+    #: training examples: `len()`, `.lengths` (for length-grouped batches), `.labels`, and `.row(i)` / `.subset()`
+    #: through `data.batching.ExamplesDataset`
+    train: Any
+    eval: Any
+    #: class names, in label-id order (empty for tasks without classes)
+    label_names: list[str]
+    #: the tokenizer or media processor: saved with the model so that `predict` prepares inputs alike
+    processor: Any
+    #: what the user should hear about the data (one line each)
+    notes: list[str] = field(default_factory=list)
+    #: a model config sized to the data (a preset's audio length, say); None: the model's own
+    model_config: Any = None
+
+
+class Task(ABC):
+    """One workload. Subclasses set `name` and `input_names` and implement the abstract methods."""
+
+    #: the `--task` name
+    name: ClassVar[str]
+    #: the batch keys the model takes as keyword arguments
+    input_names: ClassVar[tuple[str, ...]]
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    # -- data and model ----------------------------------------------------------------------------------
+    @abstractmethod
+    def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        """Read, label, split and tokenize (or process) the data the config names, using the cache."""
+
+    @abstractmethod
+    def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
+        """The model to train, its head sized from the data."""
+
+    @abstractmethod
+    def collator(self, data: TaskData, *, train: bool) -> Callable[[list[dict]], dict[str, Any]]:
+        """Batches examples. Every batch carries, besides the model's inputs: `labels`, `index` (example ids),
+        `step_examples` and `step_end` (from the sampler), `num_tokens` and `padded_tokens` (0 without
+        tokens): what loss normalisation and throughput need."""
+
+    def flop_input_shapes(self, data: TaskData) -> dict[str, tuple[int, ...]] | None:
+        """Fixed input shapes of one example, for counting FLOPs; None: token sequences of varying length."""
+        return None
+
+    # -- a step --------------------------------------------------------------------------------------------
+    def model_inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return {k: batch[k] for k in self.input_names if k in batch}
+
+    @abstractmethod
+    def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        """The batch's loss summed (not averaged) over the units it counts, in float32."""
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Per-example results of an evaluation batch (first dimension: the batch), gathered across
+        processes by the evaluator and handed to `metrics`."""
+
+    @abstractmethod
+    def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
+        """Scores over every evaluation example (loss included)."""
+
+    #: the metrics `--metric-for-best` may name (`loss` is lower-is-better, the rest higher-is-better)
+    metric_names: ClassVar[tuple[str, ...]] = ("loss",)
+
+    def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
+        """The end-of-run table's evaluation rows."""
+        return [(f"eval {k.replace('_', ' ')}", f"{v:.4f}") for k, v in metrics.items()]
+
+    def data_facts(self, data: TaskData) -> dict[str, Any]:
+        """Facts about the training data that a resumed run must match (same examples, same labels)."""
+        import zlib
+
+        lengths = np.ascontiguousarray(data.train.lengths, dtype=np.int64).tobytes()
+        labels = np.ascontiguousarray(data.train.labels, dtype=np.int64).tobytes()
+        return {
+            "train_examples": len(data.train),
+            "label_names": list(data.label_names),
+            "data_fingerprint": zlib.crc32(labels + lengths),
+        }

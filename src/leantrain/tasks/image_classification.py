@@ -1,0 +1,12 @@
+"""Image classification: a folder per class, a table of paths or IDX files; pixels processed once, cached."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from leantrain.tasks.media_classification import MediaClassification
+
+
+class ImageClassification(MediaClassification):
+    name: ClassVar[str] = "image-classification"
+    input_names: ClassVar[tuple[str, ...]] = ("pixel_values",)

@@ -1,0 +1,44 @@
+"""What image and audio classification share: fixed-size inputs from a processor, processed once and cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from leantrain.tasks.base import TaskData
+from leantrain.tasks.classification import Classification
+
+
+class MediaClassification(Classification):
+    """A classifier over fixed-size inputs (pixels, audio features); no tokens, so no padding to count."""
+
+    def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data import media
+
+        cfg = self.cfg
+        processor = media.load_processor(model_path, model_config, self.name, cfg.max_seconds)
+        data = media.prepare_media_data(cfg, processor, Path(cfg.cache_dir))
+        sized = media.model_config(model_path, model_config, processor, cfg.trust_remote_code)
+        return TaskData(data.train, data.eval, list(data.label_names), processor, list(data.notes), sized)
+
+    def build_model(self, model_path: str, data: TaskData):
+        from leantrain import models
+
+        return models.load_for_classification(
+            model_path,
+            data.label_names,
+            trust_remote_code=self.cfg.trust_remote_code,
+            task=self.name,
+            config=data.model_config,
+        )
+
+    def collator(self, data: TaskData, *, train: bool):
+        from leantrain.data.media import MediaCollator
+
+        norm = getattr(data.train.tokens, "norm", None)  # uint8 pixels: normalised per batch
+        if train:
+            return MediaCollator(self.name, norm, augment=self.cfg.augment, seed=self.cfg.seed)
+        return MediaCollator(self.name, norm)
+
+    def flop_input_shapes(self, data: TaskData) -> dict[str, tuple[int, ...]] | None:
+        return data.train.tokens.input_shapes

@@ -1,0 +1,104 @@
+"""The checkpoint policy: which checkpoint to resume, when to save, and what a save holds.
+
+What a checkpoint is on disk (atomic saves, verification, the manifest) is `leantrain.checkpoint`'s; this
+component decides when, and hands it the one `TrainState` plus the objects whose state is saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from leantrain import checkpoint
+from leantrain.checkpoint import Checkpoint, TrainState
+from leantrain.errors import ConfigError
+
+
+class Checkpointer:
+    def __init__(self, cfg, run, accelerator, say):
+        self.cfg, self.run, self.accelerator, self.say = cfg, run, accelerator, say
+        self.dir = checkpoint.CheckpointDir(run.path / "checkpoints", accelerator)
+        self.every = cfg.save_every
+        self.trained: dict[str, Any] = {}  # model, optimizer, scheduler, amp, local_sgd: set by `attach`
+        self.facts: dict[str, Any] = {}  # what a resumed run must match
+        self.log_path: Path | None = None
+
+    # -- resuming -------------------------------------------------------------------------------------------
+    def find_resume(self) -> Checkpoint | None:
+        """The checkpoint to resume, or None. A fresh run refuses a directory holding an unfinished run's
+        checkpoints (--overwrite discards them); --resume auto with none found starts from scratch."""
+        cfg, main = self.cfg, self.accelerator.is_main_process
+        checkpoint.metric_key(cfg.metric_for_best)
+        if main:
+            self.dir.clean()  # saves and prunes cut short by a kill
+        found = None
+        if cfg.resume is None:
+            newest = self.dir.step_dirs()
+            if newest and not cfg.overwrite:
+                raise ConfigError(
+                    f"--output-dir: '{self.run.path}' holds checkpoints of an unfinished run (newest: "
+                    f"{newest[0].name}); pass --resume auto to continue it, or --overwrite to start over"
+                )
+            if newest and main:
+                self.say.info(f"--overwrite: discarding the checkpoints in {self.dir.root}")
+                self.dir.discard_all()
+        else:
+            found = self.dir.find(cfg.resume, self.run.path, warn=self.say.info)
+            if found is None:
+                self.say.info(f"--resume auto: no checkpoint in {self.dir.root} yet; starting from scratch")
+        self.accelerator.wait_for_everyone()
+        return found
+
+    def attach(self, facts: dict[str, Any], log_path: Path | None, **trained: Any) -> None:
+        """What every save holds besides the train state: the trained objects and the run's facts."""
+        self.facts, self.log_path, self.trained = facts, log_path, trained
+
+    def restore(self, ckpt: Checkpoint, state: TrainState) -> dict:
+        """Load `ckpt` into the trained objects and `state`; returns the RNG state to set just before the loop."""
+        rng = checkpoint.restore(ckpt, **self.trained, accelerator=self.accelerator)
+        best = state.best_metric
+        for f in dataclasses.fields(TrainState):
+            setattr(state, f.name, getattr(ckpt.progress, f.name))
+        if state.best_metric != best:  # another yardstick: its best is yet to be seen
+            state.best_metric, state.best_value, state.best_step = best, None, None
+        return rng
+
+    def warn_if_short_of_space(self, model) -> None:
+        if not self.every:
+            return
+        note = checkpoint.free_space_check(
+            self.run.path, checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer), self.cfg.save_total_limit
+        )
+        if note:
+            self.say.info(f"warning: {note}")
+
+    # -- saving ---------------------------------------------------------------------------------------------
+    def should_save(self, step: int, new_best: bool) -> bool:
+        return bool(self.every) and (step % self.every == 0 or new_best)
+
+    def maybe_save(self, state: TrainState, new_best: bool) -> Path | None:
+        if not self.should_save(state.step, new_best):
+            return None
+        assert self.every
+        reason = f"every {self.every} steps" if state.step % self.every == 0 else f"best eval {state.best_metric}"
+        return self.save(state, reason, checkpoint.rng_state())
+
+    def save(self, state: TrainState, reason: str, rng: dict, **rollback: Any) -> Path:
+        """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it."""
+        return self.dir.save(
+            dataclasses.replace(state, **rollback),
+            **self.trained,
+            rng=rng,
+            config=self.cfg.to_dict(),
+            facts=self.facts,
+            log_path=self.log_path,
+            reason=reason,
+            keep=self.cfg.save_total_limit,
+        )
+
+    def saved(self, step: int) -> Path:
+        return self.dir.root / f"{checkpoint.PREFIX}{step:06d}"
+
+    def best(self) -> Path | None:
+        return self.dir.best() if self.every else None

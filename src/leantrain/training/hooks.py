@@ -1,0 +1,27 @@
+"""Fixed points where instrumentation can watch or disturb a run: tests inject faults, record batches or
+simulate running out of memory through a `Hooks` subclass, never through the library's own globals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Hooks:
+    """Every method does nothing by default; `leantrain.train(hooks=...)` takes a subclass."""
+
+    def on_micro_batch(self, model: Any, batch: dict[str, Any]) -> None:
+        """Before a training micro-batch's forward pass (`model` as prepared, possibly wrapped)."""
+
+    def before_optimizer_step(self, step: int) -> None:
+        """Before optimizer step `step` (counting from 1) is taken, after its gradients are complete."""
+
+    def out_of_memory(self, step: int, batch: dict[str, Any]) -> bool:
+        """After a micro-batch of step `step` (counting from 0): True makes the OOM guard act as if this process
+        had run out of memory (only with --auto, where the guard is on)."""
+        return False
+
+    def on_eval_batch(self, batch: dict[str, Any]) -> None:
+        """Before an evaluation batch's forward pass, on the process that holds it."""
+
+    def on_evaluated(self, rows: dict[str, Any]) -> None:
+        """After an evaluation: the per-example rows gathered from every process, each example once."""

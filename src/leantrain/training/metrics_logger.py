@@ -1,0 +1,207 @@
+"""What a run reports as it goes and at the end: the per-step log, throughput, MFU, memory and the summary.
+
+It owns every meter, so the trainer only says what happened (a micro-batch, a step, an evaluation) and
+this component decides what to count, when to write a row and what the final metrics hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+
+from leantrain.checkpoint import TrainState
+from leantrain.tasks.base import Task
+
+
+class MetricsLogger:
+    def __init__(self, cfg, accelerator, *, log, flops, flop_peak, total_steps: int, steps_per_epoch: int, state):
+        from tqdm.auto import tqdm
+
+        from leantrain.telemetry import Throughput
+        from leantrain.telemetry.memory import MemoryMeter
+        from leantrain.telemetry.timing import StepTimer
+
+        self.cfg, self.accelerator, self.log, self.flops, self.flop_peak = cfg, accelerator, log, flops, flop_peak
+        self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
+        self.every = cfg.log_every
+        self.meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
+        self.memory = MemoryMeter(accelerator.device)
+        self.timer = StepTimer(accelerator.device)  # synchronises CUDA at phase boundaries
+        self.history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
+        self.bar = tqdm(
+            total=total_steps,
+            initial=min(state.step, total_steps),
+            desc="train",
+            unit="step",
+            disable=not (cfg.progress and accelerator.is_main_process),
+            dynamic_ncols=True,
+        )
+        self.started = time.perf_counter() - state.elapsed_seconds
+
+    def start(self, model) -> None:
+        self.memory.start(resident=model.parameters())  # weights paged in first: the peak over it is training's
+        self.meter.start()
+        self.timer.start()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Evaluation and saving are not training time."""
+        self.meter.pause()
+        try:
+            yield
+        finally:
+            self.meter.start()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    # -- as training goes -------------------------------------------------------------------------------------
+    def micro_batch(self, batch: dict[str, Any], task: Task) -> None:
+        self.meter.add(len(batch["index"]), int(batch["num_tokens"]), int(batch["padded_tokens"]))
+        inputs = task.model_inputs(batch)
+        main = next(v for k, v in inputs.items() if k != "attention_mask")
+        self.flops.add(main, batch.get("attention_mask"))
+
+    def step_done(self) -> None:
+        self.meter.step_done()
+        if self.meter.steps == self.meter.warmup_steps:
+            self.flops.mark()
+        self.bar.update(1)
+
+    def maybe_log(self, state: TrainState, grad_norm: float, lr: float, amp) -> None:
+        """Every --log-every steps (and at the last): a metrics.jsonl row for the global batch's mean loss."""
+        if not (state.step % self.every == 0 or state.step == self.total_steps):
+            return
+        loss, examples = state.logged_loss, state.logged_examples
+        if self.accelerator.num_processes > 1:  # the global batch's loss, not this process's share
+            sums = torch.tensor([loss, examples], dtype=torch.float64, device=self.accelerator.device)
+            loss, examples = self.accelerator.reduce(sums, reduction="sum").tolist()
+        n = self.accelerator.num_processes
+        done = ((state.step - 1) % max(self.steps_per_epoch, 1) + 1) / max(self.steps_per_epoch, 1)
+        row = {
+            "step": state.step,
+            "micro_step": state.micro_step,
+            "epoch": state.epoch + done,
+            "loss": loss / examples if examples else None,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "skipped_steps": amp.skipped_steps,
+            "nan_skipped_steps": state.nan_skipped_steps,
+            "samples_per_second": self.meter.samples_per_second * n,
+            "tokens_per_second": self.meter.tokens_per_second * n,
+            "elapsed_seconds": self.elapsed(),
+            **self.flops.metrics(self.meter.elapsed()),
+            **self.timer.window_row(),
+            "peak_memory_bytes": self.memory.report()["peak_memory_bytes"],
+        }
+        self.log.write(row)
+        self.history.append(row)
+        wall = row["time_wall_seconds"] or 1.0
+        self.bar.set_postfix(
+            loss=f"{row['loss'] or float('nan'):.4f}",
+            lr=f"{row['lr']:.2e}",
+            sps=f"{row['samples_per_second']:.1f}",
+            mfu=f"{row['mfu']:.1%}" if row["mfu"] is not None else "-",
+            data=f"{row['time_data_seconds'] / wall:.0%}",
+        )
+        state.logged_loss, state.logged_examples = 0.0, 0
+
+    def eval_row(self, step: int, metrics: dict[str, float]) -> None:
+        self.log.write({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
+
+    def close(self) -> None:
+        self.bar.close()
+        self.log.close()
+
+    # -- at the end -------------------------------------------------------------------------------------------
+    def final_metrics(self, state: TrainState, model, optimizer, amp, extra: dict[str, Any]) -> dict[str, Any]:
+        """metrics.json: training figures of every process added up; memory and state sizes of this one."""
+        from leantrain.optim import optimizer_state_bytes
+        from leantrain.telemetry.memory import tensor_bytes
+
+        meter, flops, n = self.meter, self.flops, self.accelerator.num_processes
+        t = torch.tensor(
+            [meter.examples, meter.tokens, meter.padded_tokens], dtype=torch.float64, device=self.accelerator.device
+        )
+        examples, tokens, padded = (int(x) for x in self.accelerator.reduce(t, reduction="sum"))
+        params = list(model.parameters())
+        trainable = [p for p in params if p.requires_grad]
+        state_bytes = optimizer_state_bytes(optimizer)
+        return {
+            **extra["eval"],
+            "train_loss": self.history[-1]["loss"] if self.history else None,
+            "optimizer_steps": state.step,
+            "micro_steps": state.micro_step,
+            "epochs": state.step / max(self.steps_per_epoch, 1),
+            "skipped_steps": amp.skipped_steps,
+            "nan_skipped_steps": state.nan_skipped_steps,
+            "resumed_from": extra["resumed_from"],
+            "best_checkpoint": extra["best_checkpoint"],
+            "train_examples": examples,
+            "train_seconds": meter.seconds,
+            "train_samples_per_second": examples / meter.seconds if meter.seconds else None,
+            "train_tokens_per_second": tokens / meter.seconds if meter.seconds and padded else None,
+            "steady_samples_per_second": meter.steady_samples_per_second * n,
+            "steady_tokens_per_second": meter.steady_tokens_per_second * n if padded else None,
+            "padding_fraction": 1 - tokens / padded if padded else None,  # None: no tokens (images, audio)
+            "compile_seconds": extra["compile_seconds"],
+            **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
+            **flops.steady_metrics(meter.steady_seconds),  # the same after the warm-up steps: the headline MFU
+            "flops_per_padded_token": flops.flops / padded * n if padded else None,
+            "peak_tflops": self.flop_peak.flops_per_second / 1e12,
+            "peak_source": self.flop_peak.source,
+            "flop_model": flops.model.source,
+            **self.timer.total_row(),
+            "wall_seconds": self.elapsed(),
+            **extra["peak"],
+            "weights_bytes": tensor_bytes(params),
+            "gradients_bytes": tensor_bytes(trainable),
+            "optimizer_state_bytes": state_bytes,
+            "optimizer_state_bytes_per_param": state_bytes / max(sum(p.numel() for p in trainable), 1),
+            **extra["local_sgd"],
+            "precision": extra["precision"],
+            "num_processes": n,
+            "global_batch": extra["global_batch"],
+            **extra["oom"],
+            "num_labels": extra["num_labels"],
+        }
+
+    def summary(self, metrics: dict[str, Any], eval_rows: list[tuple[str, str]], resumed_step: int | None) -> str:
+        from leantrain.telemetry import summary_table
+
+        mb = 1 / 2**20
+        over = metrics.get("peak_memory_over_baseline_bytes")
+        steps = f"{metrics['optimizer_steps']:,}"
+        if metrics["skipped_steps"]:
+            steps += f" ({metrics['skipped_steps']} skipped: fp16 overflow)"
+        if metrics["nan_skipped_steps"]:
+            steps += f" ({metrics['nan_skipped_steps']} skipped: non-finite)"
+        if resumed_step is not None:
+            steps += f" (resumed at {resumed_step:,})"
+        tokens = (  # images and audio have no tokens
+            [
+                ("tokens/s (train, no padding)", f"{metrics['train_tokens_per_second']:.0f}"),
+                ("padding", f"{metrics['padding_fraction']:.1%}"),
+            ]
+            if metrics["padding_fraction"] is not None
+            else []
+        )
+        peak = self.flop_peak.flops_per_second / 1e12
+        rows = [
+            *eval_rows,
+            ("train loss (last log)", f"{metrics['train_loss']:.4f}" if metrics["train_loss"] is not None else "-"),
+            ("optimizer steps", steps),
+            ("samples/s (train)", f"{metrics['train_samples_per_second'] or 0:.1f}"),
+            *tokens,
+            (
+                "MFU (steady)",
+                f"{metrics['steady_mfu']:.1%} of {peak:.3g} TFLOP/s" if metrics["steady_mfu"] is not None else "-",
+            ),
+            ("peak memory over baseline", f"{over * mb:.0f} MB" if over is not None else "-"),
+            ("optimizer state", f"{metrics['optimizer_state_bytes'] * mb:.1f} MB"),
+            ("wall time", f"{metrics['wall_seconds']:.1f} s"),
+        ]
+        return summary_table("leantrain run", rows).rstrip()

@@ -1,0 +1,84 @@
+"""Test instruments built on `leantrain.training.Hooks`: faults, slow steps and simulated out-of-memory.
+
+In-process tests pass them to `leantrain.train(hooks=...)`. Subprocess jobs get them from tests/site/
+sitecustomize.py (put on PYTHONPATH by `site_env`), which reads the LT_TEST_* variables below in every process
+of the job, the launcher's workers included. Nothing here changes what a step computes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from leantrain.training import Hooks
+
+SITE = Path(__file__).with_name("site")
+
+
+def site_env(**variables: str) -> dict[str, str]:
+    """Environment for a subprocess job whose processes install the hooks that `variables` describe."""
+    path = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, **variables}
+
+
+class Fault(Hooks):
+    """Fail on process `rank` at optimizer step `step`: raise an error, or SIGKILL the process (`mode` kill)."""
+
+    def __init__(self, rank: int, step: int, mode: str):
+        self.rank, self.step, self.mode = rank, step, mode
+
+    def before_optimizer_step(self, step: int) -> None:
+        if step != self.step or int(os.environ.get("RANK", 0)) != self.rank:
+            return
+        print(
+            f"leantrain: injecting a fault ({self.mode}) into process {self.rank} at optimizer step {step} "
+            f"(t={time.time():.3f})",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self.mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault at optimizer step {step}")
+
+
+class SlowSteps(Hooks):
+    """Sleep before every optimizer step, so that a test can signal or kill a run mid-epoch."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def before_optimizer_step(self, step: int) -> None:
+        time.sleep(self.seconds)
+
+
+class OutOfMemoryAt(Hooks):
+    """Act as out of memory at the last micro-batch of optimizer step `step` (from 0), on `rank` or every process,
+    once."""
+
+    def __init__(self, step: int, rank: int | None = None):
+        self.step, self.rank, self.fired = step, rank, False
+
+    def out_of_memory(self, step: int, batch) -> bool:
+        if self.fired or step != self.step or not bool(batch["step_end"]):
+            return False
+        if self.rank is not None and int(os.environ.get("RANK", 0)) != self.rank:
+            return False
+        self.fired = True
+        return True
+
+
+def from_environment() -> Hooks | None:
+    """The hooks LT_TEST_FAULT ("RANK:STEP:raise|kill"), LT_TEST_OOM ("STEP[:RANK]") or LT_TEST_STEP_SLEEP
+    (seconds) describe, or None."""
+    if spec := os.environ.get("LT_TEST_FAULT"):
+        rank, step, mode = spec.split(":")
+        return Fault(int(rank), int(step), mode)
+    if spec := os.environ.get("LT_TEST_OOM"):
+        step, _, rank = spec.partition(":")
+        return OutOfMemoryAt(int(step), int(rank) if rank else None)
+    if spec := os.environ.get("LT_TEST_STEP_SLEEP"):
+        return SlowSteps(float(spec))
+    return None
