@@ -71,7 +71,7 @@ def build_optimizer(
 
     # adamw8bit. bitsandbytes rather than torchao: both keep 8-bit blockwise-quantised moments (about 2 bytes
     # a parameter instead of 8), but on this CPU bitsandbytes 0.50 steps in 480-540 ms for 22.7 M params while
-    # torchao's AdamW8bit takes ~780 ms and compiles for 60-70 s on its first step (shared/FACTS.md).
+    # torchao's AdamW8bit takes ~780 ms and compiles for 60-70 s on its first step (docs/measurements.md).
     # bitsandbytes keeps fp32 state for tensors under 4,096 elements (min_8bit_size).
     try:
         import bitsandbytes.optim as bnb_optim

@@ -137,16 +137,13 @@ class ClassificationDataset(torch.utils.data.Dataset):
 class Collator:
     """Pads each micro-batch to its own longest row (dynamic padding)."""
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, fixed_length: int | None = None):
+    def __init__(self, pad_token_id: int, fixed_length: int | None = None):
         self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
         self.fixed_length = fixed_length
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         lengths = [len(x["input_ids"]) for x in items]
         width = self.fixed_length or max(lengths)
-        if self.pad_to_multiple_of:
-            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
         ids = torch.full((len(items), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(items), width), dtype=torch.long)
         types = torch.zeros((len(items), width), dtype=torch.long) if "token_type_ids" in items[0] else None

@@ -31,11 +31,6 @@ class MixedPrecision:
             loss = self.scaler.scale(loss)
         self.accelerator.backward(loss)
 
-    def clip_and_step(self, model, optimizer, max_grad_norm: float) -> tuple[float, bool]:
-        """Unscale, clip, step. Returns (pre-clip gradient norm, whether the step was skipped for inf/NaN)."""
-        grad_norm = self.unscale_and_clip(model, optimizer, max_grad_norm)
-        return grad_norm, self.step(optimizer)
-
     @property
     def scales_loss(self) -> bool:
         """fp16 loss scaling is on: non-finite gradients are then routine overflow, skipped by the scaler."""

@@ -267,8 +267,7 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
     config = models.load_config(
         path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
     )
-    infer_task = getattr(models, "infer_task", None)
-    if infer_task is not None and infer_task(config) != "text-classification":
+    if models.infer_task(config) != "text-classification":
         raise ConfigError(
             f"{model}: the planner models text encoders (sequence classification) only; "
             f"a '{getattr(config, 'model_type', '?')}' model is planned by hand for now (leantrain bench)"

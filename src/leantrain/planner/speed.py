@@ -7,15 +7,15 @@
 FLOPs come from telemetry.flops (6 x parameters per token plus attention, per padded sequence), the
 peak from telemetry.peak (data sheet on GPUs, a measured GEMM on CPUs). Only *ratios* between
 configurations matter for ranking, so the utilisation and overhead constants below need not be exact;
-the factors that decide the ranking are measured (benchmarks/results/bench_minilm_sst2.md, shared/FACTS.md):
+the factors that decide the ranking are measured (benchmarks/results/bench_minilm_sst2.md, docs/measurements.md):
 
-- bf16 on a CPU with AMX: GEMMs run 2.8x fp32 (FACTS: 720 against 260 GFLOP/s), the rest of the step not
+- bf16 on a CPU with AMX: GEMMs run 2.8x fp32 (docs/measurements.md: 720 against 260 GFLOP/s), the rest of the step not
   at all (a little slower: autocast's casts). The matmul share of an fp32 step grows with the width h as
   h / (h + 350): 0.52 for MiniLM (h 384), which gives its measured 1.4-1.5x end to end
-  (bench_minilm_sst2.md: 1.51x; FACTS: 1.28-1.45x), and 0.15 for a 64-wide BERT, which bf16 does not speed
+  (bench_minilm_sst2.md: 1.51x; docs/measurements.md: 1.3-1.5x), and 0.15 for a 64-wide BERT, which bf16 does not speed
   up (measured 0.8-1.0x, benchmarks/results/planner_accuracy.md). On Ampere+ GPUs: about 2x end to end.
   Without fast bf16 (no AMX/AVX-512 BF16, pre-Ampere GPUs) it is emulated and slower. fp16 on CPUs
-  without AMX-FP16 is no faster than fp32 (FACTS).
+  without AMX-FP16 is no faster than fp32 (docs/measurements.md).
 - Activation checkpointing: one more forward per step; measured 0.62x throughput on CPU (the forward
   of a CPU step is relatively dearer than on GPU), 0.75x is the usual GPU figure.
 - Optimizer steps per parameter (CPU, 22.7 M params): fused AdamW 25 ms, Adafactor 150 ms,
@@ -60,7 +60,7 @@ class DeviceSpeed:
 
 
 CPU_OPTIMIZER_SECONDS = {
-    # shared/FACTS.md, 22.7 M parameters on 2 Sapphire Rapids cores
+    # docs/measurements.md, 22.7 M parameters on 2 Sapphire Rapids cores
     "adamw": 0.025 / 22.7e6,
     "adafactor": 0.150 / 22.7e6,
     "adamw8bit": 0.500 / 22.7e6,
@@ -121,7 +121,7 @@ def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceS
         peak_fp32 = device_peak("cpu", "fp32").flops_per_second
     amx_fp16 = support["fp16"].fast
     speed = {
-        # matmuls alone: AMX-BF16 2.8x fp32 (FACTS); emulated bf16 is far slower than fp32
+        # matmuls alone: AMX-BF16 2.8x fp32 (docs/measurements.md); emulated bf16 is far slower than fp32
         "fp32": 1.0,
         "bf16": 2.8 if support["bf16"].fast else 0.5,
         "fp16": 2.8 if amx_fp16 else 0.9,

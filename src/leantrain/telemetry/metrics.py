@@ -93,10 +93,6 @@ class Throughput:
         t = self.elapsed()
         return self.tokens / t if t > 0 else 0.0
 
-    @property
-    def padding_fraction(self) -> float:
-        return 1 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0
-
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
     out = {}

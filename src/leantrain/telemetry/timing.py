@@ -69,10 +69,6 @@ class StepTimer:
         """Start the wall clock (time before this is not counted)."""
         self._last = self._now()
 
-    @property
-    def started(self) -> bool:
-        return self._last is not None
-
     # -- phases -------------------------------------------------------------------------------------
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
