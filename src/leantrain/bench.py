@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leantrain.config import to_flags
 from leantrain.errors import ConfigError
 
 #: name -> overrides of the user's job. "baseline" is fp32 AdamW whatever the job says.
@@ -79,17 +80,6 @@ def job_overrides(name: str, base: dict[str, Any]) -> dict[str, Any]:
     return over
 
 
-def _flags(values: dict[str, Any]) -> list[str]:
-    out = []
-    for key, value in values.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif value is not None:
-            out += [flag, str(value)]
-    return out
-
-
 def run_bench(
     base: dict[str, Any],
     techniques: list[str],
@@ -144,7 +134,7 @@ def run_job(
     job = {**base, **over, "output_dir": str(out_dir), "overwrite": True, "progress": False}
     if steps is not None:
         job.update(max_steps=steps, log_every=max(1, steps // 3))
-    cmd = [sys.executable, "-m", "leantrain", "train", *_flags(job)]
+    cmd = [sys.executable, "-m", "leantrain", "train", *to_flags(job)]
     say(f"bench: {name} ...")
     started = time.perf_counter()
     proc = subprocess.run(

@@ -12,7 +12,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Any
 
-from leantrain.config import SECTIONS, TrainConfig, field_base_type
+from leantrain.config import SECTIONS, TrainConfig, field_base_type, to_flags
 from leantrain.errors import LeantrainError
 
 
@@ -259,7 +259,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     records = bench.table_rows(rows)
     context = {
         **bench.environment_context(),
-        "job": " ".join(bench._flags(given)) or "(defaults)",
+        "job": " ".join(to_flags(given)) or "(defaults)",
         "steps": "full epochs" if args.full_epoch else args.steps,
         "repeats": args.repeats,
     }
@@ -325,11 +325,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     metrics = evaluate(
         args.model,
         args.data,
-        args.text_column,
-        args.text_pair_column,
-        args.label_column,
-        args.max_length,
-        args.batch_size,
+        text_column=args.text_column,
+        text_pair_column=args.text_pair_column,
+        label_column=args.label_column,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
         image_column=args.image_column,
         audio_column=args.audio_column,
         label_pattern=args.label_pattern,

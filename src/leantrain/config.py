@@ -425,6 +425,18 @@ class TrainConfig(
         return dataclasses.asdict(self)
 
 
+def to_flags(values: dict[str, Any]) -> list[str]:
+    """Command-line flags that give these config values (`--no-X` for false booleans; None values left out)."""
+    argv: list[str] = []
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return argv
+
+
 def field_help(cls: type = TrainConfig) -> dict[str, str]:
     return {f.name: f.metadata.get("help", "") for f in fields(cls)}
 

@@ -157,6 +157,7 @@ def _run(model, loader, task: str = "text-classification", precision: str = "fp3
 def evaluate(
     run_or_model: str,
     data: str,
+    *,
     text_column: str | None = None,
     text_pair_column: str | None = None,
     label_column: str | None = None,
@@ -200,8 +201,9 @@ def evaluate(
 
 def predict(
     run_or_model: str,
-    texts: list[str] | None = None,
     data: str | None = None,
+    *,
+    texts: list[str] | None = None,
     text_column: str | None = None,
     text_pair_column: str | None = None,
     max_length: int = 128,

@@ -29,7 +29,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from leantrain.config import TrainConfig
+from leantrain.config import TrainConfig, to_flags
 from leantrain.errors import ConfigError
 from leantrain.parallel import rank_info
 
@@ -93,18 +93,13 @@ def check_shard(cfg: TrainConfig) -> None:
 
 def config_to_argv(cfg: TrainConfig) -> list[str]:
     """Flags that rebuild `cfg` (every field that differs from its default)."""
-    argv: list[str] = []
+    changed = {}
     for f in fields(TrainConfig):
         value = getattr(cfg, f.name)
         default = f.default if f.default is not MISSING else None
-        if value == default and type(value) is type(default):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif value is not None:
-            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return argv
+        if not (value == default and type(value) is type(default)):
+            changed[f.name] = value
+    return to_flags(changed)
 
 
 def cpu_count() -> int:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 
 class NanGuard:
     """`--on-nan stop` (save the last good state, then stop with the likely cause) or `skip` (drop the step).
@@ -20,12 +18,10 @@ class NanGuard:
 
     def finite(self, loss: float, grad_norm: float) -> bool:
         """Whether the step's values are finite on every process (one all-reduce when there are several)."""
+        from leantrain.parallel import any_process
+
         values = [loss] if self.scales_loss else [loss, grad_norm]
-        ok = all(math.isfinite(v) for v in values)
-        if self.accelerator.num_processes > 1:
-            flag = torch.tensor([0.0 if ok else 1.0], device=self.accelerator.device)
-            ok = float(self.accelerator.reduce(flag, reduction="sum")) == 0.0
-        return ok
+        return not any_process(self.accelerator, not all(math.isfinite(v) for v in values))
 
     @staticmethod
     def message(step: int, loss: float, grad_norm: float, lr: float, precision: str, saved: Path | None) -> str:
