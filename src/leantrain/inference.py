@@ -8,24 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from leantrain.errors import DataError, ModelError
+from leantrain.errors import DataError
 
 
 def _load(run_or_model: str):
-    from transformers import AutoModelForSequenceClassification
-
     from leantrain import models
 
     path = models.resolve_model(run_or_model)
     tokenizer = models.load_tokenizer(path)
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise ModelError(
-            f"{run_or_model}: cannot load as a sequence classifier ({str(exc).splitlines()[0][:160]})"
-        ) from None
-    model.eval()
-    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    model, names = models.load_trained(path, "text-classification")
     return path, model, tokenizer, names
 
 
@@ -53,19 +44,10 @@ def _task_of(run_or_model: str) -> tuple[str, Any, str]:
 
 def _load_media(path: str, config, task: str):
     """An image or audio classifier and the processor it was trained with (data/media.py)."""
-    from transformers import AutoModelForAudioClassification, AutoModelForImageClassification
-
+    from leantrain import models
     from leantrain.data import media
 
-    auto = AutoModelForImageClassification if task == media.IMAGE else AutoModelForAudioClassification
-    try:
-        model = auto.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise ModelError(
-            f"{path}: cannot load as {media.kind(task)} classifier ({str(exc).splitlines()[0][:160]})"
-        ) from None
-    model.eval()
-    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    model, names = models.load_trained(path, task)
     return model, media.load_processor(path, model.config, task), names
 
 

@@ -159,11 +159,6 @@ def load_for_classification(
     A preset, a bare config.json or a folder without weights gives a model initialised at random (from
     scratch). `config` replaces the one `name` holds (presets sized for the data, for instance).
     """
-    from transformers import (
-        AutoModelForAudioClassification,
-        AutoModelForImageClassification,
-        AutoModelForSequenceClassification,
-    )
     from transformers.utils import logging as hf_logging
 
     labels = dict(
@@ -190,12 +185,8 @@ def load_for_classification(
                 setattr(config, key, dropout)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
-    auto_class = {
-        "text-classification": AutoModelForSequenceClassification,
-        "image-classification": AutoModelForImageClassification,
-        "audio-classification": AutoModelForAudioClassification,
-    }[task]
-    what = {"text-classification": "a sequence", "image-classification": "an image"}.get(task, "an audio")
+    auto_class = auto_model_class(task)
+    what = _what(task)
     try:
         if has_weights(name) is False:
             model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
@@ -207,6 +198,34 @@ def load_for_classification(
     finally:
         hf_logging.set_verbosity(verbosity)
     return model
+
+
+def auto_model_class(task: str):
+    """The `AutoModelFor...` class that builds a model for `task`."""
+    import transformers
+
+    names = {
+        "text-classification": "AutoModelForSequenceClassification",
+        "image-classification": "AutoModelForImageClassification",
+        "audio-classification": "AutoModelForAudioClassification",
+    }
+    return getattr(transformers, names[task])
+
+
+def _what(task: str) -> str:
+    return {"text-classification": "a sequence", "image-classification": "an image"}.get(task, "an audio")
+
+
+def load_trained(path: str, task: str):
+    """A trained classifier to evaluate or predict with (in eval mode), and its class names in id order."""
+    try:
+        model = auto_model_class(task).from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"{path}: cannot load as {_what(task)} classifier ({str(exc).splitlines()[0][:160]})"
+        ) from None
+    model.eval()
+    return model, [model.config.id2label[i] for i in range(model.config.num_labels)]
 
 
 def enable_activation_checkpointing(model) -> None:
