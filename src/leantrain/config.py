@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -30,6 +31,7 @@ SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
 TASKS = ("text-classification", "image-classification", "audio-classification")
+DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -66,6 +68,28 @@ class TrainConfig:
     )
     eval_fraction: float = _help(
         "Share of --data held out for evaluation when --eval-data is not given (0 < f < 1).", default=0.1
+    )
+    # --- data sources (issue #18)
+    data_config: str | None = _help(
+        "Configuration (subset) of a hub data set or a local `datasets` folder with several, e.g. sst2 for glue; "
+        "also written --data glue:sst2.",
+        default=None,
+    )
+    data_split: str | None = _help(
+        "Split of --data to train on, for hub data sets and `datasets` folders. Default: train.", default=None
+    )
+    eval_split: str | None = _help(
+        "Split of --eval-data to evaluate on. Default: validation, else dev, else test.", default=None
+    )
+    column_names: str | None = _help(
+        "Comma-separated column names for a CSV/TSV file without a header row (its first row is then data), "
+        "e.g. label,text.",
+        default=None,
+    )
+    format: str | None = _help(
+        f"Read --data and --eval-data as {'|'.join(DATA_FORMATS)} whatever their suffix (for files without one, "
+        "or Excel's Unicode text .txt: tsv). Default: from the suffix.",
+        default=None,
     )
     # --- images and audio (issue #8)
     task: str | None = _help(
@@ -200,6 +224,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _coerce_types(self)
         _check_media(self)
+        _check_data_sources(self)
         _positive(self, "max_length", "batch_size", "log_every", "grad_accum")
         _positive(self, "limit", "max_steps", "eval_every", "local_sgd_steps", optional=True)
         if self.local_sgd_outer_lr is not None and not self.local_sgd_outer_lr > 0:
@@ -261,7 +286,15 @@ class TrainConfig:
         if not path.is_file():
             raise ConfigError(f"--config: no such file '{path}'")
         try:
-            values = yaml.safe_load(path.read_text()) or {}
+            text = path.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+            ) from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        try:
+            values = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
         if not isinstance(values, dict):
@@ -282,11 +315,17 @@ def field_help(cls: type = TrainConfig) -> dict[str, str]:
 
 def field_base_type(f: dataclasses.Field) -> type:
     """The concrete type of a field, with `| None` stripped."""
-    hint = typing.get_type_hints(TrainConfig)[f.name]
+    hint = _type_hints()[f.name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0]
     return hint
+
+
+@functools.cache
+def _type_hints() -> dict[str, Any]:
+    """TrainConfig's resolved annotations, once: resolving them per field made every TrainConfig() and parser slow."""
+    return typing.get_type_hints(TrainConfig)
 
 
 def _flag(name: str) -> str:
@@ -356,3 +395,25 @@ def _check_media(cfg: TrainConfig) -> None:
                 raise ConfigError(f"{_flag(name)} '{pattern}' is not a regular expression ({exc})") from None
     if cfg.max_seconds is not None and not (cfg.max_seconds > 0 and math.isfinite(cfg.max_seconds)):
         raise ConfigError(f"{_flag('max_seconds')} must be a positive number, got {cfg.max_seconds}")
+
+
+def _check_data_sources(cfg: TrainConfig) -> None:
+    """The data-source keys (issue #18): a known format, usable column names, non-empty config and split names."""
+    if cfg.format is not None:
+        cfg.format = cfg.format.lower().lstrip(".")
+        _choice(cfg, "format", DATA_FORMATS)
+    for name in ("data_config", "data_split", "eval_split"):
+        value = getattr(cfg, name)
+        if value is not None and not value.strip():
+            raise ConfigError(f"{_flag(name)} is empty; give a name or leave it out")
+    if cfg.column_names is not None:
+        names = [n.strip() for n in cfg.column_names.split(",")]
+        if not all(names):
+            raise ConfigError(f"{_flag('column_names')} '{cfg.column_names}' has an empty name; write e.g. label,text")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"{_flag('column_names')} names {', '.join(repeated)} more than once")
+        if cfg.format in ("json", "jsonl", "parquet"):
+            raise ConfigError(
+                f"{_flag('column_names')} is for CSV/TSV files without a header, not --format {cfg.format}"
+            )

@@ -57,7 +57,7 @@ def test_a_header_declaring_more_than_the_gzip_can_hold_is_refused_before_readin
     path = tmp_path / "huge-images-idx3-ubyte.gz"
     with gzip.open(path, "wb") as f:
         f.write(_idx_header((60000, 4096, 4096)) + bytes(100))
-    with pytest.raises(DataError, match="more than a .*-byte gzip file can hold"):
+    with pytest.raises(DataError, match=r"more than a .*-byte gzip file can hold"):
         read_idx(path)
 
 

@@ -75,7 +75,7 @@ def read_idx(path: Path) -> np.ndarray:
                     f"{on_disk:,}-byte gzip file can hold; the file is damaged"
                 )
             body = np.empty(size, dtype=np.uint8)
-            view, got = memoryview(body), 0
+            view, got = body.data, 0
             while got < size:
                 n = f.readinto(view[got : got + (1 << 20)])
                 if not n:
