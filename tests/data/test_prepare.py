@@ -85,3 +85,16 @@ def test_config_fields_reach_the_reader(tmp_path, tokenizer, monkeypatch):
     data = prepare_data(cfg, tokenizer, tmp_path / "cache")
     assert len(data.train) + len(data.eval) == 30
     assert "label='label'" in data.notes[0] and "30 rows" in data.notes[0]
+
+
+def test_read_options_are_part_of_the_cache_key(tmp_path, tokenizer):
+    """The same bytes read with and without a header are different data: the cache must not mix them up."""
+    from leantrain.data.sources import ReadOptions
+
+    path = tmp_path / "pairs.csv"
+    path.write_text("label,text\n" + "".join(f"{label},{text}\n" for text, label in make_sentiment_rows(20)))
+    with_header = load_source(str(path), tokenizer, 32, tmp_path / "cache", "train")
+    headerless = ReadOptions(column_names=("label", "text"))
+    without = load_source(str(path), tokenizer, 32, tmp_path / "cache", "train", options=headerless)
+    assert not without.cache_hit and len(without.labels) == len(with_header.labels) + 1
+    assert "label" in without.labels  # the header row, read as data
