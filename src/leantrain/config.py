@@ -71,8 +71,8 @@ class TrainConfig:
     )
     # --- data sources (issue #18)
     data_config: str | None = _help(
-        "Configuration (subset) of a hub data set or a local `datasets` folder with several, e.g. sst2 for glue; "
-        "also written --data glue:sst2.",
+        "Configuration (subset) of a hub data set or a local `datasets` folder with several, e.g. sst2 for glue "
+        "(also written --data glue:sst2); --eval-data naming the same data set gets it too.",
         default=None,
     )
     data_split: str | None = _help(

@@ -98,3 +98,13 @@ def test_read_options_are_part_of_the_cache_key(tmp_path, tokenizer):
     without = load_source(str(path), tokenizer, 32, tmp_path / "cache", "train", options=headerless)
     assert not without.cache_hit and len(without.labels) == len(with_header.labels) + 1
     assert "label" in without.labels  # the header row, read as data
+
+
+def test_data_config_applies_to_eval_data_only_when_it_names_the_same_data_set():
+    from leantrain.data.sources import read_options
+
+    cfg = TrainConfig(data="glue", data_config="sst2", eval_data="glue", eval_split="validation")
+    assert (read_options(cfg, "train").config, read_options(cfg, "eval").config) == ("sst2", "sst2")
+    assert read_options(cfg, "eval").split == "validation" and read_options(cfg, "train").split is None
+    other = cfg.replace(eval_data="saved_eval_folder")
+    assert read_options(other, "eval").config is None

@@ -51,10 +51,17 @@ class ReadOptions:
 
 
 def read_options(cfg, role: str = "train") -> ReadOptions:
-    """The read options a TrainConfig gives --data (role train) or --eval-data (role eval)."""
+    """The read options a TrainConfig gives --data (role train) or --eval-data (role eval).
+
+    --data-config names a configuration of --data; it applies to --eval-data only when that names the same
+    data set (`--data glue --data-config sst2 --eval-data glue`), never to another one.
+    """
     names = getattr(cfg, "column_names", None)
+    config = getattr(cfg, "data_config", None)
+    if role != "train" and cfg.eval_data is not None and split_config(cfg.eval_data)[0] != cfg.data:
+        config = None
     return ReadOptions(
-        config=getattr(cfg, "data_config", None),
+        config=config,
         split=getattr(cfg, "data_split" if role == "train" else "eval_split", None),
         column_names=tuple(n.strip() for n in names.split(",")) if names else None,
         format=getattr(cfg, "format", None),
