@@ -161,3 +161,169 @@ def test_yaml_config_with_flag_override(capsys, tiny_model_dir, sentiment_csv, t
     import yaml
 
     assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["batch_size"] == 8
+
+
+# --- data sources and bad input in files (issues #18, #19.6, #19.12, #20.13) ---------------------------
+
+from dataclasses import fields as _fields  # noqa: E402
+
+from leantrain.config import TrainConfig, field_base_type  # noqa: E402
+
+
+def _numeric_fields() -> list[tuple[str, type]]:
+    """Every int or float config field: a new numeric flag is covered without editing this test."""
+    return [(f.name, field_base_type(f)) for f in _fields(TrainConfig) if field_base_type(f) in (int, float)]
+
+
+def _bad_values(kind: type) -> list[str]:
+    return ["abc", "", "1,5", "0x"] + (["1.5", "1e3x"] if kind is int else ["1..2", "one"])
+
+
+def test_numeric_fields_are_found():
+    names = [name for name, _ in _numeric_fields()]
+    assert {"batch_size", "lr", "max_length", "eval_fraction", "max_seconds"} <= set(names) and len(names) > 20
+
+
+@pytest.mark.parametrize("name,kind", _numeric_fields(), ids=[n for n, _ in _numeric_fields()])
+def test_bad_types_for_every_numeric_flag_and_key(capsys, tmp_path, name, kind):
+    flag = "--" + name.replace("_", "-")
+    for value in _bad_values(kind):
+        code, _, err = run(capsys, "train", f"{flag}={value}")
+        _one_line_error(code, err, flag, "integer" if kind is int else "number")
+    for value in ["abc", [1], {"a": 1}, True] + ([1.5] if kind is int else []):
+        job = tmp_path / "job.yaml"
+        job.write_text(json.dumps({name: value}))  # JSON is YAML
+        code, _, err = run(capsys, "train", "--config", str(job))
+        _one_line_error(code, err, flag, "integer" if kind is int else "number")
+
+
+@pytest.mark.parametrize(
+    "content,needles",
+    [
+        ("lr: 0.1\nmodel: caf\xe9\n".encode("latin-1"), ["job.yaml", "not UTF-8 text", "0xe9", "save it as UTF-8"]),
+        (b"lr: [0.1\nbatch_size: 8\n", ["job.yaml", "not valid YAML"]),
+        (b"lr: 0.1\n  batch_size: 8\n", ["job.yaml", "not valid YAML"]),
+        (b"- lr\n- 0.1\n", ["job.yaml", "expected a mapping"]),
+        (b"\xff\xfel\x00r\x00", ["job.yaml", "not UTF-8 text"]),
+    ],
+)
+def test_bad_config_files_are_one_line(capsys, tmp_path, content, needles):
+    job = tmp_path / "job.yaml"
+    job.write_bytes(content)
+    code, _, err = run(capsys, "train", "--config", str(job))
+    _one_line_error(code, err, *needles)
+
+
+def test_a_config_file_with_a_utf8_byte_order_mark_is_read(tmp_path):
+    from leantrain.config import TrainConfig
+
+    job = tmp_path / "job.yaml"
+    job.write_bytes(b"\xef\xbb\xbfbatch_size: 8\ndata_config: sst2\n")
+    cfg = TrainConfig.from_yaml(job)
+    assert (cfg.batch_size, cfg.data_config) == (8, "sst2")
+
+
+@pytest.mark.parametrize(
+    "change,needles",
+    [
+        (["--format", "xlsx"], ["--format", "csv, tsv, json, jsonl, parquet", "'xlsx'"]),
+        (["--column-names", "label,,text"], ["--column-names", "empty name"]),
+        (["--column-names", "a,b,a"], ["--column-names", "names a more than once"]),
+        (["--column-names", "a,b", "--format", "json"], ["--column-names", "CSV/TSV"]),
+        (["--data-config", " "], ["--data-config", "empty"]),
+    ],
+)
+def test_bad_data_source_flags(capsys, change, needles):
+    code, _, err = run(capsys, "train", *change)
+    _one_line_error(code, err, *needles)
+
+
+def _write_bad_file(tmp_path, kind: str) -> str:
+    import random
+
+    if kind == "random.parquet":
+        (tmp_path / kind).write_bytes(random.Random(2).randbytes(3000))
+    elif kind == "binary.csv":
+        (tmp_path / kind).write_bytes(random.Random(3).randbytes(3000))
+    elif kind == "scores.csv":
+        write_csv(tmp_path / kind, [(f"pair {i}", f"{i / 7:.2f}") for i in range(40)], header=("text", "score"))
+    elif kind == "broken-ds":
+        import datasets
+
+        datasets.Dataset.from_dict({"text": ["x y", "z"], "label": [1, 0]}).save_to_disk(str(tmp_path / kind))
+        for arrow in (tmp_path / kind).glob("*.arrow"):
+            arrow.write_bytes(b"\x00" * 64)
+    return str(tmp_path / kind)
+
+
+@pytest.mark.parametrize(
+    "kind,extra,needles",
+    [
+        ("random.parquet", [], ["random.parquet", "not a readable Parquet file"]),
+        ("binary.csv", [], ["binary.csv", "not a text file"]),
+        ("scores.csv", ["--label-column", "score"], ["scores.csv", "'score'", "--problem-type regression"]),
+        ("broken-ds", [], ["broken-ds", "cannot read this save_to_disk folder"]),
+    ],
+)
+def test_bad_data_files_are_one_line(capsys, base, tmp_path, kind, extra, needles):
+    argv = [*base, *extra]
+    argv[argv.index("--data") + 1] = _write_bad_file(tmp_path, kind)
+    capsys.readouterr()  # datasets' own progress bar while writing the folder
+    code, _, err = run(capsys, *argv)
+    _one_line_error(code, err, *needles)
+
+
+def test_a_truncated_model_safetensors_is_one_line(capsys, base, tiny_model_dir, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    argv = list(base)
+    argv[argv.index("--model") + 1] = str(model)
+    code, _, err = run(capsys, *argv)
+    # the data is read first, and says so; then one error line
+    assert code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error:" in line] == [err.strip().splitlines()[-1]]
+    assert str(model) in err.strip().splitlines()[-1] and "cannot load" in err.strip().splitlines()[-1]
+
+
+def test_train_on_a_headerless_file_without_suffix(capsys, base, tmp_path):
+    from tests.conftest import make_sentiment_rows
+
+    data = tmp_path / "SMSlike"
+    data.write_text("".join(f"{label}\t{text}\n" for text, label in make_sentiment_rows(60)))
+    argv = list(base)
+    argv[argv.index("--data") + 1] = str(data)
+    code, _, err = run(capsys, *argv, "--max-steps", "1")
+    _one_line_error(code, err, "SMSlike", "--format")
+    code, _, err = run(capsys, *argv, "--max-steps", "1", "--format", "tsv", "--column-names", "label,text")
+    assert code == 0 and "SMSlike: 60 rows; columns text='text', label='label'" in err
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 2
+
+
+def test_train_on_a_data_set_configuration_and_split(capsys, base, tmp_path, monkeypatch):
+    """--data NAME:CONFIG and --eval-data NAME --data-config CONFIG, offline, on a local `datasets` folder."""
+    import datasets
+    import pandas as pd
+
+    from tests.conftest import make_sentiment_rows
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    root = tmp_path / "glue"
+    (root / "sst2").mkdir(parents=True)
+    rows = make_sentiment_rows(50)
+    pd.DataFrame(rows[:40], columns=["sentence", "label"]).to_csv(root / "sst2" / "train.csv", index=False)
+    pd.DataFrame(rows[40:], columns=["sentence", "label"]).to_csv(root / "sst2" / "validation.csv", index=False)
+    (root / "README.md").write_text(
+        "---\nconfigs:\n- config_name: sst2\n  data_files:\n  - split: train\n    path: sst2/train.csv\n"
+        "  - split: validation\n    path: sst2/validation.csv\n- config_name: b\n  data_files: sst2/train.csv\n---\n"
+    )
+    argv = list(base)
+    argv[argv.index("--data") + 1] = f"{root}:sst2"
+    code, _, err = run(capsys, *argv, "--eval-data", str(root), "--data-config", "sst2", "--max-steps", "1")
+    assert code == 0 and f"{root}:sst2: 40 rows" in err and f"{root}:sst2: 10 rows" in err
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 2
+    code, _, err = run(capsys, *argv, "--data-split", "test", "--overwrite")
+    _one_line_error(code, err, "no split 'test' (given by --data-split)", "train, validation")

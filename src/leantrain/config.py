@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import types
@@ -31,6 +32,7 @@ SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
 TASKS = ("text-classification", "image-classification", "audio-classification")
+DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 
 
 _Section = TypeVar("_Section")
@@ -80,6 +82,27 @@ class DataConfig:
         "Column holding the second text of a sentence pair. Guessed when obvious.", default=None
     )
     label_column: str | None = _help("Column holding the label. Guessed when obvious.", default=None)
+    data_config: str | None = _help(
+        "Configuration (subset) of a hub data set or a local `datasets` folder with several, e.g. sst2 for glue "
+        "(also written --data glue:sst2); --eval-data naming the same data set gets it too.",
+        default=None,
+    )
+    data_split: str | None = _help(
+        "Split of --data to train on, for hub data sets and `datasets` folders. Default: train.", default=None
+    )
+    eval_split: str | None = _help(
+        "Split of --eval-data to evaluate on. Default: validation, else dev, else test.", default=None
+    )
+    column_names: str | None = _help(
+        "Comma-separated column names for a CSV/TSV file without a header row (its first row is then data), "
+        "e.g. label,text.",
+        default=None,
+    )
+    format: str | None = _help(
+        f"Read --data and --eval-data as {'|'.join(DATA_FORMATS)} whatever their suffix (for files without one, "
+        "or Excel's Unicode text .txt: tsv). Default: from the suffix.",
+        default=None,
+    )
     image_column: str | None = _help(
         "Table column holding images (paths relative to the table, or `datasets` images). Guessed when obvious.",
         default=None,
@@ -129,6 +152,7 @@ class DataConfig:
     def _check(self) -> None:
         _positive(self, "max_length")
         _positive(self, "limit", optional=True)
+        _check_data_sources(self)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
         for name in ("label_pattern", "eval_pattern"):
@@ -390,7 +414,15 @@ class TrainConfig(
         if not path.is_file():
             raise ConfigError(f"--config: no such file '{path}'")
         try:
-            values = yaml.safe_load(path.read_text()) or {}
+            text = path.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+            ) from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        try:
+            values = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
         if not isinstance(values, dict):
@@ -443,11 +475,17 @@ def field_help(cls: type = TrainConfig) -> dict[str, str]:
 
 def field_base_type(f: dataclasses.Field) -> type:
     """The concrete type of a field, with `| None` stripped."""
-    hint = typing.get_type_hints(TrainConfig)[f.name]
+    hint = _type_hints()[f.name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0]
     return hint
+
+
+@functools.cache
+def _type_hints() -> dict[str, Any]:
+    """TrainConfig's resolved annotations, once: resolving them per field made every TrainConfig() and parser slow."""
+    return typing.get_type_hints(TrainConfig)
 
 
 def _flag(name: str) -> str:
@@ -500,3 +538,25 @@ def _choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(cfg, name)
     if value not in choices:
         raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")
+
+
+def _check_data_sources(cfg: DataConfig) -> None:
+    """The data-source keys (issue #18): a known format, usable column names, non-empty config and split names."""
+    if cfg.format is not None:
+        cfg.format = cfg.format.lower().lstrip(".")
+        _choice(cfg, "format", DATA_FORMATS)
+    for name in ("data_config", "data_split", "eval_split"):
+        value = getattr(cfg, name)
+        if value is not None and not value.strip():
+            raise ConfigError(f"{_flag(name)} is empty; give a name or leave it out")
+    if cfg.column_names is not None:
+        names = [n.strip() for n in cfg.column_names.split(",")]
+        if not all(names):
+            raise ConfigError(f"{_flag('column_names')} '{cfg.column_names}' has an empty name; write e.g. label,text")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"{_flag('column_names')} names {', '.join(repeated)} more than once")
+        if cfg.format in ("json", "jsonl", "parquet"):
+            raise ConfigError(
+                f"{_flag('column_names')} is for CSV/TSV files without a header, not --format {cfg.format}"
+            )

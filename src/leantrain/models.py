@@ -159,6 +159,7 @@ def load_for_classification(
     A preset, a bare config.json or a folder without weights gives a model initialised at random (from
     scratch). `config` replaces the one `name` holds (presets sized for the data, for instance).
     """
+    from safetensors import SafetensorError
     from transformers.utils import logging as hf_logging
 
     labels = dict(
@@ -193,7 +194,7 @@ def load_for_classification(
             model.config._name_or_path = name
         else:
             model = auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
         raise ModelError(f"{name}: cannot load as {what} classifier ({str(exc).splitlines()[0][:200]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)

@@ -119,3 +119,253 @@ def test_label_map_sorts_integers_numerically_and_refuses_one_class():
     assert build_label_map(pd.Series(["10", "2", "1"]), "f", "label") == ["1", "2", "10"]
     with pytest.raises(DataError, match="single class"):
         build_label_map(pd.Series(["a", "a"]), "f.csv", "label")
+
+
+# --- issue #18/#19/#20: data from anywhere, and bad input in files ----------------------------------
+
+import random  # noqa: E402
+
+from leantrain.data import sources  # noqa: E402
+from leantrain.data.sources import ReadOptions  # noqa: E402
+
+
+def _both_readers(path, **options):
+    """The same file through the fast (pyarrow) path and through the repairing reader."""
+    fast = read_table(str(path), options=ReadOptions(**options))
+    slow = read_table(str(path), options=ReadOptions(repair="always", **options))
+    return fast, slow
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path, suffix):
+    sep = "\t" if suffix == ".tsv" else ","
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + f"label{sep}text\n1{sep}good one\n0{sep}bad one\n".encode())
+    for df, _ in _both_readers(path):
+        assert list(df.columns) == ["label", "text"]
+
+
+def test_real_mrpc_file_with_its_byte_order_mark(shared_data):
+    df, report = read_table(str(shared_data / "mrpc" / "train.tsv"))
+    assert df.columns[0] == "Quality"
+    cols = resolve_columns(df, "mrpc", None, None, None)
+    assert (cols.label, cols.text, cols.text_pair) == ("Quality", "#1 String", "#2 String")
+    assert report.rows_read + report.rows_dropped == 3668
+    assert set(df["Quality"]) == {"0", "1"}
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32"])
+def test_utf16_and_utf32_files_are_recognised_by_their_byte_order_mark(tmp_path, codec):
+    """Excel's "Unicode text" is UTF-16 little-endian TSV with a BOM, saved as .txt."""
+    text = "label\ttext\r\npos\tcafé crème\r\nneg\t東京 is dull\r\n"
+    bom = {"utf-16": b"", "utf-16-be": b"\xfe\xff", "utf-32": b""}[codec]
+    path = tmp_path / "excel.txt"
+    path.write_bytes(bom + text.encode(codec))
+    for df, report in _both_readers(path, format="tsv"):
+        assert df.to_dict("list") == {"label": ["pos", "neg"], "text": ["café crème", "東京 is dull"]}
+        assert report.encoding == codec[:6].upper()
+        assert f"({report.encoding})" in report.summary()
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (bytes(random.Random(0).randbytes(4096)), "not a text file"),
+        (b"PAR1\x15\x04\x15\x00\x00\x00" * 50, "it is a Parquet file"),
+        ("label,text\n1,good\n".encode("utf-16-le"), "UTF-16 without a byte-order mark"),
+    ],
+)
+def test_a_binary_csv_is_not_read_as_text(tmp_path, content, message):
+    path = tmp_path / "data.csv"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=message) as info:
+        read_table(str(path))
+    assert "data.csv: not a text file" in str(info.value)
+
+
+def test_random_bytes_named_parquet_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "data.parquet"
+    path.write_bytes(random.Random(1).randbytes(2048))
+    with pytest.raises(DataError, match=r"data\.parquet: not a readable Parquet file"):
+        read_table(str(path))
+
+
+def test_an_unreadable_save_to_disk_folder_is_refused_in_one_line(tmp_path):
+    import datasets
+
+    folder = tmp_path / "ds"
+    datasets.Dataset.from_dict({"text": ["x y", "z"], "label": [1, 0]}).save_to_disk(str(folder))
+    for arrow in folder.glob("*.arrow"):
+        arrow.write_bytes(b"not arrow at all")
+    with pytest.raises(DataError, match="cannot read this save_to_disk folder") as info:
+        read_table(str(folder))
+    assert str(folder) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_headerless_files_take_their_column_names_from_the_option(tmp_path):
+    path = tmp_path / "spam"  # no suffix, like the SMS Spam Collection
+    path.write_text('ham\tok see you "soon"\nspam\tWIN a prize now\nham\tcall me\n')
+    with pytest.raises(DataError, match=r"unknown format '\(no suffix\)'.*--format"):
+        read_table(str(path))
+    for df, report in _both_readers(path, format="tsv", column_names=("label", "text")):
+        assert df.to_dict("list") == {
+            "label": ["ham", "spam", "ham"],
+            "text": ['ok see you "soon"', "WIN a prize now", "call me"],
+        }
+        assert report.rows_read == 3  # the first row is data, not a header
+    with pytest.raises(DataError, match="--column-names is for CSV/TSV"):
+        read_table(str(path), options=ReadOptions(format="jsonl", column_names=("a", "b")))
+
+
+def test_real_sms_spam_collection_without_suffix_or_header(shared_data):
+    options = ReadOptions(format="tsv", column_names=("label", "text"))
+    df, report = read_table(str(shared_data / "sms_spam" / "SMSSpamCollection"), options=options)
+    assert report.rows_read + report.rows_dropped == 5574
+    assert df["label"].value_counts().to_dict() == {"ham": 4827, "spam": 747}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "jsonl", "parquet"])
+def test_format_option_reads_a_file_without_a_suffix(tmp_path, fmt):
+    frame = pd.DataFrame({"text": ["a b", "c d"], "label": [0, 1]})
+    path = tmp_path / "data"
+    if fmt == "csv":
+        frame.to_csv(path, index=False)
+    elif fmt == "parquet":
+        frame.to_parquet(path)
+    else:
+        frame.to_json(path, orient="records", lines=fmt == "jsonl")
+    df, _ = read_table(str(path), options=ReadOptions(format=fmt))
+    assert df["text"].tolist() == ["a b", "c d"] and [int(v) for v in df["label"]] == [0, 1]
+
+
+def test_ragged_rows_are_dropped_and_counted_by_both_readers(tmp_path):
+    path = tmp_path / "ragged.csv"
+    path.write_text("text,label\ngood film,1\ntoo,many,fields\nshort\n\nbad film,0\n")
+    for df, report in _both_readers(path):
+        assert df.to_dict("list") == {"text": ["good film", "bad film"], "label": ["1", "0"]}
+        assert report.drop_reasons == {"with the wrong number of fields": 2}
+
+
+def _awkward_csv(path, rows: int, seed: int, sep: str = ",") -> None:
+    """Quotes, embedded newlines, separators, accents, mojibake, HTML entities, spacing, empty and ragged rows."""
+    rng = random.Random(seed)
+    pieces = ["plain", "two  spaces", " padded ", "café", "naïve", "don’t", "donâ€™t", "&amp; co", "a,b",
+              '"quoted, with comma"', '"say ""hi"""', '"multi\nline"', "tab\there", "ﬁne", "ＡＢＣ", "東京",
+              "", "007", "1.50", "x\x07y"]  # fmt: skip
+    lines = [sep.join(["text", "label", "id"])]
+    for i in range(rows):
+        text = " ".join(rng.choice(pieces) for _ in range(rng.randint(1, 4)))
+        if '"' in text and not (text.startswith('"') and text.endswith('"') and text.count('"') % 2 == 0):
+            text = text.replace('"', "")
+        fields = [text, rng.choice(["pos", "neg", ""]), str(i)]
+        if rng.random() < 0.05:
+            fields.append("extra")
+        lines.append(sep.join(fields))
+    path.write_text("\r\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("seed,suffix", [(0, ".csv"), (1, ".csv"), (2, ".tsv")])
+def test_fast_reader_gives_exactly_what_the_repairing_reader_gives(tmp_path, seed, suffix):
+    path = tmp_path / f"awkward{suffix}"
+    _awkward_csv(path, 400, seed, sep="\t" if suffix == ".tsv" else ",")
+    (fast, fast_report), (slow, slow_report) = _both_readers(path)
+    pd.testing.assert_frame_equal(fast, slow)
+    assert fast_report == slow_report
+    assert slow_report.rows_repaired > 0 and slow_report.rows_dropped > 0  # the file exercised both
+
+
+def test_repairing_only_cells_that_may_need_it_equals_repairing_every_cell(tmp_path):
+    """The readers send only non-ASCII cells and cells with '&' through ftfy; that must change nothing."""
+    import csv
+
+    path = tmp_path / "awkward.csv"
+    _awkward_csv(path, 400, 3)
+    df, report = read_table(str(path))
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.reader(f) if r][1:]
+    kept = [r for r in rows if len(r) == 3]
+    assert df["text"].tolist() == [repair_text(r[0]) for r in kept]
+    changed = [" ".join(repair_text(r[0]).split()) != " ".join(r[0].split()) for r in kept]
+    assert report.rows_repaired == sum(changed) > 0
+
+
+def test_clean_utf8_takes_the_fast_path_and_damaged_text_the_repairing_one(tmp_path, monkeypatch):
+    clean, damaged = tmp_path / "clean.csv", tmp_path / "damaged.csv"
+    clean.write_text("text,label\ncafé is fine,1\nplain,0\n", encoding="utf-8")
+    damaged.write_bytes(b"text,label\ncaf\xe9 is fine,1\nplain,0\n")
+    calls = []
+    repairing = sources._parse_repairing
+    monkeypatch.setattr(sources, "_parse_repairing", lambda *a: calls.append(a[1].name) or repairing(*a))
+    assert read_table(str(clean))[0]["text"].tolist() == ["café is fine", "plain"]
+    assert read_table(str(damaged))[0]["text"].tolist() == ["café is fine", "plain"]
+    assert calls == ["damaged.csv"]
+
+
+def test_mixed_encodings_in_jsonl_are_repaired_as_in_csv(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(
+        b'{"text": "caf\xc3\xa9 is lovely", "label": 1}\n'
+        b'{"text": "na\xefve and dull", "label": 0}\n'
+        b'{"text": "plain words", "label": 0}\n'
+    )
+    df, report = read_table(str(path))
+    assert df["text"].tolist() == ["café is lovely", "naïve and dull", "plain words"]
+    assert df["label"].tolist() == [1, 0, 0]
+    assert report.rows_repaired == 1
+
+
+# --- hub data sets with configurations, offline on a local `datasets` folder ---------------------------
+
+
+@pytest.fixture()
+def glue_like(tmp_path, monkeypatch):
+    """A local data set folder whose README defines two configurations, as glue does on the Hub."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    root = tmp_path / "glue"
+    for config, rows in {"sst2": [("good film", 1), ("bad film", 0)], "cola": [("grammar fine", 1)]}.items():
+        (root / config).mkdir(parents=True)
+        for split in ("train", "validation"):
+            pd.DataFrame(rows, columns=["sentence", "label"]).assign(
+                sentence=lambda d, s=split: d.sentence + f" {s}"
+            ).to_csv(root / config / f"{split}.csv", index=False)
+    configs = "".join(
+        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train.csv\n"
+        f"  - split: validation\n    path: {c}/validation.csv\n"
+        for c in ("sst2", "cola")
+    )
+    (root / "README.md").write_text(f"---\nconfigs:\n{configs}---\n")
+    return root
+
+
+def test_a_data_set_configuration_by_option_or_by_colon(glue_like):
+    by_option, report = read_table(str(glue_like), options=ReadOptions(config="sst2"))
+    by_colon, _ = read_table(f"{glue_like}:sst2")
+    assert by_option["sentence"].tolist() == ["good film train", "bad film train"]
+    pd.testing.assert_frame_equal(by_option, by_colon)
+    assert report.source.endswith("glue:sst2")
+    cola, _ = read_table(f"{glue_like}:cola", split="eval")
+    assert cola["sentence"].tolist() == ["grammar fine validation"]
+
+
+def test_a_data_set_split_by_option(glue_like):
+    df, _ = read_table(f"{glue_like}:sst2", options=ReadOptions(split="validation"))
+    assert df["sentence"].tolist() == ["good film validation", "bad film validation"]
+    with pytest.raises(DataError, match="no split 'dev' \\(given by --eval-split\\); it has train, validation"):
+        read_table(f"{glue_like}:sst2", split="eval", options=ReadOptions(split="dev"))
+
+
+def test_a_missing_or_unknown_configuration_names_the_choices(glue_like):
+    with pytest.raises(DataError, match="has several configurations: sst2, cola; choose one with --data-config"):
+        read_table(str(glue_like))
+    with pytest.raises(DataError, match="has no configuration 'mnli': sst2, cola"):
+        read_table(f"{glue_like}:mnli")
+    with pytest.raises(DataError, match="names configuration 'sst2' but --data-config is 'cola'"):
+        read_table(f"{glue_like}:sst2", options=ReadOptions(config="cola"))
+
+
+def test_a_colon_in_an_existing_path_is_part_of_the_path(tmp_path):
+    path = tmp_path / "a:b.csv"
+    path.write_text("text,label\nx y,1\n")
+    assert read_table(str(path))[0]["text"].tolist() == ["x y"]

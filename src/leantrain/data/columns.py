@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -72,20 +74,46 @@ def _list(cols: list) -> str:
     return ", ".join(repr(str(c)) for c in cols)
 
 
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+\.0*")
+
+
 def normalise_labels(values: pd.Series) -> pd.Series:
-    """Labels as strings, so '1' in a CSV and 1 in a JSON file are the same label."""
+    """Labels as strings, so '1' in a CSV, '1.0' from a float column and 1 in a JSON file are the same label."""
 
     def one(v):
         if isinstance(v, float) and v.is_integer():
             v = int(v)
-        return str(v).strip()
+        text = str(v).strip()
+        return str(int(float(text))) if _WHOLE_NUMBER.fullmatch(text) else text
 
     return values.map(one)
+
+
+def _fractional_numbers(names: list[str]) -> list[str]:
+    """The labels that are numbers with a fraction, when every label is a number (else none: class names)."""
+    fractional = []
+    for name in names:
+        try:
+            value = float(name)
+        except ValueError:
+            return []
+        if not math.isfinite(value):  # 'nan', 'inf' and the like are names here
+            return []
+        if not value.is_integer():
+            fractional.append(name)
+    return fractional
 
 
 def build_label_map(labels: pd.Series, source: str, column: str) -> list[str]:
     """Sorted label names (numerically when all are integers); index = class id."""
     names = sorted(set(labels))
+    fractional = _fractional_numbers(names)
+    if fractional:
+        raise DataError(
+            f"{source}: label column '{column}' holds numbers that are not whole ({', '.join(fractional[:3])}, ...: "
+            f"{len(names):,} distinct values); leantrain trains classifiers, one class per label value; "
+            "for a numeric target use --problem-type regression"
+        )
     if len(names) < 2:
         only = names[0] if names else "nothing"
         raise DataError(

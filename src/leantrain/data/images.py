@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,24 +39,55 @@ def find_idx_pair(folder: Path) -> tuple[Path, Path] | None:
     return images[0], labels[0]
 
 
+_IDX_TYPES: dict[int, Any] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+#: deflate cannot shrink data more than about 1032:1, so a gzip file of n bytes holds at most ~1032 n
+_MAX_GZIP_RATIO = 1032
+
+
 def read_idx(path: Path) -> np.ndarray:
-    """An IDX array (gzip or plain): magic 0x0000 + type code + number of dimensions, big-endian sizes."""
-    opener: Any = gzip.open if path.suffix == ".gz" else open
+    """An IDX array (gzip or plain): magic 0x0000 + type code + number of dimensions, big-endian sizes.
+
+    The header is read first and never more data than it declares is decompressed: a small gzip file
+    that expands to gigabytes is refused after reading what the header promised, plus one byte.
+    """
+    gz = path.suffix == ".gz"
+    opener: Any = gzip.open if gz else open
     try:
         with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as exc:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _IDX_TYPES:
+                raise DataError(f"{path}: not an IDX file (bad magic number)")
+            ndim = head[3]
+            dims = f.read(4 * ndim)
+            if len(dims) < 4 * ndim:
+                raise DataError(f"{path}: truncated IDX file (the header ends early)")
+            shape = tuple(int.from_bytes(dims[4 * i : 4 * i + 4], "big") for i in range(ndim))
+            dtype = np.dtype(_IDX_TYPES[head[2]])
+            size = math.prod(shape) * dtype.itemsize
+            on_disk = path.stat().st_size
+            if not gz and size > on_disk - 4 - 4 * ndim:
+                raise DataError(
+                    f"{path}: truncated IDX file (header says {shape}, holds {on_disk - 4 - 4 * ndim} bytes)"
+                )
+            if gz and size > on_disk * _MAX_GZIP_RATIO:
+                raise DataError(
+                    f"{path}: the IDX header declares {shape} ({size:,} bytes), more than a "
+                    f"{on_disk:,}-byte gzip file can hold; the file is damaged"
+                )
+            body = np.empty(size, dtype=np.uint8)
+            view, got = body.data, 0
+            while got < size:
+                n = f.readinto(view[got : got + (1 << 20)])
+                if not n:
+                    break
+                got += n
+            if got < size:
+                raise DataError(f"{path}: truncated IDX file (header says {shape}, holds {got} bytes)")
+            if f.read(1):
+                raise DataError(f"{path}: holds more data than its IDX header declares ({shape}); the file is damaged")
+    except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc})") from None
-    types: dict[int, Any] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in types:
-        raise DataError(f"{path}: not an IDX file (bad magic number)")
-    ndim = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    dtype = np.dtype(types[raw[2]])
-    body = raw[4 + 4 * ndim :]
-    if len(body) != int(np.prod(shape)) * dtype.itemsize:
-        raise DataError(f"{path}: truncated IDX file (header says {shape}, holds {len(body)} bytes)")
-    return np.frombuffer(body, dtype=dtype).reshape(shape)
+    return body.view(dtype).reshape(shape)
 
 
 # --- decoding ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from leantrain.data.columns import Columns, build_label_map, normalise_labels, resolve_columns
-from leantrain.data.sources import ReadReport, read_table, resolve_data_path
+from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
 from leantrain.data.tokenize import (
     TokenizedText,
     cache_key,
@@ -73,8 +73,11 @@ def load_source(
     text_column: str | None = None,
     text_pair_column: str | None = None,
     label_column: str | None = None,
+    options: ReadOptions | None = None,
 ) -> Source:
+    options = options or ReadOptions()
     key = cache_key(
+        read=options.key(),
         source=source_fingerprint(source),
         split=split,
         text=text_column,
@@ -84,12 +87,17 @@ def load_source(
         max_length=max_length,
     )
     path = cache_dir / "tokenized" / f"{key}.npz"
-    cached = load_cached(path)
+    cached = load_cached(path, vocab_size=len(tokenizer))
     if cached is not None:
         tokens, labels, meta = cached
-        return Source(source, Columns(**meta["columns"]), tokens, labels, ReadReport(**meta["report"]), True)
+        try:
+            columns, report = Columns(**meta["columns"]), ReadReport(**meta["report"])
+        except TypeError:
+            log.warning("tokenization cache entry %s describes its columns wrongly; tokenizing again", path)
+        else:
+            return Source(source, columns, tokens, labels, report, True)
 
-    df, report = read_table(source, split=split)
+    df, report = read_table(source, split=split, options=options)
     cols = resolve_columns(df, source, text_column, text_pair_column, label_column)
     df = _drop_unusable(df, cols, report)
     labels = normalise_labels(df[cols.label]).tolist()
@@ -125,7 +133,7 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
         text_pair_column=cfg.text_pair_column,
         label_column=cfg.label_column,
     )
-    train_src = load_source(resolve_data_path(cfg.data), split="train", **common)
+    train_src = load_source(resolve_data_path(cfg.data), split="train", options=read_options(cfg, "train"), **common)
     notes = [_describe(train_src)]
     assert train_src.columns.label is not None  # resolve_columns requires a label column by default
     label_names = build_label_map(pd.Series(train_src.labels), train_src.path, train_src.columns.label)
@@ -135,8 +143,9 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
         raise DataError(f"{train_src.path}: only {len(all_train)} usable rows; need at least two")
 
     if cfg.eval_data:
-        eval_src = load_source(cfg.eval_data, split="eval", **common)
+        eval_src = load_source(cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common)
         notes.append(_describe(eval_src))
+        check_same_inputs(train_src, eval_src)
         unseen = sorted(set(eval_src.labels) - set(label_names))
         if unseen:
             raise DataError(
@@ -158,6 +167,20 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
         train_rows = np.sort(train_rows[keep])
         notes.append(f"training on a stratified sample of {len(train_rows):,} rows (--limit)")
     return PreparedData(all_train.subset(train_rows), eval_set, label_names, train_src.columns, notes)
+
+
+def check_same_inputs(train: Source, evaluation: Source) -> None:
+    """An evaluation file must feed the model what training did: a text pair in both, or in neither."""
+    if (train.columns.text_pair is None) != (evaluation.columns.text_pair is None):
+
+        def shape(src: Source) -> str:
+            pair = f" and '{src.columns.text_pair}'" if src.columns.text_pair else ""
+            return f"'{src.columns.text}'{pair}"
+
+        raise DataError(
+            f"{evaluation.path}: evaluation text is column(s) {shape(evaluation)} but training used "
+            f"{shape(train)} from {train.path}; give an evaluation file with the same kind of text columns"
+        )
 
 
 def stratified_split(

@@ -11,7 +11,9 @@ import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from leantrain.errors import DataError
@@ -29,6 +31,42 @@ TABLE_SUFFIXES = {
 
 EMBEDDED_DATA = "embedded:tweet-sentiment"
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How to read a source beyond what its path says: a hub configuration and split, headerless columns,
+    a format for a file without a (known) suffix. `repair="always"` forces the repairing reader."""
+
+    config: str | None = None
+    split: str | None = None  # a split's own name; None: train, or validation/dev/test for evaluation
+    column_names: tuple[str, ...] | None = None
+    format: str | None = None
+    repair: str = "auto"  # auto: pyarrow for clean UTF-8, the repairing reader otherwise; always: repairing
+
+    def key(self) -> dict[str, Any]:
+        """What changes the rows read (for the tokenization cache key); how they were read does not."""
+        return {"config": self.config, "split": self.split, "columns": self.column_names, "format": self.format}
+
+
+def read_options(cfg, role: str = "train") -> ReadOptions:
+    """The read options a TrainConfig gives --data (role train) or --eval-data (role eval).
+
+    --data-config names a configuration of --data; it applies to --eval-data only when that names the same
+    data set (`--data glue --data-config sst2 --eval-data glue`), never to another one.
+    """
+    names = getattr(cfg, "column_names", None)
+    config = getattr(cfg, "data_config", None)
+    if role != "train" and cfg.eval_data is not None and split_config(cfg.eval_data)[0] != cfg.data:
+        config = None
+    return ReadOptions(
+        config=config,
+        split=getattr(cfg, "data_split" if role == "train" else "eval_split", None),
+        column_names=tuple(n.strip() for n in names.split(",")) if names else None,
+        format=getattr(cfg, "format", None),
+    )
+
 
 @dataclass
 class ReadReport:
@@ -39,6 +77,7 @@ class ReadReport:
     rows_repaired: int = 0
     rows_dropped: int = 0
     drop_reasons: dict[str, int] = field(default_factory=dict)
+    encoding: str = "UTF-8"
 
     def drop(self, reason: str, count: int) -> None:
         if count:
@@ -47,6 +86,8 @@ class ReadReport:
 
     def summary(self) -> str:
         text = f"{self.source}: {self.rows_read:,} rows"
+        if self.encoding != "UTF-8":
+            text += f" ({self.encoding})"
         if self.rows_repaired:
             text += f", {self.rows_repaired:,} with damaged text repaired"
         if self.rows_dropped:
@@ -72,34 +113,104 @@ def resolve_data_path(data: str | None) -> str:
     return str(embedded_data_path()) if data in (None, EMBEDDED_DATA) else data
 
 
-def read_table(source: str, split: str = "train") -> tuple[pd.DataFrame, ReadReport]:
-    """Read `source` into a DataFrame of strings/ints; text is repaired, nothing is dropped yet."""
+def read_table(
+    source: str, split: str = "train", options: ReadOptions | None = None
+) -> tuple[pd.DataFrame, ReadReport]:
+    """Read `source` into a DataFrame of strings/ints; text is repaired, nothing is dropped yet.
+
+    `split` is the role (train or eval) that picks a split of a data set when `options.split` names none.
+    """
+    options = options or ReadOptions()
     path = Path(source)
+    name, config = split_config(source)
+    if config is not None:
+        if options.config is not None and options.config != config:
+            raise DataError(f"{source}: names configuration '{config}' but --data-config is '{options.config}'")
+        return _read_dataset(name, config, split, options)
     if path.is_dir():
-        return _read_saved_dataset(path, split)
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            return _read_saved_dataset(path, split, options)
+        return _read_dataset(source, options.config, split, options)
+    fmt = options.format or TABLE_SUFFIXES.get(path.suffix.lower())
     if path.suffix.lower() in TABLE_SUFFIXES and not path.exists():
         raise DataError(f"{source}: no such file; check the path given to --data/--eval-data")
     if not path.exists():
         if _looks_like_hub_name(source):
-            return _read_hub_dataset(source, split)
+            return _read_dataset(source, options.config, split, options)
         raise DataError(f"{source}: no such file or folder; check the path given to --data/--eval-data")
-    fmt = TABLE_SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         known = ", ".join(sorted(TABLE_SUFFIXES))
-        raise DataError(f"{source}: unknown format '{path.suffix or '(no suffix)'}'; use one of {known}")
-    if path.stat().st_size == 0:
-        raise DataError(f"{source}: the file is empty")
-    report = ReadReport(source=str(source))
-    if fmt in ("csv", "tsv"):
-        df = _read_delimited(path, fmt, report)
-    elif fmt in ("json", "jsonl"):
-        df = _read_json(path, fmt)
-    else:
-        df = pd.read_parquet(path)
+        raise DataError(
+            f"{source}: unknown format '{path.suffix or '(no suffix)'}'; use one of {known}, "
+            "or say how to read it with --format csv|tsv|json|jsonl|parquet"
+        )
+    if options.column_names and fmt not in ("csv", "tsv"):
+        raise DataError(f"{source}: --column-names is for CSV/TSV files without a header, not {fmt.upper()}")
+    try:
+        if path.stat().st_size == 0:
+            raise DataError(f"{source}: the file is empty")
+        report = ReadReport(source=str(source))
+        if fmt in ("csv", "tsv"):
+            df = _read_delimited(path, fmt, report, options)
+        elif fmt in ("json", "jsonl"):
+            df = _read_json(path, fmt, report)
+        else:
+            df = _read_parquet(path)
+    except PermissionError as exc:
+        raise DataError(f"{source}: cannot read ({exc.strerror}); check its permissions") from None
     if len(df) == 0:
         raise DataError(f"{source}: the file holds a header but no rows")
     report.rows_read = len(df)
     return df, report
+
+
+def split_config(source: str) -> tuple[str, str | None]:
+    """'glue:sst2' -> ('glue', 'sst2') when 'glue:sst2' is not itself a path; else (source, None)."""
+    if ":" not in source or Path(source).exists():
+        return source, None
+    name, config = source.rsplit(":", 1)
+    if re.fullmatch(r"[\w.-]+", config) and (Path(name).is_dir() or _looks_like_hub_name(name)):
+        return name, config
+    return source, None
+
+
+# --- bytes to text: byte-order marks, binary files --------------------------------------------------
+
+
+def _text_bytes(path: Path, report: ReadReport) -> bytes:
+    """The file as UTF-8-or-damaged bytes: UTF-16/32 (by their byte-order mark) re-encoded, a UTF-8 mark removed.
+
+    Refuses files that are not text at all, so that binary garbage is never parsed into column names.
+    """
+    raw = path.read_bytes()
+    for bom, codec in (
+        (b"\xff\xfe\x00\x00", "UTF-32"),
+        (b"\x00\x00\xfe\xff", "UTF-32"),
+        (b"\xff\xfe", "UTF-16"),
+        (b"\xfe\xff", "UTF-16"),
+    ):
+        if raw.startswith(bom):
+            try:
+                text = raw.decode(codec.lower())
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}: starts with a {codec} byte-order mark but is not valid {codec} "
+                    f"(at byte {exc.start}); save it again as UTF-8"
+                ) from None
+            report.encoding = codec
+            return text.encode("utf-8")
+    if raw.startswith(_UTF8_BOM):
+        raw = raw[len(_UTF8_BOM) :]
+    head = raw[:8192]
+    if b"\x00" in head:
+        if raw.startswith(b"PAR1"):
+            hint = "it is a Parquet file: name it .parquet or pass --format parquet"
+        elif head[1::2].count(0) > 0.4 * len(head[1::2]) or head[0::2].count(0) > 0.4 * len(head[0::2]):
+            hint = "it looks like UTF-16 without a byte-order mark: save it again as UTF-8"
+        else:
+            hint = "give a CSV, TSV or JSON text file"
+        raise DataError(f"{path}: not a text file (it holds NUL bytes); {hint}")
+    return raw
 
 
 # --- delimited text, the format that arrives damaged -------------------------------------------------
@@ -153,14 +264,88 @@ def repair_text(text: str) -> str:
     return re.sub(r"[ \t]{2,}", " ", fixed).strip()
 
 
-def _read_delimited(path: Path, fmt: str, report: ReadReport) -> pd.DataFrame:
-    raw = path.read_bytes().replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    text, bad_lines = decode_lines(raw)
+def _read_delimited(path: Path, fmt: str, report: ReadReport, options: ReadOptions) -> pd.DataFrame:
+    raw = _text_bytes(path, report).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    df = None
+    if options.repair == "auto":
+        df = _parse_clean(raw, path, fmt, report, options.column_names)
+    if df is None:
+        df = _parse_repairing(raw, path, fmt, report, options.column_names)
+    return df
+
+
+def _parse_clean(
+    raw: bytes, path: Path, fmt: str, report: ReadReport, column_names: tuple[str, ...] | None
+) -> pd.DataFrame | None:
+    """The fast path: pyarrow's CSV reader, for files that are valid UTF-8 (None otherwise).
+
+    It keeps every field as a string and skips rows with the wrong number of fields, exactly as the
+    repairing reader does; text that might need repair (non-ASCII, HTML entities) is repaired cell by cell.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    if column_names is None:
+        # the header, to ask for every column as a string ("007" stays "007")
+        try:
+            head_text = raw[: 1 << 20].decode("utf-8", errors="replace")
+            header = next(_csv_reader(io.StringIO(head_text), fmt), None)
+        except csv.Error:
+            return None
+        if not header:
+            return None
+        names = header
+    else:
+        names = list(column_names)
+    if len(set(names)) != len(names):
+        return None  # duplicate column names: let the repairing reader build the frame as it always has
+    ragged = 0
+
+    def skip(row) -> str:
+        nonlocal ragged
+        ragged += 1
+        return "skip"
+
+    try:
+        table = pacsv.read_csv(
+            io.BytesIO(raw),
+            read_options=pacsv.ReadOptions(column_names=list(column_names) if column_names else None),
+            parse_options=pacsv.ParseOptions(
+                delimiter="\t" if fmt == "tsv" else ",",
+                quote_char=False if fmt == "tsv" else '"',
+                newlines_in_values=fmt != "tsv",
+                invalid_row_handler=skip,
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types={n: pa.string() for n in names},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None  # not UTF-8, or a parse the repairing reader may still make sense of
+    if table.column_names != names:
+        return None
+    report.drop("with the wrong number of fields", ragged)
+    df = pd.DataFrame({n.strip(): table.column(i).to_numpy(zero_copy_only=False) for i, n in enumerate(names)})
+    df = df.astype(object)
+    _repair_text_columns(df, np.zeros(len(df), dtype=bool), report)
+    return df
+
+
+def _csv_reader(text: io.StringIO, fmt: str):
     if fmt == "tsv":
         # TSV exports (GLUE and most others) do not quote: a bare " is part of the text.
-        reader = csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-        reader = csv.reader(io.StringIO(text))
+        return csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE)
+    return csv.reader(text)
+
+
+def _parse_repairing(
+    raw: bytes, path: Path, fmt: str, report: ReadReport, column_names: tuple[str, ...] | None
+) -> pd.DataFrame:
+    """The repairing reader: each line decoded on its own (UTF-8, else Windows-1252), then parsed by `csv`."""
+    text, bad_lines = decode_lines(raw)
+    reader = _csv_reader(io.StringIO(text), fmt)
     rows, from_bad_line, last_line = [], [], 0
     try:
         for row in reader:
@@ -174,22 +359,41 @@ def _read_delimited(path: Path, fmt: str, report: ReadReport) -> pd.DataFrame:
         raise DataError(f"{path}: cannot parse as {fmt.upper()} ({exc})") from None
     if not rows:
         raise DataError(f"{path}: the file is empty")
-    header, body, from_bad_line = rows[0], rows[1:], from_bad_line[1:]
+    if column_names is None:
+        header, body, from_bad_line = rows[0], rows[1:], from_bad_line[1:]
+    else:
+        header, body = list(column_names), rows
     width = len(header)
     keep = [len(r) == width for r in body]
     report.drop("with the wrong number of fields", keep.count(False))
     body = [r for r, k in zip(body, keep) if k]
     df = pd.DataFrame(body, columns=[h.strip() for h in header], dtype=object)
-    # A row is repaired when its line was not UTF-8 or when repairing its text changed it.
-    repaired = pd.Series([b for b, k in zip(from_bad_line, keep) if k], index=df.index, dtype=bool)
-    for col in df.columns:
-        if _is_text_column(df[col]):
-            fixed = df[col].map(repair_text)
-            # whitespace-only changes are tidying, not repair
-            repaired |= fixed.str.split().str.join(" ") != df[col].str.split().str.join(" ")
-            df[col] = fixed
-    report.rows_repaired = int(repaired.sum())
+    _repair_text_columns(df, np.array([b for b, k in zip(from_bad_line, keep) if k], dtype=bool), report)
     return df
+
+
+# Printable ASCII without '&' is what repair_text leaves alone apart from spaces: only other cells go
+# through ftfy, which is most of a reader's time when every cell does.
+_MAY_NEED_REPAIR = r"[^\x20-\x7e]|&"
+
+
+def _repair_text_columns(df: pd.DataFrame, from_bad_line: np.ndarray, report: ReadReport) -> None:
+    """Repair the text columns in place; a row counts as repaired when its line was not UTF-8 or its text changed."""
+    repaired = pd.Series(from_bad_line, index=df.index, dtype=bool)
+    for col in df.columns:
+        if not _is_text_column(df[col]):
+            continue
+        values = df[col].astype(str)
+        suspect = values.str.contains(_MAY_NEED_REPAIR, regex=True).to_numpy()
+        fixed = values.str.replace(r" {2,}", " ", regex=True).str.strip()
+        if suspect.any():
+            before = values[suspect]
+            after = before.map(repair_text)
+            # whitespace-only changes are tidying, not repair
+            repaired[suspect] |= after.str.split().str.join(" ") != before.str.split().str.join(" ")
+            fixed.loc[before.index] = after
+        df[col] = fixed.astype(object)
+    report.rows_repaired = int(repaired.sum())
 
 
 def _is_text_column(series: pd.Series) -> bool:
@@ -197,48 +401,119 @@ def _is_text_column(series: pd.Series) -> bool:
     return len(sample) > 0 and sample.str.contains(r"[A-Za-z\u00c0-\uffff]{2,}", regex=True).mean() > 0.5
 
 
-def _read_json(path: Path, fmt: str) -> pd.DataFrame:
+# --- JSON and Parquet -------------------------------------------------------------------------------
+
+
+def _read_json(path: Path, fmt: str, report: ReadReport) -> pd.DataFrame:
+    raw = _text_bytes(path, report)
+    text: str | None = None
+    bad_lines: set[int] = set()
     try:
-        return pd.read_json(path, lines=(fmt == "jsonl"), dtype=False)
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # mixed encodings, as in CSV exports: decode line by line and repair below
+        text, bad_lines = decode_lines(raw.replace(b"\r\n", b"\n"))
+    try:
+        df = pd.read_json(
+            io.StringIO(text) if text is not None else io.BytesIO(raw), lines=(fmt == "jsonl"), dtype=False
+        )
     except ValueError as exc:
         hint = " (one JSON object per line? name the file .jsonl)" if fmt == "json" else ""
         raise DataError(f"{path}: not valid {fmt.upper()}{hint}: {str(exc).splitlines()[0]}") from None
+    if bad_lines:
+        from_bad_line = np.zeros(len(df), dtype=bool)
+        if fmt == "jsonl":  # one row per non-empty line
+            lines = [i for i, line in enumerate(text.split("\n")) if line.strip()]  # type: ignore[union-attr]
+            from_bad_line = np.array([i in bad_lines for i in lines[: len(df)]], dtype=bool)
+        text_cols = [c for c in df.columns if df[c].map(lambda v: isinstance(v, str)).all()]
+        sub = df[text_cols].astype(object)
+        _repair_text_columns(sub, from_bad_line, report)
+        df[text_cols] = sub
+    return df
 
 
-def _read_saved_dataset(path: Path, split: str) -> tuple[pd.DataFrame, ReadReport]:
-    if not ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
-        raise DataError(f"{path}: a folder, but not one written by datasets' save_to_disk")
+def _read_parquet(path: Path) -> pd.DataFrame:
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+
+
+# --- data sets: save_to_disk folders, `datasets` folders and hub data sets ---------------------------
+
+
+def _read_saved_dataset(path: Path, split: str, options: ReadOptions) -> tuple[pd.DataFrame, ReadReport]:
     import datasets
 
-    ds = datasets.load_from_disk(str(path))
+    if options.config is not None:
+        raise DataError(f"{path}: a save_to_disk folder has no configurations; drop --data-config")
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:  # missing or damaged Arrow files, bad JSON, no permission: all unusable alike
+        raise DataError(
+            f"{path}: cannot read this save_to_disk folder ({_short(exc)}); save the data set again"
+        ) from None
     if isinstance(ds, datasets.DatasetDict):
-        ds = _pick_split(ds, split, str(path))
+        ds = _pick_split(ds, split, str(path), options.split)
     df = ds.to_pandas()
     return df, ReadReport(source=str(path), rows_read=len(df))
 
 
-def _read_hub_dataset(name: str, split: str) -> tuple[pd.DataFrame, ReadReport]:
+def _read_dataset(name: str, config: str | None, split: str, options: ReadOptions) -> tuple[pd.DataFrame, ReadReport]:
+    """A hub data set (from the local cache when offline) or a local `datasets` folder, by configuration."""
     import datasets
 
+    config = config or options.config
+    label = f"{name}:{config}" if config else name
+    local = Path(name).is_dir()
     try:
-        ds = datasets.load_dataset(name)
-    except Exception as exc:  # offline, unknown name, gated: all end the same way for the user
+        ds = datasets.load_dataset(name, config)
+    except Exception as exc:  # offline, unknown name, gated, unknown configuration: all end here for the user
+        configs = _config_names(name)
+        if configs and config not in configs:
+            which = f"has no configuration '{config}'" if config else "has several configurations"
+            raise DataError(
+                f"{label}: {which}: {', '.join(configs)}; choose one with --data-config "
+                f"(or write --data {name}:{configs[0]})"
+            ) from None
+        if local:
+            raise DataError(
+                f"{name}: a folder, but not one written by datasets' save_to_disk nor a `datasets` folder "
+                f"of data files ({_short(exc)})"
+            ) from None
         raise DataError(
-            f"{name}: not a local file, and loading it from the Hugging Face Hub failed "
+            f"{label}: not a local file, and loading it from the Hugging Face Hub failed "
             f"({_short(exc)}); give a local file or go online"
         ) from None
     if isinstance(ds, datasets.DatasetDict):
-        ds = _pick_split(ds, split, name)
+        ds = _pick_split(ds, split, label, options.split)
     df = ds.to_pandas()
-    return df, ReadReport(source=name, rows_read=len(df))
+    return df, ReadReport(source=label, rows_read=len(df))
 
 
-def _pick_split(ds, split: str, source: str):
+def _config_names(name: str) -> list[str]:
+    import datasets
+
+    try:
+        return list(datasets.get_dataset_config_names(name))
+    except Exception:  # offline and not cached: there is nothing better to say than the load error
+        return []
+
+
+def _pick_split(ds, split: str, source: str, explicit: str | None = None):
+    if explicit is not None:
+        if explicit in ds:
+            return ds[explicit]
+        flag = "--data-split" if split == "train" else "--eval-split"
+        raise DataError(f"{source}: no split '{explicit}' (given by {flag}); it has {', '.join(ds)}")
     aliases = {"train": ["train"], "eval": ["validation", "dev", "test"]}[split]
     for name in aliases:
         if name in ds:
             return ds[name]
-    raise DataError(f"{source}: no '{aliases[0]}' split (has {', '.join(ds)}); pass the split's own path")
+    flag = "--data-split" if split == "train" else "--eval-split"
+    raise DataError(f"{source}: no '{aliases[0]}' split (has {', '.join(ds)}); name the split with {flag}")
 
 
 def _looks_like_hub_name(source: str) -> bool:

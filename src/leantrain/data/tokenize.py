@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-CACHE_VERSION = 1  # bump when what is stored, or how text is repaired, changes
+CACHE_VERSION = 2  # bump when what is stored, or how text is repaired, changes (2: labels 1.0 -> 1, UTF-16)
+
+log = logging.getLogger("leantrain")
 
 
 @dataclass
@@ -94,7 +97,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
     h = hashlib.sha256(type(tokenizer).__name__.encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        h.update(backend.to_str().encode())
+        # Tokenizing with truncation stores the truncation settings in the backend: left in, the same
+        # tokenizer would hash differently before and after its first use (max_length is in the key anyway).
+        definition = json.loads(backend.to_str())
+        definition.pop("truncation", None)
+        definition.pop("padding", None)
+        h.update(json.dumps(definition, sort_keys=True).encode())
     else:
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(json.dumps([tokenizer.padding_side, tokenizer.truncation_side]).encode())
@@ -126,12 +134,38 @@ def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict
     os.replace(tmp, path)
 
 
-def load_cached(path: Path) -> tuple[TokenizedText, list[str], dict] | None:
+def load_cached(path: Path, vocab_size: int | None = None) -> tuple[TokenizedText, list[str], dict] | None:
+    """A cache entry, or None when there is none or it is damaged (then it is rebuilt, never trusted)."""
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
             tokens = TokenizedText(z["input_ids"], z["offsets"], z.get("token_type_ids"))
-            return tokens, z["labels"].tolist(), json.loads(str(z["meta"]))
-    except Exception:  # a damaged cache entry is rebuilt, never trusted
-        return None
+            labels, meta = z["labels"].tolist(), json.loads(str(z["meta"]))
+        problem = _inconsistency(tokens, labels, meta, vocab_size)
+    except Exception as exc:  # unreadable: truncated, bad zip, bad JSON, missing arrays
+        problem = f"unreadable ({type(exc).__name__})"
+    if problem is None:
+        return tokens, labels, meta
+    log.warning("tokenization cache entry %s is damaged (%s); tokenizing again", path, problem)
+    return None
+
+
+def _inconsistency(tokens: TokenizedText, labels: list, meta: Any, vocab_size: int | None) -> str | None:
+    """What is wrong with arrays that loaded but may not fit together (garbage that np.load accepts)."""
+    ids, offsets = tokens.input_ids, tokens.offsets
+    if ids.ndim != 1 or offsets.ndim != 1 or len(offsets) == 0:
+        return "arrays of the wrong shape"
+    if not (np.issubdtype(ids.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)):
+        return "arrays of the wrong type"
+    if offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 0).any():
+        return "offsets do not fit the token ids"
+    if tokens.token_type_ids is not None and tokens.token_type_ids.shape != ids.shape:
+        return "token type ids do not fit the token ids"
+    if len(labels) != len(offsets) - 1:
+        return f"{len(labels)} labels for {len(offsets) - 1} rows"
+    if len(ids) and (ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size)):
+        return "token ids outside the tokenizer's vocabulary"
+    if not (isinstance(meta, dict) and {"columns", "report"} <= meta.keys()):
+        return "no description of its columns"
+    return None

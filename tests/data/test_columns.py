@@ -1,0 +1,30 @@
+"""Labels: whole numbers are classes, numbers with a fraction are refused (issue #19.12)."""
+
+import pandas as pd
+import pytest
+
+from leantrain.data.columns import build_label_map, normalise_labels
+from leantrain.errors import DataError
+
+
+def test_fractional_labels_are_refused_naming_regression():
+    scores = pd.Series([f"{i / 36:.2f}" for i in range(180)])  # an STS-B-like similarity score
+    with pytest.raises(DataError, match="--problem-type regression") as info:
+        build_label_map(normalise_labels(scores), "stsb.tsv", "score")
+    message = str(info.value)
+    assert "stsb.tsv" in message and "'score'" in message and "classifiers" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "values,names",
+    [
+        ([1.0, 0.0, 1.0], ["0", "1"]),  # a float column of whole numbers (pandas, JSON)
+        (["1.0", "0.0", "2.00"], ["0", "1", "2"]),  # the same written to a CSV
+        (["1", "0", "1.0"], ["0", "1"]),  # 1 and 1.0 are one class
+        (["nan", "inf", "ok"], ["inf", "nan", "ok"]),  # words, not numbers
+        (["1.5.2", "2.0.1"], ["1.5.2", "2.0.1"]),  # versions, not numbers
+    ],
+)
+def test_whole_numbers_and_words_are_classes(values, names):
+    assert build_label_map(normalise_labels(pd.Series(values)), "f", "label") == names
