@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Install leantrain with its test extras into .venv, then run the test suite.
-# The CPU torch wheel is installed first and pinned: a bare `torch` requirement would pull a
-# several-GB CUDA build.
+# scripts/install.sh installs the torch that fits the machine first (CPU build where there is no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install.sh ".[dev]"
