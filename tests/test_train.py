@@ -61,6 +61,10 @@ def test_train_writes_a_shippable_run(job, capsys):
     assert [r["step"] for r in train_rows] == list(range(2, metrics["optimizer_steps"] + 1, 2))
     assert train_rows[-1]["loss"] < train_rows[0]["loss"]
     assert "eval_accuracy" in rows[-1]
+    # a Hub model card: front matter, then what the model is and how well it did
+    card = (out / "model" / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: transformers" in card
+    assert f"{metrics['eval_accuracy']:.4f}" in card
 
 
 def test_the_model_loads_in_a_transformers_pipeline_offline(job):

@@ -453,13 +453,17 @@ class Trainer:
 
         import yaml
 
+        from leantrain.model_card import write_model_card
         from leantrain.telemetry.report import write_report
 
         staging = self.staging
         assert staging is not None  # the main process stages the run
         model.save_pretrained(staging / "model", safe_serialization=True)
         self.data.processor.save_pretrained(staging / "model")
-        (staging / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        cfg = self.cfg
+        card = dict(base_model=cfg.model, data={"train": cfg.data, "eval": cfg.eval_data}, task=self.task.name)
+        write_model_card(staging / "model", metrics=metrics, config=cfg.to_dict(), **card)
+        (staging / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
             try:
