@@ -51,14 +51,20 @@ def train(
 
 @contextlib.contextmanager
 def _library_bars_off():
-    """leantrain reports loading and saving itself; the libraries' own bars would interleave with ours.
-    Restored afterwards: a program that calls `train` keeps its own settings."""
+    """transformers' own bars (loading and writing weights) are off: leantrain reports loading and saving
+    itself, and they would interleave with its lines. Hub downloads keep theirs, or a large download would
+    look hung. Both are restored afterwards: a program that calls `train` keeps its own settings."""
+    from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    was_enabled, hub_was_disabled = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # (this turns off the hub's bars too)
+    if not hub_was_disabled:
+        hub_utils.enable_progress_bars()
     try:
         yield
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+        if hub_was_disabled:
+            hub_utils.disable_progress_bars()

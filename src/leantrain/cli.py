@@ -416,9 +416,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_libraries() -> None:
-    """Keep the libraries' own progress bars and advice out of the user's terminal."""
+    """Keep the libraries' advice out of the user's terminal (hub downloads keep their progress bars)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
