@@ -180,6 +180,12 @@ class TrainConfig:
         default="stop",
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
+    # --- reliability (issue #19)
+    save_on_interrupt: bool = _help(
+        "On Ctrl-C or SIGTERM (a cluster's preemption), save a checkpoint at the next step boundary even without "
+        "--save-every (with it, one is always saved), then stop with the command that resumes it.",
+        default=False,
+    )
     # --- evaluation, logging, output
     eval_every: int | None = _help("Evaluate every N optimizer steps (and always at the end).", default=None)
     log_every: int = _help("Log a row to metrics.jsonl every N optimizer steps.", default=10)
@@ -199,6 +205,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _coerce_types(self)
+        _check_finite(self)
         _check_media(self)
         _positive(self, "max_length", "batch_size", "log_every", "grad_accum")
         _positive(self, "limit", "max_steps", "eval_every", "local_sgd_steps", optional=True)
@@ -356,3 +363,12 @@ def _check_media(cfg: TrainConfig) -> None:
                 raise ConfigError(f"{_flag(name)} '{pattern}' is not a regular expression ({exc})") from None
     if cfg.max_seconds is not None and not (cfg.max_seconds > 0 and math.isfinite(cfg.max_seconds)):
         raise ConfigError(f"{_flag('max_seconds')} must be a positive number, got {cfg.max_seconds}")
+
+
+def _check_finite(cfg: TrainConfig) -> None:
+    """Reliability (issue #19): NaN or infinity in a numeric setting (--lr inf, --weight-decay nan) would train a
+    non-finite model while passing every range check (comparisons with NaN are false)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}")

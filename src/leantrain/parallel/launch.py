@@ -15,6 +15,12 @@ carries `RANK`/`LOCAL_RANK`/`WORLD_SIZE` in its environment, and never launches 
 
 Failures: torchrun's agent watches its processes; when one exits non-zero or is killed, it stops the
 others and exits non-zero, and every process reports its own error on stderr, naming its rank.
+
+Reliability (issue #19): the command that launches holds the output directory's lock for the whole job and
+tells its processes so (`LEANTRAIN_LOCK_HOLDER`). Each process dies with its parent (a parent-death signal), so
+killing the top-level `leantrain train`, even with SIGKILL, leaves nothing training unobserved. SIGTERM sent to
+it is passed on; Ctrl-C reaches every process of the terminal's group; either way the processes save a
+checkpoint at the next step boundary and every one exits 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -218,13 +224,20 @@ def launch_command(
 
 def launch(cfg: TrainConfig) -> int:
     """Start the job's processes on this machine and wait for them. Returns the job's exit code."""
+    from leantrain.run_dir import LOCK_HOLDER_ENV, OutputLock
     from leantrain.training.loop import resolve_config
 
     # Every process must agree on the output directory: fix the timestamped default here, once.
     cfg = resolve_config(cfg)
+    assert cfg.output_dir is not None
+    held = None
+    if cfg.machine_rank == 0:  # the machine whose rank 0 writes the run; held until this process ends
+        held = OutputLock(cfg.output_dir).acquire()
+    holder = {LOCK_HOLDER_ENV: str(os.getpid())} if held is not None else {}
     if cfg.launcher == "ray":
-        return launch_ray(cfg)
+        return launch_ray(cfg, holder)
     cmd, extra = launch_command(cfg, gpus=gpu_count())
+    extra.update(holder)
     nproc = cfg.num_processes or 1
     where = "this machine"
     if cfg.num_machines > 1:
@@ -237,20 +250,28 @@ def launch(cfg: TrainConfig) -> int:
 
 
 def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the launcher; pass SIGTERM/SIGHUP on to it (Ctrl-C reaches the whole process group anyway)."""
-    proc = subprocess.Popen(cmd, env=env)
+    """Run the launcher and wait. SIGTERM/SIGHUP are passed on to it; Ctrl-C (SIGINT) already reaches every
+    process of the terminal's group, so it is only noted. A job stopped by a signal exits 128 + its number."""
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+    received: list[int] = []
 
     def forward(signum, _frame):
+        received.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
 
+    def note(signum, _frame):
+        received.append(signum)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops its processes
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, note)  # the launcher stops its processes
     try:
         rc = proc.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if received and rc != 0:  # the processes said what they saved and how to resume
+        return 128 + received[0]
     if rc != 0:
         why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         print(
@@ -264,7 +285,7 @@ def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
 # -- Ray Train ------------------------------------------------------------------------------------------
 
 
-def launch_ray(cfg: TrainConfig) -> int:
+def launch_ray(cfg: TrainConfig, holder: dict[str, str] | None = None) -> int:
     """Run the training function in `--num-workers` Ray Train workers (a TorchTrainer) and wait."""
     import json
     import shutil
@@ -290,7 +311,7 @@ def launch_ray(cfg: TrainConfig) -> int:
         ray.init(**{k: v for k, v in init.items() if v is not None})
         trainer = TorchTrainer(
             _ray_worker,
-            train_loop_config={"config": cfg.to_dict(), "fault": os.environ.get(FAULT_ENV)},
+            train_loop_config={"config": cfg.to_dict(), "fault": os.environ.get(FAULT_ENV), "env": holder or {}},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.use_gpu),
             run_config=RunConfig(name="leantrain", storage_path=storage),
         )
@@ -316,6 +337,7 @@ def _ray_worker(loop_config: dict) -> None:
     from leantrain.training import train
 
     os.environ["LEANTRAIN_RAY_WORKER"] = "1"
+    os.environ.update(loop_config.get("env") or {})  # the driver holds the output directory's lock for them
     if loop_config.get("fault"):
         os.environ[FAULT_ENV] = loop_config["fault"]
     install_fault_hook()
@@ -343,12 +365,34 @@ class report_failure:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and self.world > 1 and not issubclass(exc_type, (SystemExit,)):
+        if exc_type is not None and self.world > 1 and not issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
             print(
                 f"leantrain train: process {self.rank} of {self.world} failed: {exc_type.__name__}: {exc}",
                 file=sys.stderr,
                 flush=True,
             )
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere nothing happens).
+
+    Called in each launched process and, through Popen's preexec_fn, in the launcher the top-level command
+    starts: killing the top-level `leantrain train` then takes the whole job with it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def install_fault_hook(environ: dict[str, str] | None = None) -> None:

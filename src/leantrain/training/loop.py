@@ -100,10 +100,17 @@ def train_step(
 
 def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainResult:
     """Fine-tune a model as `config` says; returns metrics and the paths written."""
+    from leantrain import run_dir
+
+    with run_dir.guarded():  # reliability (issue #19): release the output lock, undo --overwrite if unpublished
+        return _train(config, **overrides)
+
+
+def _train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainResult:
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from leantrain import checkpoint, models, parallel
+    from leantrain import checkpoint, models, parallel, run_dir
     from leantrain.data.batching import ClassificationDataset, Collator, GlobalBatchSampler, eval_batches
     from leantrain.data.prepare import prepare_data
     from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
@@ -117,6 +124,7 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     from leantrain.telemetry.report import write_environment, write_report
     from leantrain.telemetry.tensorboard_log import TeeLog, TensorBoardLogger, check_tensorboard
     from leantrain.telemetry.timing import StepTimer
+    from leantrain.training import interrupt
     from leantrain.training.evaluate import evaluate_loop
 
     if config is None:
@@ -490,6 +498,11 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
                         else f"best eval {cfg.metric_for_best}",
                         checkpoint.rng_state(),
                     )
+                # interrupt (issue #19): Ctrl-C/SIGTERM stop every process here, after a checkpoint
+                if (signum := interrupt.requested(accelerator)) is not None:
+                    just_saved = cfg.save_every is not None and (step % cfg.save_every == 0 or new_best)
+                    save_now = lambda why: save(why, checkpoint.rng_state())  # noqa: E731
+                    raise interrupt.stop(signum, cfg, step, total_steps, checkpoints, just_saved, save_now)
                 if step >= total_steps:
                     break
             epoch += 1
@@ -557,7 +570,8 @@ def train(config: TrainConfig | dict | None = None, **overrides: Any) -> TrainRe
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         assert staging is not None  # the main process stages the run
-        _write_outputs(staging, unwrapped, tokenizer, cfg, metrics)
+        with run_dir.writing(staging / "model", metrics["weights_bytes"]):  # reliability (issue #19): full disk
+            _write_outputs(staging, unwrapped, tokenizer, cfg, metrics)
         if cfg.report:
             try:
                 write_report(staging)

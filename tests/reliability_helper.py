@@ -1,0 +1,62 @@
+"""`leantrain train` in a subprocess that trains slowly or is killed mid-publish (tests/test_reliability.py).
+
+    python tests/reliability_helper.py train --model ... --output-dir ...
+
+Environment, all optional:
+  LT_STEP_SLEEP=S             sleep S seconds before each optimizer step (a test can signal the run mid-training)
+  LT_KILL_AFTER_PUBLISHED=N   SIGKILL this process right after the N-th output has been moved into place
+
+Nothing here changes what a step computes: the patches only wait or kill.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+
+def main() -> int:
+    from leantrain import run_dir
+    from leantrain.cli import main as cli_main
+    from leantrain.training import loop
+
+    sleep = float(os.environ.get("LT_STEP_SLEEP", "0"))
+    if sleep:
+        train_step = loop.train_step
+
+        def slow_train_step(*args, **kwargs):
+            time.sleep(sleep)
+            return train_step(*args, **kwargs)
+
+        loop.train_step = slow_train_step
+
+    if "LT_KILL_AFTER_PUBLISHED" in os.environ:
+        after = int(os.environ["LT_KILL_AFTER_PUBLISHED"])
+        publish = run_dir.RunDir._publish_from
+        real_replace = os.replace
+
+        def publish_then_die(self, staging):
+            moved = [0]
+
+            def replace(src, dst):
+                real_replace(src, dst)
+                if os.path.dirname(os.fspath(src)) == os.fspath(staging):  # an output moved into place
+                    moved[0] += 1
+                    if moved[0] == after:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            run_dir.os.replace = replace  # type: ignore[attr-defined]
+            try:
+                return publish(self, staging)
+            finally:
+                run_dir.os.replace = real_replace  # type: ignore[attr-defined]
+
+        run_dir.RunDir._publish_from = publish_then_die
+
+    return cli_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
