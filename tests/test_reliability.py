@@ -113,7 +113,7 @@ def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str, t
     deadline = time.monotonic() + timeout
     while not condition():
         if proc.poll() is not None:
-            out, err = proc.communicate()
+            _, err = proc.communicate()
             pytest.fail(f"the job ended (rc {proc.returncode}) before {what}:\n{err[-3000:]}")
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -255,8 +255,12 @@ def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
     assert not run_dir._HELD and not run_dir._ACTIVE
     # nothing holds it now: another process takes it at once
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from leantrain.run_dir import OutputLock; OutputLock(sys.argv[1]).acquire()"]
-        + [cfg.output_dir],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from leantrain.run_dir import OutputLock; OutputLock(sys.argv[1]).acquire()",
+            cfg.output_dir,
+        ],
         env=env(),
         capture_output=True,
         text=True,
@@ -564,7 +568,9 @@ def test_a_kill_mid_publish_never_leaves_a_finished_mix(job, after):
     train(cfg)
     out = Path(cfg.output_dir)
     old = digest(out)
-    rc, _, err = finish(start(flags(cfg.replace(overwrite=True, max_steps=3)), helper=True, LT_KILL_AFTER_PUBLISHED=str(after)))
+    rc, _, err = finish(
+        start(flags(cfg.replace(overwrite=True, max_steps=3)), helper=True, LT_KILL_AFTER_PUBLISHED=str(after))
+    )
     assert rc == -signal.SIGKILL, err[-3000:]
     assert not (out / "metrics.json").exists()  # neither run is "finished" mid-publish
     with pytest.raises(ConfigError, match="holds a finished run"):  # the next command completed the publish
@@ -706,7 +712,7 @@ def test_precision_is_compared_as_resolved(job):
     with pytest.raises(checkpoint.CheckpointError) as err:
         train(job("other", save_every=2, precision=other, resume=str(ckpt)))
     message = str(err.value)
-    assert message.count("precision") == 1 and f"precision: '{resolved}' -> '{other}'" in message
+    assert message.count("precision: ") == 1 and f"precision: '{resolved}' -> '{other}'" in message
 
 
 # -- #20 item 13, #19 item 12: --resume at the wrong folder ---------------------------------------------------------

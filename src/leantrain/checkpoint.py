@@ -153,13 +153,11 @@ class Checkpoint:
             for k in config
             if k not in RESUMABLE_CHANGES and k not in COMPARED_AS_FACTS and k in saved and saved[k] != config[k]
         ]
-        differing += [k for k in facts if self.manifest.get("facts", {}).get(k, facts[k]) != facts[k]]
-        if differing:
-            what = "; ".join(
-                f"{k}: {_show(saved.get(k, self.manifest.get('facts', {}).get(k)))} -> "
-                f"{_show(config.get(k, facts.get(k)))}"
-                for k in differing
-            )
+        saved_facts = self.manifest.get("facts", {})
+        changed = [(k, saved[k], config[k]) for k in differing]
+        changed += [(k, saved_facts[k], facts[k]) for k in facts if saved_facts.get(k, facts[k]) != facts[k]]
+        if changed:  # facts are resolved values: `auto` precision shows as what it resolved to
+            what = "; ".join(f"{k}: {_show(before)} -> {_show(now)}" for k, before, now in changed)
             raise CheckpointError(
                 f"cannot resume from {self.path}: {what} differ from the checkpoint's run, which would change "
                 f"the result. Use the checkpoint's settings (its config is in {self.path / MANIFEST}), or start a "
