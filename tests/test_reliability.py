@@ -139,20 +139,28 @@ def digest(directory: Path) -> dict[str, str]:
     return out
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session `sid` (the job's launcher, its agent and its workers)."""
-    pids = []
+def live_processes() -> dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
-            pids.append(int(entry.name))
-    return pids
+        if state != "Z":
+            found[int(entry.name)] = int(ppid)
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below `pid`: a launcher's agent and its workers (which run in sessions of their own)."""
+    parents, found, frontier = live_processes(), set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 @pytest.fixture()
@@ -234,18 +242,19 @@ def test_a_second_run_into_a_busy_output_dir_is_refused_and_touches_nothing(job,
     "the second exits 2 naming the first's pid; the first finishes with all its rows and its own checkpoints",
 )
 def test_two_real_runs_into_one_output_dir(job, tmp_path):
-    cfg = job(max_steps=12, save_every=2, eval_every=6)
+    cfg = job(max_steps=60, save_every=5, eval_every=30)
     out = Path(cfg.output_dir)
-    first = start(flags(cfg), helper=True, LT_STEP_SLEEP="0.4")
-    wait_for(lambda: (out / "checkpoints" / "step-000002").is_dir(), first, "first checkpoint")
+    first = start(flags(cfg), helper=True, LT_STEP_SLEEP="0.5")  # 30 s of training: the second starts meanwhile
+    wait_for(lambda: (out / "checkpoints" / "step-000005").is_dir(), first, "first checkpoint")
     rc, _, err = finish(start(flags(cfg.replace(overwrite=True))))
     assert rc == 2 and f"pid {first.pid}" in one_line_error(err)
+    assert first.poll() is None  # refused while the first was training
     rc, _, err = finish(first)
     assert rc == 0, err[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 13))
-    assert sum("eval_accuracy" in r for r in rows) == 3  # at 6, at 12 ... and the final evaluation
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{s:06d}" for s in range(2, 13, 2)]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 61))
+    assert sum("eval_accuracy" in r for r in rows) == 2  # at step 30, and the final evaluation
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{s:06d}" for s in range(5, 61, 5)]
 
 
 def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
@@ -438,15 +447,16 @@ def test_killing_the_launcher_kills_its_workers(job):
     out = Path(cfg.output_dir)
     proc = start(flags(cfg))
     wait_for(lambda: (out / "checkpoints" / "step-000005").is_dir(), proc, "the first checkpoint")
-    assert len(session_pids(proc.pid)) >= 3  # launcher, agent, two workers
+    job_pids = descendants(proc.pid)
+    assert len(job_pids) >= 3, job_pids  # the launcher's agent and two workers
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     deadline = time.monotonic() + 30
-    while session_pids(proc.pid) and time.monotonic() < deadline:
+    while job_pids & set(live_processes()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = session_pids(proc.pid)
-    if left:
-        os.killpg(proc.pid, signal.SIGKILL)
+    left = job_pids & set(live_processes())
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
     assert not left, f"processes kept running after their launcher was killed: {left}"
     newest = checkpoint.CheckpointDir(out / "checkpoints").step_dirs()
     time.sleep(1.0)
@@ -459,7 +469,8 @@ def test_killing_the_launcher_kills_its_workers(job):
 def resume_from_message(err: str) -> tuple[Path, list[str]]:
     saved = Path(re.search(r"checkpoint: (\S+)", err).group(1))
     command = shlex.split(re.search(r"resume with: (.+)", err).group(1))
-    assert command[:2] == ["leantrain", "train"] and command[-2:] == ["--resume", "auto"]
+    assert command[:2] == ["leantrain", "train"]
+    assert command[command.index("--resume") + 1] == "auto" and "--overwrite" not in command
     return saved, command[1:]
 
 
@@ -519,6 +530,7 @@ def test_two_processes_stop_together_with_a_checkpoint(job, how):
     out = Path(cfg.output_dir)
     proc = start(flags(cfg))
     wait_for(lambda: any(out.glob(".incomplete-*/metrics.jsonl")), proc, "training")
+    job_pids = descendants(proc.pid)
     if how.startswith("SIGINT"):
         os.killpg(proc.pid, signal.SIGINT)
     else:
@@ -531,7 +543,7 @@ def test_two_processes_stop_together_with_a_checkpoint(job, how):
     saved, _ = resume_from_message(err)
     ckpt = checkpoint.verify(saved)
     assert ckpt.manifest["num_processes"] == 2 and {"rank-0.pt", "rank-1.pt"} <= set(ckpt.manifest["files"])
-    assert not session_pids(proc.pid)
+    assert not job_pids & set(live_processes())  # the agent and both workers exited
 
 
 def test_handlers_belong_to_the_cli_not_to_the_python_api(job, monkeypatch):

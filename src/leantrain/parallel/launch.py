@@ -252,6 +252,8 @@ def launch(cfg: TrainConfig) -> int:
 def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
     """Run the launcher and wait. SIGTERM/SIGHUP are passed on to it; Ctrl-C (SIGINT) already reaches every
     process of the terminal's group, so it is only noted. A job stopped by a signal exits 128 + its number."""
+    if cmd[1:2] == ["-m"] and cmd[2] in ("accelerate.commands.launch", "torch.distributed.run"):
+        cmd = [cmd[0], "-m", "leantrain.parallel.agent", *cmd[2:]]  # the same launcher, quiet when signalled
     proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
     received: list[int] = []
 

@@ -4,14 +4,13 @@ The CLI and the processes a launcher starts install handlers for SIGINT and SIGT
 (`handling()`) and put the previous ones back afterwards; `leantrain.train` called from a program installs none,
 so there Ctrl-C is Python's KeyboardInterrupt as usual.
 
-With handlers installed, a signal before the loop's first step boundary stops at once (nothing to save yet).
-From then on it is noted, and at the next step boundary every process agrees to stop at the same step (one
-all-reduce per step, only with handlers installed and several processes), saves a checkpoint when --save-every
-or --save-on-interrupt is set, and raises `Interrupted`: the CLI prints its message (the checkpoint and the
-exact command that resumes it) and exits 128 + the signal's number, 130 for SIGINT and 143 for SIGTERM, from
-every process. A second signal stops a single process at once; in a launched job the launcher repeats the
-signal to its processes, so a repeat is ignored there (the launcher kills what has not stopped in 30 s).
-A signal after the last step lets the run finish and publish.
+With handlers installed, a signal is noted, and at the next optimizer-step boundary every process agrees to
+stop at the same step (one all-reduce per step, only with handlers installed and several processes), saves a
+checkpoint when --save-every or --save-on-interrupt is set, and raises `Interrupted`: the CLI prints its message
+(the checkpoint and the exact command that resumes it) and exits 128 + the signal's number, 130 for SIGINT and
+143 for SIGTERM, from every process. A second signal stops a single process at once (during a long data
+preparation, say); in a launched job the launcher's agent stops what has not stopped 30 s after passing the
+signal on. A signal after the last step lets the run finish and publish.
 """
 
 from __future__ import annotations
@@ -43,7 +42,6 @@ class Interrupted(KeyboardInterrupt):
 
 class _State:
     installed = False
-    deferring = False  # the loop has reached a step boundary: note signals, stop at the next boundary
     launched = False  # one of a launcher's processes: the launcher repeats signals, so repeats are not "again"
     received: int | None = None
 
@@ -62,7 +60,7 @@ def handling(launched: bool = False) -> Iterator[None]:
         yield  # signal handlers can only be set from the main thread
         return
     previous = {s: signal.getsignal(s) for s in SIGNALS}
-    _state.installed, _state.deferring, _state.launched, _state.received = True, False, launched, None
+    _state.installed, _state.launched, _state.received = True, launched, None
     for s in SIGNALS:
         signal.signal(s, _handle)
     try:
@@ -70,7 +68,7 @@ def handling(launched: bool = False) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _state.installed, _state.deferring = False, False
+        _state.installed = False
 
 
 def received() -> int | None:
@@ -79,16 +77,12 @@ def received() -> int | None:
 
 
 def _handle(signum: int, _frame: Any) -> None:
-    if not _state.deferring:
-        raise Interrupted(signum, f"stopped by {signal_name(signum)} before training began; nothing to save")
     if _state.received is None:
         _state.received = signum
         if int(os.environ.get("RANK", "0")) == 0:
+            again = "" if _state.launched else " (again to stop at once)"
             print(
-                f"leantrain: {signal_name(signum)} received: stopping at the end of this optimizer step "
-                "(again to stop at once)"
-                if not _state.launched
-                else f"leantrain: {signal_name(signum)} received: stopping at the end of this optimizer step",
+                f"leantrain: {signal_name(signum)} received: stopping at the end of this optimizer step{again}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -103,7 +97,6 @@ def requested(accelerator) -> int | None:
     always None, where no handlers are installed (`leantrain.train` called from a program)."""
     if not _state.installed:
         return None
-    _state.deferring = True
     got = _state.received
     if accelerator.num_processes > 1:
         import torch
