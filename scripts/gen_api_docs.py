@@ -23,9 +23,9 @@ FUNCTIONS = """\
     options:
       members: [from_yaml, from_dict, replace, to_dict]
 
-::: leantrain.training.loop.train
+::: leantrain.api.train
 
-::: leantrain.training.loop.TrainResult
+::: leantrain.training.trainer.TrainResult
 
 ::: leantrain.inference.evaluate
 

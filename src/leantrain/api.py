@@ -21,7 +21,7 @@ def train(
     """Fine-tune a model as `config` says (a `TrainConfig`, a dict of its fields, or keyword overrides); returns
     the metrics and the paths written. `task` trains a workload of your own (a `leantrain.tasks.Task` subclass)
     instead of the one the config names or the model implies; `hooks` instruments the run (tests)."""
-    from leantrain import models
+    from leantrain import models, run_dir
 
     if config is None:
         config = TrainConfig()
@@ -42,7 +42,9 @@ def train(
     model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
     model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
     chosen = task(cfg) if task is not None else resolve(cfg, model_config)
-    with _library_bars_off():
+    # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside
+    # is put back unless the run published
+    with run_dir.guarded(), _library_bars_off():
         trainer = Trainer(
             cfg, chosen, model_path, model_config, plan=plan, hooks=hooks, share_output_dir=config.output_dir is None
         )

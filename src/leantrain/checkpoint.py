@@ -10,10 +10,13 @@ Layout of `OUTPUT_DIR/checkpoints/step-000123/` (one per save; the directory nam
     checkpoint.json      written last: step counters, data position, best metric, resolved config, and the
                          size and CRC-32 of every file above
 
-Atomic: a save writes into `.step-000123.tmp/` beside its final place, fsyncs every file and the directory,
-then renames it into place, so a directory named `step-*` is complete or absent. A kill mid-save leaves
-a `.tmp` directory that nothing reads (and the next run deletes) and the previous checkpoint untouched.
-Pruning renames a checkpoint away before deleting it, for the same reason.
+Atomic: a save writes into `.step-000123.tmp-RUN/` beside its final place (RUN: the main process's pid, so
+two runs never share one), fsyncs every file and the directory, then renames it into place, so a directory
+named `step-*` is complete or absent. A kill mid-save leaves a `.tmp-*` directory that nothing reads (and the
+next run deletes) and the previous checkpoint untouched. Pruning renames a checkpoint away before deleting it,
+for the same reason; saving a step again renames the old copy to `.step-000123.old-RUN` first, which the next
+run puts back if the kill came between the two renames. A full disk is one line naming the path and the space
+needed, the partial save removed; weights that hold NaN or infinity are never saved.
 
 Safe loading: weights through safetensors, everything else through `torch.load(weights_only=True)` or
 JSON, after every file's size and checksum were verified: a corrupted or truncated file is named in a
@@ -26,7 +29,6 @@ them just before the loop puts every dropout mask where it was.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.run_dir import NonFiniteModel, nonfinite_count, write_failure
 
 FORMAT = 1
 MANIFEST = "checkpoint.json"
@@ -69,8 +72,15 @@ RESUMABLE_CHANGES = frozenset(
         "launcher",  # the number of processes itself is checked as a fact
         "log",
         "report",
+        "save_on_interrupt",
     }
 )
+#: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)
+COMPARED_AS_FACTS = frozenset({"precision", "num_processes"})
+#: config keys naming files: the same file by another spelling (relative, absolute, ~) is the same setting
+PATH_KEYS = ("model", "data", "eval_data")
+#: what every checkpoint holds besides the manifest (plus rank-N.pt per process; optimizer.pt unless per rank)
+REQUIRED_FILES = ("model.safetensors", "training_state.pt")
 
 
 class CheckpointError(LeantrainError):
@@ -134,15 +144,21 @@ class Checkpoint:
 
     def check_matches(self, config: dict[str, Any], facts: dict[str, Any]) -> None:
         """Refuse to resume when a setting that changes the result differs; name every differing key."""
-        saved, config = self.manifest["config"], json.loads(json.dumps(config))
-        differing = [k for k in config if k not in RESUMABLE_CHANGES and k in saved and saved[k] != config[k]]
-        differing += [k for k in facts if self.manifest.get("facts", {}).get(k, facts[k]) != facts[k]]
-        if differing:
-            what = "; ".join(
-                f"{k}: {_show(saved.get(k, self.manifest.get('facts', {}).get(k)))} -> "
-                f"{_show(config.get(k, facts.get(k)))}"
-                for k in differing
-            )
+        saved, config = dict(self.manifest["config"]), json.loads(json.dumps(config))
+        for key in PATH_KEYS:  # compare files, not spellings (the manifest records what they resolved to then)
+            if key in config and key in saved:
+                config[key] = normalise_path(config[key])
+                saved[key] = self.manifest.get("resolved_paths", {}).get(key, normalise_path(saved[key]))
+        differing = [
+            k
+            for k in config
+            if k not in RESUMABLE_CHANGES and k not in COMPARED_AS_FACTS and k in saved and saved[k] != config[k]
+        ]
+        saved_facts = self.manifest.get("facts", {})
+        changed = [(k, saved[k], config[k]) for k in differing]
+        changed += [(k, saved_facts[k], facts[k]) for k in facts if saved_facts.get(k, facts[k]) != facts[k]]
+        if changed:  # facts are resolved values: `auto` precision shows as what it resolved to
+            what = "; ".join(f"{k}: {_show(before)} -> {_show(now)}" for k, before, now in changed)
             raise CheckpointError(
                 f"cannot resume from {self.path}: {what} differ from the checkpoint's run, which would change "
                 f"the result. Use the checkpoint's settings (its config is in {self.path / MANIFEST}), or start a "
@@ -152,6 +168,14 @@ class Checkpoint:
 
 def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
+
+
+def normalise_path(value: Any) -> Any:
+    """An existing file or folder as its absolute resolved path; anything else (a hub name, None) unchanged."""
+    if not isinstance(value, str):
+        return value
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
 
 
 # -- RNG ------------------------------------------------------------------------------------------------------
@@ -200,6 +224,7 @@ class CheckpointDir:
     def __init__(self, root: str | Path, accelerator=None):
         self.root = Path(root)
         self.accelerator = accelerator
+        self.run_id: str | None = None  # the main process's pid, agreed by every process at the first save
 
     # -- finding ----------------------------------------------------------------------------------------------
     def step_dirs(self) -> list[Path]:
@@ -235,18 +260,31 @@ class CheckpointDir:
         return None
 
     def clean(self) -> None:
-        """Delete what killed saves and prunes left behind (`.step-*.tmp`, `.step-*.deleting`). Main process."""
-        if self.root.is_dir():
-            for p in self.root.iterdir():
-                if p.name.startswith(f".{PREFIX}") and p.name.endswith((".tmp", ".deleting")):
-                    shutil.rmtree(p, ignore_errors=True)
+        """Repair what killed saves and prunes left (main process, holding the output directory's lock, so every
+        such folder is a dead run's): a re-saved step's old copy whose new copy never arrived goes back in place;
+        partial saves (`.step-*.tmp*`) and prunes (`.step-*.deleting*`) are deleted."""
+        if not self.root.is_dir():
+            return
+        for p in sorted(self.root.iterdir()):
+            if not p.name.startswith(f".{PREFIX}"):
+                continue
+            name, _, kind = p.name[1:].partition(".")
+            if kind.startswith("old") and not (self.root / name).exists():
+                os.replace(p, self.root / name)  # killed between the two renames of a re-save
+            elif kind.startswith(("tmp", "deleting", "old")) or p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True)
 
     def discard_all(self) -> None:
-        """Remove every checkpoint (a fresh run with --overwrite). Main process."""
+        """Set every checkpoint aside (a fresh run with --overwrite): the run directory deletes them when the new
+        run publishes and puts them back if it stops first (`RunDir`). Main process."""
+        from leantrain.run_dir import REPLACED_PREFIX
+
         if self.root.is_dir():
-            aside = self.root.with_name(f".{self.root.name}.deleting-{os.getpid()}")
-            os.replace(self.root, aside)
-            shutil.rmtree(aside, ignore_errors=True)
+            aside = self.root.parent / f"{REPLACED_PREFIX}{os.getpid()}"
+            aside.mkdir(exist_ok=True)
+            if (aside / self.root.name).exists():
+                shutil.rmtree(aside / self.root.name)
+            os.replace(self.root, aside / self.root.name)
 
     # -- saving -----------------------------------------------------------------------------------------------
     def save(
@@ -273,11 +311,33 @@ class CheckpointDir:
         acc = self.accelerator
         main = acc is None or acc.is_main_process
         rank = 0 if acc is None else acc.process_index
+        if self.run_id is None:
+            self.run_id = str(os.getpid())
+            if acc is not None and acc.num_processes > 1:
+                from leantrain.parallel import broadcast_from_main
+
+                self.run_id = broadcast_from_main(self.run_id)
         name = f"{PREFIX}{progress.step:06d}"
-        final, tmp = self.root / name, self.root / f".{name}.tmp"
+        final = self.root / name
+        tmp, old = self.root / f".{name}.tmp-{self.run_id}", self.root / f".{name}.old-{self.run_id}"
         per_rank_optimizer = getattr(local_sgd, "enabled", False)  # local SGD: each process has its own moments
         if local_sgd is not None:
             local_sgd.sync()  # the processes' parameters agree before they are saved (collective)
+        unwrapped_model = acc.unwrap_model(model) if acc is not None else model
+        bad, total = nonfinite_count(p.detach() for p in unwrapped_model.parameters())
+        if not _all_agree(acc, bad == 0):  # diverged: never a "last good" state (one check per save, not per step)
+            previous = next((p.name for p in self.step_dirs()), None)
+            raise NonFiniteModel(
+                f"not saving checkpoint {name}: "
+                + (
+                    f"{bad:,} of {total:,} weights are NaN or infinite"
+                    if bad
+                    else "weights on another process diverged"
+                )
+                + " (the weights diverged before the loss did; lower --lr)"
+                + (f"; the newest checkpoint, {previous}, was saved before" if previous else "")
+            )
+        self._need_bytes = _state_bytes(unwrapped_model, optimizer)
 
         def prepare():
             if main:
@@ -320,16 +380,17 @@ class CheckpointDir:
                 "config": config,
                 "num_processes": 1 if acc is None else acc.num_processes,
                 "per_rank_optimizer": per_rank_optimizer,
+                "resolved_paths": {k: normalise_path(config[k]) for k in PATH_KEYS if k in config},
                 "files": files,
                 "versions": _versions(),
             }
             _write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
             _fsync_dir(tmp)
             if final.exists():  # the same step saved again (e.g. by a run that was resumed before it)
-                os.replace(final, self.root / f".{name}.deleting")
+                os.replace(final, old)  # a kill right after this: clean() puts it back
             os.replace(tmp, final)
             _fsync_dir(self.root)
-            shutil.rmtree(self.root / f".{name}.deleting", ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
 
         for phase in (prepare, write_own, publish):
             self._collectively(phase, tmp)
@@ -338,22 +399,29 @@ class CheckpointDir:
         return final
 
     def _collectively(self, phase, tmp: Path) -> None:
-        """Run one phase of a save on every process; if it fails anywhere, clean up and fail everywhere."""
-        error = None
+        """Run one phase of a save on every process; if it fails anywhere, clean up and fail everywhere.
+
+        A full disk shows as an OSError, a RuntimeError from torch.save or a SafetensorError: each becomes one
+        line naming the path and the space a checkpoint needs; any other failure stays a bug (traceback)."""
+        error, failure = None, None
         try:
             phase()
-        except OSError as exc:
+        except Exception as exc:
+            failure = write_failure(exc, tmp, getattr(self, "_need_bytes", None))
+            if failure is None:
+                if self.accelerator is None or self.accelerator.is_main_process:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
             error = exc
         if not _all_agree(self.accelerator, error is None):
             if self.accelerator is None or self.accelerator.is_main_process:
                 shutil.rmtree(tmp, ignore_errors=True)
-            where = getattr(error, "filename", None) or tmp
-            why = (error.strerror or str(error)) if error is not None else "another process failed to save"
-            if error is not None and error.errno == errno.ENOSPC:
-                why += ": free some space or point --output-dir at a bigger disk"
+            if error is not None:  # measured again now that the partial save is gone
+                failure = write_failure(error, tmp, getattr(self, "_need_bytes", None))
+            what = str(failure) if failure is not None else f"cannot write {tmp} (another process failed to save)"
             previous = next((p.name for p in self.step_dirs()), None)
             kept = f"; the previous checkpoint {previous} is intact" if previous else ""
-            raise CheckpointError(f"cannot save a checkpoint to {where} ({why}){kept}") from None
+            raise CheckpointError(f"checkpoint not saved: {what}{kept}") from None
 
     def prune(self, keep: int | None) -> None:
         """Keep the newest `keep` checkpoints and the best one; rename the others away, then delete them."""
@@ -374,16 +442,24 @@ class CheckpointDir:
         if resume == "auto":
             return self.latest(warn)
         path = Path(resume).expanduser()
+        give = f"give a {self.root.name}/{PREFIX}NNNNNN folder, a run directory, or 'auto'"
         if (path / self.root.name).is_dir() and not (path / MANIFEST).exists():
             found = CheckpointDir(path / self.root.name).latest(warn)  # a run directory: its newest checkpoint
             if found is None:
                 raise CheckpointError(f"--resume {resume}: no complete checkpoint in {path / self.root.name}")
             return found
+        if not path.exists():
+            raise CheckpointError(f"--resume {resume}: no such checkpoint folder; {give}")
         if not path.is_dir():
+            raise CheckpointError(f"--resume {resume}: a file, not a checkpoint folder; {give}")
+        steps = CheckpointDir(path).step_dirs()
+        if steps and not (path / MANIFEST).exists():  # RUN/checkpoints itself: say which folder to give
             raise CheckpointError(
-                f"--resume {resume}: no such checkpoint directory; give a "
-                f"{self.root.name}/{PREFIX}NNNNNN folder, a run directory, or 'auto'"
+                f"--resume {resume}: this is a folder of checkpoints, not one checkpoint; give one of its "
+                f"{PREFIX}NNNNNN folders (newest: {steps[0]}), its run directory {path.parent}, or 'auto'"
             )
+        if not (path / MANIFEST).exists() and not any(path.glob("*.pt")) and not (path / "model.safetensors").exists():
+            raise CheckpointError(f"--resume {resume}: not a leantrain checkpoint (no {MANIFEST}); {give}")
         return verify(path)
 
 
@@ -402,6 +478,15 @@ def verify(path: Path) -> Checkpoint:
         raise CheckpointError(
             f"{manifest_path}: checkpoint format {manifest.get('format')} is not the "
             f"format {FORMAT} this leantrain reads"
+        )
+    per_rank = manifest.get("per_rank_optimizer", False)
+    required = [*REQUIRED_FILES, *(() if per_rank else ("optimizer.pt",))]
+    required += [f"rank-{r}.pt" for r in range(int(manifest.get("num_processes", 1)))]
+    unlisted = [n for n in required if n not in files]
+    if unlisted:  # restore() loads these names: a manifest that leaves one out does not vouch for it
+        raise CheckpointError(
+            f"{manifest_path}: does not list {', '.join(unlisted)}, which every checkpoint holds; the checkpoint is "
+            "damaged or was not written by leantrain; resume from another checkpoint with --resume PATH"
         )
     for name, want in files.items():
         file = path / name
@@ -552,14 +637,42 @@ def _torch_load(path: Path):
 
 def _load(path: Path, load):
     """Run a loader; any failure becomes a one-line CheckpointError naming the file."""
+    import pickle
+
     try:
         return load(path)
+    except pickle.UnpicklingError:  # torch.load(weights_only=True) refused an object that would run code
+        raise CheckpointError(
+            f"{path}: cannot be loaded: it holds Python objects that loading would have to run as code, which "
+            "leantrain never does (not written by leantrain, or tampered with); resume from another checkpoint "
+            "with --resume PATH"
+        ) from None
     except Exception as exc:  # torch and safetensors raise many types for damaged or mismatched files
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
             f"{path}: cannot be loaded ({first}); it is damaged or from a different "
             "model/optimizer; resume from another checkpoint with --resume PATH"
         ) from None
+
+
+def _state_bytes(model, optimizer) -> int:
+    """What a checkpoint of this model and optimizer takes on disk, roughly: every tensor once, plus 1 MiB."""
+    import itertools
+
+    def tensors(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                yield from tensors(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                yield from tensors(v)
+
+    state = optimizer.state_dict() if optimizer is not None else {}
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.state_dict().values(), tensors(state))) + (
+        1 << 20
+    )
 
 
 def _all_agree(accelerator, ok: bool) -> bool:

@@ -226,13 +226,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     if launch.needs_launch(cfg):  # several processes or machines, or Ray: start them, each runs this again
         return launch.launch(cfg)
     launch.check_launched(cfg)
+    if launch.launched():
+        launch.die_with_parent()  # a launcher killed outright takes its processes with it (issue #19)
     rank, world = launch.rank_info()
     from leantrain.api import train
+    from leantrain.training import interrupt
 
-    with launch.report_failure(rank, world):
-        result = train(cfg)
+    # Ctrl-C and SIGTERM stop at the next step boundary, with a checkpoint (training/interrupt.py)
+    with interrupt.handling(launched=launch.launched()), launch.report_failure(rank, world):
+        try:
+            result = train(cfg)
+        except interrupt.Interrupted as stopped:
+            if rank == 0:
+                print(f"leantrain train: {stopped.message}", file=sys.stderr, flush=True)
+            elif world > 1:
+                print(f"leantrain train: process {rank} of {world} {stopped.message.split(';')[0]}", file=sys.stderr)
+            return stopped.exit_code
+        late = interrupt.received()
     if rank == 0:
         launch.print_result(result.metrics, result.model_dir)
+        if late is not None:
+            print(
+                f"leantrain train: {interrupt.signal_name(late)} came after the last step; the run finished",
+                file=sys.stderr,
+            )
     return 0
 
 
@@ -410,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     except LeantrainError as exc:
         print(f"leantrain {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"leantrain {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"leantrain {args.command}: {getattr(exc, 'message', None) or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 def _quiet_libraries() -> None:

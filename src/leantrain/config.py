@@ -321,6 +321,11 @@ class CheckpointConfig:
     overwrite: bool = _help("Replace a finished run in --output-dir (only once the new run succeeds).", default=False)
     save_every: int | None = _help("Save a checkpoint every N optimizer steps.", default=None)
     save_total_limit: int | None = _help("Keep only the newest N checkpoints (the best is kept apart).", default=None)
+    save_on_interrupt: bool = _help(
+        "On Ctrl-C or SIGTERM (a cluster's preemption), save a checkpoint at the next step boundary even without "
+        "--save-every (with it, one is always saved), then stop with the command that resumes it.",
+        default=False,
+    )
     metric_for_best: str = _help(
         "Eval metric that picks the best checkpoint (higher is better; loss: lower).", default="accuracy"
     )
@@ -381,6 +386,7 @@ class TrainConfig(
 
     def __post_init__(self) -> None:
         _coerce_types(self)
+        _check_finite(self)
         for section in SECTIONS:
             section._check(self)
         # rules across sections
@@ -432,6 +438,16 @@ class TrainConfig(
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+    def to_argv(self) -> list[str]:
+        """Flags that rebuild this config: every field that differs from its default."""
+        changed = {}
+        for f in fields(self):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            value = getattr(self, f.name)
+            if not (value == default and type(value) is type(default)):
+                changed[f.name] = value
+        return to_flags(changed)
 
     def resolved(self) -> TrainConfig:
         """Fill in what the defaults leave open, so config.yaml records exactly what ran."""
@@ -560,3 +576,12 @@ def _check_data_sources(cfg: DataConfig) -> None:
             raise ConfigError(
                 f"{_flag('column_names')} is for CSV/TSV files without a header, not --format {cfg.format}"
             )
+
+
+def _check_finite(cfg: TrainConfig) -> None:
+    """Reliability (issue #19): NaN or infinity in a numeric setting (--lr inf, --weight-decay nan) would train a
+    non-finite model while passing every range check (comparisons with NaN are false)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}")

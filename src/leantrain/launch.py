@@ -15,6 +15,12 @@ carries `RANK`/`LOCAL_RANK`/`WORLD_SIZE` in its environment, and never launches 
 
 Failures: torchrun's agent watches its processes; when one exits non-zero or is killed, it stops the
 others and exits non-zero, and every process reports its own error on stderr, naming its rank.
+
+Reliability (issue #19): the command that launches holds the output directory's lock for the whole job and
+tells its processes so (`LEANTRAIN_LOCK_HOLDER`). Each process dies with its parent (a parent-death signal), so
+killing the top-level `leantrain train`, even with SIGKILL, leaves nothing training unobserved. SIGTERM sent to
+it is passed on; Ctrl-C reaches every process of the terminal's group; either way the processes save a
+checkpoint at the next step boundary and every one exits 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -25,11 +31,10 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from leantrain.config import TrainConfig, to_flags
+from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
 from leantrain.parallel import rank_info
 
@@ -91,17 +96,6 @@ def check_shard(cfg: TrainConfig) -> None:
 # -- the launch commands -------------------------------------------------------------------------------
 
 
-def config_to_argv(cfg: TrainConfig) -> list[str]:
-    """Flags that rebuild `cfg` (every field that differs from its default)."""
-    changed = {}
-    for f in fields(TrainConfig):
-        value = getattr(cfg, f.name)
-        default = f.default if f.default is not MISSING else None
-        if not (value == default and type(value) is type(default)):
-            changed[f.name] = value
-    return to_flags(changed)
-
-
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -143,7 +137,7 @@ def launch_command(
     if not gpus and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks share the cores: one rank per core beats oversubscribed thread pools
         env["OMP_NUM_THREADS"] = str(max(1, (cores or cpu_count()) // nproc))
-    train = ["-m", "leantrain", "train", *config_to_argv(cfg)]
+    train = ["-m", "leantrain", "train", *cfg.to_argv()]
     given_port = cfg.main_process_port
     if cfg.launcher == "torchrun":
         cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
@@ -203,11 +197,19 @@ def launch_command(
 
 def launch(cfg: TrainConfig) -> int:
     """Start the job's processes on this machine and wait for them. Returns the job's exit code."""
+    from leantrain.run_dir import LOCK_HOLDER_ENV, OutputLock
+
     # Every process must agree on the output directory: fix the timestamped default here, once.
     cfg = cfg.resolved()
+    assert cfg.output_dir is not None
+    held = None
+    if cfg.machine_rank == 0:  # the machine whose rank 0 writes the run; held until this process ends
+        held = OutputLock(cfg.output_dir).acquire()
+    holder = {LOCK_HOLDER_ENV: str(os.getpid())} if held is not None else {}
     if cfg.launcher == "ray":
-        return launch_ray(cfg)
+        return launch_ray(cfg, holder)
     cmd, extra = launch_command(cfg, gpus=gpu_count())
+    extra.update(holder)
     nproc = cfg.num_processes or 1
     where = "this machine"
     if cfg.num_machines > 1:
@@ -220,20 +222,30 @@ def launch(cfg: TrainConfig) -> int:
 
 
 def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the launcher; pass SIGTERM/SIGHUP on to it (Ctrl-C reaches the whole process group anyway)."""
-    proc = subprocess.Popen(cmd, env=env)
+    """Run the launcher and wait. SIGTERM/SIGHUP are passed on to it; Ctrl-C (SIGINT) already reaches every
+    process of the terminal's group, so it is only noted. A job stopped by a signal exits 128 + its number."""
+    if cmd[1:2] == ["-m"] and cmd[2] in ("accelerate.commands.launch", "torch.distributed.run"):
+        cmd = [cmd[0], "-m", "leantrain.parallel.agent", *cmd[2:]]  # the same launcher, quiet when signalled
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+    received: list[int] = []
 
     def forward(signum, _frame):
+        received.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
 
+    def note(signum, _frame):
+        received.append(signum)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops its processes
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, note)  # the launcher stops its processes
     try:
         rc = proc.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if received and rc != 0:  # the processes said what they saved and how to resume
+        return 128 + received[0]
     if rc != 0:
         why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         print(
@@ -247,7 +259,7 @@ def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
 # -- Ray Train ------------------------------------------------------------------------------------------
 
 
-def launch_ray(cfg: TrainConfig) -> int:
+def launch_ray(cfg: TrainConfig, holder: dict[str, str] | None = None) -> int:
     """Run the training function in `--num-workers` Ray Train workers (a TorchTrainer) and wait."""
     import json
     import shutil
@@ -273,7 +285,7 @@ def launch_ray(cfg: TrainConfig) -> int:
         ray.init(**{k: v for k, v in init.items() if v is not None})
         trainer = TorchTrainer(
             _ray_worker,
-            train_loop_config={"config": cfg.to_dict()},
+            train_loop_config={"config": cfg.to_dict(), "env": holder or {}},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.use_gpu),
             run_config=RunConfig(name="leantrain", storage_path=storage),
         )
@@ -299,6 +311,7 @@ def _ray_worker(loop_config: dict) -> None:
     from leantrain.api import train
 
     os.environ["LEANTRAIN_RAY_WORKER"] = "1"
+    os.environ.update(loop_config.get("env") or {})  # the driver holds the output directory's lock for them
     rank, world = rank_info()
     with report_failure(rank, world):
         train(TrainConfig.from_dict(loop_config["config"]))
@@ -323,12 +336,34 @@ class report_failure:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and self.world > 1 and not issubclass(exc_type, (SystemExit,)):
+        if exc_type is not None and self.world > 1 and not issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
             print(
                 f"leantrain train: process {self.rank} of {self.world} failed: {exc_type.__name__}: {exc}",
                 file=sys.stderr,
                 flush=True,
             )
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere nothing happens).
+
+    Called in each launched process and, through Popen's preexec_fn, in the launcher the top-level command
+    starts: killing the top-level `leantrain train` then takes the whole job with it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def print_result(metrics: dict[str, Any], model_dir: Path) -> None:

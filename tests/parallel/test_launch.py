@@ -135,9 +135,9 @@ def test_flags_rebuild_the_same_config():
         local_sgd_steps=2,
         launcher="torchrun",
     )
-    argv = ["train", *launch.config_to_argv(c)]
+    argv = ["train", *c.to_argv()]
     assert cli.config_from_args(cli.build_parser().parse_args(argv)) == c
-    assert launch.config_to_argv(TrainConfig()) == []
+    assert TrainConfig().to_argv() == []
 
 
 def test_train_hands_off_to_the_launcher(monkeypatch):

@@ -64,7 +64,7 @@ class RunData:
     def display_path(self) -> Path:
         """The run's directory (a report written from the staging directory names the run, not the stage)."""
         path = self.path.resolve()
-        return path.parent if path.name == ".incomplete" else path
+        return path.parent if path.name.startswith(".incomplete") else path  # .incomplete-PID (run_dir.py)
 
     @property
     def train_rows(self) -> list[dict[str, Any]]:
@@ -109,11 +109,14 @@ def load_run(run_dir: str | Path) -> RunData:
     """What a run directory holds; raises LeantrainError when it holds nothing a report could show."""
     import yaml
 
+    from leantrain.run_dir import staging_dir
+
     path = Path(run_dir)
     if not path.is_dir():
         raise LeantrainError(f"'{path}' is not a directory; give a run's output directory")
     finished = (path / "metrics.json").is_file()
-    source = path if finished or not (path / ".incomplete").is_dir() else path / ".incomplete"
+    staging = None if finished else staging_dir(path)  # a run in progress, or one that failed
+    source = staging or path
     run = RunData(path=path, finished=finished)
     names = ("metrics.json", "metrics.jsonl", "config.yaml")
     if not any((source / n).is_file() for n in names):

@@ -282,9 +282,11 @@ class Trainer:
                         if not self.train_step(batches):
                             continue  # out of memory (--auto): the step is redone with smaller micro-batches
                         new_best = self._maybe_evaluate()
-                        if self.checkpointer.should_save(state.step, new_best):
+                        saved = self.checkpointer.should_save(state.step, new_best)
+                        if saved:
                             with logger.paused(), logger.timer.phase("checkpoint"):
                                 self.checkpointer.maybe_save(self._now(), new_best)
+                        self._stop_if_interrupted(saved)
                         if state.step >= self.total_steps:
                             break
                     state.epoch += 1
@@ -293,6 +295,16 @@ class Trainer:
             logger.meter.pause()
             logger.bar.close()
         return self._finish()
+
+    def _stop_if_interrupted(self, saved_now: bool) -> None:
+        """Ctrl-C or SIGTERM (noted by the CLI's handlers): every process stops here, after a checkpoint."""
+        from leantrain.training import interrupt
+
+        signum = interrupt.requested(self.accelerator)
+        if signum is not None:
+            state, cp = self.state, self.checkpointer
+            save = lambda why: cp.save(self._now(), why, checkpoint.rng_state())  # noqa: E731
+            raise interrupt.stop(signum, self.cfg, state.step, self.total_steps, cp.dir, saved_now, save)
 
     def _optimizer_steps(self):
         """The micro-batches of each optimizer step on this process (the last one carries `step_end`)."""
@@ -453,13 +465,15 @@ class Trainer:
 
         import yaml
 
+        from leantrain import run_dir
         from leantrain.model_card import write_model_card
         from leantrain.telemetry.report import write_report
 
         staging = self.staging
         assert staging is not None  # the main process stages the run
-        model.save_pretrained(staging / "model", safe_serialization=True)
-        self.data.processor.save_pretrained(staging / "model")
+        with run_dir.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
+            model.save_pretrained(staging / "model", safe_serialization=True)
+            self.data.processor.save_pretrained(staging / "model")
         cfg = self.cfg
         card = dict(base_model=cfg.model, data={"train": cfg.data, "eval": cfg.eval_data}, task=self.task.name)
         write_model_card(staging / "model", metrics=metrics, config=cfg.to_dict(), **card)

@@ -1,0 +1,62 @@
+"""`leantrain train` in a subprocess that trains slowly or is killed mid-publish (tests/test_reliability.py).
+
+    python tests/reliability_helper.py train --model ... --output-dir ...
+
+Environment, all optional:
+  LT_TEST_STEP_SLEEP=S        sleep S seconds before each optimizer step (a test can signal the run mid-training)
+  LT_KILL_AFTER_PUBLISHED=N   SIGKILL this process right after the N-th output has been moved into place
+
+Nothing here changes what a step computes: the patches only wait or kill.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def main() -> int:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import leantrain.api as api
+    from leantrain import run_dir
+    from leantrain.cli import main as cli_main
+    from tests.hooks import from_environment
+
+    hooks = from_environment()
+    if hooks is not None:
+        original_train = api.train
+
+        def train(config=None, **kwargs):
+            return original_train(config, **{**kwargs, "hooks": hooks})
+
+        api.train = train
+
+    if "LT_KILL_AFTER_PUBLISHED" in os.environ:
+        after = int(os.environ["LT_KILL_AFTER_PUBLISHED"])
+        publish = run_dir.RunDir._publish_from
+        real_replace = os.replace
+
+        def publish_then_die(self, staging):
+            moved = [0]
+
+            def replace(src, dst):
+                real_replace(src, dst)
+                if os.path.dirname(os.fspath(src)) == os.fspath(staging):  # an output moved into place
+                    moved[0] += 1
+                    if moved[0] == after:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            run_dir.os.replace = replace  # type: ignore[attr-defined]
+            try:
+                return publish(self, staging)
+            finally:
+                run_dir.os.replace = real_replace  # type: ignore[attr-defined]
+
+        run_dir.RunDir._publish_from = publish_then_die
+
+    return cli_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
