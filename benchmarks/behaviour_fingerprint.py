@@ -1,6 +1,7 @@
 """Fixed-seed runs of every workload, fingerprinted: proof that a refactoring changed no behaviour.
 
-    python benchmarks/behaviour_fingerprint.py record OUT_DIR      # run the jobs, keep weights and metrics
+    python benchmarks/behaviour_fingerprint.py record OUT_DIR [JOB ...]  # run the jobs (all, or these), keep
+                                                                         # their weights and metrics
     python benchmarks/behaviour_fingerprint.py compare BEFORE AFTER [--markdown FILE]
 
 Jobs (tiny models, real data from ../shared/data, CPU, fp32): text single (SST-2), text pairs (MRPC),
@@ -71,11 +72,14 @@ def jobs(root: Path) -> dict[str, list[list[str]]]:
     }
 
 
-def record(root: Path) -> None:
+def record(root: Path, only: list[str]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LEANTRAIN_CACHE": str(root / "cache")}
-    summary = {}
+    done_before = root / "fingerprint.json"
+    summary = json.loads(done_before.read_text()) if only and done_before.is_file() else {}
     for name, commands in jobs(root).items():
+        if only and name not in only:
+            continue
         for args in commands:
             cmd = [sys.executable, "-m", "leantrain", "train", *args, *COMMON, "--cache-dir", str(root / "cache")]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -86,7 +90,7 @@ def record(root: Path) -> None:
         metrics = json.loads((run / "metrics.json").read_text())
         summary[name] = {"sha256": hashlib.sha256(weights).hexdigest(), "metrics_keys": sorted(metrics)}
         print(f"{name}: {summary[name]['sha256'][:16]}", flush=True)
-    (root / "fingerprint.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (root / "fingerprint.json").write_text(json.dumps(summary, indent=1) + "\n")  # after each job
 
 
 def compare(before: Path, after: Path, markdown: Path | None) -> int:
@@ -115,7 +119,7 @@ def compare(before: Path, after: Path, markdown: Path | None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["record"]:
-        record(Path(sys.argv[2]))
+        record(Path(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1:2] == ["compare"]:
         md = Path(sys.argv[sys.argv.index("--markdown") + 1]) if "--markdown" in sys.argv else None
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3]), md))
