@@ -311,32 +311,15 @@ class CheckpointDir:
         acc = self.accelerator
         main = acc is None or acc.is_main_process
         rank = 0 if acc is None else acc.process_index
-        if self.run_id is None:
-            self.run_id = str(os.getpid())
-            if acc is not None and acc.num_processes > 1:
-                from leantrain.parallel import broadcast_from_main
-
-                self.run_id = broadcast_from_main(self.run_id)
+        run_id = self._run_id()
         name = f"{PREFIX}{progress.step:06d}"
         final = self.root / name
-        tmp, old = self.root / f".{name}.tmp-{self.run_id}", self.root / f".{name}.old-{self.run_id}"
+        tmp, old = self.root / f".{name}.tmp-{run_id}", self.root / f".{name}.old-{run_id}"
         per_rank_optimizer = getattr(local_sgd, "enabled", False)  # local SGD: each process has its own moments
         if local_sgd is not None:
             local_sgd.sync()  # the processes' parameters agree before they are saved (collective)
         unwrapped_model = acc.unwrap_model(model) if acc is not None else model
-        bad, total = nonfinite_count(p.detach() for p in unwrapped_model.parameters())
-        if not _all_agree(acc, bad == 0):  # diverged: never a "last good" state (one check per save, not per step)
-            previous = next((p.name for p in self.step_dirs()), None)
-            raise NonFiniteModel(
-                f"not saving checkpoint {name}: "
-                + (
-                    f"{bad:,} of {total:,} weights are NaN or infinite"
-                    if bad
-                    else "weights on another process diverged"
-                )
-                + " (the weights diverged before the loss did; lower --lr)"
-                + (f"; the newest checkpoint, {previous}, was saved before" if previous else "")
-            )
+        self._refuse_nonfinite(name, unwrapped_model)
         self._need_bytes = _state_bytes(unwrapped_model, optimizer)
 
         def prepare():
@@ -349,29 +332,15 @@ class CheckpointDir:
         def write_own():
             own = {"rng": rng, "optimizer": optimizer.state_dict() if per_rank_optimizer else None}
             _write(tmp / f"rank-{rank}.pt", lambda f: torch.save(own, f))
-            if not main:
-                return
-            from safetensors.torch import save_model
-
-            unwrapped = acc.unwrap_model(model) if acc is not None else model
-            _write_to_path(tmp / "model.safetensors", lambda p: save_model(unwrapped, str(p)))
-            if not per_rank_optimizer:
-                _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
-            scaler = getattr(acc, "scaler", None) if acc is not None else None
-            state = {
-                "scheduler": scheduler.state_dict(),
-                "amp": amp.state_dict() if amp is not None else None,
-                "accelerate_scaler": scaler.state_dict() if scaler is not None else None,
-                "local_sgd": local_sgd.state_dict() if local_sgd is not None else None,
-            }
-            _write(tmp / "training_state.pt", lambda f: torch.save(state, f))
-            if log_path is not None and log_path.is_file():
-                _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
+            if main:
+                trained = dict(model=unwrapped_model, scheduler=scheduler, amp=amp, local_sgd=local_sgd)
+                self._write_shared(tmp, optimizer=None if per_rank_optimizer else optimizer, **trained)
+                if log_path is not None and log_path.is_file():
+                    _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
 
         def publish():
             if not main:
                 return
-            files = {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)} for p in sorted(tmp.iterdir())}
             manifest = {
                 "format": FORMAT,
                 "reason": reason,
@@ -380,9 +349,7 @@ class CheckpointDir:
                 "config": config,
                 "num_processes": 1 if acc is None else acc.num_processes,
                 "per_rank_optimizer": per_rank_optimizer,
-                "resolved_paths": {k: normalise_path(config[k]) for k in PATH_KEYS if k in config},
-                "files": files,
-                "versions": _versions(),
+                **_contents(tmp, config),
             }
             _write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
             _fsync_dir(tmp)
@@ -397,6 +364,45 @@ class CheckpointDir:
         if main:
             self.prune(keep)
         return final
+
+    def _write_shared(self, tmp: Path, *, model, optimizer, scheduler, amp, local_sgd) -> None:
+        """What all processes share, written once (main process): weights, optimizer (unless per process),
+        scheduler, loss scaler and local SGD state."""
+        from safetensors.torch import save_model
+
+        _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p)))
+        if optimizer is not None:
+            _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
+        scaler = getattr(self.accelerator, "scaler", None) if self.accelerator is not None else None
+        state = {
+            "scheduler": scheduler.state_dict(),
+            "amp": amp.state_dict() if amp is not None else None,
+            "accelerate_scaler": scaler.state_dict() if scaler is not None else None,
+            "local_sgd": local_sgd.state_dict() if local_sgd is not None else None,
+        }
+        _write(tmp / "training_state.pt", lambda f: torch.save(state, f))
+
+    def _run_id(self) -> str:
+        """This run's name for its temporary folders (rank 0's pid, on every process): another run's never clash."""
+        if self.run_id is None:
+            self.run_id = str(os.getpid())
+            acc = self.accelerator
+            if acc is not None and acc.num_processes > 1:
+                from leantrain.parallel import broadcast_from_main
+
+                self.run_id = broadcast_from_main(self.run_id)
+        return self.run_id
+
+    def _refuse_nonfinite(self, name: str, model) -> None:
+        """Diverged weights are never saved as a "last good" state (one check per save, not per step)."""
+        bad, total = nonfinite_count(p.detach() for p in model.parameters())
+        if not _all_agree(self.accelerator, bad == 0):
+            previous = next((p.name for p in self.step_dirs()), None)
+            where = f"{bad:,} of {total:,} weights are NaN or infinite" if bad else "another process's weights diverged"
+            raise NonFiniteModel(
+                f"not saving checkpoint {name}: {where} (the weights diverged before the loss did; lower --lr)"
+                + (f"; the newest checkpoint, {previous}, was saved before" if previous else "")
+            )
 
     def _collectively(self, phase, tmp: Path) -> None:
         """Run one phase of a save on every process; if it fails anywhere, clean up and fail everywhere.
@@ -675,12 +681,23 @@ def _state_bytes(model, optimizer) -> int:
     )
 
 
+def _contents(folder: Path, config: dict) -> dict[str, Any]:
+    """The manifest's record of what a checkpoint holds: each file's size and checksum, paths as resolved,
+    library versions."""
+    return {
+        "resolved_paths": {k: normalise_path(config[k]) for k in PATH_KEYS if k in config},
+        "files": {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)} for p in sorted(folder.iterdir())},
+        "versions": _versions(),
+    }
+
+
 def _all_agree(accelerator, ok: bool) -> bool:
     """Whether `ok` holds on every process (a collective when there are several)."""
-    if accelerator is None or accelerator.num_processes == 1:
+    if accelerator is None:
         return ok
-    flag = torch.tensor([0.0 if ok else 1.0], device=accelerator.device)
-    return float(accelerator.reduce(flag, reduction="sum")) == 0.0
+    from leantrain.parallel import any_process
+
+    return not any_process(accelerator, not ok)
 
 
 def _versions() -> dict[str, str]:

@@ -87,19 +87,7 @@ def write_model_card(
     labels = _labels(model_dir)
     if labels:
         parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
-    parts += ["", "## Evaluation", ""]
-    if shown:
-        rows = [f"| {key.removeprefix('eval_')} | {value:.4f} |" for key, value in shown.items()]
-        parts += ["| metric | value |", "|---|---|", *rows]
-    else:
-        parts.append("No evaluation was recorded.")
-    facts = [
-        f"| {label} | {fmt.format(metrics[key])} |"
-        for key, label, fmt in _RUN_FACTS
-        if isinstance(metrics.get(key), (int, float))
-    ]
-    if facts:
-        parts += ["", "| training | |", "|---|---|", *facts]
+    parts += _evaluation_section(shown, metrics)
     parts += [
         "",
         "## Use",
@@ -127,6 +115,24 @@ def write_model_card(
     path = model_dir / "README.md"
     card.save(path)
     return path
+
+
+def _evaluation_section(shown: Mapping[str, float], metrics: Mapping[str, Any]) -> list[str]:
+    """The evaluation table, then the training facts (steps, throughput, time)."""
+    parts = ["", "## Evaluation", ""]
+    if shown:
+        rows = [f"| {key.removeprefix('eval_')} | {value:.4f} |" for key, value in shown.items()]
+        parts += ["| metric | value |", "|---|---|", *rows]
+    else:
+        parts.append("No evaluation was recorded.")
+    facts = [
+        f"| {label} | {fmt.format(metrics[key])} |"
+        for key, label, fmt in _RUN_FACTS
+        if isinstance(metrics.get(key), (int, float))
+    ]
+    if facts:
+        parts += ["", "| training | |", "|---|---|", *facts]
+    return parts
 
 
 def _hub_model_id(name: str | None) -> str | None:
