@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+
+def leantrain_cache() -> Path:
+    """leantrain's own cache (tokenized data, the CPU peak probe): $LEANTRAIN_CACHE, else ~/.cache/leantrain."""
+    return Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
+
 
 def cache_paths() -> list[tuple[str, str]]:
     """(name, "path  (what; the variable that moves it)") for each cache a run fills."""
     from huggingface_hub import constants
 
-    from leantrain.data.tokenize import default_cache_dir
-
     rows = [
-        ("leantrain cache", f"{default_cache_dir()}  (tokenized data, CPU peak probe; $LEANTRAIN_CACHE)"),
+        ("leantrain cache", f"{leantrain_cache()}  (tokenized data, CPU peak probe; $LEANTRAIN_CACHE)"),
         ("hub cache", f"{constants.HF_HUB_CACHE}  (downloaded models; $HF_HUB_CACHE or $HF_HOME)"),
     ]
     try:

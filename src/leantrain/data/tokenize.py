@@ -110,7 +110,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
+    from leantrain.paths import leantrain_cache
+
+    return leantrain_cache()
 
 
 def cache_key(**parts) -> str:

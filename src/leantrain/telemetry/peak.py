@@ -124,8 +124,9 @@ def measure_peak(
 
 
 def cache_file() -> Path:
-    root = Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
-    return root / "peak.json"
+    from leantrain.paths import leantrain_cache
+
+    return leantrain_cache() / "peak.json"
 
 
 def _cache_key(device_name: str, threads: int, dtype: str) -> str:
