@@ -325,5 +325,6 @@ def test_train_on_a_data_set_configuration_and_split(capsys, base, tmp_path, mon
     code, _, err = run(capsys, *argv, "--eval-data", str(root), "--data-config", "sst2", "--max-steps", "1")
     assert code == 0 and f"{root}:sst2: 40 rows" in err and f"{root}:sst2: 10 rows" in err
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 2
-    code, _, err = run(capsys, *argv, "--data-split", "test", "--overwrite")
+    argv[argv.index("--output-dir") + 1] = str(tmp_path / "run2")  # a fresh folder: the refusal is the only line
+    code, _, err = run(capsys, *argv, "--data-split", "test")
     _one_line_error(code, err, "no split 'test' (given by --data-split)", "train, validation")

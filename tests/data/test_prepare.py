@@ -108,3 +108,7 @@ def test_data_config_applies_to_eval_data_only_when_it_names_the_same_data_set()
     assert read_options(cfg, "eval").split == "validation" and read_options(cfg, "train").split is None
     other = cfg.replace(eval_data="saved_eval_folder")
     assert read_options(other, "eval").config is None
+    colon = cfg.replace(data="glue:sst2", data_config=None, eval_data="glue")
+    assert read_options(colon, "eval").config is None  # the eval side names no configuration of its own
+    both = cfg.replace(data="glue:sst2", eval_data="glue")
+    assert read_options(both, "eval").config == "sst2"

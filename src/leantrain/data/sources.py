@@ -58,7 +58,12 @@ def read_options(cfg, role: str = "train") -> ReadOptions:
     """
     names = getattr(cfg, "column_names", None)
     config = getattr(cfg, "data_config", None)
-    if role != "train" and cfg.eval_data is not None and split_config(cfg.eval_data)[0] != cfg.data:
+    same = (
+        cfg.data is not None
+        and cfg.eval_data is not None
+        and split_config(cfg.eval_data)[0] == split_config(cfg.data)[0]
+    )
+    if role != "train" and not same:
         config = None
     return ReadOptions(
         config=config,
