@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from leantrain.config import TrainConfig
@@ -44,29 +43,8 @@ def train(
     chosen = task(cfg) if task is not None else resolve(cfg, model_config)
     # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside
     # is put back unless the run published
-    with run_dir.guarded(), _library_bars_off():
+    with run_dir.guarded(), models.library_bars_off():
         trainer = Trainer(
             cfg, chosen, model_path, model_config, plan=plan, hooks=hooks, share_output_dir=config.output_dir is None
         )
         return trainer.fit()
-
-
-@contextlib.contextmanager
-def _library_bars_off():
-    """transformers' own bars (loading and writing weights) are off: leantrain reports loading and saving
-    itself, and they would interleave with its lines. Hub downloads keep theirs, or a large download would
-    look hung. Both are restored afterwards: a program that calls `train` keeps its own settings."""
-    from huggingface_hub import utils as hub_utils
-    from transformers.utils import logging as hf_logging
-
-    was_enabled, hub_was_disabled = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
-    hf_logging.disable_progress_bar()  # (this turns off the hub's bars too)
-    if not hub_was_disabled:
-        hub_utils.enable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-        if hub_was_disabled:
-            hub_utils.disable_progress_bars()

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from leantrain.errors import DataError
+from leantrain.models import library_bars_off
 
 
 def _load(run_or_model: str):
@@ -136,6 +137,7 @@ def _run(model, loader, task: str = "text-classification", precision: str = "fp3
     return rows["probs"], rows["labels"], rows["index"]
 
 
+@library_bars_off()  # transformers' loading bars would interleave with the result
 def evaluate(
     run_or_model: str,
     data: str,
@@ -181,6 +183,7 @@ def evaluate(
     return {**classification_metrics(probs, y), "examples": len(y)}
 
 
+@library_bars_off()
 def predict(
     run_or_model: str,
     data: str | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import typing
 from dataclasses import dataclass
@@ -285,3 +286,24 @@ def describe(model) -> str:
         f"{type(model).__name__} from {model.config._name_or_path or '?'}: {counts.total / 1e6:.1f} M parameters "
         f"({counts.non_embedding / 1e6:.1f} M outside embeddings), head {classification_head(model)}"
     )
+
+
+@contextlib.contextmanager
+def library_bars_off():
+    """transformers' own bars (loading and writing weights) are off: leantrain reports loading and saving
+    itself, and they would interleave with its lines. Hub downloads keep theirs, or a large download would
+    look hung. Both are restored afterwards: a program that calls leantrain keeps its own settings."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    was_enabled, hub_was_disabled = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # (this turns off the hub's bars too)
+    if not hub_was_disabled:
+        hub_utils.enable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+        if hub_was_disabled:
+            hub_utils.disable_progress_bars()
