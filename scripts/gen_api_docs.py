@@ -3,13 +3,11 @@
 python scripts/gen_api_docs.py          # rewrite the page
 python scripts/gen_api_docs.py --check  # exit 1 if the page is out of date (tests run this)
 
-Fields are grouped by the `# --- <section>` comments in TrainConfig's source, in source order.
+Fields are grouped by config section (config.SECTIONS), in source order.
 """
 
 from __future__ import annotations
 
-import inspect
-import re
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -35,28 +33,13 @@ FUNCTIONS = """\
 """
 
 
-def sections(config_class) -> dict[str, str]:
-    """field name -> the `# --- section` comment above it in the class source."""
-    found, current = {}, "general"
-    for line in inspect.getsource(config_class).splitlines():
-        heading = re.match(r"\s+# --- (.+)", line)
-        if heading:
-            current = re.sub(r"\s*\(issue #\d+\)", "", heading[1]).strip()
-            continue
-        name = re.match(r"    (\w+): ", line)
-        if name:
-            found[name[1]] = current
-    return found
-
-
 def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
 def render() -> str:
-    from leantrain.config import TrainConfig, field_base_type
+    from leantrain.config import SECTIONS, field_base_type
 
-    where = sections(TrainConfig)
     parts = [
         "# Python API",
         "",
@@ -73,18 +56,16 @@ def render() -> str:
         "Each field is a keyword of `TrainConfig`, a key of the `--config` YAML file and a flag of "
         "`leantrain train`; flags override YAML, YAML overrides the defaults.",
     ]
-    current = None
-    for f in fields(TrainConfig):
-        section = where.get(f.name, "general")
-        if section != current:
-            current = section
-            parts += ["", f"### {section[0].upper()}{section[1:]}", ""]
-            parts += ["| key | flag | type | default | what it does |", "|---|---|---|---|---|"]
-        default = f.default if f.default is not MISSING else None
-        flag = "--" + f.name.replace("_", "-")
-        kind = field_base_type(f).__name__
-        help_text = _cell(f.metadata.get("help", ""))
-        parts.append(f"| `{f.name}` | `{flag}` | {kind} | `{default!r}` | {help_text} |")
+    for section in SECTIONS:  # one table per config section, as `--help` groups them
+        title = section.__name__.removesuffix("Config")
+        parts += ["", f"### {title} (`{section.__name__}`)", "", _cell(section.__doc__ or ""), ""]
+        parts += ["| key | flag | type | default | what it does |", "|---|---|---|---|---|"]
+        for f in fields(section):
+            default = f.default if f.default is not MISSING else None
+            flag = "--" + f.name.replace("_", "-")
+            kind = field_base_type(f).__name__
+            help_text = _cell(f.metadata.get("help", ""))
+            parts.append(f"| `{f.name}` | `{flag}` | {kind} | `{default!r}` | {help_text} |")
     parts += ["", FUNCTIONS]
     return "\n".join(parts)
 
