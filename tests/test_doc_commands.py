@@ -75,6 +75,12 @@ def test_every_documented_command_is_handled():
         )
 
 
+@pytest.fixture(autouse=True)
+def _no_peak_probe(monkeypatch):
+    # a CPU without native bf16 probes its bf16 peak with torch's reference GEMM: minutes, not what is tested here
+    monkeypatch.setenv("LEANTRAIN_PEAK_TFLOPS", "1")
+
+
 # -- the workspace: placeholder files the docs name, and slices of the shared data ------------------------
 
 
@@ -171,6 +177,11 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
             out[out.index("--eval-every") + 1] = "1"
         if sub == "train" and "--resume" not in out:
             out.append("--overwrite")
+        if "--resume" in out and "--output-dir" in out:
+            # the docs resume a run that was killed; here the run before it finished, so resume into a new
+            # folder: from the named checkpoint, or (auto) from scratch, as when no checkpoint is found
+            at = out.index("--output-dir") + 1
+            out[at] = f"{out[at]}-resumed-{len(list(ws.glob('runs/*-resumed-*')))}"
         if sub == "train":
             out.append("--no-progress")
     if sub == "bench":
@@ -245,3 +256,21 @@ def test_documented_command_runs_offline(command, workspace, tiny_model_dir, mon
 @pytest.mark.parametrize("command", _params(slow=True))
 def test_documented_command_runs_offline_slow(command, workspace, tiny_model_dir, monkeypatch):
     _run(command, workspace, tiny_model_dir, monkeypatch)
+
+
+def test_readme_python_api_example_runs(workspace, tiny_model_dir, monkeypatch):
+    """The README's Python block, as written, with the tiny model and 2 steps slipped into its config."""
+    import leantrain
+
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "train(" in b]
+    real = leantrain.TrainConfig
+
+    def offline_config(**kwargs):
+        kwargs = {k: str(workspace / v) if k.endswith("data") else v for k, v in kwargs.items()}
+        offline = {"model": str(tiny_model_dir), "max_steps": 2, "cache_dir": str(workspace / "cache")}
+        return real(**kwargs, **offline, progress=False)
+
+    monkeypatch.setattr(leantrain, "TrainConfig", offline_config)
+    monkeypatch.chdir(workspace)
+    shutil.copy(workspace / "test.csv", workspace / "dev.csv")
+    exec(compile(block, "README.md", "exec"), {})
