@@ -54,7 +54,7 @@ def main() -> int:
         write = checkpoint._write
 
         def write_or_die(path, fn):
-            if path.parent.name == tmp_name and path.name == "optimizer.pt":
+            if path.parent.name.startswith(tmp_name) and path.name == "optimizer.pt":  # .step-N.tmp-RUN
                 _kill()  # model.safetensors and rank-0.pt are written, the rest is not
             return write(path, fn)
 

@@ -450,13 +450,14 @@ def test_killing_the_launcher_kills_its_workers(job):
     job_pids = descendants(proc.pid)
     assert len(job_pids) >= 3, job_pids  # the launcher's agent and two workers
     os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    proc.wait()  # not communicate(): orphans would hold its pipes open
     deadline = time.monotonic() + 30
     while job_pids & set(live_processes()) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = job_pids & set(live_processes())
     for pid in left:
         os.kill(pid, signal.SIGKILL)
+    proc.communicate()
     assert not left, f"processes kept running after their launcher was killed: {left}"
     newest = checkpoint.CheckpointDir(out / "checkpoints").step_dirs()
     time.sleep(1.0)
