@@ -6,17 +6,33 @@ comes from a local folder or a config.
 
 from __future__ import annotations
 
+import atexit
+import csv
 import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import csv
-import random
-from pathlib import Path
-
-import pytest
+# --- the suite writes nothing into the real home folder (issue #20, item 11) ---
+# leantrain's cache (peak.json, tokenized data) defaults to ~/.cache/leantrain, and Hugging Face's,
+# matplotlib's and others' caches live under ~ too: for this session HOME is a temporary folder and
+# leantrain's cache another, set before anything is imported (subprocesses inherit both).
+# tests/test_home_cache.py checks that train and evaluate land there.
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="leantrain-tests-"))
+atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
+(SESSION_DIR / "home").mkdir()
+os.environ["HOME"] = str(SESSION_DIR / "home")
+os.environ["LEANTRAIN_CACHE"] = str(SESSION_DIR / "leantrain-cache")
+os.environ.pop("XDG_CACHE_HOME", None)
+os.environ.pop("HF_HOME", None)
+# --- end of item 11 ---
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
