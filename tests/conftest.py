@@ -32,7 +32,29 @@ os.environ["HOME"] = str(SESSION_DIR / "home")
 os.environ["LEANTRAIN_CACHE"] = str(SESSION_DIR / "leantrain-cache")
 os.environ.pop("XDG_CACHE_HOME", None)
 os.environ.pop("HF_HOME", None)
-# --- end of item 11 ---
+
+# --- the fast tier, `-m "not slow"` (issue #20, item 12) ---
+# Tests that launch processes (torchrun, Ray, SIGKILL'd runs) or run for minutes are marked slow in their
+# files. These live in files that are being rewritten (issue #20 items 1-6): marked here until the marker
+# moves into the file, then delete the entry. A name ending in "*" is a prefix.
+SLOW_ELSEWHERE = {
+    "tests/parallel/test_data_parallel.py": ["*"],  # every test launches torchrun/accelerate/Ray jobs
+    "tests/test_checkpoint.py": [
+        "test_sigkill_*",  # real processes killed mid-run
+        "test_resuming_a_checkpoint_gives_bitwise_the_same_run[fp16-accum]",  # fp16 on CPU: 1,097 s, loaded machine
+    ],
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path, _, name = item.nodeid.partition("::")
+        for pattern in SLOW_ELSEWHERE.get(path, []):
+            if name == pattern or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+                item.add_marker(pytest.mark.slow)
+
+
+# --- end of issue #20 items 11, 12 ---
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

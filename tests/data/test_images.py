@@ -84,7 +84,8 @@ def test_image_folder_trains_saves_processor_and_predicts(job, image_folder, tmp
     from transformers import pipeline
 
     clf = pipeline("image-classification", model=str(model_dir))
-    assert clf(str(image_folder / "blue" / "3.png"))[0]["label"] in ("red", "blue")
+    assert clf(str(image_folder / "blue" / "3.png"))[0]["label"] == "blue"
+    assert clf(str(image_folder / "red" / "3.png"))[0]["label"] == "red"
 
 
 def test_cli_predict_and_evaluate_on_image_files(job, image_folder, tmp_path, capsys):
@@ -203,10 +204,11 @@ def test_a_table_of_image_paths_and_labels(job, image_folder, tmp_path):
     table = image_folder / "table.jsonl"
     table.write_text("".join(json.dumps(r) + "\n" for r in rows))
     try:
-        result = train(job(data=str(table), label_column="category", max_steps=2))
+        result = train(job(data=str(table), label_column="category"))
     finally:
         table.unlink()
-    assert result.metrics["num_labels"] == 2
+    # the images named in the `path` column are what it learns from: colour is all it takes
+    assert result.metrics["num_labels"] == 2 and result.metrics["eval_accuracy"] == 1.0
 
 
 def _write_idx(path: Path, array: np.ndarray, code: int) -> None:
