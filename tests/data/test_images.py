@@ -172,9 +172,14 @@ def test_a_config_json_without_a_processor_trains_from_scratch_on_images_of_its_
     result = train(job(model=str(config), data=str(data), max_steps=2, eval_fraction=0.5))
     saved = json.loads((result.model_dir / "leantrain_inputs.json").read_text())
     assert saved["resizes"] is False and saved["channels"] == 1
-    from leantrain import predict
+    from leantrain import evaluate, predict
 
-    assert predict(str(result.output_dir), files=[str(data / "red" / "0.png")])[0]["label"] in COLOURS
+    # predict and evaluate read the files the same way (grey, unresized) and agree on every one
+    files = sorted(data.rglob("*.png"))
+    rows = predict(str(result.output_dir), files=[str(f) for f in files])
+    hits = [row["label"] == f.parent.name for row, f in zip(rows, files)]
+    scored = evaluate(str(result.output_dir), str(data), cache_dir=str(tmp_path / "c2"))
+    assert scored["examples"] == len(files) == 16 and scored["accuracy"] == pytest.approx(sum(hits) / len(hits))
 
 
 def test_mixed_sizes_without_a_processor_or_the_wrong_size_exit_2(tmp_path, capsys):
