@@ -27,7 +27,13 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # tests/test_home_cache.py checks that train and evaluate land there.
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="leantrain-tests-"))
 atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
+# The measured peak FLOP/s are kept: copied in (read, never written back), so a machine without fast bf16/fp16
+# does not re-run its minutes-long low-precision GEMM probes (telemetry/peak.py) in every session.
+_user_peaks = Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain") / "peak.json"
 (SESSION_DIR / "home").mkdir()
+(SESSION_DIR / "leantrain-cache").mkdir()
+if _user_peaks.is_file():
+    shutil.copy(_user_peaks, SESSION_DIR / "leantrain-cache" / "peak.json")
 os.environ["HOME"] = str(SESSION_DIR / "home")
 os.environ["LEANTRAIN_CACHE"] = str(SESSION_DIR / "leantrain-cache")
 os.environ.pop("XDG_CACHE_HOME", None)

@@ -139,3 +139,30 @@ def test_refreshing_keeps_the_best_figure(tmp_path, monkeypatch):
     assert peak.measured_peak("fp32").flops_per_second == 100e9
     assert peak.measured_peak("fp32", refresh=True).flops_per_second == 100e9  # a busy moment does not lower it
     assert peak.measured_peak("fp32", refresh=True).flops_per_second == 150e9
+
+
+@pytest.mark.parametrize(
+    "flags,bf16_size,fp16_size",
+    [
+        ({"avx2"}, 256, 256),  # an AMD EPYC without AVX-512: both emulated (0.09 GFLOP/s measured in bf16)
+        ({"avx512_bf16", "avx512_fp16"}, 2048, 2048),
+        ({"amx_bf16"}, 2048, 256),  # AMX-BF16 without any fp16 instructions
+    ],
+)
+def test_an_emulated_dtype_is_probed_small_and_cached_at_that_size(tmp_path, monkeypatch, flags, bf16_size, fp16_size):
+    """A 2048² GEMM in a dtype the CPU emulates takes minutes (it made a 2-step bf16 test run for 12 minutes)."""
+    from leantrain import parallel
+
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    monkeypatch.delenv("LEANTRAIN_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr(parallel, "cpu_flags", lambda: frozenset(flags))
+    sizes = []
+    monkeypatch.setattr(
+        peak, "measure_peak", lambda dtype, device="cpu", size=None, seconds=0.5: sizes.append(size) or 1e9
+    )
+    peak.device_peak("cpu", "bf16")
+    peak.device_peak("cpu", "fp16")
+    peak.device_peak("cpu", "fp32")
+    assert sizes == [bf16_size, fp16_size, 2048]
+    cached = json.loads((tmp_path / "peak.json").read_text())
+    assert sorted(e["size"] for e in cached.values()) == sorted([bf16_size, fp16_size, 2048])
