@@ -22,6 +22,7 @@ def test_technique_overrides_keep_the_global_batch():
     assert bench.parse_techniques("bf16")[0] == "baseline"
 
 
+@pytest.mark.slow  # launches a training process per technique
 def test_bench_runs_each_technique_and_writes_the_comparison(
     tiny_model_dir, sentiment_csv, cache_dir, tmp_path, capsys
 ):

@@ -120,7 +120,8 @@ def test_info_shows_config_counts_and_head(capsys, tiny_model_dir):
 
 
 def test_env_reports_devices_precisions_and_versions(capsys):
-    _code, out, _ = run(capsys, "env")
+    code, out, _ = run(capsys, "env")
+    assert code == 0
     for needle in (
         "device",
         "distributed type",
@@ -136,6 +137,7 @@ def test_env_reports_devices_precisions_and_versions(capsys):
         assert needle in out
 
 
+@pytest.mark.slow  # launches a Python process
 def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "leantrain", "train", "--data", str(tmp_path / "nope.csv")],

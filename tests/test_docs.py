@@ -13,6 +13,7 @@ import leantrain
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # launches a Python process
 def test_cli_reference_is_generated_from_the_current_parser():
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_cli_docs.py"), "--check"])
     assert proc.returncode == 0, "docs/reference/cli.md is stale: run python scripts/gen_cli_docs.py"
@@ -63,6 +64,7 @@ def test_every_config_key_is_a_documented_flag():
     shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
     reason="mkdocs not installed",
 )
+@pytest.mark.slow  # launches mkdocs
 def test_site_builds_strictly(tmp_path):
     mkdocs = shutil.which("mkdocs") or str(Path(sys.executable).parent / "mkdocs")
     proc = subprocess.run(

@@ -192,6 +192,7 @@ def states_equal(a, b) -> bool:
 
 
 # -- tests ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # spawns 2 processes (the `runs` fixture)
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_ranks_identical_after_sync_and_different_between(runs, name):
     r0, r1 = (run[name] for run in runs)
@@ -203,6 +204,7 @@ def test_ranks_identical_after_sync_and_different_between(runs, name):
     assert states_equal(r0["final"], r1["final"])
 
 
+@pytest.mark.slow  # spawns 2 processes (the `runs` fixture)
 @pytest.mark.parametrize("name", ["plain", "ddp"])
 def test_synced_params_are_the_mean_of_the_ranks_local_runs(runs, name):
     k, steps, _, _ = SCENARIOS[name]
@@ -216,11 +218,13 @@ def test_synced_params_are_the_mean_of_the_ranks_local_runs(runs, name):
     assert runs[0][name]["num_syncs"] == 3
 
 
+@pytest.mark.slow  # spawns 2 processes (the `runs` fixture)
 def test_ddp_no_sync_is_ddps_and_plain_no_sync_is_null(runs):
     assert runs[0]["ddp"]["no_sync_type"] != "nullcontext"
     assert runs[0]["plain"]["no_sync_type"] == "nullcontext"
 
 
+@pytest.mark.slow  # spawns 2 processes (the `runs` fixture)
 def test_outer_lr_one_without_momentum_is_plain_averaging(runs):
     plain, outer = runs[0]["plain"], runs[0]["outer_identity"]
     for (_, synced, a), (_, _, b) in zip(plain["records"], outer["records"]):
@@ -229,6 +233,7 @@ def test_outer_lr_one_without_momentum_is_plain_averaging(runs):
     assert_states_close(plain["final"], outer["final"])
 
 
+@pytest.mark.slow  # spawns 2 processes (the `runs` fixture)
 def test_nesterov_outer_step_matches_hand_computed_reference(runs):
     k, steps, kwargs, _ = SCENARIOS["nesterov"]
     expected = replay(k, steps, **kwargs)
@@ -242,6 +247,7 @@ def test_nesterov_outer_step_matches_hand_computed_reference(runs):
     assert not all(torch.allclose(r0["final"][n], plain[n], atol=1e-4) for n in TRAINABLE)
 
 
+@pytest.mark.slow  # spawns 2 processes (the `runs` fixture)
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_bytes_communicated_is_synced_bytes_times_syncs(runs, name):
     model = make_model()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from leantrain import TrainConfig, train
+from leantrain import TrainConfig, evaluate, train
 from leantrain.errors import ConfigError, DataError, ModelError
 
 
@@ -66,13 +66,14 @@ def test_train_writes_a_shippable_run(job, capsys):
     assert card.startswith("---\n") and "library_name: transformers" in card
     assert f"{metrics['eval_accuracy']:.4f}" in card
 
-
-def test_the_model_loads_in_a_transformers_pipeline_offline(job):
+    # the saved model (not only the one in memory) loads in a transformers pipeline, offline, and has learned
     from transformers import pipeline
 
-    result = train(job(max_steps=2))
     clf = pipeline("text-classification", model=str(result.model_dir))
-    assert clf("the film was wonderful and superb")[0]["label"] in ("pos", "neg")
+    assert [r["label"] for r in clf(["the film was wonderful and superb", "an awful and boring plot"])] == [
+        "pos",
+        "neg",
+    ]
 
 
 def test_a_run_is_repeatable_with_the_same_seed(job, tmp_path):
@@ -122,9 +123,16 @@ def test_overwrite_replaces_a_finished_run_once_the_new_one_succeeds(job):
 def test_separate_eval_data_and_unseen_labels(job, tmp_path):
     from tests.conftest import make_sentiment_rows, write_csv
 
-    eval_csv = write_csv(tmp_path / "eval.csv", make_sentiment_rows(40, seed=5))
+    # 20 pos and 5 neg: unlike the balanced rows held out of the training file, so even a barely trained model
+    # scores a different loss on them
+    rows = make_sentiment_rows(40, seed=5)
+    rows = [r for r in rows if r[1] == "pos"] + [r for r in rows if r[1] == "neg"][:5]
+    eval_csv = write_csv(tmp_path / "eval.csv", rows)
     result = train(job(eval_data=str(eval_csv), max_steps=2))
-    assert result.metrics["eval_accuracy"] >= 0
+    # the final evaluation ran on the eval file (not on rows held out of the training file)
+    again = evaluate(str(result.output_dir), str(eval_csv), cache_dir=str(tmp_path / "c"))
+    assert again["examples"] == 25
+    assert result.metrics["eval_loss"] == pytest.approx(again["loss"], rel=1e-4)
     bad = write_csv(tmp_path / "bad_eval.csv", [("good film", "pos"), ("meh", "neutral")])
     with pytest.raises(DataError, match=r"bad_eval.csv: labels \['neutral'\].*never occur in the training data"):
         train(job(eval_data=str(bad), output_dir=str(tmp_path / "other")))
@@ -153,17 +161,17 @@ def test_unknown_hub_model_offline_is_refused(job):
         train(job(model="someone/not-a-model-xyz"))
 
 
-def test_sentence_pairs_train(tiny_model_dir, cache_dir, tmp_path):
+def test_sentence_pairs_train_on_both_sentences(tiny_model_dir, cache_dir, tmp_path):
+    """The label is carried by the second sentence only: a run that ignored `sentence2` would stay at chance."""
     import pandas as pd
 
+    from tests.conftest import FILLER, make_sentiment_rows
+
     rng = np.random.default_rng(0)
-    words = ["cat", "dog", "car", "tree", "sun", "rain", "book", "song"]
-    rows = []
-    for i in range(120):
-        a = " ".join(rng.choice(words, 4))
-        same = i % 2 == 0
-        b = a if same else " ".join(rng.choice(words, 4))
-        rows.append({"sentence1": a, "sentence2": b, "label": int(same)})
+    rows = [
+        {"sentence1": " ".join(rng.choice(FILLER, 6)), "sentence2": text, "label": label}
+        for text, label in make_sentiment_rows(240, seed=1)
+    ]
     path = tmp_path / "pairs.jsonl"
     pd.DataFrame(rows).to_json(path, orient="records", lines=True)
     result = train(
@@ -172,9 +180,14 @@ def test_sentence_pairs_train(tiny_model_dir, cache_dir, tmp_path):
             data=str(path),
             output_dir=str(tmp_path / "run"),
             cache_dir=str(cache_dir),
-            max_steps=2,
+            batch_size=16,
+            epochs=4,
+            lr=3e-3,
+            warmup_ratio=0.0,
             progress=False,
+            report=False,
             precision="fp32",
         )
     )
     assert result.metrics["num_labels"] == 2
+    assert result.metrics["eval_accuracy"] > 0.8

@@ -83,3 +83,15 @@ def test_eval_batches_cover_everything_once():
     batches = eval_batches(np.array([3, 9, 1, 7, 5]), 2)
     assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
     assert batches[0] == [1, 3]
+
+
+@pytest.mark.parametrize("micro,accum,procs", [(8, 1, 1), (4, 2, 1), (2, 2, 2), (3, 1, 2)])
+def test_len_is_what_iteration_yields_for_every_remainder_and_start(micro, accum, procs):
+    """Mutation testing found `len()` unchecked where the last global batch holds exactly as many examples as
+    processes (one each): every dataset size across two global batches, and seeks, are compared here."""
+    global_batch = micro * accum * procs
+    for n in range(1, 2 * global_batch + 2):
+        sampler = GlobalBatchSampler(np.arange(n) % 7 + 1, micro_batch=micro, accumulation=accum, num_processes=procs)
+        for start in range(sampler.steps_per_epoch() + 1):
+            sampler.start_at(0, start)
+            assert len(sampler) == len(list(sampler)), (n, start)

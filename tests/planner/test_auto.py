@@ -1,14 +1,17 @@
 """`leantrain plan` and `train --auto`: the table, the plan in the run directory, and the out-of-memory fallback.
 
-The fallback test: a run that runs out of memory at step k (simulated: tests/hooks.py OutOfMemoryAt) halves its
-micro-batch, doubles accumulation, redoes step k and ends with the same weights as a run that used the
-halved micro-batch from the start (fp32, dropout off, SGD).
+The fallback tests: a run that runs out of memory at step k halves its micro-batch, doubles accumulation,
+redoes step k and ends with the same weights as a run that used the halved micro-batch from the start (fp32,
+dropout off, SGD). Out of memory comes for real (`memory_spike`: the process's resident memory goes over the
+--memory budget, which the guard measures) or simulated (tests/hooks.py OutOfMemoryAt, for a chosen rank of several).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 
+import numpy as np
 import pytest
 import yaml
 from safetensors.torch import load_file
@@ -132,6 +135,7 @@ def test_out_of_memory_halves_the_micro_batch_and_ends_where_the_halved_run_ends
     assert m["train_loss"] == pytest.approx(halved.metrics["train_loss"], abs=1e-5)
 
 
+@pytest.mark.slow  # launches 2 processes (torchrun)
 def test_two_processes_agree_on_the_recut_and_end_where_one_process_ends(
     tiny_model_dir, sentiment_csv, cache_dir, tmp_path
 ):
@@ -156,3 +160,69 @@ def test_two_processes_agree_on_the_recut_and_end_where_one_process_ends(
     assert m["oom_recuts"][0]["step"] == 2 and (m["final_batch_size"], m["final_grad_accum"]) == (4, 2)
     assert m["num_processes"] == 2 and m["global_batch"] == 16 and m["optimizer_steps"] == 4
     assert max_diff(weights(out), weights(one.output_dir)) <= 1e-5
+
+
+@contextlib.contextmanager
+def memory_spike(after_step: int, nbytes: int, hold: bool):
+    """After optimizer step `after_step` (counting from 1) of any optimizer in this process, fill `nbytes` of
+    fresh memory: the resident size really grows, as when something else in the process allocates. hold=False
+    frees it at once (a spike the high-water mark remembers); hold=True keeps it until the block ends.
+    Uses torch's global optimizer hook, nothing of leantrain's."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    steps, held = [0], []
+
+    def hook(optimizer, args, kwargs):
+        steps[0] += 1
+        if steps[0] == after_step:
+            ballast = np.ones(nbytes, dtype=np.uint8)  # ones, not empty: every page is touched, hence resident
+            if hold:
+                held.append(ballast)
+            del ballast
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+        held.clear()
+
+
+def test_real_memory_over_the_budget_halves_the_micro_batch_and_ends_where_the_halved_run_ends(
+    tiny_model_dir, sentiment_csv, cache_dir, tmp_path
+):
+    """No test hook in leantrain: the guard reads the real resident high-water mark, finds it over --memory
+    after a 300 MiB spike, re-cuts once (the spike is gone when it measures again) and the run goes on."""
+    base = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir), max_steps=5, **EXACT)
+    halved = train(TrainConfig(**base, batch_size=4, grad_accum=2, output_dir=str(tmp_path / "halved")))
+    with memory_spike(after_step=2, nbytes=300 * 2**20, hold=False):
+        auto = train(
+            TrainConfig(
+                **base, batch_size=8, grad_accum=1, auto=True, memory="200MiB", output_dir=str(tmp_path / "auto")
+            )
+        )
+    m = auto.metrics
+    assert json.loads((tmp_path / "auto" / "plan.json").read_text())["recommended"]["micro_batch"] == 8
+    assert m["oom_recuts"] == [
+        {"step": 2, "from": {"batch_size": 8, "grad_accum": 1}, "to": {"batch_size": 4, "grad_accum": 2}}
+    ]
+    assert m["optimizer_steps"] == 5 and m["micro_steps"] == 2 + 3 * 2
+    assert max_diff(weights(auto.output_dir), weights(halved.output_dir)) <= 1e-5
+
+
+def test_real_memory_that_stays_over_the_budget_ends_at_a_micro_batch_of_1_with_one_line(
+    tiny_model_dir, sentiment_csv, cache_dir, tmp_path, capsys
+):
+    """Memory taken for good: 8 -> 4 -> 2 -> 1, then the error that nothing is left to halve (exit 2, no traceback)."""
+    argv = ["train", "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--cache-dir", str(cache_dir),
+            "--output-dir", str(tmp_path / "run"), "--batch-size", "8", "--max-steps", "6", "--optimizer", "sgd",
+            "--precision", "fp32", "--auto", "--memory", "200MiB", "--no-progress", "--no-report"]  # fmt: skip
+    with memory_spike(after_step=2, nbytes=300 * 2**20, hold=True):
+        code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    for halving in ("8 x 1 accumulation -> 4 x 2", "4 x 2 accumulation -> 2 x 4", "2 x 4 accumulation -> 1 x 8"):
+        assert f"step 3: out of memory; micro-batch {halving}" in err
+    last = err.strip().splitlines()[-1]
+    assert "step 3: out of memory (--memory 200 MiB) with a micro-batch of 1; nothing is left to halve" in last
+    assert not (tmp_path / "run" / "metrics.json").exists()

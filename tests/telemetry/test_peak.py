@@ -9,33 +9,57 @@ import pytest
 from leantrain.telemetry import peak
 
 
+# Each figure worked out by hand from the architecture, not copied from the table: streaming multiprocessors x
+# units per SM x FLOP per unit per clock x boost clock. Units are tensor cores (dense FMAs per clock, x2 FLOP)
+# or, for fp32, CUDA cores (one FMA = 2 FLOP). Sources: NVIDIA's Volta, Turing, Ampere (A100), Hopper and
+# Ada whitepapers and the products' data sheets (SM counts, boost clocks).
 @pytest.mark.parametrize(
-    "name,dtype,tflops,table_name",
+    "name,dtype,sms,units_per_sm,flop_per_unit_clock,boost_mhz,table_name",
     [
-        ("NVIDIA H100 80GB HBM3", "bf16", 989.4, "H100 SXM"),
-        ("NVIDIA H100 PCIe", "bf16", 756.0, "H100 PCIe"),
-        ("NVIDIA H100 NVL", "tf32", 417.5, "H100 NVL"),
-        ("NVIDIA H200", "fp16", 989.4, "H200 SXM"),
-        ("NVIDIA H200 NVL", "bf16", 835.5, "H200 NVL"),
-        ("NVIDIA A100-SXM4-80GB", "tf32", 156.0, "A100"),
-        ("NVIDIA A100 80GB PCIe", "bf16", 312.0, "A100"),
-        ("NVIDIA A10G", "bf16", 70.0, "A10G"),
-        ("NVIDIA A10", "bf16", 125.0, "A10"),
-        ("NVIDIA L4", "bf16", 121.0, "L4"),
-        ("NVIDIA L40S", "fp32", 91.6, "L40S"),
-        ("Tesla T4", "fp16", 65.0, "T4"),
-        ("Tesla V100-SXM2-16GB", "fp16", 125.0, "V100 SXM2"),
-        ("Tesla V100-PCIE-32GB", "fp32", 14.0, "V100 PCIe"),
-        ("NVIDIA GeForce RTX 4090", "bf16", 165.2, "RTX 4090"),
-        ("NVIDIA GeForce RTX 3090", "bf16", 71.0, "RTX 3090"),
-        ("NVIDIA GeForce RTX 3090 Ti", "bf16", 80.0, "RTX 3090 Ti"),
+        ("Tesla V100-SXM2-16GB", "fp16", 80, 8, 2 * 64, 1530, "V100 SXM2"),  # 125 TFLOP/s
+        ("Tesla V100-PCIE-32GB", "fp16", 80, 8, 2 * 64, 1380, "V100 PCIe"),  # 112
+        ("Tesla V100-PCIE-32GB", "fp32", 80, 64, 2, 1380, "V100 PCIe"),  # 14
+        ("Tesla T4", "fp16", 40, 8, 2 * 64, 1590, "T4"),  # 65
+        ("Tesla T4", "fp32", 40, 64, 2, 1590, "T4"),  # 8.1
+        ("NVIDIA A100-SXM4-80GB", "bf16", 108, 4, 2 * 256, 1410, "A100"),  # 312
+        ("NVIDIA A100 80GB PCIe", "tf32", 108, 4, 2 * 128, 1410, "A100"),  # 156: tf32 at half the fp16 rate
+        ("NVIDIA A100-SXM4-40GB", "fp32", 108, 64, 2, 1410, "A100"),  # 19.5
+        ("NVIDIA H100 80GB HBM3", "bf16", 132, 4, 2 * 512, 1830, "H100 SXM"),  # 989
+        ("NVIDIA H100 80GB HBM3", "tf32", 132, 4, 2 * 256, 1830, "H100 SXM"),  # 495
+        ("NVIDIA H100 PCIe", "bf16", 114, 4, 2 * 512, 1620, "H100 PCIe"),  # 756
+        ("NVIDIA H200", "fp16", 132, 4, 2 * 512, 1830, "H200 SXM"),  # the H100 SXM's compute, more memory
+        ("NVIDIA GeForce RTX 4090", "bf16", 128, 4, 2 * 64, 2520, "RTX 4090"),  # 165: fp32-accumulate rate
     ],
 )
-def test_gpu_table_matches_device_names(name, dtype, tflops, table_name):
+def test_gpu_table_agrees_with_the_figure_worked_out_from_the_architecture(
+    name, dtype, sms, units_per_sm, flop_per_unit_clock, boost_mhz, table_name
+):
     found = peak.gpu_peak(name, dtype)
     assert found is not None
-    assert found.flops_per_second == pytest.approx(tflops * 1e12)
+    expected = sms * units_per_sm * flop_per_unit_clock * boost_mhz * 1e6
+    assert found.flops_per_second == pytest.approx(expected, rel=0.015)
     assert table_name in found.source and dtype in found.source
+
+
+@pytest.mark.parametrize(
+    "name,table_name",
+    [
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA GeForce RTX 3090", "GeForce RTX 3090"),
+        ("NVIDIA GeForce RTX 3090 Ti", "GeForce RTX 3090 Ti"),
+    ],
+)
+def test_device_names_pick_their_own_row(name, table_name):
+    """The more specific name wins (an A10G is not an A10, an H100 NVL not an H100 SXM)."""
+    found = peak.gpu_peak(name, "bf16")
+    assert found is not None
+    row = found.source.split(",")[0].removeprefix("data sheet: ").split(" (")[0]
+    assert row == table_name
 
 
 def test_gpu_table_knows_what_it_does_not_know():
@@ -115,3 +139,30 @@ def test_refreshing_keeps_the_best_figure(tmp_path, monkeypatch):
     assert peak.measured_peak("fp32").flops_per_second == 100e9
     assert peak.measured_peak("fp32", refresh=True).flops_per_second == 100e9  # a busy moment does not lower it
     assert peak.measured_peak("fp32", refresh=True).flops_per_second == 150e9
+
+
+@pytest.mark.parametrize(
+    "flags,bf16_size,fp16_size",
+    [
+        ({"avx2"}, 256, 256),  # an AMD EPYC without AVX-512: both emulated (0.09 GFLOP/s measured in bf16)
+        ({"avx512_bf16", "avx512_fp16"}, 2048, 2048),
+        ({"amx_bf16"}, 2048, 256),  # AMX-BF16 without any fp16 instructions
+    ],
+)
+def test_an_emulated_dtype_is_probed_small_and_cached_at_that_size(tmp_path, monkeypatch, flags, bf16_size, fp16_size):
+    """A 2048² GEMM in a dtype the CPU emulates takes minutes (it made a 2-step bf16 test run for 12 minutes)."""
+    from leantrain import parallel
+
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    monkeypatch.delenv("LEANTRAIN_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr(parallel, "cpu_flags", lambda: frozenset(flags))
+    sizes = []
+    monkeypatch.setattr(
+        peak, "measure_peak", lambda dtype, device="cpu", size=None, seconds=0.5: sizes.append(size) or 1e9
+    )
+    peak.device_peak("cpu", "bf16")
+    peak.device_peak("cpu", "fp16")
+    peak.device_peak("cpu", "fp32")
+    assert sizes == [bf16_size, fp16_size, 2048]
+    cached = json.loads((tmp_path / "peak.json").read_text())
+    assert sorted(e["size"] for e in cached.values()) == sorted([bf16_size, fp16_size, 2048])

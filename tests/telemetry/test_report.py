@@ -188,6 +188,7 @@ def test_the_report_command(tiny_runs, tmp_path, capsys):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+@pytest.mark.slow  # launches Chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_page_renders_with_its_images_in_headless_chromium(tmp_path):
     page = write_report(synthetic_run(tmp_path))

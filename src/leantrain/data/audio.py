@@ -104,15 +104,16 @@ def process_audio(extractor, waves: list[np.ndarray]) -> dict[str, np.ndarray]:
     return {key: np.asarray(out[key], dtype=np.float16)}
 
 
-def shift_audio(x, rng: np.random.Generator, fraction: float = 0.1):
+def shift_audio(x, rng: np.random.Generator, fraction: float = 0.1, name: str = "input_values"):
     """Augmentation: roll each example along its time axis by up to `fraction` of its length.
 
-    Time is the first axis after the batch for waveforms (B, T) and AST features (B, frames, mels); for
-    (B, mels, frames) features (Whisper) it is the last.
+    `name` is the model input: time is the first axis after the batch for waveforms (B, T) and AST's
+    `input_values` (B, frames, mels); Whisper's `input_features` are (B, mels, frames), time last. The
+    layout cannot be told from the shape: a clip under about 0.65 s has fewer AST frames than mel bins.
     """
     import torch
 
-    axis = 2 if x.dim() == 3 and x.shape[1] < x.shape[2] else 1
+    axis = 2 if x.dim() == 3 and name == "input_features" else 1
     n = x.shape[axis]
     out = torch.empty_like(x)
     for i in range(x.shape[0]):

@@ -221,7 +221,7 @@ class MediaCollator:
             else:
                 x = x.float()
                 if rng is not None:
-                    x = audio_mod.shift_audio(x, rng)
+                    x = audio_mod.shift_audio(x, rng, name=k)
             batch[k] = x
         batch["labels"] = torch.tensor([x["label"] for x in items], dtype=torch.long)
         batch["index"] = torch.tensor(index, dtype=torch.long)

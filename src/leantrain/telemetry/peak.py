@@ -51,6 +51,20 @@ GPU_PEAKS: list[tuple[str, str, dict[str, float]]] = [
 
 PROBE_SIZE = {"cpu": 2048, "cuda": 8192}
 PROBE_SECONDS = 0.5
+#: the probe's size for a dtype a CPU has no instructions for (bf16 without AVX-512 BF16 or AMX, fp16 without
+#: AVX-512 FP16 or AMX-FP16): emulated at 0.1-0.3 GFLOP/s whatever the size, a 2048² probe took 3-12 minutes
+EMULATED_PROBE_SIZE = 256
+
+
+def probe_size(device_type: str, dtype: str) -> int:
+    """The side of the square GEMM that probes `dtype` on this kind of device."""
+    if device_type == "cpu" and dtype in ("bf16", "fp16"):
+        from leantrain.parallel import cpu_flags
+
+        native = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}[dtype]
+        if not cpu_flags() & set(native):
+            return EMULATED_PROBE_SIZE
+    return PROBE_SIZE.get(device_type, 2048)
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,7 @@ def measure_peak(
     """FLOP/s of the fastest of repeated (size x size) @ (size x size) matmuls over about `seconds`."""
     import torch
 
-    size = size or PROBE_SIZE.get(torch.device(device).type, 2048)
+    size = size or probe_size(torch.device(device).type, dtype)
     dev = torch.device(device)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -179,7 +193,7 @@ def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = Non
     threads = torch.get_num_threads()
     key = _cache_key(device_name, threads, dtype)
     path = cache_file()
-    size = PROBE_SIZE.get(torch.device(device).type, 2048)
+    size = probe_size(torch.device(device).type, dtype)
     entry = _read_cache(path).get(key)
     if not isinstance(entry, dict) or entry.get("size") != size or float(entry.get("flops_per_second", 0)) <= 0:
         entry = None
