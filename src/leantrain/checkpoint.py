@@ -588,11 +588,13 @@ def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None) -> str
 
 
 def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
-    """Weights plus optimizer state, before the optimizer has made its (lazy) state."""
+    """Weights plus optimizer state, before the optimizer has made its (lazy) state: the state counted as the
+    planner counts it (one count of optimizer-state bytes in the package), plus 1 MiB of the rest."""
+    from leantrain.planner.memory import ParamInventory, optimizer_state_bytes
+
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    per_param = {"adamw": 8.0, "adamw8bit": 2.0, "adafactor": 0.1, "sgd": 0.0}.get(optimizer_name, 8.0)
-    return int(weights + trainable * per_param) + (1 << 20)
+    shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+    return weights + optimizer_state_bytes(ParamInventory(shapes, ()), optimizer_name) + (1 << 20)
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
