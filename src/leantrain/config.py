@@ -398,7 +398,7 @@ class TrainConfig(
 
     def section(self, cls: type[_Section]) -> _Section:
         """This config's values of one section, e.g. `cfg.section(CheckpointConfig)`."""
-        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+        return cls(**{f.name: getattr(self, f.name) for f in fields(typing.cast(Any, cls))})
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -512,7 +512,7 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _coerce_types(cfg: TrainConfig) -> None:
+def _coerce_types(cfg: Any) -> None:
     """Accept what YAML and Python callers naturally give (1 for 1.0, "1e-4" for 1e-4); refuse the rest."""
     for f in fields(cfg):
         value = getattr(cfg, f.name)
@@ -541,7 +541,7 @@ def _coerce_types(cfg: TrainConfig) -> None:
             setattr(cfg, f.name, str(value))
 
 
-def _positive(cfg: TrainConfig, *names: str, optional: bool = False) -> None:
+def _positive(cfg: Any, *names: str, optional: bool = False) -> None:
     for name in names:
         value = getattr(cfg, name)
         if value is None and optional:
@@ -550,7 +550,7 @@ def _positive(cfg: TrainConfig, *names: str, optional: bool = False) -> None:
             raise ConfigError(f"{_flag(name)} must be a positive integer, got {value}")
 
 
-def _choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
+def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(cfg, name)
     if value not in choices:
         raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")

@@ -24,12 +24,12 @@ def _load(run_or_model: str):
 def _loader(tokens, labels: np.ndarray, tokenizer, batch_size: int):
     from torch.utils.data import DataLoader
 
-    from leantrain.data.batching import ClassificationDataset, Collator, eval_batches
-    from leantrain.data.prepare import LabelledText
+    from leantrain.data.batching import Collator, ExamplesDataset, eval_batches
+    from leantrain.data.prepare import Examples
 
-    data = LabelledText(tokens, labels)
+    data = Examples(tokens, labels)
     return DataLoader(
-        ClassificationDataset(data),
+        ExamplesDataset(data),
         batch_sampler=eval_batches(data.lengths, batch_size),
         collate_fn=Collator(tokenizer.pad_token_id or 0),
     )
@@ -55,13 +55,13 @@ def _load_media(path: str, config, task: str):
 def _media_loader(features, labels: np.ndarray, task: str, batch_size: int):
     from torch.utils.data import DataLoader
 
-    from leantrain.data.batching import ClassificationDataset, eval_batches
+    from leantrain.data.batching import ExamplesDataset, eval_batches
     from leantrain.data.media import MediaCollator
-    from leantrain.data.prepare import LabelledText
+    from leantrain.data.prepare import Examples
 
-    data = LabelledText(features, labels)
+    data = Examples(features, labels)
     return DataLoader(
-        ClassificationDataset(data),
+        ExamplesDataset(data),
         batch_sampler=eval_batches(data.lengths, batch_size),
         collate_fn=MediaCollator(task, features.norm),
     )

@@ -34,14 +34,14 @@ class WordCount(Task):
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
         from transformers import AutoTokenizer
 
-        from leantrain.data.prepare import LabelledText
+        from leantrain.data.prepare import Examples
         from leantrain.data.tokenize import tokenize
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         sets = []
         for n, seed in ((192, 0), (64, 1)):
             texts, counts = counting_rows(n, seed)
-            sets.append(LabelledText(tokenize(tokenizer, texts, None, 32), counts))
+            sets.append(Examples(tokenize(tokenizer, texts, None, 32), counts))
         return TaskData(sets[0], sets[1], [], tokenizer, ["192 counting rows, 64 held out"])
 
     def build_model(self, model_path: str, data: TaskData):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from leantrain.data.prepare import LabelledText
+from leantrain.data.prepare import Examples
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,10 @@ def _batch_sizes(n: int, global_batch: int) -> list[int]:
     return sizes + ([n % global_batch] if n % global_batch else [])
 
 
-class ClassificationDataset(torch.utils.data.Dataset):
-    """Map-style dataset over `LabelledText`; accepts an int or a `Slot` as key."""
+class ExamplesDataset(torch.utils.data.Dataset):
+    """Map-style dataset over `Examples`; accepts an int or a `Slot` as key."""
 
-    def __init__(self, data: LabelledText):
+    def __init__(self, data: Examples):
         self.data = data
 
     def __len__(self) -> int:
@@ -126,7 +126,7 @@ class ClassificationDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, key):
         slot = key if isinstance(key, Slot) else Slot(int(key), 0, True)
-        item = self.data.tokens.row(slot.index)
+        item = self.data.features.row(slot.index)
         item["label"] = self.data.labels[slot.index]
         item["index"] = slot.index
         item["step_examples"] = slot.step_examples

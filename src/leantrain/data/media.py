@@ -59,8 +59,6 @@ class MediaProcessor:
     image_size: list[int] | None = None  # images: the size the model takes, when it does not resize
     max_seconds: float | None = None  # audio: pad or cut to this (None: decided from the training data)
 
-    pad_token_id = 0  # text's Collator interface; unused
-
     @property
     def sampling_rate(self) -> int:
         return int(self.processor.sampling_rate)
@@ -646,7 +644,7 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
     import pandas as pd
 
     from leantrain.data.columns import Columns, build_label_map
-    from leantrain.data.prepare import LabelledText, PreparedData, stratified_split
+    from leantrain.data.prepare import Examples, PreparedData, stratified_split
 
     input_column = cfg.image_column if mp.task == IMAGE else cfg.audio_column
     common = dict(
@@ -688,7 +686,7 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
 
     if pattern_rows is not None:
         y = np.array([label_id.get(x, -1) for x in train_src.labels], dtype=np.int64)
-        all_data = LabelledText(train_src.features, y)  # type: ignore[arg-type]
+        all_data = Examples(train_src.features, y)
         eval_set = all_data.subset(pattern_rows)
         ids([train_src.labels[i] for i in pattern_rows], train_src)
         train_rows = np.setdiff1d(np.arange(len(y)), pattern_rows)
@@ -696,9 +694,9 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
             f"{len(pattern_rows):,} files matching --eval-pattern '{cfg.eval_pattern}' held out for evaluation"
         )
     else:
-        all_data = LabelledText(train_src.features, ids(train_src.labels, train_src))  # type: ignore[arg-type]
+        all_data = Examples(train_src.features, ids(train_src.labels, train_src))
         if eval_src is not None:
-            eval_set = LabelledText(eval_src.features, ids(eval_src.labels, eval_src))  # type: ignore[arg-type]
+            eval_set = Examples(eval_src.features, ids(eval_src.labels, eval_src))
             train_rows = np.arange(len(all_data))
         else:
             train_rows, eval_rows = stratified_split(all_data.labels, cfg.eval_fraction, cfg.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,21 +27,23 @@ log = logging.getLogger("leantrain")
 
 
 @dataclass
-class LabelledText:
-    """Tokenized examples with their class ids."""
+class Examples:
+    """Examples ready to batch: their features and label ids. The features are tokenized text
+    (`TokenizedText`) or processed images or audio (`data.media.MediaFeatures`): both have `row(i)`,
+    `subset(rows)` and `lengths`, which is all batching needs."""
 
-    tokens: TokenizedText  # or, for images and audio, data.media.MediaFeatures (the same interface)
-    labels: np.ndarray  # int64 class ids
+    features: Any
+    labels: np.ndarray  # int64 class ids (a task of one's own may hold other labels)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     @property
     def lengths(self) -> np.ndarray:
-        return self.tokens.lengths
+        return self.features.lengths
 
-    def subset(self, rows: np.ndarray) -> LabelledText:
-        return LabelledText(self.tokens.subset(rows), self.labels[rows])
+    def subset(self, rows: np.ndarray) -> Examples:
+        return Examples(self.features.subset(rows), self.labels[rows])
 
 
 @dataclass
@@ -57,8 +60,8 @@ class Source:
 
 @dataclass
 class PreparedData:
-    train: LabelledText
-    eval: LabelledText
+    train: Examples
+    eval: Examples
     label_names: list[str]
     columns: Columns
     notes: list[str] = field(default_factory=list)  # what the user should hear about the data
@@ -138,7 +141,7 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
     assert train_src.columns.label is not None  # resolve_columns requires a label column by default
     label_names = build_label_map(pd.Series(train_src.labels), train_src.path, train_src.columns.label)
     label_id = {name: i for i, name in enumerate(label_names)}
-    all_train = LabelledText(train_src.tokens, np.array([label_id[x] for x in train_src.labels], dtype=np.int64))
+    all_train = Examples(train_src.tokens, np.array([label_id[x] for x in train_src.labels], dtype=np.int64))
     if len(all_train) < 2:
         raise DataError(f"{train_src.path}: only {len(all_train)} usable rows; need at least two")
 
@@ -152,7 +155,7 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
                 f"{eval_src.path}: labels {unseen[:5]} in column '{eval_src.columns.label}' never "
                 f"occur in the training data (which has {label_names}); fix or drop those rows"
             )
-        eval_set = LabelledText(eval_src.tokens, np.array([label_id[x] for x in eval_src.labels], dtype=np.int64))
+        eval_set = Examples(eval_src.tokens, np.array([label_id[x] for x in eval_src.labels], dtype=np.int64))
         train_rows = np.arange(len(all_train))
     else:
         train_rows, eval_rows = stratified_split(all_train.labels, cfg.eval_fraction, cfg.seed)

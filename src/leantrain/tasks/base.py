@@ -24,8 +24,8 @@ import torch
 class TaskData:
     """A task's prepared data: what the trainer batches, evaluates and saves beside the model."""
 
-    #: training examples: `len()`, `.lengths` (for length-grouped batches), `.labels`, and `.row(i)` / `.subset()`
-    #: through `data.batching.ExamplesDataset`
+    #: training examples (`data.prepare.Examples`: features and labels, batched through
+    #: `data.batching.ExamplesDataset`)
     train: Any
     eval: Any
     #: class names, in label-id order (empty for tasks without classes)

@@ -35,10 +35,10 @@ class MediaClassification(Classification):
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.media import MediaCollator
 
-        norm = getattr(data.train.tokens, "norm", None)  # uint8 pixels: normalised per batch
+        norm = getattr(data.train.features, "norm", None)  # uint8 pixels: normalised per batch
         if train:
             return MediaCollator(self.name, norm, augment=self.cfg.augment, seed=self.cfg.seed)
         return MediaCollator(self.name, norm)
 
     def flop_input_shapes(self, data: TaskData) -> dict[str, tuple[int, ...]] | None:
-        return data.train.tokens.input_shapes
+        return data.train.features.input_shapes

@@ -114,7 +114,7 @@ class Trainer:
     def _build_batches(self) -> None:
         from torch.utils.data import DataLoader
 
-        from leantrain.data.batching import ClassificationDataset, GlobalBatchSampler, eval_batches
+        from leantrain.data.batching import ExamplesDataset, GlobalBatchSampler, eval_batches
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
         self.sampler = GlobalBatchSampler(
@@ -123,13 +123,13 @@ class Trainer:
         # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
         # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
         self.train_loader: Any = DataLoader(  # after prepare(), Accelerate's loader (it has set_epoch)
-            ClassificationDataset(data.train),
+            ExamplesDataset(data.train),
             batch_sampler=self.sampler,
             collate_fn=self.task.collator(data, train=True),
             generator=torch.Generator(),
         )
         self.eval_loader = DataLoader(
-            ClassificationDataset(data.eval),
+            ExamplesDataset(data.eval),
             batch_sampler=eval_batches(data.eval.lengths, cfg.batch_size * 2),
             collate_fn=self.task.collator(data, train=False),
             generator=torch.Generator(),
@@ -261,7 +261,7 @@ class Trainer:
                 loss = self.task.loss_sum(compiled(**self.task.model_inputs(batch)), batch)
             loss.backward()
         self.model.zero_grad(set_to_none=True)
-        self.model = compiled  # type: ignore[assignment]  (an OptimizedModule behaves as the module)
+        self.model = compiled  # type: ignore[assignment]  # an OptimizedModule behaves as the module
         return time.perf_counter() - started
 
     # -- the loop ----------------------------------------------------------------------------------------------
@@ -475,8 +475,15 @@ class Trainer:
             model.save_pretrained(staging / "model", safe_serialization=True)
             self.data.processor.save_pretrained(staging / "model")
         cfg = self.cfg
-        card = dict(base_model=cfg.model, data={"train": cfg.data, "eval": cfg.eval_data}, task=self.task.name)
-        write_model_card(staging / "model", metrics=metrics, config=cfg.to_dict(), **card)
+        data = {"train": cfg.data, "eval": cfg.eval_data}
+        write_model_card(
+            staging / "model",
+            base_model=cfg.model,
+            data=data,
+            metrics=metrics,
+            config=cfg.to_dict(),
+            task=self.task.name,
+        )
         (staging / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
