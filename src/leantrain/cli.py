@@ -14,6 +14,7 @@ from typing import Any
 
 from leantrain.config import SECTIONS, TrainConfig, field_base_type, to_flags
 from leantrain.errors import LeantrainError
+from leantrain.telemetry.console import Console
 
 
 class _Parser(argparse.ArgumentParser):
@@ -270,7 +271,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise LeantrainError(f"--steps must be a positive integer, got {args.steps}")
     names = bench.parse_techniques(args.techniques)
     bench_dir = Path(args.bench_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    say = lambda m: print(f"leantrain: {m}", file=sys.stderr, flush=True)  # noqa: E731
+    say = Console().info
     if args.repeats <= 0:
         raise LeantrainError(f"--repeats must be a positive integer, got {args.repeats}")
     rows = bench.run_bench(
@@ -299,7 +300,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if hasattr(args, f.name) or (args.config and getattr(cfg, f.name) != f.default)
     }
     options = PlanOptions(args.global_batch, args.device, args.probe, args.probe_top, args.probe_steps, args.plan_dir)
-    say = lambda m: print(f"leantrain: {m}", file=sys.stderr, flush=True)  # noqa: E731
+    say = Console().info
     plan, paths = run_plan(cfg, options, given, say=say)
     print(plan.render(all_rows=args.all).rstrip())
     if paths:

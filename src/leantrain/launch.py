@@ -37,6 +37,7 @@ from typing import Any
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
 from leantrain.parallel import rank_info
+from leantrain.telemetry.console import Console
 
 #: set in each process our launchers start; with the variables below it marks "already launched"
 LAUNCHED_ENV = "LEANTRAIN_LAUNCHED"
@@ -217,7 +218,7 @@ def launch(cfg: TrainConfig) -> int:
             f"machine {cfg.machine_rank} of {cfg.num_machines}, main process at "
             f"{cfg.main_process_ip}:{cfg.main_process_port or DEFAULT_PORT}"
         )
-    print(f"leantrain: starting {nproc} process(es) on {where} with {cfg.launcher}", file=sys.stderr, flush=True)
+    Console().info(f"starting {nproc} process(es) on {where} with {cfg.launcher}")
     return run_and_wait(cmd, {**os.environ, **extra})
 
 
@@ -273,11 +274,7 @@ def launch_ray(cfg: TrainConfig, holder: dict[str, str] | None = None) -> int:
         raise ConfigError('--launcher ray needs Ray Train: pip install "leantrain[ray]" (or "ray[train]")') from None
     workers = cfg.num_workers or cfg.num_processes or 1
     storage = tempfile.mkdtemp(prefix="leantrain-ray-")
-    print(
-        f"leantrain: starting {workers} Ray Train worker(s) ({'one GPU' if cfg.use_gpu else 'CPU'} each)",
-        file=sys.stderr,
-        flush=True,
-    )
+    Console().info(f"starting {workers} Ray Train worker(s) ({'one GPU' if cfg.use_gpu else 'CPU'} each)")
     init: dict[str, Any] = {"log_to_driver": True, "include_dashboard": False}
     if not os.environ.get("RAY_ADDRESS"):
         init["_temp_dir"] = os.environ.get("LEANTRAIN_RAY_TMPDIR") or None

@@ -22,7 +22,6 @@ import errno
 import fcntl
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +49,9 @@ def default_output_dir() -> Path:
 
 
 def _say(message: str) -> None:
-    print(f"leantrain: {message}", file=sys.stderr, flush=True)
+    from leantrain.telemetry.console import Console
+
+    Console().info(message)
 
 
 def _is_main_process() -> bool:
