@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -253,21 +252,15 @@ def _chart(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def environment_context() -> dict[str, Any]:
-    import accelerate
-    import torch
-    import transformers
+    """The run environment (telemetry.report.collect_environment, the one collector) as bench tables show it."""
+    from leantrain.parallel import device_type
+    from leantrain.telemetry.report import collect_environment
 
-    from leantrain.parallel import cpu_name, device_type, package_version
-
-    device = device_type()
+    env = collect_environment(device="cuda" if device_type() == "cuda" else "cpu")
     return {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "device": torch.cuda.get_device_name(0) if device == "cuda" else cpu_name(),
-        "cores": os.cpu_count(),
-        "torch threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__,
-        "datasets": package_version("datasets"),
+        "date": env["date"][:16],
+        "device": env["device"],
+        "cores": env["cpu_count"],
+        "torch threads": env["torch_threads"],
+        **{k: env[k] for k in ("python", "torch", "transformers", "accelerate", "datasets")},
     }

@@ -11,7 +11,6 @@ page, not drawn empty.
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import io
 import json
@@ -166,9 +165,10 @@ def collect_environment(device: Any = None, peak: Any = None, num_processes: int
             "torch": torch.__version__,
         }
     )
-    for lib in ("transformers", "accelerate", "datasets"):
-        with contextlib.suppress(Exception):  # a missing library is just not reported
-            env[lib] = __import__(lib).__version__
+    from leantrain.parallel import package_version
+
+    for lib in ("transformers", "accelerate", "datasets"):  # read without importing them
+        env[lib] = package_version(lib)
     if num_processes is not None:
         env["num_processes"] = num_processes
     if peak is not None:
