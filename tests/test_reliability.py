@@ -236,6 +236,32 @@ def test_a_second_run_into_a_busy_output_dir_is_refused_and_touches_nothing(job,
     assert not staging.exists() and not partial.exists()
 
 
+@fault(
+    "a live run's staging and temporary checkpoint where the file system gives no lock (simulated: lock removed)",
+    "a second run's start-up cleaning spares them: names carry the pid, and only dead runs' leftovers go",
+)
+def test_per_run_names_spare_a_live_runs_files_without_the_lock(job, monkeypatch):
+    cfg = job(save_every=2)
+    out = Path(cfg.output_dir)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        live_files = [out / f".incomplete-{alive.pid}", out / "checkpoints" / f".step-000002.tmp-{alive.pid}"]
+        dead_files = [out / f".incomplete-{dead.pid}", out / "checkpoints" / f".step-000002.tmp-{dead.pid}"]
+        for d in live_files + dead_files:
+            d.mkdir(parents=True)
+            (d / "model.safetensors").write_bytes(b"half")
+        (out / "checkpoints" / ".step-000002.tmp").mkdir()  # an older leantrain's name: no pid
+        monkeypatch.setattr(run_dir.fcntl, "flock", lambda fd, how: None)  # a file system that cannot lock
+        train(cfg.replace(overwrite=True))
+        assert all((d / "model.safetensors").read_bytes() == b"half" for d in live_files)
+        assert not any(d.exists() for d in dead_files) and not (out / "checkpoints" / ".step-000002.tmp").exists()
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 @pytest.mark.slow  # about 40 s on 2 busy cores
 @fault(
     "two `leantrain train` commands into one --output-dir, the second while the first trains",
