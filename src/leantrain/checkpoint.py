@@ -265,9 +265,11 @@ class CheckpointDir:
         partial saves (`.step-*.tmp*`) and prunes (`.step-*.deleting*`) are deleted."""
         if not self.root.is_dir():
             return
+        from leantrain.run_dir import left_by_dead_run
+
         for p in sorted(self.root.iterdir()):
-            if not p.name.startswith(f".{PREFIX}"):
-                continue
+            if not p.name.startswith(f".{PREFIX}") or not left_by_dead_run(p.name):
+                continue  # not a leftover, or a live run's (where the file system could not lock)
             name, _, kind = p.name[1:].partition(".")
             if kind.startswith("old") and not (self.root / name).exists():
                 os.replace(p, self.root / name)  # killed between the two renames of a re-save

@@ -175,11 +175,13 @@ class RunDir:
         was cut short (its staging holds the finished marker); put back what a run that died before its first
         checkpoint set aside; drop what a publish that completed had yet to delete."""
         for staging in sorted(self.path.glob(f"{STAGING_PREFIX}*")):
+            if not left_by_dead_run(staging.name):
+                continue
             if staging != self.staging and staging.is_dir() and (staging / FINISHED_MARKER).is_file():
                 _say(f"completing the publishing of {self.path}, cut short by a kill")
                 self._publish_from(staging)
         for aside in sorted(self.path.glob(f"{REPLACED_PREFIX}*")):
-            if aside == self.replaced or not aside.is_dir():
+            if aside == self.replaced or not aside.is_dir() or not left_by_dead_run(aside.name):
                 continue
             if self.finished:
                 shutil.rmtree(aside, ignore_errors=True)  # its replacement published
@@ -192,7 +194,7 @@ class RunDir:
     def begin(self) -> Path:
         """A clean staging directory for this run's outputs (a dead run's staging is dropped: never published)."""
         for old in self.path.glob(f"{STAGING_PREFIX}*"):
-            if old != self.staging and old.is_dir() and self.owner:  # with the lock held, a dead run's
+            if old != self.staging and old.is_dir() and self.owner and left_by_dead_run(old.name):
                 shutil.rmtree(old, ignore_errors=True)
         if self.staging.exists():
             shutil.rmtree(self.staging)
@@ -266,6 +268,24 @@ class RunDir:
             self.lock.release()
             self.lock = None
         self.owner = False
+
+
+def left_by_dead_run(name: str) -> bool:
+    """Whether a staging, set-aside or temporary name (`...-PID`) belongs to a process that is gone.
+
+    Belt and braces with the lock: where a file system cannot lock, a live run's files are still spared (on
+    one machine; a name without a pid is an older leantrain's, and taken as dead). This process's own names
+    count as left over: the callers pass over the current run's, and an earlier run in this process is over."""
+    tail = name.rsplit("-", 1)[-1]
+    if not tail.isdigit() or int(tail) == os.getpid():
+        return True
+    try:
+        os.kill(int(tail), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    return False
 
 
 def staging_dir(path: str | Path) -> Path | None:
