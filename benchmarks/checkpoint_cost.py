@@ -81,29 +81,23 @@ def time_to_first_step(cfg) -> tuple[float, float, dict]:
     """Seconds from calling train() to the start of its first forward pass (set-up, including any restore),
     and to the end of its first optimizer step (plus that step's compute, which depends on the batch)."""
     from leantrain import train
-    from leantrain.training import loop
+    from leantrain.training import Hooks
 
     begun, done = [], []
-    real_forward, real_step = loop.forward_backward_step, loop.train_step
 
-    def forward_backward_step(*args, **kwargs):
-        if not begun:
-            begun.append(time.perf_counter())
-        return real_forward(*args, **kwargs)
+    class FirstStep(Hooks):
+        def on_micro_batch(self, model, batch):
+            if not begun:
+                begun.append(time.perf_counter())
 
-    def train_step(*args, **kwargs):
-        out = real_step(*args, **kwargs)
-        if not done:
-            done.append(time.perf_counter())
-        return out
+        def before_optimizer_step(self, step):
+            if step == 2 and not done:  # the first step's update is done when the second begins
+                done.append(time.perf_counter())
 
-    loop.forward_backward_step, loop.train_step = forward_backward_step, train_step
-    try:
-        start = time.perf_counter()
-        result = train(cfg)
-    finally:
-        loop.forward_backward_step, loop.train_step = real_forward, real_step
-    return begun[0] - start, done[0] - start, result.metrics
+    start = time.perf_counter()
+    result = train(cfg, hooks=FirstStep())
+    end_of_first = done[0] if done else time.perf_counter()
+    return begun[0] - start, end_of_first - start, result.metrics
 
 
 def main(argv=None) -> int:
