@@ -255,6 +255,7 @@ class Trainer:
         started = time.perf_counter()
         compiled = torch.compile(self.model)
         batch = next(iter(self.train_loader))
+        self.model.train()  # the training graph (dropout on) is the one to compile; from_pretrained gives eval mode
         devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             with self.amp.autocast():
