@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from leantrain.config import TrainConfig
@@ -21,6 +22,8 @@ def train(
     the metrics and the paths written. `task` trains a workload of your own (a `leantrain.tasks.Task` subclass)
     instead of the one the config names or the model implies; `hooks` instruments the run (tests)."""
     from leantrain import models, run_dir
+    from leantrain.parallel import device_type
+    from leantrain.telemetry.memory import freed_memory_returned
 
     if config is None:
         config = TrainConfig()
@@ -43,7 +46,9 @@ def train(
     chosen = task(cfg) if task is not None else resolve(cfg, model_config)
     # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside
     # is put back unless the run published
-    with run_dir.guarded(), models.library_bars_off():
+    # under a memory budget on CPU, freed tensors go back to the kernel at once (for the run only)
+    budget = freed_memory_returned() if cfg.auto and device_type() == "cpu" else contextlib.nullcontext()
+    with run_dir.guarded(), models.library_bars_off(), budget:
         trainer = Trainer(
             cfg, chosen, model_path, model_config, plan=plan, hooks=hooks, share_output_dir=config.output_dir is None
         )

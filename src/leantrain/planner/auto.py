@@ -59,8 +59,8 @@ def plan_run(cfg: TrainConfig) -> tuple[TrainConfig, Plan]:
     """The config the planner recommends for `cfg` (same global batch), and the plan; refuses when nothing fits.
 
     Every process computes the same plan (it is a pure function of the config and the device kind), so
-    they agree without talking. On CPU the allocator is set to hand freed tensors back at once
-    (telemetry.memory.return_freed_memory), which is what the memory model and the budget assume.
+    they agree without talking. During the run (api.train) the CPU allocator hands freed tensors back at once
+    (telemetry.memory.freed_memory_returned), which is what the memory model and the budget assume.
     """
     from leantrain.parallel import device_type, rank_info
 
@@ -71,8 +71,4 @@ def plan_run(cfg: TrainConfig) -> tuple[TrainConfig, Plan]:
     plan.notes.insert(0, f"budget: {source}")
     if plan.recommended is None:
         raise LeantrainError("--auto: " + plan.no_fit_message())
-    if device == "cpu":
-        from leantrain.telemetry.memory import return_freed_memory
-
-        return_freed_memory()
     return cfg.replace(**plan.recommended.overrides()), plan

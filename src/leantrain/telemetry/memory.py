@@ -102,6 +102,25 @@ def return_freed_memory() -> bool:
         return False
 
 
+#: glibc's initial M_MMAP_THRESHOLD, set again when a block that fixed it ends
+GLIBC_DEFAULT_MMAP_THRESHOLD = 128 * 1024
+
+
+@contextlib.contextmanager
+def freed_memory_returned():
+    """`return_freed_memory()` for the duration of a block (a run under a memory budget), then glibc's initial
+    threshold again, so a program that called leantrain keeps its allocator as it was. (glibc cannot turn its
+    dynamic threshold back on once set: the initial value is the closest restore there is.)"""
+    took = return_freed_memory()
+    try:
+        yield took
+    finally:
+        if took:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, GLIBC_DEFAULT_MMAP_THRESHOLD)
+
+
 def release_free_memory() -> None:
     """Collect garbage and hand free heap pages back to the kernel (glibc's malloc_trim), so RSS tracks live memory."""
     import ctypes
