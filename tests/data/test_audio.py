@@ -58,6 +58,7 @@ def job(tmp_path):
     return make
 
 
+@pytest.mark.slow  # trains to learning: 201 s in the fast-tier run of 2026-11-30 (load 6-9, 2 cores)
 def test_wav_folder_with_label_and_eval_patterns_trains_and_predicts(job, fsdd_like, tmp_path, capsys):
     from leantrain import evaluate, predict
 
@@ -91,6 +92,7 @@ def test_wav_folder_with_label_and_eval_patterns_trains_and_predicts(job, fsdd_l
     assert metrics["examples"] == 36
 
 
+@pytest.mark.slow  # trains to learning: 108 s in the fast-tier run of 2026-11-30 (load 6-9, 2 cores)
 def test_class_subfolders_and_a_csv_of_paths(job, tmp_path):
     rng = np.random.default_rng(1)
     data = tmp_path / "d"

@@ -143,7 +143,7 @@ def test_probe_measurements_beat_predictions(facts, monkeypatch, tmp_path):
     assert "measured" in plan.render()
 
 
-@pytest.mark.slow  # launches 2 `leantrain train` processes: 81 s at load average 9 on 2 cores
+@pytest.mark.slow  # launches 2 `leantrain train` processes: 30-81 s (load average 4-9, 2 cores)
 def test_a_real_probe_measures_the_top_candidates_and_recommends_the_fastest_measured(
     facts, tiny_model_dir, sentiment_csv, tmp_path
 ):
@@ -152,7 +152,9 @@ def test_a_real_probe_measures_the_top_candidates_and_recommends_the_fastest_mea
     from leantrain.planner import probe
 
     # fp32 only: on a CPU without fast bf16 (this one emulates it at 0.3 GFLOP/s) a bf16 probe takes minutes
-    request = search.PlanRequest(model=None, budget=2**40, global_batch=16, seq_len=128, precisions=("fp32",))
+    # batch 128 x 128 tokens: activations dominate the peak, so a probe of an easier job (unpadded short
+    # texts) could not pass for the planned one
+    request = search.PlanRequest(model=None, budget=2**40, global_batch=128, seq_len=128, precisions=("fp32",))
     plan = search.make_plan(request, speed=SPEED, facts=facts)
     job = {"model": str(tiny_model_dir), "data": str(sentiment_csv), "cache_dir": str(tmp_path / "cache")}
     probe.probe(plan, job, tmp_path / "probes", probe.ProbeConfig(top=2, steps=2, repeats=1), say=lambda *a: None)
@@ -161,7 +163,7 @@ def test_a_real_probe_measures_the_top_candidates_and_recommends_the_fastest_mea
     for c in probed:
         assert c.measured["runs"] == 1 and c.measured["samples_per_second"] > 0, c.measured
         # the memory model against a real run (benchmarks/results/planner_accuracy.md: within 7% there)
-        assert c.measured["peak_bytes"] == pytest.approx(c.memory.peak, rel=0.25), c.name
+        assert c.measured["peak_bytes"] == pytest.approx(c.memory.peak, rel=0.2), c.name
     fastest = max(probed, key=lambda c: c.measured["samples_per_second"])
     assert plan.recommended is fastest
     assert "measured" in plan.render()
