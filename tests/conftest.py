@@ -43,23 +43,6 @@ os.environ.pop("HF_HOME", None)
 # Tests that launch processes (torchrun, Ray, SIGKILL'd runs) or run for minutes are marked slow in their
 # files. These live in files that are being rewritten (issue #20 items 1-6): marked here until the marker
 # moves into the file, then delete the entry. A name ending in "*" is a prefix.
-SLOW_ELSEWHERE = {
-    "tests/parallel/test_data_parallel.py": ["*"],  # every test launches torchrun/accelerate/Ray jobs
-    "tests/test_checkpoint.py": [
-        "test_sigkill_*",  # real processes killed mid-run
-        "test_resuming_a_checkpoint_gives_bitwise_the_same_run[fp16-accum]",  # fp16 on CPU: 1,097 s, loaded machine
-    ],
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        path, _, name = item.nodeid.partition("::")
-        for pattern in SLOW_ELSEWHERE.get(path, []):
-            if name == pattern or (pattern.endswith("*") and name.startswith(pattern[:-1])):
-                item.add_marker(pytest.mark.slow)
-
-
 # --- end of issue #20 items 11, 12 ---
 
 REPO = Path(__file__).resolve().parents[1]
