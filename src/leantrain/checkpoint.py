@@ -514,13 +514,13 @@ def verify(path: Path) -> Checkpoint:
     return Checkpoint(path, manifest)
 
 
-def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator=None) -> dict:
+def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator) -> dict:
     """Load weights, optimizer, scheduler, scaler and local SGD state; returns this process's RNG state,
     to be set (with `set_rng_state`) just before the loop resumes. The caller checked the config matches."""
     from safetensors.torch import load_model
 
-    rank = 0 if accelerator is None else accelerator.process_index
-    unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
+    rank = accelerator.process_index
+    unwrapped = accelerator.unwrap_model(model)
     _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
     own = _load(ckpt.path / f"rank-{rank}.pt", _torch_load)
     if ckpt.manifest.get("per_rank_optimizer"):
