@@ -23,19 +23,11 @@ def _kill() -> None:
 
 def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import leantrain.api as api
     from leantrain import checkpoint
     from leantrain.cli import main as cli_main
-    from tests.hooks import from_environment
+    from tests.hooks import install_from_environment
 
-    hooks = from_environment()
-    if hooks is not None:
-        original_train = api.train
-
-        def train(config=None, **kwargs):
-            return original_train(config, **{**kwargs, "hooks": hooks})
-
-        api.train = train
+    install_from_environment()
 
     if "LT_KILL_AFTER_SAVE" in os.environ:
         after = int(os.environ["LT_KILL_AFTER_SAVE"])

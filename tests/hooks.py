@@ -82,3 +82,18 @@ def from_environment() -> Hooks | None:
     if spec := os.environ.get("LT_TEST_STEP_SLEEP"):
         return SlowSteps(float(spec))
     return None
+
+
+def install_from_environment() -> None:
+    """Make `leantrain.train` in this process use the hooks the LT_TEST_* variables describe (if any)."""
+    hooks = from_environment()
+    if hooks is None:
+        return
+    import leantrain.api as api
+
+    original_train = api.train
+
+    def train(config=None, *, task=None, hooks=hooks, **overrides):
+        return original_train(config, task=task, hooks=hooks, **overrides)
+
+    api.train = train

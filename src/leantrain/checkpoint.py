@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from leantrain.errors import ConfigError, LeantrainError
-from leantrain.run_dir import NonFiniteModel, nonfinite_count, write_failure
+from leantrain.run_dir import NonFiniteModel, fsync_dir, nonfinite_count, write_failure
 
 FORMAT = 1
 MANIFEST = "checkpoint.json"
@@ -354,11 +354,11 @@ class CheckpointDir:
                 **_contents(tmp, config),
             }
             _write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             if final.exists():  # the same step saved again (e.g. by a run that was resumed before it)
                 os.replace(final, old)  # a kill right after this: clean() puts it back
             os.replace(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             shutil.rmtree(old, ignore_errors=True)
 
         for phase in (prepare, write_own, publish):
@@ -616,19 +616,6 @@ def _write_to_path(path: Path, write) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot fsync a directory
     finally:
         os.close(fd)
 

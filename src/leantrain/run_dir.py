@@ -208,7 +208,7 @@ class RunDir:
             if item.exists() or item.is_symlink():
                 self.replaced.mkdir(exist_ok=True)
                 os.replace(item, self.replaced / name)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
 
     # -- publishing ---------------------------------------------------------------------------------------------
     def publish(self) -> None:
@@ -227,11 +227,11 @@ class RunDir:
         self.set_aside(*[n for n in old if n != FINISHED_MARKER])
         for item in items:
             if item.name == FINISHED_MARKER:
-                _fsync_dir(self.path)  # every other output is in place before the marker says "finished"
+                fsync_dir(self.path)  # every other output is in place before the marker says "finished"
             os.replace(item, self.path / item.name)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         staging.rmdir()
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         for aside in self.path.glob(f"{REPLACED_PREFIX}*"):  # the replaced run (and any a killed run left)
             shutil.rmtree(aside, ignore_errors=True)
 
@@ -260,7 +260,7 @@ class RunDir:
             elif target.exists() or target.is_symlink():
                 target.unlink()
             os.replace(item, target)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         aside.rmdir()
 
     def release(self) -> None:
@@ -416,7 +416,8 @@ def _has_checkpoints(path: Path) -> bool:
     return root.is_dir() and any(p.name.startswith("step-") and p.is_dir() for p in root.iterdir())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (renames, new files) durable; a no-op where the filesystem cannot."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -438,4 +439,4 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(here))
+        fsync_dir(Path(here))
