@@ -7,7 +7,7 @@ from pathlib import Path
 
 from leantrain.config import TrainConfig
 from leantrain.errors import LeantrainError
-from leantrain.planner.memory import format_bytes, parse_memory
+from leantrain.planner.memory import format_bytes
 from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
 
 
@@ -37,8 +37,8 @@ def available_optimizers() -> tuple[str, ...]:
 
 def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[PlanRequest, str]:
     """The planner's request for this run, and a note on where its budget comes from."""
-    if cfg.memory:
-        budget, source = parse_memory(cfg.memory), f"--memory {cfg.memory}"
+    if cfg.memory_bytes is not None:
+        budget, source = cfg.memory_bytes, f"--memory {cfg.memory}"
     else:
         budget, source = default_budget(device)
     request = PlanRequest(
