@@ -14,6 +14,7 @@ import torch
 
 from leantrain.checkpoint import TrainState
 from leantrain.tasks.base import Task
+from leantrain.training.evaluator import prefixed
 
 
 class MetricsLogger:
@@ -110,7 +111,7 @@ class MetricsLogger:
         state.logged_loss, state.logged_examples = 0.0, 0
 
     def eval_row(self, step: int, metrics: dict[str, float]) -> None:
-        self.log.write({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
+        self.log.write({"step": step, **prefixed(metrics)})
 
     def close(self) -> None:
         self.bar.close()
