@@ -108,7 +108,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
             "input_ids": torch.randint(1000, 2000, (b, s), generator=gen).to(device),
             "attention_mask": torch.ones(b, s, dtype=torch.long, device=device),
             "labels": torch.randint(0, trial.num_labels, (b,), generator=gen).to(device),
-            "step_examples": torch.tensor(b * trial.grad_accum),
+            "step_units": torch.tensor(float(b * trial.grad_accum)),
         }
         for _ in range(trial.grad_accum)
     ]
@@ -130,7 +130,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
             with amp.autocast():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-            amp.backward(loss / batch["step_examples"])
+            amp.backward(loss / batch["step_units"])
         grads = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
         backward_peak = meter.report()["peak_memory_over_baseline_bytes"]
         amp.unscale_and_clip(model, optimizer, 1.0)

@@ -100,12 +100,19 @@ class TrainState:
     epoch: int = 0
     steps_in_epoch: int = 0  # optimizer steps (= global batches) done in `epoch`
     logged_loss: float = 0.0  # loss summed since the last metrics.jsonl row
-    logged_examples: int = 0
+    logged_units: float = 0.0  # the loss units (examples or tokens) behind logged_loss
     nan_skipped_steps: int = 0
     elapsed_seconds: float = 0.0
     best_metric: str = "accuracy"
     best_value: float | None = None
     best_step: int | None = None
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> TrainState:
+        saved = dict(saved)
+        if "logged_examples" in saved:  # checkpoints before the loss counted units other than examples
+            saved["logged_units"] = float(saved.pop("logged_examples"))
+        return cls(**saved)
 
     def update_best(self, metrics: dict[str, float], step: int) -> bool:
         """Record an evaluation; True when it is the best so far (loss: lower is better, else higher)."""
@@ -140,7 +147,7 @@ class Checkpoint:
 
     @property
     def progress(self) -> TrainState:
-        return TrainState(**self.manifest["progress"])
+        return TrainState.from_saved(self.manifest["progress"])
 
     def check_matches(self, config: dict[str, Any], facts: dict[str, Any]) -> None:
         """Refuse to resume when a setting that changes the result differs; name every differing key."""
@@ -479,7 +486,7 @@ def verify(path: Path) -> Checkpoint:
     try:
         manifest = json.loads(manifest_path.read_text())
         files, progress = manifest["files"], manifest["progress"]
-        TrainState(**progress)
+        TrainState.from_saved(progress)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path}: unreadable or damaged ({type(exc).__name__}: {exc})") from None
     if manifest.get("format") != FORMAT:

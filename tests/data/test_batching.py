@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from leantrain.data.batching import Collator, GlobalBatchSampler, eval_batches
+from leantrain.data.batching import Collator, GlobalBatchSampler, Slot, eval_batches
 
 
 def _steps(sampler):
@@ -9,7 +9,7 @@ def _steps(sampler):
     n = sampler.num_processes
     steps, current = [], []
     for k, micro in enumerate(sampler):
-        current.append((k % n, [s.index for s in micro], micro[0].step_examples, micro[-1].step_end))
+        current.append((k % n, [s.index for s in micro], micro[0].step_units, micro[-1].step_end))
         if k % n == n - 1 and micro[-1].step_end:
             steps.append(current)
             current = []
@@ -70,8 +70,8 @@ def test_length_grouping_cuts_padding():
 
 def test_collator_pads_to_the_longest_row_and_masks_padding():
     items = [
-        {"input_ids": np.array([101, 5, 102]), "label": 1, "index": 0, "step_examples": 2, "step_end": False},
-        {"input_ids": np.array([101, 102]), "label": 0, "index": 1, "step_examples": 2, "step_end": True},
+        {"input_ids": np.array([101, 5, 102]), "label": 1, "slot": Slot(0, 2.0, False)},
+        {"input_ids": np.array([101, 102]), "label": 0, "slot": Slot(1, 2.0, True)},
     ]
     batch = Collator(pad_token_id=0)(items)
     assert batch["input_ids"].tolist() == [[101, 5, 102], [101, 102, 0]]
@@ -95,3 +95,21 @@ def test_len_is_what_iteration_yields_for_every_remainder_and_start(micro, accum
         for start in range(sampler.steps_per_epoch() + 1):
             sampler.start_at(0, start)
             assert len(sampler) == len(list(sampler)), (n, start)
+
+
+@pytest.mark.parametrize("micro,accum,procs", [(8, 1, 1), (4, 2, 1), (2, 2, 2)])
+def test_step_units_sum_the_units_of_the_whole_global_batch(micro, accum, procs):
+    """A task's loss units (counted tokens, class weights) are summed over the whole step, however it is split,
+    and each micro-batch carries its own share: what token-level and weighted normalisation divide by."""
+    units = np.arange(1, 38, dtype=float) * 0.5
+    sampler = GlobalBatchSampler(np.arange(37) % 5 + 1, micro, accum, procs, seed=2, units=units)
+    expected = {tuple(sorted(b.tolist())): units[b].sum() for b in sampler.global_batches()}
+    steps: dict[float, list[int]] = {}
+    for micro_batch in sampler:
+        assert all(s.units == units[s.index] for s in micro_batch)
+        steps.setdefault(micro_batch[0].step_units, []).extend(s.index for s in micro_batch)
+    assert {tuple(sorted(v)): k for k, v in steps.items()} == expected
+    batch = Collator(pad_token_id=0)(
+        [{"input_ids": np.array([1, 2]), "label": 0, "slot": s} for s in next(iter(sampler))]
+    )
+    assert batch["units"].item() == pytest.approx(sum(units[batch["index"].numpy()]))

@@ -26,8 +26,9 @@ class Slot:
     """One example's place in an optimizer step: what the loss normalisation needs to know."""
 
     index: int
-    step_examples: int  # examples in the whole optimizer step, across all micro-batches and processes
+    step_units: float  # loss units (examples, or counted tokens) in the whole optimizer step, all processes
     step_end: bool  # the last micro-batch of the step on this process: step the optimizer after it
+    units: float = 1.0  # this example's loss units
 
 
 class GlobalBatchSampler:
@@ -42,8 +43,11 @@ class GlobalBatchSampler:
         seed: int = 0,
         group_by_length: bool = True,
         chunk_batches: int = 50,
+        units: np.ndarray | None = None,
     ):
         self.lengths = np.asarray(lengths)
+        # What each example's summed loss counts (`Task.loss_units`): 1 per example unless the task says.
+        self.units = np.ones(len(self.lengths)) if units is None else np.asarray(units, dtype=np.float64)
         self.micro_batch, self.accumulation, self.num_processes = micro_batch, accumulation, num_processes
         self.global_batch = micro_batch * accumulation * num_processes
         self.seed, self.group_by_length, self.chunk_batches = seed, group_by_length, chunk_batches
@@ -96,11 +100,12 @@ class GlobalBatchSampler:
             if len(batch) < n:
                 continue  # fewer examples than processes: cannot give each one a micro-batch
             k = self.micro_steps(batch)
+            step_units = float(self.units[batch].sum())
             # Contiguous slices of a length-sorted batch keep each micro-batch's lengths alike.
             parts = np.array_split(batch, k * n)
             for a in range(k):
                 for p in range(n):
-                    yield [Slot(int(i), len(batch), a == k - 1) for i in parts[a * n + p]]
+                    yield [Slot(int(i), step_units, a == k - 1, float(self.units[i])) for i in parts[a * n + p]]
 
     def __len__(self) -> int:
         total = 0
@@ -125,13 +130,24 @@ class ExamplesDataset(torch.utils.data.Dataset):
         return len(self.data)
 
     def __getitem__(self, key):
-        slot = key if isinstance(key, Slot) else Slot(int(key), 0, True)
+        slot = key if isinstance(key, Slot) else Slot(int(key), 0.0, True)
         item = self.data.features.row(slot.index)
         item["label"] = self.data.labels[slot.index]
-        item["index"] = slot.index
-        item["step_examples"] = slot.step_examples
-        item["step_end"] = slot.step_end
+        item["slot"] = slot
         return item
+
+
+def slot_fields(items: list[dict]) -> dict[str, torch.Tensor]:
+    """The batch keys every collator adds from its items' slots: example ids and what loss normalisation
+    needs (the step's units, this micro-batch's units, whether the step ends here)."""
+    slots = [x["slot"] for x in items]
+    return {
+        "index": torch.tensor([s.index for s in slots], dtype=torch.long),
+        # float32: some devices (MPS) have no float64; exact for counts below 2**24
+        "step_units": torch.tensor(slots[0].step_units, dtype=torch.float32),
+        "units": torch.tensor(sum(s.units for s in slots), dtype=torch.float32),
+        "step_end": torch.tensor(bool(slots[-1].step_end)),
+    }
 
 
 class Collator:
@@ -156,9 +172,7 @@ class Collator:
             "input_ids": ids,
             "attention_mask": mask,
             "labels": torch.tensor([x["label"] for x in items], dtype=torch.long),
-            "index": torch.tensor([x["index"] for x in items], dtype=torch.long),
-            "step_examples": torch.tensor(items[0]["step_examples"], dtype=torch.long),
-            "step_end": torch.tensor(bool(items[-1]["step_end"])),
+            **slot_fields(items),
             "num_tokens": torch.tensor(sum(lengths), dtype=torch.long),  # real tokens
             "padded_tokens": torch.tensor(ids.numel(), dtype=torch.long),  # what the model computes on
         }

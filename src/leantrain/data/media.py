@@ -206,9 +206,11 @@ class MediaCollator:
     def __call__(self, items: list[dict]) -> dict[str, Any]:
         import torch
 
+        from leantrain.data.batching import slot_fields
+
         batch: dict[str, Any] = {}
-        keys = [k for k in items[0] if k not in ("label", "index", "step_examples", "step_end")]
-        index = [int(x["index"]) for x in items]
+        keys = [k for k in items[0] if k not in ("label", "slot")]
+        index = [x["slot"].index for x in items]
         rng = np.random.default_rng([self.seed, *index]) if self.augment else None
         for k in keys:
             x = torch.from_numpy(np.stack([it[k] for it in items]))
@@ -222,9 +224,7 @@ class MediaCollator:
                     x = audio_mod.shift_audio(x, rng, name=k)
             batch[k] = x
         batch["labels"] = torch.tensor([x["label"] for x in items], dtype=torch.long)
-        batch["index"] = torch.tensor(index, dtype=torch.long)
-        batch["step_examples"] = torch.tensor(items[0]["step_examples"], dtype=torch.long)
-        batch["step_end"] = torch.tensor(bool(items[-1]["step_end"]))
+        batch.update(slot_fields(items))
         batch["num_tokens"] = batch["padded_tokens"] = torch.tensor(0)  # fixed-size inputs: no tokens, no padding
         return batch
 

@@ -61,8 +61,8 @@ class Task(ABC):
     @abstractmethod
     def collator(self, data: TaskData, *, train: bool) -> Callable[[list[dict]], dict[str, Any]]:
         """Batches examples. Every batch carries, besides the model's inputs: `labels`, `index` (example ids),
-        `step_examples` and `step_end` (from the sampler), `num_tokens` and `padded_tokens` (0 without
-        tokens): what loss normalisation and throughput need."""
+        `step_units`, `units` and `step_end` (`data.batching.slot_fields`), `num_tokens` and `padded_tokens`
+        (0 without tokens): what loss normalisation and throughput need."""
 
     def flop_input_shapes(self, data: TaskData) -> dict[str, tuple[int, ...]] | None:
         """Fixed input shapes of one example, for counting FLOPs; None: token sequences of varying length."""
@@ -71,6 +71,11 @@ class Task(ABC):
     # -- a step --------------------------------------------------------------------------------------------
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {k: batch[k] for k in self.input_names if k in batch}
+
+    def loss_units(self, examples: Any) -> np.ndarray | None:
+        """What `loss_sum` counts for each training example (counted tokens, or a class weight): the trainer
+        divides by their sum over the optimizer step. None: one unit per example."""
+        return None
 
     @abstractmethod
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:

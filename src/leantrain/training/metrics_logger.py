@@ -76,17 +76,17 @@ class MetricsLogger:
         """Every --log-every steps (and at the last): a metrics.jsonl row for the global batch's mean loss."""
         if not (state.step % self.every == 0 or state.step == self.total_steps):
             return
-        loss, examples = state.logged_loss, state.logged_examples
+        loss, units = state.logged_loss, state.logged_units
         if self.accelerator.num_processes > 1:  # the global batch's loss, not this process's share
-            sums = torch.tensor([loss, examples], dtype=torch.float64, device=self.accelerator.device)
-            loss, examples = self.accelerator.reduce(sums, reduction="sum").tolist()
+            sums = torch.tensor([loss, units], dtype=torch.float64, device=self.accelerator.device)
+            loss, units = self.accelerator.reduce(sums, reduction="sum").tolist()
         n = self.accelerator.num_processes
         done = ((state.step - 1) % max(self.steps_per_epoch, 1) + 1) / max(self.steps_per_epoch, 1)
         row = {
             "step": state.step,
             "micro_step": state.micro_step,
             "epoch": state.epoch + done,
-            "loss": loss / examples if examples else None,
+            "loss": loss / units if units else None,
             "lr": lr,
             "grad_norm": grad_norm,
             "skipped_steps": amp.skipped_steps,
@@ -108,7 +108,7 @@ class MetricsLogger:
             mfu=f"{row['mfu']:.1%}" if row["mfu"] is not None else "-",
             data=f"{row['time_data_seconds'] / wall:.0%}",
         )
-        state.logged_loss, state.logged_examples = 0.0, 0
+        state.logged_loss, state.logged_units = 0.0, 0.0
 
     def eval_row(self, step: int, metrics: dict[str, float]) -> None:
         self.log.write({"step": step, **prefixed(metrics)})

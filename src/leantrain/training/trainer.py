@@ -118,7 +118,12 @@ class Trainer:
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
         self.sampler = GlobalBatchSampler(
-            data.train.lengths, cfg.batch_size, cfg.grad_accum, acc.num_processes, cfg.seed
+            data.train.lengths,
+            cfg.batch_size,
+            cfg.grad_accum,
+            acc.num_processes,
+            cfg.seed,
+            units=self.task.loss_units(data.train),
         )
         # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
         # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
@@ -321,7 +326,7 @@ class Trainer:
         Returns False when a micro-batch ran out of memory (--auto) and the step must be redone."""
         state, timer = self.state, self.logger.timer
         rng, micro_step = checkpoint.rng_state(), state.micro_step  # what a NaN stop rolls back to
-        loss_sum, count = 0.0, 0
+        loss_sum, units = 0.0, 0.0
         for i, batch in enumerate(batches):
             # Gradients are all-reduced once per optimizer step, never with local SGD.
             last = i == len(batches) - 1
@@ -336,13 +341,13 @@ class Trainer:
                 return False
             state.micro_step += 1
             loss_sum += float(loss)
-            count += len(batch["index"])
+            units += float(batch["units"])
             self.logger.micro_batch(batch, self.task)
         self.hooks.before_optimizer_step(state.step + 1)
         with timer.phase("optimizer"):
-            grad_norm, finite = self._close_step(loss_sum / count)
+            grad_norm, finite = self._close_step(loss_sum / units)
         if not finite and self.cfg.on_nan == "stop":
-            self._stop_on_nan(loss_sum / count, grad_norm, rng, micro_step)
+            self._stop_on_nan(loss_sum / units, grad_norm, rng, micro_step)
         state.step += 1
         state.steps_in_epoch += 1
         with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
@@ -350,7 +355,7 @@ class Trainer:
         self.logger.step_done()
         if finite:
             state.logged_loss += loss_sum
-            state.logged_examples += count
+            state.logged_units += units
         else:
             state.nan_skipped_steps += 1
             self.say.info(f"step {state.step}: non-finite loss or gradient norm; step skipped (--on-nan skip)")
@@ -362,7 +367,7 @@ class Trainer:
         with self.amp.autocast():
             outputs = self.model(**self.task.model_inputs(batch))
         loss_sum = self.task.loss_sum(outputs, batch)
-        self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_examples"])
+        self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_units"])
         return loss_sum.detach()
 
     def _no_sync_unless(self, last: bool):
