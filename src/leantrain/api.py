@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from leantrain.config import TrainConfig
@@ -16,11 +17,14 @@ def train(
     *,
     task: type[Task] | None = None,
     hooks: Hooks | None = None,
+    compute_metrics: Callable[[Any], dict[str, float]] | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Fine-tune a model as `config` says (a `TrainConfig`, a dict of its fields, or keyword overrides); returns
     the metrics and the paths written. `task` trains a workload of your own (a `leantrain.tasks.Task` subclass)
-    instead of the one the config names or the model implies; `hooks` instruments the run (tests)."""
+    instead of the one the config names or the model implies; `hooks` instruments the run (tests);
+    `compute_metrics`, as the HF Trainer takes it (an `EvalPrediction` of logits and labels in, a dict of numbers
+    out), adds its scores to every evaluation, and `metric_for_best` may name them."""
     from leantrain import models, run_dir
     from leantrain.parallel import device_type
     from leantrain.telemetry.memory import freed_memory_returned
@@ -44,6 +48,8 @@ def train(
     model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
     model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
     chosen = task(cfg) if task is not None else resolve(cfg, model_config)
+    if compute_metrics is not None:  # issue #17
+        chosen.compute_metrics = compute_metrics
     # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside
     # is put back unless the run published
     # under a memory budget on CPU, freed tensors go back to the kernel at once (for the run only)

@@ -116,20 +116,23 @@ class TrainState:
 
     def update_best(self, metrics: dict[str, float], step: int) -> bool:
         """Record an evaluation; True when it is the best so far (loss: lower is better, else higher)."""
-        value = metrics[metric_key(self.best_metric)]
-        lower = metric_key(self.best_metric) == "loss"
+        from leantrain.scoring import lower_is_better
+
+        key = metric_key(self.best_metric, tuple(metrics))
+        value, lower = metrics[key], lower_is_better(key)
         if self.best_value is None or (value < self.best_value if lower else value > self.best_value):
             self.best_value, self.best_step = value, step
             return True
         return False
 
 
-def metric_key(name: str) -> str:
-    """`eval_accuracy` and `accuracy` both name the evaluation's accuracy."""
+def metric_key(name: str, reported: tuple[str, ...] | None = None) -> str:
+    """`eval_accuracy` and `accuracy` both name the evaluation's accuracy; refused when not among `reported`
+    (the task checks the name against its metrics before the run: `Task.metric_for_best`)."""
     key = name.removeprefix("eval_")
-    if key not in EVAL_METRICS:
+    if reported is not None and key not in reported:
         raise ConfigError(
-            f"--metric-for-best {name!r} is not an evaluation metric; choose one of {', '.join(EVAL_METRICS)}"
+            f"--metric-for-best {name!r} is not an evaluation metric; choose one of {', '.join(reported)}"
         )
     return key
 

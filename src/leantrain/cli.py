@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="Score a trained run or model on a labelled file (or image/audio folder).")
     p.add_argument("model", metavar="RUN_OR_MODEL")
     p.add_argument("--data", required=True, help="Labelled file to score, or a folder of images or audio files.")
+    p.add_argument(
+        "--metrics", help="Metrics to report, comma-separated, as `train --metrics` (default: accuracy,macro_f1)."
+    )
     _add_column_flags(p, label=True)
 
     p = sub.add_parser("predict", help="Predict labels with probabilities for texts, images or audio files.")
@@ -354,7 +357,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         image_column=args.image_column,
         audio_column=args.audio_column,
         label_pattern=args.label_pattern,
+        metrics=args.metrics,
     )
+    if "per_class" in metrics:  # issue #17: the per-class table and the confusion matrix, for a person to read
+        from leantrain.scoring import format_report
+
+        print(format_report(metrics), file=sys.stderr)
     print(json.dumps(metrics, indent=2))
     return 0
 

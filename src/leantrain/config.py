@@ -31,7 +31,9 @@ LAUNCHERS = ("accelerate", "torchrun", "ray")
 SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
+TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # issue #17: --report-to, through Accelerate
 TASKS = ("text-classification", "image-classification", "audio-classification")
+PROBLEM_TYPES = ("single-label", "regression", "multi-label")  # issue #17
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 
 
@@ -55,6 +57,17 @@ class ModelConfig:
         default=None,
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
+    # --- metrics and losses (issue #17)
+    problem_type: str = _help(
+        f"What a text label is: {'|'.join(PROBLEM_TYPES)}. single-label: one class per text (cross-entropy); "
+        "regression: a number (mean squared error; Pearson, Spearman, RMSE); multi-label: a set of classes, "
+        "a list column or joined by --label-separator (binary cross-entropy per class; F1 at "
+        "--multi-label-threshold).",
+        default="single-label",
+    )
+    multi_label_threshold: float = _help(
+        "Multi-label: a class is predicted when its probability reaches this.", default=0.5
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -63,6 +76,7 @@ class ModelConfig:
     def _check(self) -> None:
         if self.task is not None:
             _choice(self, "task", TASKS)
+        _check_problem(self)
 
 
 @dataclass
@@ -144,6 +158,12 @@ class DataConfig:
     cache_dir: str | None = _help(
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
     )
+    # --- metrics and losses (issue #17)
+    label_separator: str | None = _help(
+        "Multi-label: the character that joins a text's labels in the label column, e.g. '|' for 'sport|politics' "
+        "(a JSON or Parquet list column needs none).",
+        default=None,
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -190,6 +210,17 @@ class OptimizationConfig:
         f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good state first).",
         default="stop",
     )
+    # --- metrics and losses (issue #17)
+    label_smoothing: float = _help(
+        "Label smoothing of the training cross-entropy, in [0, 1) (transformers: label_smoothing_factor).",
+        default=0.0,
+    )
+    class_weights: str | None = _help(
+        "Weigh each class in the training cross-entropy: auto (inverse class frequency, n / (classes x count)) "
+        "or one weight per class in label order, e.g. 1,3. Exact under accumulation and processes: a step's "
+        "loss is its examples' weighted sum over their total weight. The eval loss stays unweighted.",
+        default=None,
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -210,6 +241,7 @@ class OptimizationConfig:
         _choice(self, "scheduler", SCHEDULERS)
         _choice(self, "optimizer", OPTIMIZERS)
         _choice(self, "on_nan", ON_NAN)
+        _check_losses(self)
 
 
 @dataclass
@@ -327,7 +359,9 @@ class CheckpointConfig:
         default=False,
     )
     metric_for_best: str = _help(
-        "Eval metric that picks the best checkpoint (higher is better; loss: lower).", default="accuracy"
+        "Eval metric that picks the best checkpoint: any that --metrics reports (higher is better; loss, mse, "
+        "rmse, mae: lower). The default accuracy means loss for regression.",
+        default="accuracy",
     )
     resume: str | None = _help(
         "Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.", default=None
@@ -354,6 +388,21 @@ class LoggingConfig:
         default="jsonl",
     )
     report: bool = _help("Write report.html (plots, config, environment) at the end of the run.", default=True)
+    # --- metrics and losses (issue #17)
+    metrics: str | None = _help(
+        "Evaluation metrics, comma-separated (scikit-learn): accuracy, f1 (binary on two classes, as GLUE scores "
+        "MRPC; macro otherwise), macro_f1, micro_f1, weighted_f1, precision, recall, mcc, roc_auc, "
+        "balanced_accuracy; regression: rmse, mse, mae, pearson, spearman, r2; multi-label: micro_f1, macro_f1, "
+        "subset_accuracy, hamming_loss, roc_auc. The loss is always reported. Default: accuracy,macro_f1 "
+        "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy).",
+        default=None,
+    )
+    report_to: str | None = _help(
+        f"Experiment trackers, comma-separated, through Accelerate: {'|'.join(TRACKERS)} (all: every one "
+        "installed). Runs are written under OUTPUT_DIR/trackers/ (W&B honours WANDB_MODE=offline). "
+        "--log tensorboard is the same as --report-to tensorboard.",
+        default=None,
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -363,6 +412,7 @@ class LoggingConfig:
         _positive(self, "log_every")
         _positive(self, "eval_every", optional=True)
         _choice(self, "log", LOGS)
+        _check_reporting(self)
 
 
 #: the config's sections, in the order of `--help` and config.yaml
@@ -585,3 +635,34 @@ def _check_finite(cfg: TrainConfig) -> None:
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}")
+
+
+# --- metrics and losses (issue #17)
+def _check_problem(cfg: ModelConfig) -> None:
+    _choice(cfg, "problem_type", PROBLEM_TYPES)
+    if not 0 < cfg.multi_label_threshold < 1:
+        raise ConfigError(f"--multi-label-threshold must be between 0 and 1, got {cfg.multi_label_threshold}")
+
+
+def _check_losses(cfg: OptimizationConfig) -> None:
+    if not 0 <= cfg.label_smoothing < 1:
+        raise ConfigError(f"--label-smoothing must be in [0, 1), got {cfg.label_smoothing}")
+    if cfg.class_weights is not None and cfg.class_weights.strip().lower() != "auto":
+        from leantrain.losses import parse_class_weights
+
+        parse_class_weights(cfg.class_weights)
+
+
+def _check_reporting(cfg: LoggingConfig) -> None:
+    from leantrain.scoring import all_metric_names, parse_metrics
+
+    for name in parse_metrics(cfg.metrics):
+        if name not in all_metric_names():
+            hint = difflib.get_close_matches(name, sorted(all_metric_names()), n=1)
+            fix = f"did you mean '{hint[0]}'?" if hint else f"choose from {', '.join(sorted(all_metric_names()))}"
+            raise ConfigError(f"--metrics: unknown metric '{name}'; {fix}")
+    if cfg.report_to is not None:
+        names = [n.strip().lower() for n in cfg.report_to.split(",")]
+        unknown = [n for n in names if n not in (*TRACKERS, "none")]
+        if unknown:
+            raise ConfigError(f"--report-to: unknown tracker {unknown[0]!r}; choose from {', '.join(TRACKERS)}, none")

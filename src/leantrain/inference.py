@@ -67,10 +67,11 @@ def _media_loader(features, labels: np.ndarray, task: str, batch_size: int):
     )
 
 
-def _evaluate_media(path, config, task, data, label_column, label_pattern, input_column, batch_size, cache_dir):
+def _evaluate_media(
+    path, config, task, data, label_column, label_pattern, input_column, batch_size, cache_dir, metrics=None
+):
     from leantrain.data.media import load_media_source
     from leantrain.data.tokenize import default_cache_dir
-    from leantrain.tasks.classification import classification_metrics
 
     model, mp, names = _load_media(path, config, task)
     src = load_media_source(
@@ -88,7 +89,16 @@ def _evaluate_media(path, config, task, data, label_column, label_pattern, input
         raise DataError(f"{data}: labels {unseen[:5]} are unknown to the model (it knows {names})")
     labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
     probs, y, _ = _run(model, _media_loader(src.features, labels, task, batch_size), task)
-    return {**classification_metrics(probs, y), "examples": len(y), "skipped": src.report.rows_dropped}
+    return {**_scores(probs, y, names, metrics), "examples": len(y), "skipped": src.report.rows_dropped}
+
+
+def _scores(probs: np.ndarray, labels: np.ndarray, names: list[str], metrics: str | None) -> dict[str, Any]:
+    """The requested metrics (issue #17), the per-class report and the confusion matrix."""
+    from leantrain.scoring import classification_report, parse_metrics
+    from leantrain.tasks.classification import classification_metrics
+
+    wanted = tuple(parse_metrics(metrics))
+    return {**classification_metrics(probs, labels, wanted), **classification_report(probs, labels, names)}
 
 
 def _predict_media(path, config, task, files, data, input_column, batch_size) -> list[dict[str, Any]]:
@@ -151,16 +161,20 @@ def evaluate(
     image_column: str | None = None,
     audio_column: str | None = None,
     label_pattern: str | None = None,
-) -> dict[str, float]:
-    """Accuracy, macro-F1 and loss of a trained model on a labelled file (or, for images and audio, folder)."""
+    metrics: str | None = None,
+) -> dict[str, Any]:
+    """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
+    as --metrics; default accuracy and macro-F1) and the loss, the per-class report (`per_class`) and the
+    confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in the order of `labels`)."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
-    from leantrain.tasks.classification import classification_metrics
 
     path, config, task = _task_of(run_or_model)
     if task != "text-classification":
         column = image_column if task == "image-classification" else audio_column
-        return _evaluate_media(path, config, task, data, label_column, label_pattern, column, batch_size, cache_dir)
+        return _evaluate_media(
+            path, config, task, data, label_column, label_pattern, column, batch_size, cache_dir, metrics
+        )
     _, model, tokenizer, names = _load(run_or_model)
     src = load_source(
         data,
@@ -180,7 +194,7 @@ def evaluate(
         )
     labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
     probs, y, _ = _run(model, _loader(src.tokens, labels, tokenizer, batch_size))
-    return {**classification_metrics(probs, y), "examples": len(y)}
+    return {**_scores(probs, y, names, metrics), "examples": len(y)}
 
 
 @library_bars_off()

@@ -91,8 +91,50 @@ class Task(ABC):
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
         """Scores over every evaluation example (loss included)."""
 
-    #: the metrics `--metric-for-best` may name (`loss` is lower-is-better, the rest higher-is-better)
-    metric_names: ClassVar[tuple[str, ...]] = ("loss",)
+    #: the metrics `metrics` reports, which `--metric-for-best` may name (leantrain.scoring.LOWER_IS_BETTER says
+    #: which improve downwards); a task may set its own per instance (`--metrics`)
+    metric_names: tuple[str, ...] = ("loss",)
+
+    # --- metrics and losses (issue #17)
+    #: a user's `compute_metrics(EvalPrediction) -> {name: number}` (`leantrain.train(compute_metrics=...)`), as
+    #: the HF Trainer takes it: its scores join the task's own
+    compute_metrics: Callable[[Any], dict[str, float]] | None = None
+
+    def scores(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
+        """`metrics`, and the user's `compute_metrics` given the predictions (`logits`, else `probs` or `preds`)
+        and the labels of every evaluation example."""
+        out = self.metrics(rows)
+        if self.compute_metrics is None:
+            return out
+        from transformers import EvalPrediction
+
+        from leantrain.errors import ConfigError
+
+        predictions = next(rows[k] for k in ("logits", "probs", "preds", "index") if k in rows)
+        extra = self.compute_metrics(
+            EvalPrediction(predictions=predictions, label_ids=rows.get("labels", rows["index"]))
+        )
+        for key, value in (extra or {}).items():
+            try:
+                out[str(key).removeprefix("eval_")] = float(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"compute_metrics returned {key}={value!r}; give numbers only") from None
+        return out
+
+    def metric_for_best(self, name: str) -> str:
+        """`--metric-for-best` as the evaluation's key, refused in one line when this task does not report it.
+        The default (accuracy) means loss for a task without accuracy (regression)."""
+        from leantrain.errors import ConfigError
+
+        key = name.removeprefix("eval_")
+        if key in self.metric_names or self.compute_metrics is not None:  # the user's names are known at the end
+            return key
+        if name == "accuracy":
+            return "loss"
+        raise ConfigError(
+            f"--metric-for-best {name!r} is not an evaluation metric of this run; choose one of "
+            f"{', '.join(self.metric_names)} (or add it with --metrics)"
+        )
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """The end-of-run table's evaluation rows."""

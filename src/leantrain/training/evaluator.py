@@ -25,7 +25,7 @@ class Evaluator:
     def evaluate(self, model) -> dict[str, float]:
         rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks)
         self.hooks.on_evaluated(rows)
-        return self.task.metrics(rows)
+        return self.task.scores(rows)
 
 
 @torch.no_grad()

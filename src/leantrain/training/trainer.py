@@ -77,7 +77,7 @@ class Trainer:
         if plan is not None:
             self.say.info(plan.summary())
         parallel.seed_everything(cfg.seed)
-        self.state = TrainState(best_metric=cfg.metric_for_best)
+        self.state = TrainState(best_metric=task.metric_for_best(cfg.metric_for_best))
         self.checkpointer = Checkpointer(cfg, self.run, accelerator, self.say)
         self.resume_from = self.checkpointer.find_resume()  # refused now, before any work, if from another run
         if self.resume_from is not None:
