@@ -41,10 +41,10 @@ def train(
         from leantrain.planner.auto import plan_run
 
         cfg, plan = plan_run(cfg)
-    if cfg.log == "tensorboard":
-        from leantrain.telemetry.tensorboard_log import check_tensorboard
+    if cfg.log == "tensorboard" or cfg.report_to:  # a missing tracker package is refused before any work
+        from leantrain.parallel.trackers import check_trackers, tracker_names
 
-        check_tensorboard()
+        check_trackers(tracker_names(cfg.report_to, cfg.log))
     model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
     model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
     chosen = task(cfg) if task is not None else resolve(cfg, model_config)

@@ -94,11 +94,12 @@ def choose_precision(requested: str, device: str | None = None) -> tuple[str, st
     return "fp32", f"auto: fp32, since bf16 would not be faster here ({bf16.why})"
 
 
-def make_accelerator(precision: str, shard: str = "none"):
+def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | None = None):
     """One Accelerator per run. Mixed precision maps to Accelerate's autocast ('no' for fp32).
 
     shard="fsdp" shards parameters, gradients and optimizer state with FSDP2 (Accelerate's FSDP plugin),
-    one transformer layer per unit; the full state dict is gathered for saving.
+    one transformer layer per unit; the full state dict is gathered for saving. `log_with` names the experiment
+    trackers (`--report-to`, started by `parallel.trackers.start_trackers` once the run's folder exists).
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
@@ -118,6 +119,8 @@ def make_accelerator(precision: str, shard: str = "none"):
     # The schedule counts global optimizer steps, so the scheduler steps once per optimizer step.
     # cpu=True on a host without CUDA: under torchrun, Accelerate otherwise reports a single process
     # and leaves the model unwrapped, though torch.distributed runs with several ranks.
+    if log_with:  # issue #17: trackers write under the run's folder, set when they start (a placeholder now)
+        kwargs.update(log_with=log_with, project_dir=os.getcwd())
     return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=cpu, **kwargs)
 
 

@@ -1,32 +1,14 @@
-"""TensorBoard event files beside metrics.jsonl (`--log tensorboard`; needs the optional `tensorboard` package).
+"""How metrics rows reach the experiment trackers: their tags, and `TeeLog`, which writes one row to several logs.
 
-The same rows the loop writes to metrics.jsonl go to `SummaryWriter.add_scalar`, grouped by tag:
-train/ (loss, lr, grad_norm), eval/, throughput/ (samples, tokens, TFLOP/s, MFU), time/ (the step
-time breakdown) and memory/. `TeeLog` writes one row to several logs, so the loop's `log.write(row)`
-calls stay as they are.
+The trackers themselves (TensorBoard, W&B, MLflow: `--report-to`, and `--log tensorboard`) run through
+Accelerate (`parallel/trackers.py`, issue #17). Tags group the columns: train/ (loss, lr, grad_norm), eval/,
+throughput/ (samples, tokens, TFLOP/s, MFU), time/ (the step time breakdown) and memory/. The loop's
+`log.write(row)` calls stay as they are.
 """
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any
-
-from leantrain.errors import ConfigError
-
-INSTALL_HINT = "pip install 'leantrain[tensorboard]' (or: pip install tensorboard)"
-
-
-def tensorboard_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tensorboard") is not None
-
-
-def check_tensorboard() -> None:
-    """Fail before any work when --log tensorboard is asked for and tensorboard is not installed."""
-    if not tensorboard_available():
-        raise ConfigError(f"--log tensorboard needs the tensorboard package: {INSTALL_HINT}")
 
 
 def tag_for(key: str) -> str:
@@ -46,40 +28,6 @@ def tag_for(key: str) -> str:
     if "memory" in key or key.endswith("_bytes"):
         return "memory/" + key
     return "train/" + key
-
-
-class TensorBoardLogger:
-    """Scalars of each metrics row at its `step`; text for the config. Raises ConfigError without tensorboard."""
-
-    def __init__(self, log_dir: str | Path, config: dict[str, Any] | None = None):
-        check_tensorboard()
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.log_dir = Path(log_dir)
-        self._writer: SummaryWriter | None = SummaryWriter(log_dir=str(self.log_dir))
-        if config:
-            import yaml
-
-            text = yaml.safe_dump(config, sort_keys=False)
-            self._writer.add_text("config", "```\n" + text + "\n```", 0)
-
-    def write(self, row: dict[str, Any]) -> None:
-        if self._writer is None:
-            return
-        step = row.get("step")
-        for key, value in row.items():
-            if key in ("step", "micro_step") or isinstance(value, bool):
-                continue
-            if hasattr(value, "item"):
-                value = value.item()
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                self._writer.add_scalar(tag_for(key), value, step)
-        self._writer.flush()
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
 
 
 class TeeLog:

@@ -65,7 +65,7 @@ class Trainer:
 
         self.task, self.plan, self.hooks = task, plan, hooks or Hooks()
         self.precision, self.precision_why = parallel.choose_precision(cfg.precision)
-        self.accelerator = accelerator = parallel.make_accelerator(self.precision, cfg.shard)
+        self.accelerator = accelerator = parallel.make_accelerator(self.precision, cfg.shard, self._trackers(cfg))
         if share_output_dir:  # a timestamped default: every process writes under rank 0's
             cfg = cfg.replace(output_dir=parallel.broadcast_from_main(cfg.output_dir))
         self.cfg = cfg
@@ -85,6 +85,15 @@ class Trainer:
         self.data = task.prepare_data(model_path, model_config)
         self._build_model(model_path)
         self._build_loop_parts()
+
+    @staticmethod
+    def _trackers(cfg: TrainConfig) -> list[str]:
+        """--report-to (and --log tensorboard): the trackers Accelerate starts (issue #17)."""
+        from leantrain.parallel.trackers import check_trackers, tracker_names
+
+        names = tracker_names(cfg.report_to, cfg.log)
+        check_trackers(names)
+        return names
 
     def _facts(self, data: TaskData | None = None) -> dict[str, Any]:
         facts = {"precision": self.precision, "num_processes": self.accelerator.num_processes}
@@ -224,17 +233,18 @@ class Trainer:
         return history
 
     def _open_log(self, log_path: Path | None):
+        from leantrain.parallel.trackers import start_trackers
         from leantrain.telemetry import MetricsLog
         from leantrain.telemetry.report import write_environment
-        from leantrain.telemetry.tensorboard_log import TeeLog, TensorBoardLogger
+        from leantrain.telemetry.tensorboard_log import TeeLog
 
-        board = None
+        trackers = None
         if self.staging is not None:
             acc = self.accelerator
             write_environment(self.staging, device=acc.device, peak=self.flop_peak, num_processes=acc.num_processes)
-            if self.cfg.log == "tensorboard":
-                board = TensorBoardLogger(self.staging / "tensorboard", config=self.cfg.to_dict())
-        return TeeLog(MetricsLog(log_path), board)
+            if acc.log_with:  # --report-to: TensorBoard, W&B, MLflow through Accelerate (issue #17)
+                trackers = start_trackers(acc, self.staging / "trackers", self.cfg.to_dict(), self.run.path.name)
+        return TeeLog(MetricsLog(log_path), trackers)
 
     def _flop_meter(self):
         from leantrain.telemetry.flops import FlopMeter, flop_model

@@ -1,0 +1,101 @@
+"""Experiment trackers through Accelerate (issue #17, `--report-to`): TensorBoard, Weights & Biases, MLflow and
+whatever else Accelerate supports, started with `Accelerator(log_with=...)` and `init_trackers`, fed with
+`accelerator.log` (the main process only: Accelerate's trackers live there).
+
+Everything lands in OUTPUT_DIR/trackers/: TensorBoard's event files under leantrain/, MLflow's store as mlflow.db
+(SQLite) or, with mlflow-skinny, the file store mlruns/ (unless MLFLOW_TRACKING_URI names a server), W&B's run
+folder under wandb/ (WANDB_MODE=offline keeps it there). The rows are metrics.jsonl's, grouped by tag as
+`telemetry.tensorboard_log.tag_for` names them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from leantrain.errors import ConfigError
+
+#: the project (TensorBoard's folder, the W&B project, the MLflow experiment)
+PROJECT = "leantrain"
+INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny (or mlflow)"}
+
+
+def tracker_names(report_to: str | None, log: str = "jsonl") -> list[str]:
+    """The trackers asked for: --report-to's names, and tensorboard for --log tensorboard (its old spelling)."""
+    names = [n.strip().lower() for n in (report_to or "").split(",") if n.strip()]
+    if log == "tensorboard":
+        names.append("tensorboard")
+    names = [n for n in dict.fromkeys(names) if n != "none"]
+    return ["all"] if "all" in names else names
+
+
+def check_trackers(names: list[str]) -> None:
+    """Refuse, before any work, a tracker whose package is not installed (Accelerate would silently drop it)."""
+    from accelerate.tracking import get_available_trackers
+
+    available = {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name != "all" and name not in available:
+            what = INSTALL.get(name, name)
+            raise ConfigError(f"--report-to {name} needs the {name} package: pip install {what}")
+
+
+def _flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Hyperparameters as every tracker takes them: numbers, strings and booleans (None as 'None')."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in config.items()}
+
+
+def start_trackers(accelerator, directory: Path, config: dict[str, Any], run_name: str) -> TrackerLog:
+    """Start the Accelerator's trackers writing under `directory`, with the run's config as hyperparameters."""
+    directory.mkdir(parents=True, exist_ok=True)
+    accelerator.project_configuration.project_dir = accelerator.project_configuration.logging_dir = str(directory)
+    names = {str(t) for t in accelerator.log_with}
+    if "mlflow" in names and "MLFLOW_TRACKING_URI" not in os.environ:
+        _local_mlflow_store(directory)
+    init_kwargs = {"wandb": {"dir": str(directory), "name": run_name}, "mlflow": {"run_name": run_name}}
+    accelerator.init_trackers(PROJECT, config=_flat_config(config), init_kwargs=init_kwargs)
+    return TrackerLog(accelerator)
+
+
+def _local_mlflow_store(directory: Path) -> None:
+    """MLflow's store in the run's folder: SQLite where SQLAlchemy is installed (full mlflow), else the file store
+    (mlflow-skinny), which MLflow 3 keeps working only when MLFLOW_ALLOW_FILE_STORE says so."""
+    import importlib.util
+
+    import mlflow
+
+    if importlib.util.find_spec("sqlalchemy") is not None:
+        mlflow.set_tracking_uri(f"sqlite:///{(directory / 'mlflow.db').resolve()}")
+    else:
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        mlflow.set_tracking_uri((directory / "mlruns").resolve().as_uri())
+
+
+class TrackerLog:
+    """Writes metrics rows to the Accelerator's trackers (`accelerator.log`) at their `step`, finite numbers only,
+    under grouped tags (train/, eval/, throughput/, time/, memory/); `close` finishes every tracker."""
+
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+
+    def write(self, row: dict[str, Any]) -> None:
+        from leantrain.telemetry.tensorboard_log import tag_for
+
+        values = {}
+        for key, value in row.items():
+            if key in ("step", "micro_step") or isinstance(value, bool):
+                continue
+            if hasattr(value, "item"):
+                value = value.item()
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                values[tag_for(key)] = value
+        if values:
+            self.accelerator.log(values, step=row.get("step"))
+
+    def close(self) -> None:
+        # each tracker's finish() (not accelerator.end_training(), which also ends the process group)
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+        self.accelerator.trackers = []
