@@ -97,6 +97,8 @@ def test_text_examples_run_offline_on_the_tiny_model(
     result = _run(name, overrides, tmp_path)
     assert result.metrics["optimizer_steps"] == 2
     assert 0.0 <= result.metrics["eval_accuracy"] <= 1.0
+    if name == "mrpc.yaml":  # GLUE's MRPC scores: binary F1 of the paraphrase class, and accuracy
+        assert 0.0 <= result.metrics["eval_f1"] <= 1.0 and "eval_macro_f1" not in result.metrics
 
 
 def test_own_csv_example_runs_with_its_named_columns(tiny_model_dir, tmp_path):

@@ -384,7 +384,8 @@ class LoggingConfig:
     progress: bool = _help("Show a progress bar.", default=True)
     log: str = _help(
         f"Per-step metrics go to metrics.jsonl, and with {'|'.join(LOGS[1:])} also to TensorBoard "
-        "event files in OUTPUT_DIR/tensorboard/ (pip install 'leantrain[tensorboard]').",
+        "event files in OUTPUT_DIR/trackers/leantrain/ (pip install 'leantrain[tensorboard]'); the same as "
+        "--report-to tensorboard.",
         default="jsonl",
     )
     report: bool = _help("Write report.html (plots, config, environment) at the end of the run.", default=True)

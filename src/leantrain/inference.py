@@ -10,6 +10,7 @@ import numpy as np
 
 from leantrain.errors import DataError
 from leantrain.models import library_bars_off
+from leantrain.problem_inference import evaluate_problem, predict_problem, problem_of
 
 
 def _load(run_or_model: str):
@@ -162,6 +163,7 @@ def evaluate(
     audio_column: str | None = None,
     label_pattern: str | None = None,
     metrics: str | None = None,
+    label_separator: str | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default accuracy and macro-F1) and the loss, the per-class report (`per_class`) and the
@@ -186,6 +188,8 @@ def evaluate(
         text_pair_column,
         label_column,
     )
+    if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
+        return evaluate_problem(problem, model, tokenizer, names, src, batch_size, metrics, label_separator)
     label_id = {n: i for i, n in enumerate(names)}
     unseen = sorted(set(src.labels) - set(label_id))
     if unseen:
@@ -239,6 +243,8 @@ def predict(
     if not texts:
         raise DataError(f"{data or '--text'}: no text to predict")
     tokens = tokenize(tokenizer, texts, pairs, max_length)
+    if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
+        return predict_problem(problem, model, tokenizer, names, texts, pairs, tokens, batch_size)
     probs, _, index = _run(model, _loader(tokens, np.zeros(len(texts), dtype=np.int64), tokenizer, batch_size))
     out: list[dict[str, Any]] = [{} for _ in texts]
     for p, i in zip(probs, index):
@@ -268,7 +274,8 @@ def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> N
         import pandas as pd
 
         flat = [
-            {k: v for k, v in r.items() if k != "probabilities"} | {f"p_{n}": q for n, q in r["probabilities"].items()}
+            {k: "|".join(v) if k == "labels" else v for k, v in r.items() if k != "probabilities"}
+            | {f"p_{n}": q for n, q in r.get("probabilities", {}).items()}
             for r in rows
         ]
         pd.DataFrame(flat).to_csv(target, index=False, sep="\t" if target.suffix.lower() == ".tsv" else ",")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from leantrain.errors import DataError
@@ -81,6 +83,8 @@ def normalise_labels(values: pd.Series) -> pd.Series:
     """Labels as strings, so '1' in a CSV, '1.0' from a float column and 1 in a JSON file are the same label."""
 
     def one(v):
+        if isinstance(v, (list, tuple, np.ndarray)):  # a list column (multi-label): one JSON string
+            return json.dumps([str(x) for x in list(v)], ensure_ascii=False)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         text = str(v).strip()

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leantrain.data.columns import Columns, build_label_map, normalise_labels, resolve_columns
+from leantrain.data.columns import Columns, normalise_labels, resolve_columns
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
 from leantrain.data.tokenize import (
     TokenizedText,
@@ -126,8 +126,12 @@ def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.Da
     return df[~(empty_text | no_label)].reset_index(drop=True)
 
 
-def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
-    """Load (or reuse) the tokenized training and evaluation data that `cfg` describes."""
+def prepare_data(cfg, tokenizer, cache_dir: Path, codec=None) -> PreparedData:
+    """Load (or reuse) the tokenized training and evaluation data that `cfg` describes; `codec` turns labels
+    into targets (`data.labels`: class ids by default, numbers or sets of classes)."""
+    from leantrain.data.labels import ClassLabels
+
+    codec = codec or ClassLabels()
     common = dict(
         tokenizer=tokenizer,
         max_length=cfg.max_length,
@@ -139,9 +143,8 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
     train_src = load_source(resolve_data_path(cfg.data), split="train", options=read_options(cfg, "train"), **common)
     notes = [_describe(train_src)]
     assert train_src.columns.label is not None  # resolve_columns requires a label column by default
-    label_names = build_label_map(pd.Series(train_src.labels), train_src.path, train_src.columns.label)
-    label_id = {name: i for i, name in enumerate(label_names)}
-    all_train = Examples(train_src.tokens, np.array([label_id[x] for x in train_src.labels], dtype=np.int64))
+    label_names = codec.fit(train_src.labels, train_src.path, train_src.columns.label)
+    all_train = Examples(train_src.tokens, codec.encode(train_src.labels, train_src.path, train_src.columns.label))
     if len(all_train) < 2:
         raise DataError(f"{train_src.path}: only {len(all_train)} usable rows; need at least two")
 
@@ -149,13 +152,10 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
         eval_src = load_source(cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common)
         notes.append(_describe(eval_src))
         check_same_inputs(train_src, eval_src)
-        unseen = sorted(set(eval_src.labels) - set(label_names))
-        if unseen:
-            raise DataError(
-                f"{eval_src.path}: labels {unseen[:5]} in column '{eval_src.columns.label}' never "
-                f"occur in the training data (which has {label_names}); fix or drop those rows"
-            )
-        eval_set = Examples(eval_src.tokens, np.array([label_id[x] for x in eval_src.labels], dtype=np.int64))
+        assert eval_src.columns.label is not None
+        eval_set = Examples(
+            eval_src.tokens, codec.encode(eval_src.labels, eval_src.path, eval_src.columns.label, training=False)
+        )
         train_rows = np.arange(len(all_train))
     else:
         train_rows, eval_rows = stratified_split(all_train.labels, cfg.eval_fraction, cfg.seed)

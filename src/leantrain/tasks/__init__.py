@@ -23,4 +23,13 @@ def resolve(cfg: Any, model_config: Any) -> Task:
     """The task `cfg` asks for (`--task`), checked against the model; else the one its config does."""
     from leantrain import models
 
-    return BUILTIN[models.infer_task(model_config, cfg.task)](cfg)
+    name = models.infer_task(model_config, cfg.task)
+    problem = getattr(cfg, "problem_type", "single-label")
+    if problem != "single-label":  # issue #17: regression and multi-label text tasks
+        from leantrain.errors import ConfigError
+        from leantrain.tasks.text_problems import TEXT_PROBLEMS
+
+        if name != "text-classification":
+            raise ConfigError(f"--problem-type {problem} is for text models; {cfg.model or 'the model'} is {name}")
+        return TEXT_PROBLEMS[problem](cfg)
+    return BUILTIN[name](cfg)

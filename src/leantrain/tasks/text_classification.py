@@ -20,8 +20,12 @@ class TextClassification(Classification):
 
         tokenizer = models.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
         self._check_length(model_config, tokenizer)
-        data = prepare_data(self.cfg, tokenizer, Path(self.cfg.cache_dir))
+        data = prepare_data(self.cfg, tokenizer, Path(self.cfg.cache_dir), self.label_codec())
         return TaskData(data.train, data.eval, list(data.label_names), tokenizer, list(data.notes))
+
+    def label_codec(self) -> Any:
+        """How labels become targets (`data.labels`); None: class ids (issue #17: numbers, sets of classes)."""
+        return None
 
     def _check_length(self, model_config: Any, tokenizer: Any) -> None:
         """Refuse a --max-length beyond the model's positions (or the tokenizer's limit)."""
