@@ -364,7 +364,11 @@ def die_with_parent() -> None:
 
 
 def print_result(metrics: dict[str, Any], model_dir: Path) -> None:
-    print(
-        f"accuracy {metrics['eval_accuracy']:.4f}  macro-F1 {metrics['eval_macro_f1']:.4f}  "
-        f"({metrics['train_samples_per_second']:.1f} samples/s)  model: {model_dir}"
+    # every evaluation score the run reports (--metrics, issue #17), the loss left to metrics.json
+    names = {"eval_macro_f1": "macro-F1"}
+    scores = "  ".join(
+        f"{names.get(k, k.removeprefix('eval_'))} {v:.4f}"
+        for k, v in metrics.items()
+        if k.startswith("eval_") and k != "eval_loss" and isinstance(v, (int, float))
     )
+    print(f"{scores}  ({metrics['train_samples_per_second']:.1f} samples/s)  model: {model_dir}")

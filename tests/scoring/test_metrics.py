@@ -135,3 +135,13 @@ def test_evaluate_prints_a_per_class_report_and_a_confusion_matrix(job, tmp_path
     (tn, fp), (fn, tp) = matrix
     mcc = (tp * tn - fp * fn) / np.sqrt(float((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
     assert "confusion matrix" in err and json.loads(out)["mcc"] == pytest.approx(mcc)
+
+
+def test_the_cli_prints_the_metrics_asked_for(tiny_model_dir, sentiment_csv, tmp_path, capsys):
+    from leantrain.cli import main
+
+    job = ["--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--output-dir", str(tmp_path / "r")]
+    job += ["--cache-dir", str(tmp_path / "c"), "--max-steps", "2", "--no-progress", "--no-report"]
+    code = main(["train", *job, "--metrics", "f1,mcc", "--metric-for-best", "eval_mcc"])
+    out = capsys.readouterr().out
+    assert code == 0 and "f1 " in out and "mcc " in out and "accuracy" not in out
