@@ -144,6 +144,15 @@ class DataConfig:
     cache_dir: str | None = _help(
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
     )
+    streaming: bool = _help(
+        "Read --data as a stream (text classification) instead of whole: for data larger than memory. The same "
+        "examples form each optimizer step however the batch is split; lengths are grouped within windows of 50 "
+        "global batches; no tokenization cache, no text repair; needs --max-steps.",
+        default=False,
+    )
+    streaming_eval_rows: int = _help(
+        "With --streaming and no --eval-data: hold out the stream's first N rows for evaluation.", default=1000
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -152,6 +161,7 @@ class DataConfig:
     def _check(self) -> None:
         _positive(self, "max_length")
         _positive(self, "limit", optional=True)
+        _positive(self, "streaming_eval_rows")
         _check_data_sources(self)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
@@ -390,6 +400,15 @@ class TrainConfig(
         for section in SECTIONS:
             section._check(self)
         # rules across sections
+        if self.streaming and not self.max_steps:
+            raise ConfigError(
+                "--streaming needs --max-steps: a stream's length is unknown until it ends, and the learning-rate "
+                "schedule needs the number of steps"
+            )
+        if self.streaming and self.auto:
+            raise ConfigError(
+                "--auto measures the whole data set's lengths; with --streaming choose the batch yourself"
+            )
         if self.shard != "none" and (self.save_every or self.resume):
             raise ConfigError(
                 f"--save-every/--resume do not support --shard {self.shard} yet (a checkpoint holds whole "
