@@ -65,7 +65,7 @@ def open_stream(source: str, role: str, options: ReadOptions):
             return datasets.load_dataset(_BUILDERS[fmt], data_files=str(path), split="train", streaming=True, **kwargs)
         if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
             ds = datasets.load_from_disk(str(path))
-        elif path.is_dir() or _looks_like_hub_name(name):
+        elif Path(name).is_dir() or _looks_like_hub_name(name):
             ds = datasets.load_dataset(name, config, streaming=True)
         else:
             raise DataError(f"{source}: no such file or folder; check the path given to --data")
