@@ -238,10 +238,16 @@ class EfficiencyConfig:
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )
     auto: bool = _help(
-        "Let the planner choose precision, activation checkpointing, optimizer (adamw, adafactor or adamw8bit; "
-        "--optimizer sgd is kept) and the micro-batch/accumulation split of the global batch (--batch-size x "
-        "--grad-accum x processes, held fixed) to train fastest within --memory; out of memory then halves the "
-        "micro-batch and redoes the step. The plan is written to plan.json and plan.md.",
+        "Let the planner choose precision, activation checkpointing and the micro-batch/accumulation split of "
+        "the global batch (--batch-size x --grad-accum x processes, held fixed) to train fastest within 0.9 x "
+        "--memory (a margin for what the memory model does not count); out of memory then halves the "
+        "micro-batch and redoes the step. These change cost, not results; --optimizer is kept unless "
+        "--auto-optimizer. The plan is written to plan.json and plan.md.",
+        default=False,
+    )
+    auto_optimizer: bool = _help(
+        "With --auto: the planner may also replace --optimizer by adamw, adafactor or adamw8bit (that changes the "
+        "results, not only the cost; --optimizer sgd is always kept).",
         default=False,
     )
     memory: str | None = _help(

@@ -194,7 +194,8 @@ class Trainer:
             state=self.state,
         )
         self.logger.history.extend(history)
-        budget = self.plan.request.budget if self.plan is not None else None
+        # the guard holds the run to the user's --memory; the plan aimed below it (planner.auto's margin)
+        budget = cfg.memory_bytes or (self.plan.request.budget if self.plan is not None else None)
         from leantrain.telemetry.memory import tensor_bytes
 
         weights = tensor_bytes(acc.unwrap_model(self.model).parameters())
