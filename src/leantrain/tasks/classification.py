@@ -32,8 +32,11 @@ class Classification(Task):
         """Each example's class weight (None without --class-weights: one unit each)."""
         if self.weight_spec is None:
             return None
+        from leantrain.errors import ConfigError
         from leantrain.losses import class_weights
 
+        if getattr(examples, "streaming", False):
+            raise ConfigError("--class-weights needs the training labels whole; it does not work with --streaming yet")
         labels = np.asarray(examples.labels)
         self.class_weights = class_weights(self.weight_spec, labels, int(labels.max()) + 1)
         self._weights_tensor = None

@@ -19,6 +19,8 @@ class _FloatTargets(TextClassification):
 
     #: transformers' `config.problem_type`
     hf_problem_type: ClassVar[str]
+    #: the stream reader (data/streaming.py) maps labels to class ids
+    streams: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
