@@ -61,6 +61,7 @@ def run_leantrain(job: dict, seed: int, work: Path, max_steps: int | None) -> di
 def run_hf_trainer(job: dict, seed: int, work: Path, max_steps: int | None) -> dict[str, float]:
     import datasets
     import numpy as np
+    import torch
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
@@ -95,7 +96,7 @@ def run_hf_trainer(job: dict, seed: int, work: Path, max_steps: int | None) -> d
         lr_scheduler_type=job["scheduler"],
         max_grad_norm=job["max_grad_norm"],
         seed=seed,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),  # leantrain uses the GPU where there is one
         report_to=[],
         save_strategy="no",
         eval_strategy="no",
