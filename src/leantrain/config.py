@@ -31,7 +31,9 @@ LAUNCHERS = ("accelerate", "torchrun", "ray")
 SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
-TASKS = ("text-classification", "image-classification", "audio-classification")
+TASKS = ("text-classification", "image-classification", "audio-classification", "causal-lm", "text-generation")
+#: --task spellings that name another task
+TASK_ALIASES = {"text-generation": "causal-lm"}
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 
 
@@ -63,6 +65,7 @@ class ModelConfig:
     def _check(self) -> None:
         if self.task is not None:
             _choice(self, "task", TASKS)
+            self.task = TASK_ALIASES.get(self.task, self.task)
 
 
 @dataclass
@@ -143,6 +146,17 @@ class DataConfig:
     strict: bool = _help("Stop at the first unreadable image or audio file instead of skipping it.", default=False)
     cache_dir: str | None = _help(
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
+    )
+    # --- causal LM (issue #14)
+    packing: bool = _help(
+        "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
+        "attention never crosses documents); --no-packing gives each document its own padded row(s).",
+        default=True,
+    )
+    text_glob: str = _help(
+        "Causal LM: the files of a --data folder read as text, searched recursively (documents are separated "
+        "by blank lines).",
+        default="*.txt",
     )
 
     def __post_init__(self) -> None:

@@ -364,7 +364,8 @@ def die_with_parent() -> None:
 
 
 def print_result(metrics: dict[str, Any], model_dir: Path) -> None:
-    print(
-        f"accuracy {metrics['eval_accuracy']:.4f}  macro-F1 {metrics['eval_macro_f1']:.4f}  "
-        f"({metrics['train_samples_per_second']:.1f} samples/s)  model: {model_dir}"
-    )
+    if "eval_accuracy" in metrics and "eval_macro_f1" in metrics:
+        scores = f"accuracy {metrics['eval_accuracy']:.4f}  macro-F1 {metrics['eval_macro_f1']:.4f}"
+    else:  # a task without classes (a language model: loss and perplexity)
+        scores = "  ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in metrics.items() if k.startswith("eval_"))
+    print(f"{scores}  ({metrics['train_samples_per_second']:.1f} samples/s)  model: {model_dir}")
