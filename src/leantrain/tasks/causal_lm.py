@@ -154,10 +154,10 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return flat.view(targets.shape)
 
 
-def check_packing_separates(model: torch.nn.Module) -> None:
+def check_packing_separates(model: Any) -> None:
     """Refuse packing when the model's attention lets a packed document see the one before it: run two short
     documents packed in one row, then the second alone, and compare the second's logits."""
-    vocab = model.config.vocab_size
+    vocab = int(model.config.vocab_size)
     first, second = torch.arange(5) * 7 % vocab, (torch.arange(4) * 13 + 5) % vocab
     ids = torch.cat([first, second]).unsqueeze(0)
     positions = torch.cat([torch.arange(5), torch.arange(4)]).unsqueeze(0)
