@@ -236,3 +236,31 @@ def test_the_logged_loss_is_the_mean_over_counted_tokens(run, llama_dir, corpus,
         tokens += int((batch["labels"] != -100).sum())
     assert tokens == int(rows.counted.sum())
     assert loss_log(result)[0] == pytest.approx(total / tokens, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_at_the_token_level(run, llama_dir, corpus, tmp_path):
+    """Two processes (gloo), one micro-batch of 4 rows each, against one process with 8: the same weights.
+    Padded rows of 2 to 60 words give the two processes very different counted tokens every step."""
+    from tests.parallel.test_data_parallel import flags, run_job, weights
+
+    job = dict(
+        model=llama_dir,
+        data=corpus,
+        cache_dir=tmp_path / "cache",
+        max_length=32,
+        report=False,
+        packing=False,
+        metric_for_best="loss",
+        max_steps=4,
+        **EXACT_JOB,
+    )
+    one, w_one = run(packing=False, max_steps=4, batch_size=8)
+    out = tmp_path / "two"
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, batch_size=4, num_processes=2, output_dir=out)])
+    assert rc == 0, err[-3000:]
+    two = json.loads((out / "metrics.json").read_text())
+    assert two["num_processes"] == 2 and two["global_batch"] == 8
+    _, start = run(batch_size=8, max_steps=4, packing=False, lr=1e-30)
+    assert_trained_alike(w_one, weights(out), start, rel=1e-5)
+    assert two["eval_loss"] == pytest.approx(one.metrics["eval_loss"], abs=1e-6)
