@@ -264,3 +264,19 @@ def test_two_processes_equal_one_at_the_token_level(run, llama_dir, corpus, tmp_
     _, start = run(batch_size=8, max_steps=4, packing=False, lr=1e-30)
     assert_trained_alike(w_one, weights(out), start, rel=1e-5)
     assert two["eval_loss"] == pytest.approx(one.metrics["eval_loss"], abs=1e-6)
+
+
+def test_useful_flops_of_a_packed_batch_count_attention_per_document():
+    """Rows of packed documents (7+9 and 12+4 tokens) are useful work of four sequences alone, not two rows of
+    16: the square term is 7**2 + 9**2 + 12**2 + 4**2, while the padded (device) count keeps 2 * 16**2."""
+    from leantrain.telemetry.flops import FlopMeter, FlopModel
+
+    model = FlopModel(per_sequence=0.0, per_token=100.0, per_token_sq=1.0, source="test")
+    positions = torch.tensor([[*range(7), *range(9)], [*range(12), *range(4)]])
+    packed = FlopMeter(model)
+    padded = packed.add(torch.zeros(2, 16), None, positions)
+    assert padded == 2 * (100 * 16 + 16**2)
+    alone = FlopMeter(model)
+    for n in (7, 9, 12, 4):
+        alone.add(torch.zeros(1, n))
+    assert packed.useful_flops == alone.useful_flops == 100 * 32 + 49 + 81 + 144 + 16
