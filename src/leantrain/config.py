@@ -57,6 +57,12 @@ class ModelConfig:
         default=None,
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
+    # --- causal LM (issue #14)
+    chat_template: str | None = _help(
+        "Causal LM: the Jinja chat template (or a file holding one) that renders a 'messages' column, for a "
+        "tokenizer without one (or to replace its own). Saved with the model.",
+        default=None,
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -157,6 +163,11 @@ class DataConfig:
         "Causal LM: the files of a --data folder read as text, searched recursively (documents are separated "
         "by blank lines).",
         default="*.txt",
+    )
+    train_on_prompt: bool = _help(
+        "Causal LM on instruction data (prompt/completion or messages columns): count the prompt's tokens in the "
+        "loss too, not only the completion's.",
+        default=False,
     )
 
     def __post_init__(self) -> None:

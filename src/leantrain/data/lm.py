@@ -109,15 +109,20 @@ def read_documents(
         kept = [d.strip() for d in docs if d.strip()]
         report.drop("empty", len(docs) - len(kept))
         return kept, report, f"{len(files)} text file(s)"
+    df, report = read_table(source, split=split, options=options)
+    kept, where = _table_texts(df, source, text_column, report)
+    return kept, report, where
+
+
+def _table_texts(df, source: str, text_column: str | None, report: ReadReport) -> tuple[list[str], str]:
     from leantrain.data.columns import resolve_columns
 
-    df, report = read_table(source, split=split, options=options)
     cols = resolve_columns(df, source, text_column, None, None, require_label=False)
     values = df[cols.text]
     texts = [str(v).strip() for v in values[values.notna()]]
     kept = [t for t in texts if t]
     report.drop("with empty text", len(df) - len(kept))
-    return kept, report, f"column '{cols.text}'"
+    return kept, f"column '{cols.text}'"
 
 
 # -- tokenizing --------------------------------------------------------------------------------------------------
@@ -150,8 +155,12 @@ def load_documents(
     glob: str = "*.txt",
     text_column: str | None = None,
     options: ReadOptions | None = None,
+    train_on_prompt: bool = False,
 ) -> tuple[TokenizedText, str]:
-    """Tokenized documents of `source`, from the cache when this job has tokenized them before; and a note."""
+    """Tokenized documents of `source`, from the cache when this job has tokenized them before; and a note.
+
+    A table with `prompt` and `completion` columns, or a `messages` column, is instruction data: its documents
+    carry a loss mask (`token_type_ids`: 1 on completion tokens, all 1 with `train_on_prompt`)."""
     options = options or ReadOptions()
     key = cache_key(
         kind="causal-lm",
@@ -161,36 +170,63 @@ def load_documents(
         text=text_column,
         glob=glob,
         tokenizer=tokenizer_fingerprint(tokenizer),
+        chat_template=getattr(tokenizer, "chat_template", None),
+        train_on_prompt=train_on_prompt,
     )
     path = cache_dir / "tokenized" / f"{key}.npz"
     cached = load_cached(path, vocab_size=len(tokenizer))
     if cached is not None:
         tokens, _, meta = cached
         return tokens, f"{meta['report']['source']}: {len(tokens):,} documents; tokenized data loaded from cache"
-    docs, report, where = read_documents(source, glob, text_column, options, split)
-    if not docs:
-        raise DataError(f"{source}: no non-empty text in {where}")
-    tokens = tokenize_documents(tokenizer, docs)
-    meta = {"columns": {"text": text_column}, "report": report.__dict__}
+    if is_text_source(source):
+        docs, report, where = read_documents(source, glob, text_column, options, split)
+        if not docs:
+            raise DataError(f"{source}: no non-empty text in {where}")
+        tokens = tokenize_documents(tokenizer, docs)
+    else:
+        tokens, report, where = _read_table_documents(source, tokenizer, text_column, options, split, train_on_prompt)
+    meta = {"columns": {"text": where}, "report": report.__dict__}
     try:
         save_cached(path, tokens, [""] * len(tokens), meta)
     except OSError as exc:  # a read-only cache slows the next run down; it does not stop this one
         log.warning("could not write the tokenization cache at %s (%s)", path, exc)
-    return tokens, f"{report.summary()}; {len(docs):,} documents from {where}; tokenized and cached"
+    return tokens, f"{report.summary()}; {len(tokens):,} documents from {where}; tokenized and cached"
+
+
+def _read_table_documents(
+    source: str, tokenizer, text_column: str | None, options: ReadOptions, split: str, train_on_prompt: bool
+) -> tuple[TokenizedText, ReadReport, str]:
+    from leantrain.data import instructions
+
+    df, report = read_table(source, split=split, options=options)
+    kind = instructions.kind_of(df) if text_column is None else None
+    if kind is None:
+        docs, where = _table_texts(df, source, text_column, report)
+        if not docs:
+            raise DataError(f"{source}: no non-empty text in {where}")
+        return tokenize_documents(tokenizer, docs), report, where
+    tokens = instructions.tokenize_table(df, kind, tokenizer, source, train_on_prompt, report)
+    return tokens, report, "columns 'prompt', 'completion'" if kind == "prompt" else "column 'messages'"
 
 
 # -- packing -----------------------------------------------------------------------------------------------------
-def pack(docs: TokenizedText, max_length: int, packing: bool = True) -> TokenRows:
+def pack(docs: TokenizedText, max_length: int, packing: bool = True, whole: bool = False) -> TokenRows:
     """Rows of at most `max_length` tokens: documents laid end to end (packing), or one document per row.
 
-    Either way a document longer than a row is cut into chunks, each a segment of its own; `docs.token_type_ids`,
+    Either way a document longer than a row is cut into chunks, each a segment of its own. `whole` (instruction
+    data, each document at most `max_length`): a document that does not fit in the rest of a row starts the next
+    one, so that a completion is never cut from its prompt. `docs.token_type_ids`,
     when present, marks the tokens the loss counts (1) beside those it does not (0: a prompt)."""
     ids = docs.input_ids
     n = len(ids)
     index = np.arange(n, dtype=np.int64)
     doc_start = np.zeros(n, dtype=bool)
     doc_start[docs.offsets[:-1][docs.lengths > 0]] = True
-    if packing:
+    if packing and whole:
+        row_start = np.zeros(n, dtype=bool)
+        row_start[_whole_document_rows(docs.offsets, max_length)] = True
+        row_offsets = np.append(index[row_start], n)
+    elif packing:
         row_start = index % max_length == 0
         row_offsets = np.append(index[row_start], n)
     else:
@@ -205,6 +241,17 @@ def pack(docs: TokenizedText, max_length: int, packing: bool = True) -> TokenRow
     if docs.token_type_ids is not None:
         labels[docs.token_type_ids == 0] = IGNORE
     return TokenRows(ids.astype(np.int32), labels, positions, row_offsets.astype(np.int64))
+
+
+def _whole_document_rows(offsets: np.ndarray, max_length: int) -> list[int]:
+    """The token index where each row begins when documents are kept whole (first fit, in order)."""
+    starts, fill = [], max_length
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        if fill + (b - a) > max_length:
+            starts.append(a)
+            fill = 0
+        fill += b - a
+    return starts
 
 
 # -- batching ----------------------------------------------------------------------------------------------------

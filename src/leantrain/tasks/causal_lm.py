@@ -26,7 +26,7 @@ PRESET_VOCAB_SIZE = 8192
 class CausalLM(Task):
     name: ClassVar[str] = "causal-lm"
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
-    metric_names: ClassVar[tuple[str, ...]] = ("loss", "perplexity")
+    metric_names: ClassVar[tuple[str, ...]] = ("loss", "perplexity", "exact_match")
     #: --metric-for-best when not given: lower loss is better
     default_metric: ClassVar[str] = "loss"
 
@@ -41,7 +41,13 @@ class CausalLM(Task):
         cache = Path(cfg.cache_dir)
         source = resolve_data_path(cfg.data)
         tokenizer = self._tokenizer(model_path, source, cache)
-        common = dict(tokenizer=tokenizer, cache_dir=cache, glob=cfg.text_glob, text_column=cfg.text_column)
+        common = dict(
+            tokenizer=tokenizer,
+            cache_dir=cache,
+            glob=cfg.text_glob,
+            text_column=cfg.text_column,
+            train_on_prompt=cfg.train_on_prompt,
+        )
         docs, note = load_documents(source, split="train", options=read_options(cfg, "train"), **common)
         notes = [note]
         if cfg.eval_data:
@@ -60,7 +66,14 @@ class CausalLM(Task):
             keep = np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(docs))[: cfg.limit])
             docs = docs.subset(keep)
             notes.append(f"training on a random sample of {cfg.limit:,} documents (--limit)")
-        train_rows, eval_rows = (pack(d, cfg.max_length, cfg.packing) for d in (docs, eval_docs))
+        self.instruction = docs.token_type_ids is not None
+        if self.instruction:
+            docs, eval_docs = self._keep_completions(docs, eval_docs, notes)
+            # whole documents per row; evaluation one per row, so that exact match is per example
+            train_rows = pack(docs, cfg.max_length, cfg.packing, whole=True)
+            eval_rows = pack(eval_docs, cfg.max_length, packing=False)
+        else:
+            train_rows, eval_rows = (pack(d, cfg.max_length, cfg.packing) for d in (docs, eval_docs))
         how = "packed into" if cfg.packing else "one document per row (padded),"
         notes.append(
             f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
@@ -78,18 +91,39 @@ class CausalLM(Task):
             model_config=config,
         )
 
+    def _keep_completions(self, docs, eval_docs, notes: list[str]):
+        """Instruction rows cut to --max-length; rows left without a completion token are skipped and counted."""
+        from leantrain.data.instructions import keep_completions
+
+        length = self.cfg.max_length
+        out = []
+        for what, d in (("training", docs), ("evaluation", eval_docs)):
+            kept, dropped = keep_completions(d, length)
+            if len(kept) == 0:
+                raise DataError(
+                    f"--data: no {what} row keeps a completion token within --max-length {length}; raise "
+                    "--max-length or shorten the prompts"
+                )
+            if dropped:
+                notes.append(f"skipped {dropped:,} {what} rows whose completion lies beyond --max-length {length}")
+            out.append(kept)
+        return out
+
     def _tokenizer(self, model_path: str, source: str, cache: Path):
         from leantrain import models, presets
+        from leantrain.data.instructions import set_chat_template
         from leantrain.data.lm import run_tokenizer
         from leantrain.data.sources import read_options
 
         cfg = self.cfg
         if presets.is_preset(model_path):  # from scratch: a BPE trained on this run's training text
             options = read_options(cfg, "train")
-            return run_tokenizer(source, cfg.text_glob, cfg.text_column, options, PRESET_VOCAB_SIZE, cache)
-        tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
+            tokenizer = run_tokenizer(source, cfg.text_glob, cfg.text_column, options, PRESET_VOCAB_SIZE, cache)
+        else:
+            tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
         if tokenizer.pad_token_id is None:  # GPT-2, Llama: padding is never counted, EOS serves
             tokenizer.pad_token = tokenizer.eos_token
+        set_chat_template(tokenizer, cfg.chat_template)
         return tokenizer
 
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
@@ -125,18 +159,29 @@ class CausalLM(Task):
     # -- evaluation ----------------------------------------------------------------------------------------------
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         losses = token_losses(outputs.logits, batch["labels"])
-        return {"loss_sum": losses.sum(-1), "tokens": (batch["labels"][:, 1:] != -100).sum(-1)}
+        targets = batch["labels"][:, 1:]
+        counted = targets != -100
+        # Greedy decoding generates a completion exactly iff each of its tokens is the argmax given the ones
+        # before it, which one teacher-forced pass shows (instruction data: one example per evaluation row)
+        right = (outputs.logits[:, :-1].argmax(-1) == targets) | ~counted
+        return {"loss_sum": losses.sum(-1), "tokens": counted.sum(-1), "exact": right.all(-1)}
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
         tokens = float(rows["tokens"].sum())
         loss = float(rows["loss_sum"].sum()) / max(tokens, 1.0)
-        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+        out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+        if getattr(self, "instruction", False):
+            out["exact_match"] = float(rows["exact"].mean())
+        return out
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
-        return [
+        rows = [
             ("eval loss (per token)", f"{metrics['loss']:.4f}"),
             ("eval perplexity", f"{metrics['perplexity']:.2f}"),
         ]
+        if "exact_match" in metrics:
+            rows.append(("eval exact match (greedy)", f"{metrics['exact_match']:.4f}"))
+        return rows
 
     def data_facts(self, data: TaskData) -> dict[str, Any]:
         rows = data.train.features
