@@ -280,3 +280,47 @@ def test_useful_flops_of_a_packed_batch_count_attention_per_document():
     for n in (7, 9, 12, 4):
         alone.add(torch.zeros(1, n))
     assert packed.useful_flops == alone.useful_flops == 100 * 32 + 49 + 81 + 144 + 16
+
+
+@pytest.fixture(scope="module")
+def sentiment_prompts(tmp_path_factory) -> Path:
+    rng = random.Random(5)
+    lines = []
+    for _ in range(160):
+        good = rng.random() < 0.5
+        words = rng.choices(["great", "lovely"] if good else ["bad", "dull"], k=2) + rng.choices(WORDS, k=3)
+        rng.shuffle(words)
+        completion = " positive" if good else " negative"
+        lines.append(json.dumps({"prompt": f"Review: {' '.join(words)}\nSentiment:", "completion": completion}))
+    path = tmp_path_factory.mktemp("sft") / "sft.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_exact_match_is_that_of_greedy_generation(run, llama_dir, sentiment_prompts, tmp_path):
+    """The evaluation's exact match (one teacher-forced pass) equals generating each held-out completion greedily
+    with `generate` and comparing it with the reference, token for token (EOS included)."""
+    from transformers import AutoModelForCausalLM
+
+    result, _ = run(data=str(sentiment_prompts), optimizer="adamw", lr=1e-2, max_steps=60, batch_size=8, max_length=64)
+    cfg = TrainConfig(
+        model=str(llama_dir), data=str(sentiment_prompts), cache_dir=str(tmp_path / "cache"), max_length=64, seed=3
+    )
+    task = CausalLM(cfg)
+    data = task.prepare_data(str(llama_dir), None)
+    model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
+    rows, right = data.eval.features, 0
+    for i in range(len(rows)):
+        row = rows.row(i)
+        first = int(np.flatnonzero(row["labels"] != -100)[0])
+        prompt, completion = row["input_ids"][:first], row["input_ids"][first:].tolist()
+        out = model.generate(
+            torch.tensor(prompt, dtype=torch.long)[None],
+            max_new_tokens=len(completion),
+            do_sample=False,
+            eos_token_id=None,  # generate all of them: a completion ending early is a mismatch
+            pad_token_id=1,
+        )[0, len(prompt) :].tolist()
+        right += out == completion
+    assert result.metrics["eval_exact_match"] == pytest.approx(right / len(rows), abs=1e-12)
+    assert 0 < right < len(rows)  # some right and some wrong: the comparison means something
