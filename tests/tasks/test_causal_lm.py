@@ -324,3 +324,27 @@ def test_exact_match_is_that_of_greedy_generation(run, llama_dir, sentiment_prom
         right += out == completion
     assert result.metrics["eval_exact_match"] == pytest.approx(right / len(rows), abs=1e-12)
     assert 0 < right < len(rows)  # some right and some wrong: the comparison means something
+
+
+def test_predict_generates_greedily_or_by_sampling(run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leantrain.errors import LeantrainError
+    from leantrain.inference import predict
+
+    result, _ = run(optimizer="adamw", lr=3e-3, max_steps=4, batch_size=8)
+    prompts = ["the cat sat", "a dog"]
+    greedy = predict(str(result.output_dir), texts=prompts, max_new_tokens=4)
+    tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
+    for row, prompt in zip(greedy, prompts):
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        assert row == {
+            "prompt": prompt,
+            "completion": tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True),
+        }
+    sampled = predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
+    assert sampled == predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
+    with pytest.raises(LeantrainError, match="--temperature"):
+        predict(str(result.output_dir), texts=prompts, top_p=0.5)
