@@ -333,7 +333,7 @@ def test_predict_generates_greedily_or_by_sampling(run):
     from leantrain.inference import predict
 
     result, _ = run(optimizer="adamw", lr=3e-3, max_steps=4, batch_size=8)
-    prompts = ["the cat sat", "a dog"]
+    prompts = ["the cat sat on a big red mat", "a"]  # different lengths: batched generation pads one
     greedy = predict(str(result.output_dir), texts=prompts, max_new_tokens=4)
     tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
     model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
