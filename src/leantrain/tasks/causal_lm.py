@@ -164,7 +164,7 @@ class CausalLM(Task):
         # Greedy decoding generates a completion exactly iff each of its tokens is the argmax given the ones
         # before it, which one teacher-forced pass shows (instruction data: one example per evaluation row)
         right = (outputs.logits[:, :-1].argmax(-1) == targets) | ~counted
-        return {"loss_sum": losses.sum(-1), "tokens": counted.sum(-1), "exact": right.all(-1)}
+        return {"loss_sum": losses.sum(-1), "tokens": counted.sum(-1), "exact": right.all(-1).long()}
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
         tokens = float(rows["tokens"].sum())
