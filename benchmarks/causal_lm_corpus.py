@@ -44,11 +44,9 @@ def read_tsv(path: Path, text_field: int, header: bool = True) -> list[tuple[str
 
 
 def corpus_texts() -> dict[str, list[str]]:
-    import pandas as pd
+    from leantrain.data.sources import embedded_data_path, read_table
 
-    from leantrain.data.sources import embedded_data_path
-
-    tweets = pd.read_csv(embedded_data_path())
+    tweets, _ = read_table(str(embedded_data_path()))  # leantrain's reader: the file is not all UTF-8
     column = next(c for c in tweets.columns if str(c).lower() in ("text", "tweet", "content"))
     return {
         "tweets": [str(t) for t in tweets[column].dropna()],
