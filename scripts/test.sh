@@ -18,4 +18,5 @@ mypy
 # The documentation site builds without warnings (broken links, missing pages); about 8 s
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict -q -d "$(mktemp -d)"
 # Coverage of the leantrain package; the floor is [tool.coverage.report] fail_under in pyproject.toml
-python -m pytest --cov=leantrain --cov-report=term "$@"
+# --durations: the slowest tests, printed in every CI log, for keeping the suite within its time
+python -m pytest --cov=leantrain --cov-report=term --durations=30 "$@"

@@ -6,6 +6,7 @@ import contextlib
 from typing import Any
 
 from leantrain.config import TrainConfig
+from leantrain.errors import ConfigError
 from leantrain.tasks import Task, resolve
 from leantrain.training.hooks import Hooks
 from leantrain.training.trainer import Trainer, TrainResult
@@ -44,6 +45,8 @@ def train(
     model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
     model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
     chosen = task(cfg) if task is not None else resolve(cfg, model_config)
+    if cfg.streaming and not chosen.streams:
+        raise ConfigError(f"--streaming: the {chosen.name} task reads its data whole; drop --streaming")
     # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside
     # is put back unless the run published
     # under a memory budget on CPU, freed tensors go back to the kernel at once (for the run only)

@@ -153,6 +153,15 @@ class DataConfig:
     cache_dir: str | None = _help(
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
     )
+    streaming: bool = _help(
+        "Read --data as a stream (text classification) instead of whole: for data larger than memory. The same "
+        "examples form each optimizer step however the batch is split; lengths are grouped within windows of 50 "
+        "global batches; no tokenization cache, no text repair; needs --max-steps.",
+        default=False,
+    )
+    streaming_eval_rows: int = _help(
+        "With --streaming and no --eval-data: hold out the stream's first N rows for evaluation.", default=1000
+    )
     # --- causal LM (issue #14)
     packing: bool = _help(
         "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
@@ -177,6 +186,7 @@ class DataConfig:
     def _check(self) -> None:
         _positive(self, "max_length")
         _positive(self, "limit", optional=True)
+        _positive(self, "streaming_eval_rows")
         _check_data_sources(self)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
@@ -253,10 +263,16 @@ class EfficiencyConfig:
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )
     auto: bool = _help(
-        "Let the planner choose precision, activation checkpointing, optimizer (adamw, adafactor or adamw8bit; "
-        "--optimizer sgd is kept) and the micro-batch/accumulation split of the global batch (--batch-size x "
-        "--grad-accum x processes, held fixed) to train fastest within --memory; out of memory then halves the "
-        "micro-batch and redoes the step. The plan is written to plan.json and plan.md.",
+        "Let the planner choose precision, activation checkpointing and the micro-batch/accumulation split of "
+        "the global batch (--batch-size x --grad-accum x processes, held fixed) to train fastest within 0.9 x "
+        "--memory (a margin for what the memory model does not count); out of memory then halves the "
+        "micro-batch and redoes the step. These change cost, not results; --optimizer is kept unless "
+        "--auto-optimizer. The plan is written to plan.json and plan.md.",
+        default=False,
+    )
+    auto_optimizer: bool = _help(
+        "With --auto: the planner may also replace --optimizer by adamw, adafactor or adamw8bit (that changes the "
+        "results, not only the cost; --optimizer sgd is always kept).",
         default=False,
     )
     memory: str | None = _help(
@@ -415,6 +431,15 @@ class TrainConfig(
         for section in SECTIONS:
             section._check(self)
         # rules across sections
+        if self.streaming and not self.max_steps:
+            raise ConfigError(
+                "--streaming needs --max-steps: a stream's length is unknown until it ends, and the learning-rate "
+                "schedule needs the number of steps"
+            )
+        if self.streaming and self.auto:
+            raise ConfigError(
+                "--auto measures the whole data set's lengths; with --streaming choose the batch yourself"
+            )
         if self.shard != "none" and (self.save_every or self.resume):
             raise ConfigError(
                 f"--save-every/--resume do not support --shard {self.shard} yet (a checkpoint holds whole "

@@ -267,3 +267,19 @@ def test_augmentation_shifts_images_deterministically():
     a = shift_images(x, np.random.default_rng(0))
     b = shift_images(x, np.random.default_rng(0))
     assert a.shape == x.shape and torch.equal(a, b) and not torch.equal(a, x)
+
+
+def test_a_headerless_image_table_without_a_suffix_reads_with_format_and_column_names(job, image_folder):
+    """--format and --column-names reach image tables as they reach text ones; the names given are the ones
+    used (swapped, the image column holds class names and the file is refused)."""
+    rows = [f"{p.parent.name}\t{p.relative_to(image_folder)}\n" for p in sorted(image_folder.rglob("*.png"))]
+    table = image_folder / "listing"
+    table.write_text("".join(rows))
+    try:
+        result = train(job(data=str(table), format="tsv", column_names="category,path", label_column="category"))
+        assert result.metrics["num_labels"] == 2 and result.metrics["eval_accuracy"] == 1.0
+        with pytest.raises(DataError, match="listing"):
+            swapped = dict(format="tsv", column_names="path,category", label_column="category")
+            train(job(data=str(table), output_dir=str(image_folder.parent / "swapped"), **swapped))
+    finally:
+        table.unlink()

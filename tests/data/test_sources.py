@@ -369,3 +369,14 @@ def test_a_colon_in_an_existing_path_is_part_of_the_path(tmp_path):
     path = tmp_path / "a:b.csv"
     path.write_text("text,label\nx y,1\n")
     assert read_table(str(path))[0]["text"].tolist() == ["x y"]
+
+
+def test_a_data_set_configuration_streams_its_split(glue_like):
+    from leantrain.data.streaming import open_stream
+
+    rows = list(open_stream(f"{glue_like}:sst2", "train", ReadOptions()))
+    assert [r["sentence"] for r in rows] == ["good film train", "bad film train"]
+    held = list(open_stream(str(glue_like), "eval", ReadOptions(config="cola")))
+    assert [r["sentence"] for r in held] == ["grammar fine validation"]
+    with pytest.raises(DataError, match="no split 'test'"):
+        open_stream(str(glue_like), "train", ReadOptions(config="sst2", split="test"))

@@ -95,6 +95,28 @@ def test_train_auto_uses_and_records_the_plan(tiny_model_dir, sentiment_csv, cac
     assert (config["batch_size"], config["grad_accum"]) == (rec["micro_batch"], rec["grad_accum"])
     assert result.metrics["global_batch"] == 16 and result.metrics["oom_recuts"] == []
     assert result.metrics["precision"] == rec["precision"]
+    # techniques change cost, not results: the user's optimizer stays, and the plan keeps a 10% margin
+    assert config["optimizer"] == "adamw"
+    assert {c["optimizer"] for c in plan["candidates"]} == {"adamw"}
+    assert plan["request"]["budget"] == int(0.9 * 120 * 2**20) and rec["memory"]["peak"] <= 0.9 * 120 * 2**20
+
+
+def test_auto_replaces_the_optimizer_only_when_allowed(monkeypatch):
+    import leantrain.planner.auto as auto
+
+    def auto_request(cfg):
+        """The request --auto hands the planner (captured; the plan itself is not needed here)."""
+        seen = []
+        monkeypatch.setattr(auto, "make_plan", lambda request: seen.append(request) or 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            auto.plan_run(cfg)
+        return seen[0]
+
+    cfg = TrainConfig(memory="1GiB", auto=True)
+    kept = auto_request(cfg)
+    assert kept.optimizers == ("adamw",) and kept.budget == int(0.9 * 2**30)
+    assert set(auto_request(cfg.replace(auto_optimizer=True)).optimizers) >= {"adamw", "adafactor"}
+    assert auto.request_for(cfg, "cpu", 1)[0].budget == 2**30  # `leantrain plan` shows the whole budget
 
 
 def test_train_auto_refuses_when_nothing_fits(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):

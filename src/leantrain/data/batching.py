@@ -13,12 +13,10 @@ accumulation step, one micro-batch per process in turn (process p takes every N-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
-from leantrain.data.prepare import Examples
 
 
 @dataclass(frozen=True)
@@ -29,6 +27,7 @@ class Slot:
     step_units: float  # loss units (examples, or counted tokens) in the whole optimizer step, all processes
     step_end: bool  # the last micro-batch of the step on this process: step the optimizer after it
     units: float = 1.0  # this example's loss units
+    example: dict | None = field(default=None, compare=False, repr=False)  # a streamed example travels here
 
 
 class GlobalBatchSampler:
@@ -121,9 +120,9 @@ def _batch_sizes(n: int, global_batch: int) -> list[int]:
 
 
 class ExamplesDataset(torch.utils.data.Dataset):
-    """Map-style dataset over `Examples`; accepts an int or a `Slot` as key."""
+    """Map-style dataset over `data.prepare.Examples`; accepts an int or a `Slot` as key."""
 
-    def __init__(self, data: Examples):
+    def __init__(self, data):
         self.data = data
 
     def __len__(self) -> int:

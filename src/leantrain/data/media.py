@@ -27,7 +27,7 @@ import numpy as np
 
 from leantrain.data import audio as audio_mod
 from leantrain.data import images as image_mod
-from leantrain.data.sources import TABLE_SUFFIXES, ReadReport
+from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, ReadReport, read_options
 from leantrain.data.tokenize import cache_key, source_fingerprint
 from leantrain.errors import ConfigError, DataError, ModelError
 
@@ -254,18 +254,26 @@ def list_source(
     label_column: str | None = None,
     label_pattern: str | None = None,
     split: str = "train",
+    options: ReadOptions | None = None,
 ) -> MediaListing:
+    from leantrain.data.sources import _looks_like_hub_name, split_config
+
     path = Path(source)
+    table = (source, task, need_labels, input_column, label_column, label_pattern, split, options)
     if not path.exists():
+        _, config = split_config(source)
+        if config is not None or _looks_like_hub_name(source):  # a hub data set (from the cache offline)
+            return _list_table(*table)
         raise DataError(f"{source}: no such file or folder; check the path given to --data/--eval-data")
     if path.is_dir():
         if task == IMAGE and (pair := image_mod.find_idx_pair(path)) is not None:
             return _list_idx(path, *pair)
-        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-            return _list_table(source, task, need_labels, input_column, label_column, label_pattern, split)
+        saved = (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+        if saved or (options is not None and options.config is not None):  # a data set, not a class folder
+            return _list_table(*table)
         return _list_folder(path, task, need_labels, label_pattern)
-    if path.suffix.lower() in TABLE_SUFFIXES:
-        return _list_table(source, task, need_labels, input_column, label_column, label_pattern, split)
+    if path.suffix.lower() in TABLE_SUFFIXES or (options is not None and options.format is not None):
+        return _list_table(*table)
     suffixes = image_mod.IMAGE_SUFFIXES if task == IMAGE else audio_mod.AUDIO_SUFFIXES
     if path.suffix.lower() in suffixes and not need_labels:  # one file to predict
         st = path.stat()
@@ -368,11 +376,12 @@ def _list_table(
     label_column: str | None,
     label_pattern: str | None,
     split: str,
+    options: ReadOptions | None = None,
 ) -> MediaListing:
     from leantrain.data.columns import LABEL_NAMES
     from leantrain.data.sources import read_table
 
-    df, report = read_table(source, split=split)
+    df, report = read_table(source, split=split, options=options)
     cols = [str(c) for c in df.columns]
     flag = "--image-column" if task == IMAGE else "--audio-column"
     if input_column is not None and input_column not in cols:
@@ -565,11 +574,13 @@ def load_media_source(
     label_column: str | None = None,
     label_pattern: str | None = None,
     strict: bool = False,
+    options: ReadOptions | None = None,
 ) -> MediaSource:
     """List, then load from the cache or decode and process (and cache) one source."""
-    listing = list_source(source, mp.task, need_labels, input_column, label_column, label_pattern, split)
+    listing = list_source(source, mp.task, need_labels, input_column, label_column, label_pattern, split, options)
     key = cache_key(
         kind="media",
+        read=(options or ReadOptions()).key(),
         source=listing.fingerprint,
         split=split,
         labels=need_labels,
@@ -655,11 +666,11 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
         label_pattern=cfg.label_pattern,
         strict=cfg.strict,
     )
-    train_src = load_media_source(cfg.data, split="train", **common)
+    train_src = load_media_source(cfg.data, split="train", options=read_options(cfg, "train"), **common)
     notes = [train_src.describe()]
     eval_src = None
     if cfg.eval_data:
-        eval_src = load_media_source(cfg.eval_data, split="eval", **common)
+        eval_src = load_media_source(cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common)
         notes.append(eval_src.describe())
     pattern_rows = None
     if cfg.eval_pattern and eval_src is None:

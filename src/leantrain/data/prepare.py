@@ -45,6 +45,13 @@ class Examples:
     def subset(self, rows: np.ndarray) -> Examples:
         return Examples(self.features.subset(rows), self.labels[rows])
 
+    def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
+        """The batch sampler and dataset that train on these examples (`data.batching`)."""
+        from leantrain.data.batching import ExamplesDataset, GlobalBatchSampler
+
+        sampler = GlobalBatchSampler(self.lengths, micro_batch, accumulation, num_processes, seed, units=units)
+        return sampler, ExamplesDataset(self)
+
 
 @dataclass
 class Source:
@@ -136,6 +143,8 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
         text_pair_column=cfg.text_pair_column,
         label_column=cfg.label_column,
     )
+    if getattr(cfg, "streaming", False):
+        return _prepare_streamed(cfg, common)
     train_src = load_source(resolve_data_path(cfg.data), split="train", options=read_options(cfg, "train"), **common)
     notes = [_describe(train_src)]
     assert train_src.columns.label is not None  # resolve_columns requires a label column by default
@@ -170,6 +179,32 @@ def prepare_data(cfg, tokenizer, cache_dir: Path) -> PreparedData:
         train_rows = np.sort(train_rows[keep])
         notes.append(f"training on a stratified sample of {len(train_rows):,} rows (--limit)")
     return PreparedData(all_train.subset(train_rows), eval_set, label_names, train_src.columns, notes)
+
+
+def _prepare_streamed(cfg, common: dict[str, Any]) -> PreparedData:
+    """--streaming: the training rows stay a stream (`data.streaming`); evaluation data is read whole."""
+    from leantrain.data.streaming import prepare_stream
+
+    stream, held_out, label_names, columns, notes = prepare_stream(
+        cfg, common["tokenizer"], resolve_data_path(cfg.data), read_options(cfg, "train")
+    )
+    if held_out is not None:
+        evaluation = Examples(*held_out)
+    else:
+        eval_src = load_source(cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common)
+        notes.append(_describe(eval_src))
+        unseen = sorted(set(eval_src.labels) - set(label_names))
+        if unseen:
+            raise DataError(
+                f"{eval_src.path}: labels {unseen[:5]} never occur in the head of the training stream "
+                f"(which has {label_names}); fix or drop those rows"
+            )
+        label_id = {name: i for i, name in enumerate(label_names)}
+        evaluation = Examples(eval_src.tokens, np.array([label_id[x] for x in eval_src.labels], dtype=np.int64))
+    if cfg.limit is not None:
+        stream.dataset = stream.dataset.take(cfg.limit)
+        notes.append(f"training on the stream's first {cfg.limit:,} rows (--limit)")
+    return PreparedData(stream, evaluation, label_names, columns, notes)
 
 
 def check_same_inputs(train: Source, evaluation: Source) -> None:

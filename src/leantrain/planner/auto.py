@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -9,6 +10,10 @@ from leantrain.config import TrainConfig
 from leantrain.errors import LeantrainError
 from leantrain.planner.memory import format_bytes
 from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
+
+#: --auto plans within this share of the budget: the memory model counts tensors, not the allocator's
+#: fragmentation or the libraries' own buffers
+AUTO_BUDGET_SHARE = 0.9
 
 
 def default_budget(device: str) -> tuple[int, str]:
@@ -67,6 +72,12 @@ def plan_run(cfg: TrainConfig) -> tuple[TrainConfig, Plan]:
     device = device_type()
     _, world = rank_info()
     request, source = request_for(cfg, device, world)
+    # --auto changes cost, not results: the optimizer is replaced only when the user allows it, and the plan
+    # keeps a margin below the budget
+    budget = int(request.budget * AUTO_BUDGET_SHARE)
+    source += f", planned within {AUTO_BUDGET_SHARE:.0%} of it ({format_bytes(budget)})"
+    optimizers = request.optimizers if cfg.auto_optimizer else (cfg.optimizer,)
+    request = dataclasses.replace(request, budget=budget, optimizers=optimizers)
     plan = make_plan(request)
     plan.notes.insert(0, f"budget: {source}")
     if plan.recommended is None:

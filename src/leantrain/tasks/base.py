@@ -46,6 +46,9 @@ class Task(ABC):
     #: the batch keys the model takes as keyword arguments
     input_names: ClassVar[tuple[str, ...]]
 
+    #: whether `prepare_data` can leave the training examples a stream (`--streaming`)
+    streams: ClassVar[bool] = False
+
     def __init__(self, cfg: Any):
         self.cfg = cfg
 
@@ -102,6 +105,8 @@ class Task(ABC):
         """Facts about the training data that a resumed run must match (same examples, same labels)."""
         import zlib
 
+        if getattr(data.train, "streaming", False):  # a stream is known by its source, not its rows
+            return {"train_source": data.train.fingerprint(), "label_names": list(data.label_names)}
         lengths = np.ascontiguousarray(data.train.lengths, dtype=np.int64).tobytes()
         labels = np.ascontiguousarray(data.train.labels, dtype=np.int64).tobytes()
         return {

@@ -13,6 +13,7 @@ from leantrain.tasks.classification import Classification
 class TextClassification(Classification):
     name: ClassVar[str] = "text-classification"
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "token_type_ids")
+    streams: ClassVar[bool] = True
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
         from leantrain import models

@@ -81,7 +81,9 @@ class MetricsLogger:
             sums = torch.tensor([loss, units], dtype=torch.float64, device=self.accelerator.device)
             loss, units = self.accelerator.reduce(sums, reduction="sum").tolist()
         n = self.accelerator.num_processes
-        done = ((state.step - 1) % max(self.steps_per_epoch, 1) + 1) / max(self.steps_per_epoch, 1)
+        # an epoch's share done; a stream's epochs have unknown length (0): whole passes only
+        spe = self.steps_per_epoch
+        done = ((state.step - 1) % spe + 1) / spe if spe else 0.0
         row = {
             "step": state.step,
             "micro_step": state.micro_step,
@@ -136,7 +138,7 @@ class MetricsLogger:
             "train_loss": self.history[-1]["loss"] if self.history else None,
             "optimizer_steps": state.step,
             "micro_steps": state.micro_step,
-            "epochs": state.step / max(self.steps_per_epoch, 1),
+            "epochs": state.step / self.steps_per_epoch if self.steps_per_epoch else None,  # a stream: unknown
             "skipped_steps": amp.skipped_steps,
             "nan_skipped_steps": state.nan_skipped_steps,
             "resumed_from": extra["resumed_from"],

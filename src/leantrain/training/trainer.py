@@ -114,21 +114,17 @@ class Trainer:
     def _build_batches(self) -> None:
         from torch.utils.data import DataLoader
 
-        from leantrain.data.batching import ExamplesDataset, GlobalBatchSampler, eval_batches
+        from leantrain.data.batching import ExamplesDataset, eval_batches
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
-        self.sampler = GlobalBatchSampler(
-            data.train.lengths,
-            cfg.batch_size,
-            cfg.grad_accum,
-            acc.num_processes,
-            cfg.seed,
-            units=self.task.loss_units(data.train),
+        # whole examples (GlobalBatchSampler) or a stream (--streaming): the same global batches either way
+        self.sampler, train_set = data.train.batches(
+            cfg.batch_size, cfg.grad_accum, acc.num_processes, cfg.seed, units=self.task.loss_units(data.train)
         )
         # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
         # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
         self.train_loader: Any = DataLoader(  # after prepare(), Accelerate's loader (it has set_epoch)
-            ExamplesDataset(data.train),
+            train_set,
             batch_sampler=self.sampler,
             collate_fn=self.task.collator(data, train=True),
             generator=torch.Generator(),
@@ -139,10 +135,11 @@ class Trainer:
             collate_fn=self.task.collator(data, train=False),
             generator=torch.Generator(),
         )
-        self.steps_per_epoch = self.sampler.steps_per_epoch()
+        self.steps_per_epoch = self.sampler.steps_per_epoch()  # None: a stream's, unknown until it ends
         if self.steps_per_epoch == 0:
             raise ConfigError(f"--data: {len(data.train)} training rows cannot feed {acc.num_processes} processes")
-        self.total_steps = cfg.max_steps or max(1, math.ceil(self.steps_per_epoch * cfg.epochs))
+        # (a stream has no steps per epoch; the config requires --max-steps with --streaming)
+        self.total_steps = cfg.max_steps or max(1, math.ceil((self.steps_per_epoch or 0) * cfg.epochs))
 
     def _build_optimization(self) -> None:
         """Optimizer and schedule, Accelerate's placement, FLOP counting, compile and local SGD."""
@@ -193,19 +190,22 @@ class Trainer:
             flops=self.flops,
             flop_peak=self.flop_peak,
             total_steps=self.total_steps,
-            steps_per_epoch=self.steps_per_epoch,
+            steps_per_epoch=self.steps_per_epoch or 0,
             state=self.state,
         )
         self.logger.history.extend(history)
-        budget = self.plan.request.budget if self.plan is not None else None
+        # the guard holds the run to the user's --memory; the plan aimed below it (planner.auto's margin)
+        budget = cfg.memory_bytes or (self.plan.request.budget if self.plan is not None else None)
         from leantrain.telemetry.memory import tensor_bytes
 
         weights = tensor_bytes(acc.unwrap_model(self.model).parameters())
         self.oom = OomGuard(cfg.auto, self.sampler, acc, self.logger.memory, budget, weights, hooks=self.hooks)
+        streamed = self.steps_per_epoch is None
         self.say.info(
-            f"training {len(self.data.train):,} examples for {self.total_steps:,} optimizer steps (global batch "
-            f"{self.sampler.global_batch} = {cfg.batch_size} x {cfg.grad_accum} accumulation x "
-            f"{acc.num_processes} processes; {self.steps_per_epoch:,} steps per epoch); writing {self.run.path}"
+            f"training {'streamed' if streamed else f'{len(self.data.train):,}'} examples for {self.total_steps:,} "
+            f"optimizer steps (global batch {self.sampler.global_batch} = {cfg.batch_size} x {cfg.grad_accum} "
+            f"accumulation x {acc.num_processes} processes"
+            f"{'' if streamed else f'; {self.steps_per_epoch:,} steps per epoch'}); writing {self.run.path}"
         )
 
     def _resume(self, log_path: Path | None) -> list[dict[str, Any]]:
