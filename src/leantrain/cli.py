@@ -180,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--data", help="File of texts to classify, or a folder or table of images or audio files.")
     p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")
     _add_column_flags(p, label=False)
+    # --- causal LM (issue #14)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="Language models: tokens to generate (default: 32).")
+    p.add_argument("--temperature", type=float, help="Language models: sample at this temperature (default: greedy).")
+    p.add_argument("--top-p", type=float, help="Language models: sample from the top-p probability mass.")
 
     p = sub.add_parser(
         "report",
@@ -382,6 +386,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         text_pair_column=args.text_pair_column,
         max_length=args.max_length,
         batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
     )
     write_predictions(rows, args.output, sys.stdout)
     return 0

@@ -32,8 +32,10 @@ SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # issue #17: --report-to, through Accelerate
-TASKS = ("text-classification", "image-classification", "audio-classification")
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")  # issue #17
+TASKS = ("text-classification", "image-classification", "audio-classification", "causal-lm", "text-generation")
+#: --task spellings that name another task
+TASK_ALIASES = {"text-generation": "causal-lm"}
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 
 
@@ -57,6 +59,12 @@ class ModelConfig:
         default=None,
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
+    # --- causal LM (issue #14)
+    chat_template: str | None = _help(
+        "Causal LM: the Jinja chat template (or a file holding one) that renders a 'messages' column, for a "
+        "tokenizer without one (or to replace its own). Saved with the model.",
+        default=None,
+    )
     # --- metrics and losses (issue #17)
     problem_type: str = _help(
         f"What a text label is: {'|'.join(PROBLEM_TYPES)}. single-label: one class per text (cross-entropy); "
@@ -76,6 +84,7 @@ class ModelConfig:
     def _check(self) -> None:
         if self.task is not None:
             _choice(self, "task", TASKS)
+            self.task = TASK_ALIASES.get(self.task, self.task)
         _check_problem(self)
 
 
@@ -166,6 +175,22 @@ class DataConfig:
     )
     streaming_eval_rows: int = _help(
         "With --streaming and no --eval-data: hold out the stream's first N rows for evaluation.", default=1000
+    )
+    # --- causal LM (issue #14)
+    packing: bool = _help(
+        "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
+        "attention never crosses documents); --no-packing gives each document its own padded row(s).",
+        default=True,
+    )
+    text_glob: str = _help(
+        "Causal LM: the files of a --data folder read as text, searched recursively (documents are separated "
+        "by blank lines).",
+        default="*.txt",
+    )
+    train_on_prompt: bool = _help(
+        "Causal LM on instruction data (prompt/completion or messages columns): count the prompt's tokens in the "
+        "loss too, not only the completion's.",
+        default=False,
     )
     # --- metrics and losses (issue #17)
     label_separator: str | None = _help(

@@ -172,6 +172,11 @@ def evaluate(
     from leantrain.data.tokenize import default_cache_dir
 
     path, config, task = _task_of(run_or_model)
+    if task == "causal-lm":  # --- causal LM (issue #14)
+        raise DataError(
+            f"{run_or_model}: a language model; its run's metrics.json holds the held-out loss and perplexity "
+            "(evaluate scores classifiers), and `leantrain predict` generates"
+        )
     if task != "text-classification":
         column = image_column if task == "image-classification" else audio_column
         return _evaluate_media(
@@ -214,8 +219,12 @@ def predict(
     files: list[str] | None = None,
     image_column: str | None = None,
     audio_column: str | None = None,
+    max_new_tokens: int = 32,
+    temperature: float | None = None,
+    top_p: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per input: the text (or file), the predicted label, its probability and all probabilities."""
+    """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
+    language model, the prompt and its generated completion."""
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
     from leantrain.data.tokenize import tokenize
@@ -223,6 +232,15 @@ def predict(
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
     path, config, task = _task_of(run_or_model)
+    if task == "causal-lm":  # --- causal LM (issue #14)
+        from leantrain.generation import generate
+
+        if files is not None:
+            raise DataError(f"{run_or_model}: a language model; give prompts with --text or a table with --data")
+        prompts = texts if texts is not None else _prompts(data, text_column)
+        return generate(
+            path, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
+        )
     if task != "text-classification":
         if texts is not None:
             what = task.split("-")[0]
@@ -261,6 +279,19 @@ def predict(
         )
         out[i] = row
     return out
+
+
+def _prompts(data: str | None, column: str | None) -> list[str]:
+    """The prompts of a table: --text-column, else its 'prompt' column, else its one text column."""
+    from leantrain.data.columns import resolve_columns
+    from leantrain.data.sources import read_table
+
+    assert data is not None
+    df, _ = read_table(data, split="eval")
+    if column is None and "prompt" in df.columns:
+        column = "prompt"
+    cols = resolve_columns(df, data, column, None, None, require_label=False)
+    return [str(t) for t in df[cols.text] if str(t).strip()]
 
 
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:

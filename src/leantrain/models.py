@@ -115,6 +115,7 @@ def infer_task(config, task: str | None = None) -> str:
         "text-classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
         "image-classification": auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
         "audio-classification": auto.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES,
+        "causal-lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     }
     kind = getattr(config, "model_type", None)
     able = [t for t, names in mappings.items() if kind in names]
@@ -128,6 +129,8 @@ def infer_task(config, task: str | None = None) -> str:
         for t, suffix in (
             ("image-classification", "ImageClassification"),
             ("audio-classification", "AudioClassification"),
+            ("causal-lm", "ForCausalLM"),
+            ("causal-lm", "LMHeadModel"),  # GPT-2's spelling
         ):
             if arch.endswith(suffix):
                 return t
@@ -203,6 +206,25 @@ def load_for_classification(
     return model
 
 
+def load_for_causal_lm(name: str, config=None, trust_remote_code: bool = False):
+    """A causal language model: pretrained weights when `name` has them, else initialised at random from its
+    config (or from `config`, a preset's sized to the run's tokenizer)."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    if config is None:
+        config = load_config(name, trust_remote_code=trust_remote_code)
+    try:
+        if has_weights(name) is False:
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            model.config._name_or_path = name
+        else:
+            model = AutoModelForCausalLM.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise ModelError(f"{name}: cannot load as a causal language model ({str(exc).splitlines()[0][:200]})") from None
+    return model
+
+
 def auto_model_class(task: str):
     """The `AutoModelFor...` class that builds a model for `task`."""
     import transformers
@@ -211,6 +233,7 @@ def auto_model_class(task: str):
         "text-classification": "AutoModelForSequenceClassification",
         "image-classification": "AutoModelForImageClassification",
         "audio-classification": "AutoModelForAudioClassification",
+        "causal-lm": "AutoModelForCausalLM",
     }
     return getattr(transformers, names[task])
 

@@ -1,4 +1,4 @@
-"""Small built-in models to train from scratch: `--model preset:tiny-vit`, `--model preset:tiny-audio`.
+"""Small built-in models to train from scratch: `--model preset:tiny-vit`, `preset:tiny-audio`, `preset:tiny-llama`.
 
 Each preset is a Transformers config plus the processor that prepares its inputs, so a model can be
 trained with no pretrained checkpoint and no network. The trained run saves both, like any model.
@@ -23,6 +23,11 @@ PRESETS: dict[str, tuple[str, str]] = {
         "Audio Spectrogram Transformer, 64 mel bins at 16 kHz, 16x16 patches (stride 16 in frequency, 8 in time: "
         "44 patches a second), 4 layers, hidden 128 (0.6 M parameters); --max-seconds sets its input length "
         "(default 1 s)",
+    ),
+    "tiny-llama": (
+        "causal-lm",
+        "Llama, 4 layers, hidden 256, 4 heads, feed-forward 688, tied embeddings, positions up to 1024 (about 5 M "
+        "parameters with its 8192-token byte-level BPE, which the run trains on its own training text)",
     ),
 }
 
@@ -69,6 +74,24 @@ def preset_config(name: str, max_seconds: float | None = None, **overrides: Any)
             intermediate_size=256,
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
+        )
+    elif short == "tiny-llama":
+        from transformers import LlamaConfig
+
+        config = LlamaConfig(
+            vocab_size=8192,  # the run's tokenizer sets the real size
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            attention_dropout=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=1,
+            architectures=["LlamaForCausalLM"],
         )
     else:
         from transformers import ASTConfig

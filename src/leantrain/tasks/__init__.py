@@ -10,13 +10,16 @@ from typing import Any
 
 from leantrain.tasks.audio_classification import AudioClassification
 from leantrain.tasks.base import Task, TaskData
+from leantrain.tasks.causal_lm import CausalLM
 from leantrain.tasks.image_classification import ImageClassification
 from leantrain.tasks.text_classification import TextClassification
 
 __all__ = ["BUILTIN", "Task", "TaskData", "resolve"]
 
 #: `--task` name -> task
-BUILTIN: dict[str, type[Task]] = {t.name: t for t in (TextClassification, ImageClassification, AudioClassification)}
+BUILTIN: dict[str, type[Task]] = {
+    t.name: t for t in (TextClassification, ImageClassification, AudioClassification, CausalLM)
+}
 
 
 def resolve(cfg: Any, model_config: Any) -> Task:

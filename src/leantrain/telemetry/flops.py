@@ -260,13 +260,18 @@ class FlopMeter:
         self._squares: Any = 0
         self._mark = 0.0  # padded FLOPs when the warm-up steps ended
 
-    def add(self, input_ids, attention_mask=None) -> float:
-        """Count one micro-batch; returns its padded FLOPs."""
+    def add(self, input_ids, attention_mask=None, position_ids=None) -> float:
+        """Count one micro-batch; returns its padded FLOPs. Packed rows (position ids restarting at each document,
+        no attention mask) count attention's square term per document, as the model's work is per document."""
         batch, seq = int(input_ids.shape[0]), int(input_ids.shape[-1])
         padded = self.model.batch_flops(batch, seq)
         self.flops += padded
         self.sequences += batch
-        if attention_mask is None:
+        if attention_mask is None and position_ids is not None:
+            # a document of n tokens has positions 0..n-1, and the sum of 2p+1 over them is n**2: no device sync
+            self._lengths += batch * seq
+            self._squares = self._squares + (2 * position_ids.long() + 1).sum()
+        elif attention_mask is None:
             self._lengths += batch * seq
             self._squares += batch * seq * seq
         else:

@@ -64,7 +64,7 @@ class MetricsLogger:
         self.meter.add(len(batch["index"]), int(batch["num_tokens"]), int(batch["padded_tokens"]))
         inputs = task.model_inputs(batch)
         main = next(v for k, v in inputs.items() if k != "attention_mask")
-        self.flops.add(main, batch.get("attention_mask"))
+        self.flops.add(main, batch.get("attention_mask"), batch.get("position_ids"))  # packed rows: per document
 
     def step_done(self) -> None:
         self.meter.step_done()

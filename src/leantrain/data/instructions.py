@@ -1,0 +1,138 @@
+"""Instruction data: `prompt`/`completion` columns, or a `messages` column of role/content chats rendered with
+the tokenizer's chat template. Each row becomes one document whose loss mask (`token_type_ids`) is 1 on the
+completion's (the assistant's) tokens only, or on every token with --train-on-prompt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from leantrain.data.sources import ReadReport
+from leantrain.data.tokenize import TokenizedText
+from leantrain.errors import ConfigError, DataError
+
+
+def kind_of(df: pd.DataFrame) -> str | None:
+    """'prompt' (prompt and completion columns), 'messages' (a chat column) or None (plain text)."""
+    columns = {str(c).lower() for c in df.columns}
+    if {"prompt", "completion"} <= columns:
+        return "prompt"
+    if "messages" in columns:
+        return "messages"
+    return None
+
+
+def set_chat_template(tokenizer, template: str | None) -> None:
+    """--chat-template: a Jinja template, or a file holding one; it replaces the tokenizer's own."""
+    if template is None:
+        return
+    path = Path(template).expanduser()
+    if "{" not in template and path.is_file():
+        template = path.read_text(encoding="utf-8")
+    elif "{" not in template:
+        raise ConfigError(f"--chat-template '{template}': neither a Jinja template nor a file; give one of them")
+    tokenizer.chat_template = template
+
+
+def tokenize_table(
+    df: pd.DataFrame, kind: str, tokenizer, source: str, train_on_prompt: bool, report: ReadReport
+) -> TokenizedText:
+    columns = {str(c).lower(): c for c in df.columns}
+    if kind == "prompt":
+        pairs = [
+            (str(p), str(c))
+            for p, c in zip(df[columns["prompt"]], df[columns["completion"]])
+            if pd.notna(p) and pd.notna(c) and str(c).strip()
+        ]
+        report.drop("without a completion", len(df) - len(pairs))
+        encoded = [_prompt_completion(tokenizer, p, c) for p, c in pairs]
+    else:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                f"{source}: a 'messages' column needs a chat template, and the tokenizer of "
+                f"{tokenizer.name_or_path!r} has none; give one with --chat-template (a Jinja template or a file)"
+            )
+        chats = [_chat(v, source, i) for i, v in enumerate(df[columns["messages"]])]
+        encoded = [_chat_tokens(tokenizer, chat) for chat in chats]
+    ids, masks = [], []
+    for tokens, mask in encoded:
+        ids.append(np.asarray(tokens, dtype=np.int32))
+        masks.append(np.ones(len(tokens), dtype=np.int8) if train_on_prompt else np.asarray(mask, dtype=np.int8))
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in ids], out=offsets[1:])
+    if not ids:
+        raise DataError(f"{source}: no row has a non-empty completion")
+    return TokenizedText(np.concatenate(ids), offsets, np.concatenate(masks))
+
+
+def _prompt_completion(tokenizer, prompt: str, completion: str) -> tuple[list[int], list[int]]:
+    """The prompt's tokens (with the tokenizer's special tokens), then the completion's and EOS: counted."""
+    p = tokenizer(prompt, return_attention_mask=False)["input_ids"]
+    c = tokenizer(completion, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    c = [*c, tokenizer.eos_token_id]
+    return [*p, *c], [0] * len(p) + [1] * len(c)
+
+
+def _chat(value: Any, source: str, row: int) -> list[dict[str, str]]:
+    """A chat as a list of {role, content} messages (a JSON string in a CSV cell), or one line saying why not."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    if hasattr(value, "tolist"):
+        value = value.tolist()  # Parquet and datasets give arrays
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )
+    if not ok:
+        raise DataError(
+            f'{source}: row {row + 1} of column \'messages\' is not a list of {{"role": ..., "content": ...}} '
+            "messages; write each chat as such a JSON list"
+        )
+    if not any(m["role"] == "assistant" for m in value):
+        raise DataError(f"{source}: row {row + 1} of column 'messages' has no assistant message to learn")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _chat_tokens(tokenizer, chat: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """The rendered chat's tokens, with 1 on the characters each assistant message adds to the rendering."""
+    render = lambda msgs, gen=False: tokenizer.apply_chat_template(  # noqa: E731
+        msgs, tokenize=False, add_generation_prompt=gen
+    )
+    text = render(chat)
+    spans = []
+    for i, m in enumerate(chat):
+        if m["role"] == "assistant":
+            spans.append((len(render(chat[:i], True)), len(render(chat[: i + 1]))))
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
+    mask = [int(any(a <= start < b for a, b in spans)) for start, _ in enc["offset_mapping"]]
+    ids = list(enc["input_ids"])
+    if ids[-1:] != [tokenizer.eos_token_id]:  # the end of the chat is learnt too
+        ids, mask = [*ids, tokenizer.eos_token_id], [*mask, 1]
+    return ids, mask
+
+
+def keep_completions(docs: TokenizedText, max_length: int) -> tuple[TokenizedText, int]:
+    """Documents cut to `max_length` tokens; those left without a counted token are dropped. Returns the kept
+    documents and how many were dropped."""
+    assert docs.token_type_ids is not None
+    lengths = np.minimum(docs.lengths, max_length)
+    keep_rows, take = [], []
+    for i, (a, n) in enumerate(zip(docs.offsets[:-1].tolist(), lengths.tolist())):
+        if docs.token_type_ids[a : a + n].any():
+            keep_rows.append(i)
+            take.append(np.arange(a, a + n))
+    offsets = np.zeros(len(keep_rows) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in take], out=offsets[1:])
+    flat = np.concatenate(take) if take else np.zeros(0, dtype=np.int64)
+    kept = TokenizedText(docs.input_ids[flat], offsets, docs.token_type_ids[flat])
+    return kept, len(docs) - len(keep_rows)

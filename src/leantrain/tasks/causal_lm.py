@@ -1,0 +1,228 @@
+"""Causal language modelling: continued pretraining on plain text, documents packed into rows, loss per token.
+
+The loss is summed over counted tokens and `loss_units` gives each row's counted tokens, so the trainer divides
+by the counted tokens of the whole optimizer step (across micro-batches and processes): accumulation and N
+processes stay exact at the token level, however unevenly the tokens fall into micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from leantrain.errors import ConfigError, DataError
+from leantrain.tasks.base import Task, TaskData
+
+#: BPE vocabulary of the tokenizer a from-scratch preset trains on the run's text
+PRESET_VOCAB_SIZE = 8192
+
+
+class CausalLM(Task):
+    name: ClassVar[str] = "causal-lm"
+    input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
+    metric_names: ClassVar[tuple[str, ...]] = ("loss", "perplexity", "exact_match")
+    #: --metric-for-best when not given: lower loss is better
+    default_metric: ClassVar[str] = "loss"
+
+    # -- data and model ------------------------------------------------------------------------------------------
+    def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain import presets
+        from leantrain.data.lm import load_documents, pack
+        from leantrain.data.prepare import Examples
+        from leantrain.data.sources import read_options, resolve_data_path
+
+        cfg = self.cfg
+        cache = Path(cfg.cache_dir)
+        source = resolve_data_path(cfg.data)
+        tokenizer = self._tokenizer(model_path, source, cache)
+        common = dict(
+            tokenizer=tokenizer,
+            cache_dir=cache,
+            glob=cfg.text_glob,
+            text_column=cfg.text_column,
+            train_on_prompt=cfg.train_on_prompt,
+        )
+        docs, note = load_documents(source, split="train", options=read_options(cfg, "train"), **common)
+        notes = [note]
+        if cfg.eval_data:
+            eval_docs, eval_note = load_documents(
+                cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common
+            )
+            notes.append(eval_note)
+        else:
+            if len(docs) < 2:
+                raise DataError(f"{source}: only {len(docs)} document; need two to hold one out (or give --eval-data)")
+            order = np.random.default_rng(cfg.seed).permutation(len(docs))
+            held = max(1, round(len(docs) * cfg.eval_fraction))
+            eval_docs, docs = docs.subset(np.sort(order[:held])), docs.subset(np.sort(order[held:]))
+            notes.append(f"held out {held:,} documents ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation")
+        if cfg.limit is not None and cfg.limit < len(docs):
+            keep = np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(docs))[: cfg.limit])
+            docs = docs.subset(keep)
+            notes.append(f"training on a random sample of {cfg.limit:,} documents (--limit)")
+        self.instruction = docs.token_type_ids is not None
+        if self.instruction:
+            docs, eval_docs = self._keep_completions(docs, eval_docs, notes)
+            # whole documents per row; evaluation one per row, so that exact match is per example
+            train_rows = pack(docs, cfg.max_length, cfg.packing, whole=True)
+            eval_rows = pack(eval_docs, cfg.max_length, packing=False)
+        else:
+            train_rows, eval_rows = (pack(d, cfg.max_length, cfg.packing) for d in (docs, eval_docs))
+        how = "packed into" if cfg.packing else "one document per row (padded),"
+        notes.append(
+            f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
+            f"most {cfg.max_length} tokens"
+        )
+        config = None
+        if presets.is_preset(model_path):
+            config = presets.preset_config(model_path, vocab_size=len(tokenizer))
+        return TaskData(
+            Examples(train_rows, train_rows.counted.astype(np.int64)),
+            Examples(eval_rows, eval_rows.counted.astype(np.int64)),
+            [],
+            tokenizer,
+            notes,
+            model_config=config,
+        )
+
+    def _keep_completions(self, docs, eval_docs, notes: list[str]):
+        """Instruction rows cut to --max-length; rows left without a completion token are skipped and counted."""
+        from leantrain.data.instructions import keep_completions
+
+        length = self.cfg.max_length
+        out = []
+        for what, d in (("training", docs), ("evaluation", eval_docs)):
+            kept, dropped = keep_completions(d, length)
+            if len(kept) == 0:
+                raise DataError(
+                    f"--data: no {what} row keeps a completion token within --max-length {length}; raise "
+                    "--max-length or shorten the prompts"
+                )
+            if dropped:
+                notes.append(f"skipped {dropped:,} {what} rows whose completion lies beyond --max-length {length}")
+            out.append(kept)
+        return out
+
+    def _tokenizer(self, model_path: str, source: str, cache: Path):
+        from leantrain import models, presets
+        from leantrain.data.instructions import set_chat_template
+        from leantrain.data.lm import run_tokenizer
+        from leantrain.data.sources import read_options
+
+        cfg = self.cfg
+        if presets.is_preset(model_path):  # from scratch: a BPE trained on this run's training text
+            options = read_options(cfg, "train")
+            tokenizer = run_tokenizer(source, cfg.text_glob, cfg.text_column, options, PRESET_VOCAB_SIZE, cache)
+        else:
+            tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
+        if tokenizer.pad_token_id is None:  # GPT-2, Llama: padding is never counted, EOS serves
+            tokenizer.pad_token = tokenizer.eos_token
+        set_chat_template(tokenizer, cfg.chat_template)
+        return tokenizer
+
+    def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
+        from leantrain import models
+
+        model = models.load_for_causal_lm(model_path, data.model_config, trust_remote_code=self.cfg.trust_remote_code)
+        limit = models.max_supported_length(model.config)
+        if limit is not None and self.cfg.max_length > limit:
+            raise ConfigError(
+                f"--max-length {self.cfg.max_length} is beyond what {self.cfg.model} supports ({limit}); "
+                f"use --max-length {limit} or less"
+            )
+        if self.cfg.packing:
+            check_packing_separates(model)
+        return model
+
+    def collator(self, data: TaskData, *, train: bool):
+        from leantrain.data.lm import LMCollator
+
+        return LMCollator(data.processor.pad_token_id, packing=self.cfg.packing)
+
+    # -- a step --------------------------------------------------------------------------------------------------
+    def model_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        # No cache: transformers keeps packed documents apart only when no cache (and no attention mask) is given.
+        return {**super().model_inputs(batch), "use_cache": False}
+
+    def loss_units(self, examples: Any) -> np.ndarray:
+        return examples.features.counted.astype(np.float64)
+
+    def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        return token_losses(outputs.logits, batch["labels"]).sum()
+
+    # -- evaluation ----------------------------------------------------------------------------------------------
+    def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        losses = token_losses(outputs.logits, batch["labels"])
+        targets = batch["labels"][:, 1:]
+        counted = targets != -100
+        # Greedy decoding generates a completion exactly iff each of its tokens is the argmax given the ones
+        # before it, which one teacher-forced pass shows (instruction data: one example per evaluation row)
+        right = (outputs.logits[:, :-1].argmax(-1) == targets) | ~counted
+        return {"loss_sum": losses.sum(-1), "tokens": counted.sum(-1), "exact": right.all(-1).long()}
+
+    def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
+        tokens = float(rows["tokens"].sum())
+        loss = float(rows["loss_sum"].sum()) / max(tokens, 1.0)
+        out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+        if getattr(self, "instruction", False):
+            out["exact_match"] = float(rows["exact"].mean())
+        return out
+
+    def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
+        rows = [
+            ("eval loss (per token)", f"{metrics['loss']:.4f}"),
+            ("eval perplexity", f"{metrics['perplexity']:.2f}"),
+        ]
+        if "exact_match" in metrics:
+            rows.append(("eval exact match (greedy)", f"{metrics['exact_match']:.4f}"))
+        return rows
+
+    def data_facts(self, data: TaskData) -> dict[str, Any]:
+        rows = data.train.features
+        crc = zlib.crc32(np.ascontiguousarray(rows.input_ids).tobytes())
+        crc = zlib.crc32(np.ascontiguousarray(rows.labels).tobytes(), crc)
+        return {"train_examples": len(data.train), "label_names": [], "data_fingerprint": crc}
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each position's prediction of the next token, float32, (batch, length - 1); 0 where the
+    label is not counted. Position t predicts labels[t + 1] (the Hugging Face convention)."""
+    logits = logits[:, :-1].float()
+    targets = labels[:, 1:]
+    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return flat.view(targets.shape)
+
+
+def check_packing_separates(model: Any) -> None:
+    """Refuse packing when the model's attention lets a packed document see the one before it: run two short
+    documents packed in one row, then the second alone, and compare the second's logits."""
+    vocab = int(model.config.vocab_size)
+    first, second = torch.arange(5) * 7 % vocab, (torch.arange(4) * 13 + 5) % vocab
+    ids = torch.cat([first, second]).unsqueeze(0)
+    positions = torch.cat([torch.arange(5), torch.arange(4)]).unsqueeze(0)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            packed = model(input_ids=ids.to(device), position_ids=positions.to(device), use_cache=False).logits[0, 5:]
+            alone = model(input_ids=second.unsqueeze(0).to(device), use_cache=False).logits[0]
+    except TypeError as exc:  # a forward without position_ids
+        raise ConfigError(
+            f"--packing: {type(model).__name__} cannot take position ids ({exc}); use --no-packing"
+        ) from None
+    finally:
+        model.train(was_training)
+    scale = float(alone.abs().max()) + 1.0
+    if float((packed - alone).abs().max()) > 1e-3 * scale:
+        impl = getattr(model.config, "_attn_implementation", None) or "default"
+        raise ConfigError(
+            f"--packing: {type(model).__name__} with {impl} attention lets packed documents attend to each other "
+            "(its attention ignores restarting position ids); use --no-packing"
+        )

@@ -1,0 +1,350 @@
+"""The causal-LM task on a tiny Llama built from a config (fp32, no dropout): packing keeps documents apart,
+accumulation is exact at the token level, resume is bitwise, and the trained model loads in a pipeline."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, train
+from leantrain.data.lm import LMCollator, pack, train_bpe_tokenizer
+from leantrain.data.tokenize import TokenizedText
+from leantrain.errors import ConfigError
+from leantrain.tasks.causal_lm import CausalLM, check_packing_separates, token_losses
+from tests.conftest import EXACT_JOB, assert_trained_alike
+
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "under",
+    "mat",
+    "park",
+    "big",
+    "small",
+    "red",
+    "blue",
+    "ball",
+    "sun",
+    "moon",
+    "was",
+    "is",
+    "and",
+]
+
+
+def documents(n: int, seed: int) -> list[str]:
+    """Documents of very different lengths (2 to 60 words), so rows count very different numbers of tokens."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.choice([2, 3, 5, 40, 60]))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("lm") / "corpus.txt"
+    path.write_text("\n\n".join(documents(120, seed=0)) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    """A 2-layer Llama (hidden 32) config with no weights (trained from scratch) and a BPE tokenizer."""
+    from transformers import LlamaConfig
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = train_bpe_tokenizer(documents(200, seed=1), vocab_size=300)
+    tokenizer.save_pretrained(folder)
+    LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attention_dropout=0.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(folder)
+    return folder
+
+
+def tiny_llama(llama_dir: Path, attn: str = "sdpa"):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(llama_dir)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+
+
+# -- packing keeps documents apart ---------------------------------------------------------------------------------
+def docs_of(lengths: list[int], vocab: int, seed: int = 0) -> TokenizedText:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(2, vocab, size=sum(lengths)).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return TokenizedText(ids, offsets)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_packed_row_gives_each_document_its_own_per_token_losses(llama_dir, attn):
+    model = tiny_llama(llama_dir, attn)
+    vocab = model.config.vocab_size
+    lengths = [7, 12, 1, 5, 30]  # the last crosses into a second row: its second chunk is a segment of its own
+    docs = docs_of(lengths, vocab)
+    rows = pack(docs, max_length=32)
+    assert len(rows) == 2
+    batch = LMCollator(pad_token_id=1, packing=True)([{**rows.row(i), "slot": _slot(i)} for i in range(len(rows))])
+    task = CausalLM(TrainConfig(packing=True))
+    with torch.no_grad():
+        packed = token_losses(model(**task.model_inputs(batch)).logits, batch["labels"])
+    # every segment alone, unpacked (the tail of the long document is its second chunk alone)
+    starts = np.flatnonzero(batch["position_ids"].flatten().numpy() == 0)
+    flat_ids, flat_labels = batch["input_ids"].flatten(), batch["labels"].flatten()
+    width = batch["input_ids"].shape[1]
+    checked = 0
+    for a, b in zip(starts, [*starts[1:], batch["input_ids"].numel()]):
+        row, col, n = a // width, a % width, b - a
+        if n < 2 or (flat_labels[a + 1 : b] == -100).all():
+            continue  # nothing predicted (a one-token document, or the padding segment)
+        with torch.no_grad():
+            alone_logits = model(input_ids=flat_ids[a:b].unsqueeze(0), use_cache=False).logits
+        alone = token_losses(alone_logits, flat_labels[a:b].unsqueeze(0))[0]
+        torch.testing.assert_close(packed[row, col : col + n - 1], alone, atol=1e-5, rtol=0)
+        checked += 1
+    assert checked == 5  # 7, 12, 5, and the two chunks of 30 (the 1-token document predicts nothing)
+    # and packing mattered: without restarting position ids, later documents see the earlier ones
+    with torch.no_grad():
+        leaky = token_losses(model(input_ids=batch["input_ids"], use_cache=False).logits, batch["labels"])
+    assert (leaky - packed).abs().max() > 1e-3
+
+
+def _slot(i: int):
+    from leantrain.data.batching import Slot
+
+    return Slot(i, 1.0, True)
+
+
+def test_packing_is_refused_when_attention_ignores_position_ids(llama_dir, monkeypatch):
+    from transformers import masking_utils
+
+    model = tiny_llama(llama_dir)
+    check_packing_separates(model)  # the real one keeps documents apart
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    with pytest.raises(ConfigError, match="--no-packing"):
+        check_packing_separates(model)
+
+
+# -- training runs -------------------------------------------------------------------------------------------------
+@pytest.fixture()
+def run(llama_dir, corpus, tmp_path):
+    count = iter(range(100))
+
+    def go(**changes):
+        base = dict(
+            model=str(llama_dir),
+            data=str(corpus),
+            cache_dir=str(tmp_path / "cache"),
+            output_dir=str(tmp_path / f"run{next(count)}"),
+            max_length=32,
+            report=False,
+            metric_for_best="loss",
+            **EXACT_JOB,
+        )
+        result = train(TrainConfig(**{**base, **changes}))
+        return result, load_file(result.model_dir / "model.safetensors")
+
+    return go
+
+
+def loss_log(result) -> list[float]:
+    rows = [json.loads(x) for x in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_accumulated_micro_batches_equal_one_big_batch_per_token(run, packing):
+    """Padded, each row is one document of 2 to 60 words: micro-batches hold very different counted tokens, and
+    only dividing by the whole step's tokens (not each micro-batch's, nor examples) makes them add up."""
+    big, w_big = run(batch_size=8, grad_accum=1, max_steps=5, packing=packing)
+    small, w_small = run(batch_size=2, grad_accum=4, max_steps=5, packing=packing)
+    _, start = run(batch_size=8, max_steps=5, packing=packing, lr=1e-30)
+    assert small.metrics["micro_steps"] == 4 * big.metrics["micro_steps"]
+    assert_trained_alike(w_big, w_small, start, rel=1e-5)
+    assert loss_log(small) == pytest.approx(loss_log(big), abs=1e-5)
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one_bitwise(run):
+    whole, w_whole = run(optimizer="adamw", lr=3e-3, max_steps=6, save_every=2, batch_size=4)
+    ckpt = whole.output_dir / "checkpoints" / "step-000004"
+    resumed, w_resumed = run(optimizer="adamw", lr=3e-3, max_steps=6, save_every=2, batch_size=4, resume=str(ckpt))
+    assert resumed.metrics["resumed_from"] == str(ckpt)
+    assert resumed.metrics["optimizer_steps"] == 6 and resumed.metrics["train_examples"] == 2 * 4
+    different = [k for k in w_whole if not torch.equal(w_whole[k], w_resumed[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
+    assert loss_log(resumed) == loss_log(whole)
+
+
+def test_the_trained_model_generates_through_a_pipeline_and_reports_perplexity(run):
+    from transformers import pipeline
+
+    result, _ = run(optimizer="adamw", lr=3e-3, max_steps=4, batch_size=8)
+    metrics = result.metrics
+    assert metrics["eval_perplexity"] == pytest.approx(np.exp(metrics["eval_loss"]))
+    generate = pipeline("text-generation", model=str(result.model_dir))
+    out = generate("the cat", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    assert out.startswith("the cat") and len(out) > len("the cat")
+
+
+def test_the_logged_loss_is_the_mean_over_counted_tokens(run, llama_dir, corpus, tmp_path):
+    """One step over every training row with weights that cannot move: the logged loss must be the loss per
+    counted token over all rows, computed here from the saved model (not per row, not per micro-batch)."""
+    from transformers import AutoModelForCausalLM
+
+    from leantrain.data.batching import Slot
+
+    result, _ = run(batch_size=64, grad_accum=4, max_steps=1, lr=1e-30, packing=False)
+    cfg = TrainConfig(
+        model=str(llama_dir),
+        data=str(corpus),
+        cache_dir=str(tmp_path / "cache"),
+        max_length=32,
+        packing=False,
+        seed=EXACT_JOB["seed"],  # the same held-out documents
+    )
+    task = CausalLM(cfg)
+    data = task.prepare_data(str(llama_dir), None)
+    rows = data.train.features
+    assert 64 * 4 >= len(rows) > 64  # one step holds every row, in several micro-batches
+    model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
+    collate = task.collator(data, train=True)
+    total, tokens = 0.0, 0
+    for i in range(len(rows)):
+        batch = collate([{**rows.row(i), "slot": Slot(i, 1.0, True)}])
+        with torch.no_grad():
+            total += float(token_losses(model(**task.model_inputs(batch)).logits, batch["labels"]).sum())
+        tokens += int((batch["labels"] != -100).sum())
+    assert tokens == int(rows.counted.sum())
+    assert loss_log(result)[0] == pytest.approx(total / tokens, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_at_the_token_level(run, llama_dir, corpus, tmp_path):
+    """Two processes (gloo), one micro-batch of 4 rows each, against one process with 8: the same weights.
+    Padded rows of 2 to 60 words give the two processes very different counted tokens every step."""
+    from tests.parallel.test_data_parallel import flags, run_job, weights
+
+    job = dict(
+        model=llama_dir,
+        data=corpus,
+        cache_dir=tmp_path / "cache",
+        max_length=32,
+        report=False,
+        packing=False,
+        metric_for_best="loss",
+        max_steps=4,
+        **EXACT_JOB,
+    )
+    one, w_one = run(packing=False, max_steps=4, batch_size=8)
+    out = tmp_path / "two"
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, batch_size=4, num_processes=2, output_dir=out)])
+    assert rc == 0, err[-3000:]
+    two = json.loads((out / "metrics.json").read_text())
+    assert two["num_processes"] == 2 and two["global_batch"] == 8
+    _, start = run(batch_size=8, max_steps=4, packing=False, lr=1e-30)
+    assert_trained_alike(w_one, weights(out), start, rel=1e-5)
+    assert two["eval_loss"] == pytest.approx(one.metrics["eval_loss"], abs=1e-6)
+
+
+def test_useful_flops_of_a_packed_batch_count_attention_per_document():
+    """Rows of packed documents (7+9 and 12+4 tokens) are useful work of four sequences alone, not two rows of
+    16: the square term is 7**2 + 9**2 + 12**2 + 4**2, while the padded (device) count keeps 2 * 16**2."""
+    from leantrain.telemetry.flops import FlopMeter, FlopModel
+
+    model = FlopModel(per_sequence=0.0, per_token=100.0, per_token_sq=1.0, source="test")
+    positions = torch.tensor([[*range(7), *range(9)], [*range(12), *range(4)]])
+    packed = FlopMeter(model)
+    padded = packed.add(torch.zeros(2, 16), None, positions)
+    assert padded == 2 * (100 * 16 + 16**2)
+    alone = FlopMeter(model)
+    for n in (7, 9, 12, 4):
+        alone.add(torch.zeros(1, n))
+    assert packed.useful_flops == alone.useful_flops == 100 * 32 + 49 + 81 + 144 + 16
+
+
+@pytest.fixture(scope="module")
+def sentiment_prompts(tmp_path_factory) -> Path:
+    rng = random.Random(5)
+    lines = []
+    for _ in range(160):
+        good = rng.random() < 0.5
+        words = rng.choices(["great", "lovely"] if good else ["bad", "dull"], k=2) + rng.choices(WORDS, k=3)
+        rng.shuffle(words)
+        completion = " positive" if good else " negative"
+        lines.append(json.dumps({"prompt": f"Review: {' '.join(words)}\nSentiment:", "completion": completion}))
+    path = tmp_path_factory.mktemp("sft") / "sft.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_exact_match_is_that_of_greedy_generation(run, llama_dir, sentiment_prompts, tmp_path):
+    """The evaluation's exact match (one teacher-forced pass) equals generating each held-out completion greedily
+    with `generate` and comparing it with the reference, token for token (EOS included)."""
+    from transformers import AutoModelForCausalLM
+
+    result, _ = run(data=str(sentiment_prompts), optimizer="adamw", lr=1e-2, max_steps=60, batch_size=8, max_length=64)
+    cfg = TrainConfig(
+        model=str(llama_dir), data=str(sentiment_prompts), cache_dir=str(tmp_path / "cache"), max_length=64, seed=3
+    )
+    task = CausalLM(cfg)
+    data = task.prepare_data(str(llama_dir), None)
+    model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
+    rows, right = data.eval.features, 0
+    for i in range(len(rows)):
+        row = rows.row(i)
+        first = int(np.flatnonzero(row["labels"] != -100)[0])
+        prompt, completion = row["input_ids"][:first], row["input_ids"][first:].tolist()
+        out = model.generate(
+            torch.tensor(prompt, dtype=torch.long)[None],
+            max_new_tokens=len(completion),
+            do_sample=False,
+            eos_token_id=None,  # generate all of them: a completion ending early is a mismatch
+            pad_token_id=1,
+        )[0, len(prompt) :].tolist()
+        right += out == completion
+    assert result.metrics["eval_exact_match"] == pytest.approx(right / len(rows), abs=1e-12)
+    assert 0 < right < len(rows)  # some right and some wrong: the comparison means something
+
+
+def test_predict_generates_greedily_or_by_sampling(run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leantrain.errors import LeantrainError
+    from leantrain.inference import predict
+
+    result, _ = run(optimizer="adamw", lr=3e-3, max_steps=4, batch_size=8)
+    prompts = ["the cat sat on a big red mat", "a"]  # different lengths: batched generation pads one
+    greedy = predict(str(result.output_dir), texts=prompts, max_new_tokens=4)
+    tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
+    for row, prompt in zip(greedy, prompts):
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        assert row == {
+            "prompt": prompt,
+            "completion": tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True),
+        }
+    sampled = predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
+    assert sampled == predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
+    with pytest.raises(LeantrainError, match="--temperature"):
+        predict(str(result.output_dir), texts=prompts, top_p=0.5)
