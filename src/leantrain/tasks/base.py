@@ -126,14 +126,14 @@ class Task(ABC):
 
     def metric_for_best(self, name: str) -> str:
         """`--metric-for-best` as the evaluation's key, refused in one line when this task does not report it.
-        The default (accuracy) means loss for a task without accuracy (regression)."""
+        The default (accuracy) means the task's `default_metric`, else loss, for a task without accuracy."""
         from leantrain.errors import ConfigError
 
         key = name.removeprefix("eval_")
         if key in self.metric_names or self.compute_metrics is not None:  # the user's names are known at the end
             return key
-        if name == "accuracy":
-            return "loss"
+        if name == "accuracy":  # the field's default, for a task without accuracy: its own default, else loss
+            return str(getattr(self, "default_metric", "loss"))
         raise ConfigError(
             f"--metric-for-best {name!r} is not an evaluation metric of this run; choose one of "
             f"{', '.join(self.metric_names)} (or add it with --metrics)"

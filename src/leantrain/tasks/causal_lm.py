@@ -26,7 +26,7 @@ PRESET_VOCAB_SIZE = 8192
 class CausalLM(Task):
     name: ClassVar[str] = "causal-lm"
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
-    metric_names: ClassVar[tuple[str, ...]] = ("loss", "perplexity", "exact_match")
+    metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them (#17)
     #: --metric-for-best when not given: lower loss is better
     default_metric: ClassVar[str] = "loss"
 
