@@ -190,3 +190,39 @@ def test_quantize_where_bitsandbytes_cannot_run_is_refused_naming_the_device(cap
     monkeypatch.setattr(lora, "_quantized_linear", cannot)
     line = one_line_error(capsys, [*argv, "--quantize", "8bit"])
     assert "--quantize 8bit" in line and "cannot run 8bit layers on cpu" in line and "no kernel" in line
+
+
+# -- several processes -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # launches a 2-process torchrun job
+def test_two_processes_train_the_adapters_as_one_process_does(tiny_model_dir, tmp_path):
+    """Global batch 16 (2 processes x 8, against 1 x 16), plain SGD in fp32, adapters' dropout off: the merged
+    models agree to float rounding, the frozen weights bitwise."""
+    from tests.conftest import EXACT_JOB, make_sentiment_rows, max_diff, write_csv
+    from tests.parallel.test_data_parallel import flags, run_job
+
+    train_csv = write_csv(tmp_path / "train.csv", make_sentiment_rows(109, seed=11))
+    base = dict(
+        model=str(tiny_model_dir),
+        data=str(train_csv),
+        cache_dir=str(tmp_path / "cache"),
+        **EXACT_JOB,
+        lora=True,
+        lora_r=4,
+        lora_dropout=0.0,
+        epochs=1,
+        report=False,
+    )
+    one = train(TrainConfig(**base, batch_size=16, output_dir=str(tmp_path / "one")))
+    two = tmp_path / "two"
+    args = flags(**base, batch_size=8, output_dir=two, num_processes=2, launcher="torchrun")
+    rc, _, err = run_job(["-m", "leantrain", "train", *args])
+    assert rc == 0, err[-3000:]
+    metrics = json.loads((two / "metrics.json").read_text())
+    assert metrics["num_processes"] == 2 and metrics["optimizer_steps"] == one.metrics["optimizer_steps"] == 7
+    a, b = model_weights(one.output_dir), model_weights(two)
+    assert max_diff(a, b) <= 1e-5
+    pretrained = base_weights(tiny_model_dir)
+    moved = [k for k in a if k in pretrained and not torch.equal(a[k], pretrained[k])]
+    assert moved and all(k.endswith(("query.weight", "key.weight", "value.weight", "dense.weight")) for k in moved)
