@@ -105,11 +105,36 @@ def _quantized_linear(linear: torch.nn.Linear, bits: str, device: torch.device) 
         layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
     if bias:
         layer.bias = torch.nn.Parameter(linear.bias.data.float().clone(), requires_grad=False)
-    return layer.to(device)  # moving the weight is what quantizes it
+    layer = layer.to(device)  # moving the weight is what quantizes it
+    layer._register_load_state_dict_pre_hook(_check_frozen_quantized_state, with_module=True)
+    return layer
+
+
+def _check_frozen_quantized_state(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+    """Loading a checkpoint into a quantized layer: bitsandbytes cannot load its quantization state into a layer
+    that is already quantized, but the base is frozen and quantizing the same weights gives the same bytes. So
+    the saved state is checked to equal the layer's own, bitwise, and its quantization entries are taken out;
+    a different base is an error naming the tensor."""
+    own = module.state_dict(prefix=prefix, keep_vars=False)
+    for key in [k for k in state_dict if k.startswith(prefix)]:  # a leaf: every key under its prefix is its own
+        mine = own.get(key)
+        theirs = state_dict[key]
+        if (
+            isinstance(mine, torch.Tensor)
+            and isinstance(theirs, torch.Tensor)
+            and not torch.equal(mine.cpu(), theirs.cpu())
+        ):
+            errors.append(f"{key}: the checkpoint's frozen quantized base differs from this run's")
+        if key.removeprefix(prefix) not in module._parameters:
+            state_dict.pop(key)  # quantization state (absmax, quant map, SCB...): checked, nothing to load
 
 
 def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: torch.device) -> int:
     """Replace every Linear layer outside the head by its quantized copy; returns how many were replaced."""
+    import logging
+
+    # bitsandbytes logs each 8-bit layer's fp32 -> fp16 input cast on every forward: expected, not news
+    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     replaced = 0
     for name in _linear_names(model, head):
         parent_name, _, child = name.rpartition(".")

@@ -1,0 +1,156 @@
+"""LoRA against full fine-tuning of the embedded MiniLM on SST-2, in one script: dev accuracy, optimizer state, peak.
+
+    python benchmarks/lora_sst2.py                      # the recorded size (~10 min on 2 busy cores)
+    python benchmarks/lora_sst2.py --limit 67349 --epochs 3   # a full-size run (see the results file)
+
+Each configuration is its own `leantrain train` process (bench.run_job: one job's allocator cannot flatter the
+next), on a stratified sample of ../shared/data/sst2/train.tsv, evaluated on all 872 dev sentences, fp32, one
+thread. Peak memory is the run's resident high-water mark over its baseline (taken once the model is loaded)
+plus the weights: what the planner predicts. The planner's prediction for each job is printed beside it.
+
+Writes benchmarks/results/lora_sst2.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SST2 = REPO.parent / "shared" / "data" / "sst2"
+RESULTS = REPO / "benchmarks" / "results"
+MIB = 2**20
+
+
+def jobs(args) -> dict[str, dict]:
+    common = dict(
+        data=str(SST2 / "train.tsv"),
+        eval_data=str(SST2 / "dev.tsv"),
+        limit=args.limit,
+        epochs=args.epochs,
+        batch_size=32,
+        max_length=args.max_length,
+        precision="fp32",
+        optimizer="adamw",
+        seed=42,
+        report=False,
+    )
+    return {
+        "full fine-tuning": {**common, "lr": args.full_lr},
+        f"LoRA r={args.r}": {**common, "lr": args.lora_lr, "lora": True, "lora_r": args.r, "lora_alpha": 2 * args.r},
+    }
+
+
+def predicted_peak(job: dict) -> int | None:
+    """The planner's predicted peak for `job` at its length (None where the planner cannot say)."""
+    try:
+        from leantrain import TrainConfig
+        from leantrain.planner.memory import estimate, model_facts
+
+        cfg = TrainConfig(**job)
+        facts = model_facts(cfg.model, 2, lora=cfg.section_lora() if hasattr(cfg, "section_lora") else None)
+        return estimate(facts, cfg.batch_size, cfg.max_length, "fp32", False, "adamw").peak
+    except Exception:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=4000, help="training sentences (stratified sample)")
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--r", type=int, default=8)
+    parser.add_argument("--full-lr", type=float, default=1e-4)
+    parser.add_argument("--lora-lr", type=float, default=1e-3)
+    parser.add_argument("--out", type=Path, default=RESULTS / "lora_sst2")
+    args = parser.parse_args()
+    if not SST2.is_dir():
+        sys.exit(f"{SST2}: absent; this benchmark needs ../shared/data/sst2")
+    from leantrain import bench
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    load_before = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="lora-sst2-"))
+    rows = {}
+    for name, job in jobs(args).items():
+        job = {**job, "cache_dir": str(work / "cache")}
+        row = bench.run_job(name, {}, job, None, work / name.replace(" ", "_").replace("=", ""), timeout=7200)
+        if row.metrics is None:
+            sys.exit(f"{name} failed: {row.error}")
+        m = row.metrics
+        rows[name] = {
+            "job": job,
+            "eval_accuracy": m["eval_accuracy"],
+            "optimizer_state_bytes": m["optimizer_state_bytes"],
+            "gradients_bytes": m["gradients_bytes"],
+            "weights_bytes": m["weights_bytes"],
+            "peak_over_baseline_bytes": m["peak_memory_over_baseline_bytes"],
+            "peak_bytes": m["peak_memory_over_baseline_bytes"] + m["weights_bytes"],
+            "predicted_peak_bytes": predicted_peak({k: v for k, v in job.items() if k != "cache_dir"}),
+            "steady_samples_per_second": m["steady_samples_per_second"],
+            "process_seconds": m["process_seconds"],
+            "train_examples": m["train_examples"],
+        }
+    context = {
+        "load average before / after (1, 5, 15 min)": f"{load_before} / {os.getloadavg()}",
+        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+        **bench.environment_context(),
+        "platform": platform.platform(),
+        "peft": _version("peft"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+    write(rows, context, args)
+
+
+def _version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def write(rows: dict, context: dict, args) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"context": context, "rows": rows}, indent=2) + "\n")
+    full, lora = list(rows.values())
+    lines = [
+        "# LoRA against full fine-tuning: MiniLM on SST-2",
+        "",
+        f"{args.limit:,} training sentences (stratified sample of train.tsv), {args.epochs:g} epoch(s), batch 32, "
+        f"length <= {args.max_length}, fp32, AdamW; evaluated on all 872 dev sentences. Written by "
+        "`benchmarks/lora_sst2.py`.",
+        "",
+        "| | dev accuracy | optimizer state | gradients | peak (weights + over baseline) | planner's peak | "
+        "samples/s | process s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        pred = r["predicted_peak_bytes"]
+        predicted = "-" if pred is None else f"{pred / MIB:.0f} MiB ({pred / r['peak_bytes'] - 1:+.0%})"
+        lines.append(
+            f"| {name} | {r['eval_accuracy']:.4f} | {r['optimizer_state_bytes'] / MIB:.2f} MiB | "
+            f"{r['gradients_bytes'] / MIB:.2f} MiB | {r['peak_bytes'] / MIB:.0f} MiB | "
+            f"{predicted} | "
+            f"{r['steady_samples_per_second']:.1f} | {r['process_seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        f"LoRA against full fine-tuning: dev accuracy {100 * (lora['eval_accuracy'] - full['eval_accuracy']):+.1f} "
+        f"points; optimizer state {1 - lora['optimizer_state_bytes'] / full['optimizer_state_bytes']:.1%} less; "
+        f"peak {1 - lora['peak_bytes'] / full['peak_bytes']:.1%} less.",
+        "",
+        "| context | |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in context.items()],
+    ]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
