@@ -47,17 +47,14 @@ def jobs(args) -> dict[str, dict]:
     }
 
 
-def predicted_peak(job: dict) -> int | None:
-    """The planner's predicted peak for `job` at its length (None where the planner cannot say)."""
-    try:
-        from leantrain import TrainConfig
-        from leantrain.planner.memory import estimate, model_facts
+def predicted_peak(job: dict) -> int:
+    """The planner's predicted peak for `job` (its micro-batch, padded to its --max-length: the worst case)."""
+    from leantrain import TrainConfig
+    from leantrain.planner.memory import LoraSpec, estimate, model_facts
 
-        cfg = TrainConfig(**job)
-        facts = model_facts(cfg.model, 2, lora=cfg.section_lora() if hasattr(cfg, "section_lora") else None)
-        return estimate(facts, cfg.batch_size, cfg.max_length, "fp32", False, "adamw").peak
-    except Exception:
-        return None
+    cfg = TrainConfig(**job)
+    facts = model_facts(cfg.model, 2)
+    return estimate(facts, cfg.batch_size, cfg.max_length, "fp32", False, "adamw", lora=LoraSpec.of(cfg)).peak
 
 
 def main() -> None:
@@ -69,7 +66,21 @@ def main() -> None:
     parser.add_argument("--full-lr", type=float, default=1e-4)
     parser.add_argument("--lora-lr", type=float, default=1e-3)
     parser.add_argument("--out", type=Path, default=RESULTS / "lora_sst2")
+    parser.add_argument("--rewrite", action="store_true", help="recompute predictions, rewrite .md from the .json")
+    parser.add_argument(
+        "--peak-steps",
+        type=int,
+        default=None,
+        help="the planner's check instead: this many steps, every batch padded to --max-length, freed memory "
+        "returned at once (as `plan --probe` measures); written to OUT_peak.md/.json",
+    )
     args = parser.parse_args()
+    if args.rewrite:
+        saved = json.loads(args.out.with_suffix(".json").read_text())
+        for r in saved["rows"].values():
+            r["predicted_peak_bytes"] = predicted_peak({k: v for k, v in r["job"].items() if k != "cache_dir"})
+        write(saved["rows"], saved["context"], args)
+        return
     if not SST2.is_dir():
         sys.exit(f"{SST2}: absent; this benchmark needs ../shared/data/sst2")
     from leantrain import bench
@@ -78,9 +89,18 @@ def main() -> None:
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="lora-sst2-"))
     rows = {}
+    env = None
+    if args.peak_steps:
+        from leantrain.telemetry.memory import MMAP_THRESHOLD_BYTES
+
+        env = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
+        args.out = args.out.with_name(args.out.name + "_peak")
     for name, job in jobs(args).items():
         job = {**job, "cache_dir": str(work / "cache")}
-        row = bench.run_job(name, {}, job, None, work / name.replace(" ", "_").replace("=", ""), timeout=7200)
+        if args.peak_steps:
+            job.update(pad_to_max_length=True, eval_every=None)
+        folder = work / name.replace(" ", "_").replace("=", "")
+        row = bench.run_job(name, {}, job, args.peak_steps, folder, timeout=7200, env=env)
         if row.metrics is None:
             sys.exit(f"{name} failed: {row.error}")
         m = row.metrics

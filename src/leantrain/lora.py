@@ -41,7 +41,7 @@ def head_modules(model: Any) -> list[str]:
     ]
 
 
-def _linear_names(model: torch.nn.Module, head: list[str]) -> list[str]:
+def linear_names(model: torch.nn.Module, head: list[str]) -> list[str]:
     """Full names of the Linear layers outside the head."""
     return [
         name
@@ -59,7 +59,7 @@ def resolve_targets(model: torch.nn.Module, spec: str, head: list[str]) -> str |
     names = [n for n, _ in model.named_modules() if n]
     missing = [w for w in wanted if not any(n == w or n.endswith("." + w) for n in names)]
     if missing or not wanted:
-        linear = sorted({n.rsplit(".", 1)[-1] for n in _linear_names(model, head)})
+        linear = sorted({n.rsplit(".", 1)[-1] for n in linear_names(model, head)})
         raise ConfigError(
             f"--lora-targets: {', '.join(missing) or repr(spec)} names no module of {type(model).__name__}; "
             f"give '{AUTO_TARGETS}' or comma-separated names such as {', '.join(linear[:8])}"
@@ -136,7 +136,7 @@ def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: to
     # bitsandbytes logs each 8-bit layer's fp32 -> fp16 input cast on every forward: expected, not news
     logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     replaced = 0
-    for name in _linear_names(model, head):
+    for name in linear_names(model, head):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, _quantized_linear(getattr(parent, child), bits, device))
@@ -146,13 +146,14 @@ def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: to
     return replaced
 
 
-def apply(model: torch.nn.Module, cfg: Any, device: torch.device) -> torch.nn.Module:
+def apply(model: torch.nn.Module, cfg: Any, device: torch.device | None) -> torch.nn.Module:
     """The model with LoRA adapters (over a quantized base with --quantize): only adapters and head train."""
     from peft import LoraConfig, get_peft_model
 
     head = head_modules(model)
     targets = resolve_targets(model, cfg.lora_targets, head)
     if cfg.quantize is not None:
+        assert device is not None  # (None: the planner's proxies, never quantized)
         check_quantization_runs(cfg.quantize, device)
         quantize_base(model.to(device), cfg.quantize, head, device)
     config = LoraConfig(
