@@ -264,3 +264,40 @@ def test_qlora_resumes_exactly_and_publishes_the_adapter_merged_into_the_dequant
     with torch.no_grad():
         diff = (merged(**inputs).logits - on_quantized(**inputs).logits).abs().max().item()
     assert diff <= (1e-5 if bits == "4bit" else 2e-3), diff
+
+
+# -- the planner -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quantize", [None, "4bit"])
+def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize):
+    """Trainable shapes, frozen (quantized) weight bytes and AdamW's state after a step, as the real peft model
+    has them; full fine-tuning's gradients and optimizer state are what LoRA leaves out."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain import lora
+    from leantrain.optim import build_optimizer, optimizer_state_bytes
+    from leantrain.planner import memory as M
+
+    if quantize:
+        pytest.importorskip("bitsandbytes")
+    facts = M.model_facts(str(tiny_model_dir))
+    spec = M.LoraSpec(r=4, quantize=quantize)
+    cfg = SimpleNamespace(lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="auto", quantize=quantize)
+    model = lora.apply(
+        AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2), cfg, torch.device("cpu")
+    )
+    optimizer = build_optimizer(model, "adamw", 1e-3, 0.01)
+    model(input_ids=torch.tensor([[101, 2307, 102]]), labels=torch.tensor([1])).loss.backward()
+    optimizer.step()
+    predicted = M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=spec)
+    full = M.estimate(facts, 4, 16, "fp32", False, "adamw")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert predicted.gradients == 4 * sum(p.numel() for p in trainable) < full.gradients / 20
+    assert predicted.optimizer_state == optimizer_state_bytes(optimizer) < full.optimizer_state / 20
+    stored = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert predicted.weights == pytest.approx(
+        stored + sum(b.numel() * b.element_size() for b in model.buffers()), rel=0.01
+    )
