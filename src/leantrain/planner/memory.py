@@ -263,11 +263,15 @@ class LoraSpec:
     targets: str = "auto"
     #: None, "4bit" or "8bit"
     quantize: str | None = None
+    #: dropout on the adapters' input: a new tensor (and mask) per adapter that autograd keeps for backward
+    dropout: float = 0.0
 
     @classmethod
     def of(cls, cfg: Any) -> LoraSpec | None:
         """The spec of a TrainConfig (None without --lora)."""
-        return cls(cfg.lora_r, cfg.lora_targets, cfg.quantize) if getattr(cfg, "lora", False) else None
+        return (
+            cls(cfg.lora_r, cfg.lora_targets, cfg.quantize, cfg.lora_dropout) if getattr(cfg, "lora", False) else None
+        )
 
     def label(self) -> str:
         return f"lora r={self.r}" + (f" {self.quantize}" if self.quantize else "")
@@ -290,7 +294,7 @@ def _with_adapters(net, spec: LoraSpec):
 
     from leantrain import lora
 
-    cfg = SimpleNamespace(lora_r=spec.r, lora_alpha=2.0 * spec.r, lora_dropout=0.0, lora_targets=spec.targets)
+    cfg = SimpleNamespace(lora_r=spec.r, lora_alpha=2.0 * spec.r, lora_dropout=spec.dropout, lora_targets=spec.targets)
     return lora.apply(net, SimpleNamespace(**vars(cfg), quantize=None), None)
 
 
