@@ -66,7 +66,7 @@ class ModelConfig:
     lora_alpha: float = _help("LoRA scale: each adapter's update is multiplied by alpha / r.", default=16.0)
     lora_dropout: float = _help(
         "Dropout on the adapters' input (0 <= p < 1). Above 0 it keeps a copy of every adapted layer's input for "
-        "backward (MiniLM: +40% activations, as much as full fine-tuning's optimizer state saves).",
+        "backward (MiniLM: 1.4x the activations, as much memory as full fine-tuning's optimizer state).",
         default=0.0,
     )
     lora_targets: str = _help(
