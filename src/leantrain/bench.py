@@ -34,6 +34,10 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "bf16+activation_ckpt": {"precision": "bf16", "activation_checkpointing": True},
     "bf16+adafactor": {"precision": "bf16", "optimizer": "adafactor"},
     "lean": {"precision": "bf16", "activation_checkpointing": True, "optimizer": "adamw8bit"},
+    # --- LoRA (issue #15): adapters and head train over a frozen base (changes what trains, unlike the rest)
+    "lora": {"lora": True},
+    "qlora4bit": {"lora": True, "quantize": "4bit"},
+    "qlora8bit": {"lora": True, "quantize": "8bit"},
 }
 DEFAULT_TECHNIQUES = (
     "baseline",
@@ -46,6 +50,7 @@ DEFAULT_TECHNIQUES = (
     "bf16+activation_ckpt",
     "bf16+adafactor",
     "lean",
+    "lora",
 )
 
 

@@ -73,6 +73,7 @@ RESUMABLE_CHANGES = frozenset(
         "log",
         "report",
         "save_on_interrupt",
+        "save_adapter",  # LoRA (issue #15): what is written at the end, not what a step computes
     }
 )
 #: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from leantrain.config import TrainConfig
 from leantrain.errors import LeantrainError
-from leantrain.planner.memory import format_bytes
+from leantrain.planner.memory import LoraSpec, format_bytes
 from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
 
 #: --auto plans within this share of the budget: the memory model counts tensors, not the allocator's
@@ -56,6 +56,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         # an explicit precision is kept (auto lets the planner choose); so is sgd, which nothing replaces
         precisions=None if cfg.precision == "auto" else (cfg.precision,),
         optimizers=("sgd",) if cfg.optimizer == "sgd" else available_optimizers(),
+        lora=LoraSpec.of(cfg),  # LoRA (issue #15)
     )
     return request, source
 

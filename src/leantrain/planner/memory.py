@@ -252,6 +252,86 @@ class ModelFacts:
         return self.inventory.numel
 
 
+# --- LoRA (issue #15)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What LoRA changes in the memory: which layers get adapters of which rank, and the base's quantization."""
+
+    r: int = 8
+    targets: str = "auto"
+    #: None, "4bit" or "8bit"
+    quantize: str | None = None
+    #: dropout on the adapters' input: a new tensor (and mask) per adapter that autograd keeps for backward
+    dropout: float = 0.0
+
+    @classmethod
+    def of(cls, cfg: Any) -> LoraSpec | None:
+        """The spec of a TrainConfig (None without --lora)."""
+        return (
+            cls(cfg.lora_r, cfg.lora_targets, cfg.quantize, cfg.lora_dropout) if getattr(cfg, "lora", False) else None
+        )
+
+    def label(self) -> str:
+        return f"lora r={self.r}" + (f" {self.quantize}" if self.quantize else "")
+
+
+@dataclass(frozen=True)
+class LoraInventory:
+    """A LoRA model's parameters: the trainable ones (adapters, head) by shape, and the frozen weights' bytes."""
+
+    trainable: ParamInventory
+    frozen_bytes: int
+    #: elements of the largest frozen Linear weight: a quantized layer dequantizes it whole in each forward
+    largest_linear: int
+
+
+def _with_adapters(net, spec: LoraSpec):
+    """`net` with peft's LoRA adapters as `leantrain.lora.apply` adds them (no quantization: the proxies and the
+    meta-device inventory only need shapes and what autograd saves)."""
+    from types import SimpleNamespace
+
+    from leantrain import lora
+
+    cfg = SimpleNamespace(lora_r=spec.r, lora_alpha=2.0 * spec.r, lora_dropout=spec.dropout, lora_targets=spec.targets)
+    return lora.apply(net, SimpleNamespace(**vars(cfg), quantize=None), None)
+
+
+def _quantized_bytes(numel: int, rows: int, bits: str) -> int:
+    """bitsandbytes' bytes for one Linear weight: NF4 packs two per byte, plus a block-64 absmax quantized to 8 bits
+    (and its fp32 scale per 256 blocks); int8 one byte each plus an fp32 scale per output row."""
+    if bits == "4bit":
+        return numel // 2 + math.ceil(numel / 64) + 4 * math.ceil(numel / (64 * 256))
+    return numel + 4 * rows
+
+
+@functools.lru_cache(maxsize=16)
+def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = False) -> LoraInventory:
+    import torch
+
+    from leantrain import lora
+
+    net = _build(_config_from_json(config_json), "meta", trust_remote_code)
+    head = lora.head_modules(net)
+    quantized = set(lora.linear_names(net, head)) if spec.quantize else set()
+    frozen, largest = 0, 0
+    for name, module in net.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if name in quantized and pname == "weight":
+                frozen += _quantized_bytes(p.numel(), p.shape[0], spec.quantize or "")
+            else:  # (the head's original copy stays beside its trained one)
+                frozen += 4 * p.numel()
+        if isinstance(module, torch.nn.Linear) and name.split(".")[0] not in head:
+            largest = max(largest, module.weight.numel())
+    peft_model = _with_adapters(net, spec)
+    shapes = tuple(tuple(p.shape) for p in peft_model.parameters() if p.requires_grad)
+    return LoraInventory(ParamInventory(shapes, ()), frozen, largest)
+
+
+# --- end LoRA
+
+
 def _layers_attr(config) -> str:
     for name in ("num_hidden_layers", "n_layers", "num_layers"):
         if hasattr(config, name):
@@ -347,7 +427,12 @@ def _saved_bytes(net, batch: int, seq_len: int, precision: str) -> float:
 
 @functools.lru_cache(maxsize=64)
 def activation_profile(
-    config_json: str, seq_len: int, precision: str, checkpointing: bool, trust_remote_code: bool = False
+    config_json: str,
+    seq_len: int,
+    precision: str,
+    checkpointing: bool,
+    trust_remote_code: bool = False,
+    lora: LoraSpec | None = None,
 ) -> ActivationProfile:
     """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc)."""
     import torch
@@ -370,6 +455,8 @@ def activation_profile(
                     net.train()
                     if ckpt:
                         models.enable_activation_checkpointing(net)
+                    if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
+                        net = _with_adapters(net, lora)
                     for batch in (2, 4):
                         counts[(n_layers, batch, ckpt)] = _saved_bytes(net, batch, seq_len, precision)
     finally:
@@ -405,20 +492,28 @@ def estimate(
     grad_accum: int = 1,
     device: str = "cpu",
     workspace: WorkspaceModel = DEFAULT_WORKSPACE,
+    lora: LoraSpec | None = None,
 ) -> MemoryEstimate:
-    """Predicted peak training memory of one configuration (see the module docstring)."""
+    """Predicted peak training memory of one configuration (see the module docstring). With `lora`, gradients and
+    optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized)."""
     inv = facts.inventory
     weights = 4 * inv.numel + inv.buffer_bytes
+    dequantized = 0
+    if lora is not None:  # LoRA (issue #15)
+        lora_inv = lora_inventory(facts.config_json, lora)
+        inv = lora_inv.trainable
+        weights = lora_inv.frozen_bytes + 4 * inv.numel + facts.inventory.buffer_bytes
+        dequantized = 4 * lora_inv.largest_linear if lora.quantize else 0  # one layer's weight, in each forward
     grads = 4 * inv.numel
     state = optimizer_state_bytes(inv, optimizer)
-    profile = activation_profile(facts.config_json, seq_len, precision, checkpointing)
+    profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora)
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
     # With accumulation, the gradients of earlier micro-batches are alive through the whole backward;
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else 0
-    backward = act + bwd_ws + grads_in_backward
+    backward = act + bwd_ws + grads_in_backward + dequantized
     opt_ws = workspace.optimizer_largest.get(optimizer, 0.0) * 4 * inv.largest
     step = grads + opt_ws
     runtime = workspace.runtime_bytes(device, precision)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.errors import ConfigError
-from leantrain.planner.memory import MemoryEstimate, ModelFacts, estimate, format_bytes
+from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate, format_bytes
 from leantrain.planner.speed import DeviceSpeed, step_seconds
 
 DEFAULT_OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
@@ -45,6 +45,8 @@ class PlanRequest:
     checkpointing: tuple[bool, ...] = (False, True)
     #: labels of the classification head
     num_labels: int = 2
+    #: LoRA (issue #15): every candidate trains adapters (and the head) over a frozen, maybe quantized, base
+    lora: LoraSpec | None = None
 
     @property
     def per_process_batch(self) -> int:
@@ -71,10 +73,13 @@ class Candidate:
     measured: dict[str, Any] | None = None
     #: why it is not the recommendation (empty for the recommendation)
     why_not: str = ""
+    #: LoRA's label ("lora r=8", "lora r=8 4bit"), empty for full fine-tuning
+    lora: str = ""
 
     @property
     def name(self) -> str:
         parts = [self.precision, "ckpt" if self.activation_checkpointing else "no-ckpt", self.optimizer]
+        parts += [self.lora.replace(" ", "-")] if self.lora else []
         return f"{'/'.join(parts)} {self.micro_batch}x{self.grad_accum}"
 
     @property
@@ -196,7 +201,9 @@ def enumerate_candidates(
             for opt in request.optimizers:
                 for micro in micro_batches(request.per_process_batch):
                     accum = request.per_process_batch // micro
-                    mem = estimate(facts, micro, request.seq_len, precision, ckpt, opt, accum, device=request.device)
+                    mem = estimate(
+                        facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device, lora=request.lora
+                    )
                     secs = step_seconds(
                         speed,
                         flops_per_sequence,
@@ -210,9 +217,9 @@ def enumerate_candidates(
                         ckpt,
                         opt,
                     )
-                    out.append(
-                        Candidate(precision, ckpt, opt, micro, accum, mem, secs, fits=mem.peak <= request.budget)
-                    )
+                    fits = mem.peak <= request.budget
+                    label = request.lora.label() if request.lora else ""
+                    out.append(Candidate(precision, ckpt, opt, micro, accum, mem, secs, fits=fits, lora=label))
     return out
 
 
@@ -379,4 +386,29 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         notes=notes,
     )
     choose(plan)
+    if request.lora is None:
+        plan.notes += lora_notes(request, facts)
     return plan
+
+
+def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:
+    """LoRA beside the other techniques (issue #15): it changes what trains, so the planner never picks it; the
+    notes say what it would need at the baseline's configuration (fp32, AdamW, the whole per-process batch)."""
+    import importlib.util
+
+    specs = [LoraSpec()]
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        specs += [LoraSpec(quantize="4bit"), LoraSpec(quantize="8bit")]
+    micro = request.per_process_batch
+    full = estimate(facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device)
+    parts = []
+    for spec in specs:
+        m = estimate(facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, lora=spec)
+        parts.append(
+            f"{spec.label()}: peak {format_bytes(m.peak)} ({m.peak / full.peak:.2f}x), weights "
+            f"{format_bytes(m.weights)}, optimizer state {format_bytes(m.optimizer_state)}"
+        )
+    return [
+        f"LoRA (--lora; every Linear layer; it changes what trains, so --auto never picks it), at fp32/no-ckpt/"
+        f"adamw {micro}x1 against full fine-tuning's {format_bytes(full.peak)}: " + "; ".join(parts)
+    ]

@@ -110,6 +110,11 @@ class Trainer:
         if self.cfg.activation_checkpointing:
             models.enable_activation_checkpointing(self.model)
         self.say.info(models.describe(self.model))
+        if self.cfg.lora:  # adapters (and the head) train, the rest is frozen (issue #15)
+            from leantrain import lora
+
+            self.model = lora.apply(self.model, self.cfg, self.accelerator.device)
+            self.say.info(lora.describe(self.model, self.cfg))
         self.say.info(
             f"labels: {', '.join(self.data.label_names)}; precision {self.precision} ({self.precision_why}); "
             f"device {self.accelerator.device}, {self.accelerator.num_processes} process(es)"
@@ -482,11 +487,14 @@ class Trainer:
         import yaml
 
         from leantrain import run_dir
+        from leantrain.lora import ADAPTER_DIR, for_publishing
         from leantrain.model_card import write_model_card
         from leantrain.telemetry.report import write_report
 
         staging = self.staging
         assert staging is not None  # the main process stages the run
+        # LoRA: model/ is the merged model (the adapter alone in adapter/ with --save-adapter); else `model` itself
+        model = for_publishing(model, staging / ADAPTER_DIR if self.cfg.save_adapter else None)
         with run_dir.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
             model.save_pretrained(staging / "model", safe_serialization=True)
             self.data.processor.save_pretrained(staging / "model")

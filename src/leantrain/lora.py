@@ -1,0 +1,251 @@
+"""LoRA and QLoRA through peft: freeze the model, train low-rank adapters (and the task's head), publish merged.
+
+The trainer calls `apply` once, right after `Task.build_model`, and `for_publishing` once, when it saves the
+run's `model/`. Everything else (optimizer, checkpoints, several processes) sees an ordinary module whose only
+trainable parameters are the adapters and the head: frozen weights carry no gradient and no optimizer state.
+
+- **targets**: `auto` is every Linear layer of the model outside its head (peft's `all-linear`); NAMES (comma-
+  separated) are module names as peft matches them: a module whose name is, or ends with `.`, one of them.
+- **the head** stays fully trainable (peft's `modules_to_save`): the model's children outside its base model
+  (`base_model_prefix`) that hold parameters, less the output embeddings (a language model's tied `lm_head` is
+  pretrained, not new). A classifier's `classifier`/`score`/`projector`; a task without a head: nothing.
+- **quantized base** (`--quantize 4bit|8bit`, QLoRA): the frozen Linear layers outside the head become
+  bitsandbytes `Linear4bit` (NF4, fp32 compute) or `Linear8bitLt` before the adapters are added.
+- **publishing**: `model/` is the merged model (base + B·A·alpha/r, head as trained), a plain transformers model
+  that `pipeline` loads; with a quantized base, the adapters are merged into the *dequantized* base weights.
+  `--save-adapter` also writes the adapter alone (`adapter/`, peft's `save_pretrained`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leantrain.errors import ConfigError
+
+AUTO_TARGETS = "auto"
+ADAPTER_DIR = "adapter"
+
+
+def head_modules(model: Any) -> list[str]:
+    """The task head: top-level children outside the base model that hold parameters (see module doc)."""
+    base = getattr(model, "base_model_prefix", "")
+    output_embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [
+        name
+        for name, child in model.named_children()
+        if name != base and child is not output_embeddings and any(True for _ in child.parameters())
+    ]
+
+
+def linear_names(model: torch.nn.Module, head: list[str]) -> list[str]:
+    """Full names of the Linear layers outside the head."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.split(".")[0] not in head
+    ]
+
+
+def resolve_targets(model: torch.nn.Module, spec: str, head: list[str]) -> str | list[str]:
+    """peft's `target_modules` for `--lora-targets` (auto: every Linear layer outside the head); refuses names
+    that match no module, naming some that do."""
+    if spec.strip() == AUTO_TARGETS:
+        return "all-linear"
+    wanted = [n.strip() for n in spec.split(",") if n.strip()]
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [w for w in wanted if not any(n == w or n.endswith("." + w) for n in names)]
+    if missing or not wanted:
+        linear = sorted({n.rsplit(".", 1)[-1] for n in linear_names(model, head)})
+        raise ConfigError(
+            f"--lora-targets: {', '.join(missing) or repr(spec)} names no module of {type(model).__name__}; "
+            f"give '{AUTO_TARGETS}' or comma-separated names such as {', '.join(linear[:8])}"
+        )
+    return wanted
+
+
+def check_quantization_runs(bits: str, device: torch.device) -> None:
+    """Refuse `--quantize` in one line where bitsandbytes is absent or cannot run a quantized layer on `device`."""
+    try:
+        import bitsandbytes as bnb
+    except Exception as exc:  # ImportError, or a library that fails to load on this machine
+        raise ConfigError(
+            f"--quantize {bits}: bitsandbytes cannot be loaded on this {device.type} machine "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else 'no detail'}); "
+            "pip install bitsandbytes, or train without --quantize"
+        ) from None
+    try:
+        layer = _quantized_linear(torch.nn.Linear(64, 64), bits, device)
+        layer(torch.ones(2, 64, device=device)).sum().item()
+    except Exception as exc:
+        raise ConfigError(
+            f"--quantize {bits}: bitsandbytes {getattr(bnb, '__version__', '?')} cannot run {bits} layers on "
+            f"{device} ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else 'no detail'}); "
+            "train without --quantize"
+        ) from None
+
+
+def _quantized_linear(linear: torch.nn.Linear, bits: str, device: torch.device) -> torch.nn.Module:
+    """A bitsandbytes copy of `linear`, quantized on `device` (frozen: no gradient to the quantized weight)."""
+    import bitsandbytes as bnb
+
+    bias = linear.bias is not None
+    weight = linear.weight.data.float().contiguous()
+    layer: torch.nn.Module
+    if bits == "4bit":
+        layer = bnb.nn.Linear4bit(
+            linear.in_features, linear.out_features, bias=bias, compute_dtype=torch.float32, quant_type="nf4"
+        )
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
+    else:
+        layer = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias, has_fp16_weights=False)
+        layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+    if bias:
+        layer.bias = torch.nn.Parameter(linear.bias.data.float().clone(), requires_grad=False)
+    layer = layer.to(device)  # moving the weight is what quantizes it
+    layer._register_load_state_dict_pre_hook(_check_frozen_quantized_state, with_module=True)
+    return layer
+
+
+def _check_frozen_quantized_state(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+    """Loading a checkpoint into a quantized layer: bitsandbytes cannot load its quantization state into a layer
+    that is already quantized, but the base is frozen and quantizing the same weights gives the same bytes. So
+    the saved state is checked to equal the layer's own, bitwise, and its quantization entries are taken out;
+    a different base is an error naming the tensor."""
+    own = module.state_dict(prefix=prefix, keep_vars=False)
+    for key in [k for k in state_dict if k.startswith(prefix)]:  # a leaf: every key under its prefix is its own
+        mine = own.get(key)
+        theirs = state_dict[key]
+        if (
+            isinstance(mine, torch.Tensor)
+            and isinstance(theirs, torch.Tensor)
+            and not torch.equal(mine.cpu(), theirs.cpu())
+        ):
+            errors.append(f"{key}: the checkpoint's frozen quantized base differs from this run's")
+        if key.removeprefix(prefix) not in module._parameters:
+            state_dict.pop(key)  # quantization state (absmax, quant map, SCB...): checked, nothing to load
+
+
+def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: torch.device) -> int:
+    """Replace every Linear layer outside the head by its quantized copy; returns how many were replaced."""
+    import logging
+
+    # bitsandbytes logs each 8-bit layer's fp32 -> fp16 input cast on every forward: expected, not news
+    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
+    replaced = 0
+    for name in linear_names(model, head):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, _quantized_linear(getattr(parent, child), bits, device))
+        replaced += 1
+    # what peft reads to wrap bitsandbytes layers with its quantized LoRA layers
+    setattr(model, "is_loaded_in_4bit" if bits == "4bit" else "is_loaded_in_8bit", True)
+    return replaced
+
+
+def apply(model: torch.nn.Module, cfg: Any, device: torch.device | None) -> torch.nn.Module:
+    """The model with LoRA adapters (over a quantized base with --quantize): only adapters and head train."""
+    from peft import LoraConfig, get_peft_model
+
+    head = head_modules(model)
+    targets = resolve_targets(model, cfg.lora_targets, head)
+    if cfg.quantize is not None:
+        assert device is not None  # (None: the planner's proxies, never quantized)
+        check_quantization_runs(cfg.quantize, device)
+        quantize_base(model.to(device), cfg.quantize, head, device)
+    config = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=targets,
+        exclude_modules=head or None,  # the head trains whole; names would otherwise match inside it
+        modules_to_save=head or None,
+    )
+    with warnings.catch_warnings():  # peft reads a transformers attribute that transformers 5 renamed: noise
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*is_gradient_checkpointing.*")
+        return get_peft_model(model, config)
+
+
+def describe(model: torch.nn.Module, cfg: Any) -> str:
+    """One line: what LoRA wraps and how much of the model trains."""
+    lora_layers = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    kinds = sorted({n.rsplit(".", 1)[-1] for n in lora_layers})
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    head = head_modules(_base(model))
+    base = f"{cfg.quantize} base (bitsandbytes)" if cfg.quantize else "frozen base"
+    return (
+        f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha:g} dropout={cfg.lora_dropout:g} on {len(lora_layers)} layers "
+        f"({', '.join(kinds)}), {base}; head {', '.join(head) or 'none'} trains whole; "
+        f"{trainable:,} of {total:,} parameters train ({trainable / max(total, 1):.2%})"
+    )
+
+
+def _base(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a PeftModel."""
+    inner = getattr(model, "base_model", model)
+    return getattr(inner, "model", inner)
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether `model` is a peft model (without importing peft for a run that never did)."""
+    import sys
+
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
+    """What the run's `model/` holds: the adapters merged into the base (dequantized first where it was
+    quantized), the head as trained: a plain transformers model. Writes the adapter alone to `adapter_dir`
+    first when given. Merges in place: call it once, at the end of the run."""
+    if not is_lora(model):
+        return model
+    if adapter_dir is not None:
+        from leantrain.models import library_bars_off
+
+        with library_bars_off():
+            model.save_pretrained(adapter_dir, safe_serialization=True)
+    base = _base(model)
+    if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False):
+        _merge_into_dequantized(model)
+        merged = model.unload()  # nothing left to merge: this unwraps the head's copy and the peft wrapper
+        for flag in ("is_loaded_in_4bit", "is_loaded_in_8bit"):
+            if hasattr(merged, flag):
+                delattr(merged, flag)
+        return merged
+    return model.merge_and_unload(safe_merge=True)
+
+
+def _merge_into_dequantized(model: torch.nn.Module) -> None:
+    """Replace every quantized layer (with or without an adapter) by a float Linear holding its dequantized
+    weight plus the adapter's update."""
+    import bitsandbytes as bnb
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.integrations import dequantize_bnb_weight
+
+    quantized = (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)
+    adapters = {n for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    # each quantized layer once: the adapter layer that wraps it, or the layer itself where none does
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if (name in adapters and isinstance(module.get_base_layer(), quantized))
+        or (isinstance(module, quantized) and name.rpartition(".")[0] not in adapters)
+    ]
+    for name, module in found:
+        base = module.get_base_layer() if name in adapters else module
+        weight = dequantize_bnb_weight(base.weight, state=getattr(base, "state", None)).float()
+        if name in adapters:
+            for adapter in module.active_adapters:
+                weight = weight + module.get_delta_weight(adapter).float()
+        linear = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device=weight.device)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if base.bias is not None:
+                linear.bias.copy_(base.bias.float())
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, linear)
