@@ -137,7 +137,8 @@ def test_resuming_starts_from_the_checkpoints_weights(job, tmp_path):
     shutil.copytree(step_dir(whole.output_dir, 4), ckpt)
     state = load_file(ckpt / "model.safetensors")
     name = next(k for k in state if k.endswith("classifier.weight"))
-    state[name] = state[name] + 0.5
+    # +0.5 on one class and -0.5 on the other: the same shift on every class would cancel in the softmax
+    state[name] = state[name] + torch.tensor([[0.5], [-0.5]])
     save_file(state, ckpt / "model.safetensors")
     manifest = json.loads((ckpt / "checkpoint.json").read_text())
     manifest["files"]["model.safetensors"] = {

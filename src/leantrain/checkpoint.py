@@ -73,6 +73,12 @@ RESUMABLE_CHANGES = frozenset(
         "log",
         "report",
         "save_on_interrupt",
+        # --- HF Trainer users (issue #17): how long the run goes on, what it publishes, how it evaluates
+        "load_best_at_end",
+        "early_stopping_patience",
+        "early_stopping_threshold",
+        "eval_batch_size",
+        "dataloader_num_workers",
     }
 )
 #: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)
@@ -106,6 +112,9 @@ class TrainState:
     best_metric: str = "accuracy"
     best_value: float | None = None
     best_step: int | None = None
+    # early stopping (issue #17): the value the last counted improvement reached, and evaluations since it
+    stopping_reference: float | None = None
+    evals_without_improvement: int = 0
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> TrainState:
@@ -116,22 +125,28 @@ class TrainState:
 
     def update_best(self, metrics: dict[str, float], step: int) -> bool:
         """Record an evaluation; True when it is the best so far (loss: lower is better, else higher)."""
-        value = metrics[metric_key(self.best_metric)]
-        lower = metric_key(self.best_metric) == "loss"
+        key = metric_key(self.best_metric, tuple(metrics))
+        value, lower = metrics[key], lower_is_better(key)
         if self.best_value is None or (value < self.best_value if lower else value > self.best_value):
             self.best_value, self.best_step = value, step
             return True
         return False
 
 
-def metric_key(name: str) -> str:
-    """`eval_accuracy` and `accuracy` both name the evaluation's accuracy."""
+def metric_key(name: str, known: tuple[str, ...] = EVAL_METRICS) -> str:
+    """`eval_accuracy` and `accuracy` both name the evaluation's accuracy; `known`: the task's metric names."""
     key = name.removeprefix("eval_")
-    if key not in EVAL_METRICS:
-        raise ConfigError(
-            f"--metric-for-best {name!r} is not an evaluation metric; choose one of {', '.join(EVAL_METRICS)}"
-        )
+    if key not in known:
+        raise ConfigError(f"--metric-for-best {name!r} is not an evaluation metric; choose one of {', '.join(known)}")
     return key
+
+
+#: metrics where lower is better (the rest: higher is better)
+LOWER_IS_BETTER = frozenset({"loss", "rmse", "mse", "mae"})
+
+
+def lower_is_better(key: str) -> bool:
+    return key in LOWER_IS_BETTER or key.endswith("_loss")
 
 
 @dataclass
@@ -311,6 +326,7 @@ class CheckpointDir:
         log_path: Path | None,
         reason: str,
         keep: int | None = None,
+        processor=None,
     ) -> Path:
         """Write checkpoint `step-{progress.step}` atomically, then prune to the newest `keep` (+ the best).
 
@@ -344,6 +360,7 @@ class CheckpointDir:
             if main:
                 trained = dict(model=unwrapped_model, scheduler=scheduler, amp=amp, local_sgd=local_sgd)
                 self._write_shared(tmp, optimizer=None if per_rank_optimizer else optimizer, **trained)
+                _write_loadable(tmp, unwrapped_model, processor)
                 if log_path is not None and log_path.is_file():
                     _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
 
@@ -379,7 +396,8 @@ class CheckpointDir:
         scheduler, loss scaler and local SGD state."""
         from safetensors.torch import save_model
 
-        _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p)))
+        # format=pt: what from_pretrained expects of a safetensors file, so the folder loads as a model (issue #17)
+        _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p), metadata={"format": "pt"}))
         if optimizer is not None:
             _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
         scaler = getattr(self.accelerator, "scaler", None) if self.accelerator is not None else None
@@ -524,11 +542,8 @@ def verify(path: Path) -> Checkpoint:
 def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator) -> dict:
     """Load weights, optimizer, scheduler, scaler and local SGD state; returns this process's RNG state,
     to be set (with `set_rng_state`) just before the loop resumes. The caller checked the config matches."""
-    from safetensors.torch import load_model
-
     rank = accelerator.process_index
-    unwrapped = accelerator.unwrap_model(model)
-    _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
+    load_weights(ckpt, model, accelerator)
     own = _load(ckpt.path / f"rank-{rank}.pt", _torch_load)
     if ckpt.manifest.get("per_rank_optimizer"):
         optimizer_file, optimizer_state = ckpt.path / f"rank-{rank}.pt", own["optimizer"]
@@ -542,6 +557,14 @@ def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, ac
         lambda p: _restore_training_state(state, scheduler, amp, local_sgd, accelerator),
     )
     return own["rng"]
+
+
+def load_weights(ckpt: Checkpoint, model, accelerator) -> None:
+    """The checkpoint's weights into the (unwrapped) model, strictly: every tensor, nothing else."""
+    from safetensors.torch import load_model
+
+    unwrapped = accelerator.unwrap_model(model)
+    _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
 
 
 def _restore_training_state(state, scheduler, amp, local_sgd, accelerator) -> None:
@@ -607,6 +630,19 @@ def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
+
+
+def _write_loadable(folder: Path, model, processor) -> None:
+    """The model's config.json and the processor beside model.safetensors: the save_pretrained layout, so that
+    `predict`, `evaluate` and transformers' `pipeline` load a checkpoint folder as they load model/ (issue #17)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "save_pretrained"):
+        config.save_pretrained(folder)
+    if processor is not None and hasattr(processor, "save_pretrained"):
+        processor.save_pretrained(folder)
+    for path in folder.iterdir():  # fsync what the libraries wrote, as every other checkpoint file is
+        if path.is_file():
+            _write_to_path(path, lambda p: None)
 
 
 def _write(path: Path, write) -> None:

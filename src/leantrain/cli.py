@@ -6,7 +6,6 @@ Heavy libraries are imported inside the commands, so `leantrain --help` answers 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from dataclasses import MISSING, fields
@@ -27,9 +26,10 @@ class _Parser(argparse.ArgumentParser):
             if flag is None:
                 message = f"unexpected argument '{bad[0] if bad else ''}'; see `{self.prog} --help`"
             else:
+                from leantrain import hf_names
+
                 known = [o for p in _all_parsers(self) for a in p._actions for o in a.option_strings]
-                near = difflib.get_close_matches(flag.split("=")[0], known, n=1)
-                hint = f"; did you mean {near[0]}?" if near else f"; see `{self.prog} --help`"
+                hint = hf_names.hint(flag.split("=")[0], known) or f"; see `{self.prog} --help`"
                 message = f"unknown flag {flag}{hint}"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -51,6 +51,47 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(title, (section.__doc__ or "").strip())
         for f in fields(section):
             _add_flag(group, f)
+    _add_alias_flags(parser)
+
+
+def _add_alias_flags(parser: argparse.ArgumentParser) -> None:
+    """HF Trainer users (issue #17): TrainingArguments names as hidden flags (dest `hf__NAME`), translated by
+    `leantrain.hf_names` in `config_from_args`; `--num-workers`, renamed, refused there in one line."""
+    from leantrain import hf_names
+
+    kinds = {f.name: field_base_type(f) for f in fields(TrainConfig)}
+    for row in hf_names.cli_rows():
+        kind = hf_names.cli_kind(row, kinds.get(row.field or ""))
+        flag = hf_names.flag(row.hf)
+        if kind is bool:
+            parser.add_argument(
+                flag,
+                dest=f"hf__{row.hf}",
+                nargs="?",
+                const=True,
+                type=_flag_bool(row.hf),
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
+        else:
+            parser.add_argument(
+                flag, dest=f"hf__{row.hf}", type=_typed(kind, flag), default=argparse.SUPPRESS, help=argparse.SUPPRESS
+            )
+    for name in hf_names.RENAMED:
+        parser.add_argument(hf_names.flag(name), dest=f"hf__{name}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _flag_bool(name: str):
+    def convert(text: str) -> bool:
+        from leantrain import hf_names
+
+        try:
+            return hf_names.to_bool(name, text)
+        except LeantrainError:
+            raise argparse.ArgumentTypeError(f"needs true or false, got '{text}'") from None
+
+    convert.__name__ = "bool"
+    return convert
 
 
 def _add_flag(parser, f) -> None:
@@ -213,7 +254,13 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    from leantrain import hf_names
+
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    aliases = {k.removeprefix("hf__"): v for k, v in vars(args).items() if k.startswith("hf__")}
+    given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names (issue #17)
+    for name, value in given.items():
+        setattr(args, name, value)  # `bench` and `plan` read the job's flags from args
     if args.config:
         return TrainConfig.from_yaml(args.config, overrides=given)
     return TrainConfig.from_dict(given, source="flags")
@@ -413,10 +460,21 @@ COMMANDS = {
 }
 
 
+def _dashed(argv: list[str]) -> list[str]:
+    """`--learning_rate` and `--learning-rate` alike (issue #17): flag names with '_' as '-' (values untouched)."""
+    out = []
+    for token in argv:
+        if token.startswith("--") and "_" in token.split("=", 1)[0]:
+            name, eq, value = token.partition("=")
+            token = name.replace("_", "-") + eq + value
+        out.append(token)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_dashed(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help, or a usage error already printed in one line
         return exc.code if isinstance(exc.code, int) else 2
     if args.command is None:

@@ -93,6 +93,8 @@ class Task(ABC):
 
     #: the metrics `--metric-for-best` may name (`loss` is lower-is-better, the rest higher-is-better)
     metric_names: ClassVar[tuple[str, ...]] = ("loss",)
+    #: what `--metric-for-best` is when not given (issue #17)
+    default_metric: ClassVar[str] = "loss"
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """The end-of-run table's evaluation rows."""

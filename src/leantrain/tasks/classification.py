@@ -15,6 +15,7 @@ class Classification(Task):
     """One label per example; the loss counts examples."""
 
     metric_names: ClassVar[tuple[str, ...]] = ("accuracy", "macro_f1", "loss")
+    default_metric: ClassVar[str] = "accuracy"
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return F.cross_entropy(outputs.logits.float(), batch["labels"], reduction="sum")
