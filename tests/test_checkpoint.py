@@ -157,7 +157,7 @@ def test_checkpoint_contents_load_safely(job):
     result = train(job(save_every=4, max_steps=4))
     ckpt = step_dir(result.output_dir, 4)
     names = {p.name for p in ckpt.iterdir()}
-    assert names == {
+    assert names >= {
         "model.safetensors",
         "optimizer.pt",
         "training_state.pt",
@@ -165,6 +165,10 @@ def test_checkpoint_contents_load_safely(job):
         "metrics.jsonl",
         "checkpoint.json",
     }
+    # the save_pretrained layout beside them (issue #17): the model's config and the tokenizer, as text
+    loadable = names - {"optimizer.pt", "training_state.pt", "rank-0.pt", "metrics.jsonl", "checkpoint.json"}
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= loadable
+    assert all(n.endswith((".json", ".txt", ".safetensors")) for n in loadable)  # nothing that runs code
     for name in ("optimizer.pt", "training_state.pt", "rank-0.pt"):
         torch.load(ckpt / name, weights_only=True)  # no pickled code anywhere
     manifest = json.loads((ckpt / "checkpoint.json").read_text())

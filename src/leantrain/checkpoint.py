@@ -7,6 +7,8 @@ Layout of `OUTPUT_DIR/checkpoints/step-000123/` (one per save; the directory nam
     training_state.pt    scheduler, loss scaler, local SGD counters and outer momentum
     rank-0.pt ...        per process: every RNG (Python, NumPy, torch, CUDA); with local SGD its optimizer too
     metrics.jsonl        the run's log so far, which a resumed run continues
+    config.json ...      the model's config and its processor (tokenizer): with model.safetensors, the
+                         save_pretrained layout, so `predict`, `evaluate` and `pipeline` load the folder
     checkpoint.json      written last: step counters, data position, best metric, resolved config, and the
                          size and CRC-32 of every file above
 
