@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fine-tune a sequence classifier. Every flag is also a key of --config.",
     )
     _add_config_flags(p)
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="Print the resolved config (what config.yaml will record: defaults filled in, auto precision and the "
+        "task's metric resolved) and exit without training.",
+    )
 
     p = sub.add_parser(
         "bench",
@@ -249,7 +255,9 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
     p.add_argument("--audio-column", help="Audio: the table column holding it (guessed when obvious).")
     if label:
         p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
-    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument(
+        "--max-length", type=int, default=None, help="Cut inputs at this many tokens (default: the run's --max-length)."
+    )
     p.add_argument("--batch-size", type=int, default=64)
 
 
@@ -270,6 +278,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from leantrain import launch
 
     cfg = config_from_args(args)
+    if args.print_config:
+        return _print_config(cfg)
     launch.check_shard(cfg)
     if launch.needs_launch(cfg):  # several processes or machines, or Ray: start them, each runs this again
         return launch.launch(cfg)
@@ -298,6 +308,30 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"leantrain train: {interrupt.signal_name(late)} came after the last step; the run finished",
                 file=sys.stderr,
             )
+    return 0
+
+
+def _print_config(cfg: TrainConfig) -> int:
+    """`train --print-config` (issue #17): the config as the run would record it, without training."""
+    import yaml
+
+    from leantrain import models, parallel
+    from leantrain.config import resolved_values
+    from leantrain.tasks import resolve
+    from leantrain.training.early_stopping import resolve_metric
+
+    cfg = cfg.resolved()
+    model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
+    task = resolve(cfg, models.load_config(model_path, trust_remote_code=cfg.trust_remote_code))
+    precision, why = parallel.choose_precision(cfg.precision)
+    processes = cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
+    values = resolved_values(
+        cfg, precision=precision, metric_for_best=resolve_metric(cfg, task), num_processes=processes
+    )
+    print(f"# precision {precision}: {why}")
+    if cfg.auto:
+        print("# --auto: the planner sets precision, activation checkpointing, optimizer and the batch split at start")
+    print(yaml.safe_dump(values, sort_keys=False).rstrip())
     return 0
 
 
@@ -443,7 +477,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _check_sizes(args: argparse.Namespace) -> None:
     for name in ("max_length", "batch_size"):
-        if getattr(args, name) <= 0:
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
 

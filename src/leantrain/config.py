@@ -707,3 +707,15 @@ def _check_schedule(cfg: OptimizationConfig) -> None:
         if w < 0 or (w >= 1 and not float(w).is_integer()):
             raise ConfigError(f"--warmup-steps must be a whole number of steps or a ratio in [0, 1), got {w}")
     _positive(cfg, "eval_batch_size", optional=True)
+
+
+def resolved_values(cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int) -> dict[str, Any]:
+    """config.yaml's content (issue #17): what ran, not what was asked (`precision: bf16`, not `auto`)."""
+    values = cfg.to_dict()
+    values.update(
+        precision=precision,
+        metric_for_best=metric_for_best,
+        eval_batch_size=cfg.eval_batch_size or 2 * cfg.batch_size,
+        num_processes=num_processes,
+    )
+    return values

@@ -145,7 +145,7 @@ def evaluate(
     text_column: str | None = None,
     text_pair_column: str | None = None,
     label_column: str | None = None,
-    max_length: int = 128,
+    max_length: int | None = None,
     batch_size: int = 64,
     cache_dir: str | None = None,
     image_column: str | None = None,
@@ -165,7 +165,7 @@ def evaluate(
     src = load_source(
         data,
         tokenizer,
-        max_length,
+        max_length or run_max_length(path),
         Path(cache_dir) if cache_dir else default_cache_dir(),
         "eval",
         text_column,
@@ -191,7 +191,7 @@ def predict(
     texts: list[str] | None = None,
     text_column: str | None = None,
     text_pair_column: str | None = None,
-    max_length: int = 128,
+    max_length: int | None = None,
     batch_size: int = 64,
     files: list[str] | None = None,
     image_column: str | None = None,
@@ -224,7 +224,7 @@ def predict(
     assert texts is not None
     if not texts:
         raise DataError(f"{data or '--text'}: no text to predict")
-    tokens = tokenize(tokenizer, texts, pairs, max_length)
+    tokens = tokenize(tokenizer, texts, pairs, max_length or run_max_length(path))
     probs, _, index = _run(model, _loader(tokens, np.zeros(len(texts), dtype=np.int64), tokenizer, batch_size))
     out: list[dict[str, Any]] = [{} for _ in texts]
     for p, i in zip(probs, index):
@@ -241,6 +241,28 @@ def predict(
         )
         out[i] = row
     return out
+
+
+#: inputs are cut here when neither --max-length nor the run says otherwise
+DEFAULT_MAX_LENGTH = 128
+
+
+def run_max_length(model_path: str) -> int:
+    """The --max-length the model was trained with (issue #17): a checkpoint's manifest, or the run's config.yaml
+    beside model/; DEFAULT_MAX_LENGTH for a model leantrain did not train."""
+    import yaml
+
+    path = Path(model_path)
+    try:
+        if (path / "checkpoint.json").is_file():
+            saved = json.loads((path / "checkpoint.json").read_text())["config"]
+        elif (path.parent / "config.yaml").is_file() and (path.parent / "metrics.json").is_file():
+            saved = yaml.safe_load((path.parent / "config.yaml").read_text())
+        else:
+            return DEFAULT_MAX_LENGTH
+        return int(saved["max_length"])
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return DEFAULT_MAX_LENGTH
 
 
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:

@@ -509,6 +509,14 @@ class Trainer:
         with logger.timer.phase("eval"):
             return self.evaluator.evaluate(self.model), state.best_step
 
+    def resolved_config(self) -> dict[str, Any]:
+        """The config as it ran: `auto` precision as what it resolved to, the task's metric, the eval batch size."""
+        from leantrain.config import resolved_values
+
+        cfg, acc = self.cfg, self.accelerator
+        metric = cfg.metric_for_best or self.state.best_metric
+        return resolved_values(cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes)
+
     def _publish(self, model, metrics: dict[str, Any]) -> None:
         import json
 
@@ -530,10 +538,10 @@ class Trainer:
             base_model=cfg.model,
             data=data,
             metrics=metrics,
-            config=cfg.to_dict(),
+            config=self.resolved_config(),
             task=self.task.name,
         )
-        (staging / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        (staging / "config.yaml").write_text(yaml.safe_dump(self.resolved_config(), sort_keys=False))
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
             try:
