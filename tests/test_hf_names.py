@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -181,3 +183,24 @@ def test_ray_workers_is_the_new_name():
     assert TrainConfig(launcher="ray", ray_workers=2).ray_workers == 2
     with pytest.raises(ConfigError, match="--num-workers is gone"):
         TrainConfig.from_dict({"num_workers": 2})
+
+
+def test_the_trainer_users_page_is_generated_from_the_table():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gen_trainer_docs.py"
+    proc = subprocess.run([sys.executable, str(script), "--check"])
+    assert proc.returncode == 0, "docs/for-trainer-users.md is stale: run python scripts/gen_trainer_docs.py"
+
+
+def test_every_row_names_a_real_setting_and_reads_back():
+    from dataclasses import fields
+
+    from leantrain.hf_names import ROWS
+
+    known = {f.name for f in fields(TrainConfig)}
+    assert all(row.field in known for row in ROWS if row.field is not None)
+    text = (Path(__file__).resolve().parents[1] / "docs" / "for-trainer-users.md").read_text()
+    assert all(f"| `{row.hf}` |" in text for row in ROWS)
