@@ -62,6 +62,17 @@ def test_leantrain_flags_take_underscores_too():
     assert flags_config("--batch_size", "4", "--max_length", "64").batch_size == 4
 
 
+def test_epoch_is_a_step_count_for_evaluating_and_saving(capsys):
+    cfg = flags_config("--eval-every", "epoch", "--save_every", "epoch")
+    assert (cfg.eval_every, cfg.save_every) == ("epoch", "epoch")
+    assert cli.main(["train", "--eval-every", "weekly"]) == 2
+    assert "needs an integer or 'epoch', got 'weekly'" in capsys.readouterr().err
+    relaunch = TrainConfig(eval_every="epoch").to_argv()  # what the launcher passes to the processes it starts
+    assert relaunch == ["--eval-every", "epoch"] and flags_config(*relaunch).eval_every == "epoch"
+    with pytest.raises(ConfigError, match="--save-every must be an integer or 'epoch', got 'weekly'"):
+        TrainConfig(save_every="weekly")
+
+
 def test_strategies_follow_training_arguments():
     assert flags_config("--eval_strategy", "steps", "--eval_steps", "20").eval_every == 20
     assert flags_config("--eval_strategy", "steps", "--logging_steps", "30").eval_every == 30  # eval_steps' default

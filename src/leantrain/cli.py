@@ -112,23 +112,22 @@ def _add_flag(parser, f) -> None:
         parser.add_argument(
             flag,
             dest=f.name,
-            type=_typed(kind, flag),
+            type=_typed(kind, flag, epoch_ok=bool(f.metadata.get("epoch_ok"))),
             default=argparse.SUPPRESS,
             metavar=f.name.upper(),
             help=f"{help_text} (default: {default})",
         )
 
 
-def _typed(kind: type, flag: str):
+def _typed(kind: type, flag: str, epoch_ok: bool = False):
     def convert(text: str) -> Any:
-        if kind is str:
+        if kind is str or (epoch_ok and text == "epoch"):  # --eval-every epoch (issue #17)
             return text
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"needs {'an integer' if kind is int else 'a number'}, got '{text}'"
-            ) from None
+            wanted = ("an integer" if kind is int else "a number") + (" or 'epoch'" if epoch_ok else "")
+            raise argparse.ArgumentTypeError(f"needs {wanted}, got '{text}'") from None
 
     convert.__name__ = kind.__name__
     return convert
