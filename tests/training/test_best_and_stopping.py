@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from leantrain import TrainConfig, train
 from leantrain.errors import ConfigError
 from leantrain.tasks.text_classification import TextClassification
+from leantrain.training import Hooks
 
 
 class PlantedCurve(TextClassification):
@@ -33,23 +34,23 @@ class PlantedCurve(TextClassification):
 
 @pytest.fixture()
 def planted(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
-    def go(curve: list[float], **changes):
+    def go(curve: list[float], hooks: Hooks | None = None, **changes):
         PlantedCurve.curve, PlantedCurve.seen = list(curve), 0
-        base = dict(
-            model=str(tiny_model_dir),
-            data=str(sentiment_csv),
-            cache_dir=str(cache_dir),
-            output_dir=str(tmp_path / "run"),
-            batch_size=16,
-            max_steps=40,
-            lr=3e-3,
-            precision="fp32",
-            progress=False,
-            report=False,
-            seed=1,
-        )
-        return train(TrainConfig(**{**base, **changes}), task=PlantedCurve)
+        return train(TrainConfig(**{**go.base, **changes}), task=PlantedCurve, hooks=hooks)
 
+    go.base = dict(
+        model=str(tiny_model_dir),
+        data=str(sentiment_csv),
+        cache_dir=str(cache_dir),
+        output_dir=str(tmp_path / "run"),
+        batch_size=16,
+        max_steps=40,
+        lr=3e-3,
+        precision="fp32",
+        progress=False,
+        report=False,
+        seed=1,
+    )
     return go
 
 
@@ -139,3 +140,31 @@ def test_a_checkpoint_folder_loads_like_the_model_folder(planted, sentiment_csv)
     assert evaluate(str(ckpt), str(sentiment_csv))["examples"] == 240
     classify = pipeline("text-classification", model=str(ckpt))
     assert classify(texts[0])[0]["label"] == from_checkpoint[0]["label"]
+
+
+class Killed(BaseException):
+    """Stands in for a kill inside the process (not an Exception: nothing in leantrain catches it)."""
+
+
+class DieAt(Hooks):
+    def __init__(self, step: int):
+        self.step = step
+
+    def before_optimizer_step(self, step: int) -> None:
+        if step == self.step:
+            raise Killed
+
+
+def test_a_resumed_run_stops_where_the_uninterrupted_one_does(planted, tmp_path):
+    # the counters live in the checkpoint: killed at step 7 (4 evaluations counted, one without improvement
+    # by more than 0.02), resumed from step 6, it must still stop at step 10
+    stop = dict(eval_every=2, early_stopping_patience=2, early_stopping_threshold=0.02, save_every=2)
+    with pytest.raises(Killed):
+        planted(CURVE, output_dir=str(tmp_path / "killed"), hooks=DieAt(7), **stop)
+    PlantedCurve.curve, PlantedCurve.seen = list(CURVE), 3  # the evaluations at steps 2, 4 and 6 are behind it
+    resumed = train(
+        TrainConfig(**{**planted.base, **stop, "output_dir": str(tmp_path / "killed"), "resume": "auto"}),
+        task=PlantedCurve,
+    )
+    assert resumed.metrics["resumed_from"].endswith("step-000006")
+    assert resumed.metrics["optimizer_steps"] == 10 and resumed.metrics["early_stopping"]["stopped"]

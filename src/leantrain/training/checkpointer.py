@@ -64,6 +64,7 @@ class Checkpointer:
             setattr(state, f.name, getattr(ckpt.progress, f.name))
         if state.best_metric != best:  # another yardstick: its best is yet to be seen
             state.best_metric, state.best_value, state.best_step = best, None, None
+            state.stopping_reference, state.evals_without_improvement = None, 0  # early stopping's too (#17)
         return rng
 
     def schedule(self, steps_per_epoch: int) -> None:
