@@ -77,14 +77,14 @@ def test_early_stopping_stops_at_the_planted_evaluation(planted, threshold, stop
     assert m["optimizer_steps"] == stop_step
     assert eval_steps(result) == list(range(2, stop_step + 1, 2))  # no second evaluation of the last step
     saved = json.loads((result.output_dir / "metrics.json").read_text())
-    assert saved["early_stopping"]["stopped"] is True
-    assert f"at step {stop_step}" in saved["early_stopping"]["reason"]
-    assert "eval accuracy has not improved" in saved["early_stopping"]["reason"]
+    assert saved["early_stopped"] is True
+    assert f"at step {stop_step}" in saved["early_stopping_reason"]
+    assert "eval accuracy has not improved" in saved["early_stopping_reason"]
 
 
 def test_without_early_stopping_the_same_curve_trains_to_the_end(planted):
     result = planted(CURVE, eval_every=2, max_steps=16)
-    assert result.metrics["optimizer_steps"] == 16 and result.metrics["early_stopping"] is None
+    assert result.metrics["optimizer_steps"] == 16 and result.metrics["early_stopped"] is None
 
 
 def test_loss_as_the_yardstick_stops_when_it_stops_falling(planted):
@@ -103,7 +103,7 @@ def test_load_best_at_end_publishes_the_best_steps_weights_bitwise(planted):
     assert all(torch.equal(published[k], best[k]) for k in best)
     assert not all(torch.equal(published[k], last[k]) for k in last)  # the last step's weights were not kept
     m = result.metrics
-    assert m["model_step"] == 6 and m["best"] == {"metric": "accuracy", "value": 0.9, "step": 6}
+    assert m["model_step"] == 6 and (m["best_metric"], m["best_value"], m["best_step"]) == ("accuracy", 0.9, 6)
     assert m["eval_accuracy"] == 0.0  # the published (best) model was evaluated again: the planted 5th value
 
 
@@ -167,4 +167,4 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does(planted, tmp_path)
         task=PlantedCurve,
     )
     assert resumed.metrics["resumed_from"].endswith("step-000006")
-    assert resumed.metrics["optimizer_steps"] == 10 and resumed.metrics["early_stopping"]["stopped"]
+    assert resumed.metrics["optimizer_steps"] == 10 and resumed.metrics["early_stopped"]

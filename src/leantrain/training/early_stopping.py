@@ -64,10 +64,8 @@ class EarlyStopping:
         return True
 
     def summary(self) -> dict[str, Any]:
-        """metrics.json's `early_stopping` entry."""
+        """metrics.json's entries: whether the run stopped early (None: early stopping was off), and why."""
         return {
-            "patience": self.patience,
-            "threshold": self.threshold,
-            "stopped": self.reason is not None,
-            "reason": self.reason,
+            "early_stopped": (self.reason is not None) if self.enabled else None,
+            "early_stopping_reason": self.reason,
         }

@@ -462,14 +462,12 @@ class Trainer:
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
-            "best_and_stopping": {  # HF Trainer users (issue #17)
-                "best": {
-                    "metric": self.state.best_metric,
-                    "value": self.state.best_value,
-                    "step": self.state.best_step,
-                },
+            "best_and_stopping": {  # HF Trainer users (issue #17); metrics.json stays flat
+                "best_metric": self.state.best_metric,
+                "best_value": self.state.best_value,
+                "best_step": self.state.best_step,
                 "model_step": model_step,
-                "early_stopping": self.early_stopping.summary() if self.early_stopping.enabled else None,
+                **self.early_stopping.summary(),
             },
         }
         metrics = logger.final_metrics(self.state, unwrapped, self.optimizer, self.amp, extra)
