@@ -137,7 +137,8 @@ def test_resuming_starts_from_the_checkpoints_weights(job, tmp_path):
     shutil.copytree(step_dir(whole.output_dir, 4), ckpt)
     state = load_file(ckpt / "model.safetensors")
     name = next(k for k in state if k.endswith("classifier.weight"))
-    state[name] = state[name] + 0.5
+    # +0.5 on one class and -0.5 on the other: the same shift on every class would cancel in the softmax
+    state[name] = state[name] + torch.tensor([[0.5], [-0.5]])
     save_file(state, ckpt / "model.safetensors")
     manifest = json.loads((ckpt / "checkpoint.json").read_text())
     manifest["files"]["model.safetensors"] = {
@@ -156,7 +157,7 @@ def test_checkpoint_contents_load_safely(job):
     result = train(job(save_every=4, max_steps=4))
     ckpt = step_dir(result.output_dir, 4)
     names = {p.name for p in ckpt.iterdir()}
-    assert names == {
+    assert names >= {
         "model.safetensors",
         "optimizer.pt",
         "training_state.pt",
@@ -164,6 +165,10 @@ def test_checkpoint_contents_load_safely(job):
         "metrics.jsonl",
         "checkpoint.json",
     }
+    # the save_pretrained layout beside them (issue #17): the model's config and the tokenizer, as text
+    loadable = names - {"optimizer.pt", "training_state.pt", "rank-0.pt", "metrics.jsonl", "checkpoint.json"}
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= loadable
+    assert all(n.endswith((".json", ".txt", ".safetensors")) for n in loadable)  # nothing that runs code
     for name in ("optimizer.pt", "training_state.pt", "rank-0.pt"):
         torch.load(ckpt / name, weights_only=True)  # no pickled code anywhere
     manifest = json.loads((ckpt / "checkpoint.json").read_text())

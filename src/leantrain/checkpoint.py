@@ -7,6 +7,8 @@ Layout of `OUTPUT_DIR/checkpoints/step-000123/` (one per save; the directory nam
     training_state.pt    scheduler, loss scaler, local SGD counters and outer momentum
     rank-0.pt ...        per process: every RNG (Python, NumPy, torch, CUDA); with local SGD its optimizer too
     metrics.jsonl        the run's log so far, which a resumed run continues
+    config.json ...      the model's config and its processor (tokenizer): with model.safetensors, the
+                         save_pretrained layout, so `predict`, `evaluate` and `pipeline` load the folder
     checkpoint.json      written last: step counters, data position, best metric, resolved config, and the
                          size and CRC-32 of every file above
 
@@ -47,7 +49,6 @@ from leantrain.run_dir import NonFiniteModel, fsync_dir, nonfinite_count, write_
 FORMAT = 1
 MANIFEST = "checkpoint.json"
 PREFIX = "step-"
-EVAL_METRICS = ("accuracy", "macro_f1", "loss")
 
 #: config keys that may change between a run and its resumption: they change how long the run goes on,
 #: where and how often it reports and saves, not what any optimizer step computes
@@ -74,6 +75,12 @@ RESUMABLE_CHANGES = frozenset(
         "report",
         "save_on_interrupt",
         "save_adapter",  # LoRA (issue #15): what is written at the end, not what a step computes
+        # --- HF Trainer users (issue #17): how long the run goes on, what it publishes, how it evaluates
+        "load_best_at_end",
+        "early_stopping_patience",
+        "early_stopping_threshold",
+        "eval_batch_size",
+        "dataloader_num_workers",
     }
 )
 #: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)
@@ -107,6 +114,9 @@ class TrainState:
     best_metric: str = "accuracy"
     best_value: float | None = None
     best_step: int | None = None
+    # early stopping (issue #17): the value the last counted improvement reached, and evaluations since it
+    stopping_reference: float | None = None
+    evals_without_improvement: int = 0
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> TrainState:
@@ -315,6 +325,7 @@ class CheckpointDir:
         log_path: Path | None,
         reason: str,
         keep: int | None = None,
+        processor=None,
     ) -> Path:
         """Write checkpoint `step-{progress.step}` atomically, then prune to the newest `keep` (+ the best).
 
@@ -348,6 +359,7 @@ class CheckpointDir:
             if main:
                 trained = dict(model=unwrapped_model, scheduler=scheduler, amp=amp, local_sgd=local_sgd)
                 self._write_shared(tmp, optimizer=None if per_rank_optimizer else optimizer, **trained)
+                _write_loadable(tmp, unwrapped_model, processor)
                 if log_path is not None and log_path.is_file():
                     _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
 
@@ -383,7 +395,8 @@ class CheckpointDir:
         scheduler, loss scaler and local SGD state."""
         from safetensors.torch import save_model
 
-        _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p)))
+        # format=pt: what from_pretrained expects of a safetensors file, so the folder loads as a model (issue #17)
+        _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p), metadata={"format": "pt"}))
         if optimizer is not None:
             _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
         scaler = getattr(self.accelerator, "scaler", None) if self.accelerator is not None else None
@@ -528,11 +541,8 @@ def verify(path: Path) -> Checkpoint:
 def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator) -> dict:
     """Load weights, optimizer, scheduler, scaler and local SGD state; returns this process's RNG state,
     to be set (with `set_rng_state`) just before the loop resumes. The caller checked the config matches."""
-    from safetensors.torch import load_model
-
     rank = accelerator.process_index
-    unwrapped = accelerator.unwrap_model(model)
-    _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
+    load_weights(ckpt, model, accelerator)
     own = _load(ckpt.path / f"rank-{rank}.pt", _torch_load)
     if ckpt.manifest.get("per_rank_optimizer"):
         optimizer_file, optimizer_state = ckpt.path / f"rank-{rank}.pt", own["optimizer"]
@@ -546,6 +556,14 @@ def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, ac
         lambda p: _restore_training_state(state, scheduler, amp, local_sgd, accelerator),
     )
     return own["rng"]
+
+
+def load_weights(ckpt: Checkpoint, model, accelerator) -> None:
+    """The checkpoint's weights into the (unwrapped) model, strictly: every tensor, nothing else."""
+    from safetensors.torch import load_model
+
+    unwrapped = accelerator.unwrap_model(model)
+    _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
 
 
 def _restore_training_state(state, scheduler, amp, local_sgd, accelerator) -> None:
@@ -611,6 +629,19 @@ def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
+
+
+def _write_loadable(folder: Path, model, processor) -> None:
+    """The model's config.json and the processor beside model.safetensors: the save_pretrained layout, so that
+    `predict`, `evaluate` and transformers' `pipeline` load a checkpoint folder as they load model/ (issue #17)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "save_pretrained"):
+        config.save_pretrained(folder)
+    if processor is not None and hasattr(processor, "save_pretrained"):
+        processor.save_pretrained(folder)
+    for path in folder.iterdir():  # fsync what the libraries wrote, as every other checkpoint file is
+        if path.is_file():
+            _write_to_path(path, lambda p: None)
 
 
 def _write(path: Path, write) -> None:

@@ -6,7 +6,6 @@ Heavy libraries are imported inside the commands, so `leantrain --help` answers 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from dataclasses import MISSING, fields
@@ -27,9 +26,10 @@ class _Parser(argparse.ArgumentParser):
             if flag is None:
                 message = f"unexpected argument '{bad[0] if bad else ''}'; see `{self.prog} --help`"
             else:
+                from leantrain import hf_names
+
                 known = [o for p in _all_parsers(self) for a in p._actions for o in a.option_strings]
-                near = difflib.get_close_matches(flag.split("=")[0], known, n=1)
-                hint = f"; did you mean {near[0]}?" if near else f"; see `{self.prog} --help`"
+                hint = hf_names.hint(flag.split("=")[0], known) or f"; see `{self.prog} --help`"
                 message = f"unknown flag {flag}{hint}"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -51,6 +51,47 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(title, (section.__doc__ or "").strip())
         for f in fields(section):
             _add_flag(group, f)
+    _add_alias_flags(parser)
+
+
+def _add_alias_flags(parser: argparse.ArgumentParser) -> None:
+    """HF Trainer users (issue #17): TrainingArguments names as hidden flags (dest `hf__NAME`), translated by
+    `leantrain.hf_names` in `config_from_args`; `--num-workers`, renamed, refused there in one line."""
+    from leantrain import hf_names
+
+    kinds = {f.name: field_base_type(f) for f in fields(TrainConfig)}
+    for row in hf_names.cli_rows():
+        kind = hf_names.cli_kind(row, kinds.get(row.field or ""))
+        flag = hf_names.flag(row.hf)
+        if kind is bool:
+            parser.add_argument(
+                flag,
+                dest=f"hf__{row.hf}",
+                nargs="?",
+                const=True,
+                type=_flag_bool(row.hf),
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
+        else:
+            parser.add_argument(
+                flag, dest=f"hf__{row.hf}", type=_typed(kind, flag), default=argparse.SUPPRESS, help=argparse.SUPPRESS
+            )
+    for name in hf_names.RENAMED:
+        parser.add_argument(hf_names.flag(name), dest=f"hf__{name}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _flag_bool(name: str):
+    def convert(text: str) -> bool:
+        from leantrain import hf_names
+
+        try:
+            return hf_names.to_bool(name, text)
+        except LeantrainError:
+            raise argparse.ArgumentTypeError(f"needs true or false, got '{text}'") from None
+
+    convert.__name__ = "bool"
+    return convert
 
 
 def _add_flag(parser, f) -> None:
@@ -71,23 +112,22 @@ def _add_flag(parser, f) -> None:
         parser.add_argument(
             flag,
             dest=f.name,
-            type=_typed(kind, flag),
+            type=_typed(kind, flag, epoch_ok=bool(f.metadata.get("epoch_ok"))),
             default=argparse.SUPPRESS,
             metavar=f.name.upper(),
             help=f"{help_text} (default: {default})",
         )
 
 
-def _typed(kind: type, flag: str):
+def _typed(kind: type, flag: str, epoch_ok: bool = False):
     def convert(text: str) -> Any:
-        if kind is str:
+        if kind is str or (epoch_ok and text == "epoch"):  # --eval-every epoch (issue #17)
             return text
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"needs {'an integer' if kind is int else 'a number'}, got '{text}'"
-            ) from None
+            wanted = ("an integer" if kind is int else "a number") + (" or 'epoch'" if epoch_ok else "")
+            raise argparse.ArgumentTypeError(f"needs {wanted}, got '{text}'") from None
 
     convert.__name__ = kind.__name__
     return convert
@@ -106,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fine-tune a sequence classifier. Every flag is also a key of --config.",
     )
     _add_config_flags(p)
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="Print the resolved config (what config.yaml will record: defaults filled in, auto precision and the "
+        "task's metric resolved) and exit without training.",
+    )
 
     p = sub.add_parser(
         "bench",
@@ -215,12 +261,20 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
     p.add_argument("--audio-column", help="Audio: the table column holding it (guessed when obvious).")
     if label:
         p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
-    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument(
+        "--max-length", type=int, default=None, help="Cut inputs at this many tokens (default: the run's --max-length)."
+    )
     p.add_argument("--batch-size", type=int, default=64)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    from leantrain import hf_names
+
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    aliases = {k.removeprefix("hf__"): v for k, v in vars(args).items() if k.startswith("hf__")}
+    given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names (issue #17)
+    for name, value in given.items():
+        setattr(args, name, value)  # `bench` and `plan` read the job's flags from args
     if args.config:
         return TrainConfig.from_yaml(args.config, overrides=given)
     return TrainConfig.from_dict(given, source="flags")
@@ -230,6 +284,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from leantrain import launch
 
     cfg = config_from_args(args)
+    if args.print_config:
+        return _print_config(cfg)
     launch.check_shard(cfg)
     if launch.needs_launch(cfg):  # several processes or machines, or Ray: start them, each runs this again
         return launch.launch(cfg)
@@ -258,6 +314,30 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"leantrain train: {interrupt.signal_name(late)} came after the last step; the run finished",
                 file=sys.stderr,
             )
+    return 0
+
+
+def _print_config(cfg: TrainConfig) -> int:
+    """`train --print-config` (issue #17): the config as the run would record it, without training."""
+    import yaml
+
+    from leantrain import models, parallel
+    from leantrain.config import resolved_values
+    from leantrain.tasks import resolve
+    from leantrain.training.early_stopping import resolve_metric
+
+    cfg = cfg.resolved()
+    model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
+    task = resolve(cfg, models.load_config(model_path, trust_remote_code=cfg.trust_remote_code))
+    precision, why = parallel.choose_precision(cfg.precision)
+    processes = cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
+    values = resolved_values(
+        cfg, precision=precision, metric_for_best=resolve_metric(cfg, task), num_processes=processes
+    )
+    print(f"# precision {precision}: {why}")
+    if cfg.auto:
+        print("# --auto: the planner sets precision, activation checkpointing, optimizer and the batch split at start")
+    print(yaml.safe_dump(values, sort_keys=False).rstrip())
     return 0
 
 
@@ -411,7 +491,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _check_sizes(args: argparse.Namespace) -> None:
     for name in ("max_length", "batch_size"):
-        if getattr(args, name) <= 0:
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
 
@@ -428,10 +508,21 @@ COMMANDS = {
 }
 
 
+def _dashed(argv: list[str]) -> list[str]:
+    """`--learning_rate` and `--learning-rate` alike (issue #17): flag names with '_' as '-' (values untouched)."""
+    out = []
+    for token in argv:
+        if token.startswith("--") and "_" in token.split("=", 1)[0]:
+            name, eq, value = token.partition("=")
+            token = name.replace("_", "-") + eq + value
+        out.append(token)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_dashed(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help, or a usage error already printed in one line
         return exc.code if isinstance(exc.code, int) else 2
     if args.command is None:

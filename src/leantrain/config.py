@@ -24,7 +24,26 @@ from leantrain.errors import ConfigError
 #: rows of the embedded tweet corpus used by the default job, sized for ~5 minutes on 2 CPU cores
 DEFAULT_JOB_LIMIT = 30_000
 
-SCHEDULERS = ("linear", "cosine", "constant")
+#: every per-step schedule of transformers' get_scheduler (leantrain's `constant` keeps the warm-up, as
+#: constant_with_warmup; reduce_lr_on_plateau and greedy need a metric at every step and are refused)
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "constant",
+    "constant_with_warmup",
+    "cosine_with_restarts",
+    "polynomial",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+)
+#: schedules that need arguments from --scheduler-kwargs: one of each tuple
+SCHEDULER_NEEDS = {
+    "cosine_with_min_lr": ("min_lr", "min_lr_rate"),
+    "cosine_warmup_with_min_lr": ("min_lr", "min_lr_rate"),
+    "warmup_stable_decay": ("num_decay_steps",),
+}
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adafactor", "adamw8bit", "sgd")
 LAUNCHERS = ("accelerate", "torchrun", "ray")
@@ -43,8 +62,8 @@ QUANTIZE = ("4bit", "8bit")  # LoRA (issue #15)
 _Section = TypeVar("_Section")
 
 
-def _help(text: str, **kw: Any) -> Any:
-    return field(metadata={"help": text}, **kw)
+def _help(text: str, metadata_extra: dict[str, Any] | None = None, **kw: Any) -> Any:
+    return field(metadata={"help": text, **(metadata_extra or {})}, **kw)
 
 
 @dataclass
@@ -193,6 +212,12 @@ class DataConfig:
         default=False,
     )
     strict: bool = _help("Stop at the first unreadable image or audio file instead of skipping it.", default=False)
+    # --- HF Trainer users (issue #17)
+    dataloader_num_workers: int = _help(
+        "Worker processes that batch the data (0: in the training process); batches are the same either way.",
+        default=0,
+    )
+    # --- end HF Trainer users (issue #17)
     cache_dir: str | None = _help(
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
     )
@@ -234,6 +259,8 @@ class DataConfig:
 
     def _check(self) -> None:
         _positive(self, "max_length")
+        if self.dataloader_num_workers < 0:  # HF Trainer users (issue #17)
+            raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
         _positive(self, "limit", optional=True)
         _positive(self, "streaming_eval_rows")
         _check_data_sources(self)
@@ -285,6 +312,22 @@ class OptimizationConfig:
         "loss is its examples' weighted sum over their total weight. The eval loss stays unweighted.",
         default=None,
     )
+    # --- HF Trainer users (issue #17)
+    eval_batch_size: int | None = _help(
+        "Examples per evaluation batch on each device. Default: 2 x --batch-size (evaluation keeps no gradients).",
+        default=None,
+    )
+    warmup_steps: float | None = _help(
+        "Warm-up length in optimizer steps, or, below 1, as a share of them (as transformers 5); replaces "
+        "--warmup-ratio.",
+        default=None,
+    )
+    scheduler_kwargs: str | None = _help(
+        "Arguments of the --scheduler as JSON, e.g. '{\"min_lr_rate\": 0.1}' for cosine_with_min_lr (in YAML: a "
+        "mapping).",
+        default=None,
+    )
+    # --- end HF Trainer users (issue #17)
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -302,7 +345,7 @@ class OptimizationConfig:
         for name in ("weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        _choice(self, "scheduler", SCHEDULERS)
+        _check_schedule(self)  # HF Trainer users (issue #17)
         _choice(self, "optimizer", OPTIMIZERS)
         _choice(self, "on_nan", ON_NAN)
         _check_losses(self)
@@ -375,7 +418,7 @@ class ParallelConfig:
     main_process_ip: str | None = _help("Address of the main machine (rank 0), for several machines.", default=None)
     main_process_port: int | None = _help("Port on the main machine for the process group.", default=None)
     launcher: str = _help(f"How processes are started: {'|'.join(LAUNCHERS)}.", default="accelerate")
-    num_workers: int | None = _help("Ray workers (with --launcher ray).", default=None)
+    ray_workers: int | None = _help("Ray Train workers (with --launcher ray).", default=None)
     use_gpu: bool = _help("Ray workers use one GPU each (with --launcher ray).", default=False)
     shard: str = _help(
         f"Shard model, gradients and optimizer state across processes: {'|'.join(SHARDING)}.", default="none"
@@ -396,7 +439,7 @@ class ParallelConfig:
 
     def _check(self) -> None:
         _positive(self, "num_machines")
-        _positive(self, "num_processes", "num_workers", "main_process_port", "local_sgd_steps", optional=True)
+        _positive(self, "num_processes", "ray_workers", "main_process_port", "local_sgd_steps", optional=True)
         if not 0 <= self.machine_rank < self.num_machines:
             raise ConfigError(f"--machine-rank must be in [0, --num-machines), got {self.machine_rank}")
         _choice(self, "launcher", LAUNCHERS)
@@ -421,21 +464,41 @@ class CheckpointConfig:
 
     output_dir: str | None = _help("Where the run is written. Default: runs/<timestamp>.", default=None)
     overwrite: bool = _help("Replace a finished run in --output-dir (only once the new run succeeds).", default=False)
-    save_every: int | None = _help("Save a checkpoint every N optimizer steps.", default=None)
+    save_every: int | str | None = _help(
+        "Save a checkpoint every N optimizer steps, or at the end of every epoch ('epoch').",
+        default=None,
+        metadata_extra={"epoch_ok": True},
+    )
     save_total_limit: int | None = _help("Keep only the newest N checkpoints (the best is kept apart).", default=None)
     save_on_interrupt: bool = _help(
         "On Ctrl-C or SIGTERM (a cluster's preemption), save a checkpoint at the next step boundary even without "
         "--save-every (with it, one is always saved), then stop with the command that resumes it.",
         default=False,
     )
-    metric_for_best: str = _help(
-        "Eval metric that picks the best checkpoint: any that --metrics reports (higher is better; loss, mse, "
-        "rmse, mae: lower). The default accuracy means loss for regression.",
-        default="accuracy",
+    metric_for_best: str | None = _help(
+        "Eval metric that picks the best checkpoint and early stopping's yardstick: any that --metrics reports "
+        "(higher is better; loss, mse, rmse, mae: lower). Default: the task's (accuracy for classification, else "
+        "loss).",
+        default=None,
     )
     resume: str | None = _help(
         "Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.", default=None
     )
+    # --- HF Trainer users (issue #17)
+    load_best_at_end: bool = _help(
+        "Publish the weights of the best evaluation (--metric-for-best) as model/, not the last step's; each new "
+        "best is checkpointed (needs --eval-every).",
+        default=False,
+    )
+    early_stopping_patience: int | None = _help(
+        "Stop after this many evaluations in a row without an improvement of --metric-for-best of more than "
+        "--early-stopping-threshold (needs --eval-every); the reason is written to metrics.json.",
+        default=None,
+    )
+    early_stopping_threshold: float = _help(
+        "The improvement over the best value so far that early stopping counts as one.", default=0.0
+    )
+    # --- end HF Trainer users (issue #17)
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -443,13 +506,20 @@ class CheckpointConfig:
 
     def _check(self) -> None:
         _positive(self, "save_every", "save_total_limit", optional=True)
+        _positive(self, "early_stopping_patience", optional=True)  # HF Trainer users (issue #17)
+        if self.early_stopping_threshold < 0:
+            raise ConfigError(f"--early-stopping-threshold must be >= 0, got {self.early_stopping_threshold}")
 
 
 @dataclass
 class LoggingConfig:
     """What the run reports, and how often."""
 
-    eval_every: int | None = _help("Evaluate every N optimizer steps (and always at the end).", default=None)
+    eval_every: int | str | None = _help(
+        "Evaluate every N optimizer steps, or at the end of every epoch ('epoch'); always at the end of the run.",
+        default=None,
+        metadata_extra={"epoch_ok": True},
+    )
     log_every: int = _help("Log a row to metrics.jsonl every N optimizer steps.", default=10)
     progress: bool = _help("Show a progress bar.", default=True)
     log: str = _help(
@@ -516,10 +586,14 @@ class TrainConfig(
                 "--streaming needs --max-steps: a stream's length is unknown until it ends, and the learning-rate "
                 "schedule needs the number of steps"
             )
+        for name in ("eval_every", "save_every"):
+            if self.streaming and getattr(self, name) == "epoch":
+                raise ConfigError(f"{_flag(name)} epoch: a stream's epoch has no known length; give a number of steps")
         if self.streaming and self.auto:
             raise ConfigError(
                 "--auto measures the whole data set's lengths; with --streaming choose the batch yourself"
             )
+        _check_best_and_stopping(self)  # HF Trainer users (issue #17)
         if self.shard != "none" and (self.save_every or self.resume):
             raise ConfigError(
                 f"--save-every/--resume do not support --shard {self.shard} yet (a checkpoint holds whole "
@@ -535,11 +609,13 @@ class TrainConfig(
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
         """Build from a mapping, refusing unknown keys with a suggestion."""
+        from leantrain import hf_names
+
+        values = hf_names.translate(values, source)  # TrainingArguments names (issue #17)
         known = {f.name for f in fields(cls)}
         for key in values:
             if key not in known:
-                hint = difflib.get_close_matches(key, sorted(known), n=1)
-                fix = f"; did you mean '{hint[0]}'?" if hint else "; see `leantrain train --help`"
+                fix = hf_names.hint(key, sorted(known)) or "; see `leantrain train --help`"
                 raise ConfigError(f"{source}: unknown key '{key}'{fix}")
         return cls(**values)
 
@@ -564,6 +640,9 @@ class TrainConfig(
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys, got {type(values).__name__}")
         values = {str(k).replace("-", "_"): v for k, v in values.items()}
+        from leantrain import hf_names
+
+        values = hf_names.translate(values, str(path))  # before the flags override: each source apart
         return cls.from_dict({**values, **(overrides or {})}, source=str(path))
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -649,6 +728,8 @@ def _coerce_types(cfg: Any) -> None:
         if value is None:
             continue
         want = field_base_type(f)
+        if f.metadata.get("epoch_ok") and value == "epoch":
+            continue  # --eval-every/--save-every epoch (issue #17)
         if want is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
@@ -656,7 +737,8 @@ def _coerce_types(cfg: Any) -> None:
             if isinstance(value, bool) or not (
                 isinstance(value, int) or (isinstance(value, float) and value.is_integer())
             ):
-                raise ConfigError(f"{_flag(f.name)} must be an integer, got {value!r}")
+                steps = " or 'epoch'" if f.metadata.get("epoch_ok") else ""
+                raise ConfigError(f"{_flag(f.name)} must be an integer{steps}, got {value!r}")
             setattr(cfg, f.name, int(value))
         elif want is float:
             try:
@@ -674,7 +756,7 @@ def _coerce_types(cfg: Any) -> None:
 def _positive(cfg: Any, *names: str, optional: bool = False) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if value is None and optional:
+        if (value is None and optional) or value == "epoch":
             continue
         if value is None or value <= 0:
             raise ConfigError(f"{_flag(name)} must be a positive integer, got {value}")
@@ -766,3 +848,58 @@ def _check_reporting(cfg: LoggingConfig) -> None:
         unknown = [n for n in names if n not in (*TRACKERS, "none")]
         if unknown:
             raise ConfigError(f"--report-to: unknown tracker {unknown[0]!r}; choose from {', '.join(TRACKERS)}, none")
+
+
+# --- HF Trainer users (issue #17)
+def _check_best_and_stopping(cfg: TrainConfig) -> None:
+    """Best-at-end and early stopping judge evaluations: they need some; best-at-end needs checkpoints."""
+    for name in ("load_best_at_end", "early_stopping_patience"):
+        if getattr(cfg, name) not in (None, False) and cfg.eval_every is None:
+            raise ConfigError(f"{_flag(name)} judges evaluations: add --eval-every N (or --eval-every epoch)")
+    if cfg.load_best_at_end and cfg.shard != "none":
+        raise ConfigError(
+            f"--load-best-at-end keeps the best step in a checkpoint, which --shard {cfg.shard} does not write yet"
+        )
+
+
+def _check_schedule(cfg: OptimizationConfig) -> None:
+    """A known schedule with the arguments it needs; the warm-up as steps (an integer) or a ratio below 1."""
+    import json
+
+    if cfg.scheduler in ("reduce_lr_on_plateau", "greedy"):
+        raise ConfigError(
+            f"--scheduler {cfg.scheduler} steps on an evaluation metric, not per optimizer step; leantrain does not "
+            "run it: choose one of " + ", ".join(SCHEDULERS)
+        )
+    _choice(cfg, "scheduler", SCHEDULERS)
+    kwargs: Any = {}
+    if cfg.scheduler_kwargs is not None:
+        try:
+            kwargs = json.loads(cfg.scheduler_kwargs)
+        except ValueError:
+            kwargs = None
+        if not isinstance(kwargs, dict):
+            raise ConfigError(
+                f"--scheduler-kwargs must be a JSON object, e.g. '{{\"num_cycles\": 2}}'; got {cfg.scheduler_kwargs!r}"
+            )
+    need = SCHEDULER_NEEDS.get(cfg.scheduler)
+    if need and not any(k in kwargs for k in need):
+        example = json.dumps({need[-1]: 0.1 if need[-1].endswith("rate") else 100})
+        raise ConfigError(f"--scheduler {cfg.scheduler} needs {' or '.join(need)}: add --scheduler-kwargs '{example}'")
+    if cfg.warmup_steps is not None:
+        w = cfg.warmup_steps
+        if w < 0 or (w >= 1 and not float(w).is_integer()):
+            raise ConfigError(f"--warmup-steps must be a whole number of steps or a ratio in [0, 1), got {w}")
+    _positive(cfg, "eval_batch_size", optional=True)
+
+
+def resolved_values(cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int) -> dict[str, Any]:
+    """config.yaml's content (issue #17): what ran, not what was asked (`precision: bf16`, not `auto`)."""
+    values = cfg.to_dict()
+    values.update(
+        precision=precision,
+        metric_for_best=metric_for_best,
+        eval_batch_size=cfg.eval_batch_size or 2 * cfg.batch_size,
+        num_processes=num_processes,
+    )
+    return values

@@ -156,7 +156,7 @@ def evaluate(
     text_column: str | None = None,
     text_pair_column: str | None = None,
     label_column: str | None = None,
-    max_length: int = 128,
+    max_length: int | None = None,
     batch_size: int = 64,
     cache_dir: str | None = None,
     image_column: str | None = None,
@@ -186,7 +186,7 @@ def evaluate(
     src = load_source(
         data,
         tokenizer,
-        max_length,
+        max_length or run_max_length(path),
         Path(cache_dir) if cache_dir else default_cache_dir(),
         "eval",
         text_column,
@@ -214,7 +214,7 @@ def predict(
     texts: list[str] | None = None,
     text_column: str | None = None,
     text_pair_column: str | None = None,
-    max_length: int = 128,
+    max_length: int | None = None,
     batch_size: int = 64,
     files: list[str] | None = None,
     image_column: str | None = None,
@@ -260,7 +260,7 @@ def predict(
     assert texts is not None
     if not texts:
         raise DataError(f"{data or '--text'}: no text to predict")
-    tokens = tokenize(tokenizer, texts, pairs, max_length)
+    tokens = tokenize(tokenizer, texts, pairs, max_length or run_max_length(path))
     if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
         return predict_problem(problem, model, tokenizer, names, texts, pairs, tokens, batch_size)
     probs, _, index = _run(model, _loader(tokens, np.zeros(len(texts), dtype=np.int64), tokenizer, batch_size))
@@ -292,6 +292,28 @@ def _prompts(data: str | None, column: str | None) -> list[str]:
         column = "prompt"
     cols = resolve_columns(df, data, column, None, None, require_label=False)
     return [str(t) for t in df[cols.text] if str(t).strip()]
+
+
+#: inputs are cut here when neither --max-length nor the run says otherwise
+DEFAULT_MAX_LENGTH = 128
+
+
+def run_max_length(model_path: str) -> int:
+    """The --max-length the model was trained with (issue #17): a checkpoint's manifest, or the run's config.yaml
+    beside model/; DEFAULT_MAX_LENGTH for a model leantrain did not train."""
+    import yaml
+
+    path = Path(model_path)
+    try:
+        if (path / "checkpoint.json").is_file():
+            saved = json.loads((path / "checkpoint.json").read_text())["config"]
+        elif (path.parent / "config.yaml").is_file() and (path.parent / "metrics.json").is_file():
+            saved = yaml.safe_load((path.parent / "config.yaml").read_text())
+        else:
+            return DEFAULT_MAX_LENGTH
+        return int(saved["max_length"])
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return DEFAULT_MAX_LENGTH
 
 
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:

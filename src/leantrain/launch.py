@@ -6,7 +6,7 @@ which starts the processes that train:
 * `--launcher accelerate` (default): `accelerate launch --multi_gpu`, which runs torchrun in turn.
   On a CPU host this still starts N gloo ranks (plain `accelerate launch --cpu` would start one);
 * `--launcher torchrun`: `torch.distributed.run` (torchrun) directly;
-* `--launcher ray`: Ray Train's `TorchTrainer` with `--num-workers` workers, each running the same
+* `--launcher ray`: Ray Train's `TorchTrainer` with `--ray-workers` workers, each running the same
   training function (`pip install "leantrain[ray]"`).
 
 Each started process trains, through Accelerate: gloo between CPU processes, NCCL between GPUs.
@@ -261,7 +261,7 @@ def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def launch_ray(cfg: TrainConfig, holder: dict[str, str] | None = None) -> int:
-    """Run the training function in `--num-workers` Ray Train workers (a TorchTrainer) and wait."""
+    """Run the training function in `--ray-workers` Ray Train workers (a TorchTrainer) and wait."""
     import json
     import shutil
     import tempfile
@@ -272,7 +272,7 @@ def launch_ray(cfg: TrainConfig, holder: dict[str, str] | None = None) -> int:
         from ray.train.torch import TorchTrainer
     except ImportError:
         raise ConfigError('--launcher ray needs Ray Train: pip install "leantrain[ray]" (or "ray[train]")') from None
-    workers = cfg.num_workers or cfg.num_processes or 1
+    workers = cfg.ray_workers or cfg.num_processes or 1
     storage = tempfile.mkdtemp(prefix="leantrain-ray-")
     Console().info(f"starting {workers} Ray Train worker(s) ({'one GPU' if cfg.use_gpu else 'CPU'} each)")
     init: dict[str, Any] = {"log_to_driver": True, "include_dashboard": False}

@@ -113,9 +113,34 @@ def optimizer_state_bytes_per_param(optimizer: torch.optim.Optimizer) -> float:
     return optimizer_state_bytes(optimizer) / n if n else 0.0
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, name: str, total_steps: int, warmup_ratio: float):
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    name: str,
+    total_steps: int,
+    warmup_ratio: float,
+    warmup_steps: float | None = None,
+    kwargs: str | None = None,
+):
+    """transformers' schedule `name` over `total_steps`; the warm-up from `warmup_steps` when given (steps, or a
+    ratio below 1 as transformers 5 has it), else `warmup_ratio`; `kwargs`: --scheduler-kwargs (JSON)."""
+    import json
+
     from transformers import get_scheduler
 
-    hf_name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[name]
-    warmup = round(warmup_ratio * total_steps)
-    return get_scheduler(hf_name, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))
+    hf_name = "constant_with_warmup" if name == "constant" else name  # leantrain's constant keeps the warm-up
+    if warmup_steps is not None:
+        warmup = int(warmup_steps) if warmup_steps >= 1 else round(warmup_steps * total_steps)
+    else:
+        warmup = round(warmup_ratio * total_steps)
+    specific = json.loads(kwargs) if kwargs else None
+    try:
+        return get_scheduler(
+            hf_name,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=max(total_steps, 1),
+            scheduler_specific_kwargs=specific,
+        )
+    except (TypeError, ValueError) as exc:  # an argument the schedule does not take, or a bad value
+        first = str(exc).strip().splitlines()[0][:200]
+        raise ConfigError(f"--scheduler {name} --scheduler-kwargs {kwargs}: {first}") from None

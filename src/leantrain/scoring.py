@@ -21,7 +21,7 @@ EPS = 1e-12
 
 
 def lower_is_better(name: str) -> bool:
-    return name in LOWER_IS_BETTER
+    return name in LOWER_IS_BETTER or name.endswith("_loss")
 
 
 # -- single-label classification: probs (N, C), labels (N,) --------------------------------------------------

@@ -363,7 +363,7 @@ def test_ray_train_workers_equal_one_process(setup, baseline, tmp_path_factory):
                 "-m",
                 "leantrain",
                 "train",
-                *flags(**base, batch_size=8, epochs=1, output_dir=out_dir, launcher="ray", num_workers=2),
+                *flags(**base, batch_size=8, epochs=1, output_dir=out_dir, launcher="ray", ray_workers=2),
             ],
             timeout=300,
             LEANTRAIN_RAY_TMPDIR=ray_tmp,

@@ -37,7 +37,7 @@ def launched(env):
         ({"num_processes": 1}, False),
         ({"num_processes": 2}, True),
         ({"num_machines": 2, "main_process_ip": "10.0.0.1"}, True),
-        ({"launcher": "ray", "num_workers": 2}, True),
+        ({"launcher": "ray", "ray_workers": 2}, True),
     ],
 )
 def test_launches_only_for_several_processes_machines_or_ray(changes, expected):
@@ -47,7 +47,7 @@ def test_launches_only_for_several_processes_machines_or_ray(changes, expected):
 def test_never_launches_again_inside_a_launched_process():
     env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     assert not launch.needs_launch(cfg(num_processes=2), environ=env)
-    assert not launch.needs_launch(cfg(launcher="ray", num_workers=2), environ=env)
+    assert not launch.needs_launch(cfg(launcher="ray", ray_workers=2), environ=env)
     launch.check_launched(cfg(num_processes=2), environ=env)  # agrees with the launcher: fine
     launch.check_launched(cfg(), environ=env)  # under the user's own torchrun: fine
     with pytest.raises(ConfigError, match="--num-processes 4, but the launcher"):

@@ -14,7 +14,8 @@ from leantrain.telemetry.report import load_run
 def test_only_the_config_keys_that_differ_are_shown(tiny_runs):
     runs = [load_run(p) for p in tiny_runs]
     diffs = dict(config_differences(runs))
-    assert diffs == {"batch_size": [16, 8], "lr": [1e-3, 3e-3]}  # output_dir always differs: it names the columns
+    # output_dir always differs: it names the columns; the eval batch is resolved (2 x batch_size) in config.yaml
+    assert diffs == {"batch_size": [16, 8], "eval_batch_size": [32, 16], "lr": [1e-3, 3e-3]}
 
 
 def test_the_table_puts_the_runs_side_by_side(tiny_runs):

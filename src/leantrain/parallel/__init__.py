@@ -84,9 +84,15 @@ def device_type() -> str:
 
 
 def choose_precision(requested: str, device: str | None = None) -> tuple[str, str]:
-    """Resolve `auto` to bf16 where the device runs it fast, else fp32; say why."""
+    """Resolve `auto`: the user's Accelerate config when it sets a precision, else bf16 where the device runs it
+    fast, else fp32; say why (which source won)."""
     if requested != "auto":
         return requested, "set by --precision"
+    from leantrain.parallel.precision import accelerate_precision
+
+    configured = accelerate_precision()  # the user's Accelerate config, when --precision is left to auto (#17)
+    if configured is not None:
+        return configured
     device = device or device_type()
     bf16 = precision_support(device)["bf16"]
     if bf16.fast:

@@ -75,3 +75,62 @@ class MixedPrecision:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = state.get("skipped_steps", 0)
+
+
+# --- HF Trainer users (issue #17): the user's Accelerate configuration, when --precision is left to auto
+
+#: Accelerate's mixed-precision names -> leantrain's
+_FROM_ACCELERATE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}
+
+
+def accelerate_precision(environ=None, config_file: str | None = None) -> tuple[str, str] | None:
+    """The precision the user's Accelerate setup asks for, and where it says so; None when it says nothing.
+
+    `accelerate launch --mixed_precision X` (or its config file, which `accelerate launch` reads) reaches a process
+    as ACCELERATE_MIXED_PRECISION; a plain `leantrain train` reads the config file (`accelerate config`) itself.
+    `accelerate launch` sets 'no' when nothing is configured, so 'no' from the environment alone is not taken as a
+    choice; neither is the 'no' leantrain's own launcher passes to the processes it starts.
+    """
+    import os
+
+    from leantrain.errors import ConfigError
+
+    env = os.environ if environ is None else environ
+    from_file = _config_file_precision(config_file)
+    launched_by_leantrain = "LEANTRAIN_LAUNCHED" in env
+    value = env.get("ACCELERATE_MIXED_PRECISION")
+    found = None
+    if value and not launched_by_leantrain and (value != "no" or (from_file and from_file[0] == "no")):
+        found = (value, f"ACCELERATE_MIXED_PRECISION={value} (accelerate launch --mixed_precision or its config)")
+    elif from_file is not None:
+        found = (from_file[0], f"mixed_precision: {from_file[0]} in {from_file[1]} (accelerate config)")
+    if found is None:
+        return None
+    mode, source = found
+    if mode.lower() not in _FROM_ACCELERATE:
+        raise ConfigError(
+            f"{source}: leantrain runs fp32, bf16 or fp16, not {mode}; pass --precision bf16 (or fp16, fp32)"
+        )
+    return _FROM_ACCELERATE[mode.lower()], f"from {source}"
+
+
+def _config_file_precision(path: str | None) -> tuple[str, str] | None:
+    """mixed_precision from Accelerate's config file (default: the one `accelerate config` writes), if set."""
+    import os
+    from pathlib import Path
+
+    import yaml
+
+    if path is None:
+        home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+        path = os.path.join(home, "accelerate", "default_config.yaml")
+    file = Path(path)
+    if not file.is_file():
+        return None
+    try:
+        text = file.read_text()
+        values = yaml.safe_load(text)  # YAML, or JSON (which YAML reads too)
+    except (OSError, yaml.YAMLError):
+        return None  # Accelerate itself reports a broken config file
+    mode = values.get("mixed_precision") if isinstance(values, dict) else None
+    return (str(mode), str(file)) if mode else None

@@ -97,6 +97,8 @@ class Task(ABC):
     #: the metrics `metrics` reports, which `--metric-for-best` may name (leantrain.scoring.LOWER_IS_BETTER says
     #: which improve downwards); a task may set its own per instance (`--metrics`)
     metric_names: tuple[str, ...] = ("loss",)
+    #: what `--metric-for-best` is when not given
+    default_metric: ClassVar[str] = "loss"
 
     # --- metrics and losses (issue #17)
     #: a user's `compute_metrics(EvalPrediction) -> {name: number}` (`leantrain.train(compute_metrics=...)`), as
@@ -124,16 +126,14 @@ class Task(ABC):
                 raise ConfigError(f"compute_metrics returned {key}={value!r}; give numbers only") from None
         return out
 
-    def metric_for_best(self, name: str) -> str:
-        """`--metric-for-best` as the evaluation's key, refused in one line when this task does not report it.
-        The default (accuracy) means the task's `default_metric`, else loss, for a task without accuracy."""
+    def metric_for_best(self, name: str | None) -> str:
+        """`--metric-for-best` as the evaluation's key (None: the task's `default_metric`), refused in one line
+        when this task does not report it."""
         from leantrain.errors import ConfigError
 
-        key = name.removeprefix("eval_")
+        key = (name or self.default_metric).removeprefix("eval_")
         if key in self.metric_names or self.compute_metrics is not None:  # the user's names are known at the end
             return key
-        if name == "accuracy":  # the field's default, for a task without accuracy: its own default, else loss
-            return str(getattr(self, "default_metric", "loss"))
         raise ConfigError(
             f"--metric-for-best {name!r} is not an evaluation metric of this run; choose one of "
             f"{', '.join(self.metric_names)} (or add it with --metrics)"

@@ -17,6 +17,7 @@ class Classification(Task):
 
     #: the kind of problem, as leantrain.scoring names it
     problem_type: ClassVar[str] = "single-label"
+    default_metric: ClassVar[str] = "accuracy"
 
     def __init__(self, cfg: Any):
         from leantrain.scoring import metric_names, parse_metrics

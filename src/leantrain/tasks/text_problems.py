@@ -55,6 +55,7 @@ class TextRegression(_FloatTargets):
     """One number per text: mean squared error summed over examples; RMSE, Pearson and Spearman."""
 
     problem_type: ClassVar[str] = "regression"
+    default_metric: ClassVar[str] = "loss"
     hf_problem_type: ClassVar[str] = "regression"
 
     def label_codec(self):
@@ -89,6 +90,7 @@ class TextMultiLabel(_FloatTargets):
     step's loss is the mean over examples and classes (as transformers' BCEWithLogitsLoss)."""
 
     problem_type: ClassVar[str] = "multi-label"
+    default_metric: ClassVar[str] = "micro_f1"
     hf_problem_type: ClassVar[str] = "multi_label_classification"
 
     def label_codec(self):

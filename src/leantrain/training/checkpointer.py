@@ -19,7 +19,9 @@ class Checkpointer:
     def __init__(self, cfg, run, accelerator, say):
         self.cfg, self.run, self.accelerator, self.say = cfg, run, accelerator, say
         self.dir = checkpoint.CheckpointDir(run.path / "checkpoints", accelerator)
-        self.every = cfg.save_every
+        self.every: int | None = None  # in steps, once `schedule` knows an epoch's length
+        self.keep_best = bool(cfg.load_best_at_end)  # each new best is saved, to be published at the end
+        self.processor: Any = None
         self.trained: dict[str, Any] = {}  # model, optimizer, scheduler, amp, local_sgd: set by `attach`
         self.facts: dict[str, Any] = {}  # what a resumed run must match
         self.log_path: Path | None = None
@@ -29,7 +31,6 @@ class Checkpointer:
         """The checkpoint to resume, or None. A fresh run refuses a directory holding an unfinished run's
         checkpoints (--overwrite discards them); --resume auto with none found starts from scratch."""
         cfg, main = self.cfg, self.accelerator.is_main_process
-        checkpoint.metric_key(cfg.metric_for_best)
         if main:
             self.dir.clean()  # saves and prunes cut short by a kill
         found = None
@@ -50,9 +51,10 @@ class Checkpointer:
         self.accelerator.wait_for_everyone()
         return found
 
-    def attach(self, facts: dict[str, Any], log_path: Path | None, **trained: Any) -> None:
-        """What every save holds besides the train state: the trained objects and the run's facts."""
-        self.facts, self.log_path, self.trained = facts, log_path, trained
+    def attach(self, facts: dict[str, Any], log_path: Path | None, processor: Any = None, **trained: Any) -> None:
+        """What every save holds besides the train state: the trained objects, the run's facts, and the processor
+        (saved beside the model so that a checkpoint folder loads as a model)."""
+        self.facts, self.log_path, self.trained, self.processor = facts, log_path, trained, processor
 
     def restore(self, ckpt: Checkpoint, state: TrainState) -> dict:
         """Load `ckpt` into the trained objects and `state`; returns the RNG state to set just before the loop."""
@@ -62,10 +64,17 @@ class Checkpointer:
             setattr(state, f.name, getattr(ckpt.progress, f.name))
         if state.best_metric != best:  # another yardstick: its best is yet to be seen
             state.best_metric, state.best_value, state.best_step = best, None, None
+            state.stopping_reference, state.evals_without_improvement = None, 0  # early stopping's too (#17)
         return rng
 
+    def schedule(self, steps_per_epoch: int) -> None:
+        """--save-every in optimizer steps (`epoch`: one pass over the data)."""
+        from leantrain.training.early_stopping import steps_every
+
+        self.every = steps_every(self.cfg.save_every, steps_per_epoch)
+
     def warn_if_short_of_space(self, model) -> None:
-        if not self.every:
+        if not (self.every or self.keep_best):
             return
         note = checkpoint.free_space_check(
             self.run.path, checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer), self.cfg.save_total_limit
@@ -75,13 +84,13 @@ class Checkpointer:
 
     # -- saving ---------------------------------------------------------------------------------------------
     def should_save(self, step: int, new_best: bool) -> bool:
-        return bool(self.every) and (step % self.every == 0 or new_best)
+        return bool(self.every and step % self.every == 0) or (new_best and bool(self.every or self.keep_best))
 
     def maybe_save(self, state: TrainState, new_best: bool) -> Path | None:
         if not self.should_save(state.step, new_best):
             return None
-        assert self.every
-        reason = f"every {self.every} steps" if state.step % self.every == 0 else f"best eval {state.best_metric}"
+        periodic = bool(self.every and state.step % self.every == 0)
+        reason = f"every {self.every} steps" if periodic else f"best eval {state.best_metric}"
         return self.save(state, reason, checkpoint.rng_state())
 
     def save(self, state: TrainState, reason: str, rng: dict, **rollback: Any) -> Path:
@@ -95,10 +104,22 @@ class Checkpointer:
             log_path=self.log_path,
             reason=reason,
             keep=self.cfg.save_total_limit,
+            processor=self.processor,
         )
 
     def saved(self, step: int) -> Path:
         return self.dir.root / f"{checkpoint.PREFIX}{step:06d}"
 
     def best(self) -> Path | None:
-        return self.dir.best() if self.every else None
+        return self.dir.best() if (self.every or self.keep_best) else None
+
+    def load_best_weights(self, state: TrainState) -> Path:
+        """--load-best-at-end: put the best evaluation's checkpointed weights into the model (every process)."""
+        from leantrain.checkpoint import CheckpointError
+
+        path = self.saved(state.best_step or 0)
+        if not (path / "model.safetensors").is_file():
+            raise CheckpointError(f"--load-best-at-end: the best step's checkpoint {path} is missing")
+        ckpt = checkpoint.verify(path)
+        checkpoint.load_weights(ckpt, self.trained["model"], self.accelerator)
+        return path

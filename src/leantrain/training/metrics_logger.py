@@ -170,6 +170,7 @@ class MetricsLogger:
             "global_batch": extra["global_batch"],
             **extra["oom"],
             "num_labels": extra["num_labels"],
+            **extra.get("best_and_stopping", {}),  # best model, early stopping (issue #17)
         }
 
     def summary(self, metrics: dict[str, Any], eval_rows: list[tuple[str, str]], resumed_step: int | None) -> str:

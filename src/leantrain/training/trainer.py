@@ -28,6 +28,7 @@ from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.tasks.base import Task, TaskData
 from leantrain.training.checkpointer import Checkpointer
+from leantrain.training.early_stopping import EarlyStopping, resolve_metric, steps_every
 from leantrain.training.evaluator import Evaluator, prefixed
 from leantrain.training.guards import NanGuard
 from leantrain.training.hooks import Hooks
@@ -68,6 +69,8 @@ class Trainer:
         self.accelerator = accelerator = parallel.make_accelerator(self.precision, cfg.shard, self._trackers(cfg))
         if share_output_dir:  # a timestamped default: every process writes under rank 0's
             cfg = cfg.replace(output_dir=parallel.broadcast_from_main(cfg.output_dir))
+        best_metric = resolve_metric(cfg, task)  # the task's default when not given; refused if not reported
+        cfg = cfg.replace(metric_for_best=best_metric)
         self.cfg = cfg
         assert cfg.output_dir is not None and cfg.cache_dir is not None  # resolved() filled them
         self.run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
@@ -77,7 +80,7 @@ class Trainer:
         if plan is not None:
             self.say.info(plan.summary())
         parallel.seed_everything(cfg.seed)
-        self.state = TrainState(best_metric=task.metric_for_best(cfg.metric_for_best))
+        self.state = TrainState(best_metric=best_metric)
         self.checkpointer = Checkpointer(cfg, self.run, accelerator, self.say)
         self.resume_from = self.checkpointer.find_resume()  # refused now, before any work, if from another run
         if self.resume_from is not None:
@@ -142,12 +145,14 @@ class Trainer:
             batch_sampler=self.sampler,
             collate_fn=self.task.collator(data, train=True),
             generator=torch.Generator(),
+            num_workers=cfg.dataloader_num_workers,
         )
         self.eval_loader = DataLoader(
             ExamplesDataset(data.eval),
-            batch_sampler=eval_batches(data.eval.lengths, cfg.batch_size * 2),
+            batch_sampler=eval_batches(data.eval.lengths, cfg.eval_batch_size or cfg.batch_size * 2),
             collate_fn=self.task.collator(data, train=False),
             generator=torch.Generator(),
+            num_workers=cfg.dataloader_num_workers,
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch()  # None: a stream's, unknown until it ends
         if self.steps_per_epoch == 0:
@@ -162,7 +167,9 @@ class Trainer:
 
         cfg = self.cfg
         optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
-        scheduler = build_scheduler(optimizer, cfg.scheduler, self.total_steps, cfg.warmup_ratio)
+        scheduler = build_scheduler(
+            optimizer, cfg.scheduler, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
+        )
         self.model, self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
             self.model, optimizer, self.train_loader, self.eval_loader, scheduler
         )
@@ -183,14 +190,18 @@ class Trainer:
         from leantrain.training.oom import OomGuard
 
         cfg, acc = self.cfg, self.accelerator
-        self.evaluator = Evaluator(self.task, self.eval_loader, acc, cfg.eval_every, self.hooks)
+        eval_every = steps_every(cfg.eval_every, self.steps_per_epoch)
+        self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks)
+        self.early_stopping = EarlyStopping(cfg.early_stopping_patience, cfg.early_stopping_threshold, self.state)
+        self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
+        self.checkpointer.schedule(self.steps_per_epoch)
         self.nan_guard = NanGuard(acc, cfg.on_nan, self.amp.scales_loss)
         self.staging = self.run.begin() if acc.is_main_process else None
         log_path = self.staging / "metrics.jsonl" if self.staging else None
         trained = dict(
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, amp=self.amp, local_sgd=self.local_sgd
         )
-        self.checkpointer.attach(self._facts(self.data), log_path, **trained)
+        self.checkpointer.attach(self._facts(self.data), log_path, self.data.processor, **trained)
         if self.staging is not None and self.plan is not None:
             self.plan.write(self.staging)  # plan.json and plan.md: what was predicted, and why this configuration
         self.resume_rng: dict | None = None  # set by a resume, applied just before the loop starts
@@ -308,8 +319,11 @@ class Trainer:
                             with logger.paused(), logger.timer.phase("checkpoint"):
                                 self.checkpointer.maybe_save(self._now(), new_best)
                         self._stop_if_interrupted(saved)
-                        if state.step >= self.total_steps:
+                        if state.step >= self.total_steps or self.early_stopping.reason:
                             break
+                    if self.early_stopping.reason:
+                        self.say.info(self.early_stopping.reason)
+                        break
                     state.epoch += 1
                     state.steps_in_epoch = 0
         finally:
@@ -430,7 +444,10 @@ class Trainer:
         logger.eval_row(state.step, metrics)
         self.say.info(f"step {state.step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
         self.model.train()
-        return state.update_best(metrics, state.step)
+        self.last_eval = (state.step, metrics)
+        new_best = state.update_best(metrics, state.step)
+        self.early_stopping.observe(metrics, state.step)
+        return new_best
 
     def _now(self) -> TrainState:
         """The state with its clock brought up to date (what a checkpoint records)."""
@@ -444,9 +461,7 @@ class Trainer:
 
         logger, acc = self.logger, self.accelerator
         peak = logger.memory.report()
-        with logger.timer.phase("eval"):
-            eval_metrics = self.evaluator.evaluate(self.model)
-        logger.eval_row(self.state.step, eval_metrics)
+        eval_metrics, model_step = self._final_evaluation()
         logger.close()
         unwrapped = acc.unwrap_model(self.model)
         extra = {
@@ -463,6 +478,13 @@ class Trainer:
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
+            "best_and_stopping": {  # HF Trainer users (issue #17); metrics.json stays flat
+                "best_metric": self.state.best_metric,
+                "best_value": self.state.best_value,
+                "best_step": self.state.best_step,
+                "model_step": model_step,
+                **self.early_stopping.summary(),
+            },
         }
         metrics = logger.final_metrics(self.state, unwrapped, self.optimizer, self.amp, extra)
         best_mfu = max(metrics["mfu"] or 0.0, metrics["steady_mfu"] or 0.0)
@@ -480,6 +502,34 @@ class Trainer:
         out = self.run.path
         paths = {"model": out / "model", "metrics": out / "metrics.json", "log": out / "metrics.jsonl"}
         return TrainResult(out, out / "model", metrics, {**paths, "config": out / "config.yaml"})
+
+    def _final_evaluation(self) -> tuple[dict[str, float], int]:
+        """Evaluate the last step's model (unless it was just evaluated: early stopping); with
+        --load-best-at-end, put the best evaluation's weights in its place and score those. Returns the
+        metrics of the model to publish and the step its weights come from."""
+        state, logger = self.state, self.logger
+        if self.last_eval is not None and self.last_eval[0] == state.step:
+            metrics = self.last_eval[1]
+        else:
+            with logger.timer.phase("eval"):
+                metrics = self.evaluator.evaluate(self.model)
+            logger.eval_row(state.step, metrics)
+            if self.cfg.load_best_at_end:
+                state.update_best(metrics, state.step)
+        if not self.cfg.load_best_at_end or state.best_step in (None, state.step):
+            return metrics, state.step
+        path = self.checkpointer.load_best_weights(state)
+        self.say.info(f"--load-best-at-end: publishing step {state.best_step}'s weights ({path})")
+        with logger.timer.phase("eval"):
+            return self.evaluator.evaluate(self.model), state.best_step
+
+    def resolved_config(self) -> dict[str, Any]:
+        """The config as it ran: `auto` precision as what it resolved to, the task's metric, the eval batch size."""
+        from leantrain.config import resolved_values
+
+        cfg, acc = self.cfg, self.accelerator
+        metric = cfg.metric_for_best or self.state.best_metric
+        return resolved_values(cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes)
 
     def _publish(self, model, metrics: dict[str, Any]) -> None:
         import json
@@ -505,10 +555,10 @@ class Trainer:
             base_model=cfg.model,
             data=data,
             metrics=metrics,
-            config=cfg.to_dict(),
+            config=self.resolved_config(),
             task=self.task.name,
         )
-        (staging / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        (staging / "config.yaml").write_text(yaml.safe_dump(self.resolved_config(), sort_keys=False))
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
             try:

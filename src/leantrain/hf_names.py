@@ -1,0 +1,292 @@
+"""Hugging Face `TrainingArguments` names (issue #17): ONE table, read by the CLI, the YAML loader and the docs.
+
+A Trainer user's habits carry over: `--learning_rate 2e-5` (or `--learning-rate`), `bf16: true` or
+`eval_strategy: epoch` in a YAML file set the leantrain field they mean. A name given together with the leantrain
+flag it stands for is refused in one line (which one should win?); a TrainingArguments name leantrain has no
+equivalent for is refused with the reason. `docs/for-trainer-users.md` is generated from `ROWS`
+(scripts/gen_trainer_docs.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from leantrain.errors import ConfigError
+
+#: HF optimizer names (`optim`) leantrain runs, and what it calls them
+OPTIM_NAMES = {
+    "adamw_torch": "adamw",
+    "adamw_torch_fused": "adamw",
+    "adamw_hf": "adamw",
+    "adafactor": "adafactor",
+    "adamw_bnb_8bit": "adamw8bit",
+    "adamw_8bit": "adamw8bit",
+    "sgd": "sgd",
+}
+
+
+def to_bool(hf: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{hf} must be true or false, got {value!r}")
+
+
+def _optim(value: Any) -> str:
+    name = str(value)
+    if name not in OPTIM_NAMES:
+        raise ConfigError(
+            f"optim {name!r} has no leantrain optimizer; use one of {', '.join(OPTIM_NAMES)} (or --optimizer)"
+        )
+    return OPTIM_NAMES[name]
+
+
+def _resume(value: Any) -> str | None:
+    """TrainingArguments' resume_from_checkpoint: a path, or True for the newest checkpoint in output_dir."""
+    if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+        return "auto" if to_bool("resume_from_checkpoint", value) else None
+    return str(value)
+
+
+def _max_steps(value: Any) -> Any:
+    return None if value in (-1, "-1") else value  # TrainingArguments' "not set"
+
+
+def _kwargs_json(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, dict) else value
+
+
+@dataclass(frozen=True)
+class Row:
+    """One TrainingArguments field: the leantrain field it sets (None: no equivalent), how its value converts,
+    and a note for the docs (or, without a field, the reason there is none)."""
+
+    hf: str
+    field: str | None
+    note: str = ""
+    convert: Callable[[Any], Any] | None = None
+    #: joint rows (eval/save strategies, bf16/fp16) are resolved together by `translate`, not one by one
+    joint: bool = False
+
+
+ROWS: tuple[Row, ...] = (
+    Row("learning_rate", "lr"),
+    Row("num_train_epochs", "epochs"),
+    Row("max_steps", "max_steps", "-1 (TrainingArguments' 'not set') is accepted", _max_steps),
+    Row("per_device_train_batch_size", "batch_size"),
+    Row("per_device_eval_batch_size", "eval_batch_size", "default: 2 x --batch-size (evaluation keeps no gradients)"),
+    Row(
+        "gradient_accumulation_steps",
+        "grad_accum",
+        "exact: the loss is normalised over the whole optimizer step, not averaged per micro-batch",
+    ),
+    Row("warmup_steps", "warmup_steps", "an integer number of steps, or a ratio below 1 (as transformers 5)"),
+    Row("warmup_ratio", "warmup_ratio", "gone from transformers 5 (a float warmup_steps instead); leantrain keeps it"),
+    Row("weight_decay", "weight_decay", "never applied to biases and norm weights, as the Trainer does"),
+    Row("max_grad_norm", "max_grad_norm"),
+    Row("lr_scheduler_type", "scheduler", "every get_scheduler schedule run per step; leantrain's constant warms up"),
+    Row("lr_scheduler_kwargs", "scheduler_kwargs", "a mapping in YAML, JSON on the command line", _kwargs_json),
+    Row("optim", "optimizer", "adamw_torch(_fused), adafactor, adamw_bnb_8bit and sgd", _optim),
+    Row("seed", "seed", "also seeds the data order, splits and head initialisation"),
+    Row("output_dir", "output_dir", "default: runs/<timestamp>"),
+    Row("overwrite_output_dir", "overwrite", "replaces a finished run only once the new one succeeds"),
+    Row("eval_strategy", "eval_every", "no | steps (every eval_steps) | epoch", joint=True),
+    Row("eval_steps", "eval_every", "", joint=True),
+    Row(
+        "save_strategy",
+        "save_every",
+        "no | steps (every save_steps) | epoch; leantrain saves only when asked",
+        joint=True,
+    ),
+    Row("save_steps", "save_every", "", joint=True),
+    Row("logging_steps", "log_every"),
+    Row("save_total_limit", "save_total_limit", "the best checkpoint is kept apart"),
+    Row("metric_for_best_model", "metric_for_best", "default: the task's (accuracy for classification)"),
+    Row("load_best_model_at_end", "load_best_at_end", "each new best is checkpointed; model/ holds the best"),
+    Row("greater_is_better", None, "known per metric: loss and errors are lower-is-better, the rest higher"),
+    Row("early_stopping_patience", "early_stopping_patience", "EarlyStoppingCallback's; the reason in metrics.json"),
+    Row("early_stopping_threshold", "early_stopping_threshold", "EarlyStoppingCallback's"),
+    Row(
+        "resume_from_checkpoint",
+        "resume",
+        "true means the newest checkpoint (leantrain: auto); resume is exact",
+        _resume,
+    ),
+    Row("gradient_checkpointing", "activation_checkpointing", "", lambda v: to_bool("gradient_checkpointing", v)),
+    Row("bf16", "precision", "true: --precision bf16; default auto picks bf16 where it is fast", joint=True),
+    Row("fp16", "precision", "true: --precision fp16 (loss scaling on CPU too)", joint=True),
+    Row("torch_compile", "compile", "compile time is reported apart", lambda v: to_bool("torch_compile", v)),
+    Row("dataloader_num_workers", "dataloader_num_workers", "batches stay identical to 0 workers"),
+    Row("fsdp", None, "use --shard fsdp (FSDP2, one transformer layer per unit)"),
+    Row("deepspeed", None, "not supported: use --shard fsdp, or --auto to fit memory"),
+    Row("group_by_length", None, "always on: batches are drawn from random chunks sorted by length, as it does"),
+    Row("auto_find_batch_size", None, "use --auto: the planner picks the split and halves it on out-of-memory"),
+    Row("push_to_hub", None, "model/ is a save_pretrained folder with a model card: push it with `hf upload`"),
+    Row("hub_model_id", None, "see push_to_hub"),
+    Row("logging_dir", None, "metrics.jsonl lives in --output-dir, the trackers' files in OUTPUT_DIR/trackers"),
+    Row("logging_strategy", None, "leantrain logs every --log-every steps (logging_steps)"),
+    Row(
+        "eval_accumulation_steps",
+        None,
+        "not needed: evaluation moves its per-example rows off the device batch by batch",
+    ),
+    Row("evaluation_strategy", None, "the name before transformers 4.46: write eval_strategy"),
+    Row("disable_tqdm", "progress", "true: --no-progress", lambda v: not to_bool("disable_tqdm", v)),
+    Row("adam_beta1", None, "AdamW keeps torch's defaults (betas 0.9, 0.999; eps 1e-8), as the Trainer's do"),
+    Row("adam_beta2", None, "see adam_beta1"),
+    Row("adam_epsilon", None, "see adam_beta1"),
+    Row("label_names", None, "leantrain finds the label column (or --label-column)"),
+    Row("remove_unused_columns", None, "leantrain reads only the columns it uses (--text-column, --label-column)"),
+    Row("use_cpu", None, "leantrain uses the GPU when there is one; CUDA_VISIBLE_DEVICES= hides it"),
+    Row("local_rank", None, "set by the launcher (--num-processes, accelerate launch, torchrun)"),
+    Row("do_train", None, "`leantrain train` trains; accepted as true", lambda v: _true("do_train", v)),
+    Row("do_eval", None, "leantrain always evaluates at the end; accepted as true", lambda v: _true("do_eval", v)),
+    Row("run_name", None, "the run is named by --output-dir"),
+    Row(
+        "report_to",
+        "report_to",
+        "tensorboard, wandb, mlflow (or all, none) through Accelerate's trackers; files under OUTPUT_DIR/trackers",
+        lambda v: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v,
+    ),
+    Row("label_smoothing_factor", "label_smoothing", "exact under accumulation: smoothing is per example"),
+)
+
+#: names leantrain used to have, and what replaced them
+RENAMED = {
+    "num_workers": "--num-workers is gone: --ray-workers N sets Ray Train workers (with --launcher ray), "
+    "--dataloader-num-workers N data-loader worker processes",
+}
+
+BY_NAME = {r.hf: r for r in ROWS}
+#: the names that are aliases (different from the leantrain field they set), for the CLI's hidden flags
+ALIASES = tuple(r.hf for r in ROWS if r.field is not None and r.field != r.hf)
+#: accepted and ignored when true (no setting to change)
+_NO_OP = ("do_train", "do_eval")
+
+
+def _true(name: str, value: Any) -> None:
+    if not to_bool(name, value):
+        raise ConfigError(f"{name}: false has no leantrain meaning (`leantrain train` trains and evaluates)")
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def translate(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """`values` (keys as YAML keys or flag dests, '-' already '_') with every TrainingArguments name replaced by
+    the leantrain field it sets. One source at a time: an alias and its field in the same source is an error.
+    Keys that are neither stay, for the caller's "unknown key" message."""
+    for key in values:
+        if key in RENAMED:
+            raise ConfigError(f"{source}: {RENAMED[key]}")
+        row = BY_NAME.get(key)
+        if row is not None and row.field is None and key not in _NO_OP:
+            raise ConfigError(f"{source}: {key} (TrainingArguments) has no leantrain setting: {row.note}")
+    out = _Settings(source)
+    for key, value in values.items():
+        row = BY_NAME.get(key)
+        if row is None:
+            out.put(key, value, key)
+        elif key in _NO_OP:
+            assert row.convert is not None
+            row.convert(value)
+        elif not row.joint and row.field is not None:
+            out.put(row.field, row.convert(value) if row.convert else value, key)
+    _strategy(values, out, "eval", "eval_every")
+    _strategy(values, out, "save", "save_every")
+    _precision(values, out)
+    if isinstance(out.values.get("scheduler_kwargs"), dict):  # a YAML mapping under leantrain's own name
+        out.values["scheduler_kwargs"] = json.dumps(out.values["scheduler_kwargs"])
+    return out.values
+
+
+class _Settings:
+    """Translated values, remembering which name set each, to name both when two set one field."""
+
+    def __init__(self, source: str):
+        self.source, self.values, self.origin = source, {}, {}  # type: ignore[var-annotated]
+
+    def put(self, field: str, value: Any, given_as: str) -> None:
+        if field in self.values:
+            raise ConfigError(
+                f"{self.source}: {self.show(self.origin[field])} and {self.show(given_as)} both set {field}; give one"
+            )
+        self.values[field], self.origin[field] = value, given_as
+
+    def show(self, name: str) -> str:
+        return flag(name) if self.source == "flags" else name
+
+
+def _strategy(values: dict[str, Any], out: _Settings, what: str, field: str) -> None:
+    """eval_strategy/eval_steps (save_*) together: 'no', 'steps' (every *_steps, else logging_steps, else 500, as
+    TrainingArguments), or 'epoch'. *_steps alone means 'steps'."""
+    strategy_key, steps_key = f"{what}_strategy", f"{what}_steps"
+    if strategy_key not in values and steps_key not in values:
+        return
+    strategy = str(values.get(strategy_key, "steps")).lower()
+    steps = values.get(steps_key)
+    given = strategy_key if strategy_key in values else steps_key
+    if strategy == "steps":
+        out.put(field, steps if steps is not None else values.get("logging_steps", 500), given)
+    elif strategy in ("no", "epoch"):
+        if steps is not None:
+            raise ConfigError(f"{out.source}: {out.show(steps_key)} needs {strategy_key} steps, not {strategy}")
+        if strategy == "epoch" or field in out.values:  # 'no' is leantrain's default: only a clash is news
+            out.put(field, "epoch" if strategy == "epoch" else None, given)
+    elif strategy == "best" and what == "save":
+        raise ConfigError(f"{out.source}: save_strategy best: use --load-best-at-end (it checkpoints every new best)")
+    else:
+        raise ConfigError(f"{out.source}: {out.show(strategy_key)} must be no, steps or epoch; got {strategy!r}")
+
+
+def _precision(values: dict[str, Any], out: _Settings) -> None:
+    """bf16/fp16 as TrainingArguments has them: one true picks it; both false is full precision (fp32)."""
+    given = [k for k in ("bf16", "fp16") if k in values]
+    if not given:
+        return
+    on = [k for k in given if to_bool(k, values[k])]
+    if len(on) > 1:
+        raise ConfigError(f"{out.source}: bf16 and fp16 are both true; choose one")
+    out.put("precision", on[0] if on else "fp32", on[0] if on else given[0])
+
+
+def hint(name: str, known: list[str]) -> str:
+    """What to add to "unknown NAME": the closest name, TrainingArguments names first (`--save-step` ->
+    `--save-steps`, never `--max-steps`), or the reason when it is a TrainingArguments field leantrain has no
+    setting for. `known`: the names to fall back on, spelt as the user will type them (flags or keys)."""
+    as_flag = name.startswith("-")
+    key = name.lstrip("-").replace("-", "_")
+    if key in BY_NAME and BY_NAME[key].field is None:
+        return f": {key} (TrainingArguments) has no leantrain setting: {BY_NAME[key].note}"
+    near = difflib.get_close_matches(key, [r.hf for r in ROWS if r.field is not None], n=1, cutoff=0.8)
+    if near:
+        return f"; did you mean {flag(near[0]) if as_flag else repr(near[0])}?"
+    near = difflib.get_close_matches(name, known, n=1)
+    if near:
+        return f"; did you mean {near[0] if as_flag else repr(near[0])}?"
+    return ""
+
+
+def cli_kind(row: Row, field_kind: type | None) -> type:
+    """The type a hidden alias flag parses its value as (bool: `--bf16` alone, or `--bf16 true`)."""
+    if row.hf in ("bf16", "fp16", "do_train", "do_eval"):
+        return bool
+    if row.hf.endswith("_strategy") or (row.convert is not None and field_kind is not bool):
+        return str
+    if row.hf.endswith("_steps") and row.joint:
+        return int
+    return field_kind or str
+
+
+def cli_rows() -> tuple[Row, ...]:
+    """The rows that get a flag of their own: aliases and the no-op do_train/do_eval."""
+    return tuple(r for r in ROWS if (r.field is not None and r.field != r.hf) or r.hf in _NO_OP)

@@ -1,0 +1,217 @@
+"""TrainingArguments names (issue #17): one alias table for flags and YAML, both spellings, one-line refusals, the
+"did you mean" hint, every get_scheduler schedule, the warm-up as steps or a ratio, --ray-workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from leantrain import cli
+from leantrain.config import SCHEDULERS, TrainConfig
+from leantrain.errors import ConfigError
+
+
+def flags_config(*argv: str) -> TrainConfig:
+    args = cli.build_parser().parse_args(cli._dashed(["train", *argv]))
+    return cli.config_from_args(args)
+
+
+def refused(capsys, *argv: str) -> str:
+    # a model that does not exist: should the flags pass by mistake, the run fails at once instead of training
+    assert cli.main(["train", "--model", "/no/such/model", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+def test_trainer_flag_names_set_the_leantrain_fields_in_either_spelling():
+    cfg = flags_config(
+        "--learning_rate", "2e-5",
+        "--per-device-train-batch-size", "8",
+        "--per_device_eval_batch_size", "64",
+        "--num_train_epochs", "3",
+        "--gradient_accumulation_steps", "4",
+        "--eval_strategy", "epoch",
+        "--save_steps", "50",
+        "--logging-steps", "5",
+        "--bf16",
+        "--gradient_checkpointing", "true",
+        "--warmup_steps", "0.1",
+        "--lr_scheduler_type", "cosine",
+        "--load_best_model_at_end",
+        "--metric_for_best_model", "eval_loss",
+        "--resume_from_checkpoint", "true",
+        "--overwrite_output_dir",
+        "--dataloader_num_workers", "2",
+        "--optim", "adamw_torch_fused",
+        "--max_steps", "-1",
+        "--seed", "7",
+    )  # fmt: skip
+    assert (cfg.lr, cfg.batch_size, cfg.eval_batch_size, cfg.epochs, cfg.grad_accum) == (2e-5, 8, 64, 3.0, 4)
+    assert (cfg.eval_every, cfg.save_every, cfg.log_every) == ("epoch", 50, 5)
+    assert cfg.precision == "bf16" and cfg.activation_checkpointing is True
+    assert (cfg.warmup_steps, cfg.scheduler) == (0.1, "cosine")
+    assert cfg.load_best_at_end and cfg.metric_for_best == "eval_loss"
+    assert cfg.resume == "auto" and cfg.overwrite and cfg.dataloader_num_workers == 2
+    assert (cfg.optimizer, cfg.max_steps, cfg.seed) == ("adamw", None, 7)
+
+
+def test_leantrain_flags_take_underscores_too():
+    assert flags_config("--batch_size", "4", "--max_length", "64").batch_size == 4
+
+
+def test_epoch_is_a_step_count_for_evaluating_and_saving(capsys):
+    cfg = flags_config("--eval-every", "epoch", "--save_every", "epoch")
+    assert (cfg.eval_every, cfg.save_every) == ("epoch", "epoch")
+    assert cli.main(["train", "--eval-every", "weekly"]) == 2
+    assert "needs an integer or 'epoch', got 'weekly'" in capsys.readouterr().err
+    relaunch = TrainConfig(eval_every="epoch").to_argv()  # what the launcher passes to the processes it starts
+    assert relaunch == ["--eval-every", "epoch"] and flags_config(*relaunch).eval_every == "epoch"
+    with pytest.raises(ConfigError, match="--save-every must be an integer or 'epoch', got 'weekly'"):
+        TrainConfig(save_every="weekly")
+
+
+def test_strategies_follow_training_arguments():
+    assert flags_config("--eval_strategy", "steps", "--eval_steps", "20").eval_every == 20
+    assert flags_config("--eval_strategy", "steps", "--logging_steps", "30").eval_every == 30  # eval_steps' default
+    assert flags_config("--save_strategy", "epoch").save_every == "epoch"
+    assert flags_config("--eval_strategy", "no").eval_every is None
+    assert flags_config("--fp16", "false", "--bf16", "false").precision == "fp32"
+    assert flags_config("--fp16", "1").precision == "fp16"
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--lr", "1e-4", "--learning_rate", "2e-5"], "--lr and --learning-rate both set lr; give one"),
+        (["--learning-rate", "1e-4", "--learning_rate", "2e-5"], None),  # argparse: the last one wins, one flag
+        (["--eval-every", "5", "--eval_steps", "10"], "--eval-every and --eval-steps both set eval_every"),
+        (["--precision", "fp16", "--bf16"], "--precision and --bf16 both set precision"),
+        (["--bf16", "--fp16"], "bf16 and fp16 are both true"),
+        (["--eval_strategy", "epoch", "--eval_steps", "10"], "--eval-steps needs eval_strategy steps, not epoch"),
+        (["--num-workers", "4"], "--ray-workers N sets Ray Train workers"),
+        (["--num_workers", "4"], "--dataloader-num-workers N data-loader worker processes"),
+        (["--optim", "lion_32bit"], "optim 'lion_32bit' has no leantrain optimizer"),
+        (["--save_strategy", "best"], "save_strategy best: use --load-best-at-end"),
+    ],
+)
+def test_an_alias_with_its_own_flag_and_bad_values_are_one_line_errors(capsys, argv, says):
+    if says is None:
+        assert flags_config(*argv).lr == 2e-5
+        return
+    assert says in refused(capsys, *argv)
+
+
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        ("--save-stesp", "did you mean --save-steps?"),  # never --max-steps
+        ("--loging-steps", "did you mean --logging-steps?"),  # never --local-sgd-steps
+        ("--learning-reta", "did you mean --learning-rate?"),
+        ("--push_to_hub", "push_to_hub (TrainingArguments) has no leantrain setting: model/ is a save_pretrained"),
+        ("--deepspeed", "has no leantrain setting: not supported: use --shard fsdp"),
+    ],
+)
+def test_the_hint_consults_trainer_names_first(capsys, flag, hint):
+    assert hint in refused(capsys, flag, "1")
+
+
+def test_yaml_takes_trainer_names_and_flags_override_them(tmp_path):
+    path = tmp_path / "hf.yaml"
+    path.write_text("learning_rate: 3.0e-5\nper_device_train_batch_size: 16\neval_strategy: epoch\nbf16: true\n")
+    cfg = TrainConfig.from_yaml(path)
+    assert (cfg.lr, cfg.batch_size, cfg.eval_every, cfg.precision) == (3e-5, 16, "epoch", "bf16")
+    assert TrainConfig.from_yaml(path, overrides={"lr": 1e-4}).lr == 1e-4  # a flag beats the file, silently
+    path.write_text("learning_rate: 3.0e-5\nlr: 1.0e-4\n")
+    with pytest.raises(ConfigError, match=r"hf.yaml: learning_rate and lr both set lr; give one"):
+        TrainConfig.from_yaml(path)
+    path.write_text("save_step: 10\n")  # YAML keys are never abbreviations
+    with pytest.raises(ConfigError, match=r"unknown key 'save_step'; did you mean 'save_steps'\?"):
+        TrainConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_every_schedule_builds_and_steps(name):
+    from leantrain.optim import build_scheduler
+
+    needs = {
+        "cosine_with_min_lr": '{"min_lr_rate": 0.1}',
+        "cosine_warmup_with_min_lr": '{"min_lr": 1e-6}',
+        "warmup_stable_decay": '{"num_decay_steps": 3}',
+    }
+    cfg = TrainConfig(scheduler=name, scheduler_kwargs=needs.get(name))
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(optimizer, cfg.scheduler, 10, 0.2, None, cfg.scheduler_kwargs)
+    lrs = [scheduler.get_last_lr()[0]]
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+        lrs.append(scheduler.get_last_lr()[0])
+    assert lrs[0] < 1.0 and max(lrs[:3]) == pytest.approx(1.0)  # two warm-up steps reach the peak
+    assert (lrs[-1] < 1.0) == (name not in ("constant", "constant_with_warmup"))  # then the schedule's own shape
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"scheduler": "cosine_with_min_lr"}, "--scheduler cosine_with_min_lr needs min_lr or min_lr_rate: add"),
+        ({"scheduler": "warmup_stable_decay"}, "needs num_decay_steps"),
+        ({"scheduler": "reduce_lr_on_plateau"}, "steps on an evaluation metric"),
+        ({"scheduler_kwargs": "[1]"}, "--scheduler-kwargs must be a JSON object"),
+        ({"warmup_steps": 2.5}, "--warmup-steps must be a whole number of steps or a ratio"),
+    ],
+)
+def test_schedules_missing_their_arguments_are_refused(changes, says):
+    with pytest.raises(ConfigError, match=says):
+        TrainConfig(**changes)
+
+
+def test_a_wrong_schedule_argument_is_one_line():
+    from leantrain.optim import build_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ConfigError, match="--scheduler cosine --scheduler-kwargs"):
+        build_scheduler(optimizer, "cosine", 10, 0.0, None, '{"num_decay_steps": 3}')
+
+
+@pytest.mark.parametrize("warmup_steps, ramp", [(4, 4), (0.5, 5), (None, 1)])  # None: --warmup-ratio 0.1
+def test_warmup_steps_are_steps_or_a_ratio_below_one(warmup_steps, ramp):
+    from leantrain.optim import build_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(optimizer, "constant", 10, 0.1, warmup_steps)
+    lrs = [scheduler.get_last_lr()[0]]
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+        lrs.append(scheduler.get_last_lr()[0])
+    assert lrs[ramp] == 1.0 and lrs[ramp - 1] < 1.0
+
+
+def test_ray_workers_is_the_new_name():
+    assert TrainConfig(launcher="ray", ray_workers=2).ray_workers == 2
+    with pytest.raises(ConfigError, match="--num-workers is gone"):
+        TrainConfig.from_dict({"num_workers": 2})
+
+
+def test_the_trainer_users_page_is_generated_from_the_table():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gen_trainer_docs.py"
+    proc = subprocess.run([sys.executable, str(script), "--check"])
+    assert proc.returncode == 0, "docs/for-trainer-users.md is stale: run python scripts/gen_trainer_docs.py"
+
+
+def test_every_row_names_a_real_setting_and_reads_back():
+    from dataclasses import fields
+
+    from leantrain.hf_names import ROWS
+
+    known = {f.name for f in fields(TrainConfig)}
+    assert all(row.field in known for row in ROWS if row.field is not None)
+    text = (Path(__file__).resolve().parents[1] / "docs" / "for-trainer-users.md").read_text()
+    assert all(f"| `{row.hf}` |" in text for row in ROWS)
