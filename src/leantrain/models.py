@@ -164,7 +164,6 @@ def load_for_classification(
     A preset, a bare config.json or a folder without weights gives a model initialised at random (from
     scratch). `config` replaces the one `name` holds (presets sized for the data, for instance).
     """
-    from safetensors import SafetensorError
     from transformers.utils import logging as hf_logging
 
     labels = dict(
@@ -194,35 +193,33 @@ def load_for_classification(
     auto_class = auto_model_class(task)
     what = _what(task)
     try:
-        if has_weights(name) is False:
-            model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
-            model.config._name_or_path = name
-        else:
-            model = auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
-        raise ModelError(f"{name}: cannot load as {what} classifier ({str(exc).splitlines()[0][:200]})") from None
+        return _weights_or_random(auto_class, name, config, trust_remote_code, f"{what} classifier")
     finally:
         hf_logging.set_verbosity(verbosity)
-    return model
 
 
 def load_for_causal_lm(name: str, config=None, trust_remote_code: bool = False):
     """A causal language model: pretrained weights when `name` has them, else initialised at random from its
     config (or from `config`, a preset's sized to the run's tokenizer)."""
-    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     if config is None:
         config = load_config(name, trust_remote_code=trust_remote_code)
+    return _weights_or_random(AutoModelForCausalLM, name, config, trust_remote_code, "a causal language model")
+
+
+def _weights_or_random(auto_class, name: str, config, trust_remote_code: bool, what: str):
+    """`name`'s pretrained weights when it has them, else a model initialised at random from `config`."""
+    from safetensors import SafetensorError
+
     try:
         if has_weights(name) is False:
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
             model.config._name_or_path = name
-        else:
-            model = AutoModelForCausalLM.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, SafetensorError) as exc:
-        raise ModelError(f"{name}: cannot load as a causal language model ({str(exc).splitlines()[0][:200]})") from None
-    return model
+            return model
+        return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
+        raise ModelError(f"{name}: cannot load as {what} ({str(exc).splitlines()[0][:200]})") from None
 
 
 def auto_model_class(task: str):

@@ -67,14 +67,9 @@ class TokenRows:
         return {"input_ids": self.input_ids[a:b], "labels": self.labels[a:b], "position_ids": self.position_ids[a:b]}
 
     def subset(self, rows: np.ndarray) -> TokenRows:
-        lengths = self.lengths[rows]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        take = (
-            np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in rows])
-            if len(rows)
-            else np.zeros(0, dtype=np.int64)
-        )
+        from leantrain.data.tokenize import subset_positions
+
+        offsets, take = subset_positions(self.offsets, rows)
         return TokenRows(self.input_ids[take], self.labels[take], self.position_ids[take], offsets)
 
 

@@ -45,16 +45,19 @@ class TokenizedText:
         return out
 
     def subset(self, rows: np.ndarray) -> TokenizedText:
-        lengths = self.lengths[rows]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        take = (
-            np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in rows])
-            if len(rows)
-            else np.zeros(0, dtype=np.int64)
-        )
+        offsets, take = subset_positions(self.offsets, rows)
         tt = self.token_type_ids[take] if self.token_type_ids is not None else None
         return TokenizedText(self.input_ids[take], offsets, tt)
+
+
+def subset_positions(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows stored flat (row i is `[offsets[i]:offsets[i+1]]`): the offsets of `rows` alone, and the flat
+    positions to take."""
+    lengths = np.diff(offsets)[rows]
+    new = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new[1:])
+    take = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in rows]) if len(rows) else np.zeros(0, np.int64)
+    return new, take
 
 
 def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int, chunk: int = 2048) -> TokenizedText:
