@@ -103,6 +103,15 @@ def test_train_evaluate_predict_round_trip(capsys, base, tmp_path, sentiment_csv
     pred = pd.read_csv(target)
     assert code == 0 and len(pred) == 240 and {"text", "label", "score", "p_pos", "p_neg"} <= set(pred.columns)
 
+    # a headerless TSV without a suffix, read as `train` reads it (--format, --column-names)
+    bare = tmp_path / "bare"
+    bare.write_text("".join(f"{label}\t{text}\n" for text, label in pd.read_csv(sentiment_csv).values))
+    read = ["--format", "tsv", "--column-names", "label,text"]
+    code, out, _ = run(capsys, "evaluate", run_dir, "--data", str(bare), *read)
+    assert code == 0 and json.loads(out)["accuracy"] == metrics["accuracy"]
+    code, out, _ = run(capsys, "predict", run_dir, "--data", str(bare), *read)
+    assert code == 0 and [json.loads(line)["label"] for line in out.splitlines()] == pred["label"].tolist()
+
 
 def test_evaluate_refuses_labels_the_model_does_not_know(capsys, base, tmp_path):
     assert run(capsys, *base, "--max-steps", "1")[0] == 0

@@ -11,7 +11,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Any
 
-from leantrain.config import SECTIONS, TrainConfig, field_base_type, to_flags
+from leantrain.config import DATA_FORMATS, SECTIONS, TrainConfig, field_base_type, to_flags
 from leantrain.errors import LeantrainError
 from leantrain.telemetry.console import Console
 
@@ -265,6 +265,18 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
         "--max-length", type=int, default=None, help="Cut inputs at this many tokens (default: the run's --max-length)."
     )
     p.add_argument("--batch-size", type=int, default=64)
+    # how to read --data, as `train` reads it (issue #18)
+    p.add_argument("--format", choices=DATA_FORMATS, help="Read --data in this format whatever its suffix.")
+    p.add_argument("--column-names", help="Comma-separated column names for a CSV/TSV file without a header row.")
+    p.add_argument("--data-config", help="Configuration of a hub data set or a `datasets` folder with several.")
+    p.add_argument("--split", help="Split of a hub data set or `datasets` folder (default: validation, dev, test).")
+
+
+def _read_options(args: argparse.Namespace):
+    from leantrain.data.sources import ReadOptions
+
+    names = tuple(n.strip() for n in args.column_names.split(",")) if args.column_names else None
+    return ReadOptions(config=args.data_config, split=args.split, column_names=names, format=args.format)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -442,6 +454,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         audio_column=args.audio_column,
         label_pattern=args.label_pattern,
         metrics=args.metrics,
+        read=_read_options(args),
     )
     if "per_class" in metrics:  # issue #17: the per-class table and the confusion matrix, for a person to read
         from leantrain.scoring import format_report
@@ -469,6 +482,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
+        read=_read_options(args),
     )
     write_predictions(rows, args.output, sys.stdout)
     return 0

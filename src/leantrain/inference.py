@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from leantrain.data.sources import ReadOptions
 from leantrain.errors import DataError
 from leantrain.models import library_bars_off
 from leantrain.problem_inference import evaluate_problem, predict_problem, problem_of
@@ -69,7 +70,7 @@ def _media_loader(features, labels: np.ndarray, task: str, batch_size: int):
 
 
 def _evaluate_media(
-    path, config, task, data, label_column, label_pattern, input_column, batch_size, cache_dir, metrics=None
+    path, config, task, data, label_column, label_pattern, input_column, batch_size, cache_dir, metrics=None, read=None
 ):
     from leantrain.data.media import load_media_source
     from leantrain.data.tokenize import default_cache_dir
@@ -83,6 +84,7 @@ def _evaluate_media(
         input_column=input_column,
         label_column=label_column,
         label_pattern=label_pattern,
+        options=read,
     )
     label_id = {n: i for i, n in enumerate(names)}
     unseen = sorted(set(src.labels) - set(label_id))
@@ -102,7 +104,7 @@ def _scores(probs: np.ndarray, labels: np.ndarray, names: list[str], metrics: st
     return {**classification_metrics(probs, labels, wanted), **classification_report(probs, labels, names)}
 
 
-def _predict_media(path, config, task, files, data, input_column, batch_size) -> list[dict[str, Any]]:
+def _predict_media(path, config, task, files, data, input_column, batch_size, read=None) -> list[dict[str, Any]]:
     from leantrain.data.media import MediaListing, list_source, process_source
     from leantrain.data.sources import ReadReport
 
@@ -113,7 +115,7 @@ def _predict_media(path, config, task, files, data, input_column, batch_size) ->
             raise DataError(f"{missing[0]}: no such file")
         listing = MediaListing("--file", list(files), list(files), None, "-", "files", ReadReport("--file", len(files)))
     else:
-        listing = list_source(data, task, need_labels=False, input_column=input_column, split="eval")
+        listing = list_source(data, task, need_labels=False, input_column=input_column, split="eval", options=read)
     src = process_source(listing, mp, strict=files is not None)
     if src.skipped:
         import logging
@@ -164,10 +166,12 @@ def evaluate(
     label_pattern: str | None = None,
     metrics: str | None = None,
     label_separator: str | None = None,
+    read: ReadOptions | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default accuracy and macro-F1) and the loss, the per-class report (`per_class`) and the
-    confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in the order of `labels`)."""
+    confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in the order of `labels`).
+    `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
 
@@ -180,7 +184,7 @@ def evaluate(
     if task != "text-classification":
         column = image_column if task == "image-classification" else audio_column
         return _evaluate_media(
-            path, config, task, data, label_column, label_pattern, column, batch_size, cache_dir, metrics
+            path, config, task, data, label_column, label_pattern, column, batch_size, cache_dir, metrics, read
         )
     _, model, tokenizer, names = _load(run_or_model)
     src = load_source(
@@ -192,6 +196,7 @@ def evaluate(
         text_column,
         text_pair_column,
         label_column,
+        options=read,
     )
     if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
         return evaluate_problem(problem, model, tokenizer, names, src, batch_size, metrics, label_separator)
@@ -222,9 +227,10 @@ def predict(
     max_new_tokens: int = 32,
     temperature: float | None = None,
     top_p: float | None = None,
+    read: ReadOptions | None = None,
 ) -> list[dict[str, Any]]:
     """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
-    language model, the prompt and its generated completion."""
+    language model, the prompt and its generated completion. `read`: how to read `data`, as for training."""
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
     from leantrain.data.tokenize import tokenize
@@ -237,7 +243,7 @@ def predict(
 
         if files is not None:
             raise DataError(f"{run_or_model}: a language model; give prompts with --text or a table with --data")
-        prompts = texts if texts is not None else _prompts(data, text_column)
+        prompts = texts if texts is not None else _prompts(data, text_column, read)
         return generate(
             path, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
         )
@@ -246,13 +252,13 @@ def predict(
             what = task.split("-")[0]
             raise DataError(f"{run_or_model}: an {what} classifier; give {what} files with --file or --data")
         column = image_column if task == "image-classification" else audio_column
-        return _predict_media(path, config, task, files, data, column, batch_size)
+        return _predict_media(path, config, task, files, data, column, batch_size, read)
     if files is not None:
         raise DataError(f"{run_or_model}: a text classifier; give texts with --text or a table with --data")
     _, model, tokenizer, names = _load(run_or_model)
     pairs = None
     if data is not None:
-        df, _ = read_table(data, split="eval")
+        df, _ = read_table(data, split="eval", options=read)
         cols = resolve_columns(df, data, text_column, text_pair_column, None, require_label=False)
         df = df[df[cols.text].astype(str).str.strip() != ""]
         texts = df[cols.text].astype(str).tolist()
@@ -281,13 +287,13 @@ def predict(
     return out
 
 
-def _prompts(data: str | None, column: str | None) -> list[str]:
+def _prompts(data: str | None, column: str | None, read: ReadOptions | None = None) -> list[str]:
     """The prompts of a table: --text-column, else its 'prompt' column, else its one text column."""
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
 
     assert data is not None
-    df, _ = read_table(data, split="eval")
+    df, _ = read_table(data, split="eval", options=read)
     if column is None and "prompt" in df.columns:
         column = "prompt"
     cols = resolve_columns(df, data, column, None, None, require_label=False)
