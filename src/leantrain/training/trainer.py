@@ -118,8 +118,9 @@ class Trainer:
 
             self.model = lora.apply(self.model, self.cfg, self.accelerator.device)
             self.say.info(lora.describe(self.model, self.cfg))
+        labels = f"labels: {', '.join(self.data.label_names)}; " if self.data.label_names else ""
         self.say.info(
-            f"labels: {', '.join(self.data.label_names)}; precision {self.precision} ({self.precision_why}); "
+            f"{labels}precision {self.precision} ({self.precision_why}); "
             f"device {self.accelerator.device}, {self.accelerator.num_processes} process(es)"
         )
 
