@@ -123,7 +123,7 @@ def test_best_at_end_and_early_stopping_need_evaluations():
 
 
 def test_metric_for_best_defaults_to_the_tasks_and_unknown_names_are_refused(planted):
-    with pytest.raises(ConfigError, match="'f2' is not a metric of the text-classification task"):
+    with pytest.raises(ConfigError, match="'f2' is not an evaluation metric of this run; choose one of accuracy"):
         planted(CURVE, eval_every=2, metric_for_best="f2")
 
 

@@ -101,10 +101,10 @@ def test_a_trainer_users_yaml_trains(tiny_model_dir, sentiment_csv, tmp_path):
     assert (saved["lr"], saved["epochs"], saved["batch_size"], saved["eval_batch_size"]) == (3e-3, 2.0, 16, 8)
     assert (saved["grad_accum"], saved["warmup_steps"], saved["scheduler"]) == (2, 0.1, "cosine")
     assert (saved["eval_every"], saved["save_every"], saved["log_every"]) == ("epoch", "epoch", 2)
-    assert saved["precision"] == "fp32" and saved["load_best_at_end"] and saved["metric_for_best"] == "eval_loss"
+    assert saved["precision"] == "fp32" and saved["load_best_at_end"] and saved["metric_for_best"] == "loss"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["optimizer_steps"] == 14  # 216 training rows, 32 a step: 7 steps an epoch
-    assert metrics["best_metric"] == "eval_loss" and metrics["model_step"] == metrics["best_step"]
+    assert metrics["best_metric"] == "loss" and metrics["model_step"] == metrics["best_step"]
     evals = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if "eval_loss" in x]
     assert evals == [7, 14]  # at the end of each epoch
     assert (out / "model" / "model.safetensors").is_file()
