@@ -112,13 +112,15 @@ def merge_probe(bits: str, work: Path) -> dict:
 def main() -> None:
     import bitsandbytes
 
+    from leantrain.parallel import cpu_name
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     work = Path(tempfile.mkdtemp(prefix="qlora-"))
     report = {
         "versions": {"bitsandbytes": bitsandbytes.__version__, "torch": torch.__version__},
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "load": os.getloadavg(),
         "layer": layer_probe(),
     }
@@ -156,16 +158,6 @@ def main() -> None:
         )
     (RESULTS / "qlora_cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
 
 
 if __name__ == "__main__":

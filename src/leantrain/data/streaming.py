@@ -113,6 +113,7 @@ class StreamingExamples:
         reader drops them."""
         label_id = {name: i for i, name in enumerate(self.label_names)}
         cols = self.columns
+        named: dict[Any, str] = {}  # raw label -> normalised name: a data set holds few distinct labels
         for row in raw:
             text = row.get(cols.text)
             pair = row.get(cols.text_pair) if cols.text_pair else None
@@ -122,7 +123,9 @@ class StreamingExamples:
             if self.class_ids and isinstance(label, int) and 0 <= label < len(self.label_names):
                 yield str(text), (str(pair) if cols.text_pair else None), label
                 continue
-            name = normalise_labels(pd.Series([label])).iloc[0]
+            if label not in named:
+                named[label] = normalise_labels(pd.Series([label])).iloc[0]
+            name = named[label]
             if name not in label_id:
                 raise DataError(
                     f"{self.source}: label '{name}' (column '{cols.label}') is not among "

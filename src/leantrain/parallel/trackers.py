@@ -5,7 +5,8 @@ whatever else Accelerate supports, started with `Accelerator(log_with=...)` and 
 Everything lands in OUTPUT_DIR/trackers/: TensorBoard's event files under leantrain/, MLflow's store as mlflow.db
 (SQLite) or, with mlflow-skinny, the file store mlruns/ (unless MLFLOW_TRACKING_URI names a server), W&B's run
 folder under wandb/ (WANDB_MODE=offline keeps it there). The rows are metrics.jsonl's, grouped by tag as
-`telemetry.tensorboard_log.tag_for` names them.
+`tag_for` names them: train/ (loss, lr, grad_norm), eval/, throughput/ (samples, tokens, TFLOP/s, MFU), time/
+(the step time breakdown) and memory/.
 """
 
 from __future__ import annotations
@@ -73,6 +74,25 @@ def _local_mlflow_store(directory: Path) -> None:
         mlflow.set_tracking_uri((directory / "mlruns").resolve().as_uri())
 
 
+def tag_for(key: str) -> str:
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_") :]
+    if key.startswith("time_") and key.endswith("_seconds"):
+        return "time/" + key[len("time_") : -len("_seconds")]
+    if key in (
+        "samples_per_second",
+        "tokens_per_second",
+        "model_tflops_per_second",
+        "mfu",
+        "mfu_useful",
+        "model_tflops",
+    ):
+        return "throughput/" + key
+    if "memory" in key or key.endswith("_bytes"):
+        return "memory/" + key
+    return "train/" + key
+
+
 class TrackerLog:
     """Writes metrics rows to the Accelerator's trackers (`accelerator.log`) at their `step`, finite numbers only,
     under grouped tags (train/, eval/, throughput/, time/, memory/); `close` finishes every tracker."""
@@ -81,8 +101,6 @@ class TrackerLog:
         self.accelerator = accelerator
 
     def write(self, row: dict[str, Any]) -> None:
-        from leantrain.telemetry.tensorboard_log import tag_for
-
         values = {}
         for key, value in row.items():
             if key in ("step", "micro_step") or isinstance(value, bool):

@@ -75,9 +75,9 @@ class Task(ABC):
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {k: batch[k] for k in self.input_names if k in batch}
 
-    def loss_units(self, examples: Any) -> np.ndarray | None:
-        """What `loss_sum` counts for each training example (counted tokens, or a class weight): the trainer
-        divides by their sum over the optimizer step. None: one unit per example."""
+    def loss_units(self, data: TaskData) -> np.ndarray | None:
+        """What `loss_sum` counts for each training example of `data.train` (counted tokens, or a class weight):
+        the trainer divides by their sum over the optimizer step. None: one unit per example."""
         return None
 
     @abstractmethod

@@ -150,8 +150,8 @@ class CausalLM(Task):
         # No cache: transformers keeps packed documents apart only when no cache (and no attention mask) is given.
         return {**super().model_inputs(batch), "use_cache": False}
 
-    def loss_units(self, examples: Any) -> np.ndarray:
-        return examples.features.counted.astype(np.float64)
+    def loss_units(self, data: TaskData) -> np.ndarray:
+        return data.train.features.counted.astype(np.float64)
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return token_losses(outputs.logits, batch["labels"]).sum()

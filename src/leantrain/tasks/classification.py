@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from leantrain.tasks.base import Task
+from leantrain.tasks.base import Task, TaskData
 
 
 class Classification(Task):
@@ -29,17 +29,17 @@ class Classification(Task):
         self.class_weights: np.ndarray | None = None  # per class id, from the training data (loss_units)
         self._weights_tensor: torch.Tensor | None = None
 
-    def loss_units(self, examples: Any) -> np.ndarray | None:
+    def loss_units(self, data: TaskData) -> np.ndarray | None:
         """Each example's class weight (None without --class-weights: one unit each)."""
         if self.weight_spec is None:
             return None
         from leantrain.errors import ConfigError
         from leantrain.losses import class_weights
 
-        if getattr(examples, "streaming", False):
+        if getattr(data.train, "streaming", False):
             raise ConfigError("--class-weights needs the training labels whole; it does not work with --streaming yet")
-        labels = np.asarray(examples.labels)
-        self.class_weights = class_weights(self.weight_spec, labels, int(labels.max()) + 1)
+        labels = np.asarray(data.train.labels)
+        self.class_weights = class_weights(self.weight_spec, labels, len(data.label_names))
         self._weights_tensor = None
         return self.class_weights[labels]
 
@@ -53,18 +53,7 @@ class Classification(Task):
         if self.class_weights is None:
             return None
         if self._weights_tensor is None or self._weights_tensor.device != logits.device:
-            from leantrain.errors import ConfigError
-
-            classes = logits.shape[-1]
-            weights = self.class_weights
-            if len(weights) != classes:
-                if self.weight_spec is not None and self.weight_spec.strip().lower() != "auto":
-                    raise ConfigError(
-                        f"--class-weights gives {len(weights)} weights for {classes} classes; give one per class, "
-                        "in label order"
-                    )
-                weights = np.concatenate([weights, np.ones(classes - len(weights))])  # classes never trained on
-            self._weights_tensor = torch.tensor(weights, dtype=torch.float32, device=logits.device)
+            self._weights_tensor = torch.tensor(self.class_weights, dtype=torch.float32, device=logits.device)
         return self._weights_tensor
 
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:

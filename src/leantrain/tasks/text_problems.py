@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from leantrain.errors import ConfigError
+from leantrain.tasks.base import TaskData
 from leantrain.tasks.text_classification import TextClassification
 
 
@@ -98,8 +99,8 @@ class TextMultiLabel(_FloatTargets):
 
         return MultiLabels(getattr(self.cfg, "label_separator", None))
 
-    def loss_units(self, examples: Any) -> np.ndarray | None:
-        labels = np.asarray(examples.labels)
+    def loss_units(self, data: TaskData) -> np.ndarray | None:
+        labels = np.asarray(data.train.labels)
         return np.full(len(labels), float(labels.shape[1]))
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:

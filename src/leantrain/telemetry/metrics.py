@@ -28,6 +28,21 @@ class MetricsLog:
             self._file = None
 
 
+class TeeLog:
+    """Writes every row to each log given (MetricsLog, the trackers' TrackerLog); None entries are skipped."""
+
+    def __init__(self, *logs: Any):
+        self.logs = [log for log in logs if log is not None]
+
+    def write(self, row: dict[str, Any]) -> None:
+        for log in self.logs:
+            log.write(row)
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
+
+
 class Throughput:
     """Counts examples and tokens over training time only (evaluation and saving are paused out)."""
 

@@ -137,7 +137,7 @@ class Trainer:
         cfg, acc, data = self.cfg, self.accelerator, self.data
         # whole examples (GlobalBatchSampler) or a stream (--streaming): the same global batches either way
         self.sampler, train_set = data.train.batches(
-            cfg.batch_size, cfg.grad_accum, acc.num_processes, cfg.seed, units=self.task.loss_units(data.train)
+            cfg.batch_size, cfg.grad_accum, acc.num_processes, cfg.seed, units=self.task.loss_units(data)
         )
         # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
         # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
@@ -251,9 +251,8 @@ class Trainer:
 
     def _open_log(self, log_path: Path | None):
         from leantrain.parallel.trackers import start_trackers
-        from leantrain.telemetry import MetricsLog
+        from leantrain.telemetry import MetricsLog, TeeLog
         from leantrain.telemetry.report import write_environment
-        from leantrain.telemetry.tensorboard_log import TeeLog
 
         trackers = None
         if self.staging is not None:

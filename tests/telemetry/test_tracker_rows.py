@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from leantrain.telemetry.tensorboard_log import TeeLog, tag_for
+from leantrain.parallel.trackers import tag_for
+from leantrain.telemetry import TeeLog
 
 
 def test_tags_group_the_columns():
