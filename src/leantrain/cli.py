@@ -133,6 +133,15 @@ def _typed(kind: type, flag: str, epoch_ok: bool = False):
     return convert
 
 
+def _add_threshold_flag(parser) -> None:
+    parser.add_argument(
+        "--multi-label-threshold",
+        type=_typed(float, "--multi-label-threshold"),
+        help="Multi-label models: a label is predicted at this probability or above "
+        "(default: the run's own --multi-label-threshold, else 0.5).",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from leantrain import __version__
 
@@ -217,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics", help="Metrics to report, comma-separated, as `train --metrics` (default: accuracy,macro_f1)."
     )
     _add_column_flags(p, label=True)
+    p.add_argument(
+        "--label-separator",
+        help="Multi-label models: the character joining a row's labels (default: the run's own --label-separator).",
+    )
+    _add_threshold_flag(p)
 
     p = sub.add_parser("predict", help="Predict labels with probabilities for texts, images or audio files.")
     p.add_argument("model", metavar="RUN_OR_MODEL")
@@ -226,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--data", help="File of texts to classify, or a folder or table of images or audio files.")
     p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")
     _add_column_flags(p, label=False)
+    _add_threshold_flag(p)
     # --- causal LM (issue #14)
     p.add_argument("--max-new-tokens", type=int, default=32, help="Language models: tokens to generate (default: 32).")
     p.add_argument("--temperature", type=float, help="Language models: sample at this temperature (default: greedy).")
@@ -454,6 +469,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         audio_column=args.audio_column,
         label_pattern=args.label_pattern,
         metrics=args.metrics,
+        label_separator=args.label_separator,
+        threshold=args.multi_label_threshold,
         read=_read_options(args),
     )
     if "per_class" in metrics:  # issue #17: the per-class table and the confusion matrix, for a person to read
@@ -482,6 +499,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
+        threshold=args.multi_label_threshold,
         read=_read_options(args),
     )
     write_predictions(rows, args.output, sys.stdout)

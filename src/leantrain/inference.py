@@ -166,12 +166,14 @@ def evaluate(
     label_pattern: str | None = None,
     metrics: str | None = None,
     label_separator: str | None = None,
+    threshold: float | None = None,
     read: ReadOptions | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default accuracy and macro-F1) and the loss, the per-class report (`per_class`) and the
     confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in the order of `labels`).
-    `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training."""
+    Multi-label models: `label_separator` and `threshold` default to the run's own (--label-separator,
+    --multi-label-threshold). `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
 
@@ -199,7 +201,9 @@ def evaluate(
         options=read,
     )
     if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
-        return evaluate_problem(problem, model, tokenizer, names, src, batch_size, metrics, label_separator)
+        separator = label_separator if label_separator is not None else run_setting(path, "label_separator")
+        cut = run_threshold(path, threshold)
+        return evaluate_problem(problem, model, tokenizer, names, src, batch_size, metrics, separator, cut)
     label_id = {n: i for i, n in enumerate(names)}
     unseen = sorted(set(src.labels) - set(label_id))
     if unseen:
@@ -227,10 +231,12 @@ def predict(
     max_new_tokens: int = 32,
     temperature: float | None = None,
     top_p: float | None = None,
+    threshold: float | None = None,
     read: ReadOptions | None = None,
 ) -> list[dict[str, Any]]:
     """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
-    language model, the prompt and its generated completion. `read`: how to read `data`, as for training."""
+    language model, the prompt and its generated completion; for a multi-label model, the labels at or above
+    `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for training."""
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
     from leantrain.data.tokenize import tokenize
@@ -268,7 +274,8 @@ def predict(
         raise DataError(f"{data or '--text'}: no text to predict")
     tokens = tokenize(tokenizer, texts, pairs, max_length or run_max_length(path))
     if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
-        return predict_problem(problem, model, tokenizer, names, texts, pairs, tokens, batch_size)
+        cut = run_threshold(path, threshold)
+        return predict_problem(problem, model, tokenizer, names, texts, pairs, tokens, batch_size, cut)
     probs, _, index = _run(model, _loader(tokens, np.zeros(len(texts), dtype=np.int64), tokenizer, batch_size))
     out: list[dict[str, Any]] = [{} for _ in texts]
     for p, i in zip(probs, index):
@@ -304,9 +311,9 @@ def _prompts(data: str | None, column: str | None, read: ReadOptions | None = No
 DEFAULT_MAX_LENGTH = 128
 
 
-def run_max_length(model_path: str) -> int:
-    """The --max-length the model was trained with (issue #17): a checkpoint's manifest, or the run's config.yaml
-    beside model/; DEFAULT_MAX_LENGTH for a model leantrain did not train."""
+def run_setting(model_path: str, name: str) -> Any:
+    """A setting the model was trained with: a checkpoint's manifest, or the run's config.yaml beside model/;
+    None for a model leantrain did not train (or a setting its run did not record)."""
     import yaml
 
     path = Path(model_path)
@@ -316,10 +323,29 @@ def run_max_length(model_path: str) -> int:
         elif (path.parent / "config.yaml").is_file() and (path.parent / "metrics.json").is_file():
             saved = yaml.safe_load((path.parent / "config.yaml").read_text())
         else:
-            return DEFAULT_MAX_LENGTH
-        return int(saved["max_length"])
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+            return None
+        return saved.get(name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def run_max_length(model_path: str) -> int:
+    """The --max-length the model was trained with (issue #17); DEFAULT_MAX_LENGTH for a model leantrain did not
+    train."""
+    try:
+        return int(run_setting(model_path, "max_length") or DEFAULT_MAX_LENGTH)
+    except (TypeError, ValueError):
         return DEFAULT_MAX_LENGTH
+
+
+def run_threshold(model_path: str, threshold: float | None) -> float:
+    """The multi-label threshold: the one given, else the run's --multi-label-threshold, else 0.5."""
+    if threshold is None:
+        threshold = run_setting(model_path, "multi_label_threshold")
+    value = 0.5 if threshold is None else float(threshold)
+    if not 0 < value < 1:
+        raise DataError(f"--multi-label-threshold must be between 0 and 1, got {value:g}")
+    return value
 
 
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:

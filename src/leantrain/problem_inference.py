@@ -52,7 +52,15 @@ def _rows(task, model, tokenizer, names: list[str], tokens, labels: np.ndarray, 
 
 
 def evaluate_problem(
-    problem: str, model, tokenizer, names: list[str], src, batch_size: int, metrics: str | None, separator=None
+    problem: str,
+    model,
+    tokenizer,
+    names: list[str],
+    src,
+    batch_size: int,
+    metrics: str | None,
+    separator: str | None = None,
+    threshold: float = 0.5,
 ) -> dict[str, Any]:
     """The scores of a regression or multi-label model on a labelled source (`data.prepare.Source`)."""
     from leantrain.data.labels import MultiLabels, NumberLabels
@@ -60,14 +68,16 @@ def evaluate_problem(
     codec: Any = NumberLabels() if problem == "regression" else MultiLabels(separator)
     codec.names = names
     labels = codec.encode(src.labels, src.path, src.columns.label, training=False)
-    task = _task(problem, metrics)
+    task = _task(problem, metrics, threshold)
     rows = _rows(task, model, tokenizer, names, src.tokens, labels, batch_size)
     return {**task.metrics(rows), "examples": len(labels)}
 
 
-def predict_problem(problem: str, model, tokenizer, names: list[str], texts, pairs, tokens, batch_size: int):
-    """Regression: each text's predicted number (`score`); multi-label: the labels at or above 0.5 and every
-    label's probability."""
+def predict_problem(
+    problem: str, model, tokenizer, names: list[str], texts, pairs, tokens, batch_size: int, threshold: float = 0.5
+):
+    """Regression: each text's predicted number (`score`); multi-label: the labels at or above `threshold` and
+    every label's probability."""
     labels = np.zeros((len(texts), len(names)) if problem == "multi-label" else len(texts), dtype=np.float32)
     rows = _rows(_task(problem), model, tokenizer, names, tokens, labels, batch_size)
     out: list[dict[str, Any]] = [{} for _ in texts]
@@ -79,7 +89,7 @@ def predict_problem(problem: str, model, tokenizer, names: list[str], texts, pai
             row["score"] = float(rows["preds"][position])
         else:
             p = rows["probs"][position]
-            row["labels"] = [n for n, q in zip(names, p) if q >= 0.5]
+            row["labels"] = [n for n, q in zip(names, p) if q >= threshold]
             row["probabilities"] = {n: round(float(q), 6) for n, q in zip(names, p)}
         out[i] = row
     return out

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from leantrain import TrainConfig, evaluate, predict, train
+from leantrain.cli import main
 from leantrain.errors import ConfigError, DataError
 from tests.conftest import FILLER, NEGATIVE, POSITIVE, write_csv
 
@@ -91,7 +92,7 @@ def test_regression_trains_scores_and_predicts_as_pipeline_does(job, tmp_path):
         train(job(data=str(data), problem_type="regression", class_weights="auto"))
 
 
-def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_does(job, tmp_path):
+def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_does(job, tmp_path, capsys):
     from transformers import pipeline
 
     rows = [(text, "|".join(labels)) for text, labels in tagged_rows(320, 1)]
@@ -111,6 +112,41 @@ def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_doe
     for mine, hf in zip(ours, theirs):  # independent sigmoid probabilities, as the pipeline gives them
         assert {d["label"]: d["score"] for d in hf} == pytest.approx(mine["probabilities"], abs=1e-4)
     assert ours[0]["labels"] == ["pos"] and set(ours[1]["labels"]) == {"long", "neg"}
+
+    # evaluate reads the run's own separator and threshold (the CLI without --label-separator); both take others
+    assert main(["evaluate", str(result.output_dir), "--data", str(data)]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["micro_f1"] > 0.8 and scored["examples"] == 320
+    strict = evaluate(str(result.output_dir), str(data), threshold=0.999)
+    assert strict["micro_f1"] < scored["micro_f1"]
+    probs = sorted(p for row in ours for p in row["probabilities"].values())
+    cut = (probs[2] + probs[3]) / 2  # between the third and fourth of six probabilities: three labels at or above
+    cut_rows = predict(str(result.output_dir), texts=texts, threshold=cut)
+    assert sum(len(row["labels"]) for row in cut_rows) == 3
+    for row in cut_rows:
+        assert row["labels"] == [n for n, q in row["probabilities"].items() if q >= cut]
+
+
+def test_the_runs_multi_label_threshold_is_the_default_at_predict_time(job, tmp_path):
+    from leantrain.inference import run_threshold
+
+    rows = [(text, "|".join(labels)) for text, labels in tagged_rows(64, 3)]
+    data = write_csv(tmp_path / "tags.csv", rows)
+    result = train(
+        job(
+            data=str(data),
+            problem_type="multi-label",
+            label_separator="|",
+            max_steps=2,
+            save_every=2,
+            multi_label_threshold=0.7,
+        )
+    )
+    assert run_threshold(str(result.model_dir), None) == 0.7
+    assert run_threshold(str(result.output_dir / "checkpoints" / "step-000002"), None) == 0.7
+    assert run_threshold(str(result.model_dir), 0.2) == 0.2
+    with pytest.raises(DataError, match="--multi-label-threshold"):
+        run_threshold(str(result.model_dir), 1.5)
 
 
 def test_multi_label_from_a_list_column(job, tmp_path):
