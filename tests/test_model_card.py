@@ -110,3 +110,25 @@ def test_the_hub_library_reads_the_card(model_dir):
     card = ModelCard.load(model_dir / "README.md")
     assert card.data.base_model == "bert-base-uncased"
     assert card.data.datasets == ["imdb"]
+
+
+def test_every_reported_score_is_in_the_card_the_metric_for_best_first(model_dir):
+    """--metrics f1,mcc,roc_auc (MRPC as GLUE scores it): each score in the table, the Hub's ids in the front matter
+    once each, and telemetry that happens to start with eval_ (eval time) left out."""
+    metrics = {"eval_accuracy": 0.81, "eval_f1": 0.87, "eval_mcc": 0.55, "eval_roc_auc": 0.88, "eval_loss": 0.45}
+    metrics |= {"eval_seconds": 3.2, "eval_macro_f1": 0.77}
+    path = write_model_card(
+        model_dir,
+        base_model=None,
+        data="train.tsv",
+        metrics=metrics,
+        config={**CONFIG, "metric_for_best": "f1"},
+        task="text-classification",
+    )
+    meta, body = _split(path.read_text())
+    assert meta["metrics"] == ["f1", "accuracy", "matthews_correlation", "roc_auc"]
+    table = [line for line in body.split("## Evaluation")[1].splitlines() if line.startswith("| ")]
+    assert table[:2] == ["| metric | value |", "| f1 | 0.8700 |"]  # the metric for best first
+    for row in ("| mcc | 0.5500 |", "| roc_auc | 0.8800 |", "| macro_f1 | 0.7700 |", "| loss | 0.4500 |"):
+        assert row in table
+    assert not any("seconds" in line for line in table)

