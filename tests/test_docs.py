@@ -77,3 +77,19 @@ def test_site_builds_strictly(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "site" / "techniques" / "gradient-accumulation" / "index.html").is_file()
+
+
+def test_the_metrics_page_lists_every_metric_for_the_problems_that_report_it():
+    """docs/metrics-and-losses.md's table: a row per metric, 'yes' under each problem type whose table has it."""
+    from leantrain.scoring import TABLES
+
+    page = (REPO / "docs" / "metrics-and-losses.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[1:4]
+    assert set(rows) == {name for table in TABLES.values() for name in table}
+    for name, marks in rows.items():
+        for problem, mark in zip(("single-label", "regression", "multi-label"), marks):
+            assert (mark == "yes") == (name in TABLES[problem]), (name, problem)

@@ -173,7 +173,8 @@ def evaluate(
     as --metrics; default accuracy and macro-F1) and the loss, the per-class report (`per_class`) and the
     confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in the order of `labels`).
     Multi-label models: `label_separator` and `threshold` default to the run's own (--label-separator,
-    --multi-label-threshold). `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training."""
+    --multi-label-threshold). `read`: how to read `data` (--format, --column-names, --data-config, --split), as
+    for training."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
 

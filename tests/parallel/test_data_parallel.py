@@ -153,6 +153,23 @@ def test_two_processes_equal_one_process_with_twice_the_batch(setup, baseline, l
     assert_one_writer(out_dir, baseline, out, err)
 
 
+def test_two_processes_with_class_weights_equal_one_process(setup):
+    """A weighted step divides by the total class weight of the whole step across both ranks (issue #17): with
+    weights 1 and 3 and label smoothing, two processes of 8 equal one of 16; dividing by each rank's own weight
+    (or by its example count) would not, as the ranks' shares of each class differ."""
+    root, base = setup
+    job = dict(base, class_weights="1,3", label_smoothing=0.1, epochs=1)
+    one = train(TrainConfig(**job, batch_size=16, output_dir=str(root / "weighted-one"))).output_dir
+    out_dir = root / "weighted-two"
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, batch_size=8, output_dir=out_dir, num_processes=2)])
+    assert rc == 0, err[-3000:]
+    assert max_diff(weights(out_dir), weights(one)) <= TOL
+    steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    alone = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in steps if "loss" in r]  # each step's weighted mean, logged every step
+    assert len(losses) == 7 and losses == pytest.approx([r["loss"] for r in alone if "loss" in r], abs=1e-5)
+
+
 def test_a_two_process_run_resumed_from_its_checkpoint_equals_the_run_left_alone(setup, dropout_model_dir):
     """Each rank saves and restores its own state (rank-N.pt: its RNG draws its own dropout masks): resumed at
     step 3 of 7, two processes with dropout and AdamW end bitwise where the uninterrupted two-process run does,
