@@ -92,6 +92,7 @@ def test_only_the_adapters_and_the_head_train(job, dropout_model_dir):
     trainable = sum(v.numel() for k, v in saved.items() if k in adapters or ".modules_to_save." in k)
     assert result.metrics["optimizer_state_bytes"] == pytest.approx(8 * trainable, rel=0.01)
     assert result.metrics["gradients_bytes"] == 4 * trainable
+    assert "frozen weights get no gradients" in result.metrics["flop_model"]  # MFU counts no frozen weight gradients
 
 
 def test_the_merged_model_gives_the_logits_of_the_adapter_on_the_base(job, dropout_model_dir):
@@ -246,6 +247,7 @@ def test_qlora_resumes_exactly_and_publishes_the_adapter_merged_into_the_dequant
     ckpt = whole.output_dir / "checkpoints" / "step-000002"
     resumed = train(job("resumed", quantize=bits, save_every=2, max_steps=4, resume=str(ckpt)))
     assert resumed.metrics["train_examples"] == 2 * 24
+    assert "estimated for frozen weights" in whole.metrics["flop_model"]  # quantized weights cannot go on meta
     a, b = model_weights(whole.output_dir), model_weights(resumed.output_dir)
     assert not [k for k in a if not torch.equal(a[k], b[k])]
     # the frozen quantized weights never moved: the last checkpoint's equal the first's

@@ -154,3 +154,39 @@ def test_wrapped_models_are_unwrapped():
             self.module = inner
 
     assert flop_model(Wrapper(meta_bert())).source.startswith("formula: bert")
+
+
+def test_frozen_weights_are_counted_without_weight_gradients():
+    """A linear probe (the encoder frozen, the classifier trains), counted by hand: a frozen layer whose input needs
+    no gradient runs forward only, 2 FLOPs per weight per token; the classifier's backward computes its weight
+    gradient but no input gradient (the pooler is frozen). Matrix products only, as FlopCounterMode counts them.
+      per token:    2 * 2 layers * (4 * 64*64 + 2 * 64*128) = 4 * 32768           = 131072
+      per s^2:      attention forward, 4 * 64 * 2 layers                            = 512
+      per sequence: pooler forward 2 * 64*64 + classifier 2 * 64*2 forward + 2 * 64*2 weight gradient = 8704"""
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification(tiny_bert_config())
+    for p in model.bert.parameters():
+        p.requires_grad_(False)
+    counted = flop_model(model)
+    assert (counted.per_token, counted.per_token_sq, counted.per_sequence) == pytest.approx((131072, 512, 8704))
+    assert "frozen weights get no gradients" in counted.source
+    assert all(p.device.type == "cpu" for p in model.parameters())  # the meta copy left the model alone
+
+
+def test_lora_costs_less_than_full_fine_tuning_and_more_than_a_probe():
+    """LoRA on query and value: the frozen weights' backward is the input gradient alone (about 4 FLOPs per weight
+    per token instead of 6), plus the adapters' own small products."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import BertForSequenceClassification
+
+    full = flop_model(BertForSequenceClassification(tiny_bert_config()))
+    lora = flop_model(
+        get_peft_model(
+            BertForSequenceClassification(tiny_bert_config()),
+            LoraConfig(r=4, target_modules=["query", "value"], modules_to_save=["classifier"]),
+        )
+    )
+    probe_per_token = 131072
+    assert probe_per_token < lora.per_token < 0.7 * full.per_token
+    assert "frozen weights get no gradients" in lora.source

@@ -48,6 +48,10 @@ So, for L layers:  per_token = 6 L (4h^2 + 2hi + 9h + i),  per_token_sq = 12 L h
 For MiniLM-L6 (h 384, i 1536, L 6): 63.9 MFLOP per token, plus 27.6 kFLOP * s of attention
 (65.5 MFLOP per token at s = 60).
 
+Frozen weights (LoRA, a frozen encoder) get no weight gradient: a frozen layer's backward is the input
+gradient alone (4 FLOPs per weight per token, not 6), or nothing where its input needs no gradient either. The
+closed form assumes every weight trains, so such models are counted instead (below), which follows autograd.
+
 Any other model: counted (`counted_flop_model`)
 ------------------------------------------------
 `torch.utils.flop_counter.FlopCounterMode` counts the matrix products (mm, addmm, bmm, attention,
@@ -59,7 +63,7 @@ three coefficients of the polynomial exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # Encoders the closed form describes: post-LN or pre-LN transformer layers with one dense
@@ -126,12 +130,29 @@ def encoder_flop_model(config: Any, num_labels: int | None = None) -> FlopModel:
     )
 
 
+def has_frozen_weights(model) -> bool:
+    """Some parameters train and some do not (LoRA, a frozen encoder): their weight gradients are never computed."""
+    flags = {p.requires_grad for p in model.parameters()}
+    return flags == {True, False}
+
+
 def _meta_copy(model):
-    """The model rebuilt on the meta device: from its config for Transformers models, else a deep copy."""
+    """The model rebuilt on the meta device: from its config for Transformers models, else a deep copy. A model
+    with frozen weights (LoRA) is copied module by module with every tensor replaced by a meta one of the same
+    shape and `requires_grad`, so nothing is copied and autograd skips the same weight gradients."""
     import copy
 
     import torch
 
+    if has_frozen_weights(model):
+        memo: dict[int, Any] = {
+            id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+            for p in model.parameters()
+        }
+        memo |= {id(b): torch.empty_like(b, device="meta") for b in model.buffers()}
+        clone = copy.deepcopy(model, memo)
+        clone.train()
+        return clone
     config = getattr(model, "config", None)
     if config is not None and hasattr(type(model), "config_class"):
         config = copy.deepcopy(config)
@@ -232,9 +253,39 @@ def flop_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
     if input_shapes:
         return example_flop_model(model, input_shapes)
     config = getattr(model, "config", None)
-    if config is not None and is_encoder_config(config):
+    if config is not None and is_encoder_config(config) and not has_frozen_weights(model):
         return encoder_flop_model(config)
-    return counted_flop_model(model)
+    # Frozen weights (LoRA) get no weight gradient: their backward is one product, not two (4 FLOPs per weight
+    # per token, not 6), and a layer whose input needs no gradient does none. The closed form assumes every weight
+    # trains, so count what autograd does instead.
+    if not has_frozen_weights(model):
+        return counted_flop_model(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    try:
+        counted = counted_flop_model(model)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
+        # quantized weights (QLoRA) cannot run on the meta device: the architecture's full count, each frozen
+        # weight at 4 FLOPs per token instead of 6
+        full = _architecture_flop_model(model)
+        scale = (4 + 2 * trainable / total) / 6
+        note = f"; estimated for frozen weights ({trainable:,} of {total:,} parameters train): x{scale:.2f} per token"
+        return replace(full, per_token=full.per_token * scale, source=full.source + note)
+    note = f"; frozen weights get no gradients ({trainable:,} of {total:,} parameters train)"
+    return replace(counted, source=counted.source + note)
+
+
+def _architecture_flop_model(model) -> FlopModel:
+    """The FLOPs of training every weight of `model`'s architecture (a peft model's base), from its config."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    if is_encoder_config(config):
+        return encoder_flop_model(config)
+    with torch.device("meta"):
+        clone = type(base)(config)
+    return counted_flop_model(clone)
 
 
 def mfu(flops: float, seconds: float, peak_flops_per_second: float | None) -> float | None:
