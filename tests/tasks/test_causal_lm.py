@@ -348,3 +348,27 @@ def test_predict_generates_greedily_or_by_sampling(run):
     assert sampled == predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
     with pytest.raises(LeantrainError, match="--temperature"):
         predict(str(result.output_dir), texts=prompts, top_p=0.5)
+
+
+def test_lora_on_a_language_model_accumulates_exactly_and_publishes_a_merged_model(run):
+    """LoRA (issue #15) on the causal-LM task: only the adapters train (embeddings and the output layer stay
+    bitwise), 4 micro-batches of packed rows equal one big batch at the token level, and model/ is a plain
+    LlamaForCausalLM that pipeline() loads and generates with."""
+    from transformers import pipeline
+
+    lora = dict(lora=True, lora_r=4, lora_alpha=8, max_steps=4)
+    big, w_big = run(batch_size=8, **lora)
+    small, w_small = run(batch_size=2, grad_accum=4, **lora)
+    _, start = run(batch_size=8, **{**lora, "lr": 1e-30})
+    assert sorted(w_big) == sorted(start) and not any("lora" in k for k in w_big)  # merged: the base's names
+    frozen = [k for k in w_big if "embed_tokens" in k or "norm" in k or k == "lm_head.weight"]
+    assert frozen and all(torch.equal(w_big[k], start[k]) and torch.equal(w_small[k], start[k]) for k in frozen)
+    # the merged projections (base + B @ A) moved; every one of them alike in both runs
+    merged = [k for k in w_big if k not in frozen]
+    assert all(k.endswith("_proj.weight") for k in merged), merged
+    pick = lambda w: {k: w[k] for k in merged}  # noqa: E731
+    assert_trained_alike(pick(w_big), pick(w_small), pick(start), rel=1e-5)
+    assert loss_log(small) == pytest.approx(loss_log(big), abs=1e-5)
+    assert "frozen weights get no gradients" in big.metrics["flop_model"]
+    out = pipeline("text-generation", model=str(big.model_dir))("the cat", max_new_tokens=4, do_sample=False)
+    assert out[0]["generated_text"].startswith("the cat")
