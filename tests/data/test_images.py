@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from leantrain import TrainConfig, train
 from leantrain.cli import main
@@ -283,3 +284,33 @@ def test_a_headerless_image_table_without_a_suffix_reads_with_format_and_column_
             train(job(data=str(table), output_dir=str(image_folder.parent / "swapped"), **swapped))
     finally:
         table.unlink()
+
+
+def test_lora_trains_an_image_classifier_and_publishes_a_merged_model(job, image_folder):
+    """LoRA (issue #15) on the image task: the adapters and the classifier train, the patch embeddings stay as
+    initialised (the same seed builds the same start), and model/ is a plain ViT that pipeline() loads."""
+    from safetensors.torch import load_file
+    from transformers import pipeline
+
+    result = train(job(data=str(image_folder), lora=True, lora_r=4, lr=1e-2, epochs=4))
+    start = train(
+        job(
+            data=str(image_folder),
+            lora=True,
+            lora_r=4,
+            lr=1e-30,
+            max_steps=1,
+            output_dir=str(result.output_dir) + "-start",
+        )
+    )
+    assert result.metrics["eval_accuracy"] == 1.0
+    trained, initial = (
+        load_file(result.model_dir / "model.safetensors"),
+        load_file(start.model_dir / "model.safetensors"),
+    )
+    assert sorted(trained) == sorted(initial) and not any("lora" in k for k in trained)
+    frozen = [k for k in trained if "embeddings" in k]
+    assert frozen and all(torch.equal(trained[k], initial[k]) for k in frozen)
+    assert not torch.equal(trained["classifier.weight"], initial["classifier.weight"])
+    clf = pipeline("image-classification", model=str(result.model_dir))
+    assert clf(str(image_folder / "red" / "3.png"))[0]["label"] == "red"
