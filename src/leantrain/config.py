@@ -529,6 +529,12 @@ class LoggingConfig:
         default="jsonl",
     )
     report: bool = _help("Write report.html (plots, config, environment) at the end of the run.", default=True)
+    profile_steps: int | None = _help(
+        "Profile N optimizer steps after the first (torch.profiler): OUTPUT_DIR/profile/trace.json for Perfetto or "
+        "chrome://tracing, and the time by kind of work (matmuls, attention, normalisation, casts, optimizer, "
+        "data, Python) printed and written to profile/summary.json.",
+        default=None,
+    )
     # --- metrics and losses (issue #17)
     metrics: str | None = _help(
         "Evaluation metrics, comma-separated (scikit-learn): accuracy, f1 (binary on two classes, as GLUE scores "
@@ -552,6 +558,7 @@ class LoggingConfig:
     def _check(self) -> None:
         _positive(self, "log_every")
         _positive(self, "eval_every", optional=True)
+        _positive(self, "profile_steps", optional=True)
         _choice(self, "log", LOGS)
         _check_reporting(self)
 

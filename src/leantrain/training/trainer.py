@@ -27,6 +27,7 @@ from leantrain.checkpoint import TrainState
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.tasks.base import Task, TaskData
+from leantrain.telemetry.profiler import StepProfiler
 from leantrain.training.checkpointer import Checkpointer
 from leantrain.training.early_stopping import EarlyStopping, resolve_metric, steps_every
 from leantrain.training.evaluator import Evaluator, prefixed
@@ -220,6 +221,9 @@ class Trainer:
             state=self.state,
         )
         self.logger.history.extend(history)
+        self.profiler = StepProfiler(
+            cfg.profile_steps, self.staging, self.state.step + 1, say=self.say.info, shown_dir=self.run.path
+        )
         # the guard holds the run to the user's --memory; the plan aimed below it (planner.auto's margin)
         budget = cfg.memory_bytes or (self.plan.request.budget if self.plan is not None else None)
         from leantrain.telemetry.memory import tensor_bytes
@@ -313,6 +317,7 @@ class Trainer:
                     for batches in self._optimizer_steps():
                         if not self.train_step(batches):
                             continue  # out of memory (--auto): the step is redone with smaller micro-batches
+                        self.profiler.after_step(state.step)
                         new_best = self._maybe_evaluate()
                         saved = self.checkpointer.should_save(state.step, new_best)
                         if saved:
@@ -329,6 +334,7 @@ class Trainer:
         finally:
             logger.meter.pause()
             logger.bar.close()
+            self.profiler.close()
         return self._finish()
 
     def _stop_if_interrupted(self, saved_now: bool) -> None:
