@@ -92,6 +92,10 @@ def workspace(tmp_path_factory, tiny_model_dir):
         write_csv(ws / name, rows)
     write_csv(ws / "unlabeled.csv", [(text,) for text, _ in rows[:20]], header=("text",))
     write_csv(ws / "my_reviews.csv", rows, header=("review", "stars"))
+    # docs/metrics-and-losses.md: an STS-B-like pair file with graded scores, and labels joined by "|"
+    scores = [(text, text[::-1], f"{(i % 11) / 2:.1f}") for i, (text, _) in enumerate(rows)]
+    write_csv(ws / "stsb.tsv", scores, header=("sentence1", "sentence2", "score"), delimiter="\t")
+    write_csv(ws / "tags.csv", [(text, label + ("|long" if len(text) > 40 else "")) for text, label in rows])
     _images(ws)
     if SHARED_DATA.is_dir():
         _fsdd_slice(SHARED_DATA / "fsdd" / "recordings", ws / "fsdd")

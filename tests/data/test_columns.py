@@ -28,3 +28,14 @@ def test_fractional_labels_are_refused_naming_regression():
 )
 def test_whole_numbers_and_words_are_classes(values, names):
     assert build_label_map(normalise_labels(pd.Series(values)), "f", "label") == names
+
+
+def test_an_sts_b_file_needs_no_column_flags():
+    """GLUE's STS-B names its pair sentence1/sentence2 and its graded target 'score'; a 'label' column still wins."""
+    from leantrain.data.columns import resolve_columns
+
+    df = pd.DataFrame({"sentence1": ["a"], "sentence2": ["b"], "score": [3.2]})
+    cols = resolve_columns(df, "stsb.tsv", None, None, None)
+    assert (cols.text, cols.text_pair, cols.label) == ("sentence1", "sentence2", "score")
+    both = pd.DataFrame({"text": ["a"], "score": [0.9], "label": ["pos"]})
+    assert resolve_columns(both, "x.csv", None, None, None).label == "label"

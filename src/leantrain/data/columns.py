@@ -22,7 +22,7 @@ PAIR_NAMES = (
     ("question", "sentence"),
     ("text", "text_pair"),
 )
-LABEL_NAMES = ("label", "labels", "sentiment", "class", "category", "target", "quality", "y")
+LABEL_NAMES = ("label", "labels", "sentiment", "class", "category", "target", "quality", "score", "y")  # score: STS-B
 
 
 @dataclass(frozen=True)
