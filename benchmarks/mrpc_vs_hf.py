@@ -140,6 +140,18 @@ def main(argv=None) -> int:
     result = {"job": job, "runs": rows, "mean": mean, "gap_points": gap, "max_steps": args.max_steps}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    table = [
+        f"| {r['seed']} | {name} | {r[side]['f1']:.4f} | {r[side]['accuracy']:.4f} |"
+        for r in rows
+        for side, name in (("leantrain", "leantrain"), ("hf_trainer", "HF Trainer"))
+    ]
+    args.out.with_suffix(".md").write_text(
+        "# MRPC: leantrain (examples/mrpc.yaml) against the HF Trainer on the same job\n\n"
+        "Written by `benchmarks/mrpc_vs_hf.py`; the job is in its docstring. F1: binary, of the paraphrase class.\n\n"
+        "| seed | | binary F1 | accuracy |\n|---|---|---|---|\n" + "\n".join(table) + "\n\n"
+        f"leantrain - HF Trainer (means): F1 {gap['f1']:+.2f} points, accuracy {gap['accuracy']:+.2f} points "
+        "(goal: within one point).\n"
+    )
     print(f"gap (leantrain - HF Trainer, points): F1 {gap['f1']:+.2f}, accuracy {gap['accuracy']:+.2f}")
     return 0 if args.max_steps or all(abs(g) <= 1.0 for g in gap.values()) else 1
 
