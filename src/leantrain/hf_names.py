@@ -128,6 +128,7 @@ ROWS: tuple[Row, ...] = (
     Row("fsdp", None, "use --shard fsdp (FSDP2, one transformer layer per unit)"),
     Row("deepspeed", None, "not supported: use --shard fsdp, or --auto to fit memory"),
     Row("group_by_length", None, "always on: batches are drawn from random chunks sorted by length, as it does"),
+    Row("train_sampling_strategy", None, "transformers 5's name for group_by_length: always on (see group_by_length)"),
     Row("auto_find_batch_size", None, "use --auto: the planner picks the split and halves it on out-of-memory"),
     Row("push_to_hub", None, "model/ is a save_pretrained folder with a model card: push it with `hf upload`"),
     Row("hub_model_id", None, "see push_to_hub"),
