@@ -110,7 +110,7 @@ def test_ambiguous_or_missing_columns_are_errors():
     with pytest.raises(DataError, match=r"text column ambiguous.*--text-column"):
         resolve_columns(_frame(title=["a"], body2=["b"], label=[1]), "f.csv", None, None, None)
     with pytest.raises(DataError, match=r"which column holds the label.*--label-column"):
-        resolve_columns(_frame(text=["a"], score=[1]), "f.csv", None, None, None)
+        resolve_columns(_frame(text=["a"], count=[1]), "f.csv", None, None, None)  # score: STS-B's label
     with pytest.raises(DataError, match="no column 'txt' \\(given by --text-column\\)"):
         resolve_columns(_frame(text=["a"], label=[1]), "f.csv", "txt", None, None)
 
