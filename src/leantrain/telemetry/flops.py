@@ -253,13 +253,17 @@ def flop_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
     if input_shapes:
         return example_flop_model(model, input_shapes)
     config = getattr(model, "config", None)
-    if config is not None and is_encoder_config(config) and not has_frozen_weights(model):
+    if has_frozen_weights(model):
+        return _frozen_flop_model(model)
+    if config is not None and is_encoder_config(config):
         return encoder_flop_model(config)
-    # Frozen weights (LoRA) get no weight gradient: their backward is one product, not two (4 FLOPs per weight
-    # per token, not 6), and a layer whose input needs no gradient does none. The closed form assumes every weight
-    # trains, so count what autograd does instead.
-    if not has_frozen_weights(model):
-        return counted_flop_model(model)
+    return counted_flop_model(model)
+
+
+def _frozen_flop_model(model) -> FlopModel:
+    """Frozen weights (LoRA) get no weight gradient: their backward is one product, not two (4 FLOPs per weight per
+    token, not 6), and a layer whose input needs no gradient does none. The closed form assumes every weight
+    trains, so count what autograd does instead."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     try:

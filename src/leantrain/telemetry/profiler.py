@@ -2,8 +2,9 @@
 
 The profiler starts after the first optimizer step (its warm-up: allocator growth, lazy initialisation, kernel
 selection) and records the next N steps whole: the wait for their data, every micro-batch's forward and backward,
-the optimizer step. It writes `profile/trace.json` (Chrome trace format: open it in https://ui.perfetto.dev or
-chrome://tracing) and `profile/summary.json`, and the run prints the summary.
+the optimizer step (and an evaluation or checkpoint that falls inside them). It writes `profile/trace.json`
+(Chrome trace format: open it in https://ui.perfetto.dev or chrome://tracing) and `profile/summary.json`, and the
+run prints the summary.
 
 The summary charges each operator's *self* time (its own, without the operators it called) to one category, so
 the categories add up to the time spent in operators; the rest of the wall time is Python and everything the
