@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check, in one prepared call on a lent GPU machine (the `device` tool), under eight minutes:
-#   leantrain env, then `leantrain bench`'s technique matrix and MFU for BERT-base (random weights, built from
-#   BertConfig) at sequence length 128, bf16 and fp16, micro-batches 32-256. Results land in $OUT:
-#   env.txt, gpu_check.md (summary, MFU goal), bench.md/.csv/.json/.png, log.txt; commit them to
-#   benchmarks/results/gpu_check/.
+# The GPU check, in one prepared call on a lent GPU machine (the `device` tool), under nine minutes: leantrain env,
+# then benchmarks/gpu_check.py (see its docstring): packed attention per implementation, BERT-base's technique
+# matrix and MFU, the causal LM's bench, and profiles, within a time budget (--budget, most valuable first).
+# Results land in $OUT: env.txt, gpu_check.md (everything on one page), log.txt, and with --pack results.tar.gz
+# (tables, charts, JSON, profile summaries) and traces.tar.gz (profiler traces); unpack them into
+# benchmarks/results/gpu_check/ and commit.
 #
-#   device run:  bash benchmarks/gpu_check.sh            (timeout_s 540)
-#   here (tests the script on a tiny model, CPU):  OUT=/tmp/gpu bash benchmarks/gpu_check.sh --smoke
+#   device run:  bash benchmarks/gpu_check.sh --pack       (timeout_s 540)
+#   here (tests the script on tiny models, CPU):  OUT=/tmp/gpu bash benchmarks/gpu_check.sh --smoke --pack
 #
-# The GPU image has torch, transformers, accelerate, tokenizers, pandas, scikit-learn, rich, matplotlib and
-# pyyaml but not `datasets` nor bitsandbytes; leantrain runs from src/ without installing, and its CSV path
-# needs neither (the adamw8bit row reports bitsandbytes missing unless its wheel is carried in .whl/).
+# The GPU image has torch, transformers, accelerate, peft, tokenizers, pandas, scikit-learn, rich, matplotlib and
+# pyyaml but not `datasets`, ftfy nor bitsandbytes; leantrain runs from src/ without installing, and its CSV path
+# needs none of them (checked here with them made unimportable).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_check}

@@ -55,6 +55,28 @@ def test_the_categories_add_up_to_the_wall_time():
     assert sum(v["share"] for v in summary["categories"].values()) == pytest.approx(1.0)
 
 
+def test_on_a_gpu_kernel_time_is_charged_to_the_operator_that_launched_it():
+    cpu = SimpleNamespace(name="CPU")
+
+    def event(host, kernel, *names):
+        return SimpleNamespace(
+            **vars(chain(*names)), device_type=cpu, self_cpu_time_total=host * 1e6, self_device_time_total=kernel * 1e6
+        )
+
+    events = [
+        event(0.01, 0.6, "aten::addmm", "aten::linear"),
+        event(0.01, 0.1, "aten::_softmax"),
+        event(0.1, 0, "aten::add"),
+    ]
+    summary = prof.summarise(events, wall_seconds=1.0, steps=2)
+    device = {k: v["seconds"] for k, v in summary["device_categories"].items()}
+    assert device == pytest.approx({prof.MATMULS: 0.6, prof.ATTENTION: 0.1, prof.GPU_IDLE: 0.3})
+    assert "GPU kernel time" in prof.format_summary(summary, 2)
+    # on a CPU no operator launches kernels: no device table
+    cpu_only = prof.summarise([event(0.5, 0, "aten::addmm")], wall_seconds=1.0, steps=2)
+    assert "device_categories" not in cpu_only
+
+
 def test_a_run_with_profile_steps_writes_a_trace_of_those_steps_and_the_summary(
     tiny_model_dir, sentiment_csv, tmp_path, capsys
 ):

@@ -13,6 +13,9 @@ profiler does not see as an operator. An operator is charged by what it ran insi
 by the outermost ATen operator it belongs to (`aten::linear` -> `aten::addmm` is a matmul, `aten::layer_norm` ->
 `aten::native_layer_norm` normalisation), so a composite's pieces stay with it. Eager attention is Python calling
 `matmul` and `softmax`: its products count as matmuls and its softmax as attention.
+On a GPU the host only launches kernels: the summary
+then also charges each kernel's time to the operator that launched it (`device_categories`), and the rest of the
+wall time to the GPU waiting for the host.
 """
 
 from __future__ import annotations
@@ -84,11 +87,33 @@ def summarise(events, wall_seconds: float, steps: int) -> dict[str, Any]:
     in_operators = sum(seconds.values())
     seconds[PYTHON] = max(wall_seconds - in_operators, 0.0)
     total = max(wall_seconds, in_operators)  # threads may overlap the main one (CUDA's backward thread)
-    return {
+    summary = {
         "steps": steps,
         "wall_seconds": wall_seconds,
         "categories": {k: {"seconds": v, "share": v / total if total else 0.0} for k, v in seconds.items()},
     }
+    device = _device_seconds(events)
+    if device:  # on a GPU the host only launches work: what the kernels did is the time that counts
+        busy = sum(device.values())
+        device[GPU_IDLE] = max(wall_seconds - busy, 0.0)
+        total = max(wall_seconds, busy)
+        summary["device_categories"] = {k: {"seconds": v, "share": v / total} for k, v in device.items() if v > 0}
+    return summary
+
+
+GPU_IDLE = "GPU idle (waiting for the host)"
+
+
+def _device_seconds(events) -> dict[str, float]:
+    """Kernel time charged to the operator that launched it (an operator's *self* device time), by category."""
+    seconds = dict.fromkeys(CATEGORIES[:-1], 0.0)
+    for event in events:
+        if event.device_type.name != "CPU" or event.name.startswith("[memory]"):
+            continue
+        kernel = getattr(event, "self_device_time_total", 0) or 0
+        if kernel > 0:
+            seconds[categorise(event)] += kernel / 1e6
+    return seconds if any(seconds.values()) else {}
 
 
 def format_summary(summary: dict[str, Any], first_step: int) -> str:
@@ -99,6 +124,10 @@ def format_summary(summary: dict[str, Any], first_step: int) -> str:
     ]
     rows = sorted(summary["categories"].items(), key=lambda kv: -kv[1]["seconds"])
     lines += [f"  {v['share']:6.1%}  {v['seconds']:8.3f} s  {k}" for k, v in rows if v["seconds"] > 0]
+    if "device_categories" in summary:
+        lines.append("GPU kernel time by the operator that launched it:")
+        rows = sorted(summary["device_categories"].items(), key=lambda kv: -kv[1]["seconds"])
+        lines += [f"  {v['share']:6.1%}  {v['seconds']:8.3f} s  {k}" for k, v in rows]
     return "\n".join(lines)
 
 
