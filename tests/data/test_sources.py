@@ -1,4 +1,5 @@
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -380,3 +381,14 @@ def test_a_data_set_configuration_streams_its_split(glue_like):
     assert [r["sentence"] for r in held] == ["grammar fine validation"]
     with pytest.raises(DataError, match="no split 'test'"):
         open_stream(str(glue_like), "train", ReadOptions(config="sst2", split="test"))
+
+
+@pytest.mark.parametrize("pattern", [sources._WORD, sources._MAY_NEED_REPAIR])
+def test_patterns_given_to_pandas_compile_in_pyarrows_regex_engine(pattern):
+    """pandas 3 hands `.str.contains` patterns to pyarrow (RE2) for pyarrow-backed strings; some pandas versions
+    do not fall back to Python's `re` when RE2 refuses one (every bench job failed on a GPU machine's image)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    found = pc.match_substring_regex(pa.array(["plain words", "café au lait", "12 34"]), pattern).to_pylist()
+    assert found == [bool(re.search(pattern, s)) for s in ["plain words", "café au lait", "12 34"]]

@@ -404,9 +404,14 @@ def _repair_text_columns(df: pd.DataFrame, from_bad_line: np.ndarray, report: Re
     report.rows_repaired = int(repaired.sum())
 
 
+# Patterns for pandas' `.str` methods, which hand them to pyarrow's RE2 when strings are pyarrow-backed (pandas 3):
+# RE2 refuses Python's \uXXXX escapes, so the characters themselves are in the pattern (not a raw string).
+_WORD = "[A-Za-z\u00c0-\uffff]{2,}"
+
+
 def _is_text_column(series: pd.Series) -> bool:
     sample = series.dropna().head(200).astype(str)
-    return len(sample) > 0 and sample.str.contains(r"[A-Za-z\u00c0-\uffff]{2,}", regex=True).mean() > 0.5
+    return len(sample) > 0 and sample.str.contains(_WORD, regex=True).mean() > 0.5
 
 
 # --- JSON and Parquet -------------------------------------------------------------------------------
