@@ -366,6 +366,13 @@ class EfficiencyConfig:
     pad_to_max_length: bool = _help(
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )
+    # --- attention (issue #16)
+    attention: str = _help(
+        "Attention implementation: auto|eager|sdpa|flex_attention (flex). auto picks by what was measured: sdpa on "
+        "a GPU, eager for bf16 training without attention dropout on a CPU with native bf16, else sdpa. The same "
+        "results up to rounding; a packed causal LM is checked to keep documents apart whichever runs.",
+        default="auto",
+    )
     auto: bool = _help(
         "Let the planner choose precision, activation checkpointing and the micro-batch/accumulation split of "
         "the global batch (--batch-size x --grad-accum x processes, held fixed) to train fastest within 0.9 x "
@@ -391,6 +398,10 @@ class EfficiencyConfig:
 
     def _check(self) -> None:
         _choice(self, "precision", PRECISIONS)
+        from leantrain.attention import ALIASES, CHOICES
+
+        self.attention = ALIASES.get(self.attention, self.attention)
+        _choice(self, "attention", CHOICES)
         if self.memory is not None:
             from leantrain.planner.memory import parse_memory
 

@@ -61,6 +61,9 @@ class Task(ABC):
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
         """The model to train, its head sized from the data."""
 
+    def check_model(self, model: torch.nn.Module) -> None:  # noqa: B027 (most tasks have nothing to check)
+        """Refuse (ConfigError) a model that cannot train as configured, once its attention kernel is chosen."""
+
     @abstractmethod
     def collator(self, data: TaskData, *, train: bool) -> Callable[[list[dict]], dict[str, Any]]:
         """Batches examples. Every batch carries, besides the model's inputs: `labels`, `index` (example ids),

@@ -136,9 +136,11 @@ class CausalLM(Task):
                 f"--max-length {self.cfg.max_length} is beyond what {self.cfg.model} supports ({limit}); "
                 f"use --max-length {limit} or less"
             )
-        if self.cfg.packing:
-            check_packing_separates(model)
         return model
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        if self.cfg.packing:  # after the attention choice: the kernel that will run must keep documents apart
+            check_packing_separates(model)
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator

@@ -111,6 +111,7 @@ class Trainer:
         if self.resume_from is not None:
             self.resume_from.check_matches({}, self.task.data_facts(self.data))
         self.model = self.task.build_model(model_path, self.data)
+        self._choose_attention()
         if self.cfg.activation_checkpointing:
             models.enable_activation_checkpointing(self.model)
         self.say.info(models.describe(self.model))
@@ -124,6 +125,17 @@ class Trainer:
             f"{labels}precision {self.precision} ({self.precision_why}); "
             f"device {self.accelerator.device}, {self.accelerator.num_processes} process(es)"
         )
+
+    def _choose_attention(self) -> None:
+        """--attention (issue #16): the kernel, then the task's checks of the model as it will run."""
+        from leantrain import attention
+
+        name, why = attention.choose(self.cfg.attention, self.model, self.accelerator.device.type, self.precision)
+        if name is not None:
+            attention.apply(self.model, name)
+            self.say.info(f"attention: {name} ({why})")
+        self.attention = name
+        self.task.check_model(self.model)
 
     def _build_loop_parts(self) -> None:
         self._build_batches()

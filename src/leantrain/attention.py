@@ -1,0 +1,67 @@
+"""`--attention`: which attention kernel the model runs, chosen from measurements (issue #16).
+
+transformers lets one model run several attention implementations (`eager`: matmul, softmax, matmul in Python;
+`sdpa`: torch's fused `scaled_dot_product_attention`; `flex_attention`: a compiled block-mask kernel). They give
+the same results up to rounding (dropout aside, whose random draws differ), so the choice changes cost, not
+results, and `auto` picks by what was measured:
+
+- a GPU (H200, bf16, a packed 125 M Llama): SDPA 235k tokens/s, eager 95k, flex 38k (its mask recompiles per
+  batch) -> sdpa;
+- a CPU with AMX, bf16 training, attention dropout off: SDPA's CPU flash kernel took 43% of a step, eager ran 2x
+  SDPA (issue #16) -> eager;
+- a CPU without native bf16 (AMD EPYC), fp32: within 20% either way, no consistent winner -> sdpa.
+
+Sources: benchmarks/results/gpu_check/, benchmarks/results/attention.md (`python benchmarks/attention.py` on the
+machine at hand). Never flex by default: it compiles per new shape. Packing stays safe with either choice: a
+causal LM's packing guard runs after the choice (tasks/causal_lm.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leantrain.errors import ConfigError
+
+CHOICES = ("auto", "eager", "sdpa", "flex_attention")
+ALIASES = {"flex": "flex_attention"}
+
+
+def _attention_dropout(config: Any) -> float:
+    for key in ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop"):
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
+
+
+def _cpu_has_native_bf16() -> bool:
+    from leantrain.parallel import precision_support
+
+    return precision_support("cpu")["bf16"].fast
+
+
+def choose(requested: str, model: Any, device_type: str, precision: str) -> tuple[str | None, str]:
+    """The implementation for training `model` (None: the model has no choice to make) and why."""
+    current = getattr(model.config, "_attn_implementation", None)
+    if current is None:
+        return None, "the model does not choose its attention implementation"
+    if requested != "auto":
+        return requested, "--attention"
+    if device_type == "cuda":
+        return "sdpa", "auto: SDPA is the fastest measured on a GPU"
+    if precision == "bf16" and _attention_dropout(model.config) == 0 and _cpu_has_native_bf16():
+        return "eager", "auto: on a CPU with native bf16, SDPA's flash kernel measured 2x slower than eager"
+    return "sdpa", "auto: on this CPU and precision SDPA is as fast as eager"
+
+
+def apply(model: Any, name: str) -> None:
+    """Switch `model` (and its submodules) to attention `name`; one line when the model cannot run it."""
+    if getattr(model.config, "_attn_implementation", None) == name:
+        return
+    try:
+        model.set_attn_implementation(name)
+    except (ValueError, ImportError) as exc:
+        reason = str(exc).splitlines()[0][:200]
+        raise ConfigError(
+            f"--attention {name}: {type(model).__name__} cannot run it ({reason}); use --attention eager or sdpa"
+        ) from None

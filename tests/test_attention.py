@@ -1,0 +1,158 @@
+"""--attention (issue #16): auto follows the measured table, a forced choice is the kernel that trains, the results
+are the same up to rounding, and a packed causal LM's guard checks the kernel that will run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, attention, train
+from leantrain.cli import main as cli_main
+from leantrain.errors import ConfigError
+from tests.conftest import EXACT_JOB, assert_trained_alike
+
+
+def model_with(dropout: float | None = 0.0, implementation: str | None = "sdpa"):
+    config = SimpleNamespace(_attn_implementation=implementation)
+    if dropout is not None:
+        config.attention_probs_dropout_prob = dropout
+    return SimpleNamespace(config=config)
+
+
+@pytest.mark.parametrize(
+    "device, precision, dropout, native_bf16, chosen",
+    [
+        ("cuda", "bf16", 0.0, False, "sdpa"),  # the GPU: SDPA measured fastest
+        ("cuda", "fp32", 0.1, False, "sdpa"),
+        ("cpu", "bf16", 0.0, True, "eager"),  # native bf16, no attention dropout: SDPA's flash kernel is slow
+        ("cpu", "bf16", 0.1, True, "sdpa"),  # dropout sends SDPA down another path
+        ("cpu", "fp32", 0.0, True, "sdpa"),
+        ("cpu", "bf16", 0.0, False, "sdpa"),  # emulated bf16 (this project's AMD CPUs): measured alike
+    ],
+)
+def test_auto_follows_the_measured_table(monkeypatch, device, precision, dropout, native_bf16, chosen):
+    monkeypatch.setattr(attention, "_cpu_has_native_bf16", lambda: native_bf16)
+    name, why = attention.choose("auto", model_with(dropout), device, precision)
+    assert name == chosen and why.startswith("auto")
+
+
+def test_a_forced_choice_is_kept_and_a_model_without_one_is_left_alone():
+    assert attention.choose("flex_attention", model_with(), "cuda", "bf16")[0] == "flex_attention"
+    assert attention.choose("eager", model_with(), "cpu", "fp32") == ("eager", "--attention")
+    assert attention.choose("auto", model_with(implementation=None), "cpu", "fp32")[0] is None
+
+
+def test_a_kernel_the_model_cannot_run_is_one_line(tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+
+    def refuse(name):
+        raise ValueError(f"{name} is not supported\nmore detail")
+
+    model.set_attn_implementation = refuse
+    with pytest.raises(ConfigError, match=r"^--attention flex_attention: BertForSequenceClassification cannot run it"):
+        attention.apply(model, "flex_attention")
+
+
+def test_the_flag_takes_flex_for_flex_attention_and_refuses_other_names(capsys):
+    assert TrainConfig(attention="flex").attention == "flex_attention"
+    assert cli_main(["train", "--attention", "flash", "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--attention must be one of auto, eager, sdpa, flex_attention; got 'flash'" in err
+    assert "Traceback" not in err
+
+
+def run(tiny_model_dir, sentiment_csv, tmp_path, name: str, **over):
+    cfg = TrainConfig(
+        model=str(tiny_model_dir),
+        data=str(sentiment_csv),
+        output_dir=str(tmp_path / name),
+        cache_dir=str(tmp_path / "cache"),
+        max_steps=4,
+        batch_size=8,
+        report=False,
+        **{**EXACT_JOB, **over},
+    )
+    return train(cfg)
+
+
+def test_eager_and_sdpa_train_to_the_same_weights(tiny_model_dir, sentiment_csv, tmp_path, capsys, monkeypatch):
+    """The choice changes cost, not results (the tiny model has no dropout): and the forced kernel is what ran."""
+    from transformers.models.bert import modeling_bert
+
+    ran: set[str] = set()
+    original = modeling_bert.eager_attention_forward
+
+    def spy(*args, **kwargs):
+        ran.add("eager")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_bert, "eager_attention_forward", spy)
+    eager = run(tiny_model_dir, sentiment_csv, tmp_path, "eager", attention="eager")
+    assert "attention: eager (--attention)" in capsys.readouterr().err
+    assert ran == {"eager"}
+    ran.clear()
+    sdpa = run(tiny_model_dir, sentiment_csv, tmp_path, "sdpa", attention="sdpa")
+    assert ran == set()  # SDPA never calls the eager function
+    from transformers import AutoModelForSequenceClassification
+
+    start = {
+        k: v.clone() for k, v in AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).state_dict().items()
+    }
+    a = load_file(eager.output_dir / "model" / "model.safetensors")
+    b = load_file(sdpa.output_dir / "model" / "model.safetensors")
+    start = {k: start[k] for k in a}
+    assert_trained_alike(a, b, start)
+
+
+def test_a_packed_causal_lm_is_checked_with_the_kernel_that_will_run(tmp_path, monkeypatch):
+    from leantrain.tasks.causal_lm import CausalLM
+    from tests.tasks.test_causal_lm import documents
+
+    seen = []
+    monkeypatch.setattr(CausalLM, "check_model", lambda self, model: seen.append(model.config._attn_implementation))
+    folder = _tiny_llama_folder(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(documents(40, seed=0)) + "\n")
+    train(
+        TrainConfig(
+            model=str(folder),
+            data=str(corpus),
+            output_dir=str(tmp_path / "run"),
+            cache_dir=str(tmp_path / "cache"),
+            max_steps=1,
+            batch_size=4,
+            max_length=32,
+            report=False,
+            progress=False,
+            attention="eager",
+        )
+    )
+    assert seen == ["eager"]
+
+
+def _tiny_llama_folder(tmp_path):
+    from transformers import LlamaConfig
+
+    from leantrain.data.lm import train_bpe_tokenizer
+    from tests.tasks.test_causal_lm import documents
+
+    folder = tmp_path / "llama"
+    tokenizer = train_bpe_tokenizer(documents(100, seed=1), vocab_size=300)
+    tokenizer.save_pretrained(folder)
+    LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(folder)
+    return folder
