@@ -560,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from leantrain.parallel.threads import prepare_environment
+
+    prepare_environment()  # before torch loads: OpenMP reads its settings once (issue #16)
     _quiet_libraries()
     try:
         return COMMANDS[args.command](args)

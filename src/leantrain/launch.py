@@ -98,10 +98,10 @@ def check_shard(cfg: TrainConfig) -> None:
 
 
 def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """The CPUs this process may use (affinity, capped by a container's CPU quota)."""
+    from leantrain.parallel.threads import usable_cpus
+
+    return usable_cpus()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

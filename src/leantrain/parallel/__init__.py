@@ -180,6 +180,7 @@ def environment_report() -> list[tuple[str, str]]:
         ("distributed type", str(state.distributed_type).split(".")[-1]),
         ("processes", f"{state.num_processes} (this is process {state.process_index})"),
         ("CPU threads (torch)", str(torch.get_num_threads())),
+        ("OpenMP wait policy", os.environ.get("OMP_WAIT_POLICY", "libgomp's default (spin, then sleep)")),
     ]
     for name, support in precision_support(device).items():
         verdict = (

@@ -1,0 +1,64 @@
+"""CPU threads that hold up when the machine is shared (issue #16).
+
+Two things make a CPU run collapse beside a busy neighbour. OpenMP's threads spin at every barrier waiting for
+each other (libgomp's default), so a thread whose core the neighbour holds keeps the others burning their cores
+on nothing. On this project's 2-core machine, under other engineers' load plus one spinning neighbour, MiniLM
+trained at 2.1 samples/s with libgomp's default, 6.9 with the threads sleeping at barriers
+(`OMP_WAIT_POLICY=PASSIVE`), 6.6 with one thread (benchmarks/results/busy_machine.md). And OpenMP counts the
+cores in the affinity mask, not a container's CPU quota, so a process allowed 1 CPU of 8 runs 8 threads that take
+turns.
+
+`prepare_environment` sets both before torch loads (OpenMP reads them once, when the library loads): the CLI
+calls it first thing, and passes the result to every process it launches. A value the user set is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
+    """CPUs' worth of time the cgroup may use (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`); None: no limit."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus(root: Path = CGROUP) -> int:
+    """The CPUs this process may really use: its affinity mask, capped by its cgroup's CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(root)
+    return max(1, min(cpus, math.ceil(quota))) if quota else cpus
+
+
+def prepare_environment(environ: MutableMapping[str, str] = os.environ, root: Path = CGROUP) -> dict[str, str]:
+    """Set the OpenMP wait policy and, under a CPU quota, the thread count; returns what it set."""
+    chosen = {}
+    if "OMP_WAIT_POLICY" not in environ:
+        chosen["OMP_WAIT_POLICY"] = "PASSIVE"
+    if "OMP_NUM_THREADS" not in environ:
+        cpus = usable_cpus(root)
+        try:
+            mask = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # pragma: no cover - not Linux
+            mask = os.cpu_count() or 1
+        if cpus < mask:
+            chosen["OMP_NUM_THREADS"] = str(cpus)
+    environ.update(chosen)
+    return chosen
