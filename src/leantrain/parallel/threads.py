@@ -25,8 +25,8 @@ CGROUP = Path("/sys/fs/cgroup")
 def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
     """CPUs' worth of time the cgroup may use (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`); None: no limit."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        limit, interval = (root / "cpu.max").read_text().split()[:2]
+        return None if limit == "max" else int(limit) / int(interval)
     except (OSError, ValueError):
         pass
     try:
