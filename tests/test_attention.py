@@ -40,8 +40,17 @@ def test_auto_follows_the_measured_table(monkeypatch, device, precision, dropout
 
 def test_a_forced_choice_is_kept_and_a_model_without_one_is_left_alone():
     assert attention.choose("flex_attention", model_with(), "cuda", "bf16")[0] == "flex_attention"
+    with pytest.raises(ConfigError, match="no backward pass on a CPU"):
+        attention.choose("flex_attention", model_with(), "cpu", "fp32")
     assert attention.choose("eager", model_with(), "cpu", "fp32") == ("eager", "--attention")
     assert attention.choose("auto", model_with(implementation=None), "cpu", "fp32")[0] is None
+
+
+def test_flex_attention_is_refused_for_training_on_a_cpu(tiny_model_dir, sentiment_csv, tmp_path):
+    """torch's flex attention has no CPU backward: one line before any work, not a traceback at the first step."""
+    with pytest.raises(ConfigError, match=r"^--attention flex_attention: flex attention has no backward pass on a CPU"):
+        run(tiny_model_dir, sentiment_csv, tmp_path, "flex", attention="flex")
+    assert not (tmp_path / "flex" / "model").exists()
 
 
 def test_a_kernel_the_model_cannot_run_is_one_line(tiny_model_dir):

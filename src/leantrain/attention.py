@@ -45,6 +45,11 @@ def choose(requested: str, model: Any, device_type: str, precision: str) -> tupl
     current = getattr(model.config, "_attn_implementation", None)
     if current is None:
         return None, "the model does not choose its attention implementation"
+    if requested == "flex_attention" and device_type == "cpu":  # measured: torch 2.13 refuses it mid-step
+        raise ConfigError(
+            "--attention flex_attention: flex attention has no backward pass on a CPU (torch's own limit); "
+            "use --attention eager or sdpa"
+        )
     if requested != "auto":
         return requested, "--attention"
     if device_type == "cuda":
