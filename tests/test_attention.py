@@ -44,6 +44,7 @@ def test_a_forced_choice_is_kept_and_a_model_without_one_is_left_alone():
         attention.choose("flex_attention", model_with(), "cpu", "fp32")
     assert attention.choose("eager", model_with(), "cpu", "fp32") == ("eager", "--attention")
     assert attention.choose("auto", model_with(implementation=None), "cpu", "fp32")[0] is None
+    assert attention.choose("auto", SimpleNamespace(), "cpu", "fp32")[0] is None  # a custom model without a config
 
 
 def test_flex_attention_is_refused_for_training_on_a_cpu(tiny_model_dir, sentiment_csv, tmp_path):
@@ -64,6 +65,8 @@ def test_a_kernel_the_model_cannot_run_is_one_line(tiny_model_dir):
     model.set_attn_implementation = refuse
     with pytest.raises(ConfigError, match=r"^--attention flex_attention: BertForSequenceClassification cannot run it"):
         attention.apply(model, "flex_attention")
+    # auto's choice falls back to what the model runs already
+    assert attention.apply(model, "eager", forced=False) == model.config._attn_implementation == "sdpa"
 
 
 def test_the_flag_takes_flex_for_flex_attention_and_refuses_other_names(capsys):

@@ -42,7 +42,7 @@ def _cpu_has_native_bf16() -> bool:
 
 def choose(requested: str, model: Any, device_type: str, precision: str) -> tuple[str | None, str]:
     """The implementation for training `model` (None: the model has no choice to make) and why."""
-    current = getattr(model.config, "_attn_implementation", None)
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if current is None:
         return None, "the model does not choose its attention implementation"
     if requested == "flex_attention" and device_type == "cpu":  # measured: torch 2.13 refuses it mid-step
@@ -59,14 +59,19 @@ def choose(requested: str, model: Any, device_type: str, precision: str) -> tupl
     return "sdpa", "auto: on this CPU and precision SDPA is as fast as eager"
 
 
-def apply(model: Any, name: str) -> None:
-    """Switch `model` (and its submodules) to attention `name`; one line when the model cannot run it."""
-    if getattr(model.config, "_attn_implementation", None) == name:
-        return
+def apply(model: Any, name: str, forced: bool = True) -> str:
+    """Switch `model` (and its submodules) to attention `name` and return the one that runs. A forced choice the
+    model cannot run is one line; auto's choice then falls back to the model's own implementation."""
+    current = model.config._attn_implementation
+    if current == name:
+        return name
     try:
         model.set_attn_implementation(name)
     except (ValueError, ImportError) as exc:
+        if not forced:
+            return current
         reason = str(exc).splitlines()[0][:200]
         raise ConfigError(
             f"--attention {name}: {type(model).__name__} cannot run it ({reason}); use --attention eager or sdpa"
         ) from None
+    return name

@@ -132,8 +132,11 @@ class Trainer:
 
         name, why = attention.choose(self.cfg.attention, self.model, self.accelerator.device.type, self.precision)
         if name is not None:
-            attention.apply(self.model, name)
-            self.say.info(f"attention: {name} ({why})")
+            running = attention.apply(self.model, name, forced=self.cfg.attention != "auto")
+            if running != name:
+                why = f"{name} was chosen ({why}), but {type(self.model).__name__} cannot run it"
+            self.say.info(f"attention: {running} ({why})")
+            name = running
         self.attention = name
         self.task.check_model(self.model)
 
