@@ -122,11 +122,11 @@ def test_eager_and_sdpa_train_to_the_same_weights(tiny_model_dir, sentiment_csv,
 
 def test_a_packed_causal_lm_is_checked_with_the_kernel_that_will_run(tmp_path, monkeypatch):
     from leantrain.tasks.causal_lm import CausalLM
-    from tests.tasks.test_causal_lm import documents
+    from tests.tasks.test_causal_lm import documents, write_tiny_llama
 
     seen = []
     monkeypatch.setattr(CausalLM, "check_model", lambda self, model: seen.append(model.config._attn_implementation))
-    folder = _tiny_llama_folder(tmp_path)
+    folder = write_tiny_llama(tmp_path / "llama")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(documents(40, seed=0)) + "\n")
     train(
@@ -144,27 +144,3 @@ def test_a_packed_causal_lm_is_checked_with_the_kernel_that_will_run(tmp_path, m
         )
     )
     assert seen == ["eager"]
-
-
-def _tiny_llama_folder(tmp_path):
-    from transformers import LlamaConfig
-
-    from leantrain.data.lm import train_bpe_tokenizer
-    from tests.tasks.test_causal_lm import documents
-
-    folder = tmp_path / "llama"
-    tokenizer = train_bpe_tokenizer(documents(100, seed=1), vocab_size=300)
-    tokenizer.save_pretrained(folder)
-    LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        architectures=["LlamaForCausalLM"],
-    ).save_pretrained(folder)
-    return folder

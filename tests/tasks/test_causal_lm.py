@@ -58,10 +58,13 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def write_tiny_llama(folder: Path) -> Path:
     """A 2-layer Llama (hidden 32) config with no weights (trained from scratch) and a BPE tokenizer."""
     from transformers import LlamaConfig
 
-    folder = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = train_bpe_tokenizer(documents(200, seed=1), vocab_size=300)
     tokenizer.save_pretrained(folder)
     LlamaConfig(
