@@ -39,3 +39,19 @@ def test_a_compiled_model_trains_like_the_eager_one(run, monkeypatch):
     assert max_diff(w_eager, w_compiled) <= 1e-4
     assert eager.metrics["compile_seconds"] is None
     assert compiled.metrics["compile_seconds"] > 0  # the warm-up's cost is reported apart from train_seconds
+
+
+@pytest.mark.slow  # compiles the tiny model two or more times: about 100 s here
+def test_a_step_that_recompiles_is_compile_time_not_training_time(run):
+    """A new batch shape after the warm-up (dynamic padding gives every batch its own length) makes dynamo compile
+    again inside the run: that step's time goes to compile_seconds and its work out of the throughput, so the
+    throughput is the compiled model's (the GPU check's bf16+compile at micro-batch 256 read 233 samples/s against
+    3,188 without compile when a recompile fell inside its window)."""
+    torch._dynamo.reset()
+    result, _ = run("recompiled", batch_size=16, max_steps=6, compile=True, log_every=1)
+    m = result.metrics
+    assert m["recompiles"] >= 1
+    # a recompile takes seconds; six steps of the tiny model take a fraction of one: had the recompiling steps
+    # stayed in the training time, it would hold at least one recompile's worth
+    assert m["train_seconds"] < m["compile_seconds"] / (m["recompiles"] + 1)
+    assert m["train_samples_per_second"] > 0

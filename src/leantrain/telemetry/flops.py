@@ -342,6 +342,13 @@ class FlopMeter:
         m = self.model
         return self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
 
+    def snapshot(self) -> tuple[float, int, Any, Any]:
+        return self.flops, self.sequences, self._lengths, self._squares
+
+    def discard(self, since: tuple[float, int, Any, Any]) -> None:
+        """Leave out the batches counted since `since` (a step whose time is compile time)."""
+        self.flops, self.sequences, self._lengths, self._squares = since
+
     def mark(self) -> None:
         """Call when the warm-up steps end: `steady_metrics` counts the FLOPs done after this."""
         self._mark = self.flops

@@ -73,6 +73,17 @@ class Throughput:
         self.tokens += tokens
         self.padded_tokens += padded_tokens
 
+    def snapshot(self) -> tuple[int, int, int, float]:
+        """The counts and training time now: `discard(snapshot)` takes back everything since."""
+        return self.examples, self.tokens, self.padded_tokens, self.elapsed()
+
+    def discard(self, since: tuple[int, int, int, float]) -> float:
+        """Leave out the work and time since `since` (a step that recompiled the model); returns those seconds."""
+        seconds = self.elapsed() - since[3]
+        self.examples, self.tokens, self.padded_tokens = since[:3]
+        self.seconds -= seconds
+        return seconds
+
     def step_done(self) -> None:
         self.steps += 1
         if self.steps == self.warmup_steps:

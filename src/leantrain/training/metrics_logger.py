@@ -32,6 +32,9 @@ class MetricsLogger:
         self.memory = MemoryMeter(accelerator.device)
         self.timer = StepTimer(accelerator.device)  # synchronises CUDA at phase boundaries
         self.history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
+        # --compile: a step in which dynamo compiles a new graph (a new batch shape) is compile time, not training
+        self.recompiles, self.recompile_seconds = 0, 0.0
+        self._step_start: tuple[Any, Any, int] | None = None
         self.bar = tqdm(
             total=total_steps,
             initial=min(state.step, total_steps),
@@ -66,7 +69,15 @@ class MetricsLogger:
         main = next(v for k, v in inputs.items() if k != "attention_mask")
         self.flops.add(main, batch.get("attention_mask"), batch.get("position_ids"))  # packed rows: per document
 
+    def step_started(self) -> None:
+        if self.cfg.compile:
+            self._step_start = (self.meter.snapshot(), self.flops.snapshot(), _compiled_graphs())
+
     def step_done(self) -> None:
+        if self._step_start is not None and _compiled_graphs() > self._step_start[2]:
+            self.recompiles += 1
+            self.recompile_seconds += self.meter.discard(self._step_start[0])
+            self.flops.discard(self._step_start[1])
         self.meter.step_done()
         if self.meter.steps == self.meter.warmup_steps:
             self.flops.mark()
@@ -150,7 +161,11 @@ class MetricsLogger:
             "steady_samples_per_second": meter.steady_samples_per_second * n,
             "steady_tokens_per_second": meter.steady_tokens_per_second * n if padded else None,
             "padding_fraction": 1 - tokens / padded if padded else None,  # None: no tokens (images, audio)
-            "compile_seconds": extra["compile_seconds"],
+            # the warm-up's compilation and every later recompilation (their steps are left out of throughput)
+            "compile_seconds": None
+            if extra["compile_seconds"] is None
+            else extra["compile_seconds"] + self.recompile_seconds,
+            "recompiles": self.recompiles if extra["compile_seconds"] is not None else None,
             **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
             **flops.steady_metrics(meter.steady_seconds),  # the same after the warm-up steps: the headline MFU
             "flops_per_padded_token": flops.flops / padded * n if padded else None,
@@ -209,3 +224,10 @@ class MetricsLogger:
             ("wall time", f"{metrics['wall_seconds']:.1f} s"),
         ]
         return summary_table("leantrain run", rows).rstrip()
+
+
+def _compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -377,6 +377,7 @@ class Trainer:
         state, timer = self.state, self.logger.timer
         rng, micro_step = checkpoint.rng_state(), state.micro_step  # what a NaN stop rolls back to
         loss_sum, units = 0.0, 0.0
+        self.logger.step_started()
         for i, batch in enumerate(batches):
             # Gradients are all-reduced once per optimizer step, never with local SGD.
             last = i == len(batches) - 1
