@@ -45,6 +45,9 @@ def job(dropout_model_dir, sentiment_csv, cache_dir, tmp_path):
             log_every=1,
             progress=False,
             seed=5,
+            # report.html is 3 of the 5 s of each of these runs (tiny BERT, load 3); the SIGKILL tests below
+            # write it after a resume, tests/telemetry/test_report.py checks what it holds
+            report=False,
         )
         return TrainConfig(**{**base, **changes})
 
@@ -301,6 +304,7 @@ def pristine_checkpoint(dropout_model_dir, sentiment_csv, tmp_path_factory) -> P
             seed=5,
             save_every=2,
             cache_dir=str(tmp_path_factory.mktemp("cache")),
+            report=False,
         )
     )
     return step_dir(out, 2)

@@ -5,7 +5,7 @@ import pytest
 from leantrain import TrainConfig, train
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # one epoch, 32 steps: 74-86 s at load 3.5 (3 epochs at lr 1e-4 took 85 s in CI at load 1-3)
 def test_minilm_learns_sst2(shared_data, tmp_path):
     result = train(
         TrainConfig(
@@ -13,11 +13,12 @@ def test_minilm_learns_sst2(shared_data, tmp_path):
             eval_data=str(shared_data / "sst2" / "dev.tsv"),
             output_dir=str(tmp_path / "run"),
             cache_dir=str(tmp_path / "cache"),
-            epochs=3,
-            lr=1e-4,
+            epochs=1,
+            # measured: dev accuracy 0.799 (seed 42, the default) and 0.779 (seed 1); one epoch at 1e-4 gave 0.682
+            lr=3e-4,
             batch_size=32,
             progress=False,
         )
     )
     assert result.metrics["eval_accuracy"] > 0.75
-    assert result.metrics["train_examples"] == 3000
+    assert result.metrics["train_examples"] == 1000

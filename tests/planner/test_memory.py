@@ -148,14 +148,20 @@ def test_tiny_bert_predicted_peak_within_15_percent_of_measured(tiny_model_dir):
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 3 trials, each warmed up: 170 s at load 3 (4 larger trials: 374 s in CI at load 1-3)
 def test_minilm_predicted_peak_within_15_percent_of_measured():
+    """MiniLM's real shapes (12 heads, 384 wide, 6 layers) through each term of the model: every activation kept
+    (fp32, AdamW: activations are two thirds of the peak), checkpointed layers (fp32, Adafactor) and bf16 with
+    checkpointing and 8-bit AdamW, both predicted to peak in the optimizer step. Tried: checkpointing ignored by
+    the activation count puts the second trial 38% over; no optimizer workspace puts the checkpointed trials 35%
+    and 51% under. Small shapes, because bf16 is emulated on CPUs without native bf16 (25 s a step at 8 x 64 on
+    the CI machine); larger shapes and the other combinations are in benchmarks/results/planner_accuracy.md
+    (`python benchmarks/planner_accuracy.py`), bf16 without checkpointing on the tiny BERT above."""
     check_against_measurement(
         None,
         [
             Trial(None, "fp32", False, "adamw", 16, 1, 128, steps=2),
-            Trial(None, "fp32", True, "adafactor", 32, 1, 128, steps=2),
-            Trial(None, "bf16", False, "adamw8bit", 16, 1, 64, steps=2),
-            Trial(None, "bf16", True, "adamw", 32, 1, 128, steps=2),
+            Trial(None, "fp32", True, "adafactor", 8, 1, 128, steps=2),
+            Trial(None, "bf16", True, "adamw8bit", 8, 1, 64, steps=2),
         ],
     )

@@ -176,14 +176,16 @@ def split_files(df: pd.DataFrame, tmp_path, columns: list[str], n_train: int):
     return train_path, eval_path
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 1,000 training rows, 32 steps: 187 s at load 4-5 (2,000 rows, 63 steps: 104 s in CI, load 1-3)
 def test_regression_on_the_annotators_confidence_beats_the_mean(job, minilm_dir, tmp_path):
     """The tweet corpus's `confidence` (the annotators' agreement, 0.33-1) from the text: a weak signal (a TF-IDF
-    ridge regression gets 0.196 against the mean's 0.200 on 3,000 rows), so the bar is the mean predictor's RMSE."""
-    df = tweet_sample(2400)
-    train_path, eval_path = split_files(df, tmp_path, ["text", "confidence"], 2000)
-    y_train = df["confidence"].astype(float).to_numpy()[:2000]
-    y_eval = df["confidence"].astype(float).to_numpy()[2000:]
+    ridge regression gets 0.196 against the mean's 0.200 on 3,000 rows), so the bar is the mean predictor's RMSE.
+    Measured on these 1,000 rows: RMSE 0.184 and 0.185 against the mean's 0.197, Pearson 0.355 and 0.353 (seeds
+    42 and 1); on 600 rows the margin was 0.6% (0.1950 against 0.1961) on seed 42: too thin to keep."""
+    df = tweet_sample(1400)
+    train_path, eval_path = split_files(df, tmp_path, ["text", "confidence"], 1000)
+    y_train = df["confidence"].astype(float).to_numpy()[:1000]
+    y_eval = df["confidence"].astype(float).to_numpy()[1000:]
     mean_rmse = float(np.sqrt(np.mean((y_train.mean() - y_eval) ** 2)))
     result = train(
         job(
@@ -202,19 +204,19 @@ def test_regression_on_the_annotators_confidence_beats_the_mean(job, minilm_dir,
     assert result.metrics["eval_pearson"] > 0.05
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 1,000 training rows, 32 steps: 83 s at load 4-5 (2,000 rows, 63 steps: 104 s in CI, load 1-3)
 def test_multi_label_on_sentiment_and_agreement_beats_per_label_majority(job, minilm_dir, tmp_path):
     """A multi-label set built from the corpus's two real annotations: each tweet's sentiment, and 'unanimous'
     when every annotator agreed (confidence 1); the labels co-occur freely. The baseline predicts each label's
     majority value (present or absent) whatever the text."""
-    df = tweet_sample(2400)
+    df = tweet_sample(1400)
     unanimous = pd.to_numeric(df["confidence"]) >= 1
     df["tags"] = df["sentiment"] + np.where(unanimous, "|unanimous", "")
-    train_path, eval_path = split_files(df, tmp_path, ["text", "tags"], 2000)
+    train_path, eval_path = split_files(df, tmp_path, ["text", "tags"], 1000)
     names = sorted({*df["sentiment"], "unanimous"})
     y = np.array([[name in t.split("|") for name in names] for t in df["tags"]], dtype=float)
-    majority = (y[:2000].mean(0) >= 0.5).astype(float)
-    baseline_accuracy = float((y[2000:] == majority).mean())  # per label and example
+    majority = (y[:1000].mean(0) >= 0.5).astype(float)
+    baseline_accuracy = float((y[1000:] == majority).mean())  # per label and example
     result = train(
         job(
             model=str(minilm_dir),
@@ -227,13 +229,14 @@ def test_multi_label_on_sentiment_and_agreement_beats_per_label_majority(job, mi
             max_length=64,
             batch_size=32,
             epochs=1,
-            lr=1e-4,
+            lr=3e-4,  # at 1e-4 the 31 steps of 1,000 rows barely left the baseline (+0.002 accuracy, seed 42)
         )
     )
     m = result.metrics
-    # measured: accuracy 0.729 against 0.631, micro-F1 0.621 against 0.414 (the baseline says 'unanimous' only)
+    # measured on 1,000 rows (seeds 42 and 1): accuracy 0.714 and 0.697 against 0.627, micro-F1 0.627 and 0.626
+    # against 0.406 (the baseline says 'unanimous' only); 600 rows left micro-F1 only 0.062 over it (seed 1)
     assert m["eval_accuracy"] > baseline_accuracy + 0.02
-    assert m["eval_micro_f1"] > baseline_micro_f1(y[2000:], majority) + 0.05
+    assert m["eval_micro_f1"] > baseline_micro_f1(y[1000:], majority) + 0.05
 
 
 def baseline_micro_f1(y: np.ndarray, majority: np.ndarray) -> float:
