@@ -211,3 +211,41 @@ def test_memory_saving_optimizers_hold_70_percent_less_than_adamw(name):
         train(model, opt, data)
         sizes[n] = optimizer_state_bytes(opt)
     assert sizes[name] <= 0.30 * sizes["adamw"], sizes
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine", "constant"])
+@pytest.mark.parametrize("total, warmup_ratio", [(50, 0.0), (50, 0.1), (7, 0.5), (1, 0.0)])
+def test_the_common_schedules_give_transformers_learning_rates_step_by_step(name, total, warmup_ratio):
+    """linear, cosine and constant are built without importing transformers.optimization (several seconds of
+    start-up); they must give get_scheduler's learning rate at every step, bit for bit."""
+    from transformers import get_scheduler
+
+    from leantrain.optim import build_scheduler
+
+    def rates(make):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3)
+        scheduler = make(optimizer)
+        out = []
+        for _ in range(total + 2):
+            out.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    warmup = round(warmup_ratio * total)
+    hf_name = "constant_with_warmup" if name == "constant" else name
+    mine = rates(lambda o: build_scheduler(o, name, total, warmup_ratio))
+    theirs = rates(lambda o: get_scheduler(hf_name, o, num_warmup_steps=warmup, num_training_steps=total))
+    assert mine == theirs
+
+
+def test_a_default_schedule_does_not_load_transformers_optimization():
+    code = (
+        "import sys, torch; from leantrain.optim import build_scheduler; "
+        "o = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1); build_scheduler(o, 'linear', 10, 0.1); "
+        "print('transformers.optimization' in sys.modules)"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
