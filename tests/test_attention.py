@@ -83,10 +83,8 @@ def run(tiny_model_dir, sentiment_csv, tmp_path, name: str, **over):
         data=str(sentiment_csv),
         output_dir=str(tmp_path / name),
         cache_dir=str(tmp_path / "cache"),
-        max_steps=4,
-        batch_size=8,
         report=False,
-        **{**EXACT_JOB, **over},
+        **{"max_steps": 4, "batch_size": 8, **EXACT_JOB, **over},
     )
     return train(cfg)
 
@@ -144,3 +142,26 @@ def test_a_packed_causal_lm_is_checked_with_the_kernel_that_will_run(tmp_path, m
         )
     )
     assert seen == ["eager"]
+
+
+def test_evaluate_runs_the_kernel_the_run_forced(tiny_model_dir, sentiment_csv, tmp_path, monkeypatch):
+    """A run trained with --attention eager is evaluated with eager too (auto's runs keep the model's default)."""
+    from transformers.models.bert import modeling_bert
+
+    from leantrain import evaluate
+
+    result = run(tiny_model_dir, sentiment_csv, tmp_path, "eager", attention="eager", max_steps=1)
+    ran: list[str] = []
+    original = modeling_bert.eager_attention_forward
+
+    def spy(*args, **kwargs):
+        ran.append("eager")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_bert, "eager_attention_forward", spy)
+    evaluate(str(result.output_dir), str(sentiment_csv))
+    assert ran  # the model evaluated with eager attention, as it trained
+    ran.clear()
+    auto = run(tiny_model_dir, sentiment_csv, tmp_path, "auto", max_steps=1)
+    evaluate(str(auto.output_dir), str(sentiment_csv))
+    assert not ran  # auto trained with SDPA here, and evaluation keeps the default

@@ -39,6 +39,9 @@ def generate(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path).eval()
+    from leantrain.inference import run_attention
+
+    run_attention(path, model)
     sampling: dict[str, Any] = {"do_sample": False}
     if temperature is not None:
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p or 1.0, "top_k": 0}

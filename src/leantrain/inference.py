@@ -20,6 +20,7 @@ def _load(run_or_model: str):
     path = models.resolve_model(run_or_model)
     tokenizer = models.load_tokenizer(path)
     model, names = models.load_trained(path, "text-classification")
+    run_attention(path, model)
     return path, model, tokenizer, names
 
 
@@ -51,6 +52,7 @@ def _load_media(path: str, config, task: str):
     from leantrain.data import media
 
     model, names = models.load_trained(path, task)
+    run_attention(path, model)
     return model, media.load_processor(path, model.config, task), names
 
 
@@ -328,6 +330,15 @@ def run_setting(model_path: str, name: str) -> Any:
         return saved.get(name)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
         return None
+
+
+def run_attention(model_path: str, model) -> None:
+    """The attention kernel the run forced with --attention (issue #16); auto's runs keep the model's default."""
+    from leantrain import attention
+
+    name = run_setting(model_path, "attention")
+    if name in attention.CHOICES and name != "auto":
+        attention.apply(model, name)
 
 
 def run_max_length(model_path: str) -> int:
