@@ -21,12 +21,17 @@ def run(dropout_model_dir, sentiment_csv, cache_dir, tmp_path):
     return go
 
 
-def test_a_compiled_model_trains_like_the_eager_one(run, monkeypatch):
-    from torch._dynamo.utils import counters
-
+def test_a_compiled_model_trains_like_the_eager_one(run):
     # Inductor draws dropout masks from its own generator unless told to use eager's: only then can a compiled
     # run with dropout match an eager one, and only if the warm-up left the RNG where it found it.
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    # (config.patch, not monkeypatch: monkeypatch's undo deletes the option, which breaks every later compile)
+    with torch._inductor.config.patch(fallback_random=True):
+        _trains_like_the_eager_one(run)
+
+
+def _trains_like_the_eager_one(run):
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
     counters.clear()
     eager, w_eager = run("eager", batch_size=16, max_steps=3)
