@@ -75,3 +75,9 @@ def apply(model: Any, name: str, forced: bool = True) -> str:
             f"--attention {name}: {type(model).__name__} cannot run it ({reason}); use --attention eager or sdpa"
         ) from None
     return name
+
+
+def apply_forced(model: Any, setting: str | None) -> None:
+    """At inference: the kernel a run forced with --attention (`setting`, from its config); auto keeps the default."""
+    if setting in CHOICES and setting != "auto":
+        apply(model, setting)

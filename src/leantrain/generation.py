@@ -16,9 +16,11 @@ def generate(
     top_p: float | None = None,
     batch_size: int = 16,
     seed: int = 0,
+    attention: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per prompt: the prompt and its completion (greedy without --temperature; sampled, from `seed`,
-    with it, optionally from the smallest set of tokens whose probability reaches --top-p)."""
+    with it, optionally from the smallest set of tokens whose probability reaches --top-p). `attention`: the run's
+    --attention setting."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -39,9 +41,9 @@ def generate(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    from leantrain.inference import run_attention
+    from leantrain.attention import apply_forced
 
-    run_attention(path, model)
+    apply_forced(model, attention)  # the kernel the run forced with --attention, if it did
     sampling: dict[str, Any] = {"do_sample": False}
     if temperature is not None:
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p or 1.0, "top_k": 0}

@@ -253,9 +253,8 @@ def predict(
         if files is not None:
             raise DataError(f"{run_or_model}: a language model; give prompts with --text or a table with --data")
         prompts = texts if texts is not None else _prompts(data, text_column, read)
-        return generate(
-            path, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
-        )
+        sampling: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        return generate(path, prompts, batch_size=batch_size, attention=run_setting(path, "attention"), **sampling)
     if task != "text-classification":
         if texts is not None:
             what = task.split("-")[0]
@@ -336,9 +335,7 @@ def run_attention(model_path: str, model) -> None:
     """The attention kernel the run forced with --attention (issue #16); auto's runs keep the model's default."""
     from leantrain import attention
 
-    name = run_setting(model_path, "attention")
-    if name in attention.CHOICES and name != "auto":
-        attention.apply(model, name)
+    attention.apply_forced(model, run_setting(model_path, "attention"))
 
 
 def run_max_length(model_path: str) -> int:
