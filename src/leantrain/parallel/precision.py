@@ -68,6 +68,12 @@ class MixedPrecision:
                 scaler.update()  # closes this step's unscale_; the inf/NaN it found lowers the scale
         optimizer.zero_grad(set_to_none=True)
 
+    @property
+    def loss_scale(self) -> float | None:
+        """fp16's current loss scale (None without loss scaling): it halves at each overflow."""
+        scaler = self.scaler if self.manual else getattr(self.accelerator, "scaler", None)
+        return float(scaler.get_scale()) if scaler is not None else None
+
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict() if self.scaler else None, "skipped_steps": self.skipped_steps}
 

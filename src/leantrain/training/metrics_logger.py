@@ -103,6 +103,7 @@ class MetricsLogger:
             "lr": lr,
             "grad_norm": grad_norm,
             "skipped_steps": amp.skipped_steps,
+            "loss_scale": amp.loss_scale,  # fp16 only (None otherwise)
             "nan_skipped_steps": state.nan_skipped_steps,
             "samples_per_second": self.meter.samples_per_second * n,
             "tokens_per_second": self.meter.tokens_per_second * n,
@@ -151,6 +152,7 @@ class MetricsLogger:
             "micro_steps": state.micro_step,
             "epochs": state.step / self.steps_per_epoch if self.steps_per_epoch else None,  # a stream: unknown
             "skipped_steps": amp.skipped_steps,
+            "loss_scale": amp.loss_scale,  # fp16 only (None otherwise)
             "nan_skipped_steps": state.nan_skipped_steps,
             "resumed_from": extra["resumed_from"],
             "best_checkpoint": extra["best_checkpoint"],
