@@ -103,6 +103,7 @@ def test_eager_and_sdpa_train_to_the_same_weights(tiny_model_dir, sentiment_csv,
     monkeypatch.setattr(modeling_bert, "eager_attention_forward", spy)
     eager = run(tiny_model_dir, sentiment_csv, tmp_path, "eager", attention="eager")
     assert "attention: eager (--attention)" in capsys.readouterr().err
+    assert eager.metrics["attention"] == "eager"  # metrics.json records the kernel that trained
     assert ran == {"eager"}
     ran.clear()
     sdpa = run(tiny_model_dir, sentiment_csv, tmp_path, "sdpa", attention="sdpa")
@@ -163,5 +164,6 @@ def test_evaluate_runs_the_kernel_the_run_forced(tiny_model_dir, sentiment_csv, 
     assert ran  # the model evaluated with eager attention, as it trained
     ran.clear()
     auto = run(tiny_model_dir, sentiment_csv, tmp_path, "auto", max_steps=1)
+    assert auto.metrics["attention"] == "sdpa"  # auto resolved, on this fp32 CPU run
     evaluate(str(auto.output_dir), str(sentiment_csv))
     assert not ran  # auto trained with SDPA here, and evaluation keeps the default

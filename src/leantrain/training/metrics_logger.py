@@ -183,6 +183,7 @@ class MetricsLogger:
             "optimizer_state_bytes_per_param": state_bytes / max(sum(p.numel() for p in trainable), 1),
             **extra["local_sgd"],
             "precision": extra["precision"],
+            "attention": extra["attention"],  # the kernel that trained (--attention auto resolved)
             "num_processes": n,
             "global_batch": extra["global_batch"],
             **extra["oom"],

@@ -497,6 +497,7 @@ class Trainer:
                 "local_sgd_bytes_communicated": self.local_sgd.bytes_communicated if self.local_sgd.enabled else None,
             },
             "precision": self.precision,
+            "attention": self.attention,
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
