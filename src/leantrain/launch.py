@@ -135,7 +135,9 @@ def launch_command(
             f"--num-processes {nproc}, but this machine has {gpus} GPU(s): start at most one process per GPU"
         )
     env = {LAUNCHED_ENV: "1"}
-    if not gpus and "OMP_NUM_THREADS" not in os.environ:
+    from leantrain.parallel.threads import threads_are_users
+
+    if not gpus and not threads_are_users():
         # CPU ranks share the cores: one rank per core beats oversubscribed thread pools
         env["OMP_NUM_THREADS"] = str(max(1, (cores or cpu_count()) // nproc))
     train = ["-m", "leantrain", "train", *cfg.to_argv()]

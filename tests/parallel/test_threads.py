@@ -48,9 +48,11 @@ def test_the_environment_gets_passive_waits_and_the_quota_as_threads(tmp_path, m
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     environ: dict[str, str] = {}
     chosen = threads.prepare_environment(environ, cgroup(tmp_path, v2="200000 100000"))
-    assert environ == chosen == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"}
+    assert environ == chosen == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", threads.CHOSEN_THREADS_ENV: "1"}
+    assert not threads.threads_are_users(environ)  # a launcher still splits the quota's CPUs among its ranks
     mine = {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "3"}  # the user's own settings win
     assert threads.prepare_environment(mine, tmp_path) == {} and mine["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert threads.threads_are_users(mine)
     no_quota: dict[str, str] = {}
     threads.prepare_environment(no_quota, tmp_path / "none")
     assert "OMP_NUM_THREADS" not in no_quota  # OpenMP already counts the affinity mask
@@ -65,3 +67,18 @@ def test_the_leantrain_command_sets_them_before_torch_loads():
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if "OpenMP wait policy" in line)
     assert "PASSIVE" in row
+
+
+def test_a_launcher_splits_the_quotas_cpus_among_its_ranks(monkeypatch):
+    """Under a quota of 4 CPUs of 8 the CLI sets 4 threads; two launched ranks then get 2 each, not 4 each."""
+    from leantrain import TrainConfig, launch
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda root=None: 4.0)
+    environ: dict[str, str] = {}
+    threads.prepare_environment(environ)
+    assert environ["OMP_NUM_THREADS"] == "4"
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    _, env = launch.launch_command(TrainConfig(num_processes=2, data="x.csv"), gpus=0)
+    assert env["OMP_NUM_THREADS"] == "2"

@@ -20,6 +20,13 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
+#: set when OMP_NUM_THREADS is leantrain's own choice (the quota), not the user's: a launcher may split it
+CHOSEN_THREADS_ENV = "LEANTRAIN_CHOSE_OMP_THREADS"
+
+
+def threads_are_users(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Whether OMP_NUM_THREADS was set by the user (kept as is) rather than by `prepare_environment`."""
+    return "OMP_NUM_THREADS" in environ and CHOSEN_THREADS_ENV not in environ
 
 
 def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
@@ -60,5 +67,6 @@ def prepare_environment(environ: MutableMapping[str, str] = os.environ, root: Pa
             mask = os.cpu_count() or 1
         if cpus < mask:
             chosen["OMP_NUM_THREADS"] = str(cpus)
+            chosen[CHOSEN_THREADS_ENV] = "1"
     environ.update(chosen)
     return chosen
