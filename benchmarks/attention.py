@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` as a package when run as a script
 
 
 def step(model, ids, mask, train: bool) -> float:
@@ -100,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         "load average before / after": f"{load_before[0]:.1f} / {os.getloadavg()[0]:.1f}",
         "command": "python benchmarks/attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attention.json").write_text(json.dumps({"context": context, "rows": rows}, indent=2) + "\n")
     lines = [
         "# Attention: eager against SDPA on the embedded MiniLM, this CPU",
         "",
@@ -115,14 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['eager_seconds']:.3f} | {r['sdpa_seconds']:.3f} | {r['sdpa_over_eager']:.2f} |"
             for r in rows
         ],
-        "",
-        "| context | |",
-        "|---|---|",
-        *[f"| {k} | {v} |" for k, v in context.items()],
-        "",
     ]
-    (args.out / "attention.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    from benchmarks._results import write_results
+
+    print(write_results(args.out, "attention", lines, context, {"rows": rows}))
     return 0
 
 

@@ -14,7 +14,6 @@ that other load on the machine falls on all of them alike; medians are reported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -22,6 +21,7 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` as a package when run as a script
 SETTINGS = {
     "2 threads, libgomp default (spin, then sleep)": {"OMP_NUM_THREADS": "2"},
     "2 threads, OMP_WAIT_POLICY=PASSIVE (leantrain)": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
@@ -85,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         "load average before / after": f"{load_before[0]:.1f} / {os.getloadavg()[0]:.1f}",
         "command": "python benchmarks/busy_machine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "busy_machine.json").write_text(json.dumps({"context": context, "rows": rows}, indent=2) + "\n")
     lines = [
         "# Beside a CPU-bound neighbour: OpenMP wait policy and threads",
         "",
@@ -96,14 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         "| setting | quiet samples/s | busy samples/s | busy / quiet |",
         "|---|---|---|---|",
         *[f"| {r['setting']} | {r['quiet']:.1f} | {r['busy']:.1f} | {r['busy_over_quiet']:.0%} |" for r in rows],
-        "",
-        "| context | |",
-        "|---|---|",
-        *[f"| {k} | {v} |" for k, v in context.items()],
-        "",
     ]
-    (args.out / "busy_machine.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    from benchmarks._results import write_results
+
+    print(write_results(args.out, "busy_machine", lines, context, {"rows": rows}))
     return 0
 
 
