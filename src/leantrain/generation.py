@@ -25,6 +25,7 @@ def generate(
     from transformers import AutoModelForCausalLM
 
     from leantrain import models
+    from leantrain.attention import apply_forced
 
     if max_new_tokens <= 0:
         raise LeantrainError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
@@ -41,8 +42,6 @@ def generate(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    from leantrain.attention import apply_forced
-
     apply_forced(model, attention)  # the kernel the run forced with --attention, if it did
     sampling: dict[str, Any] = {"do_sample": False}
     if temperature is not None:

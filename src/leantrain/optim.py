@@ -170,7 +170,7 @@ def _cosine(step: int, *, warmup: int, total: int) -> float:
     if up is not None:
         return up
     progress = float(step - warmup) / float(max(1, total - warmup))
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))  # transformers' order: same floats
 
 
 def _constant(step: int, *, warmup: int, total: int) -> float:

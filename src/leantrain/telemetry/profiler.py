@@ -12,10 +12,9 @@ profiler does not see as an operator. An operator is charged by what it ran insi
 `Optimizer.step`/`zero_grad` is the optimizer, everything under the data loader's `__next__` is data; otherwise
 by the outermost ATen operator it belongs to (`aten::linear` -> `aten::addmm` is a matmul, `aten::layer_norm` ->
 `aten::native_layer_norm` normalisation), so a composite's pieces stay with it. Eager attention is Python calling
-`matmul` and `softmax`: its products count as matmuls and its softmax as attention.
-On a GPU the host only launches kernels: the summary
-then also charges each kernel's time to the operator that launched it (`device_categories`), and the rest of the
-wall time to the GPU waiting for the host.
+`matmul` and `softmax`: its products count as matmuls and its softmax as attention. On a GPU the host only
+launches kernels: the summary then also charges each kernel's time to the operator that launched it
+(`device_categories`), and the rest of the wall time to the GPU waiting for the host.
 """
 
 from __future__ import annotations
@@ -78,12 +77,16 @@ def categorise(event: Any) -> str:
 
 
 def summarise(events, wall_seconds: float, steps: int) -> dict[str, Any]:
-    """Seconds and shares of wall time per category over the profiled steps."""
+    """Seconds and shares of wall time per category over the profiled steps: the host's operator time and, on a
+    GPU, the kernel time each operator launched (an operator's *self* device time)."""
     seconds = dict.fromkeys(CATEGORIES, 0.0)
+    device = dict.fromkeys(CATEGORIES[:-1], 0.0)
     for event in events:
         if event.device_type.name != "CPU" or event.name.startswith("[memory]"):
             continue
-        seconds[categorise(event)] += event.self_cpu_time_total / 1e6
+        category = categorise(event)
+        seconds[category] += event.self_cpu_time_total / 1e6
+        device[category] += (getattr(event, "self_device_time_total", 0) or 0) / 1e6
     in_operators = sum(seconds.values())
     seconds[PYTHON] = max(wall_seconds - in_operators, 0.0)
     total = max(wall_seconds, in_operators)  # threads may overlap the main one (CUDA's backward thread)
@@ -92,9 +95,8 @@ def summarise(events, wall_seconds: float, steps: int) -> dict[str, Any]:
         "wall_seconds": wall_seconds,
         "categories": {k: {"seconds": v, "share": v / total if total else 0.0} for k, v in seconds.items()},
     }
-    device = _device_seconds(events)
-    if device:  # on a GPU the host only launches work: what the kernels did is the time that counts
-        busy = sum(device.values())
+    busy = sum(device.values())
+    if busy > 0:  # on a GPU the host only launches work: what the kernels did is the time that counts
         device[GPU_IDLE] = max(wall_seconds - busy, 0.0)
         total = max(wall_seconds, busy)
         summary["device_categories"] = {k: {"seconds": v, "share": v / total} for k, v in device.items() if v > 0}
@@ -102,18 +104,6 @@ def summarise(events, wall_seconds: float, steps: int) -> dict[str, Any]:
 
 
 GPU_IDLE = "GPU idle (waiting for the host)"
-
-
-def _device_seconds(events) -> dict[str, float]:
-    """Kernel time charged to the operator that launched it (an operator's *self* device time), by category."""
-    seconds = dict.fromkeys(CATEGORIES[:-1], 0.0)
-    for event in events:
-        if event.device_type.name != "CPU" or event.name.startswith("[memory]"):
-            continue
-        kernel = getattr(event, "self_device_time_total", 0) or 0
-        if kernel > 0:
-            seconds[categorise(event)] += kernel / 1e6
-    return seconds if any(seconds.values()) else {}
 
 
 def format_summary(summary: dict[str, Any], first_step: int) -> str:
