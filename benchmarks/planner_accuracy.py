@@ -4,6 +4,8 @@
     python benchmarks/planner_accuracy.py --skip-probe    # memory only
     python benchmarks/planner_accuracy.py --probe-only    # planted cases only (memory results kept)
     python benchmarks/planner_accuracy.py --models tiny   # the tiny BERT only
+    python benchmarks/planner_accuracy.py --models tiny-llama,gpt2,gqa-llama --skip-probe \
+        --out benchmarks/results/planner_accuracy_lm      # causal LMs (issue #14)
 
 1. Memory: for MiniLM (all-MiniLM-L6-v2, 22.7 M parameters) and a tiny BERT (2 layers, width 64, 2.0 M),
    at several micro-batches and lengths, with and without activation checkpointing, for AdamW, Adafactor
@@ -61,9 +63,49 @@ def tiny_bert(path: Path) -> str:
     return str(path)
 
 
+def tiny_causal_lms(work: Path) -> dict[str, str]:
+    """Causal LMs of three shapes (issue #14): the preset (tied embeddings, vocabulary 8,192), a GPT-2 (dropout,
+    learned positions, GELU) and a Llama with grouped-query attention and its own output layer."""
+    from transformers import GPT2Config, LlamaConfig
+
+    configs = {
+        "gpt2": GPT2Config(vocab_size=5000, n_embd=128, n_layer=2, n_head=4, n_positions=512),
+        "gqa-llama": LlamaConfig(
+            vocab_size=6000,
+            hidden_size=192,
+            intermediate_size=512,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            max_position_embeddings=1024,
+        ),
+    }
+    out = {"tiny-llama": "preset:tiny-llama"}
+    for name, config in configs.items():
+        config.architectures = [("GPT2LMHeadModel" if name == "gpt2" else "LlamaForCausalLM")]
+        config.save_pretrained(work / name)
+        out[name] = str(work / name)
+    return out
+
+
+LM_KINDS = ("tiny-llama", "gpt2", "gqa-llama")
+
+
 def grid(model: str | None, kind: str):
     from planner_measure import Trial
 
+    if kind in LM_KINDS:  # packed rows; the logits' share changes with tokens per micro-batch, not with the split
+        combos = [
+            ("fp32", False, "adamw", 16, 128),
+            ("fp32", True, "adamw", 16, 128),
+            ("fp32", False, "adafactor", 4, 512),
+            ("fp32", True, "adafactor", 8, 256),
+            ("bf16", False, "adamw", 8, 128),
+            ("bf16", True, "adamw", 8, 128),
+        ]
+        trials = [Trial(model, p, c, o, b, 1, s, steps=2) for p, c, o, b, s in combos]
+        return [*trials, Trial(model, "fp32", False, "adamw", 8, 2, 128, steps=2)]
     if kind == "tiny":
         shapes = [(32, 128), (64, 128), (128, 64), (128, 128), (96, 96)]
     else:
@@ -299,7 +341,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="planner-bench-"))
     tiny = tiny_bert(work / "tiny-bert")
-    models = {"tiny": tiny, "minilm": None}
+    models = {"tiny": tiny, "minilm": None, **tiny_causal_lms(work)}
     results: dict = {"context": context(), "accuracy": [], "planted": []}
     stem = Path(args.out)
     if args.probe_only:

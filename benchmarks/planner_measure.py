@@ -62,40 +62,30 @@ def _trim() -> None:
     release_free_memory()
 
 
-def build_model(model: str | None, num_labels: int = 2, device: Any = None):
-    """A sequence classifier with random weights from the model's config (no weights read: shapes only)."""
-    from transformers import AutoModelForSequenceClassification
-
+def model_config(model: str | None, num_labels: int = 2):
     from leantrain import models
 
     path = models.resolve_model(model)
-    config = models.load_config(path, num_labels=num_labels, problem_type="single_label_classification")
-    with _quiet():
-        net = AutoModelForSequenceClassification.from_config(config)
+    return models.load_config(path, num_labels=num_labels, problem_type="single_label_classification")
+
+
+def build_model(model: str | None, num_labels: int = 2, device: Any = None):
+    """The model a run trains (a sequence classifier, or a causal LM for a causal LM's config) with random weights:
+    no weights read, shapes only."""
+    from leantrain.planner.memory import _build
+
+    net = _build(model_config(model, num_labels), "cpu")
     return net.to(device) if device is not None else net
-
-
-class _quiet:
-    def __enter__(self):
-        from transformers.utils import logging as hf_logging
-
-        self.level = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-
-    def __exit__(self, *exc):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity(self.level)
 
 
 def measure_trial(trial: Trial) -> dict[str, Any]:
     """Run `trial` in this process; returns the measured peak and the exact sizes of its parts (bytes)."""
     import torch
-    import torch.nn.functional as F
 
     from leantrain import models, parallel
     from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
     from leantrain.parallel.precision import MixedPrecision
+    from leantrain.planner.memory import proxy_batch, proxy_loss
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
 
     accelerator = parallel.make_accelerator(trial.precision)
@@ -103,11 +93,10 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     amp = MixedPrecision(accelerator, trial.precision)
     gen = torch.Generator().manual_seed(0)
     b, s = trial.batch_size, trial.seq_len
+    config = model_config(trial.model, trial.num_labels)  # the batch's kind and vocabulary
     batches = [
         {
-            "input_ids": torch.randint(1000, 2000, (b, s), generator=gen).to(device),
-            "attention_mask": torch.ones(b, s, dtype=torch.long, device=device),
-            "labels": torch.randint(0, trial.num_labels, (b,), generator=gen).to(device),
+            **{k: v.to(device) for k, v in proxy_batch(config, b, s, gen).items()},
             "step_units": torch.tensor(float(b * trial.grad_accum)),
         }
         for _ in range(trial.grad_accum)
@@ -127,9 +116,8 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     for _ in range(trial.steps):
         started = time.perf_counter()
         for batch in batches:
-            with amp.autocast():
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            loss = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+            inputs = {k: v for k, v in batch.items() if k != "step_units"}
+            loss = proxy_loss(model, inputs, amp.autocast())
             amp.backward(loss / batch["step_units"])
         grads = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
         backward_peak = meter.report()["peak_memory_over_baseline_bytes"]

@@ -248,3 +248,56 @@ def test_real_memory_that_stays_over_the_budget_ends_at_a_micro_batch_of_1_with_
     last = err.strip().splitlines()[-1]
     assert "step 3: out of memory (--memory 200 MiB) with a micro-batch of 1; nothing is left to halve" in last
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+# -- causal language models (issue #14) ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lm_corpus(tmp_path_factory):
+    from tests.tasks.test_causal_lm import documents
+
+    path = tmp_path_factory.mktemp("lm-plan") / "corpus.txt"
+    path.write_text("\n\n".join(documents(200, seed=3)) + "\n")
+    return path
+
+
+def test_plan_command_plans_a_causal_lm_on_its_text(lm_corpus, cache_dir, capsys):
+    """`plan --model preset:tiny-llama --data corpus.txt` (refused before: "text encoders only", then the preset name
+    and the .txt file): planned with the vocabulary of the tokenizer the run trains on that text, not the preset's
+    8,192, so the logits and the peak are the run's own."""
+    common = ["plan", "--model", "preset:tiny-llama", "--memory", "1GiB", "--max-length", "64", "--batch-size", "16"]
+    assert main([*common, "--data", str(lm_corpus), "--cache-dir", str(cache_dir)]) == 0
+    out = capsys.readouterr().out
+    vocab = int(out.split("note: vocabulary ")[1].split(":")[0].replace(",", ""))
+    assert 100 < vocab < 8192 and f"logits over a vocabulary of {vocab:,}" in out
+    sized_peak = float(out.split("recommended: ")[1].split("predicted peak ")[1].split(" MiB")[0])
+    assert main(common) == 0  # without --data: the preset's largest vocabulary, and a note that says so
+    out = capsys.readouterr().out
+    assert "logits over a vocabulary of 8,192" in out and "planned at its largest" in out
+    assert float(out.split("recommended: ")[1].split("predicted peak ")[1].split(" MiB")[0]) > sized_peak
+
+
+def test_train_auto_plans_a_causal_lm(lm_corpus, cache_dir, tmp_path):
+    """--auto on a causal LM: the whole batch of 16 x 128 tokens is predicted over the budget (the logits of 8,192
+    entries alone are 64 MiB a copy), so the plan splits it, and the run keeps within the budget."""
+    out = tmp_path / "auto-lm"
+    result = train(
+        TrainConfig(
+            model="preset:tiny-llama",
+            data=str(lm_corpus),
+            cache_dir=str(cache_dir),
+            output_dir=str(out),
+            batch_size=16,
+            max_length=128,
+            max_steps=2,
+            auto=True,
+            memory="330MiB",
+            progress=False,
+            report=False,
+        )
+    )
+    rec = json.loads((out / "plan.json").read_text())["recommended"]
+    assert (rec["micro_batch"], rec["grad_accum"]) == (8, 2) and rec["optimizer"] == "adamw"
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert (config["batch_size"], config["grad_accum"]) == (8, 2)
+    assert result.metrics["global_batch"] == 16
+    assert result.metrics["peak_memory_over_baseline_bytes"] <= 330 * 2**20

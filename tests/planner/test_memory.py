@@ -94,8 +94,8 @@ def memory_is_short() -> bool:
     return False
 
 
-def check_against_measurement(model: str | None, trials: list[Trial]) -> None:
-    """Predicted against measured peaks, each within TOLERANCE. The machine is shared: a trial off by more is
+def check_against_measurement(model: str | None, trials: list[Trial], tolerance: float = TOLERANCE) -> None:
+    """Predicted against measured peaks, each within `tolerance`. The machine is shared: a trial off by more is
     measured once more, in a new interpreter, and fails only if both measurements are off (a neighbour can
     disturb one measurement, not the model). Too little free memory skips instead of measuring noise."""
     if memory_is_short():
@@ -119,7 +119,7 @@ def check_against_measurement(model: str | None, trials: list[Trial]) -> None:
         return rows
 
     rows = compare(measure_trials(trials))
-    off = [i for i, row in enumerate(rows) if abs(row[2]) > TOLERANCE]
+    off = [i for i, row in enumerate(rows) if abs(row[2]) > tolerance]
     if off:
         print("re-measuring:\n" + _table([rows[i] for i in off]))
         again = compare(measure_trials([trials[i] for i in off]))
@@ -127,8 +127,8 @@ def check_against_measurement(model: str | None, trials: list[Trial]) -> None:
             rows[i] = min(rows[i], row, key=lambda r: abs(r[2]))
     table = _table(rows)
     print(table)
-    bad = [row for row in rows if abs(row[2]) > TOLERANCE]
-    assert not bad, f"predicted peak off by more than {TOLERANCE:.0%} in two measurements:\n{table}"
+    bad = [row for row in rows if abs(row[2]) > tolerance]
+    assert not bad, f"predicted peak off by more than {tolerance:.0%} in two measurements:\n{table}"
 
 
 @pytest.mark.slow  # measures in a new Python process
@@ -164,4 +164,73 @@ def test_minilm_predicted_peak_within_15_percent_of_measured():
             Trial(None, "fp32", True, "adafactor", 8, 1, 128, steps=2),
             Trial(None, "bf16", True, "adamw8bit", 8, 1, 64, steps=2),
         ],
+    )
+
+
+# -- causal language models (issue #14) ----------------------------------------------------------------------------
+def llama_config_json(vocab: int = 3000, tied: bool = False) -> str:
+    """A small Llama with grouped-query attention and its own output layer: the logits' share grows with `vocab`."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        max_position_embeddings=256,
+        architectures=["LlamaForCausalLM"],
+    ).to_json_string()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_causal_lm_logits_carried_to_the_real_vocabulary(tied):
+    """The proxies run at vocabularies of 512 and 1,024; what they predict at 3,000 equals a one-layer model counted
+    at 3,000 itself (the logits, their fp32 copy and log-softmax grow with the vocabulary; autocast's bf16 copy of the
+    output layer does too). Counted at 512 alone, the logits' share is a sixth of the real one: -40% here."""
+    config_json = llama_config_json(3000, tied)
+    for precision in ("fp32", "bf16"):
+        profile = M.activation_profile(config_json, 64, precision, False)
+        net = M._build(M._config_from_json(config_json, num_hidden_layers=1), "cpu").train()
+        counted = M._saved_bytes(net, 4, 64, precision)
+        predicted = 4 * (profile.base + profile.per_layer) + profile.copies_base + profile.copies_per_layer
+        assert predicted == pytest.approx(counted, rel=0.01), precision
+
+
+def test_causal_lm_facts_and_plan_know_the_task():
+    """A causal LM is planned (it was refused: "text encoders only"), with its vocabulary, and its FLOPs counted as the
+    run's telemetry counts them, attention's term in the sequence length included."""
+    from leantrain.planner.search import PlanRequest, make_plan
+    from leantrain.telemetry.flops import counted_flop_model
+
+    facts = M.model_facts("preset:tiny-llama")
+    assert (facts.task, facts.vocab, facts.layers) == ("causal-lm", 8192, 4)
+    plan = make_plan(PlanRequest(model="preset:tiny-llama", budget=2**30, global_batch=16, seq_len=256))
+    flops = counted_flop_model(M._build(M._config_from_json(facts.config_json), "meta")).batch_flops(1, 256)
+    assert plan.facts["flops_per_sequence"] == pytest.approx(flops)
+    assert flops > 6 * facts.params * 256 * 1.01  # more than 6 x parameters: attention's s^2 term
+    assert plan.recommended is not None
+    with pytest.raises(ConfigError, match="text encoders and causal language models"):
+        M.model_facts("preset:tiny-vit")
+
+
+@pytest.mark.slow  # 3 trials, each warmed up: 60 s at load 2.5
+def test_causal_lm_predicted_peak_within_10_percent_of_measured():
+    """preset:tiny-llama (vocabulary 8,192: the logits outweigh the layers) packed rows, each part of the causal-LM
+    model: every activation with the logits' gradients at the start of backward (without them: -30%), checkpointed
+    layers whose peak is at the loss, before any layer is recomputed (adding the recomputed layer as for an
+    encoder: +14%), and accumulation. The bar is 10%, not 15%: measured errors are within 2% (seven trials on three
+    architectures within 4%, benchmarks/results/planner_accuracy.md), and the checkpointing term needs the tighter bar
+    to bite."""
+    m = "preset:tiny-llama"
+    check_against_measurement(
+        m,
+        [
+            Trial(m, "fp32", False, "adamw", 16, 1, 128, steps=2),
+            Trial(m, "fp32", True, "adamw", 16, 1, 128, steps=2),
+            Trial(m, "fp32", False, "adafactor", 8, 2, 128, steps=2),
+        ],
+        tolerance=0.10,
     )

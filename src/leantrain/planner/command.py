@@ -9,6 +9,7 @@ from typing import Any
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
 from leantrain.planner.auto import request_for
+from leantrain.planner.memory import model_facts
 from leantrain.planner.probe import ProbeConfig, probe
 from leantrain.planner.search import Plan, make_plan
 
@@ -29,20 +30,23 @@ class PlanOptions:
     plan_dir: str | None = None
 
 
-def data_length(cfg: TrainConfig) -> int | None:
-    """The longest tokenized training example of cfg.data (cut at --max-length), read through the cache."""
-    from leantrain import models
-    from leantrain.data.prepare import prepare_data
+def prepared_data(cfg: TrainConfig):
+    """cfg.data as the run's task prepares it (tokenized and cut at --max-length, a causal LM's documents packed),
+    read through the cache: its longest training row, and the model config the task sized (a preset's vocabulary
+    from the run's own tokenizer; None for any other model)."""
+    from leantrain import models, tasks
 
     resolved = cfg.resolved()
-    assert resolved.cache_dir is not None  # resolved() fills it
-    tokenizer = models.load_tokenizer(models.resolve_model(cfg.model), trust_remote_code=cfg.trust_remote_code)
-    data = prepare_data(resolved, tokenizer, Path(resolved.cache_dir))
-    return int(max(data.train.lengths)) if len(data.train) else None
+    path = models.resolve_model(cfg.model)
+    config = models.load_config(path, trust_remote_code=cfg.trust_remote_code)
+    data = tasks.resolve(resolved, config).prepare_data(path, config)
+    longest = int(max(data.train.lengths)) if len(data.train) else None
+    return longest, data.model_config
 
 
 def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=print) -> tuple[Plan, dict[str, Path]]:
     """Plan `cfg` (and probe it when asked); returns the plan and the files written."""
+    from leantrain import presets
     from leantrain.parallel import device_type
 
     device = options.device or device_type()
@@ -55,12 +59,18 @@ def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=pr
             raise ConfigError(f"--global-batch must be a positive integer, got {options.global_batch}")
         request = _replace(request, global_batch=options.global_batch)
     notes = [f"budget: {source}"]
+    facts = None
     if cfg.data is not None:
-        longest = data_length(cfg)
+        longest, sized = prepared_data(cfg)
         if longest is not None and longest < request.seq_len:
             notes.append(f"length {longest}: the longest example of --data (--max-length {cfg.max_length})")
             request = _replace(request, seq_len=longest)
-    plan = make_plan(request)
+        if sized is not None:  # a preset trained from scratch: its vocabulary is the run's tokenizer's
+            facts = model_facts(cfg.model, config=sized)
+            notes.append(f"vocabulary {facts.vocab:,}: the tokenizer this run trains on --data")
+    if facts is None and cfg.model and presets.is_preset(cfg.model) and presets.preset_task(cfg.model) == "causal-lm":
+        notes.append("a preset's vocabulary is planned at its largest; the tokenizer a run trains may be smaller")
+    plan = make_plan(request, facts=facts)
     plan.notes[:0] = notes
     paths: dict[str, Path] = {}
     if options.probe:

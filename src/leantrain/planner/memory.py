@@ -41,6 +41,7 @@ the resident size then runs 20-60% above live memory in ways no model of the ten
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -178,6 +179,10 @@ class WorkspaceModel:
     #: (tokens x intermediate x 4 bytes): one such tensor in fp32 (measured 0.8-1.3 on MiniLM and the tiny BERT),
     #: more under bf16 (1.2-2.1 on MiniLM, up to 5 on the tiny BERT)
     transient_ffn: dict[str, float] = field(default_factory=lambda: {"fp32": 1.2, "bf16": 2.5, "fp16": 2.5})
+    #: a causal LM's transients at the start of backward, in fp32 logits (tokens x vocabulary x 4 bytes): the
+    #: gradients of the per-token loss's log-softmax and of its fp32 input, two such tensors (measured 2.0 in fp32
+    #: and 2.1 in bf16 on preset:tiny-llama, benchmarks/results/planner_accuracy.md)
+    transient_logits: float = 2.0
     #: optimizer temporaries in units of the largest parameter tensor: Adafactor's update and its factored
     #: estimate; bitsandbytes on CPU dequantises both moments of a tensor to fp32 (measured 5.0 on both models)
     optimizer_largest: dict[str, float] = field(
@@ -246,6 +251,10 @@ class ModelFacts:
     inventory: ParamInventory
     #: the config as a JSON string (to build proxies, and a hashable cache key)
     config_json: str
+    #: "text-classification" or "causal-lm": which head the proxies get and which loss they run
+    task: str = "text-classification"
+    #: vocabulary size: a causal LM's logits hold one score per token and vocabulary entry
+    vocab: int = 0
 
     @property
     def params(self) -> int:
@@ -316,8 +325,12 @@ def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = F
     head = lora.head_modules(net)
     quantized = set(lora.linear_names(net, head)) if spec.quantize else set()
     frozen, largest = 0, 0
+    seen: set[int] = set()  # a tied weight (a causal LM's embeddings and output layer) is stored once
     for name, module in net.named_modules():
         for pname, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
             if name in quantized and pname == "weight":
                 frozen += _quantized_bytes(p.numel(), p.shape[0], spec.quantize or "")
             else:  # (the head's original copy stays beside its trained one)
@@ -339,18 +352,25 @@ def _layers_attr(config) -> str:
     raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs an encoder")
 
 
-def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool = False) -> ModelFacts:
-    """Read the model's config and count its parameters on the meta device (nothing is allocated)."""
+#: the tasks the planner models: a text encoder with a classification head, a causal language model
+PLANNED_TASKS = ("text-classification", "causal-lm")
+
+
+def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None) -> ModelFacts:
+    """Read the model's config (or take `config`: a preset's, sized to the run's tokenizer) and count its
+    parameters on the meta device (nothing is allocated)."""
     from leantrain import models
 
-    path = models.resolve_model(model)
-    config = models.load_config(
-        path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
-    )
-    if models.infer_task(config) != "text-classification":
+    if config is None:
+        path = models.resolve_model(model)
+        config = models.load_config(
+            path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
+        )
+    task = models.infer_task(config)
+    if task not in PLANNED_TASKS:
         raise ConfigError(
-            f"{model}: the planner models text encoders (sequence classification) only; "
-            f"a '{getattr(config, 'model_type', '?')}' model is planned by hand for now (leantrain bench)"
+            f"{model}: the planner models text encoders and causal language models; "
+            f"a '{getattr(config, 'model_type', '?')}' model ({task}) is planned by hand for now (leantrain bench)"
         )
     inventory = _inventory(config.to_json_string(), trust_remote_code)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
@@ -363,6 +383,8 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         layers=int(getattr(config, _layers_attr(config))),
         inventory=inventory,
         config_json=config.to_json_string(),
+        task=task,
+        vocab=int(getattr(config, "vocab_size", 0) or 0),
     )
 
 
@@ -375,18 +397,68 @@ def _config_from_json(config_json: str, **changes: Any):
     return AutoConfig.for_model(model_type, **values)
 
 
-def _build(config, device: str, trust_remote_code: bool = False):
-    import torch
-    from transformers import AutoModelForSequenceClassification
+@contextlib.contextmanager
+def _quiet():
+    """Transformers' warnings off: a proxy's small vocabulary leaves GPT-2's token ids outside it, harmlessly."""
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        with torch.device(device):
-            return AutoModelForSequenceClassification.from_config(config, trust_remote_code=trust_remote_code)
+        yield
     finally:
         hf_logging.set_verbosity(level)
+
+
+def _build(config, device: str, trust_remote_code: bool = False):
+    """The model the run trains, from `config`: a sequence classifier, or a causal LM for a causal LM's config."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from leantrain import models
+
+    auto = AutoModelForCausalLM if models.infer_task(config) == "causal-lm" else AutoModelForSequenceClassification
+    with _quiet(), torch.device(device):
+        return auto.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def is_causal_lm(config) -> bool:
+    from leantrain import models
+
+    return models.infer_task(config) == "causal-lm"
+
+
+def proxy_batch(config, batch: int, seq_len: int, generator) -> dict:
+    """A training batch of the shape a run feeds `net`: a classifier's padded rows with their labels, or a causal
+    LM's packed rows (two documents a row, position ids restarting at the second, every token counted)."""
+    import torch
+
+    vocab = int(getattr(config, "vocab_size", 100))
+    ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq_len), generator=generator)
+    if not is_causal_lm(config):
+        labels = torch.zeros(batch, dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    half = seq_len // 2
+    positions = torch.cat([torch.arange(half), torch.arange(seq_len - half)]).expand(batch, seq_len)
+    return {"input_ids": ids, "position_ids": positions, "labels": ids.clone()}
+
+
+def proxy_loss(net, batch: dict, autocast=None):
+    """The summed training loss of `batch` as the trainer computes it: the forward under `autocast`, the task's loss
+    (a classifier's cross-entropy, a causal LM's per-token loss) outside it, in fp32."""
+    import contextlib
+
+    import torch.nn.functional as F
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    causal = is_causal_lm(net.config)
+    with autocast or contextlib.nullcontext():
+        logits = net(**inputs, use_cache=False).logits if causal else net(**inputs).logits
+    if causal:
+        from leantrain.tasks.causal_lm import token_losses
+
+        return token_losses(logits, batch["labels"]).sum()
+    return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
 
 
 @functools.lru_cache(maxsize=16)
@@ -404,9 +476,7 @@ def _saved_bytes(net, batch: int, seq_len: int, precision: str) -> float:
     """Bytes of the distinct storages autograd saves in one forward (parameters excluded)."""
     import torch
 
-    gen = torch.Generator().manual_seed(0)
-    vocab = int(getattr(net.config, "vocab_size", 100))
-    ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq_len), generator=gen)
+    inputs = proxy_batch(net.config, batch, seq_len, torch.Generator().manual_seed(0))
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     seen: dict[int, int] = {}
 
@@ -419,9 +489,8 @@ def _saved_bytes(net, batch: int, seq_len: int, precision: str) -> float:
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        logits = net(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        torch.nn.functional.cross_entropy(logits.float(), torch.zeros(batch, dtype=torch.long))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        proxy_loss(net, inputs, autocast)
     return float(sum(seen.values()))
 
 
@@ -441,9 +510,26 @@ def activation_profile(
 
     base_config = _config_from_json(config_json)
     layers_name = _layers_attr(base_config)
-    # A small vocabulary keeps the proxies cheap; embeddings save indices, not the table, so nothing changes.
-    changes: dict[str, Any] = {"vocab_size": min(int(getattr(base_config, "vocab_size", 512) or 512), 512)}
-    counts: dict[tuple[int, int, bool], float] = {}
+    # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
+    # changes; a causal LM's logits (one score per token and vocabulary entry) grow with it, so its proxies run at
+    # two vocabularies and that share is carried over to the real one, linearly.
+    vocab = int(getattr(base_config, "vocab_size", 512) or 512)
+    small = min(vocab, 512)
+    causal = models.infer_task(base_config) == "causal-lm"
+    counts: dict[tuple[int, int, bool, int], float] = {}
+
+    def count(n_layers: int, ckpt: bool, proxy_vocab: int) -> None:
+        with _quiet():
+            config = _config_from_json(config_json, vocab_size=proxy_vocab, **{layers_name: n_layers})
+        net = _build(config, "cpu")
+        net.train()
+        if ckpt:
+            models.enable_activation_checkpointing(net)
+        if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
+            net = _with_adapters(net, lora)
+        for batch in (2, 4):
+            counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(net, batch, seq_len, precision)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matmuls: one thread is as fast and leaves the neighbours alone
     try:
@@ -451,34 +537,37 @@ def activation_profile(
             torch.manual_seed(0)
             for n_layers in (1, 2):
                 for ckpt in {False, checkpointing}:
-                    net = _build(_config_from_json(config_json, **changes, **{layers_name: n_layers}), "cpu")
-                    net.train()
-                    if ckpt:
-                        models.enable_activation_checkpointing(net)
-                    if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
-                        net = _with_adapters(net, lora)
-                    for batch in (2, 4):
-                        counts[(n_layers, batch, ckpt)] = _saved_bytes(net, batch, seq_len, precision)
+                    count(n_layers, ckpt, small)
+            if causal:
+                count(1, checkpointing, 2 * small)
     finally:
         torch.set_num_threads(threads)
 
     def split(ckpt: bool) -> tuple[float, float, float, float]:
         # total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer
-        per_seq = {n: (counts[(n, 4, ckpt)] - counts[(n, 2, ckpt)]) / 2 for n in (1, 2)}
-        fixed = {n: counts[(n, 2, ckpt)] - 2 * per_seq[n] for n in (1, 2)}
+        per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
+        fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
         layer = per_seq[2] - per_seq[1]
         copies_layer = max(fixed[2] - fixed[1], 0.0)
         return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
     base, layer, copies_base, copies_layer = split(checkpointing)
     full = split(False)[1] if checkpointing else 0.0
+    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
+        c = checkpointing
+        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
+        per_entry = (more[4] - more[2]) / 2 / small
+        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
+        base += per_entry * (vocab - small)
+        copies_base += fixed_per_entry * (vocab - small)
     return ActivationProfile(
         per_layer=layer,
         base=base,
         copies_per_layer=copies_layer,
         copies_base=copies_base,
         layer_full=full,
-        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}",
+        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
+        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
     )
 
 
@@ -510,6 +599,15 @@ def estimate(
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
+    if facts.task == "causal-lm":
+        # A causal LM's logits dominate the part outside the layers, and backward meets them first: its peak is at
+        # the loss (everything saved, no layer recomputed yet, the logits' gradients in flight) or later in the
+        # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever
+        # is larger.
+        recompute = micro_batch * profile.layer_full + profile.copies_per_layer if checkpointing else 0.0
+        at_loss = (act - recompute, workspace.transient_logits * micro_batch * seq_len * facts.vocab * 4)
+        in_layers = (act - micro_batch * profile.base, bwd_ws)
+        act, bwd_ws = max(at_loss, in_layers, key=sum)
     # With accumulation, the gradients of earlier micro-batches are alive through the whole backward;
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else 0

@@ -354,14 +354,15 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         raise ConfigError("the global batch and the sequence length must be positive")
     facts = facts or model_facts(request.model, request.num_labels)
     speed = speed or device_speed(request.device)
-    from leantrain.planner.memory import _config_from_json
+    from leantrain.planner.memory import _build, _config_from_json
+    from leantrain.telemetry.flops import counted_flop_model
 
     config = _config_from_json(facts.config_json)
     if is_encoder_config(config):
         flop = encoder_flop_model(config, request.num_labels)
-        per_seq = flop.batch_flops(1, request.seq_len)
-    else:  # 6 x parameters per token: the rule of thumb behind every FLOP count
-        per_seq = 6.0 * facts.params * request.seq_len
+    else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included
+        flop = counted_flop_model(_build(config, "meta"))
+    per_seq = flop.batch_flops(1, request.seq_len)
     notes = [
         f"speed model: {speed.source}",
         "activations counted on 1- and 2-layer proxies of the model; workspace calibrated on CPU "
@@ -369,6 +370,8 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     ]
     if request.num_processes > 1:
         notes.append("memory is per process: each holds a whole replica (no sharding)")
+    if facts.task == "causal-lm":
+        notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
     plan = Plan(
         request=request,
         facts={
