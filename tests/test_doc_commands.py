@@ -36,6 +36,7 @@ NOT_RUN = {
     "srun ": "SLURM; the per-machine command it runs is the --num-machines one",
     "accelerate launch --multi_gpu --num_processes 4": "4 GPUs; tests/parallel/test_launch.py checks the launch",
     "torchrun --nproc-per-node 4": "4 processes of a user's job.yaml; the 2-process torchrun launch runs below",
+    "--shard fsdp": "the same 2-process sharded launch runs in tests/parallel/test_data_parallel.py (fsdp on CPU)",
     "--device cuda": None,  # runs: planning for a GPU needs no GPU
 }
 # python -c: a new interpreter importing transformers' pipeline (30 s at load 3.5-5, 16 s at load 2); the tiny Llama

@@ -85,13 +85,10 @@ def check_launched(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -
 
 
 def check_shard(cfg: TrainConfig) -> None:
-    """Fail before launching anything when --shard asks for what this machine cannot do."""
-    if cfg.shard == "fsdp":
-        from leantrain.parallel import fsdp_plugin
-
-        if cfg.launcher == "ray" and cfg.use_gpu:
-            return  # the workers have GPUs; this driver need not
-        fsdp_plugin(cpu=gpu_count() == 0)  # raises ConfigError on CPU
+    """Fail before launching anything when --shard asks for what the run cannot do."""
+    processes = max((cfg.num_processes or 1) * cfg.num_machines, int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.shard == "fsdp" and processes < 2 and cfg.launcher != "ray":
+        raise ConfigError("--shard fsdp shards across processes; give --num-processes 2 or more")
 
 
 # -- the launch commands -------------------------------------------------------------------------------

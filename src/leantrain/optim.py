@@ -102,6 +102,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     total = 0
     for param_state in optimizer.state.values():
         for t in _state_tensors(param_state):
+            t = t.to_local() if hasattr(t, "to_local") else t  # sharded (--shard fsdp): this process's shard
             key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) if t.data_ptr() else id(t)
             if key in seen:
                 continue

@@ -400,6 +400,39 @@ def test_ray_train_workers_equal_one_process(setup, baseline, tmp_path_factory):
     assert out.count("accuracy ") == 1
 
 
+# two 2-process launches and a 1-process run: 95 s at load 2.5
+def test_fsdp_on_two_cpu_processes_equals_one_process_and_halves_what_each_holds(setup, baseline):
+    """--shard fsdp on CPU (torch's FSDP2 over gloo, issue #16): two processes, each holding half of every parameter,
+    gradient and optimizer state, train the same weights as one process with the whole batch (fp32, SGD, every
+    tensor, the uneven last step included), with clipping that triggers (the norm is the whole model's, across
+    shards), and publish the whole model. Then AdamW: each process holds about half the weights and moments."""
+    root, base = setup
+    clipped = dict(base, max_grad_norm=0.05, epochs=1)
+    one = train(TrainConfig(**clipped, batch_size=16, output_dir=str(root / "clipped-one"))).output_dir
+    out_dir = root / "fsdp-two"
+    rc, _, err = run_job(
+        ["-m", "leantrain", "train", *flags(**clipped, batch_size=8, output_dir=out_dir, num_processes=2, shard="fsdp")]
+    )
+    assert rc == 0, err[-3000:]
+    assert "sharded with FSDP2 across 2 processes" in err
+    steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["grad_norm"] for r in steps if "grad_norm" in r) > 0.05  # clipping did bite
+    assert max_diff(weights(out_dir), weights(one)) <= TOL
+    assert max_diff(weights(out_dir), weights(baseline)) > 100 * TOL  # (clipping changed the run)
+    # AdamW: each process holds half the weights and half the moments (two fp32 tensors a parameter, whole: twice
+    # the weights)
+    whole = json.loads((one / "metrics.json").read_text())["weights_bytes"]
+    adam = dict(base, optimizer="adamw", lr=1e-3, max_steps=2)
+    out_dir = root / "adam-fsdp"
+    rc, _, err = run_job(
+        ["-m", "leantrain", "train", *flags(**adam, batch_size=8, output_dir=out_dir, num_processes=2, shard="fsdp")]
+    )
+    assert rc == 0, err[-3000:]
+    half = json.loads((out_dir / "metrics.json").read_text())
+    assert 0.45 < half["weights_bytes"] / whole < 0.55
+    assert 0.45 < half["optimizer_state_bytes"] / (2 * whole) < 0.55
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="FSDP needs 2 GPUs")
 def test_fsdp_on_two_gpus_trains_close_to_ddp(setup, tmp_path):  # pragma: no cover - GPU only
     _, base = setup

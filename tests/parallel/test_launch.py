@@ -149,14 +149,17 @@ def test_train_hands_off_to_the_launcher(monkeypatch):
     assert seen and seen[0].num_processes == 2
 
 
-def test_fsdp_is_refused_on_cpu_before_anything_starts(capsys, monkeypatch):
+def test_fsdp_needs_two_processes_and_is_refused_before_anything_starts(capsys, monkeypatch):
+    """--shard fsdp runs on CPU processes too (torch's FSDP2, parallel.sharding), but shards across processes:
+    one process is refused in one line, before any work."""
     monkeypatch.setattr(launch, "gpu_count", lambda: 0)
-    assert cli.main(["train", "--shard", "fsdp", "--num-processes", "2", "--model", "m", "--data", "d"]) == 2
-    assert "--shard fsdp needs GPUs" in capsys.readouterr().err
-    from leantrain import parallel
-
-    with pytest.raises(ConfigError, match="needs GPUs"):
-        parallel.fsdp_plugin(cpu=True)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert cli.main(["train", "--shard", "fsdp", "--model", "m", "--data", "d"]) == 2
+    assert "--shard fsdp shards across processes" in capsys.readouterr().err
+    seen: list = []
+    monkeypatch.setattr(launch, "launch", lambda c: seen.append(c) or 0)
+    assert cli.main(["train", "--shard", "fsdp", "--num-processes", "2", "--model", "m", "--data", "d"]) == 0
+    assert seen and seen[0].shard == "fsdp"
 
 
 def _after(cmd: list[str], flag: str) -> str:

@@ -103,8 +103,9 @@ def choose_precision(requested: str, device: str | None = None) -> tuple[str, st
 def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | None = None):
     """One Accelerator per run. Mixed precision maps to Accelerate's autocast ('no' for fp32).
 
-    shard="fsdp" shards parameters, gradients and optimizer state with FSDP2 (Accelerate's FSDP plugin),
-    one transformer layer per unit; the full state dict is gathered for saving. `log_with` names the experiment
+    shard="fsdp" shards parameters, gradients and optimizer state with FSDP2, one transformer layer per unit:
+    on GPUs through Accelerate's FSDP plugin; on CPU processes the trainer shards the model itself
+    (`parallel.sharding`) and this Accelerator places the rest. `log_with` names the experiment
     trackers (`--report-to`, started by `parallel.trackers.start_trackers` once the run's folder exists).
     """
     from accelerate import Accelerator
@@ -117,7 +118,8 @@ def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | 
     cpu = device_type() == "cpu"
     kwargs = {}
     if shard == "fsdp":
-        kwargs["fsdp_plugin"] = fsdp_plugin(cpu)
+        if not cpu:
+            kwargs["fsdp_plugin"] = fsdp_plugin()
     elif shard != "none":
         from leantrain.errors import ConfigError
 
@@ -130,17 +132,9 @@ def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | 
     return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=cpu, **kwargs)
 
 
-def fsdp_plugin(cpu: bool):
-    """Accelerate's FSDP2 plugin; refused on CPU, where Accelerate runs FSDP only on accelerators."""
-    from leantrain.errors import ConfigError
-
-    if cpu:
-        # Accelerate turns the plugin on only for MULTI_GPU-like states; on MULTI_CPU (gloo) it would
-        # silently train plain DDP instead.
-        raise ConfigError(
-            "--shard fsdp needs GPUs (Accelerate runs FSDP on accelerators only; on CPU it "
-            "would silently fall back to plain data parallelism); use --shard none here"
-        )
+def fsdp_plugin():
+    """Accelerate's FSDP2 plugin, for GPUs: Accelerate turns it on only for accelerator states (on MULTI_CPU, gloo,
+    it would silently train plain DDP), so CPU processes shard through `parallel.sharding` instead."""
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     return FullyShardedDataParallelPlugin(

@@ -13,16 +13,20 @@ import torch
 
 
 class MixedPrecision:
-    def __init__(self, accelerator, precision: str):
+    def __init__(self, accelerator, precision: str, model_autocasts: bool = True):
         self.accelerator = accelerator
         self.precision = precision
         self.manual = precision == "fp16" and accelerator.device.type == "cpu"
+        # a model Accelerate did not prepare (sharded on CPU, parallel.sharding) is autocast here instead
+        self.own_autocast = not model_autocasts and precision == "bf16"
         self.scaler = torch.amp.GradScaler("cpu") if self.manual else None
         self.skipped_steps = 0
 
     def autocast(self):
         if self.manual:
             return torch.autocast("cpu", dtype=torch.float16)
+        if self.own_autocast:
+            return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()  # the prepared model autocasts itself
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -43,7 +47,9 @@ class MixedPrecision:
             self.scaler.unscale_(optimizer)
         # An infinite bound measures without clipping: the gradients are multiplied by exactly 1.
         bound = max_grad_norm if max_grad_norm > 0 else float("inf")
-        return float(self.accelerator.clip_grad_norm_(model.parameters(), bound))
+        from leantrain.parallel.sharding import to_float
+
+        return to_float(self.accelerator.clip_grad_norm_(model.parameters(), bound))  # sharded: a DTensor
 
     def step(self, optimizer) -> bool:
         """Step the optimizer (through the scaler for fp16); returns whether it was skipped for inf/NaN."""

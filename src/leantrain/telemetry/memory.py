@@ -132,4 +132,6 @@ def release_free_memory() -> None:
 
 
 def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes this process holds: a sharded tensor (a DTensor, --shard fsdp) counts its local shard."""
+    local = (t.to_local() if hasattr(t, "to_local") else t for t in tensors)
+    return sum(t.numel() * t.element_size() for t in local)

@@ -61,6 +61,7 @@ class Trainer:
         share_output_dir: bool = False,
     ):
         from leantrain import parallel
+        from leantrain.parallel import sharding
         from leantrain.parallel.precision import MixedPrecision
         from leantrain.run_dir import RunDir
         from leantrain.telemetry import Console
@@ -76,7 +77,9 @@ class Trainer:
         assert cfg.output_dir is not None and cfg.cache_dir is not None  # resolved() filled them
         self.run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
         self.run.check()  # on every process, so each one fails with the message rather than waiting for the others
-        self.amp = MixedPrecision(accelerator, self.precision)
+        # --shard fsdp on CPU processes: the model is sharded here, not prepared (and autocast) by Accelerate
+        self.sharded = sharding.shards_here(cfg.shard, accelerator.device)
+        self.amp = MixedPrecision(accelerator, self.precision, model_autocasts=not self.sharded)
         self.say = Console(enabled=accelerator.is_main_process)
         if plan is not None:
             self.say.info(plan.summary())
@@ -120,6 +123,13 @@ class Trainer:
 
             self.model = lora.apply(self.model, self.cfg, self.accelerator.device)
             self.say.info(lora.describe(self.model, self.cfg))
+        if self.sharded:  # before the optimizer, which then steps each process's shards
+            from leantrain.parallel import sharding
+
+            if self.cfg.lora:
+                raise ConfigError("--shard fsdp with --lora: not supported on CPU processes yet; use --shard none")
+            sharding.shard(self.model)
+            self.say.info(f"sharded with FSDP2 across {self.accelerator.num_processes} processes, one unit a layer")
         labels = f"labels: {', '.join(self.data.label_names)}; " if self.data.label_names else ""
         self.say.info(
             f"{labels}precision {self.precision} ({self.precision_why}); "
@@ -187,9 +197,14 @@ class Trainer:
         scheduler = build_scheduler(
             optimizer, cfg.scheduler, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
         )
-        self.model, self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
-            self.model, optimizer, self.train_loader, self.eval_loader, scheduler
-        )
+        if self.sharded:  # the model is FSDP2's already: Accelerate would wrap it in DDP
+            self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
+                optimizer, self.train_loader, self.eval_loader, scheduler
+            )
+        else:
+            self.model, self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
+                self.model, optimizer, self.train_loader, self.eval_loader, scheduler
+            )
         self.flops, self.flop_peak = self._flop_meter()
         self.compile_seconds = self._compile() if cfg.compile else None
         self.local_sgd = LocalSGD(
@@ -516,8 +531,13 @@ class Trainer:
                 "warning: this run beat the cached peak FLOP/s (MFU above 100%); the next runs probe it again"
             )
         acc.wait_for_everyone()
+        state_dict = None
+        if self.sharded:  # gathered whole on the main process; every process takes part
+            from leantrain.parallel import sharding
+
+            state_dict = sharding.full_state_dict(self.model)
         if acc.is_main_process:
-            self._publish(unwrapped, metrics)
+            self._publish(unwrapped, metrics, state_dict)
         acc.wait_for_everyone()
         resumed = self.resume_from.step if self.resume_from is not None else None
         self.say.info(logger.summary(metrics, self.task.summary_rows(eval_metrics), resumed))
@@ -554,7 +574,7 @@ class Trainer:
         metric = cfg.metric_for_best or self.state.best_metric
         return resolved_values(cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes)
 
-    def _publish(self, model, metrics: dict[str, Any]) -> None:
+    def _publish(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None = None) -> None:
         import json
 
         import yaml
@@ -569,7 +589,7 @@ class Trainer:
         # LoRA: model/ is the merged model (the adapter alone in adapter/ with --save-adapter); else `model` itself
         model = for_publishing(model, staging / ADAPTER_DIR if self.cfg.save_adapter else None)
         with run_dir.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
-            model.save_pretrained(staging / "model", safe_serialization=True)
+            model.save_pretrained(staging / "model", safe_serialization=True, state_dict=state_dict)
             self.data.processor.save_pretrained(staging / "model")
         cfg = self.cfg
         data = {"train": cfg.data, "eval": cfg.eval_data}
