@@ -276,6 +276,7 @@ def test_plan_command_plans_a_causal_lm_on_its_text(lm_corpus, cache_dir, capsys
     assert float(out.split("recommended: ")[1].split("predicted peak ")[1].split(" MiB")[0]) > sized_peak
 
 
+@pytest.mark.slow  # a run: 10 s
 def test_train_auto_plans_a_causal_lm(lm_corpus, cache_dir, tmp_path):
     """--auto on a causal LM: the whole batch of 16 x 128 tokens is predicted over the budget (the logits of 8,192
     entries alone are 64 MiB a copy), so the plan splits it, and the run keeps within the budget."""
