@@ -55,3 +55,16 @@ def test_bench_runs_each_technique_and_writes_the_comparison(
     assert float(rows[1]["optim state MB vs baseline"]) < 0.3
     assert (tmp_path / "b" / "bench.png").stat().st_size > 1000
     assert "torch" in (tmp_path / "b" / "bench.md").read_text()
+
+
+def test_the_held_out_score_is_the_tasks_own():
+    """A classifier's bench shows eval accuracy, a language model's its perplexity (it has no accuracy: the column
+    was empty for causal LMs), each relative to the baseline."""
+    from leantrain.bench import BenchRow, render, table_rows
+
+    lm = [BenchRow("baseline", {}, {"eval_perplexity": 40.0}), BenchRow("bf16", {}, {"eval_perplexity": 42.0})]
+    records = table_rows(lm)
+    assert records[1]["eval ppl"] == 42.0 and records[1]["eval ppl vs baseline"] == 1.05
+    assert "eval acc" not in records[0] and "eval ppl" in render(records)
+    records = table_rows([BenchRow("baseline", {}, {"eval_accuracy": 0.8})])
+    assert records[0]["eval acc"] == 0.8 and "eval ppl" not in records[0] and "eval acc" in render(records)

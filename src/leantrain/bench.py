@@ -162,8 +162,9 @@ COLUMNS = [
     ("activations MB", "activation_bytes_estimate", 2**-20, ".0f"),
     ("optim state MB", "optimizer_state_bytes", 2**-20, ".1f"),
     ("train loss", "train_loss", 1, ".4f"),
-    ("eval acc", "eval_accuracy", 1, ".4f"),
 ]
+#: the held-out score, whichever the task reports: a classifier's accuracy, a language model's perplexity
+EVAL_COLUMNS = [("eval acc", "eval_accuracy", 1, ".4f"), ("eval ppl", "eval_perplexity", 1, ".2f")]
 
 
 def _value(row: BenchRow, key: str) -> float | None:
@@ -181,10 +182,11 @@ def _value(row: BenchRow, key: str) -> float | None:
 
 def table_rows(rows: list[BenchRow]) -> list[dict[str, Any]]:
     base = next((r for r in rows if r.name == "baseline" and r.metrics), None)
+    scores = [c for c in EVAL_COLUMNS if any(_value(r, c[1]) is not None for r in rows)] or EVAL_COLUMNS[:1]
     out = []
     for r in rows:
         rec: dict[str, Any] = {"technique": r.name, "error": r.error}
-        for label, key, scale, _ in COLUMNS:
+        for label, key, scale, _ in COLUMNS + scores:
             v = _value(r, key)
             rec[label] = v * scale if v is not None else None
             b = _value(base, key) if base else None
@@ -201,11 +203,12 @@ def render(records: list[dict[str, Any]]) -> str:
 
     table = Table(title="leantrain bench (relative to the fp32/AdamW baseline in brackets)")
     table.add_column("technique")
-    for label, _, _, _ in COLUMNS:
+    columns = COLUMNS + [c for c in EVAL_COLUMNS if records and c[0] in records[0]]
+    for label, _, _, _ in columns:
         table.add_column(label, justify="right")
     for rec in records:
         cells = []
-        for label, _, _, fmt in COLUMNS:
+        for label, _, _, fmt in columns:
             v, rel = rec[label], rec[f"{label} vs baseline"]
             cells.append("-" if v is None else f"{v:{fmt}}" + (f" ({rel:.2f}x)" if rel is not None else ""))
         table.add_row(rec["technique"] + (" [failed]" if rec["error"] else ""), *cells)
