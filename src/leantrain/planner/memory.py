@@ -349,7 +349,7 @@ def _layers_attr(config) -> str:
     for name in ("num_hidden_layers", "n_layers", "num_layers"):
         if hasattr(config, name):
             return name
-    raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs an encoder")
+    raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs a transformer")
 
 
 #: the tasks the planner models: a text encoder with a classification head, a causal language model
@@ -415,14 +415,13 @@ def _build(config, device: str, trust_remote_code: bool = False):
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from leantrain import models
-
-    auto = AutoModelForCausalLM if models.infer_task(config) == "causal-lm" else AutoModelForSequenceClassification
+    auto = AutoModelForCausalLM if is_causal_lm(config) else AutoModelForSequenceClassification
     with _quiet(), torch.device(device):
         return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def is_causal_lm(config) -> bool:
+    """Whether `config` is a causal LM's: its proxies then get the LM head and the per-token loss."""
     from leantrain import models
 
     return models.infer_task(config) == "causal-lm"
@@ -446,8 +445,6 @@ def proxy_batch(config, batch: int, seq_len: int, generator) -> dict:
 def proxy_loss(net, batch: dict, autocast=None):
     """The summed training loss of `batch` as the trainer computes it: the forward under `autocast`, the task's loss
     (a classifier's cross-entropy, a causal LM's per-token loss) outside it, in fp32."""
-    import contextlib
-
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -515,7 +512,7 @@ def activation_profile(
     # two vocabularies and that share is carried over to the real one, linearly.
     vocab = int(getattr(base_config, "vocab_size", 512) or 512)
     small = min(vocab, 512)
-    causal = models.infer_task(base_config) == "causal-lm"
+    causal = is_causal_lm(base_config)
     counts: dict[tuple[int, int, bool, int], float] = {}
 
     def count(n_layers: int, ckpt: bool, proxy_vocab: int) -> None:
