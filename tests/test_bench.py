@@ -68,3 +68,18 @@ def test_the_held_out_score_is_the_tasks_own():
     assert "eval acc" not in records[0] and "eval ppl" in render(records)
     records = table_rows([BenchRow("baseline", {}, {"eval_accuracy": 0.8})])
     assert records[0]["eval acc"] == 0.8 and "eval ppl" not in records[0] and "eval acc" in render(records)
+
+
+def test_output_dir_names_the_bench_folder(monkeypatch, tmp_path, tiny_model_dir, sentiment_csv):
+    """`bench --output-dir D` (as `train` takes it) writes the comparison under D; it was silently ignored, the
+    results going to runs/bench-<time>. --bench-dir still wins."""
+    from leantrain import bench
+    from leantrain.cli import main
+
+    seen = []
+    monkeypatch.setattr(bench, "run_bench", lambda given, names, steps, bench_dir, **kw: seen.append(bench_dir) or [])
+    monkeypatch.setattr(bench, "write_outputs", lambda records, bench_dir, context: dict.fromkeys(("md", "csv", "png")))
+    common = ["bench", "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--techniques", "adafactor"]
+    main([*common, "--output-dir", str(tmp_path / "mine")])
+    main([*common, "--output-dir", str(tmp_path / "mine"), "--bench-dir", str(tmp_path / "bench")])
+    assert seen == [tmp_path / "mine", tmp_path / "bench"]

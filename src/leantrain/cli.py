@@ -188,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="Run the whole list this many times round-robin; keep each technique's median run.",
     )
-    p.add_argument("--bench-dir", help="Where runs, bench.csv, bench.png and bench.md go (default: runs/bench-<time>).")
+    p.add_argument(
+        "--bench-dir",
+        help="Where runs, bench.csv, bench.png and bench.md go (default: --output-dir, else runs/bench-<time>).",
+    )
 
     p = sub.add_parser(
         "plan",
@@ -380,11 +383,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for f in fields(TrainConfig)
         if hasattr(args, f.name) or (args.config and getattr(base_cfg, f.name) != f.default)
     }
-    given.pop("output_dir", None)
+    output_dir = given.pop("output_dir", None)  # each technique's run has its own folder under the bench's
     if args.steps <= 0:
         raise LeantrainError(f"--steps must be a positive integer, got {args.steps}")
     names = bench.parse_techniques(args.techniques)
-    bench_dir = Path(args.bench_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    # --output-dir, as `train` takes it, names the bench's folder when --bench-dir does not
+    bench_dir = Path(args.bench_dir or output_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     say = Console().info
     if args.repeats <= 0:
         raise LeantrainError(f"--repeats must be a positive integer, got {args.repeats}")
