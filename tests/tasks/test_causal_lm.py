@@ -99,6 +99,25 @@ def docs_of(lengths: list[int], vocab: int, seed: int = 0) -> TokenizedText:
     return TokenizedText(ids, offsets)
 
 
+def test_token_losses_are_transformers_own_causal_lm_loss(llama_dir):
+    """The per-token loss, summed and divided by the counted tokens, is the loss transformers computes from the same
+    labels (its ForCausalLMLoss shifts them): an oracle outside leantrain, with uncounted (-100) labels mid-row and at
+    both ends; and the gradient it gives the logits is the same too."""
+    model = tiny_llama(llama_dir)
+    ids = torch.randint(2, model.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :5], labels[1, 7:9], labels[2, -3:] = -100, -100, -100
+    logits = model(input_ids=ids).logits.detach().requires_grad_()
+    ours = token_losses(logits, labels)
+    counted = int((labels[:, 1:] != -100).sum())
+    assert ours.shape == (3, 16) and float(ours[0, :4].abs().sum()) == 0.0  # uncounted targets cost nothing
+    theirs = model.loss_function(logits=logits, labels=labels, vocab_size=model.config.vocab_size)
+    assert float(ours.sum() / counted) == pytest.approx(float(theirs), rel=1e-6)
+    (g_ours,) = torch.autograd.grad(ours.sum() / counted, logits)
+    (g_theirs,) = torch.autograd.grad(theirs, logits)
+    assert torch.allclose(g_ours, g_theirs, atol=1e-7)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_a_packed_row_gives_each_document_its_own_per_token_losses(llama_dir, attn):
     model = tiny_llama(llama_dir, attn)
