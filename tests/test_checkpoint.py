@@ -438,8 +438,10 @@ def test_an_unwritable_checkpoints_folder_is_reported_before_training(tmp_path, 
         checkpoint.free_space_check(tmp_path, 1000, None)
 
 
-def test_sharded_training_does_not_checkpoint_yet(job):
-    with pytest.raises(ConfigError, match="--shard fsdp"):
+def test_sharding_one_process_is_refused_in_one_line(job):
+    """--shard fsdp shards across processes (its checkpoints are tested with two in tests/parallel); the Python API
+    refuses one process as the CLI does, before fully_shard fails for want of a process group."""
+    with pytest.raises(ConfigError, match="--shard fsdp shards across processes"):
         train(job(shard="fsdp", save_every=2))
 
 

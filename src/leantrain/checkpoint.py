@@ -345,6 +345,11 @@ class CheckpointDir:
         unwrapped_model = acc.unwrap_model(model) if acc is not None else model
         self._refuse_nonfinite(name, unwrapped_model)
         self._need_bytes = _state_bytes(unwrapped_model, optimizer)
+        from leantrain.parallel import sharding
+
+        whole = None
+        if sharding.is_sharded(unwrapped_model):  # --shard fsdp: gathered whole on the main process (collective)
+            whole = sharding.full_state(unwrapped_model, optimizer)
 
         def prepare():
             if main:
@@ -358,7 +363,7 @@ class CheckpointDir:
             _write(tmp / f"rank-{rank}.pt", lambda f: torch.save(own, f))
             if main:
                 trained = dict(model=unwrapped_model, scheduler=scheduler, amp=amp, local_sgd=local_sgd)
-                self._write_shared(tmp, optimizer=None if per_rank_optimizer else optimizer, **trained)
+                self._write_shared(tmp, optimizer=None if per_rank_optimizer else optimizer, whole=whole, **trained)
                 _write_loadable(tmp, unwrapped_model, processor)
                 if log_path is not None and log_path.is_file():
                     _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
@@ -390,15 +395,20 @@ class CheckpointDir:
             self.prune(keep)
         return final
 
-    def _write_shared(self, tmp: Path, *, model, optimizer, scheduler, amp, local_sgd) -> None:
+    def _write_shared(self, tmp: Path, *, model, optimizer, scheduler, amp, local_sgd, whole=None) -> None:
         """What all processes share, written once (main process): weights, optimizer (unless per process),
-        scheduler, loss scaler and local SGD state."""
-        from safetensors.torch import save_model
+        scheduler, loss scaler and local SGD state. `whole`: a sharded run's (weights, optimizer state), gathered."""
+        from safetensors.torch import save_file, save_model
 
         # format=pt: what from_pretrained expects of a safetensors file, so the folder loads as a model (issue #17)
-        _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p), metadata={"format": "pt"}))
+        meta = {"format": "pt"}
+        if whole is not None:
+            _write_to_path(tmp / "model.safetensors", lambda p: save_file(whole[0], str(p), metadata=meta))
+        else:
+            _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p), metadata=meta))
         if optimizer is not None:
-            _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer.state_dict(), f))
+            optimizer_state = whole[1] if whole is not None else optimizer.state_dict()
+            _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer_state, f))
         scaler = getattr(self.accelerator, "scaler", None) if self.accelerator is not None else None
         state = {
             "scheduler": scheduler.state_dict(),
@@ -541,9 +551,27 @@ def verify(path: Path) -> Checkpoint:
 def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator) -> dict:
     """Load weights, optimizer, scheduler, scaler and local SGD state; returns this process's RNG state,
     to be set (with `set_rng_state`) just before the loop resumes. The caller checked the config matches."""
+    from leantrain.parallel import sharding
+
     rank = accelerator.process_index
-    load_weights(ckpt, model, accelerator)
     own = _load(ckpt.path / f"rank-{rank}.pt", _torch_load)
+    unwrapped = accelerator.unwrap_model(model)
+    if sharding.is_sharded(unwrapped):  # --shard fsdp: whole state on disk, each process takes its shards
+        from safetensors.torch import load_file
+
+        weights = _load(ckpt.path / "model.safetensors", load_file)
+        optimizer_state = _load(ckpt.path / "optimizer.pt", _torch_load)
+        _load(
+            ckpt.path / "optimizer.pt",
+            lambda p: sharding.load_full_state(unwrapped, optimizer, weights, optimizer_state),
+        )
+        state = _load(ckpt.path / "training_state.pt", _torch_load)
+        _load(
+            ckpt.path / "training_state.pt",
+            lambda p: _restore_training_state(state, scheduler, amp, local_sgd, accelerator),
+        )
+        return own["rng"]
+    load_weights(ckpt, model, accelerator)
     if ckpt.manifest.get("per_rank_optimizer"):
         optimizer_file, optimizer_state = ckpt.path / f"rank-{rank}.pt", own["optimizer"]
     else:
@@ -562,7 +590,15 @@ def load_weights(ckpt: Checkpoint, model, accelerator) -> None:
     """The checkpoint's weights into the (unwrapped) model, strictly: every tensor, nothing else."""
     from safetensors.torch import load_model
 
+    from leantrain.parallel import sharding
+
     unwrapped = accelerator.unwrap_model(model)
+    if sharding.is_sharded(unwrapped):
+        from safetensors.torch import load_file
+
+        weights = _load(ckpt.path / "model.safetensors", load_file)
+        _load(ckpt.path / "model.safetensors", lambda p: sharding.load_full_state(unwrapped, None, weights, None))
+        return
     _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
 
 

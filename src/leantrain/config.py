@@ -612,11 +612,6 @@ class TrainConfig(
                 "--auto measures the whole data set's lengths; with --streaming choose the batch yourself"
             )
         _check_best_and_stopping(self)  # HF Trainer users (issue #17)
-        if self.shard != "none" and (self.save_every or self.resume):
-            raise ConfigError(
-                f"--save-every/--resume do not support --shard {self.shard} yet (a checkpoint holds whole "
-                "replicas); train without sharding to checkpoint"
-            )
 
     def section(self, cls: type[_Section]) -> _Section:
         """This config's values of one section, e.g. `cfg.section(CheckpointConfig)`."""

@@ -382,6 +382,7 @@ def nonfinite_count(tensors) -> tuple[int, int]:
 
     bad = total = 0
     for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t  # a sharded parameter: this process's shard
         if t.is_floating_point() or t.is_complex():
             bad += int(t.numel() - torch.isfinite(t).sum().item())
             total += t.numel()

@@ -170,17 +170,21 @@ def test_two_processes_with_class_weights_equal_one_process(setup):
     assert len(losses) == 7 and losses == pytest.approx([r["loss"] for r in alone if "loss" in r], abs=1e-5)
 
 
-@pytest.mark.parametrize("local_sgd", [None, 3], ids=["ddp", "local-sgd"])
-def test_a_two_process_run_resumed_from_its_checkpoint_equals_the_run_left_alone(setup, dropout_model_dir, local_sgd):
+@pytest.mark.parametrize("kind", ["ddp", "local-sgd", "fsdp"])
+def test_a_two_process_run_resumed_from_its_checkpoint_equals_the_run_left_alone(setup, dropout_model_dir, kind):
     """Each rank saves and restores its own state (rank-N.pt: its RNG draws its own dropout masks; under local SGD
     its own AdamW moments, and the outer optimizer's momentum): resumed at step 3 of 7, two processes with dropout
     and AdamW end bitwise where the uninterrupted two-process run does, having trained only steps 4-7. (The
-    local-SGD case: a mutation pass found the per-rank optimizer and local SGD restores untested.)"""
+    local-SGD case: a mutation pass found the per-rank optimizer and local SGD restores untested.) Sharded
+    (--shard fsdp on CPU): the whole state is gathered into the checkpoint, and each process takes its shards of
+    the weights and AdamW moments back."""
     root, base = setup
     job = dict(base, model=dropout_model_dir, optimizer="adamw", lr=1e-3, batch_size=8, epochs=1, num_processes=2)
-    if local_sgd:  # DiLoCo's Nesterov outer step: its momentum, saved at the sync of step 3, moves step 6's sync
-        job.update(local_sgd_steps=local_sgd, local_sgd_outer_lr=0.7, local_sgd_outer_momentum=0.9)
-    name = "two" if local_sgd is None else "two-local-sgd"
+    if kind == "local-sgd":  # DiLoCo's Nesterov outer step: its momentum, saved at the sync of step 3, moves step 6's
+        job.update(local_sgd_steps=3, local_sgd_outer_lr=0.7, local_sgd_outer_momentum=0.9)
+    if kind == "fsdp":
+        job.update(shard="fsdp")
+    name = f"two-{kind}"
     whole, resumed = root / f"{name}-whole", root / f"{name}-resumed"
     rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, save_every=3, output_dir=whole)])
     assert rc == 0, err[-3000:]

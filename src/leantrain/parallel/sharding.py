@@ -7,8 +7,11 @@ DTensor, all-gathers one transformer layer at a time for forward and backward, a
 shards the model here and hands Accelerate the optimizer, loaders and schedule only; on GPUs Accelerate's FSDP2
 plugin does the same (`parallel.fsdp_plugin`), one transformer layer per unit in both.
 
-Not yet: checkpoints of a sharded run (they need `torch.distributed.checkpoint`'s per-rank shards; refused in
-one line), LoRA and local SGD with sharding.
+Checkpoints of a sharded run gather the whole state on the main process (torch.distributed.checkpoint's
+`get_state_dict` with full_state_dict) and keep the unsharded layout, so a checkpoint loads as a model and resumes
+with or without sharding; each process takes its shards back on resume. Per-process shard files (DCP's own
+format, for models whose whole state does not fit one process) are not done. Not yet: LoRA and local SGD with
+sharding.
 """
 
 from __future__ import annotations
@@ -62,3 +65,52 @@ def to_float(value: Any) -> float:
     """A scalar that may be a DTensor (the gradient norm of sharded parameters): its full value."""
     full = getattr(value, "full_tensor", None)
     return float(full() if full is not None else value)
+
+
+# -- checkpoints: a sharded run's state gathered whole, in the layout of an unsharded checkpoint -----------------
+def is_sharded(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "to_local") for p in model.parameters())
+
+
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{second name: first name} of parameters shared under two names (a causal LM's embeddings and output layer):
+    stored once, as `save_pretrained` and safetensors store them."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+def _unwrapped(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # inside Accelerate's AcceleratedOptimizer
+
+
+def full_state(model: torch.nn.Module, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and the optimizer's state, whole, gathered from every process's shards on the main one (on CPU;
+    the others get empty dicts); a collective. Tied aliases are left out of the model's."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights, state = get_state_dict(model, _unwrapped(optimizer), options=options)
+    for alias in tied_aliases(model):
+        weights.pop(alias, None)
+    return weights, state
+
+
+def load_full_state(model: torch.nn.Module, optimizer, weights: dict[str, Any], state: dict[str, Any] | None) -> None:
+    """Each process takes its shards of whole state (`full_state`'s, read back by every process); every parameter
+    must be there (tied aliases are filled in). `state` None: the weights alone."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+
+    weights = dict(weights)
+    for alias, name in tied_aliases(model).items():
+        weights.setdefault(alias, weights[name])
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    if state is None:
+        set_model_state_dict(model, weights, options=options)
+    else:
+        set_state_dict(model, _unwrapped(optimizer), model_state_dict=weights, optim_state_dict=state, options=options)

@@ -114,7 +114,7 @@ def stop(signum: int, cfg, step: int, total_steps: int, checkpoints, saved_now: 
     name = signal_name(signum)
     where = f"stopped by {name} after step {step:,} of {total_steps:,}"
     path: Path | None = None
-    if (cfg.save_every or cfg.save_on_interrupt) and cfg.shard == "none":
+    if cfg.save_every or cfg.save_on_interrupt:
         path = checkpoints.root / f"step-{step:06d}" if saved_now else save(f"interrupted by {name}")
     else:
         newest = next(iter(checkpoints.step_dirs()), None)

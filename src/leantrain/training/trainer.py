@@ -126,6 +126,8 @@ class Trainer:
         if self.sharded:  # before the optimizer, which then steps each process's shards
             from leantrain.parallel import sharding
 
+            if self.accelerator.num_processes < 2:
+                raise ConfigError("--shard fsdp shards across processes; give --num-processes 2 or more")
             if self.cfg.lora:
                 raise ConfigError("--shard fsdp with --lora: not supported on CPU processes yet; use --shard none")
             sharding.shard(self.model)
@@ -459,7 +461,7 @@ class Trainer:
         """Nothing has moved yet: save the state before this step (unless saved already), then stop."""
         state = self.state
         saved = self.checkpointer.saved(state.step)
-        if state.step > 0 and not saved.is_dir() and self.cfg.shard == "none":
+        if state.step > 0 and not saved.is_dir():
             saved = self.checkpointer.save(
                 self._now(), "last good state before a non-finite step", rng, micro_step=micro_step
             )
