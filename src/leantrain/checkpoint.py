@@ -345,11 +345,7 @@ class CheckpointDir:
         unwrapped_model = acc.unwrap_model(model) if acc is not None else model
         self._refuse_nonfinite(name, unwrapped_model)
         self._need_bytes = _state_bytes(unwrapped_model, optimizer)
-        from leantrain.parallel import sharding
-
-        whole = None
-        if sharding.is_sharded(unwrapped_model):  # --shard fsdp: gathered whole on the main process (collective)
-            whole = sharding.full_state(unwrapped_model, optimizer)
+        whole = _gathered(unwrapped_model, optimizer)  # --shard fsdp: whole on the main process (collective)
 
         def prepare():
             if main:
@@ -728,6 +724,13 @@ def _load(path: Path, load):
             f"{path}: cannot be loaded ({first}); it is damaged or from a different "
             "model/optimizer; resume from another checkpoint with --resume PATH"
         ) from None
+
+
+def _gathered(model, optimizer):
+    """A sharded run's (weights, optimizer state), whole on the main process (a collective); None unsharded."""
+    from leantrain.parallel import sharding
+
+    return sharding.full_state(model, optimizer) if sharding.is_sharded(model) else None
 
 
 def _state_bytes(model, optimizer) -> int:
