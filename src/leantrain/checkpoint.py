@@ -561,19 +561,14 @@ def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, ac
             ckpt.path / "optimizer.pt",
             lambda p: sharding.load_full_state(unwrapped, optimizer, weights, optimizer_state),
         )
-        state = _load(ckpt.path / "training_state.pt", _torch_load)
-        _load(
-            ckpt.path / "training_state.pt",
-            lambda p: _restore_training_state(state, scheduler, amp, local_sgd, accelerator),
-        )
-        return own["rng"]
-    load_weights(ckpt, model, accelerator)
-    if ckpt.manifest.get("per_rank_optimizer"):
-        optimizer_file, optimizer_state = ckpt.path / f"rank-{rank}.pt", own["optimizer"]
     else:
-        optimizer_file = ckpt.path / "optimizer.pt"
-        optimizer_state = _load(optimizer_file, _torch_load)
-    _load(optimizer_file, lambda p: optimizer.load_state_dict(optimizer_state))
+        load_weights(ckpt, model, accelerator)
+        if ckpt.manifest.get("per_rank_optimizer"):
+            optimizer_file, optimizer_state = ckpt.path / f"rank-{rank}.pt", own["optimizer"]
+        else:
+            optimizer_file = ckpt.path / "optimizer.pt"
+            optimizer_state = _load(optimizer_file, _torch_load)
+        _load(optimizer_file, lambda p: optimizer.load_state_dict(optimizer_state))
     state = _load(ckpt.path / "training_state.pt", _torch_load)
     _load(
         ckpt.path / "training_state.pt",

@@ -11,6 +11,8 @@ import contextlib
 
 import torch
 
+from leantrain.parallel.sharding import to_float
+
 
 class MixedPrecision:
     def __init__(self, accelerator, precision: str, model_autocasts: bool = True):
@@ -47,8 +49,6 @@ class MixedPrecision:
             self.scaler.unscale_(optimizer)
         # An infinite bound measures without clipping: the gradients are multiplied by exactly 1.
         bound = max_grad_norm if max_grad_norm > 0 else float("inf")
-        from leantrain.parallel.sharding import to_float
-
         return to_float(self.accelerator.clip_grad_norm_(model.parameters(), bound))  # sharded: a DTensor
 
     def step(self, optimizer) -> bool:
