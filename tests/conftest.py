@@ -45,6 +45,14 @@ os.environ.pop("HF_HOME", None)
 # moves into the file, then delete the entry. A name ending in "*" is a prefix.
 # --- end of issue #20 items 11, 12 ---
 
+# --- parallel workers (pytest-xdist, `-n N` in scripts/test.sh) share the cores ---
+# Each worker gets its share of the CPUs as OpenMP threads, as a launcher gives its ranks, so that N workers do
+# not run N x cores spinning threads (the busy-machine collapse of issue #16). Set before torch is imported;
+# processes the tests launch inherit it, and a setting of the user's stands.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
