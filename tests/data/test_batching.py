@@ -97,6 +97,18 @@ def test_len_is_what_iteration_yields_for_every_remainder_and_start(micro, accum
             assert len(sampler) == len(list(sampler)), (n, start)
 
 
+@pytest.mark.parametrize("micro,accum,procs", [(8, 1, 1), (2, 1, 2), (2, 2, 2), (1, 1, 4)])
+def test_steps_per_epoch_is_the_optimizer_steps_iteration_yields(micro, accum, procs):
+    """Mutation testing (benchmarks/results/mutation.md) found `steps_per_epoch` unchecked where an epoch's last
+    global batch holds fewer examples than processes: iteration skips it, and the count (the schedule's length,
+    the epoch of a resumed step) counted it. Every dataset size across two global batches, and fewer rows than
+    processes."""
+    for n in range(1, 2 * micro * accum * procs + 2):
+        sampler = GlobalBatchSampler(np.arange(n) % 7 + 1, micro_batch=micro, accumulation=accum, num_processes=procs)
+        steps = sum(micro_batch[0].step_end for micro_batch in sampler) // procs
+        assert sampler.steps_per_epoch() == steps, n
+
+
 @pytest.mark.parametrize("micro,accum,procs", [(8, 1, 1), (4, 2, 1), (2, 2, 2)])
 def test_step_units_sum_the_units_of_the_whole_global_batch(micro, accum, procs):
     """A task's loss units (counted tokens, class weights) are summed over the whole step, however it is split,

@@ -87,7 +87,9 @@ class GlobalBatchSampler:
         return batches
 
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.lengths) / self.global_batch) if len(self.lengths) >= self.num_processes else 0
+        """Optimizer steps in an epoch: its global batches but a last one too small to give each process an example
+        (iteration skips it)."""
+        return sum(size >= self.num_processes for size in _batch_sizes(len(self.lengths), self.global_batch))
 
     def micro_steps(self, batch: np.ndarray) -> int:
         """Accumulation steps that `batch` takes: fewer for the last, shorter batch of an epoch."""
