@@ -3,7 +3,8 @@
 Each setting trains the embedded MiniLM (AdamW, batch 16, length 48, random tokens) for --seconds in a fresh
 process (OpenMP reads its settings when torch loads), alone and then with a neighbour this script starts: one
 process spinning on one core, as another user's job would. Settings: libgomp's default (threads spin a while at
-each barrier), `OMP_WAIT_POLICY=PASSIVE` (what the `leantrain` command sets), and one thread. The goal: beside the
+each barrier), `OMP_WAIT_POLICY=PASSIVE` (what the `leantrain` command sets), shorter spins (`GOMP_SPINCOUNT`),
+and one thread. The goal: beside the
 neighbour, at least 40% of the quiet throughput (a fair share of 2 cores is 50%). Rounds alternate the settings so
 that other load on the machine falls on all of them alike; medians are reported.
 
@@ -25,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` as 
 SETTINGS = {
     "2 threads, libgomp default (spin, then sleep)": {"OMP_NUM_THREADS": "2"},
     "2 threads, OMP_WAIT_POLICY=PASSIVE (leantrain)": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
+    # middle ways: spin this many iterations at a barrier, then sleep (libgomp's default is 300,000)
+    "2 threads, GOMP_SPINCOUNT=30000": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "30000"},
+    "2 threads, GOMP_SPINCOUNT=2000": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "2000"},
     "1 thread": {"OMP_NUM_THREADS": "1"},
 }
 

@@ -239,8 +239,8 @@ def _figure(
 ):
     """A figure of `ncols` plots side by side, with fixed margins and `gap` between plots (inches).
 
-    Fixed, not matplotlib's constrained layout: that measured every tick label two or three times and was a
-    third of the page's cost (the five plots 1.6 -> 1.1 s, benchmarks/report_plots.py).
+    Fixed, not matplotlib's constrained layout: that measured every tick label two or three times and was
+    half the page's cost (the five plots 2.0 -> 1.0 s, benchmarks/results/report_plots.md).
     """
     from matplotlib.figure import Figure
 
