@@ -2,9 +2,10 @@
 
 Two things make a CPU run collapse beside a busy neighbour. OpenMP's threads spin at every barrier waiting for
 each other (libgomp's default), so a thread whose core the neighbour holds keeps the others burning their cores
-on nothing. On this project's 2-core machine beside one spinning neighbour, MiniLM trained at 6.9 samples/s
-with libgomp's default and 11.6 with the threads sleeping at barriers (`OMP_WAIT_POLICY=PASSIVE`); alone, 21.0
-and 17.6: passive waits cost 16% on a quiet machine (benchmarks/results/busy_machine.md). And OpenMP counts the
+on nothing. On this project's 2-core machine beside one spinning neighbour, MiniLM trained at 9.1 samples/s
+with libgomp's default and 13.9 with the threads sleeping at barriers (`OMP_WAIT_POLICY=PASSIVE`); alone, 23.1
+and 22.0: passive waits cost 5% on a quiet machine, 16% in an earlier run, and a shorter spin
+(`GOMP_SPINCOUNT`) gained nothing over them (benchmarks/results/busy_machine.md). And OpenMP counts the
 cores in the affinity mask, not a container's CPU quota, so a process allowed 1 CPU of 8 runs 8 threads that take
 turns.
 
