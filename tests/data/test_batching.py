@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,37 @@ def test_an_epoch_sees_every_example_exactly_once_and_the_order_changes():
     assert len(list(sampler)) == len(sampler)
     sampler.set_epoch(1)
     assert [s.index for micro in sampler for s in micro] != seen
+
+
+def test_length_grouping_sorts_within_chunks_so_batches_mix_differently_each_epoch():
+    """Sorting the whole epoch by length would give the same batches every epoch (only their order shuffled);
+    sorting within chunks of `chunk_batches` global batches keeps batches of alike lengths that still change.
+    Mutation testing: a chunk boundary dropped (one chunk) survived every other test."""
+    lengths = np.arange(1, 193)  # all distinct: a whole-epoch sort would fix each batch's members
+    sampler = GlobalBatchSampler(lengths, micro_batch=8, accumulation=2, seed=5, chunk_batches=3)
+    members = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        members.append({frozenset(b.tolist()) for b in sampler.global_batches()})
+        spread = [lengths[b].max() - lengths[b].min() for b in sampler.global_batches()]
+        assert max(spread) < 100  # grouped: a random batch of 16 of 192 would span ~170
+    assert len(members[0] & members[1]) <= 2, "the same batches came back in the next epoch"
+
+
+def test_ties_in_length_keep_the_seeded_shuffles_order():
+    """Equal lengths are ordered by the epoch's seeded permutation, not by the sort algorithm: an unstable sort
+    breaks ties by its own internals, which differ between numpy builds and CPUs (SIMD sorts), so a run resumed
+    on another machine could see other batches. Mutation testing: `kind="stable"` dropped survived."""
+    seed, epoch, n = 4, 1, 300
+    lengths = np.random.default_rng(0).integers(1, 6, size=n)  # many ties
+    sampler = GlobalBatchSampler(lengths, micro_batch=10, accumulation=1, seed=seed, chunk_batches=30)
+    sampler.set_epoch(epoch)
+    shuffled = np.random.default_rng([seed, epoch]).permutation(n)  # the documented seed: (seed, epoch)
+    position = np.empty(n, dtype=int)
+    position[shuffled] = np.arange(n)
+    for batch in sampler.global_batches():
+        for a, b in itertools.pairwise(batch):
+            assert lengths[a] > lengths[b] or position[a] < position[b], (a, b)
 
 
 def test_last_short_step_takes_fewer_micro_steps():
