@@ -239,6 +239,7 @@ def test_the_common_schedules_give_transformers_learning_rates_step_by_step(name
     assert mine == theirs
 
 
+@pytest.mark.slow  # launches a Python process: 5.3-6.5 s of imports
 def test_a_default_schedule_does_not_load_transformers_optimization():
     code = (
         "import sys, torch; from leantrain.optim import build_scheduler; "

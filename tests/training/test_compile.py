@@ -21,6 +21,7 @@ def run(dropout_model_dir, sentiment_csv, cache_dir, tmp_path):
     return go
 
 
+@pytest.mark.slow  # inductor compiles C++: 13.6-14.9 s alone, 108 s in the CI dry run of a0b384c (coverage, 2 workers)
 def test_a_compiled_model_trains_like_the_eager_one(run):
     # Inductor draws dropout masks from its own generator unless told to use eager's: only then can a compiled
     # run with dropout match an eager one, and only if the warm-up left the RNG where it found it.
