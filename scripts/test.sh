@@ -20,7 +20,7 @@ NO_MKDOCS_2_WARNING=1 mkdocs build --strict -q -d "$(mktemp -d)"
 # Tests run in one worker per CPU, at most 4 (pytest-xdist; each worker's OpenMP threads are its share of the
 # CPUs: tests/conftest.py): on 2 cores they overlap one test's imports, start-up and process launches with
 # another's compute (times in CONTRIBUTING.md). LEANTRAIN_TEST_WORKERS=0 runs the tests in this one process.
-workers=${LEANTRAIN_TEST_WORKERS:-$(python -c "import os; n = min(4, len(os.sched_getaffinity(0))); print(n if n > 1 else 0)")}
+workers=${LEANTRAIN_TEST_WORKERS:-$(python -c "import os; n = min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1); print(n if n > 1 else 0)")}
 # Coverage of the leantrain package; the floor is [tool.coverage.report] fail_under in pyproject.toml
 # --durations: the slowest tests, printed in every CI log, for keeping the suite within its time
 python -m pytest -n "$workers" --dist worksteal --cov=leantrain --cov-report=term --durations=30 "$@"
