@@ -4,9 +4,9 @@ Each setting trains the embedded MiniLM (AdamW, batch 16, length 48, random toke
 process (OpenMP reads its settings when torch loads), alone and then with a neighbour this script starts: one
 process spinning on one core, as another user's job would. Settings: libgomp's default (threads spin a while at
 each barrier), `OMP_WAIT_POLICY=PASSIVE` (what the `leantrain` command sets), shorter spins (`GOMP_SPINCOUNT`),
-and one thread. The goal: beside the
-neighbour, at least 40% of the quiet throughput (a fair share of 2 cores is 50%). Rounds alternate the settings so
-that other load on the machine falls on all of them alike; medians are reported.
+and one thread. The goal: beside the neighbour, at least 40% of the quiet throughput (a fair share of 2 cores is
+50%). Rounds alternate the settings so that other load on the machine falls on all of them alike; medians are
+reported.
 
     python benchmarks/busy_machine.py                    # writes benchmarks/results/busy_machine.{json,md}
     python benchmarks/busy_machine.py --seconds 5 --rounds 1   # a quick look

@@ -72,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"fixed margins": fixed, "constrained layout": constrained}
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for round in range(args.repeats + 1):
+    for i in range(args.repeats + 1):
         for name, figure in variants.items():
             report._figure = figure
             start = time.perf_counter()
             drawn = [plot(run) for _, _, plot in report.PLOTS]
-            if round:  # the first round warms up (fonts, caches)
+            if i:  # the first round warms up (fonts, caches)
                 times[name].append(time.perf_counter() - start)
     report._figure = fixed
     median = {name: statistics.median(ts) for name, ts in times.items()}

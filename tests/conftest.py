@@ -40,9 +40,8 @@ os.environ.pop("XDG_CACHE_HOME", None)
 os.environ.pop("HF_HOME", None)
 
 # --- the fast tier, `-m "not slow"` (issue #20, item 12) ---
-# Tests that launch processes (torchrun, Ray, SIGKILL'd runs) or run for minutes are marked slow in their
-# files. These live in files that are being rewritten (issue #20 items 1-6): marked here until the marker
-# moves into the file, then delete the entry. A name ending in "*" is a prefix.
+# Tests that launch processes (torchrun, Ray, SIGKILL'd runs) or run for more than about 15 s are marked
+# `@pytest.mark.slow` in their own files, with their measured time (CONTRIBUTING.md).
 # --- end of issue #20 items 11, 12 ---
 
 # --- parallel workers (pytest-xdist, `-n N` in scripts/test.sh) share the cores ---

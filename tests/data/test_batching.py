@@ -54,8 +54,9 @@ def test_length_grouping_sorts_within_chunks_so_batches_mix_differently_each_epo
     members = []
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
-        members.append({frozenset(b.tolist()) for b in sampler.global_batches()})
-        spread = [lengths[b].max() - lengths[b].min() for b in sampler.global_batches()]
+        batches = sampler.global_batches()
+        members.append({frozenset(b.tolist()) for b in batches})
+        spread = [lengths[b].max() - lengths[b].min() for b in batches]
         assert max(spread) < 100  # grouped: a random batch of 16 of 192 would span ~170
     assert len(members[0] & members[1]) <= 2, "the same batches came back in the next epoch"
 

@@ -245,10 +245,10 @@ def _figure(
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height))
-    bottom, top = 0.55, 0.35
     plot_width = (width - left - right - gap * (ncols - 1)) / ncols
-    fig.subplots_adjust(left=left / width, right=1 - right / width, wspace=gap / plot_width)
-    fig.subplots_adjust(bottom=bottom / height, top=1 - top / height)
+    fig.subplots_adjust(
+        left=left / width, right=1 - right / width, wspace=gap / plot_width, bottom=0.55 / height, top=1 - 0.35 / height
+    )
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     return fig, list(axes)
 
