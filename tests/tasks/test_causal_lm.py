@@ -118,6 +118,60 @@ def test_token_losses_are_transformers_own_causal_lm_loss(llama_dir):
     assert torch.allclose(g_ours, g_theirs, atol=1e-7)
 
 
+def uneven_counted_batch(vocab: int) -> dict[str, torch.Tensor]:
+    """Three rows of 17 tokens whose uncounted (-100) labels lie at the start (a prompt), mid-row and at the end."""
+    ids = torch.randint(2, vocab, (3, 17), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :5], labels[1, 7:9], labels[2, -3:] = -100, -100, -100
+    return {"input_ids": ids, "labels": labels}
+
+
+def test_training_computes_logits_only_where_a_token_counts(llama_dir, corpus):
+    """The output head runs on the counted positions alone: the same loss and the same gradient for every weight as
+    the full logits give (up to rounding), logits of (counted tokens, vocabulary); evaluation, a later call and a
+    compiled model keep every position's."""
+    model = tiny_llama(llama_dir).train()
+    task = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False))
+    task.check_model(model)
+    batch = uneven_counted_batch(model.config.vocab_size)
+    weights = [p for p in model.parameters() if p.requires_grad]
+    full = task.loss_sum(model(input_ids=batch["input_ids"]), batch)
+    full_grads = torch.autograd.grad(full, weights)
+    out = task.forward(model, batch)
+    counted = int((batch["labels"][:, 1:] != -100).sum())
+    assert out.logits.shape == (counted, model.config.vocab_size) and task.logit_rows(batch) == counted
+    selected = task.loss_sum(out, batch)
+    assert float(selected.detach()) == pytest.approx(float(full.detach()), rel=1e-6)
+    for p, g_full, g in zip(weights, full_grads, torch.autograd.grad(selected, weights)):
+        assert torch.allclose(g, g_full, rtol=1e-5, atol=1e-7), p.shape
+    assert model(input_ids=batch["input_ids"]).logits.dim() == 3  # the head's hook is gone
+    assert task.forward(model.eval(), batch).logits.shape == (3, 17, model.config.vocab_size)
+    compiled = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False, compile=True))
+    compiled.check_model(model)
+    assert not compiled.selects_logits and compiled.logit_rows(batch) is None
+
+
+def test_flops_of_a_forward_that_selects_logits_are_what_it_computes(llama_dir, corpus):
+    """The FLOP meter's count of a training micro-batch whose head ran on its counted positions only equals what
+    torch's FlopCounterMode counts for that forward and backward (an oracle outside leantrain)."""
+    from dataclasses import replace
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from leantrain.telemetry.flops import FlopMeter, flop_model, output_head_flops
+
+    model = tiny_llama(llama_dir, "eager").train()  # FlopCounterMode does not count CPU SDPA kernels
+    task = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False))
+    task.check_model(model)
+    batch = uneven_counted_batch(model.config.vocab_size)
+    with FlopCounterMode(display=False) as counter:
+        task.loss_sum(task.forward(model, batch), batch).backward()
+    meter = FlopMeter(replace(flop_model(model), head_per_row=output_head_flops(model)))
+    counted = meter.add(batch["input_ids"], None, None, task.logit_rows(batch))
+    assert counted == pytest.approx(counter.get_total_flops(), rel=1e-9)
+    assert meter.useful_flops == pytest.approx(counted, rel=1e-12)  # no padding in these rows
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_a_packed_row_gives_each_document_its_own_per_token_losses(llama_dir, attn):
     model = tiny_llama(llama_dir, attn)

@@ -78,6 +78,15 @@ class Task(ABC):
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {k: batch[k] for k in self.input_names if k in batch}
 
+    def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
+        """The training forward of one micro-batch (a task may compute less of the output than the model would)."""
+        return model(**self.model_inputs(batch))
+
+    def logit_rows(self, batch: dict[str, Any]) -> int | None:
+        """How many output rows `forward` computes in training when it computes fewer than one per token (FLOP
+        counting); None: every token's."""
+        return None
+
     def loss_units(self, data: TaskData) -> np.ndarray | None:
         """What `loss_sum` counts for each training example of `data.train` (counted tokens, or a class weight):
         the trainer divides by their sum over the optimizer step. None: one unit per example."""

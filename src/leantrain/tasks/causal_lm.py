@@ -21,6 +21,8 @@ from leantrain.tasks.base import Task, TaskData
 
 #: BPE vocabulary of the tokenizer a from-scratch preset trains on the run's text
 PRESET_VOCAB_SIZE = 8192
+#: the label of a position that counts for nothing (PyTorch's and transformers' convention)
+IGNORE = -100
 
 
 class CausalLM(Task):
@@ -29,6 +31,8 @@ class CausalLM(Task):
     metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them (#17)
     #: --metric-for-best when not given: lower loss is better
     default_metric: ClassVar[str] = "loss"
+    #: whether training computes logits only where a token counts (`forward`); set by `check_model`
+    selects_logits: bool = False
 
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
@@ -141,6 +145,9 @@ class CausalLM(Task):
     def check_model(self, model: torch.nn.Module) -> None:
         if self.cfg.packing:  # after the attention choice: the kernel that will run must keep documents apart
             check_packing_separates(model)
+        # A compiled model keeps the full logits: a data-dependent row count would give it a graph per batch.
+        head = getattr(model, "get_output_embeddings", lambda: None)()
+        self.selects_logits = not self.cfg.compile and head is not None
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator
@@ -152,10 +159,33 @@ class CausalLM(Task):
         # No cache: transformers keeps packed documents apart only when no cache (and no attention mask) is given.
         return {**super().model_inputs(batch), "use_cache": False}
 
+    def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
+        """Training computes the logits only at positions whose next token counts: the output head's input is cut
+        to those rows (row-major), so the logits are (counted tokens, vocabulary). Uncounted positions (prompts,
+        padding, each document's last token) had no loss and so no gradient: the same loss and gradients, up to
+        rounding, for the head's work and its batch x length x vocabulary logits only where a token counts."""
+        if not (model.training and self.selects_logits):
+            return model(**self.model_inputs(batch))
+        from leantrain.telemetry.flops import unwrap
+
+        keep = next_token_targets(batch["labels"]) != IGNORE
+        head = unwrap(model).get_output_embeddings()
+        handle = head.register_forward_pre_hook(lambda _head, args: (args[0][keep], *args[1:]))
+        try:
+            return model(**self.model_inputs(batch))
+        finally:
+            handle.remove()
+
+    def logit_rows(self, batch: dict[str, Any]) -> int | None:
+        return int((next_token_targets(batch["labels"]) != IGNORE).sum()) if self.selects_logits else None
+
     def loss_units(self, data: TaskData) -> np.ndarray:
         return data.train.features.counted.astype(np.float64)
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        if outputs.logits.dim() == 2:  # `forward` computed only the counted positions' logits
+            targets = next_token_targets(batch["labels"])
+            return F.cross_entropy(outputs.logits.float(), targets[targets != IGNORE], reduction="sum")
         return token_losses(outputs.logits, batch["labels"]).sum()
 
     # -- evaluation ----------------------------------------------------------------------------------------------
@@ -192,13 +222,19 @@ class CausalLM(Task):
         return {"train_examples": len(data.train), "label_names": [], "data_fingerprint": crc}
 
 
+def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
+    """What each position predicts, (batch, length): labels[t + 1] (the Hugging Face convention), and IGNORE at
+    the last position, which predicts nothing."""
+    return F.pad(labels[:, 1:], (0, 1), value=IGNORE)
+
+
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of each position's prediction of the next token, float32, (batch, length - 1); 0 where the
     label is not counted. Position t predicts labels[t + 1] (the Hugging Face convention)."""
     # The labels shift, not the logits: slicing the logits would copy them (batch x length x vocabulary) forward and
     # back; the last position gets an uncounted target instead. Bitwise the same losses and gradients, and the loss's
     # forward and backward 1.5x faster (tiny-llama's 16 x 128 x 8,192 logits: 150-160 ms against 240 ms).
-    targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+    targets = next_token_targets(labels)
     flat = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     return flat.view(targets.shape)[:, :-1]
 

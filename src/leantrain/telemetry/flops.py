@@ -79,6 +79,8 @@ class FlopModel:
     per_token: float
     per_token_sq: float
     source: str  # how the figures were obtained, for the report
+    #: the output head's share of `per_token`, for tasks that run the head on fewer rows than tokens
+    head_per_row: float = 0.0
 
     def sequence_flops(self, lengths: Sequence[int]) -> float:
         """FLOPs for sequences of the given lengths (padded or real)."""
@@ -292,6 +294,15 @@ def _architecture_flop_model(model) -> FlopModel:
     return counted_flop_model(clone)
 
 
+def output_head_flops(model) -> float:
+    """FLOPs of the output head (a language model's vocabulary projection) for one row, forward + backward: 2 per
+    weight forward, 2 for the input's gradient, and 2 for the weight's own when it trains."""
+    head = unwrap(model).get_output_embeddings()
+    weights = sum(p.numel() for p in head.parameters())
+    trains = any(p.requires_grad for p in head.parameters())
+    return float((6 if trains else 4) * weights)
+
+
 def mfu(flops: float, seconds: float, peak_flops_per_second: float | None) -> float | None:
     """Model FLOPs utilisation: achieved FLOP/s over the device's peak FLOP/s (None when unknown)."""
     if not peak_flops_per_second or seconds <= 0:
@@ -313,41 +324,48 @@ class FlopMeter:
         self.sequences = 0
         self._lengths: Any = 0  # Python ints, or device tensors until read (then a float)
         self._squares: Any = 0
+        self._unheaded: Any = 0  # real tokens whose output head row was not computed (`add`'s logit_rows)
         self._mark = 0.0  # padded FLOPs when the warm-up steps ended
 
-    def add(self, input_ids, attention_mask=None, position_ids=None) -> float:
+    def add(self, input_ids, attention_mask=None, position_ids=None, logit_rows: int | None = None) -> float:
         """Count one micro-batch; returns its padded FLOPs. Packed rows (position ids restarting at each document,
-        no attention mask) count attention's square term per document, as the model's work is per document."""
+        no attention mask) count attention's square term per document, as the model's work is per document.
+        `logit_rows`: the output head ran on that many rows only (a causal LM's counted positions)."""
         batch, seq = int(input_ids.shape[0]), int(input_ids.shape[-1])
         padded = self.model.batch_flops(batch, seq)
-        self.flops += padded
+        real: Any = batch * seq
         self.sequences += batch
         if attention_mask is None and position_ids is not None:
             # a document of n tokens has positions 0..n-1, and the sum of 2p+1 over them is n**2: no device sync
-            self._lengths += batch * seq
             self._squares = self._squares + (2 * position_ids.long() + 1).sum()
         elif attention_mask is None:
-            self._lengths += batch * seq
             self._squares += batch * seq * seq
         else:
             lengths = attention_mask.sum(dim=-1).long()  # integers: exact, and every device has int64
-            self._lengths = self._lengths + lengths.sum()
+            real = lengths.sum()
             self._squares = self._squares + (lengths * lengths).sum()
+        self._lengths = self._lengths + real
+        if logit_rows is not None:
+            padded -= self.model.head_per_row * (batch * seq - logit_rows)
+            self._unheaded = self._unheaded + real - logit_rows
+        self.flops += padded
         return padded
 
     @property
     def useful_flops(self) -> float:
-        lengths, squares = float(self._lengths), float(self._squares)
-        self._lengths, self._squares = lengths, squares
+        lengths, squares, unheaded = float(self._lengths), float(self._squares), float(self._unheaded)
+        self._lengths, self._squares, self._unheaded = lengths, squares, unheaded
         m = self.model
-        return self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
+        return (
+            self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
+        ) - m.head_per_row * unheaded
 
-    def snapshot(self) -> tuple[float, int, Any, Any]:
-        return self.flops, self.sequences, self._lengths, self._squares
+    def snapshot(self) -> tuple[float, int, Any, Any, Any]:
+        return self.flops, self.sequences, self._lengths, self._squares, self._unheaded
 
-    def discard(self, since: tuple[float, int, Any, Any]) -> None:
+    def discard(self, since: tuple[float, int, Any, Any, Any]) -> None:
         """Leave out the batches counted since `since` (a step whose time is compile time)."""
-        self.flops, self.sequences, self._lengths, self._squares = since
+        self.flops, self.sequences, self._lengths, self._squares, self._unheaded = since
 
     def mark(self) -> None:
         """Call when the warm-up steps end: `steady_metrics` counts the FLOPs done after this."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -299,10 +299,14 @@ class Trainer:
         return TeeLog(MetricsLog(log_path), trackers)
 
     def _flop_meter(self):
-        from leantrain.telemetry.flops import FlopMeter, flop_model
+        from leantrain.telemetry.flops import FlopMeter, flop_model, output_head_flops
         from leantrain.telemetry.peak import device_peak
 
-        flops = FlopMeter(flop_model(self.accelerator.unwrap_model(self.model), self.task.flop_input_shapes(self.data)))
+        model = self.accelerator.unwrap_model(self.model)
+        counted = flop_model(model, self.task.flop_input_shapes(self.data))
+        if getattr(self.task, "selects_logits", False):  # the head runs only where a token counts (causal LM)
+            counted = replace(counted, head_per_row=output_head_flops(model))
+        flops = FlopMeter(counted)
         peak = device_peak(self.accelerator.device, self.precision)  # CPU: a ~1 s GEMM probe the first time, cached
         flops.peak = peak.flops_per_second
         length = self.cfg.max_length // 2
@@ -433,7 +437,7 @@ class Trainer:
     def forward_backward_step(self, batch: dict[str, Any]) -> torch.Tensor:
         """One micro-batch: forward, the step-normalised loss, backward. Returns the summed loss (detached)."""
         with self.amp.autocast():
-            outputs = self.model(**self.task.model_inputs(batch))
+            outputs = self.task.forward(self.model, batch)
         loss_sum = self.task.loss_sum(outputs, batch)
         self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_units"])
         return loss_sum.detach()
@@ -533,10 +537,12 @@ class Trainer:
                 "warning: this run beat the cached peak FLOP/s (MFU above 100%); the next runs probe it again"
             )
         acc.wait_for_everyone()
-        state_dict = None
-        if self.sharded:  # gathered whole on the main process; every process takes part
-            from leantrain.parallel import sharding
+        from leantrain.parallel import sharding
 
+        state_dict = None
+        # sharded here (CPU) or by Accelerate's FSDP plugin (GPUs): gathered whole on the main process; every process
+        # takes part, or the gather waits for ever
+        if sharding.is_sharded(self.model):
             state_dict = sharding.full_state_dict(self.model)
         if acc.is_main_process:
             self._publish(unwrapped, metrics, state_dict)
