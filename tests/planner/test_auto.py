@@ -107,7 +107,7 @@ def test_auto_replaces_the_optimizer_only_when_allowed(monkeypatch):
     def auto_request(cfg):
         """The request --auto hands the planner (captured; the plan itself is not needed here)."""
         seen = []
-        monkeypatch.setattr(auto, "make_plan", lambda request: seen.append(request) or 1 / 0)
+        monkeypatch.setattr(auto, "make_plan", lambda request, facts=None: seen.append(request) or 1 / 0)
         with pytest.raises(ZeroDivisionError):
             auto.plan_run(cfg)
         return seen[0]
@@ -276,29 +276,35 @@ def test_plan_command_plans_a_causal_lm_on_its_text(lm_corpus, cache_dir, capsys
     assert float(out.split("recommended: ")[1].split("predicted peak ")[1].split(" MiB")[0]) > sized_peak
 
 
-@pytest.mark.slow  # a run: 10 s
-def test_train_auto_plans_a_causal_lm(lm_corpus, cache_dir, tmp_path):
-    """--auto on a causal LM: the whole batch of 16 x 128 tokens is predicted over the budget (the logits of 8,192
-    entries alone are 64 MiB a copy), so the plan splits it, and the run keeps within the budget."""
-    out = tmp_path / "auto-lm"
-    result = train(
-        TrainConfig(
-            model="preset:tiny-llama",
-            data=str(lm_corpus),
-            cache_dir=str(cache_dir),
-            output_dir=str(out),
-            batch_size=16,
-            max_length=128,
-            max_steps=2,
-            auto=True,
-            memory="330MiB",
-            progress=False,
-            report=False,
-        )
+@pytest.mark.slow  # a run and a second plan: 80 s
+def test_train_auto_plans_a_causal_lm_with_the_vocabulary_it_trains(lm_corpus, cache_dir, tmp_path):
+    """--auto on a preset causal LM plans with the vocabulary of the tokenizer the run trains on its text, not the
+    preset's 8,192: at 330 MiB the whole batch of 16 x 128 tokens fits, where planned at 8,192 (the logits alone 64
+    MiB a copy) it would be split in two; and the run keeps within the budget."""
+    from transformers import AutoTokenizer
+
+    from leantrain.planner.auto import plan_run
+
+    cfg = TrainConfig(
+        model="preset:tiny-llama",
+        data=str(lm_corpus),
+        cache_dir=str(cache_dir),
+        output_dir=str(tmp_path / "auto-lm"),
+        batch_size=16,
+        max_length=128,
+        max_steps=2,
+        auto=True,
+        memory="330MiB",
+        progress=False,
+        report=False,
     )
-    rec = json.loads((out / "plan.json").read_text())["recommended"]
-    assert (rec["micro_batch"], rec["grad_accum"]) == (8, 2) and rec["optimizer"] == "adamw"
-    config = yaml.safe_load((out / "config.yaml").read_text())
-    assert (config["batch_size"], config["grad_accum"]) == (8, 2)
-    assert result.metrics["global_batch"] == 16
+    result = train(cfg)
+    plan = json.loads((result.output_dir / "plan.json").read_text())
+    vocab = len(AutoTokenizer.from_pretrained(result.model_dir))
+    assert vocab < 8192 and f"vocabulary {vocab:,}: the tokenizer this run trains on --data" in plan["notes"]
+    assert (plan["recommended"]["micro_batch"], plan["recommended"]["grad_accum"]) == (16, 1)
+    config = yaml.safe_load((result.output_dir / "config.yaml").read_text())
+    assert (config["batch_size"], config["grad_accum"]) == (16, 1) and result.metrics["global_batch"] == 16
     assert result.metrics["peak_memory_over_baseline_bytes"] <= 330 * 2**20
+    at_largest = plan_run(cfg.resolved())[1].recommended  # without the data: the preset's 8,192 entries
+    assert at_largest is not None and (at_largest.micro_batch, at_largest.grad_accum) == (8, 2)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 from leantrain.config import TrainConfig
 from leantrain.errors import LeantrainError
-from leantrain.planner.memory import LoraSpec, format_bytes
+from leantrain.planner.memory import LoraSpec, ModelFacts, format_bytes
 from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
 
 #: --auto plans within this share of the budget: the memory model counts tensors, not the allocator's
@@ -61,10 +62,32 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
     return request, source
 
 
-def plan_run(cfg: TrainConfig) -> tuple[TrainConfig, Plan]:
-    """The config the planner recommends for `cfg` (same global batch), and the plan; refuses when nothing fits.
+def fitted_to_data(
+    cfg: TrainConfig, request: PlanRequest, data: Any
+) -> tuple[PlanRequest, ModelFacts | None, list[str]]:
+    """The request fitted to the prepared data (a task's `TaskData`, as the run will train on it): rows no longer
+    than its longest training row, and a preset's vocabulary that of the tokenizer the run trained on its text.
+    Returns the request, the model facts to plan with (None: read from the model) and notes on what changed."""
+    notes = []
+    if not cfg.streaming and len(data.train):
+        longest = int(max(data.train.lengths))
+        if longest < request.seq_len:
+            notes.append(f"length {longest}: the longest example of --data (--max-length {cfg.max_length})")
+            request = dataclasses.replace(request, seq_len=longest)
+    facts = None
+    if data.model_config is not None:  # a preset trained from scratch: its vocabulary is the run's tokenizer's
+        from leantrain.planner.memory import model_facts
 
-    Every process computes the same plan (it is a pure function of the config and the device kind), so
+        facts = model_facts(cfg.model, config=data.model_config)
+        notes.append(f"vocabulary {facts.vocab:,}: the tokenizer this run trains on --data")
+    return request, facts, notes
+
+
+def plan_run(cfg: TrainConfig, data: Any = None) -> tuple[TrainConfig, Plan]:
+    """The config the planner recommends for `cfg` (same global batch), and the plan; refuses when nothing fits.
+    `data`: the run's prepared data (its `TaskData`), which sizes the rows and a preset's vocabulary.
+
+    Every process computes the same plan (it is a pure function of the config, the data and the device kind), so
     they agree without talking. During the run (api.train) the CPU allocator hands freed tensors back at once
     (telemetry.memory.freed_memory_returned), which is what the memory model and the budget assume.
     """
@@ -73,14 +96,17 @@ def plan_run(cfg: TrainConfig) -> tuple[TrainConfig, Plan]:
     device = device_type()
     _, world = rank_info()
     request, source = request_for(cfg, device, world)
+    facts, notes = None, list[str]()
+    if data is not None:
+        request, facts, notes = fitted_to_data(cfg, request, data)
     # --auto changes cost, not results: the optimizer is replaced only when the user allows it, and the plan
     # keeps a margin below the budget
     budget = int(request.budget * AUTO_BUDGET_SHARE)
     source += f", planned within {AUTO_BUDGET_SHARE:.0%} of it ({format_bytes(budget)})"
     optimizers = request.optimizers if cfg.auto_optimizer else (cfg.optimizer,)
     request = dataclasses.replace(request, budget=budget, optimizers=optimizers)
-    plan = make_plan(request)
-    plan.notes.insert(0, f"budget: {source}")
+    plan = make_plan(request, facts=facts)
+    plan.notes[:0] = [f"budget: {source}", *notes]
     if plan.recommended is None:
         raise LeantrainError("--auto: " + plan.no_fit_message())
     return cfg.replace(**plan.recommended.overrides()), plan

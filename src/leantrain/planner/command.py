@@ -8,8 +8,7 @@ from typing import Any
 
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
-from leantrain.planner.auto import request_for
-from leantrain.planner.memory import model_facts
+from leantrain.planner.auto import fitted_to_data, request_for
 from leantrain.planner.probe import ProbeConfig, probe
 from leantrain.planner.search import Plan, make_plan
 
@@ -32,16 +31,13 @@ class PlanOptions:
 
 def prepared_data(cfg: TrainConfig):
     """cfg.data as the run's task prepares it (tokenized and cut at --max-length, a causal LM's documents packed),
-    read through the cache: its longest training row, and the model config the task sized (a preset's vocabulary
-    from the run's own tokenizer; None for any other model)."""
+    read through the cache."""
     from leantrain import models, tasks
 
     resolved = cfg.resolved()
     path = models.resolve_model(cfg.model)
     config = models.load_config(path, trust_remote_code=cfg.trust_remote_code)
-    data = tasks.resolve(resolved, config).prepare_data(path, config)
-    longest = int(max(data.train.lengths)) if len(data.train) else None
-    return longest, data.model_config
+    return tasks.resolve(resolved, config).prepare_data(path, config)
 
 
 def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=print) -> tuple[Plan, dict[str, Path]]:
@@ -61,13 +57,8 @@ def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=pr
     notes = [f"budget: {source}"]
     facts = None
     if cfg.data is not None:
-        longest, sized = prepared_data(cfg)
-        if longest is not None and longest < request.seq_len:
-            notes.append(f"length {longest}: the longest example of --data (--max-length {cfg.max_length})")
-            request = _replace(request, seq_len=longest)
-        if sized is not None:  # a preset trained from scratch: its vocabulary is the run's tokenizer's
-            facts = model_facts(cfg.model, config=sized)
-            notes.append(f"vocabulary {facts.vocab:,}: the tokenizer this run trains on --data")
+        request, facts, fitted = fitted_to_data(cfg, request, prepared_data(cfg))
+        notes += fitted
     if facts is None and cfg.model and presets.is_preset(cfg.model) and presets.preset_task(cfg.model) == "causal-lm":
         notes.append("a preset's vocabulary is planned at its largest; the tokenizer a run trains may be smaller")
     plan = make_plan(request, facts=facts)
