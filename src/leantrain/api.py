@@ -44,6 +44,8 @@ def train(
     model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
     model_config = models.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
     chosen = task(cfg) if task is not None else resolve(cfg, model_config)
+    if cfg.streaming and not chosen.streams:
+        raise ConfigError(f"--streaming: the {chosen.name} task reads its data whole; drop --streaming")
     plan = None
     if cfg.auto:  # --auto: the planner's recommendation sets precision, checkpointing, optimizer and the split
         from leantrain.planner.auto import plan_run
@@ -51,8 +53,6 @@ def train(
         # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
         cfg, plan = plan_run(cfg, chosen.prepare_data(model_path, model_config))
         chosen = task(cfg) if task is not None else resolve(cfg, model_config)
-    if cfg.streaming and not chosen.streams:
-        raise ConfigError(f"--streaming: the {chosen.name} task reads its data whole; drop --streaming")
     if compute_metrics is not None:  # issue #17
         chosen.compute_metrics = compute_metrics
     # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside

@@ -145,10 +145,36 @@ def test_training_computes_logits_only_where_a_token_counts(llama_dir, corpus):
     for p, g_full, g in zip(weights, full_grads, torch.autograd.grad(selected, weights)):
         assert torch.allclose(g, g_full, rtol=1e-5, atol=1e-7), p.shape
     assert model(input_ids=batch["input_ids"]).logits.dim() == 3  # the head's hook is gone
-    assert task.forward(model.eval(), batch).logits.shape == (3, 17, model.config.vocab_size)
+    with torch.no_grad():  # evaluation selects too, and its rows are those of every position's logits
+        logits = model.eval()(input_ids=batch["input_ids"]).logits
+        rows = task.eval_rows(task.forward(model, batch), batch)
+    assert torch.allclose(rows["loss_sum"], token_losses(logits, batch["labels"]).sum(-1), rtol=1e-6)
+    assert torch.equal(rows["tokens"], (batch["labels"][:, 1:] != -100).sum(-1))
     compiled = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False, compile=True))
     compiled.check_model(model)
     assert not compiled.selects_logits and compiled.logit_rows(batch) is None
+    assert compiled.forward(model, batch).logits.shape == (3, 17, model.config.vocab_size)
+
+
+@pytest.mark.parametrize("selected", [True, False], ids=["counted-logits", "all-logits"])
+def test_exact_match_rows_need_every_counted_token_to_be_the_argmax(selected):
+    """Row 0's counted targets are all the argmax, row 1 misses one (and is right where nothing counts, which
+    does not matter); from every position's logits or only the counted ones, the rows are the same."""
+    from types import SimpleNamespace
+
+    from leantrain.tasks.causal_lm import next_token_targets
+
+    labels = torch.tensor([[-100, -100, 2, 3, 1], [-100, 4, 0, -100, -100]])
+    targets = next_token_targets(labels)
+    logits = torch.zeros(2, 5, 6)
+    for r, t in (targets != -100).nonzero().tolist():
+        logits[r, t, targets[r, t]] = 5.0
+    logits[1, 1, 3] = 9.0  # row 1's second counted token is not the argmax
+    logits[1, 3, 5] = 9.0  # an uncounted position: ignored
+    counted = targets != -100
+    rows = CausalLM(None).eval_rows(SimpleNamespace(logits=logits[counted] if selected else logits), {"labels": labels})
+    assert rows["exact"].tolist() == [1, 0] and rows["tokens"].tolist() == [3, 2]
+    assert rows["loss_sum"][1] > rows["loss_sum"][0] > 0
 
 
 def test_flops_of_a_forward_that_selects_logits_are_what_it_computes(llama_dir, corpus):

@@ -79,12 +79,13 @@ class Task(ABC):
         return {k: batch[k] for k in self.input_names if k in batch}
 
     def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
-        """The training forward of one micro-batch (a task may compute less of the output than the model would)."""
+        """The model's outputs for one batch, in training and evaluation (a task may compute less of the output
+        than the model would, for `loss_sum` and `eval_rows` to read)."""
         return model(**self.model_inputs(batch))
 
     def logit_rows(self, batch: dict[str, Any]) -> int | None:
-        """How many output rows `forward` computes in training when it computes fewer than one per token (FLOP
-        counting); None: every token's."""
+        """How many output rows `forward` computes when fewer than one per token (FLOP counting); None: every
+        token's."""
         return None
 
     def loss_units(self, data: TaskData) -> np.ndarray | None:

@@ -160,11 +160,11 @@ class CausalLM(Task):
         return {**super().model_inputs(batch), "use_cache": False}
 
     def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
-        """Training computes the logits only at positions whose next token counts: the output head's input is cut
-        to those rows (row-major), so the logits are (counted tokens, vocabulary). Uncounted positions (prompts,
-        padding, each document's last token) had no loss and so no gradient: the same loss and gradients, up to
+        """The logits only at positions whose next token counts: the output head's input is cut to those rows
+        (row-major), so the logits are (counted tokens, vocabulary). Uncounted positions (prompts, padding, each
+        document's last token) have no loss and so no gradient: the same loss, gradients and evaluation, up to
         rounding, for the head's work and its batch x length x vocabulary logits only where a token counts."""
-        if not (model.training and self.selects_logits):
+        if not self.selects_logits:
             return model(**self.model_inputs(batch))
         from leantrain.telemetry.flops import unwrap
 
@@ -190,13 +190,19 @@ class CausalLM(Task):
 
     # -- evaluation ----------------------------------------------------------------------------------------------
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        losses = token_losses(outputs.logits, batch["labels"])
-        targets = batch["labels"][:, 1:]
-        counted = targets != -100
+        targets = next_token_targets(batch["labels"])
+        counted = targets != IGNORE
+        logits = outputs.logits  # (counted tokens, vocabulary) from `forward`, else every position's
+        if logits.dim() == 3:
+            logits = logits[counted]
+        wanted = targets[counted]
+        per_position = torch.zeros(counted.shape, dtype=torch.float32, device=counted.device)
+        per_position[counted] = F.cross_entropy(logits.float(), wanted, reduction="none")
         # Greedy decoding generates a completion exactly iff each of its tokens is the argmax given the ones
         # before it, which one teacher-forced pass shows (instruction data: one example per evaluation row)
-        right = (outputs.logits[:, :-1].argmax(-1) == targets) | ~counted
-        return {"loss_sum": losses.sum(-1), "tokens": counted.sum(-1), "exact": right.all(-1).long()}
+        wrong = torch.zeros_like(counted)
+        wrong[counted] = logits.argmax(-1) != wanted
+        return {"loss_sum": per_position.sum(-1), "tokens": counted.sum(-1), "exact": (~wrong.any(-1)).long()}
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
         tokens = float(rows["tokens"].sum())

@@ -37,7 +37,7 @@ def gather_rows(model, loader, accelerator, task: Task, hooks: Hooks | None = No
     for batch in loader:
         if hooks is not None:
             hooks.on_eval_batch(batch)
-        rows = {**task.eval_rows(model(**task.model_inputs(batch)), batch), "index": batch["index"]}
+        rows = {**task.eval_rows(task.forward(model, batch), batch), "index": batch["index"]}
         if accelerator.num_processes > 1:
             # Length-sorted eval batches differ in size across processes, and the sharded loader repeats
             # examples to give every process a batch: pad to a common size (index -1), gather, drop the
