@@ -156,6 +156,37 @@ def test_training_computes_logits_only_where_a_token_counts(llama_dir, corpus):
     assert compiled.forward(model, batch).logits.shape == (3, 17, model.config.vocab_size)
 
 
+class ReshapingLM(torch.nn.Module):
+    """A causal LM whose forward reshapes its logits to (batch, length, vocabulary), whatever its head gave."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def forward(self, input_ids, **kwargs):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.inner(input_ids=input_ids, **kwargs).logits.reshape(*input_ids.shape, -1))
+
+
+def test_logits_are_selected_only_where_they_are_the_heads_rows(llama_dir, corpus):
+    """A model whose logits are not its output head's rows (here reshaped after the head) keeps every position's
+    logits: it trains as it computes, not with a cut it would misread."""
+    from leantrain.tasks.causal_lm import head_rows_work
+
+    model = tiny_llama(llama_dir)
+    reshaping = ReshapingLM(model)
+    assert head_rows_work(model) and not head_rows_work(reshaping)
+    task = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False))
+    task.check_model(reshaping)
+    assert not task.selects_logits
+    batch = uneven_counted_batch(model.config.vocab_size)
+    assert task.forward(reshaping.train(), batch).logits.shape == (3, 17, model.config.vocab_size)
+
+
 @pytest.mark.parametrize("selected", [True, False], ids=["counted-logits", "all-logits"])
 def test_exact_match_rows_need_every_counted_token_to_be_the_argmax(selected):
     """Row 0's counted targets are all the argmax, row 1 misses one (and is right where nothing counts, which

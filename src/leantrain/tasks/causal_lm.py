@@ -7,8 +7,10 @@ processes stay exact at the token level, however unevenly the tokens fall into m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -146,8 +148,7 @@ class CausalLM(Task):
         if self.cfg.packing:  # after the attention choice: the kernel that will run must keep documents apart
             check_packing_separates(model)
         # A compiled model keeps the full logits: a data-dependent row count would give it a graph per batch.
-        head = getattr(model, "get_output_embeddings", lambda: None)()
-        self.selects_logits = not self.cfg.compile and head is not None
+        self.selects_logits = not self.cfg.compile and head_rows_work(model)
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator
@@ -166,15 +167,8 @@ class CausalLM(Task):
         rounding, for the head's work and its batch x length x vocabulary logits only where a token counts."""
         if not self.selects_logits:
             return model(**self.model_inputs(batch))
-        from leantrain.telemetry.flops import unwrap
-
-        keep = next_token_targets(batch["labels"]) != IGNORE
-        head = unwrap(model).get_output_embeddings()
-        handle = head.register_forward_pre_hook(lambda _head, args: (args[0][keep], *args[1:]))
-        try:
+        with head_rows(model, next_token_targets(batch["labels"]) != IGNORE):
             return model(**self.model_inputs(batch))
-        finally:
-            handle.remove()
 
     def logit_rows(self, batch: dict[str, Any]) -> int | None:
         return int((next_token_targets(batch["labels"]) != IGNORE).sum()) if self.selects_logits else None
@@ -226,6 +220,44 @@ class CausalLM(Task):
         crc = zlib.crc32(np.ascontiguousarray(rows.input_ids).tobytes())
         crc = zlib.crc32(np.ascontiguousarray(rows.labels).tobytes(), crc)
         return {"train_examples": len(data.train), "label_names": [], "data_fingerprint": crc}
+
+
+@contextlib.contextmanager
+def head_rows(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
+    """Within: the model's output head (its output embeddings) runs on the positions `keep` marks, row-major."""
+    from leantrain.telemetry.flops import unwrap
+
+    head = unwrap(model).get_output_embeddings()
+    handle = head.register_forward_pre_hook(lambda _head, args: (args[0][keep], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def head_rows_work(model: Any) -> bool:
+    """Whether `head_rows` gives the chosen positions' logits: the model's logits must be its output embeddings'
+    output, row for row (not so for a model without them, or one that reshapes or recomputes its logits). One
+    short row through the model, with and without the cut."""
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
+        return False
+    vocab = int(model.config.vocab_size)
+    device = next(model.parameters()).device
+    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(device)
+    keep = torch.tensor([[False, True, True, False, True, False]], device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = model(input_ids=ids, use_cache=False).logits[keep]
+            with head_rows(model, keep):
+                chosen = model(input_ids=ids, use_cache=False).logits
+    except (RuntimeError, ValueError, IndexError, TypeError):
+        return False
+    finally:
+        model.train(was_training)
+    scale = float(full.abs().max()) + 1.0
+    return chosen.shape == full.shape and float((chosen - full).abs().max()) <= 1e-4 * scale
 
 
 def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
