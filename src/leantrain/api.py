@@ -50,6 +50,8 @@ def train(
     if cfg.auto:  # --auto: the planner's recommendation sets precision, checkpointing, optimizer and the split
         from leantrain.planner.auto import plan_run
 
+        assert cfg.output_dir is not None  # resolved() filled it
+        run_dir.RunDir(cfg.output_dir, overwrite=cfg.overwrite).refuse_early()  # before the data is prepared
         # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
         cfg, plan = plan_run(cfg, chosen.prepare_data(model_path, model_config))
         chosen = task(cfg) if task is not None else resolve(cfg, model_config)

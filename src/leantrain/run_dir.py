@@ -133,14 +133,30 @@ class RunDir:
     def finished(self) -> bool:
         return (self.path / FINISHED_MARKER).is_file()
 
+    def refuse_early(self) -> None:
+        """What `check` refuses without taking the lock: a file in the way, a finished run without --overwrite.
+        For callers with work to do before the run starts (--auto prepares the data to plan); `check` follows."""
+        self._refuse_file()
+        self._refuse_finished()
+
+    def _refuse_file(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"--output-dir: '{self.path}' is a file; choose a directory")
+
+    def _refuse_finished(self) -> None:
+        if self.finished and not self.overwrite:
+            raise ConfigError(
+                f"--output-dir: '{self.path}' holds a finished run; pass --overwrite to replace it "
+                "once the new run succeeds, or choose another --output-dir"
+            )
+
     def check(self) -> None:
         """Fail before any work if the directory is in use, holds a finished run or cannot be written.
 
         Every process calls it. The main process takes the lock first, then repairs what a killed run left,
         then, with --overwrite, sets the previous run's outputs aside (its checkpoints follow if this run starts
         afresh: `CheckpointDir.discard_all`)."""
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"--output-dir: '{self.path}' is a file; choose a directory")
+        self._refuse_file()
         if _is_main_process():
             try:
                 self.lock = OutputLock(self.path).acquire()
@@ -154,11 +170,7 @@ class RunDir:
             if self.overwrite and self.finished:
                 self.set_aside(FINISHED_MARKER)  # first: from here on the directory is not "finished"
                 self.set_aside(*[p.name for p in self.path.iterdir() if not _ours(p.name)])
-        if self.finished and not self.overwrite:
-            raise ConfigError(
-                f"--output-dir: '{self.path}' holds a finished run; pass --overwrite to replace it "
-                "once the new run succeeds, or choose another --output-dir"
-            )
+        self._refuse_finished()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             probe = self.path / f".write-test-{os.getpid()}"

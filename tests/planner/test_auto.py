@@ -101,6 +101,21 @@ def test_train_auto_uses_and_records_the_plan(tiny_model_dir, sentiment_csv, cac
     assert plan["request"]["budget"] == int(0.9 * 120 * 2**20) and rec["memory"]["peak"] <= 0.9 * 120 * 2**20
 
 
+def test_train_auto_refuses_a_finished_output_dir_before_preparing_the_data(lm_corpus, tmp_path, monkeypatch):
+    """--auto prepares the data to plan on it; a finished run in --output-dir is refused before that work."""
+    from leantrain.errors import ConfigError
+    from leantrain.run_dir import FINISHED_MARKER
+    from leantrain.tasks.causal_lm import CausalLM
+
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / FINISHED_MARKER).write_text("")
+    monkeypatch.setattr(CausalLM, "prepare_data", lambda *a, **k: pytest.fail("the data was prepared"))
+    job = TrainConfig(model="preset:tiny-llama", data=str(lm_corpus), output_dir=str(done), auto=True, memory="1GiB")
+    with pytest.raises(ConfigError, match="holds a finished run; pass --overwrite"):
+        train(job)
+
+
 def test_auto_replaces_the_optimizer_only_when_allowed(monkeypatch):
     import leantrain.planner.auto as auto
 
