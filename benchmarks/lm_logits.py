@@ -40,7 +40,7 @@ def one_run(work: Path, job: str, mode: str, steps: int) -> dict:
 
     if mode == "every position":
         CausalLM.forward = Task.forward  # type: ignore[method-assign]
-        CausalLM.logit_rows = Task.logit_rows  # type: ignore[method-assign]
+        CausalLM.tail_rows = Task.tail_rows  # type: ignore[method-assign]
     data = {"pretraining": work / "train.txt", "instruction tuning": work / "sst2_train.jsonl"}[job]
     result = train(
         TrainConfig(

@@ -148,7 +148,9 @@ def _run(model, loader, task: str = "text-classification", precision: str = "fp3
 
     accelerator = parallel.make_accelerator(precision)
     model, loader = accelerator.prepare(model, loader)
-    rows = gather_rows(model, loader, accelerator, BUILTIN[task](None))
+    runner = BUILTIN[task](None)
+    runner.check_model(model)  # what it may skip (a classifier's last layer beyond the first token)
+    rows = gather_rows(model, loader, accelerator, runner)
     return rows["probs"], rows["labels"], rows["index"]
 
 

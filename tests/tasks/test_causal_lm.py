@@ -139,7 +139,7 @@ def test_training_computes_logits_only_where_a_token_counts(llama_dir, corpus):
     full_grads = torch.autograd.grad(full, weights)
     out = task.forward(model, batch)
     counted = int((batch["labels"][:, 1:] != -100).sum())
-    assert out.logits.shape == (counted, model.config.vocab_size) and task.logit_rows(batch) == counted
+    assert out.logits.shape == (counted, model.config.vocab_size) and task.tail_rows(batch) == counted
     selected = task.loss_sum(out, batch)
     assert float(selected.detach()) == pytest.approx(float(full.detach()), rel=1e-6)
     for p, g_full, g in zip(weights, full_grads, torch.autograd.grad(selected, weights)):
@@ -152,7 +152,7 @@ def test_training_computes_logits_only_where_a_token_counts(llama_dir, corpus):
     assert torch.equal(rows["tokens"], (batch["labels"][:, 1:] != -100).sum(-1))
     compiled = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False, compile=True))
     compiled.check_model(model)
-    assert not compiled.selects_logits and compiled.logit_rows(batch) is None
+    assert not compiled.selects_logits and compiled.tail_rows(batch) is None
     assert compiled.forward(model, batch).logits.shape == (3, 17, model.config.vocab_size)
 
 
@@ -215,7 +215,7 @@ def test_flops_of_a_forward_that_selects_logits_are_what_it_computes(llama_dir, 
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from leantrain.telemetry.flops import FlopMeter, flop_model, output_head_flops
+    from leantrain.telemetry.flops import FlopMeter, flop_model
 
     model = tiny_llama(llama_dir, "eager").train()  # FlopCounterMode does not count CPU SDPA kernels
     task = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False))
@@ -223,8 +223,8 @@ def test_flops_of_a_forward_that_selects_logits_are_what_it_computes(llama_dir, 
     batch = uneven_counted_batch(model.config.vocab_size)
     with FlopCounterMode(display=False) as counter:
         task.loss_sum(task.forward(model, batch), batch).backward()
-    meter = FlopMeter(replace(flop_model(model), head_per_row=output_head_flops(model)))
-    counted = meter.add(batch["input_ids"], None, None, task.logit_rows(batch))
+    meter = FlopMeter(replace(flop_model(model), tail_per_row=task.tail_flops(model)))
+    counted = meter.add(batch["input_ids"], None, None, task.tail_rows(batch))
     assert counted == pytest.approx(counter.get_total_flops(), rel=1e-9)
     assert meter.useful_flops == pytest.approx(counted, rel=1e-12)  # no padding in these rows
 

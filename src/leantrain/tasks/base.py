@@ -83,10 +83,15 @@ class Task(ABC):
         than the model would, for `loss_sum` and `eval_rows` to read)."""
         return model(**self.model_inputs(batch))
 
-    def logit_rows(self, batch: dict[str, Any]) -> int | None:
-        """How many output rows `forward` computes when fewer than one per token (FLOP counting); None: every
-        token's."""
+    def tail_rows(self, batch: dict[str, Any]) -> int | None:
+        """On how many rows `forward` runs the model's tail when on fewer than one per token (FLOP counting); None:
+        every token's."""
         return None
+
+    def tail_flops(self, model: torch.nn.Module) -> float:
+        """FLOPs per row (forward + backward) of the part of the model that `forward` runs on `tail_rows` rows only;
+        0: `forward` runs the whole model on every token."""
+        return 0.0
 
     def loss_units(self, data: TaskData) -> np.ndarray | None:
         """What `loss_sum` counts for each training example of `data.train` (counted tokens, or a class weight):

@@ -170,8 +170,13 @@ class CausalLM(Task):
         with head_rows(model, next_token_targets(batch["labels"]) != IGNORE):
             return model(**self.model_inputs(batch))
 
-    def logit_rows(self, batch: dict[str, Any]) -> int | None:
+    def tail_rows(self, batch: dict[str, Any]) -> int | None:
         return int((next_token_targets(batch["labels"]) != IGNORE).sum()) if self.selects_logits else None
+
+    def tail_flops(self, model: torch.nn.Module) -> float:
+        from leantrain.telemetry.flops import row_flops, unwrap
+
+        return row_flops(unwrap(model).get_output_embeddings().parameters()) if self.selects_logits else 0.0
 
     def loss_units(self, data: TaskData) -> np.ndarray:
         return data.train.features.counted.astype(np.float64)

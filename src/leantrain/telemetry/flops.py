@@ -79,8 +79,9 @@ class FlopModel:
     per_token: float
     per_token_sq: float
     source: str  # how the figures were obtained, for the report
-    #: the output head's share of `per_token`, for tasks that run the head on fewer rows than tokens
-    head_per_row: float = 0.0
+    #: the share of `per_token` of the model's tail (a language model's output head, an encoder's last layer after
+    #: its attention), for tasks that run the tail on fewer rows than tokens (`Task.tail_rows`)
+    tail_per_row: float = 0.0
 
     def sequence_flops(self, lengths: Sequence[int]) -> float:
         """FLOPs for sequences of the given lengths (padded or real)."""
@@ -294,13 +295,10 @@ def _architecture_flop_model(model) -> FlopModel:
     return counted_flop_model(clone)
 
 
-def output_head_flops(model) -> float:
-    """FLOPs of the output head (a language model's vocabulary projection) for one row, forward + backward: 2 per
-    weight forward, 2 for the input's gradient, and 2 for the weight's own when it trains."""
-    head = unwrap(model).get_output_embeddings()
-    weights = sum(p.numel() for p in head.parameters())
-    trains = any(p.requires_grad for p in head.parameters())
-    return float((6 if trains else 4) * weights)
+def row_flops(parameters) -> float:
+    """FLOPs of one row through layers with these parameters, forward + backward: 2 per weight forward, 2 for the
+    input's gradient, and 2 for the weight's own when it trains (the closed form's 6 per parameter)."""
+    return float(sum((6 if p.requires_grad else 4) * p.numel() for p in parameters))
 
 
 def mfu(flops: float, seconds: float, peak_flops_per_second: float | None) -> float | None:
@@ -324,13 +322,13 @@ class FlopMeter:
         self.sequences = 0
         self._lengths: Any = 0  # Python ints, or device tensors until read (then a float)
         self._squares: Any = 0
-        self._unheaded: Any = 0  # real tokens whose output head row was not computed (`add`'s logit_rows)
+        self._untailed: Any = 0  # real tokens whose row of the model's tail was not computed (`add`'s tail_rows)
         self._mark = 0.0  # padded FLOPs when the warm-up steps ended
 
-    def add(self, input_ids, attention_mask=None, position_ids=None, logit_rows: int | None = None) -> float:
+    def add(self, input_ids, attention_mask=None, position_ids=None, tail_rows: int | None = None) -> float:
         """Count one micro-batch; returns its padded FLOPs. Packed rows (position ids restarting at each document,
         no attention mask) count attention's square term per document, as the model's work is per document.
-        `logit_rows`: the output head ran on that many rows only (a causal LM's counted positions)."""
+        `tail_rows`: the model's tail ran on that many rows only (`FlopModel.tail_per_row`)."""
         batch, seq = int(input_ids.shape[0]), int(input_ids.shape[-1])
         padded = self.model.batch_flops(batch, seq)
         real: Any = batch * seq
@@ -345,27 +343,27 @@ class FlopMeter:
             real = lengths.sum()
             self._squares = self._squares + (lengths * lengths).sum()
         self._lengths = self._lengths + real
-        if logit_rows is not None:
-            padded -= self.model.head_per_row * (batch * seq - logit_rows)
-            self._unheaded = self._unheaded + real - logit_rows
+        if tail_rows is not None:
+            padded -= self.model.tail_per_row * (batch * seq - tail_rows)
+            self._untailed = self._untailed + real - tail_rows
         self.flops += padded
         return padded
 
     @property
     def useful_flops(self) -> float:
-        lengths, squares, unheaded = float(self._lengths), float(self._squares), float(self._unheaded)
-        self._lengths, self._squares, self._unheaded = lengths, squares, unheaded
+        lengths, squares, untailed = float(self._lengths), float(self._squares), float(self._untailed)
+        self._lengths, self._squares, self._untailed = lengths, squares, untailed
         m = self.model
         return (
             self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
-        ) - m.head_per_row * unheaded
+        ) - m.tail_per_row * untailed
 
     def snapshot(self) -> tuple[float, int, Any, Any, Any]:
-        return self.flops, self.sequences, self._lengths, self._squares, self._unheaded
+        return self.flops, self.sequences, self._lengths, self._squares, self._untailed
 
     def discard(self, since: tuple[float, int, Any, Any, Any]) -> None:
         """Leave out the batches counted since `since` (a step whose time is compile time)."""
-        self.flops, self.sequences, self._lengths, self._squares, self._unheaded = since
+        self.flops, self.sequences, self._lengths, self._squares, self._untailed = since
 
     def mark(self) -> None:
         """Call when the warm-up steps end: `steady_metrics` counts the FLOPs done after this."""

@@ -67,8 +67,8 @@ class MetricsLogger:
         self.meter.add(len(batch["index"]), int(batch["num_tokens"]), int(batch["padded_tokens"]))
         inputs = task.model_inputs(batch)
         main = next(v for k, v in inputs.items() if k != "attention_mask")
-        # packed rows: attention per document; logit rows: the output head only where `task.forward` ran it
-        self.flops.add(main, batch.get("attention_mask"), batch.get("position_ids"), task.logit_rows(batch))
+        # packed rows: attention per document; tail rows: the model's tail only where `task.forward` ran it
+        self.flops.add(main, batch.get("attention_mask"), batch.get("position_ids"), task.tail_rows(batch))
 
     def step_started(self) -> None:
         if self.cfg.compile:

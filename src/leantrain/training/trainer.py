@@ -299,13 +299,14 @@ class Trainer:
         return TeeLog(MetricsLog(log_path), trackers)
 
     def _flop_meter(self):
-        from leantrain.telemetry.flops import FlopMeter, flop_model, output_head_flops
+        from leantrain.telemetry.flops import FlopMeter, flop_model
         from leantrain.telemetry.peak import device_peak
 
         model = self.accelerator.unwrap_model(self.model)
         counted = flop_model(model, self.task.flop_input_shapes(self.data))
-        if getattr(self.task, "selects_logits", False):  # the head runs only where a token counts (causal LM)
-            counted = replace(counted, head_per_row=output_head_flops(model))
+        tail = self.task.tail_flops(model)  # the part `task.forward` may run on fewer rows than tokens
+        if tail:
+            counted = replace(counted, tail_per_row=tail)
         flops = FlopMeter(counted)
         peak = device_peak(self.accelerator.device, self.precision)  # CPU: a ~1 s GEMM probe the first time, cached
         flops.peak = peak.flops_per_second
