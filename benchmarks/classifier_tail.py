@@ -33,7 +33,7 @@ DATA = REPO.parent / "shared" / "data" / "sst2"
 MODES = ("first token", "every position")
 
 
-def one_run(work: Path, mode: str, rows: int) -> dict:
+def one_run(work: Path, mode: str, data: str, rows: int) -> dict:
     """Runs in a child process: one training run and one evaluation, their metrics."""
     from leantrain import TrainConfig, evaluate, train
     from leantrain.tasks.base import Task
@@ -43,7 +43,7 @@ def one_run(work: Path, mode: str, rows: int) -> dict:
         Classification.check_model = Task.check_model  # type: ignore[method-assign]
     result = train(
         TrainConfig(
-            data=str(DATA / "train_1k.tsv"),
+            data=str(DATA / data),
             eval_data=str(DATA / "dev.tsv"),
             limit=rows,
             epochs=1,
@@ -72,13 +72,14 @@ def one_run(work: Path, mode: str, rows: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1000, help="training sentences (of train_1k.tsv)")
+    parser.add_argument("--data", default="train_1k.tsv", help="SST-2 file to train on (train.tsv: short phrases)")
+    parser.add_argument("--rows", type=int, default=1000, help="training rows (the first N of --data)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", nargs=2, metavar=("WORK", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         work, mode = args.child
-        print(json.dumps(one_run(Path(work), mode, args.rows)))
+        print(json.dumps(one_run(Path(work), mode, args.data, args.rows)))
         return
     if not DATA.is_dir():
         sys.exit(f"{DATA} is absent: this benchmark reads SST-2 there")
@@ -92,7 +93,7 @@ def main() -> None:
     for r in range(args.repeats + 1):  # the first round warms the tokenization cache and is not kept
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             started = time.perf_counter()
-            cmd = [sys.executable, __file__, "--rows", str(args.rows), "--child", str(work), mode]
+            cmd = [sys.executable, __file__, "--data", args.data, "--rows", str(args.rows), "--child", str(work), mode]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{mode} failed:\n{proc.stderr[-3000:]}")
@@ -107,8 +108,8 @@ def main() -> None:
     page = [
         "# A classifier's last layer at the first token only (MiniLM, SST-2)",
         "",
-        f"The embedded MiniLM (6 layers) fine-tuned on {args.rows} sentences of SST-2 `train_1k.tsv`, 1 epoch, batch "
-        "32, max length 128 with dynamic padding, fp32, AdamW, evaluated on dev (872 sentences) at the end; then "
+        f"The embedded MiniLM (6 layers) fine-tuned on the first {args.rows} rows of SST-2 `{args.data}`, 1 epoch, "
+        "batch 32, max length 128 with dynamic padding, fp32, AdamW, evaluated on dev (872 sentences) at the end; then "
         "`leantrain.evaluate` on the saved run. Medians of "
         f"{args.repeats} runs each way, alternating, after one untimed round. Process: from the child's start to its "
         "exit (imports, data from the cache, training, evaluation, saving, the second evaluation). Written by "
@@ -126,7 +127,8 @@ def main() -> None:
             f"{runs[mode][0]['eval_accuracy']:.4f} |"
         )
     context = {"load average before / after": f"{load_before} / {os.getloadavg()}", **bench.environment_context()}
-    text = write_results(REPO / "benchmarks" / "results", "classifier_tail", page, context, {"runs": runs})
+    name = "classifier_tail" + ("" if args.data == "train_1k.tsv" else "_" + Path(args.data).stem)
+    text = write_results(REPO / "benchmarks" / "results", name, page, context, {"runs": runs})
     print(text)
 
 

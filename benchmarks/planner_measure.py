@@ -86,6 +86,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
     from leantrain.parallel.precision import MixedPrecision
     from leantrain.planner.memory import proxy_batch, proxy_loss
+    from leantrain.tasks.classification import first_token_tail
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
 
     accelerator = parallel.make_accelerator(trial.precision)
@@ -105,6 +106,8 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     meter = MemoryMeter(device)
     meter.start()  # baseline: before the model exists, so the weights count
     model = build_model(trial.model, trial.num_labels, device)
+    # a classifier's last layer at the first token only, as its task runs it (not under checkpointing)
+    tail = None if trial.activation_checkpointing else first_token_tail(model)
     if trial.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     model.train()
@@ -117,7 +120,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
         started = time.perf_counter()
         for batch in batches:
             inputs = {k: v for k, v in batch.items() if k != "step_units"}
-            loss = proxy_loss(model, inputs, amp.autocast())
+            loss = proxy_loss(model, inputs, amp.autocast(), tail)
             amp.backward(loss / batch["step_units"])
         grads = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
         backward_peak = meter.report()["peak_memory_over_baseline_bytes"]

@@ -74,6 +74,41 @@ def test_activation_profile_separates_layers_batch_and_copies(tiny_model_dir):
     assert longer.per_layer == pytest.approx(2 * fp32.per_layer, rel=0.05)
 
 
+def saved_bytes(model, step) -> int:
+    """Bytes of the distinct storages autograd saves while `step()` runs (the model's parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(seen.values())
+
+
+def test_a_classifiers_activations_are_planned_as_its_task_runs_it(tiny_model_dir):
+    """The activations planned for a classifier are what the task's forward saves, its last layer after attention
+    at the first token only: in this two-layer model a fifth less than the whole model saves."""
+    from leantrain import TrainConfig, models
+    from leantrain.tasks.text_classification import TextClassification
+
+    facts = M.model_facts(str(tiny_model_dir))
+    planned = M.activation_profile(facts.config_json, 32, "fp32", False).saved(4, facts.layers, False)
+    model = models.load_for_classification(str(tiny_model_dir), ["neg", "pos"], task="text-classification")
+    model.train()
+    task = TextClassification(TrainConfig(model=str(tiny_model_dir), data="unused.csv"))
+    task.check_model(model)
+    ids = torch.randint(1000, 30000, (4, 32), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1, 0])}
+    ours = saved_bytes(model, lambda: task.loss_sum(task.forward(model, batch), batch))
+    whole = saved_bytes(model, lambda: task.loss_sum(model(**task.model_inputs(batch)), batch))
+    assert planned == pytest.approx(ours, rel=0.03)
+    assert ours < 0.85 * whole
+
+
 def _table(rows) -> str:
     lines = ["| precision | ckpt | optimizer | batch x accum | length | predicted MiB | measured MiB | error |"]
     lines.append("|---|---|---|---|---|---|---|---|")

@@ -442,14 +442,15 @@ def proxy_batch(config, batch: int, seq_len: int, generator) -> dict:
     return {"input_ids": ids, "position_ids": positions, "labels": ids.clone()}
 
 
-def proxy_loss(net, batch: dict, autocast=None):
+def proxy_loss(net, batch: dict, autocast=None, tail=None):
     """The summed training loss of `batch` as the trainer computes it: the forward under `autocast`, the task's loss
-    (a classifier's cross-entropy, a causal LM's per-token loss) outside it, in fp32."""
+    (a classifier's cross-entropy, a causal LM's per-token loss) outside it, in fp32. `tail`: a classifier's
+    `FirstTokenTail`, run at the first token as the task runs it."""
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     causal = is_causal_lm(net.config)
-    with autocast or contextlib.nullcontext():
+    with autocast or contextlib.nullcontext(), tail.cut() if tail is not None else contextlib.nullcontext():
         logits = net(**inputs, use_cache=False).logits if causal else net(**inputs).logits
     if causal:
         from leantrain.tasks.causal_lm import token_losses
@@ -469,7 +470,7 @@ def _inventory(config_json: str, trust_remote_code: bool = False) -> ParamInvent
     return ParamInventory(shapes, linear, buffers)
 
 
-def _saved_bytes(net, batch: int, seq_len: int, precision: str) -> float:
+def _saved_bytes(net, batch: int, seq_len: int, precision: str, tail=None) -> float:
     """Bytes of the distinct storages autograd saves in one forward (parameters excluded)."""
     import torch
 
@@ -487,7 +488,7 @@ def _saved_bytes(net, batch: int, seq_len: int, precision: str) -> float:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        proxy_loss(net, inputs, autocast)
+        proxy_loss(net, inputs, autocast, tail)
     return float(sum(seen.values()))
 
 
@@ -504,6 +505,7 @@ def activation_profile(
     import torch
 
     from leantrain import models
+    from leantrain.tasks.classification import first_token_tail
 
     base_config = _config_from_json(config_json)
     layers_name = _layers_attr(base_config)
@@ -520,12 +522,14 @@ def activation_profile(
             config = _config_from_json(config_json, vocab_size=proxy_vocab, **{layers_name: n_layers})
         net = _build(config, "cpu")
         net.train()
+        # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed)
+        tail = None if causal or ckpt else first_token_tail(net)
         if ckpt:
             models.enable_activation_checkpointing(net)
         if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
             net = _with_adapters(net, lora)
         for batch in (2, 4):
-            counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(net, batch, seq_len, precision)
+            counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(net, batch, seq_len, precision, tail)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matmuls: one thread is as fast and leaves the neighbours alone
