@@ -82,7 +82,7 @@ def test_a_model_that_reads_more_than_the_first_token_keeps_every_position(tiny_
     task = task_for(tiny_model_dir)
     task.check_model(model)
     assert task.tail is None
-    assert classifier(tiny_model_dir) is not None and task_for(tiny_model_dir).tail is None  # the class default
+    assert task_for(tiny_model_dir).tail is None  # and none before a model is checked
 
 
 def test_flops_of_a_forward_with_a_first_token_tail_are_what_it_computes(tiny_model_dir):

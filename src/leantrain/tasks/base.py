@@ -174,3 +174,19 @@ class Task(ABC):
             "label_names": list(data.label_names),
             "data_fingerprint": zlib.crc32(labels + lengths),
         }
+
+
+def same_logits(model: torch.nn.Module, whole: Callable[[], torch.Tensor], cut: Callable[[], torch.Tensor]) -> bool:
+    """Whether a task's shortcut keeps the model's logits: `cut()` against `whole()`, both in evaluation mode without
+    gradients, equal up to rounding. A model that fails either way does not take the shortcut."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full, chosen = whole(), cut()
+    except (RuntimeError, ValueError, IndexError, TypeError, AttributeError):
+        return False
+    finally:
+        model.train(was_training)
+    scale = float(full.abs().max()) + 1.0
+    return chosen.shape == full.shape and float((chosen - full).abs().max()) <= 1e-4 * scale
