@@ -87,7 +87,7 @@ def main() -> None:
     from leantrain import bench
 
     work = Path(tempfile.mkdtemp(prefix="classifier-tail-"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {}
     for r in range(args.repeats + 1):  # the first round warms the tokenization cache and is not kept

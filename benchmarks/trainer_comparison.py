@@ -176,8 +176,8 @@ def run_leantrain(
     model: Path, train_tsv: Path, dev_tsv: Path, precision: str, work: Path, pythonpath: str | None,
     max_steps: int | None = None,
 ) -> dict:  # fmt: skip
-    out = work / "leantrain-run"
-    cache = Path(tempfile.mkdtemp(prefix="cache-", dir=work))  # empty: tokenizing is part of a first run
+    fresh = Path(tempfile.mkdtemp(prefix="leantrain-", dir=work))
+    out, cache = fresh / "run", fresh / "cache"  # a new run, its cache empty: tokenizing is part of a first run
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))

@@ -175,6 +175,7 @@ def environment_report() -> list[tuple[str, str]]:
         ("processes", f"{state.num_processes} (this is process {state.process_index})"),
         ("CPU threads (torch)", str(torch.get_num_threads())),
         ("OpenMP wait policy", os.environ.get("OMP_WAIT_POLICY", "libgomp's default (spin, then sleep)")),
+        ("CPU threads governor", _governor_row()),
     ]
     for name, support in precision_support(device).items():
         verdict = (
@@ -229,3 +230,11 @@ def rank_info(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
     """(global rank, world size) of this process as its launcher set them; (0, 1) when not launched."""
     env = os.environ if environ is None else environ
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
+
+
+def _governor_row() -> str:
+    from leantrain.parallel.threads import GOVERNOR_ENV
+
+    if os.environ.get(GOVERNOR_ENV) == "1":
+        return "on: a training run gives a thread back for each core other processes hold"
+    return "off (OMP_NUM_THREADS is set, or this is not the `leantrain` command)"

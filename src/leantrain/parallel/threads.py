@@ -2,27 +2,35 @@
 
 Two things make a CPU run collapse beside a busy neighbour. OpenMP's threads spin at every barrier waiting for
 each other (libgomp's default), so a thread whose core the neighbour holds keeps the others burning their cores
-on nothing. On this project's 2-core machine beside one spinning neighbour, MiniLM trained at 9.1 samples/s
-with libgomp's default and 13.9 with the threads sleeping at barriers (`OMP_WAIT_POLICY=PASSIVE`); alone, 23.1
-and 22.0: passive waits cost 5% on a quiet machine, 16% in an earlier run, and a shorter spin
-(`GOMP_SPINCOUNT`) gained nothing over them (benchmarks/results/busy_machine.md). And OpenMP counts the
-cores in the affinity mask, not a container's CPU quota, so a process allowed 1 CPU of 8 runs 8 threads that take
-turns.
+on nothing: on this project's 2-core machine beside one spinning neighbour, MiniLM trained at 9.1 samples/s with
+libgomp's default against 23.1 alone (benchmarks/results/busy_machine.md). And OpenMP counts the cores in the
+affinity mask, not a container's CPU quota, so a process allowed 1 CPU of 8 runs 8 threads that take turns.
 
-`prepare_environment` sets both before torch loads (OpenMP reads them once, when the library loads): the CLI
-calls it first thing, and passes the result to every process it launches. A value the user set is kept.
+Sleeping at barriers instead (`OMP_WAIT_POLICY=PASSIVE`) holds up beside a neighbour but cost a quiet run 12-14% of
+its training speed (`leantrain train`, SST-2, 2026-12-01). So the threads keep libgomp's spinning and the
+`ThreadGovernor` gives cores back instead: every two seconds of training it reads how much of this process's CPUs
+other processes used (/proc/stat) and runs one thread fewer per core they held, all of them again once they leave;
+with one thread there is no barrier to spin at.
+
+`prepare_environment` runs before torch loads (OpenMP reads its settings once, when the library loads): the CLI
+calls it first thing, and passes the result to every process it launches. A value the user set is kept; a
+user's OMP_NUM_THREADS, or LEANTRAIN_THREAD_GOVERNOR=0, turns the governor off.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, Collection, MutableMapping
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
 #: set when OMP_NUM_THREADS is leantrain's own choice (the quota), not the user's: a launcher may split it
 CHOSEN_THREADS_ENV = "LEANTRAIN_CHOSE_OMP_THREADS"
+#: set when the thread count is leantrain's to govern: the user set no OMP_NUM_THREADS and no quota caps it
+GOVERNOR_ENV = "LEANTRAIN_THREAD_GOVERNOR"
+PROC_STAT = Path("/proc/stat")
 
 
 def threads_are_users(environ: MutableMapping[str, str] = os.environ) -> bool:
@@ -56,10 +64,8 @@ def usable_cpus(root: Path = CGROUP) -> int:
 
 
 def prepare_environment(environ: MutableMapping[str, str] = os.environ, root: Path = CGROUP) -> dict[str, str]:
-    """Set the OpenMP wait policy and, under a CPU quota, the thread count; returns what it set."""
+    """Under a CPU quota, the thread count; otherwise leave it to the governor. Returns what it set."""
     chosen = {}
-    if "OMP_WAIT_POLICY" not in environ:
-        chosen["OMP_WAIT_POLICY"] = "PASSIVE"
     if "OMP_NUM_THREADS" not in environ:
         cpus = usable_cpus(root)
         try:
@@ -69,5 +75,95 @@ def prepare_environment(environ: MutableMapping[str, str] = os.environ, root: Pa
         if cpus < mask:
             chosen["OMP_NUM_THREADS"] = str(cpus)
             chosen[CHOSEN_THREADS_ENV] = "1"
+        elif GOVERNOR_ENV not in environ:  # LEANTRAIN_THREAD_GOVERNOR=0 turns it off
+            chosen[GOVERNOR_ENV] = "1"
     environ.update(chosen)
     return chosen
+
+
+def busy_seconds(cpus: Collection[int], stat: Path = PROC_STAT) -> float | None:
+    """Seconds the CPUs numbered `cpus` have been busy, by any process (/proc/stat); None where it cannot tell."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    busy, found = 0, 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+            busy += sum(ticks) - ticks[3] - ticks[4]
+            found += 1
+    return busy / os.sysconf("SC_CLK_TCK") if found == len(cpus) else None
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process, all its threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+class ThreadGovernor:
+    """One thread fewer for each core other processes hold, all of them again when they leave.
+
+    `update()` is called every training step; every `interval` seconds it measures the CPU that other processes
+    used on this process's CPUs (their busy time less this process's own) and sets the thread count to the most
+    threads less those cores, beyond a `slack` of background noise (a quiet machine measured 0.01-0.1 cores).
+    """
+
+    def __init__(
+        self,
+        threads: int,
+        cpus: Collection[int],
+        interval: float = 2.0,
+        slack: float = 0.25,
+        set_threads: Callable[[int], None] | None = None,
+        busy: Callable[[], float | None] | None = None,
+        own: Callable[[], float] = own_cpu_seconds,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        import torch
+
+        self.most = self.threads = threads
+        self.interval, self.slack = interval, slack
+        self.set_threads = set_threads or torch.set_num_threads
+        self.busy = busy or (lambda: busy_seconds(cpus))
+        self.own, self.clock = own, clock
+        self.others = 0.0  # cores' worth of CPU other processes used over the last interval
+        self._mark = (clock(), self.busy() or 0.0, own())
+
+    def update(self) -> int | None:
+        """Measure and set the thread count once an interval has passed; returns the new count when it changed."""
+        now = self.clock()
+        then, busy_then, own_then = self._mark
+        if now - then < max(self.interval, 1e-3):
+            return None
+        busy, own = self.busy(), self.own()
+        if busy is None:
+            return None
+        self._mark = (now, busy, own)
+        self.others = max(0.0, (busy - busy_then) - (own - own_then)) / (now - then)
+        held = max(0, math.ceil(self.others - self.slack))
+        threads = max(1, self.most - held)
+        if threads == self.threads:
+            return None
+        self.threads = threads
+        self.set_threads(threads)
+        return threads
+
+
+def thread_governor(num_processes: int, loader_workers: int, device_type: str) -> ThreadGovernor | None:
+    """The governor where the thread count is leantrain's to choose: a `leantrain` command's only process, on
+    the CPU, with no loader workers (their CPU would count as another process's) and more than one thread."""
+    import torch
+
+    if os.environ.get(GOVERNOR_ENV) != "1" or num_processes != 1 or loader_workers or device_type != "cpu":
+        return None
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return None
+    threads = torch.get_num_threads()
+    if threads < 2 or busy_seconds(cpus) is None:
+        return None
+    return ThreadGovernor(threads, cpus)

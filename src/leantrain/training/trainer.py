@@ -262,6 +262,10 @@ class Trainer:
 
         weights = tensor_bytes(acc.unwrap_model(self.model).parameters())
         self.oom = OomGuard(cfg.auto, self.sampler, acc, self.logger.memory, budget, weights, hooks=self.hooks)
+        from leantrain.parallel.threads import thread_governor
+
+        # fewer threads while other processes hold this machine's cores (a `leantrain` command's CPU run)
+        self.thread_governor = thread_governor(acc.num_processes, cfg.dataloader_num_workers, acc.device.type)
         streamed = self.steps_per_epoch is None
         self.say.info(
             f"training {'streamed' if streamed else f'{len(self.data.train):,}'} examples for {self.total_steps:,} "
@@ -355,6 +359,7 @@ class Trainer:
                         if not self.train_step(batches):
                             continue  # out of memory (--auto): the step is redone with smaller micro-batches
                         self.profiler.after_step(state.step)
+                        self._govern_threads()
                         new_best = self._maybe_evaluate()
                         saved = self.checkpointer.should_save(state.step, new_best)
                         if saved:
@@ -373,6 +378,14 @@ class Trainer:
             logger.bar.close()
             self.profiler.close()
         return self._finish()
+
+    def _govern_threads(self) -> None:
+        governor = self.thread_governor
+        if governor is not None and (threads := governor.update()) is not None:
+            self.say.info(
+                f"step {self.state.step}: {threads} of {governor.most} CPU threads (other processes used "
+                f"{governor.others:.1f} cores over the last {governor.interval:.0f} s)"
+            )
 
     def _stop_if_interrupted(self, saved_now: bool) -> None:
         """Ctrl-C or SIGTERM (noted by the CLI's handlers): every process stops here, after a checkpoint."""
