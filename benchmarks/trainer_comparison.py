@@ -184,8 +184,11 @@ def run_leantrain(
     cmd = leantrain_command(model, train_tsv, dev_tsv, precision, out, cache, max_steps)
     seconds = run_child(cmd, work / "leantrain.log", env)
     m = json.loads((out / "metrics.json").read_text())
+    log = (work / "leantrain.log").read_text(errors="replace")
     return {
         "process_seconds": seconds,
+        # the thread governor's changes (parallel/threads.py): none is expected on a quiet machine
+        "thread_changes": [line for line in log.splitlines() if " CPU threads (other processes used " in line],
         "samples_per_second": m["train_samples_per_second"],
         "train_seconds": m["train_seconds"],
         "eval_seconds": m.get("time_eval_seconds"),
@@ -372,9 +375,10 @@ def main(argv=None) -> int:
         work = Path(tmp)
         train_tsv = work / "train.tsv"
         n_rows = write_train_slice(train_src, train_tsv, args.train_rows)
-        eval_rows = write_train_slice(dev_tsv, work / "dev-count.tsv", None)
-        sliced = f"first {n_rows:,} rows" if args.train_rows else f"all {n_rows:,} rows"
-        print(f"{data.describe}: training on the {sliced} of {train_src}; evaluating on {eval_rows:,}", flush=True)
+        with dev_tsv.open(encoding="utf-8", newline="") as f:
+            eval_rows = sum(1 for _ in f) - 1  # the header
+        sliced = f"the first {n_rows:,} rows" if args.train_rows else f"all {n_rows:,} rows"
+        print(f"{data.describe}: training on {sliced} of {train_src}; evaluating on {eval_rows:,}", flush=True)
         meta = {
             "job": {
                 **TRAINING,
@@ -569,7 +573,7 @@ def render_markdown(r: dict) -> str:
         f"# leantrain vs Hugging Face Trainer: {job['name']}",
         "",
         *([] if r.get("complete", True) else [incomplete, ""]),
-        f"One job both ways, each side in its own process: {job['model']} fine-tuned on the {job['train_data']}, "
+        f"One job both ways, each side in its own process: {job['model']} fine-tuned on {job['train_data']}, "
         f"evaluated on {job['eval_data']} ({job['eval_rows']} rows). Batch {job['batch_size']}, lr {job['lr']}, "
         f"{job['epochs']} epoch, max length {job['max_length']}, weight decay {job['weight_decay']}, "
         f"warm-up {job['warmup_ratio']:.0%}, {job['scheduler']} schedule, clipping {job['max_grad_norm']}, "
