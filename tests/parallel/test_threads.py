@@ -121,7 +121,7 @@ def test_busy_seconds_read_the_given_cpus_of_proc_stat(tmp_path, monkeypatch):
         "cpu0 100 0 100 1000 50 0 0 0 0 0\n"
         "cpu1 200 5 100 1000 50 10 10 25 0 0\n"  # user nice system idle iowait irq softirq steal
         "cpu2 300 0 100 1000 50 0 0 0 0 0\n"
-        "intr 1 2 3\n"
+        "intr 1 2 3\n\n"
     )
     assert threads.busy_seconds({1}, stat) == pytest.approx(3.5)  # 200+5+100+10+10+25 ticks at 100 per second
     assert threads.busy_seconds({0, 2}, stat) == pytest.approx(6.0)

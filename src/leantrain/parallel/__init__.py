@@ -237,4 +237,4 @@ def _governor_row() -> str:
 
     if os.environ.get(GOVERNOR_ENV) == "1":
         return "on: a training run gives a thread back for each core other processes hold"
-    return "off (OMP_NUM_THREADS is set, or this is not the `leantrain` command)"
+    return "off (OMP_NUM_THREADS set by you or a CPU quota, LEANTRAIN_THREAD_GOVERNOR=0, or not the CLI)"

@@ -89,7 +89,7 @@ def busy_seconds(cpus: Collection[int], stat: Path = PROC_STAT) -> float | None:
         return None
     busy, found = 0, 0
     for line in lines:
-        name, *fields = line.split()
+        name, *fields = line.split() or [""]
         if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
             ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
             busy += sum(ticks) - ticks[3] - ticks[4]
