@@ -55,7 +55,7 @@ def test_the_environment_gets_the_quota_as_threads_or_else_the_governor(tmp_path
     assert threads.threads_are_users(mine)
     no_quota: dict[str, str] = {}
     threads.prepare_environment(no_quota, tmp_path / "none")
-    # OpenMP already counts the affinity mask; spinning waits stay (passive ones cost a quiet run 12-14%)
+    # OpenMP already counts the affinity mask; spinning waits stay (passive ones cost a quiet run 12-27%)
     assert no_quota == {threads.GOVERNOR_ENV: "1"}
     off = {threads.GOVERNOR_ENV: "0"}
     assert threads.prepare_environment(off, tmp_path / "none") == {} and off == {threads.GOVERNOR_ENV: "0"}

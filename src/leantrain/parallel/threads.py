@@ -6,11 +6,11 @@ on nothing: on this project's 2-core machine beside one spinning neighbour, Mini
 libgomp's default against 23.1 alone (benchmarks/results/busy_machine.md). And OpenMP counts the cores in the
 affinity mask, not a container's CPU quota, so a process allowed 1 CPU of 8 runs 8 threads that take turns.
 
-Sleeping at barriers instead (`OMP_WAIT_POLICY=PASSIVE`) holds up beside a neighbour but cost a quiet run 12-14% of
-its training speed (`leantrain train`, SST-2, 2026-12-01). So the threads keep libgomp's spinning and the
-`ThreadGovernor` gives cores back instead: every two seconds of training it reads how much of this process's CPUs
-other processes used (/proc/stat) and runs one thread fewer per core they held, all of them again once they leave;
-with one thread there is no barrier to spin at.
+Sleeping at barriers instead (`OMP_WAIT_POLICY=PASSIVE`) holds up beside a neighbour but cost a quiet run
+12-27% of its training speed (`leantrain train`, SST-2, alternating runs: docs/performance.md). So the threads
+keep libgomp's spinning and the `ThreadGovernor` gives cores back instead: every two seconds of training it reads
+how much of this process's CPUs other processes used (/proc/stat) and runs one thread fewer per core they held,
+all of them again once they leave; with one thread there is no barrier to spin at.
 
 `prepare_environment` runs before torch loads (OpenMP reads its settings once, when the library loads): the CLI
 calls it first thing, and passes the result to every process it launches. A value the user set is kept; a
