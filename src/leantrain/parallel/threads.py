@@ -2,8 +2,8 @@
 
 Two things make a CPU run collapse beside a busy neighbour. OpenMP's threads spin at every barrier waiting for
 each other (libgomp's default), so a thread whose core the neighbour holds keeps the others burning their cores
-on nothing: on this project's 2-core machine beside one spinning neighbour, MiniLM trained at 9.1 samples/s with
-libgomp's default against 23.1 alone (benchmarks/results/busy_machine.md). And OpenMP counts the cores in the
+on nothing: on this project's 2-core machine beside one spinning neighbour, MiniLM trained at 6.1 samples/s with
+libgomp's default against 16.5 alone (benchmarks/results/busy_machine.md). And OpenMP counts the cores in the
 affinity mask, not a container's CPU quota, so a process allowed 1 CPU of 8 runs 8 threads that take turns.
 
 Sleeping at barriers instead (`OMP_WAIT_POLICY=PASSIVE`) holds up beside a neighbour but cost a quiet run
