@@ -326,16 +326,14 @@ class OtherLoad:
 
 
 def _system_busy_seconds() -> float:
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    busy = sum(fields[:8]) - idle  # user..steal; guest time is already inside user
-    return busy / os.sysconf("SC_CLK_TCK")
+    """Busy seconds of this process's CPUs, by any process: what the thread governor reads (parallel/threads.py)."""
+    from leantrain.parallel.threads import busy_seconds
+
+    return busy_seconds(os.sched_getaffinity(0)) or 0.0
 
 
 def _own_cpu_seconds() -> float:
+    """This process's CPU and that of its finished children (each side runs as one)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 
