@@ -655,7 +655,8 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
     import pandas as pd
 
     from leantrain.data.columns import Columns, build_label_map
-    from leantrain.data.prepare import Examples, PreparedData, stratified_split
+    from leantrain.data.prepare import Examples, PreparedData
+    from leantrain.data.split import stratified_split
 
     input_column = cfg.image_column if mp.task == IMAGE else cfg.audio_column
     common = dict(

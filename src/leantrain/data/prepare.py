@@ -12,6 +12,7 @@ import pandas as pd
 
 from leantrain.data.columns import Columns, normalise_labels, resolve_columns
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
+from leantrain.data.split import stratified_split
 from leantrain.data.tokenize import (
     TokenizedText,
     cache_key,
@@ -219,21 +220,6 @@ def check_same_inputs(train: Source, evaluation: Source) -> None:
             f"{evaluation.path}: evaluation text is column(s) {shape(evaluation)} but training used "
             f"{shape(train)} from {train.path}; give an evaluation file with the same kind of text columns"
         )
-
-
-def stratified_split(
-    labels: np.ndarray, test_fraction: float, seed: int, exact_first: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of a stratified split; falls back to a random split when a class is too rare to stratify."""
-    from sklearn.model_selection import train_test_split
-
-    idx = np.arange(len(labels))
-    kwargs = {"train_size": exact_first} if exact_first is not None else {"test_size": test_fraction}
-    try:
-        a, b = train_test_split(idx, stratify=labels, random_state=seed, **kwargs)
-    except ValueError:
-        a, b = train_test_split(idx, random_state=seed, **kwargs)
-    return np.sort(a), np.sort(b)
 
 
 def _describe(src: Source) -> str:

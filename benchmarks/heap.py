@@ -1,0 +1,168 @@
+"""Freed memory kept in the heap against glibc's heap as it is: the real `leantrain train`, alternating runs.
+
+glibc maps each block above its mmap threshold (which rises to at most 32 MiB) apart and unmaps it when freed, and
+trims the heap's top: a block allocated again every step, such as the 47 MiB dense gradient of MiniLM's 30k-row
+embedding table, page-faults over all its pages anew. `kept` runs with glibc told to map nothing apart and never
+trim (GLIBC_TUNABLES, the same as mallopt's M_MMAP_MAX 0 and a 2 GiB M_TRIM_THRESHOLD), so that every step
+reuses the pages of the step before. Whether that pays is what this measures. It runs the trainer comparison's
+SST-2 job (the same flags, the first N rows of SST-2 train, dev for evaluation) both ways in alternating rounds,
+each run its own process with an empty cache, and records samples/s, the loop's phases, the whole process's wall
+time, the run's page faults and its peak memory. Ratios are kept over glibc's, per round; medians over the quiet
+rounds.
+
+    python benchmarks/heap.py --rounds 3            # -> benchmarks/results/heap.md and .json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` as a package when run as a script
+from benchmarks._results import write_results
+from benchmarks.trainer_comparison import (
+    DEFAULT_OUT,
+    QUIET_CORES,
+    SHARED_DATA,
+    OtherLoad,
+    environment,
+    leantrain_command,
+    run_child,
+    wait_for_quiet,
+    write_train_slice,
+)
+
+KEPT_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
+SETTINGS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT_TUNABLES}}
+
+
+def run(setting: str, model: Path, train: Path, dev: Path, precision: str, work: Path) -> dict:
+    import json
+
+    fresh = Path(tempfile.mkdtemp(prefix=f"{setting}-", dir=work))
+    cmd = leantrain_command(model, train, dev, precision, fresh / "run", fresh / "cache", None)
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+    env.update(SETTINGS[setting])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with OtherLoad() as load:
+        seconds = run_child(cmd, work / f"{setting}.log", env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    m = json.loads((fresh / "run" / "metrics.json").read_text())
+    return {
+        "setting": setting,
+        "others": load.cores,
+        "process_seconds": seconds,
+        "minor_faults": after.ru_minflt - before.ru_minflt,
+        "system_seconds": after.ru_stime - before.ru_stime,
+        "samples_per_second": m["train_samples_per_second"],
+        "forward_backward_seconds": m["time_forward_backward_seconds"],
+        "optimizer_seconds": m["time_optimizer_seconds"],
+        "eval_seconds": m["time_eval_seconds"],
+        "peak_memory_bytes": m.get("peak_memory_bytes"),
+        "train_loss": m["train_loss"],
+    }
+
+
+FIELDS = [  # (key, heading, format)
+    ("samples_per_second", "samples/s", "{:.1f}"),
+    ("forward_backward_seconds", "forward+backward s", "{:.2f}"),
+    ("optimizer_seconds", "optimizer s", "{:.2f}"),
+    ("eval_seconds", "final eval s", "{:.2f}"),
+    ("process_seconds", "whole process s", "{:.1f}"),
+    ("minor_faults", "page faults", "{:,.0f}"),
+    ("system_seconds", "system CPU s", "{:.2f}"),
+    ("peak_memory_bytes", "peak MiB", "{:.0f}"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=2000, help="first N rows of SST-2 train (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating (glibc, kept) rounds (default: %(default)s)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--wait-quiet", type=float, default=30, help="seconds to wait for a quiet machine before a run")
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    data = SHARED_DATA / "sst2"
+    if not (data / "train.tsv").is_file():
+        sys.exit(f"no SST-2 at {data} (see ../shared/data/README.md)")
+    from leantrain.models import embedded_model_path
+
+    model = embedded_model_path()
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="heap-") as tmp:
+        work = Path(tmp)
+        train = work / "train.tsv"
+        write_train_slice(data / "train.tsv", train, args.rows)
+        for r in range(args.rounds):
+            for setting in SETTINGS:
+                wait_for_quiet(args.wait_quiet)
+                row = {"round": r + 1, **run(setting, model, train, data / "dev.tsv", args.precision, work)}
+                runs.append(row)
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    page = render(runs, args, started)
+    command = "python benchmarks/heap.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    context = {**environment(None), "run": started, "command": command}
+    print(write_results(args.out_dir, "heap", page, context, {"runs": runs}))
+    return 0
+
+
+def render(runs: list[dict], args: argparse.Namespace, started: str) -> list[str]:
+    quiet = [r for r in range(1, args.rounds + 1) if all(x["others"] <= QUIET_CORES for x in runs if x["round"] == r)]
+    by = {(x["round"], x["setting"]): x for x in runs}
+    lines = [
+        "# Freed memory kept in the heap against glibc's heap as it is",
+        "",
+        f"`leantrain train` on the first {args.rows} rows of SST-2 train (dev for evaluation), {args.precision}, "
+        "MiniLM, batch 32, 1 epoch, max length 128, each run its own process with an empty cache; "
+        f"`kept`: GLIBC_TUNABLES={KEPT_TUNABLES}. "
+        f"{len(quiet)} of {args.rounds} rounds quiet (other processes at most {QUIET_CORES} cores during both runs); "
+        f"started {started}.",
+        "",
+        "| setting | " + " | ".join(h for _, h, _ in FIELDS) + " |",
+        "|---|" + "---|" * len(FIELDS),
+    ]
+    for setting in SETTINGS:
+        medians = {}
+        for key, _, _ in FIELDS:
+            values = [by[(r, setting)][key] for r in quiet if by[(r, setting)][key] is not None]
+            medians[key] = statistics.median(values) if values else None
+        lines.append(f"| {setting} (median) | " + cells(medians) + " |")
+    ratios = [by[(r, "kept")]["samples_per_second"] / by[(r, "glibc")]["samples_per_second"] for r in quiet]
+    whole = [by[(r, "glibc")]["process_seconds"] / by[(r, "kept")]["process_seconds"] for r in quiet]
+    if ratios:
+        lines += [
+            "",
+            f"kept / glibc, samples/s: median {statistics.median(ratios):.3f} (rounds: "
+            + ", ".join(f"{x:.3f}" for x in ratios)
+            + f"); whole process (glibc's seconds / kept's): median {statistics.median(whole):.3f} ("
+            + ", ".join(f"{x:.3f}" for x in whole)
+            + ").",
+        ]
+    headings = " | ".join(h for _, h, _ in FIELDS)
+    lines += ["", "## Every run", "", f"| round | setting | others | {headings} | train loss |"]
+    lines.append("|---|---|---|" + "---|" * (len(FIELDS) + 1))
+    for x in runs:
+        lines.append(f"| {x['round']} | {x['setting']} | {x['others']:.2f} | {cells(x)} | {x['train_loss']:.6f} |")
+    return lines
+
+
+def cells(values: dict) -> str:
+    out = []
+    for key, _, fmt in FIELDS:
+        v = values[key]
+        if key == "peak_memory_bytes" and v is not None:
+            v /= 2**20
+        out.append(fmt.format(v) if v is not None else "-")
+    return " | ".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
