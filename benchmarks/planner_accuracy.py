@@ -92,6 +92,12 @@ def tiny_causal_lms(work: Path) -> dict[str, str]:
 LM_KINDS = ("tiny-llama", "gpt2", "gqa-llama")
 
 
+def length(row: dict) -> str:
+    """The row length, and the share of positions counted when not all are (instruction tuning)."""
+    counted = row.get("counted", 1.0)
+    return str(row["seq_len"]) + (f" ({counted:.1%} counted)" if counted < 1 else "")
+
+
 def grid(model: str | None, kind: str):
     from planner_measure import Trial
 
@@ -105,7 +111,12 @@ def grid(model: str | None, kind: str):
             ("bf16", True, "adamw", 8, 128),
         ]
         trials = [Trial(model, p, c, o, b, 1, s, steps=2) for p, c, o, b, s in combos]
-        return [*trials, Trial(model, "fp32", False, "adamw", 8, 2, 128, steps=2)]
+        # accumulation; instruction tuning (the next token counted at one position in 16: logits there only)
+        return [
+            *trials,
+            Trial(model, "fp32", False, "adamw", 8, 2, 128, steps=2),
+            Trial(model, "fp32", False, "adamw", 16, 1, 128, steps=2, counted=1 / 16),
+        ]
     if kind == "tiny":
         shapes = [(32, 128), (64, 128), (128, 64), (128, 128), (96, 96)]
     else:
@@ -149,12 +160,14 @@ def accuracy(model: str | None, kind: str, say) -> list[dict]:
             r["activation_checkpointing"],
             r["optimizer"],
             r["grad_accum"],
+            counted=r.get("counted", 1.0),
         )
         rows.append(
             {
                 "model": kind,
                 **{k: r[k] for k in ("precision", "activation_checkpointing", "optimizer", "batch_size", "grad_accum")},
                 "seq_len": r["seq_len"],
+                "counted": r.get("counted", 1.0),
                 "predicted_mib": e.steady_peak / MIB,
                 "measured_mib": r["measured_peak_bytes"] / MIB,
                 "error": e.steady_peak / r["measured_peak_bytes"] - 1,
@@ -276,7 +289,7 @@ def write(results: dict, stem: Path) -> None:
         for r in acc:
             lines.append(
                 f"| {r['model']} | {r['precision']} | {'yes' if r['activation_checkpointing'] else 'no'} | "
-                f"{r['optimizer']} | {r['batch_size']} x {r['grad_accum']} | {r['seq_len']} | "
+                f"{r['optimizer']} | {r['batch_size']} x {r['grad_accum']} | {length(r)} | "
                 f"{r['predicted_mib']:.1f} | {r['measured_mib']:.1f} | {r['error']:+.1%} | {r['phase']} | "
                 f"{r['weights_mib']:.1f} | {r['gradients_mib']:.1f} | {r['optimizer_mib']:.1f} "
                 f"({r['optimizer_measured_mib']:.1f}) | {r['activations_mib']:.1f} | {r['workspace_mib']:.1f} |"

@@ -51,6 +51,8 @@ class Trial:
     steps: int = 3
     #: labels of the classification head
     num_labels: int = 2
+    #: a causal LM's share of positions whose next token counts (instruction tuning: completions only)
+    counted: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,7 +87,8 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     from leantrain import models, parallel
     from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
     from leantrain.parallel.precision import MixedPrecision
-    from leantrain.planner.memory import proxy_batch, proxy_loss
+    from leantrain.planner.memory import is_causal_lm, proxy_batch, proxy_loss
+    from leantrain.tasks.causal_lm import head_rows_work
     from leantrain.tasks.classification import first_token_tail
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
 
@@ -97,7 +100,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     config = model_config(trial.model, trial.num_labels)  # the batch's kind and vocabulary
     batches = [
         {
-            **{k: v.to(device) for k, v in proxy_batch(config, b, s, gen).items()},
+            **{k: v.to(device) for k, v in proxy_batch(config, b, s, gen, trial.counted).items()},
             "step_units": torch.tensor(float(b * trial.grad_accum)),
         }
         for _ in range(trial.grad_accum)
@@ -108,6 +111,8 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     model = build_model(trial.model, trial.num_labels, device)
     # a classifier's last layer at the first token only, as its task runs it (not under checkpointing)
     tail = None if trial.activation_checkpointing else first_token_tail(model)
+    # a causal LM's logits where a token counts, as its task computes them
+    counted_logits = is_causal_lm(model.config) and head_rows_work(model)
     if trial.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     model.train()
@@ -120,7 +125,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
         started = time.perf_counter()
         for batch in batches:
             inputs = {k: v for k, v in batch.items() if k != "step_units"}
-            loss = proxy_loss(model, inputs, amp.autocast(), tail)
+            loss = proxy_loss(model, inputs, amp.autocast(), tail, counted_logits)
             amp.backward(loss / batch["step_units"])
         grads = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
         backward_peak = meter.report()["peak_memory_over_baseline_bytes"]

@@ -9,6 +9,7 @@ dropout off, SGD). Out of memory comes for real (`memory_spike`: the process's r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 import numpy as np
@@ -323,3 +324,56 @@ def test_train_auto_plans_a_causal_lm_with_the_vocabulary_it_trains(lm_corpus, c
     assert result.metrics["peak_memory_over_baseline_bytes"] <= 330 * 2**20
     at_largest = plan_run(cfg.resolved())[1].recommended  # without the data: the preset's 8,192 entries
     assert at_largest is not None and (at_largest.micro_batch, at_largest.grad_accum) == (8, 2)
+
+
+def test_instruction_data_plans_the_logits_where_a_token_counts(tmp_path, cache_dir, capsys):
+    """Instruction tuning counts completions only, and the run computes logits there only: `plan` on prompt /
+    completion rows plans the logits at the share of positions the most-counting row has (here a few completions
+    packed in a row of 64), not at every position, and predicts a lower peak than the same request counted
+    everywhere."""
+    import random
+
+    from leantrain import models
+    from leantrain.planner.auto import fitted_to_data
+    from leantrain.planner.memory import model_facts
+    from leantrain.planner.search import PlanRequest, make_plan
+    from leantrain.tasks import resolve
+    from tests.tasks.test_causal_lm import write_tiny_llama
+
+    rng = random.Random(5)
+    rows = []
+    for _ in range(120):
+        good = rng.random() < 0.5
+        words = rng.choices(["great", "lovely", "film", "plot"] if good else ["bad", "dull", "film", "plot"], k=5)
+        completion = " positive" if good else " negative"
+        rows.append(json.dumps({"prompt": f"Review: {' '.join(words)}\nSentiment:", "completion": completion}))
+    data = tmp_path / "sft.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    model = str(write_tiny_llama(tmp_path / "llama"))
+    common = ["plan", "--model", model, "--memory", "1GiB", "--max-length", "64", "--batch-size", "16"]
+    assert main([*common, "--data", str(data), "--cache-dir", str(cache_dir)]) == 0
+    out = capsys.readouterr().out
+    share = int(out.split("note: logits at ")[1].split("%")[0])
+    assert 3 <= share <= 40 and "the most any training row counts" in out
+    assert f"logits at {share}% of a row's positions at most" in out
+    peak = float(out.split("recommended: ")[1].split("predicted peak ")[1].split(" MiB")[0])
+
+    # the same request and model, every position counted: the logits at every position
+    cfg = TrainConfig(model=model, data=str(data), cache_dir=str(cache_dir), max_length=64, batch_size=16).resolved()
+    path = models.resolve_model(cfg.model)
+    prepared = resolve(cfg, models.load_config(path)).prepare_data(path, models.load_config(path))
+    request = PlanRequest(model=cfg.model, budget=2**30, global_batch=16, seq_len=64)
+    fitted, facts, _ = fitted_to_data(cfg, request, prepared)
+    assert fitted.counted == pytest.approx(share / 100, abs=0.005)  # what `plan` printed, in percent
+    counts = prepared.train.features.counted
+    assert fitted.counted >= counts.max() / (fitted.seq_len - 1) > fitted.counted - 1 / 64
+    facts = facts or model_facts(cfg.model)
+    planned = make_plan(fitted, facts=facts).recommended
+    everywhere = make_plan(dataclasses.replace(fitted, counted=1.0), facts=facts).recommended
+    assert planned is not None and everywhere is not None
+    assert planned.memory.peak / 2**20 == pytest.approx(peak, abs=0.5)  # what `plan` printed, rounded
+
+    def logits_and_activations(m) -> int:
+        return m.activations + m.backward_workspace
+
+    assert logits_and_activations(everywhere.memory) > 1.3 * logits_and_activations(planned.memory)

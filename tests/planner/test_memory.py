@@ -148,6 +148,7 @@ def check_against_measurement(model: str | None, trials: list[Trial], tolerance:
                 r["activation_checkpointing"],
                 r["optimizer"],
                 r["grad_accum"],
+                counted=r.get("counted", 1.0),
             )
             assert r["optimizer_state_bytes"] == e.optimizer_state  # exact, as above
             rows.append((r, e.steady_peak, e.steady_peak / r["measured_peak_bytes"] - 1))
@@ -220,18 +221,23 @@ def llama_config_json(vocab: int = 3000, tied: bool = False) -> str:
     ).to_json_string()
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_causal_lm_logits_carried_to_the_real_vocabulary(tied):
+@pytest.mark.parametrize(("tied", "counted"), [(False, 1.0), (True, 1.0), (False, 0.25)])
+def test_causal_lm_logits_carried_to_the_real_vocabulary(tied, counted):
     """The proxies run at vocabularies of 512 and 1,024; what they predict at 3,000 equals a one-layer model counted
     at 3,000 itself (the logits, their fp32 copy and log-softmax grow with the vocabulary; autocast's bf16 copy of the
-    output layer does too). Counted at 512 alone, the logits' share is a sixth of the real one: -40% here."""
+    output layer does too). Counted at 512 alone, the logits' share is a sixth of the real one: -40% here. The logits
+    are computed at the counted positions only, as the task computes them: every position but the last, or a
+    quarter of them (instruction tuning)."""
+    from leantrain.tasks.causal_lm import head_rows_work
+
     config_json = llama_config_json(3000, tied)
     for precision in ("fp32", "bf16"):
-        profile = M.activation_profile(config_json, 64, precision, False)
+        profile = M.activation_profile(config_json, 64, precision, False, counted=counted)
         net = M._build(M._config_from_json(config_json, num_hidden_layers=1), "cpu").train()
-        counted = M._saved_bytes(net, 4, 64, precision)
+        assert head_rows_work(net)
+        saved = M._saved_bytes(net, 4, 64, precision, counted=counted, counted_logits=True)
         predicted = 4 * (profile.base + profile.per_layer) + profile.copies_base + profile.copies_per_layer
-        assert predicted == pytest.approx(counted, rel=0.01), precision
+        assert predicted == pytest.approx(saved, rel=0.01), precision
 
 
 def test_causal_lm_facts_and_plan_know_the_task():
@@ -267,6 +273,8 @@ def test_causal_lm_predicted_peak_within_10_percent_of_measured():
             Trial(m, "fp32", False, "adamw", 16, 1, 128, steps=2),
             Trial(m, "fp32", True, "adamw", 16, 1, 128, steps=2),
             Trial(m, "fp32", False, "adafactor", 8, 2, 128, steps=2),
+            # instruction tuning: the next token counts at 1 position in 16, the logits are computed there only
+            Trial(m, "fp32", False, "adamw", 16, 1, 128, steps=2, counted=1 / 16),
         ],
         tolerance=0.10,
     )

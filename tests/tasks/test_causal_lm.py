@@ -430,6 +430,18 @@ def sentiment_prompts(tmp_path_factory) -> Path:
     return path
 
 
+def test_a_preset_trains_its_tokenizer_on_the_instruction_rows(sentiment_prompts, tmp_path):
+    """A preset trained from scratch on prompt / completion rows learns its BPE from prompts and completions (it was
+    refused: "text column ambiguous among 'prompt', 'completion'"), so the completions are words of its vocabulary
+    and the rows are instruction rows, only the completions counted."""
+    cfg = TrainConfig(model="preset:tiny-llama", data=str(sentiment_prompts), cache_dir=str(tmp_path), max_length=64)
+    data = CausalLM(cfg).prepare_data("preset:tiny-llama", None)
+    tokenizer = data.processor
+    assert len(tokenizer.tokenize(" positive")) == 1 and len(tokenizer.tokenize(" negative")) == 1
+    rows = data.train.features
+    assert 0 < rows.counted.sum() < 0.25 * rows.lengths.sum()  # " positive" or " negative" and EOS of each prompt
+
+
 def test_exact_match_is_that_of_greedy_generation(run, llama_dir, sentiment_prompts, tmp_path):
     """The evaluation's exact match (one teacher-forced pass) equals generating each held-out completion greedily
     with `generate` and comparing it with the reference, token for token (EOS included)."""

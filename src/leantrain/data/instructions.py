@@ -26,6 +26,17 @@ def kind_of(df: pd.DataFrame) -> str | None:
     return None
 
 
+def row_texts(df: pd.DataFrame, kind: str, source: str) -> list[str]:
+    """Each row's text as a tokenizer trained for this data must see it (a preset trained from scratch): prompt and
+    completion, or every message's content, joined."""
+    columns = {str(c).lower(): c for c in df.columns}
+    if kind == "prompt":
+        rows = zip(df[columns["prompt"]], df[columns["completion"]])
+        return [f"{p}{c}".strip() for p, c in rows if pd.notna(p) and pd.notna(c)]
+    chats = (_chat(v, source, i) for i, v in enumerate(df[columns["messages"]]))
+    return ["\n".join(m["content"] for m in chat) for chat in chats]
+
+
 def set_chat_template(tokenizer, template: str | None) -> None:
     """--chat-template: a Jinja template, or a file holding one; it replaces the tokenizer's own."""
     if template is None:

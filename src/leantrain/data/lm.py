@@ -105,6 +105,13 @@ def read_documents(
         report.drop("empty", len(docs) - len(kept))
         return kept, report, f"{len(files)} text file(s)"
     df, report = read_table(source, split=split, options=options)
+    from leantrain.data import instructions
+
+    kind = instructions.kind_of(df) if text_column is None else None
+    if kind is not None:  # instruction rows: their prompts and completions
+        kept = [t for t in instructions.row_texts(df, kind, source) if t]
+        report.drop("with empty text", len(df) - len(kept))
+        return kept, report, "columns 'prompt', 'completion'" if kind == "prompt" else "column 'messages'"
     kept, where = _table_texts(df, source, text_column, report)
     return kept, report, where
 

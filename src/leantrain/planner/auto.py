@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from leantrain.config import TrainConfig
 from leantrain.errors import LeantrainError
@@ -74,6 +77,14 @@ def fitted_to_data(
         if longest < request.seq_len:
             notes.append(f"length {longest}: the longest example of --data (--max-length {cfg.max_length})")
             request = dataclasses.replace(request, seq_len=longest)
+    counted = None if cfg.streaming else getattr(getattr(data.train, "features", None), "counted", None)
+    if counted is not None and len(data.train):
+        # a causal LM's logits are computed where the next token counts: planned at the row that counts the most
+        most = int(np.max(counted)) / max(request.seq_len - 1, 1)
+        if most < 1.0:
+            share = min(1.0, math.ceil(most * 64) / 64)  # in 64ths: few activation profiles to count
+            request = dataclasses.replace(request, counted=share)
+            notes.append(f"logits at {share:.0%} of a row's positions: the most any training row counts")
     facts = None
     if data.model_config is not None:  # a preset trained from scratch: its vocabulary is the run's tokenizer's
         from leantrain.planner.memory import model_facts

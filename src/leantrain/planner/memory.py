@@ -427,9 +427,17 @@ def is_causal_lm(config) -> bool:
     return models.infer_task(config) == "causal-lm"
 
 
-def proxy_batch(config, batch: int, seq_len: int, generator) -> dict:
+def counted_positions(seq_len: int, counted: float) -> int:
+    """Positions of a row whose next token counts, for a `counted` share of them (at least one): every position but
+    the last, which predicts nothing, at 1."""
+    return max(1, math.ceil(counted * (seq_len - 1)))
+
+
+def proxy_batch(config, batch: int, seq_len: int, generator, counted: float = 1.0) -> dict:
     """A training batch of the shape a run feeds `net`: a classifier's padded rows with their labels, or a causal
-    LM's packed rows (two documents a row, position ids restarting at the second, every token counted)."""
+    LM's packed rows (two documents a row, position ids restarting at the second), the next token counted at
+    every position or, with `counted` below 1, at that share of each row's positions (instruction tuning counts
+    completions only)."""
     import torch
 
     vocab = int(getattr(config, "vocab_size", 100))
@@ -439,19 +447,34 @@ def proxy_batch(config, batch: int, seq_len: int, generator) -> dict:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
     half = seq_len // 2
     positions = torch.cat([torch.arange(half), torch.arange(seq_len - half)]).expand(batch, seq_len)
-    return {"input_ids": ids, "position_ids": positions, "labels": ids.clone()}
+    labels = ids.clone()
+    if counted < 1.0:
+        from leantrain.tasks.causal_lm import IGNORE
+
+        labels[:, counted_positions(seq_len, counted) + 1 :] = IGNORE  # position t predicts labels[t + 1]
+    return {"input_ids": ids, "position_ids": positions, "labels": labels}
 
 
-def proxy_loss(net, batch: dict, autocast=None, tail=None):
+def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool = False):
     """The summed training loss of `batch` as the trainer computes it: the forward under `autocast`, the task's loss
     (a classifier's cross-entropy, a causal LM's per-token loss) outside it, in fp32. `tail`: a classifier's
-    `FirstTokenTail`, run at the first token as the task runs it."""
+    `FirstTokenTail`, run at the first token as the task runs it. `counted_logits`: a causal LM's logits only at
+    the positions whose next token counts, as its task computes them where the model allows
+    (`tasks.causal_lm.head_rows_work`, asked by the caller: it runs the model)."""
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     causal = is_causal_lm(net.config)
-    with autocast or contextlib.nullcontext(), tail.cut() if tail is not None else contextlib.nullcontext():
+    cut: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if causal and counted_logits:
+        from leantrain.tasks.causal_lm import IGNORE, head_rows, next_token_targets
+
+        targets = next_token_targets(batch["labels"])
+        cut = head_rows(net, targets != IGNORE)
+    with autocast or contextlib.nullcontext(), tail.cut() if tail is not None else cut:
         logits = net(**inputs, use_cache=False).logits if causal else net(**inputs).logits
+    if causal and counted_logits:
+        return F.cross_entropy(logits.float(), targets[targets != IGNORE], reduction="sum")
     if causal:
         from leantrain.tasks.causal_lm import token_losses
 
@@ -470,11 +493,13 @@ def _inventory(config_json: str, trust_remote_code: bool = False) -> ParamInvent
     return ParamInventory(shapes, linear, buffers)
 
 
-def _saved_bytes(net, batch: int, seq_len: int, precision: str, tail=None) -> float:
+def _saved_bytes(
+    net, batch: int, seq_len: int, precision: str, tail=None, counted: float = 1.0, counted_logits: bool = False
+) -> float:
     """Bytes of the distinct storages autograd saves in one forward (parameters excluded)."""
     import torch
 
-    inputs = proxy_batch(net.config, batch, seq_len, torch.Generator().manual_seed(0))
+    inputs = proxy_batch(net.config, batch, seq_len, torch.Generator().manual_seed(0), counted)
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     seen: dict[int, int] = {}
 
@@ -488,7 +513,7 @@ def _saved_bytes(net, batch: int, seq_len: int, precision: str, tail=None) -> fl
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        proxy_loss(net, inputs, autocast, tail)
+        proxy_loss(net, inputs, autocast, tail, counted_logits)
     return float(sum(seen.values()))
 
 
@@ -500,11 +525,14 @@ def activation_profile(
     checkpointing: bool,
     trust_remote_code: bool = False,
     lora: LoraSpec | None = None,
+    counted: float = 1.0,
 ) -> ActivationProfile:
-    """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc)."""
+    """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc).
+    `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only."""
     import torch
 
     from leantrain import models
+    from leantrain.tasks.causal_lm import head_rows_work
     from leantrain.tasks.classification import first_token_tail
 
     base_config = _config_from_json(config_json)
@@ -522,14 +550,18 @@ def activation_profile(
             config = _config_from_json(config_json, vocab_size=proxy_vocab, **{layers_name: n_layers})
         net = _build(config, "cpu")
         net.train()
-        # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed)
+        # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed); a
+        # causal LM's output head only where a token counts
         tail = None if causal or ckpt else first_token_tail(net)
+        counted_logits = causal and head_rows_work(net)
         if ckpt:
             models.enable_activation_checkpointing(net)
         if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
             net = _with_adapters(net, lora)
         for batch in (2, 4):
-            counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(net, batch, seq_len, precision, tail)
+            counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(
+                net, batch, seq_len, precision, tail, counted, counted_logits
+            )
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matmuls: one thread is as fast and leaves the neighbours alone
@@ -583,9 +615,12 @@ def estimate(
     device: str = "cpu",
     workspace: WorkspaceModel = DEFAULT_WORKSPACE,
     lora: LoraSpec | None = None,
+    counted: float = 1.0,
 ) -> MemoryEstimate:
     """Predicted peak training memory of one configuration (see the module docstring). With `lora`, gradients and
-    optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized)."""
+    optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized).
+    `counted`: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
+    completions only): its logits, their copies and gradients are that share of every position's."""
     inv = facts.inventory
     weights = 4 * inv.numel + inv.buffer_bytes
     dequantized = 0
@@ -596,7 +631,7 @@ def estimate(
         dequantized = 4 * lora_inv.largest_linear if lora.quantize else 0  # one layer's weight, in each forward
     grads = 4 * inv.numel
     state = optimizer_state_bytes(inv, optimizer)
-    profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora)
+    profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora, counted=counted)
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
@@ -606,7 +641,8 @@ def estimate(
         # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever
         # is larger.
         recompute = micro_batch * profile.layer_full + profile.copies_per_layer if checkpointing else 0.0
-        at_loss = (act - recompute, workspace.transient_logits * micro_batch * seq_len * facts.vocab * 4)
+        logits = micro_batch * counted_positions(seq_len, counted) * facts.vocab * 4  # one fp32 copy
+        at_loss = (act - recompute, workspace.transient_logits * logits)
         in_layers = (act - micro_batch * profile.base, bwd_ws)
         act, bwd_ws = max(at_loss, in_layers, key=sum)
     # With accumulation, the gradients of earlier micro-batches are alive through the whole backward;

@@ -47,6 +47,9 @@ class PlanRequest:
     num_labels: int = 2
     #: LoRA (issue #15): every candidate trains adapters (and the head) over a frozen, maybe quantized, base
     lora: LoraSpec | None = None
+    #: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
+    #: completions only): the run computes logits there only, so their memory and FLOPs scale with it
+    counted: float = 1.0
 
     @property
     def per_process_batch(self) -> int:
@@ -202,8 +205,9 @@ def enumerate_candidates(
                 for micro in micro_batches(request.per_process_batch):
                     accum = request.per_process_batch // micro
                     mem = estimate(
-                        facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device, lora=request.lora
-                    )
+                        facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device,
+                        lora=request.lora, counted=request.counted,
+                    )  # fmt: skip
                     secs = step_seconds(
                         speed,
                         flops_per_sequence,
@@ -361,8 +365,15 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     if is_encoder_config(config):
         flop = encoder_flop_model(config, request.num_labels)
     else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included
-        flop = counted_flop_model(_build(config, "meta"))
+        meta = _build(config, "meta")
+        flop = counted_flop_model(meta)
     per_seq = flop.batch_flops(1, request.seq_len)
+    if facts.task == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
+        from leantrain.planner.memory import counted_positions
+        from leantrain.telemetry.flops import row_flops
+
+        uncounted = request.seq_len - counted_positions(request.seq_len, request.counted)
+        per_seq -= uncounted * row_flops(meta.get_output_embeddings().parameters())
     notes = [
         f"speed model: {speed.source}",
         "activations counted on 1- and 2-layer proxies of the model; workspace calibrated on CPU "
@@ -372,6 +383,8 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         notes.append("memory is per process: each holds a whole replica (no sharding)")
     if facts.task == "causal-lm":
         notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
+        if request.counted < 1.0:
+            notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")
     plan = Plan(
         request=request,
         facts={
@@ -403,10 +416,12 @@ def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:
     if importlib.util.find_spec("bitsandbytes") is not None:
         specs += [LoraSpec(quantize="4bit"), LoraSpec(quantize="8bit")]
     micro = request.per_process_batch
-    full = estimate(facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device)
+    full = estimate(facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, counted=request.counted)
     parts = []
     for spec in specs:
-        m = estimate(facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, lora=spec)
+        m = estimate(
+            facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, lora=spec, counted=request.counted
+        )
         parts.append(
             f"{spec.label()}: peak {format_bytes(m.peak)} ({m.peak / full.peak:.2f}x), weights "
             f"{format_bytes(m.weights)}, optimizer state {format_bytes(m.optimizer_state)}"
