@@ -66,3 +66,24 @@ def test_the_tokenizer_fingerprint_does_not_change_when_the_tokenizer_is_used(to
     before = tokenizer_fingerprint(tokenizer)
     tokenize(tokenizer, ["a fairly long sentence to cut"], None, max_length=4)
     assert tokenizer_fingerprint(tokenizer) == before
+
+
+def test_the_tokenizer_fingerprint_is_the_tokenizers_and_only_its(minilm_dir):
+    """The same tokenizer loaded twice hashes alike (a second run finds its cache); another vocabulary, another
+    normaliser or another padding side does not."""
+    from transformers import AutoTokenizer
+
+    from leantrain.data.tokenize import tokenizer_fingerprint
+
+    def load():
+        return AutoTokenizer.from_pretrained(minilm_dir)
+
+    base = tokenizer_fingerprint(load())
+    assert tokenizer_fingerprint(load()) == base
+    more = load()
+    more.add_tokens(["leantrainword"])
+    lower = load()
+    lower.backend_tokenizer.normalizer = None
+    left = load()
+    left.padding_side = "left"
+    assert len({base, *(tokenizer_fingerprint(t) for t in (more, lower, left))}) == 4
