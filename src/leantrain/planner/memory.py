@@ -517,6 +517,27 @@ def _saved_bytes(
     return float(sum(seen.values()))
 
 
+def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
+    """A proxy model from `config`, in training mode, run as its task runs it: (the model, a classifier's
+    `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only)."""
+    from leantrain import models
+    from leantrain.tasks.causal_lm import head_rows_work
+    from leantrain.tasks.classification import first_token_tail
+
+    net = _build(config, "cpu")
+    net.train()
+    causal = is_causal_lm(config)
+    # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed); a causal
+    # LM's output head only where a token counts
+    tail = None if causal or checkpointing else first_token_tail(net)
+    counted_logits = causal and head_rows_work(net)
+    if checkpointing:
+        models.enable_activation_checkpointing(net)
+    if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
+        net = _with_adapters(net, lora)
+    return net, tail, counted_logits
+
+
 @functools.lru_cache(maxsize=64)
 def activation_profile(
     config_json: str,
@@ -531,10 +552,6 @@ def activation_profile(
     `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only."""
     import torch
 
-    from leantrain import models
-    from leantrain.tasks.causal_lm import head_rows_work
-    from leantrain.tasks.classification import first_token_tail
-
     base_config = _config_from_json(config_json)
     layers_name = _layers_attr(base_config)
     # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
@@ -548,16 +565,7 @@ def activation_profile(
     def count(n_layers: int, ckpt: bool, proxy_vocab: int) -> None:
         with _quiet():
             config = _config_from_json(config_json, vocab_size=proxy_vocab, **{layers_name: n_layers})
-        net = _build(config, "cpu")
-        net.train()
-        # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed); a
-        # causal LM's output head only where a token counts
-        tail = None if causal or ckpt else first_token_tail(net)
-        counted_logits = causal and head_rows_work(net)
-        if ckpt:
-            models.enable_activation_checkpointing(net)
-        if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
-            net = _with_adapters(net, lora)
+        net, tail, counted_logits = _proxy(config, ckpt, lora)
         for batch in (2, 4):
             counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(
                 net, batch, seq_len, precision, tail, counted, counted_logits
