@@ -104,9 +104,9 @@ def read_documents(
         kept = [d.strip() for d in docs if d.strip()]
         report.drop("empty", len(docs) - len(kept))
         return kept, report, f"{len(files)} text file(s)"
-    df, report = read_table(source, split=split, options=options)
     from leantrain.data import instructions
 
+    df, report = read_table(source, split=split, options=options)
     kind = instructions.kind_of(df) if text_column is None else None
     if kind is not None:  # instruction rows: their prompts and completions
         kept = [t for t in instructions.row_texts(df, kind, source) if t]
