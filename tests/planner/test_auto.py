@@ -365,6 +365,7 @@ def test_instruction_data_plans_the_logits_where_a_token_counts(tmp_path, cache_
     request = PlanRequest(model=cfg.model, budget=2**30, global_batch=16, seq_len=64)
     fitted, facts, _ = fitted_to_data(cfg, request, prepared)
     assert fitted.counted == pytest.approx(share / 100, abs=0.005)  # what `plan` printed, in percent
+    assert fitted_to_data(cfg.replace(compile=True), request, prepared)[0].counted == 1.0  # one graph: every logit
     counts = prepared.train.features.counted
     assert fitted.counted >= counts.max() / (fitted.seq_len - 1) > fitted.counted - 1 / 64
     facts = facts or model_facts(cfg.model)

@@ -77,12 +77,13 @@ def fitted_to_data(
         if longest < request.seq_len:
             notes.append(f"length {longest}: the longest example of --data (--max-length {cfg.max_length})")
             request = dataclasses.replace(request, seq_len=longest)
-    counted = None if cfg.streaming else getattr(getattr(data.train, "features", None), "counted", None)
+    # a causal LM's logits are computed where the next token counts (not under --compile, whose one graph keeps every
+    # position's): planned at the row that counts the most
+    counted = None if cfg.streaming or cfg.compile else getattr(getattr(data.train, "features", None), "counted", None)
     if counted is not None and len(data.train):
-        # a causal LM's logits are computed where the next token counts: planned at the row that counts the most
         most = int(np.max(counted)) / max(request.seq_len - 1, 1)
         if most < 1.0:
-            share = min(1.0, math.ceil(most * 64) / 64)  # in 64ths: few activation profiles to count
+            share = math.ceil(most * 64) / 64  # in 64ths: few activation profiles to count
             request = dataclasses.replace(request, counted=share)
             notes.append(f"logits at {share:.0%} of a row's positions: the most any training row counts")
     facts = None

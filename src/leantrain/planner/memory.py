@@ -470,11 +470,12 @@ def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool 
         from leantrain.tasks.causal_lm import IGNORE, head_rows, next_token_targets
 
         targets = next_token_targets(batch["labels"])
-        cut = head_rows(net, targets != IGNORE)
+        keep = targets != IGNORE
+        cut = head_rows(net, keep)
     with autocast or contextlib.nullcontext(), tail.cut() if tail is not None else cut:
         logits = net(**inputs, use_cache=False).logits if causal else net(**inputs).logits
     if causal and counted_logits:
-        return F.cross_entropy(logits.float(), targets[targets != IGNORE], reduction="sum")
+        return F.cross_entropy(logits.float(), targets[keep], reduction="sum")
     if causal:
         from leantrain.tasks.causal_lm import token_losses
 
