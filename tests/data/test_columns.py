@@ -39,3 +39,16 @@ def test_an_sts_b_file_needs_no_column_flags():
     assert (cols.text, cols.text_pair, cols.label) == ("sentence1", "sentence2", "score")
     both = pd.DataFrame({"text": ["a"], "score": [0.9], "label": ["pos"]})
     assert resolve_columns(both, "x.csv", None, None, None).label == "label"
+
+
+def test_a_list_column_is_refused_naming_multi_label():
+    """A JSON/Parquet column of lists under the default single-label problem would train one class per
+    combination of classes; it is refused with the flag that reads it as sets."""
+    tags = pd.Series([["sports", "tech"], ["tech"], [], ["sports"]])
+    with pytest.raises(DataError, match="--problem-type multi-label") as info:
+        build_label_map(normalise_labels(tags), "tags.jsonl", "labels")
+    message = str(info.value)
+    assert "tags.jsonl" in message and "'labels'" in message and "\n" not in message
+    assert '["sports", "tech"]' in message  # the example shown is a set, not the empty one
+    # a name that reads as a list, among other names, stays a class
+    assert build_label_map(pd.Series(['["draft"]', "final"]), "f", "label") == ['["draft"]', "final"]

@@ -108,9 +108,24 @@ def _fractional_numbers(names: list[str]) -> list[str]:
     return fractional
 
 
+def _is_json_list(name: str) -> bool:
+    """A label `normalise_labels` made from a list value (or text written as one)."""
+    if not (name.startswith("[") and name.endswith("]")):
+        return False
+    try:
+        return isinstance(json.loads(name), list)
+    except json.JSONDecodeError:
+        return False
+
+
 def build_label_map(labels: pd.Series, source: str, column: str) -> list[str]:
     """Sorted label names (numerically when all are integers); index = class id."""
     names = sorted(set(labels))
+    if names and all(_is_json_list(n) for n in names):  # a list column, read as one class per set of classes
+        raise DataError(
+            f"{source}: label column '{column}' holds lists of classes (e.g. {max(names, key=len)}), one set per row; "
+            "a single-label classifier needs one class per row: for sets of classes use --problem-type multi-label"
+        )
     fractional = _fractional_numbers(names)
     if fractional:
         raise DataError(
