@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from safetensors.torch import load_file
 from leantrain import TrainConfig, train
 from leantrain.data.lm import LMCollator, pack, train_bpe_tokenizer
 from leantrain.data.tokenize import TokenizedText
-from leantrain.errors import ConfigError
+from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.causal_lm import CausalLM, check_packing_separates, token_losses
 from tests.conftest import EXACT_JOB, assert_trained_alike
 
@@ -298,6 +299,15 @@ def run(llama_dir, corpus, tmp_path):
         return result, load_file(result.model_dir / "model.safetensors")
 
     return go
+
+
+def test_a_text_file_of_one_document_says_what_ends_a_document(run, tmp_path):
+    """Lines without a blank line between them are one document: the error says so, not only 'only 1'."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(documents(20, seed=3)) + "\n")
+    expected = "only 1 document (in text files a blank line ends a document); need two"
+    with pytest.raises(DataError, match=re.escape(expected)):
+        run(data=str(lines))
 
 
 def loss_log(result) -> list[float]:

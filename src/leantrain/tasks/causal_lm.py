@@ -39,7 +39,7 @@ class CausalLM(Task):
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
         from leantrain import presets
-        from leantrain.data.lm import load_documents, pack
+        from leantrain.data.lm import is_text_source, load_documents, pack
         from leantrain.data.prepare import Examples
         from leantrain.data.sources import read_options, resolve_data_path
 
@@ -63,7 +63,10 @@ class CausalLM(Task):
             notes.append(eval_note)
         else:
             if len(docs) < 2:
-                raise DataError(f"{source}: only {len(docs)} document; need two to hold one out (or give --eval-data)")
+                where = " (in text files a blank line ends a document)" if is_text_source(source) else ""
+                raise DataError(
+                    f"{source}: only {len(docs)} document{where}; need two to hold one out (or give --eval-data)"
+                )
             order = np.random.default_rng(cfg.seed).permutation(len(docs))
             held = max(1, round(len(docs) * cfg.eval_fraction))
             eval_docs, docs = docs.subset(np.sort(order[:held])), docs.subset(np.sort(order[held:]))
