@@ -248,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32, help="Language models: tokens to generate (default: 32).")
     p.add_argument("--temperature", type=float, help="Language models: sample at this temperature (default: greedy).")
     p.add_argument("--top-p", type=float, help="Language models: sample from the top-p probability mass.")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="Language models: each text is a user's message, rendered with the model's chat template (a "
+        "'messages' column in --data is read as chats without it).",
+    )
 
     p = sub.add_parser(
         "report",
@@ -504,6 +510,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         threshold=args.multi_label_threshold,
+        chat=args.chat,
         read=_read_options(args),
     )
     write_predictions(rows, args.output, sys.stdout)

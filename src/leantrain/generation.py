@@ -6,10 +6,13 @@ from typing import Any
 
 from leantrain.errors import DataError, LeantrainError
 
+#: a chat: role/content messages, as in a 'messages' column
+Chat = list[dict[str, str]]
+
 
 def generate(
     path: str,
-    prompts: list[str],
+    prompts: list[str] | list[Chat],
     *,
     max_new_tokens: int = 32,
     temperature: float | None = None,
@@ -19,8 +22,9 @@ def generate(
     attention: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per prompt: the prompt and its completion (greedy without --temperature; sampled, from `seed`,
-    with it, optionally from the smallest set of tokens whose probability reaches --top-p). `attention`: the run's
-    --attention setting."""
+    with it, optionally from the smallest set of tokens whose probability reaches --top-p). A prompt that is a
+    chat is rendered with the tokenizer's chat template and its generation prompt (the row has `messages`, not
+    `prompt`). `attention`: the run's --attention setting."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -38,6 +42,8 @@ def generate(
     if not prompts:
         raise DataError("predict: no prompt to complete")
     tokenizer = models.load_tokenizer(path)
+    chats = not isinstance(prompts[0], str)
+    texts = [p if isinstance(p, str) else render_chat(tokenizer, p, path) for p in prompts]
     tokenizer.padding_side = "left"  # generation continues each prompt from its last token
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -49,11 +55,23 @@ def generate(
     torch.manual_seed(seed)
     out = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True)
+        chunk = texts[start : start + batch_size]
+        # a rendered chat holds its special tokens already, as in training (`data.instructions`)
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chats)
         with torch.no_grad():
             ids = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
         new = ids[:, enc["input_ids"].shape[1] :]
-        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-        out += [{"prompt": p, "completion": t} for p, t in zip(chunk, texts)]
+        completions = tokenizer.batch_decode(new, skip_special_tokens=True)
+        key = "messages" if chats else "prompt"
+        out += [{key: p, "completion": c} for p, c in zip(prompts[start : start + batch_size], completions)]
     return out
+
+
+def render_chat(tokenizer, chat: Chat, path: str) -> str:
+    """A chat as the model saw chats in training, ending with the template's prompt for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"{path}: the model's tokenizer has no chat template to render a chat with; give plain prompts "
+            "(--text without --chat, or a 'prompt' column)"
+        )
+    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

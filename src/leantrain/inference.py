@@ -237,11 +237,14 @@ def predict(
     temperature: float | None = None,
     top_p: float | None = None,
     threshold: float | None = None,
+    chat: bool = False,
     read: ReadOptions | None = None,
 ) -> list[dict[str, Any]]:
     """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
-    language model, the prompt and its generated completion; for a multi-label model, the labels at or above
-    `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for training."""
+    language model, the prompt and its generated completion (`chat`: each text is a user's message, rendered
+    with the model's chat template; a 'messages' column is read as chats); for a multi-label model, the labels
+    at or above `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for
+    training."""
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
     from leantrain.data.tokenize import tokenize
@@ -249,12 +252,16 @@ def predict(
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
     path, config, task = _task_of(run_or_model)
+    if chat and task != "causal-lm":
+        raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task} model")
     if task == "causal-lm":  # --- causal LM (issue #14)
         from leantrain.generation import generate
 
         if files is not None:
             raise DataError(f"{run_or_model}: a language model; give prompts with --text or a table with --data")
-        prompts = texts if texts is not None else _prompts(data, text_column, read)
+        prompts: list[Any] = texts if texts is not None else _prompts(data, text_column, read)
+        if chat:  # each text is the user's message
+            prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
         sampling: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         return generate(path, prompts, batch_size=batch_size, attention=run_setting(path, "attention"), **sampling)
     if task != "text-classification":
@@ -298,13 +305,17 @@ def predict(
     return out
 
 
-def _prompts(data: str | None, column: str | None, read: ReadOptions | None = None) -> list[str]:
-    """The prompts of a table: --text-column, else its 'prompt' column, else its one text column."""
+def _prompts(data: str | None, column: str | None, read: ReadOptions | None = None) -> list[Any]:
+    """The prompts of a table: --text-column, else its 'prompt' column, else the chats of its 'messages' column
+    (each up to its last assistant message, which the model is to write), else its one text column."""
+    from leantrain.data import instructions
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_table
 
     assert data is not None
     df, _ = read_table(data, split="eval", options=read)
+    if column is None and instructions.kind_of(df) == "messages":
+        return instructions.chat_prompts(df, data)
     if column is None and "prompt" in df.columns:
         column = "prompt"
     cols = resolve_columns(df, data, column, None, None, require_label=False)

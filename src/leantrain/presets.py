@@ -27,7 +27,8 @@ PRESETS: dict[str, tuple[str, str]] = {
     "tiny-llama": (
         "causal-lm",
         "Llama, 4 layers, hidden 256, 4 heads, feed-forward 688, tied embeddings, positions up to 1024 (about 5 M "
-        "parameters with its 8192-token byte-level BPE, which the run trains on its own training text)",
+        "parameters with its 8192-token byte-level BPE, which the run trains on its own training text, and a plain "
+        "'role: content' chat template)",
     ),
 }
 

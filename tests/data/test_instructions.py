@@ -59,6 +59,20 @@ def test_chats_count_the_assistant_messages_only(tokenizer, tmp_path):
     assert counted_text(tokenizer, docs) == [" hello there\n negative\n<|endoftext|>"]
 
 
+def test_an_answer_whose_first_token_holds_the_headers_space_is_counted_from_it(tokenizer, tmp_path):
+    """A generation prompt ending in a space ("assistant: "): byte-level BPE merges that space into the answer's
+    first word, a token that starts before the answer. It is the answer's first token and is counted."""
+    path = tmp_path / "chat.jsonl"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
+    path.write_text(json.dumps({"messages": chat}) + "\n")
+    tokenizer.chat_template = TEMPLATE.replace("assistant:{% endif %}", "assistant: {% endif %}")
+    try:
+        docs, _ = load_documents(str(path), tokenizer, tmp_path / "cache", "train")
+    finally:
+        tokenizer.chat_template = None
+    assert counted_text(tokenizer, docs) == [" hello there\n<|endoftext|>"]
+
+
 def test_bad_chats_and_a_missing_template_get_one_line(tokenizer, tmp_path):
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}) + "\n")

@@ -452,6 +452,41 @@ def test_a_preset_trains_its_tokenizer_on_the_instruction_rows(sentiment_prompts
     assert 0 < rows.counted.sum() < 0.25 * rows.lengths.sum()  # " positive" or " negative" and EOS of each prompt
 
 
+def test_a_preset_tunes_on_chats_and_predict_renders_chats_as_training_did(sentiment_prompts, tmp_path):
+    """A preset's own tokenizer has a chat template (a 'messages' column needed --chat-template before); the
+    run's model/ keeps it, and `predict --chat` / a 'messages' column generate from the rendered chat, as
+    `generate` does from `apply_chat_template(..., add_generation_prompt=True)`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leantrain.data.lm import CHAT_TEMPLATE
+    from leantrain.inference import predict
+
+    chats = tmp_path / "chats.jsonl"
+    rows = [json.loads(x) for x in sentiment_prompts.read_text().splitlines()]
+    chats.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": c}]})
+            + "\n"
+            for r in rows
+            for c in [r["completion"].strip()]
+        )
+    )
+    cfg = dict(model="preset:tiny-llama", data=str(chats), cache_dir=str(tmp_path / "cache"), report=False)
+    result = train(TrainConfig(**cfg, output_dir=str(tmp_path / "run"), max_length=64, max_steps=3, batch_size=8))
+    tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
+    question = [{"role": "user", "content": rows[0]["prompt"]}]
+    text = tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("assistant:\n")
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    expected = {"messages": question, "completion": tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)}
+    assert predict(str(result.output_dir), texts=[rows[0]["prompt"]], chat=True, max_new_tokens=3) == [expected]
+    from_data = predict(str(result.output_dir), data=str(chats), max_new_tokens=3, batch_size=64)
+    assert len(from_data) == len(rows) and from_data[0] == expected  # the assistant's answer left out
+
+
 def test_exact_match_is_that_of_greedy_generation(run, llama_dir, sentiment_prompts, tmp_path):
     """The evaluation's exact match (one teacher-forced pass) equals generating each held-out completion greedily
     with `generate` and comparing it with the reference, token for token (EOS included)."""
@@ -503,6 +538,8 @@ def test_predict_generates_greedily_or_by_sampling(run):
     assert sampled == predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
     with pytest.raises(LeantrainError, match="--temperature"):
         predict(str(result.output_dir), texts=prompts, top_p=0.5)
+    with pytest.raises(DataError, match="no chat template to render a chat with; give plain prompts"):
+        predict(str(result.output_dir), texts=prompts, chat=True)
 
 
 def test_lora_on_a_language_model_accumulates_exactly_and_publishes_a_merged_model(run):

@@ -88,7 +88,14 @@ def _prompt_completion(tokenizer, prompt: str, completion: str) -> tuple[list[in
     return [*p, *c], [0] * len(p) + [1] * len(c)
 
 
-def _chat(value: Any, source: str, row: int) -> list[dict[str, str]]:
+def chat_prompts(df: pd.DataFrame, source: str) -> list[list[dict[str, str]]]:
+    """Each row's chat without its final assistant message (the answer a model is asked for)."""
+    column = {str(c).lower(): c for c in df.columns}["messages"]
+    chats = [_chat(v, source, i, answered=False) for i, v in enumerate(df[column])]
+    return [chat[:-1] if chat[-1]["role"] == "assistant" else chat for chat in chats]
+
+
+def _chat(value: Any, source: str, row: int, answered: bool = True) -> list[dict[str, str]]:
     """A chat as a list of {role, content} messages (a JSON string in a CSV cell), or one line saying why not."""
     if isinstance(value, str):
         try:
@@ -109,13 +116,14 @@ def _chat(value: Any, source: str, row: int) -> list[dict[str, str]]:
             f'{source}: row {row + 1} of column \'messages\' is not a list of {{"role": ..., "content": ...}} '
             "messages; write each chat as such a JSON list"
         )
-    if not any(m["role"] == "assistant" for m in value):
+    if answered and not any(m["role"] == "assistant" for m in value):
         raise DataError(f"{source}: row {row + 1} of column 'messages' has no assistant message to learn")
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
 def _chat_tokens(tokenizer, chat: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """The rendered chat's tokens, with 1 on the characters each assistant message adds to the rendering."""
+    """The rendered chat's tokens, with 1 on those that overlap what each assistant message adds to the rendering
+    (a token that merges the header's last space with the answer's first word is the answer's first token)."""
     render = lambda msgs, gen=False: tokenizer.apply_chat_template(  # noqa: E731
         msgs, tokenize=False, add_generation_prompt=gen
     )
@@ -125,7 +133,7 @@ def _chat_tokens(tokenizer, chat: list[dict[str, str]]) -> tuple[list[int], list
         if m["role"] == "assistant":
             spans.append((len(render(chat[:i], True)), len(render(chat[: i + 1]))))
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
-    mask = [int(any(a <= start < b for a, b in spans)) for start, _ in enc["offset_mapping"]]
+    mask = [int(any(start < b and end > a for a, b in spans)) for start, end in enc["offset_mapping"]]
     ids = list(enc["input_ids"])
     if ids[-1:] != [tokenizer.eos_token_id]:  # the end of the chat is learnt too
         ids, mask = [*ids, tokenizer.eos_token_id], [*mask, 1]

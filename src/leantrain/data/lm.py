@@ -293,6 +293,15 @@ class LMCollator:
 # -- a tokenizer made for the run ----------------------------------------------------------------------------------
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 
+#: the chat template of a tokenizer a run trains (a preset's): "role: content" lines, each assistant turn ending
+#: with EOS, so that a model tuned on chats learns where its answer stops; the answer starts on a new line, so
+#: its first word is tokenized alike after the generation prompt and in training (no trailing space to merge)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}assistant:\n{{ m['content'] }}{{ eos_token }}"
+    "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:\n{% endif %}"
+)
+
 
 def train_bpe_tokenizer(docs: list[str], vocab_size: int):
     """A byte-level BPE tokenizer trained on `docs` (seconds for millions of words), as a transformers tokenizer."""
@@ -324,15 +333,18 @@ def run_tokenizer(
         kind="bpe", read=options.key(), source=source_fingerprint(source), text=text_column, glob=glob, vocab=vocab_size
     )
     folder = cache_dir / "tokenizers" / key
+    tokenizer = None
     if (folder / "tokenizer.json").is_file():
         try:
-            return PreTrainedTokenizerFast.from_pretrained(str(folder))
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
         except (OSError, ValueError) as exc:
             log.warning("cached tokenizer %s is damaged (%s); training it again", folder, exc)
-    docs, _, _ = read_documents(source, glob, text_column, options, "train")
-    tokenizer = train_bpe_tokenizer(docs, vocab_size)
-    try:
-        tokenizer.save_pretrained(str(folder))
-    except OSError as exc:
-        log.warning("could not cache the tokenizer at %s (%s)", folder, exc)
+    if tokenizer is None:
+        docs, _, _ = read_documents(source, glob, text_column, options, "train")
+        tokenizer = train_bpe_tokenizer(docs, vocab_size)
+        try:
+            tokenizer.save_pretrained(str(folder))
+        except OSError as exc:
+            log.warning("could not cache the tokenizer at %s (%s)", folder, exc)
+    tokenizer.chat_template = tokenizer.chat_template or CHAT_TEMPLATE  # (one cached before it had none)
     return tokenizer
