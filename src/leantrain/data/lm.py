@@ -174,6 +174,7 @@ def load_documents(
         tokenizer=tokenizer_fingerprint(tokenizer),
         chat_template=getattr(tokenizer, "chat_template", None),
         train_on_prompt=train_on_prompt,
+        answer_tokens="overlap",  # (before: tokens starting inside the answer; `instructions._chat_tokens`)
     )
     path = cache_dir / "tokenized" / f"{key}.npz"
     cached = load_cached(path, vocab_size=len(tokenizer))
