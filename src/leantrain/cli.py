@@ -222,9 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num-labels", type=int, default=2, help="Labels the head would have (default: 2).")
 
-    p = sub.add_parser("evaluate", help="Score a trained run or model on a labelled file (or image/audio folder).")
+    p = sub.add_parser(
+        "evaluate",
+        help="Score a trained run or model on a labelled file (or image/audio folder); a language model's loss and "
+        "perplexity on a text.",
+    )
     p.add_argument("model", metavar="RUN_OR_MODEL")
-    p.add_argument("--data", required=True, help="Labelled file to score, or a folder of images or audio files.")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="Labelled file to score, or a folder of images or audio files; for a language model, text (a .txt "
+        "file, a folder of them, or a table; instruction rows add exact match).",
+    )
     p.add_argument(
         "--metrics", help="Metrics to report, comma-separated, as `train --metrics` (default: accuracy,macro_f1)."
     )

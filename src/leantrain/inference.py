@@ -183,11 +183,14 @@ def evaluate(
     from leantrain.data.tokenize import default_cache_dir
 
     path, config, task = _task_of(run_or_model)
-    if task == "causal-lm":  # --- causal LM (issue #14)
-        raise DataError(
-            f"{run_or_model}: a language model; its run's metrics.json holds the held-out loss and perplexity "
-            "(evaluate scores classifiers), and `leantrain predict` generates"
-        )
+    if task == "causal-lm":  # --- causal LM (issue #14): loss and perplexity
+        from leantrain import lm_inference
+
+        cache = cache_dir or str(default_cache_dir())
+        return lm_inference.evaluate(
+            path, data, max_length=max_length or run_max_length(path), batch_size=batch_size, cache_dir=cache,
+            text_column=text_column, read=read, run=lambda name: run_setting(path, name),
+        )  # fmt: skip
     if task != "text-classification":
         column = image_column if task == "image-classification" else audio_column
         return _evaluate_media(
@@ -255,15 +258,10 @@ def predict(
     if chat and task != "causal-lm":
         raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task} model")
     if task == "causal-lm":  # --- causal LM (issue #14)
-        from leantrain.generation import generate
-
         if files is not None:
             raise DataError(f"{run_or_model}: a language model; give prompts with --text or a table with --data")
-        prompts: list[Any] = texts if texts is not None else _prompts(data, text_column, read)
-        if chat:  # each text is the user's message
-            prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
         sampling: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-        return generate(path, prompts, batch_size=batch_size, attention=run_setting(path, "attention"), **sampling)
+        return _generate(path, texts, data, text_column, read, chat, batch_size, sampling)
     if task != "text-classification":
         if texts is not None:
             what = task.split("-")[0]
@@ -303,6 +301,16 @@ def predict(
         )
         out[i] = row
     return out
+
+
+def _generate(path: str, texts, data, text_column, read, chat: bool, batch_size: int, sampling: dict[str, Any]):
+    """A language model's completions of `texts` or of `data`'s prompts (`chat`: each a user's message)."""
+    from leantrain.lm_inference import generate
+
+    prompts: list[Any] = texts if texts is not None else _prompts(data, text_column, read)
+    if chat:
+        prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+    return generate(path, prompts, batch_size=batch_size, attention=run_setting(path, "attention"), **sampling)
 
 
 def _prompts(data: str | None, column: str | None, read: ReadOptions | None = None) -> list[Any]:

@@ -4,8 +4,10 @@ accumulation is exact at the token level, resume is bitwise, and the trained mod
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -514,6 +516,40 @@ def test_exact_match_is_that_of_greedy_generation(run, llama_dir, sentiment_prom
         right += out == completion
     assert result.metrics["eval_exact_match"] == pytest.approx(right / len(rows), abs=1e-12)
     assert 0 < right < len(rows)  # some right and some wrong: the comparison means something
+
+
+@pytest.mark.parametrize("instruction", [False, True], ids=["text", "instruction"])
+def test_evaluate_gives_the_runs_own_held_out_loss_perplexity_and_exact_match(
+    run, sentiment_prompts, tmp_path, instruction
+):
+    """`leantrain evaluate` on a language model scores a text as the run's evaluation scored its --eval-data:
+    the same rows (packed for text, one per row for instruction data), loss per counted token, perplexity, exact
+    match."""
+    from leantrain.inference import evaluate
+
+    if instruction:
+        lines = sentiment_prompts.read_text().splitlines()
+        train_file, held_out = tmp_path / "train.jsonl", tmp_path / "held_out.jsonl"
+        train_file.write_text("\n".join(lines[:120]) + "\n")
+        held_out.write_text("\n".join(lines[120:]) + "\n")
+    else:
+        train_file, held_out = tmp_path / "train.txt", tmp_path / "held_out.txt"
+        train_file.write_text("\n\n".join(documents(60, seed=7)) + "\n")
+        held_out.write_text("\n\n".join(documents(25, seed=8)) + "\n")
+    job = dict(optimizer="adamw", lr=1e-2, max_steps=8, max_length=64)  # 64: every completion kept
+    result, _ = run(data=str(train_file), eval_data=str(held_out), **job)
+    scores = evaluate(str(result.output_dir), str(held_out), batch_size=3)  # other batches than the run's
+    m = result.metrics
+    assert scores["loss"] == pytest.approx(m["eval_loss"], rel=1e-5)
+    assert scores["perplexity"] == pytest.approx(m["eval_perplexity"], rel=1e-5)
+    assert ("exact_match" in scores) == instruction
+    if instruction:
+        assert scores["exact_match"] == m["eval_exact_match"]
+        assert scores["documents"] == len(lines) - 120
+        # a model folder with no run beside it (a pretrained model): instruction rows are scored alike
+        bare = shutil.copytree(result.model_dir, tmp_path / "bare")
+        assert evaluate(str(bare), str(held_out))["loss"] == pytest.approx(m["eval_loss"], rel=1e-5)
+    assert scores["loss"] < math.log(300) - 0.5  # trained: well below a uniform guess over the vocabulary
 
 
 def test_predict_generates_greedily_or_by_sampling(run):

@@ -80,9 +80,9 @@ class CausalLM(Task):
             docs, eval_docs = self._keep_completions(docs, eval_docs, notes)
             # whole documents per row; evaluation one per row, so that exact match is per example
             train_rows = pack(docs, cfg.max_length, cfg.packing, whole=True)
-            eval_rows = pack(eval_docs, cfg.max_length, packing=False)
         else:
-            train_rows, eval_rows = (pack(d, cfg.max_length, cfg.packing) for d in (docs, eval_docs))
+            train_rows = pack(docs, cfg.max_length, cfg.packing)
+        eval_rows = self._eval_rows(eval_docs)
         how = "packed into" if cfg.packing else "one document per row (padded),"
         notes.append(
             f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
@@ -99,6 +99,42 @@ class CausalLM(Task):
             notes,
             model_config=config,
         )
+
+    def _eval_rows(self, docs):
+        """Instruction data one document per row (exact match is per example); plain text as training packs it."""
+        from leantrain.data.lm import pack
+
+        return pack(docs, self.cfg.max_length, packing=self.cfg.packing and not self.instruction)
+
+    def evaluation_data(self, model_path: str, source: str, options: Any) -> tuple[Any, int]:
+        """`source`'s documents as the run's evaluation rows (`Examples`, for `leantrain evaluate`), with the model's
+        tokenizer (kept as `self.tokenizer`), and how many documents they hold."""
+        from leantrain.data.instructions import keep_completions
+        from leantrain.data.lm import load_documents
+        from leantrain.data.prepare import Examples
+
+        cfg = self.cfg
+        self.tokenizer = tokenizer = self._tokenizer(model_path, source, Path(cfg.cache_dir))
+        docs, _ = load_documents(
+            source,
+            tokenizer,
+            Path(cfg.cache_dir),
+            "eval",
+            options=options,
+            glob=cfg.text_glob,
+            text_column=cfg.text_column,
+            train_on_prompt=cfg.train_on_prompt,
+        )
+        self.instruction = docs.token_type_ids is not None
+        if self.instruction:
+            docs, _ = keep_completions(docs, cfg.max_length)
+            if len(docs) == 0:
+                raise DataError(
+                    f"{source}: no row keeps a completion token within --max-length {cfg.max_length}; raise "
+                    "--max-length or shorten the prompts"
+                )
+        rows = self._eval_rows(docs)
+        return Examples(rows, rows.counted.astype(np.int64)), len(docs)
 
     def _keep_completions(self, docs, eval_docs, notes: list[str]):
         """Instruction rows cut to --max-length; rows left without a completion token are skipped and counted."""

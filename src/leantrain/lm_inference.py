@@ -1,7 +1,10 @@
-"""`leantrain predict` for a causal language model: completions of prompts, greedy or sampled."""
+"""`leantrain evaluate` and `predict` for a causal language model: the held-out loss and perplexity (and exact
+match on instruction data) of a text, computed as the run's own evaluation computes them; completions of
+prompts, greedy or sampled."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from leantrain.errors import DataError, LeantrainError
@@ -75,3 +78,57 @@ def render_chat(tokenizer, chat: Chat, path: str) -> str:
             "(--text without --chat, or a 'prompt' column)"
         )
     return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
+def evaluate(
+    path: str,
+    data: str,
+    *,
+    max_length: int,
+    batch_size: int,
+    cache_dir: str,
+    text_column: str | None = None,
+    read: Any = None,
+    run: Callable[[str], Any] = lambda name: None,
+) -> dict[str, Any]:
+    """Loss per counted token and perplexity of `data` (a text file, a folder of them, or a table; instruction
+    rows count their completions and add exact match), with the settings `run(name)` gives, the run's own
+    (packing, prompt masking, attention): the numbers the run's evaluation reports for the same text."""
+    from torch.utils.data import DataLoader
+    from transformers import AutoModelForCausalLM
+
+    from leantrain import parallel
+    from leantrain.attention import apply_forced
+    from leantrain.config import TrainConfig
+    from leantrain.data.batching import ExamplesDataset, eval_batches
+    from leantrain.data.lm import LMCollator
+    from leantrain.tasks.causal_lm import CausalLM
+    from leantrain.training.evaluator import gather_rows
+
+    packing, on_prompt = run("packing"), run("train_on_prompt")
+    cfg = TrainConfig(
+        model=path,
+        data=data,
+        task="causal-lm",
+        max_length=max_length,
+        packing=bool(packing),  # a model leantrain did not train: a document per row, no probe of its attention
+        train_on_prompt=bool(on_prompt),
+        text_column=text_column,
+        cache_dir=cache_dir,
+        progress=False,
+        report=False,
+    )
+    task = CausalLM(cfg)
+    rows, documents = task.evaluation_data(path, data, read)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    apply_forced(model, run("attention"))
+    accelerator = parallel.make_accelerator("fp32")
+    loader = DataLoader(
+        ExamplesDataset(rows),
+        batch_sampler=eval_batches(rows.lengths, batch_size),
+        collate_fn=LMCollator(task.tokenizer.pad_token_id, packing=cfg.packing),
+    )
+    model, loader = accelerator.prepare(model, loader)
+    task.check_model(model)  # packing kept apart; the head run only where a token counts
+    out = gather_rows(model, loader, accelerator, task)
+    return {**task.metrics(out), "documents": documents, "tokens": int(out["tokens"].sum())}
