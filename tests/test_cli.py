@@ -160,6 +160,25 @@ def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("leantrain train: error: ")
 
 
+def test_the_command_ends_without_pythons_last_garbage_collection():
+    """`leantrain` and `python -m leantrain[.cli]` go through `entry`, which freezes every object once `main` has
+    returned, so the interpreter's final collection skips them (2-2.5 s of each run's exit); `main` itself, which
+    tests call in one process, does not."""
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "leantrain"]
+    assert script.value == "leantrain.cli:entry"
+    probe = (
+        "import atexit, gc, sys, leantrain.cli as cli\n"
+        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 1000))\n"
+        "cli.main = lambda: print('frozen in main:', gc.get_freeze_count()) or 7\n"
+    )
+    for call in ("sys.exit(cli.entry())", "import runpy; runpy.run_module('leantrain', run_name='__main__')"):
+        proc = subprocess.run([sys.executable, "-c", probe + call], capture_output=True, text=True)
+        assert proc.returncode == 7, proc.stderr  # main's exit code
+        assert "frozen in main: 0" in proc.stdout and "frozen at exit: True" in proc.stdout
+
+
 def test_yaml_config_with_flag_override(capsys, tiny_model_dir, sentiment_csv, tmp_path, cache_dir):
     cfg = tmp_path / "job.yaml"
     cfg.write_text(

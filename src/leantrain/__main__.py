@@ -1,5 +1,5 @@
 import sys
 
-from leantrain.cli import main
+from leantrain.cli import entry
 
-sys.exit(main())
+sys.exit(entry())
