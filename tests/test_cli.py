@@ -1,5 +1,6 @@
 """The command line: every bad input ends in one line naming the file/flag/column, exit 2, no traceback."""
 
+import gc
 import json
 import subprocess
 import sys
@@ -160,23 +161,40 @@ def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("leantrain train: error: ")
 
 
-def test_the_command_ends_without_pythons_last_garbage_collection():
-    """`leantrain` and `python -m leantrain[.cli]` go through `entry`, which freezes every object once `main` has
-    returned, so the interpreter's final collection skips them (2-2.5 s of each run's exit); `main` itself, which
-    tests call in one process, does not."""
+def _probe(argv: list[str], main: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m leantrain ARGV` in a child that reports, at its exit, whether cyclic garbage collection was on
+    and how many objects were frozen; `main` replaces `cli.main` (a Python expression)."""
+    code = (
+        "import atexit, gc, runpy, sys, leantrain.cli as cli\n"
+        "frozen = lambda: gc.get_freeze_count() > 1000\n"
+        "atexit.register(lambda: print('at exit: collecting', gc.isenabled(), 'frozen', frozen()))\n"
+        + (f"cli.main = lambda: {main}\n" if main else "")
+        + f"sys.argv = ['leantrain', *{argv!r}]\n"
+        "runpy.run_module('leantrain', run_name='__main__')\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+
+
+def test_the_command_collects_no_garbage_at_start_up_nor_at_its_exit(base):
+    """`leantrain` and `python -m leantrain` end through `entry`: `train` starts with cyclic collection off, and the
+    first training micro-batch freezes what start-up made and turns it on again; at the exit every object is frozen
+    (Python's last collection then walks none). `main` itself, which tests call in one process, touches nothing."""
     from importlib.metadata import entry_points
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "leantrain"]
     assert script.value == "leantrain.cli:entry"
-    probe = (
-        "import atexit, gc, sys, leantrain.cli as cli\n"
-        "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 1000))\n"
-        "cli.main = lambda: print('frozen in main:', gc.get_freeze_count()) or 7\n"
+    report = (
+        "print('in main: collecting', __import__('gc').isenabled(), 'frozen', __import__('gc').get_freeze_count()) or 7"
     )
-    for call in ("sys.exit(cli.entry())", "import runpy; runpy.run_module('leantrain', run_name='__main__')"):
-        proc = subprocess.run([sys.executable, "-c", probe + call], capture_output=True, text=True)
+    for command, collecting in (("train", False), ("predict", True)):
+        proc = _probe([command], main=report)
         assert proc.returncode == 7, proc.stderr  # main's exit code
-        assert "frozen in main: 0" in proc.stdout and "frozen at exit: True" in proc.stdout
+        assert f"in main: collecting {collecting} frozen 0" in proc.stdout
+        assert "at exit: collecting" in proc.stdout and "frozen True" in proc.stdout
+    proc = _probe(base)  # a real run: collection back on since its first micro-batch
+    assert proc.returncode == 0, proc.stderr
+    assert "at exit: collecting True frozen True" in proc.stdout
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # this process: untouched by the runs `main` made
 
 
 def test_yaml_config_with_flag_override(capsys, tiny_model_dir, sentiment_csv, tmp_path, cache_dir):

@@ -1,8 +1,10 @@
 """Fixed points where instrumentation can watch or disturb a run: tests inject faults, record batches or
-simulate running out of memory through a `Hooks` subclass, never through the library's own globals."""
+simulate running out of memory through a `Hooks` subclass, never through the library's own globals; the
+`leantrain` command resumes garbage collection through one (`StartupOver`)."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 
@@ -25,3 +27,14 @@ class Hooks:
 
     def on_evaluated(self, rows: dict[str, Any]) -> None:
         """After an evaluation: the per-example rows gathered from every process, each example once."""
+
+
+class StartupOver(Hooks):
+    """At a run's first training micro-batch: what start-up made is frozen (no later collection walks it; it
+    lives to the end) and cyclic collection, which `cli.entry` turned off for start-up, resumes, so that a long
+    run's few cycles a step are collected."""
+
+    def on_micro_batch(self, model: Any, batch: dict[str, Any]) -> None:
+        if not gc.isenabled():
+            gc.freeze()
+            gc.enable()
