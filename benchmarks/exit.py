@@ -19,23 +19,12 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` as a package when run as a script
-from benchmarks._results import write_results
-from benchmarks.trainer_comparison import (
-    DEFAULT_OUT,
-    QUIET_CORES,
-    REPO,
-    SHARED_DATA,
-    OtherLoad,
-    environment,
-    leantrain_command,
-    wait_for_quiet,
-    write_train_slice,
-)
+from benchmarks import _rounds
+from benchmarks.trainer_comparison import QUIET_CORES, REPO, OtherLoad, leantrain_command
 
 #: how each setting starts the command: the `leantrain` script's way, and `main` with the collector as it is
 STARTS = {
@@ -74,38 +63,19 @@ def run(setting: str, flags: list[str], log: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=2000, help="first N rows of SST-2 train (default: %(default)s)")
+    _rounds.add_flags(p, "alternating rounds")
     p.add_argument("--max-steps", type=int, default=3, help="optimizer steps a run (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default: %(default)s)")
-    p.add_argument("--wait-quiet", type=float, default=30, help="seconds to wait for a quiet machine before a run")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
-    data = SHARED_DATA / "sst2"
-    if not (data / "train.tsv").is_file():
-        sys.exit(f"no SST-2 at {data} (see ../shared/data/README.md)")
     from leantrain.models import embedded_model_path
 
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    runs: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="exit-") as tmp:
-        work = Path(tmp)
-        train = work / "train.tsv"
-        write_train_slice(data / "train.tsv", train, args.rows)
-        for r in range(args.rounds):
-            for i, setting in enumerate(STARTS):
-                wait_for_quiet(args.wait_quiet)
-                fresh = work / f"{r}-{i}"
-                cmd = leantrain_command(
-                    embedded_model_path(), train, data / "dev.tsv", "fp32", fresh / "run", fresh / "cache",
-                    args.max_steps,
-                )  # fmt: skip
-                row = {"round": r + 1, **run(setting, cmd[3:], work / f"{r}-{i}.log")}  # the flags after `-m ...`
-                runs.append(row)
-                print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    page = render(runs, args, started)
-    command = "python benchmarks/exit.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    context = {**environment(None), "run": started, "command": command}
-    print(write_results(args.out_dir, "exit", page, context, {"runs": runs}))
+    def run_one(setting: str, train: Path, dev: Path, fresh: Path) -> dict:
+        cmd = leantrain_command(
+            embedded_model_path(), train, dev, "fp32", fresh / "run", fresh / "cache", args.max_steps
+        )
+        return run(setting, cmd[3:], fresh / "run.log")  # the flags after `python -m leantrain.cli`
+
+    runs, started = _rounds.alternate(args, "exit", list(STARTS), run_one)
+    _rounds.publish(args, "exit", render(runs, args, started), runs, started, argv)
     return 0
 
 
@@ -127,8 +97,8 @@ def render(runs: list[dict], args: argparse.Namespace, started: str) -> list[str
     ]
     for setting in STARTS:
         if quiet:
-            cells = [statistics.median(by[(r, setting)][k] for r in quiet) for k, _ in FIELDS]
-            lines.append(f"| {setting} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+            medians = [statistics.median(by[(r, setting)][k] for r in quiet) for k, _ in FIELDS]
+            lines.append(f"| {setting} | " + " | ".join(f"{c:.2f}" for c in medians) + " |")
     for key, heading in FIELDS:
         saved = [by[(r, "main")][key] - by[(r, "entry")][key] for r in quiet]
         if saved:

@@ -20,38 +20,27 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` as a package when run as a script
-from benchmarks._results import write_results
-from benchmarks.trainer_comparison import (
-    DEFAULT_OUT,
-    QUIET_CORES,
-    SHARED_DATA,
-    OtherLoad,
-    environment,
-    leantrain_command,
-    run_child,
-    wait_for_quiet,
-    write_train_slice,
-)
+from benchmarks import _rounds
+from benchmarks.trainer_comparison import QUIET_CORES, OtherLoad, leantrain_command, run_child
 
 KEPT_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
 SETTINGS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT_TUNABLES}}
 
 
-def run(setting: str, model: Path, train: Path, dev: Path, precision: str, work: Path) -> dict:
+def run(setting: str, train: Path, dev: Path, fresh: Path, precision: str) -> dict:
     import json
 
-    fresh = Path(tempfile.mkdtemp(prefix=f"{setting}-", dir=work))
-    cmd = leantrain_command(model, train, dev, precision, fresh / "run", fresh / "cache", None)
+    from leantrain.models import embedded_model_path
+
+    cmd = leantrain_command(embedded_model_path(), train, dev, precision, fresh / "run", fresh / "cache", None)
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
     env.update(SETTINGS[setting])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with OtherLoad() as load:
-        seconds = run_child(cmd, work / f"{setting}.log", env)
+        seconds = run_child(cmd, fresh / "run.log", env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     m = json.loads((fresh / "run" / "metrics.json").read_text())
     return {
@@ -83,34 +72,13 @@ FIELDS = [  # (key, heading, format)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=2000, help="first N rows of SST-2 train (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating (glibc, kept) rounds (default: %(default)s)")
+    _rounds.add_flags(p, "alternating (glibc, kept) rounds")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--wait-quiet", type=float, default=30, help="seconds to wait for a quiet machine before a run")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
-    data = SHARED_DATA / "sst2"
-    if not (data / "train.tsv").is_file():
-        sys.exit(f"no SST-2 at {data} (see ../shared/data/README.md)")
-    from leantrain.models import embedded_model_path
-
-    model = embedded_model_path()
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    runs: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="heap-") as tmp:
-        work = Path(tmp)
-        train = work / "train.tsv"
-        write_train_slice(data / "train.tsv", train, args.rows)
-        for r in range(args.rounds):
-            for setting in SETTINGS:
-                wait_for_quiet(args.wait_quiet)
-                row = {"round": r + 1, **run(setting, model, train, data / "dev.tsv", args.precision, work)}
-                runs.append(row)
-                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    page = render(runs, args, started)
-    command = "python benchmarks/heap.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    context = {**environment(None), "run": started, "command": command}
-    print(write_results(args.out_dir, "heap", page, context, {"runs": runs}))
+    runs, started = _rounds.alternate(
+        args, "heap", list(SETTINGS), lambda setting, train, dev, fresh: run(setting, train, dev, fresh, args.precision)
+    )
+    _rounds.publish(args, "heap", render(runs, args, started), runs, started, argv)
     return 0
 
 
