@@ -84,16 +84,44 @@ def from_environment() -> Hooks | None:
     return None
 
 
+class Both(Hooks):
+    """The caller's hooks (the `leantrain` command's own: `StartupOver`) and the test's, at every point."""
+
+    def __init__(self, first: Hooks, second: Hooks):
+        self.pair = (first, second)
+
+    def on_micro_batch(self, model, batch) -> None:
+        for h in self.pair:
+            h.on_micro_batch(model, batch)
+
+    def before_optimizer_step(self, step: int) -> None:
+        for h in self.pair:
+            h.before_optimizer_step(step)
+
+    def out_of_memory(self, step: int, batch) -> bool:
+        return any([h.out_of_memory(step, batch) for h in self.pair])  # both asked, as each counts its calls
+
+    def on_eval_batch(self, batch) -> None:
+        for h in self.pair:
+            h.on_eval_batch(batch)
+
+    def on_evaluated(self, rows) -> None:
+        for h in self.pair:
+            h.on_evaluated(rows)
+
+
 def install_from_environment() -> None:
-    """Make `leantrain.train` in this process use the hooks the LT_TEST_* variables describe (if any)."""
-    hooks = from_environment()
-    if hooks is None:
+    """Make `leantrain.train` in this process use the hooks the LT_TEST_* variables describe (if any), beside
+    any the caller passes."""
+    installed = from_environment()
+    if installed is None:
         return
     import leantrain.api as api
 
     original_train = api.train
 
-    def train(config=None, *, task=None, hooks=hooks, **overrides):
+    def train(config=None, *, task=None, hooks=None, **overrides):
+        hooks = installed if hooks is None else Both(hooks, installed)
         return original_train(config, task=task, hooks=hooks, **overrides)
 
     api.train = train
