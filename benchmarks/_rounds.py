@@ -11,7 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks._results import write_results
-from benchmarks.trainer_comparison import DEFAULT_OUT, SHARED_DATA, environment, wait_for_quiet, write_train_slice
+from benchmarks.trainer_comparison import (
+    DEFAULT_OUT,
+    QUIET_CORES,
+    SHARED_DATA,
+    environment,
+    wait_for_quiet,
+    write_train_slice,
+)
 
 #: run_one(setting, train slice, dev, a fresh folder for the run) -> the run's figures
 RunOne = Callable[[str, Path, Path, Path], dict]
@@ -45,6 +52,11 @@ def alternate(args: argparse.Namespace, name: str, settings: list[str], run_one:
                 runs.append(row)
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     return runs, started
+
+
+def quiet_rounds(runs: list[dict], rounds: int) -> list[int]:
+    """The rounds during all of whose runs other processes used at most QUIET_CORES."""
+    return [r for r in range(1, rounds + 1) if all(x["others"] <= QUIET_CORES for x in runs if x["round"] == r)]
 
 
 def publish(args: argparse.Namespace, name: str, page: list[str], runs: list[dict], started: str, argv) -> None:

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(runs: list[dict], args: argparse.Namespace, started: str) -> list[str]:
-    quiet = [r for r in range(1, args.rounds + 1) if all(x["others"] <= QUIET_CORES for x in runs if x["round"] == r)]
+    quiet = _rounds.quiet_rounds(runs, args.rounds)
     by = {(x["round"], x["setting"]): x for x in runs}
     lines = [
         "# Python's garbage collection in a run: `cli.entry` against `cli.main`",

@@ -465,14 +465,11 @@ def test_a_preset_tunes_on_chats_and_predict_renders_chats_as_training_did(senti
 
     chats = tmp_path / "chats.jsonl"
     rows = [json.loads(x) for x in sentiment_prompts.read_text().splitlines()]
-    chats.write_text(
-        "".join(
-            json.dumps({"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": c}]})
-            + "\n"
-            for r in rows
-            for c in [r["completion"].strip()]
-        )
-    )
+    lines = []
+    for r in rows:
+        chat = [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["completion"].strip()}]
+        lines.append(json.dumps({"messages": chat}) + "\n")
+    chats.write_text("".join(lines))
     cfg = dict(model="preset:tiny-llama", data=str(chats), cache_dir=str(tmp_path / "cache"), report=False)
     result = train(TrainConfig(**cfg, output_dir=str(tmp_path / "run"), max_length=64, max_steps=3, batch_size=8))
     tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
