@@ -1,13 +1,15 @@
-"""Logits only where a token counts: a causal LM's training forward with the output head cut to its counted
-positions, against the same run computing every position's logits, in one script (issue #14).
+"""A causal LM's output head in training, three ways in one script (issue #14): fused with the loss over chunks of
+counted rows (leantrain's default: the logits never whole), its logits at the counted positions only, and every
+position's logits (what a trainer that cuts nothing computes).
 
 Two jobs on `preset:tiny-llama`'s architecture (4 layers, hidden 256, vocabulary 8,192, from scratch), 16 packed
 rows of 128 tokens a step, fp32, AdamW: continued pretraining on real short documents (every token counts but each
 document's last), and instruction tuning on SST-2 prompts ("Review: ...\\nSentiment:" -> " positive"/" negative":
-the completion and EOS count, the prompt does not). Each run is its own process; the two ways alternate, so a
-neighbour's load falls on both. The peer is leantrain itself with the selection turned off (its task's `forward`
-and FLOP count put back to the base task's). Reported: tokens per second of the training loop (every token in the
-rows, the same data both ways), peak memory over the baseline, and the final training loss (equal up to rounding).
+the completion and EOS count, the prompt does not). Each run is its own process; the ways alternate, so a
+neighbour's load falls on all. The peers are leantrain itself with the fusion turned off (`head_loss_works` says
+no), and with the selection off too (its task's `forward` and FLOP count put back to the base task's). Reported:
+tokens per second of the training loop (every token in the rows, the same data each way), peak memory over the
+baseline, and the final training loss (equal up to rounding).
 
     python benchmarks/lm_logits.py                 # writes benchmarks/results/lm_logits.{json,md}
     python benchmarks/lm_logits.py --steps 5 --repeats 1
@@ -29,16 +31,19 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._results import write_results  # noqa: E402
 
-MODES = ("selected", "every position")
+MODES = ("fused with the loss", "counted rows' logits", "every position's logits")
 
 
 def one_run(work: Path, job: str, mode: str, steps: int) -> dict:
     """Runs in a child process: one training run, its metrics."""
     from leantrain import TrainConfig, train
+    from leantrain.tasks import causal_lm
     from leantrain.tasks.base import Task
     from leantrain.tasks.causal_lm import CausalLM
 
-    if mode == "every position":
+    if mode != MODES[0]:
+        causal_lm.head_loss_works = lambda model: False
+    if mode == MODES[2]:
         CausalLM.forward = Task.forward  # type: ignore[method-assign]
         CausalLM.tail_rows = Task.tail_rows  # type: ignore[method-assign]
     data = {"pretraining": work / "train.txt", "instruction tuning": work / "sst2_train.jsonl"}[job]
@@ -106,18 +111,18 @@ def main() -> None:
         return statistics.median(float(x[key]) for x in runs[job][mode])
 
     page = [
-        "# Logits only where a token counts (causal LM training)",
+        "# The output head of causal LM training: fused with the loss, counted rows, every position",
         "",
         f"`preset:tiny-llama`'s architecture from scratch, 16 packed rows of 128 tokens a step, fp32, AdamW, "
         f"{args.steps} steps a run, medians of {args.repeats} runs each way, alternating. Tokens/s: every token of "
-        "the rows (the same data both ways), steady (after the warm-up steps). Written by "
+        "the rows (the same data each way), steady (after the warm-up steps). Written by "
         "`benchmarks/lm_logits.py`.",
         "",
-        "| job | logits | tokens/s | speed-up | steady MFU | peak memory over baseline | final train loss |",
+        "| job | head | tokens/s | speed-up | steady MFU | peak memory over baseline | final train loss |",
         "|---|---|---|---|---|---|---|",
     ]
     for job in runs:
-        base = median(job, "every position", "steady_tokens_per_second")
+        base = median(job, MODES[2], "steady_tokens_per_second")
         for mode in MODES:
             tps = median(job, mode, "steady_tokens_per_second")
             page.append(

@@ -88,7 +88,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
     from leantrain.parallel.precision import MixedPrecision
     from leantrain.planner.memory import is_causal_lm, proxy_batch, proxy_loss
-    from leantrain.tasks.causal_lm import head_rows_work
+    from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
 
@@ -113,6 +113,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     tail = None if trial.activation_checkpointing else first_token_tail(model)
     # a causal LM's logits where a token counts, as its task computes them
     counted_logits = is_causal_lm(model.config) and head_rows_work(model)
+    fused = counted_logits and head_loss_works(model)  # and there the head and loss in one chunked pass
     if trial.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     model.train()
@@ -125,7 +126,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
         started = time.perf_counter()
         for batch in batches:
             inputs = {k: v for k, v in batch.items() if k != "step_units"}
-            loss = proxy_loss(model, inputs, amp.autocast(), tail, counted_logits)
+            loss = proxy_loss(model, inputs, amp.autocast(), tail, counted_logits, fused)
             amp.backward(loss / batch["step_units"])
         grads = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
         backward_peak = meter.report()["peak_memory_over_baseline_bytes"]

@@ -1,4 +1,5 @@
-"""Training losses of classification tasks (issue #17): label smoothing and class weights, exact under accumulation.
+"""Training losses: label smoothing and class weights for classifiers (issue #17), exact under accumulation; a
+causal LM's output head and cross-entropy in one pass over row chunks (`head_cross_entropy_sum`).
 
 A task returns its loss summed over units (tasks/base.py). With class weights, an example's unit is its class's
 weight: the summed loss is `sum_i w[y_i] * loss_i`, the sampler sums `w[y_i]` over the whole optimizer step
@@ -50,3 +51,65 @@ def weighted_cross_entropy_sum(
 ) -> torch.Tensor:
     """The cross-entropy summed over the batch, each example weighted by its class (`weights`; None: 1 each)."""
     return F.cross_entropy(logits.float(), labels, weight=weights, label_smoothing=label_smoothing, reduction="sum")
+
+
+#: rows of logits `head_cross_entropy_sum` makes at once: 512 kept the head's matmuls as fast as over every row at
+#: vocabularies of 8,192 and 32,000 on a 2-core CPU, where 128 rows cost up to 1.2x (benchmarks/results/lm_logits.md)
+HEAD_CHUNK_ROWS = 512
+
+
+def head_cross_entropy_sum(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
+) -> torch.Tensor:
+    """`cross_entropy(hidden @ weight.T + bias, targets, reduction="sum")`, in fp32, without the (rows, vocabulary)
+    logits or their gradient ever existing whole: `HEAD_CHUNK_ROWS` rows at a time, each chunk's gradients taken
+    at once (a cross-entropy's gradient is softmax - one-hot) and kept for the backward pass. The matmuls run in
+    the autocast dtype when autocast is on, as the head's own would; every target must be a class (no -100)."""
+    return _HeadCrossEntropy.apply(hidden, weight, bias, targets)
+
+
+class _HeadCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets):  # type: ignore[override]
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        with torch.autocast(device, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
+            # fp16 has no range for softmax - one-hot's small entries (the head's own backward sees them scaled by
+            # the loss scale): its gradients' matmuls run in fp32
+            grad_dtype = torch.float32 if dtype == torch.float16 else dtype
+            h_g, w_g = h.to(grad_dtype), w.to(grad_dtype)
+            grad_h = torch.empty_like(h_g)
+            grad_w = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+            grad_b = torch.zeros_like(bias, dtype=torch.float32) if ctx.needs_input_grad[2] else None
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            for start in range(0, h.shape[0], HEAD_CHUNK_ROWS):
+                rows, wanted = h[start : start + HEAD_CHUNK_ROWS], targets[start : start + HEAD_CHUNK_ROWS]
+                logits = (rows @ w.t() if b is None else torch.addmm(b, rows, w.t())).float()
+                log_probs = torch.log_softmax(logits, dim=-1)  # one pass a row: 1.4-1.9x logsumexp's several
+                del logits
+                total -= log_probs.gather(1, wanted[:, None]).sum()
+                grad = log_probs.exp_()  # the softmax, in place
+                grad[torch.arange(len(wanted), device=grad.device), wanted] -= 1.0
+                grad = grad.to(grad_dtype)
+                torch.mm(grad, w_g, out=grad_h[start : start + HEAD_CHUNK_ROWS])
+                if grad_w is not None and grad_dtype == torch.float32:
+                    grad_w.addmm_(grad.t(), h_g[start : start + HEAD_CHUNK_ROWS])
+                elif grad_w is not None:
+                    grad_w += (grad.t() @ h_g[start : start + HEAD_CHUNK_ROWS]).float()
+                if grad_b is not None:
+                    grad_b += grad.float().sum(0)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = hidden.dtype, weight.dtype, None if bias is None else bias.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):  # type: ignore[override]
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
+
+        def scaled(grad, dtype):
+            return None if grad is None else (grad.float() * grad_total).to(dtype)
+
+        return scaled(grad_h, hidden_dtype), scaled(grad_w, weight_dtype), scaled(grad_b, bias_dtype), None

@@ -224,18 +224,18 @@ def llama_config_json(vocab: int = 3000, tied: bool = False) -> str:
 @pytest.mark.parametrize(("tied", "counted"), [(False, 1.0), (True, 1.0), (False, 0.25)])
 def test_causal_lm_logits_carried_to_the_real_vocabulary(tied, counted):
     """The proxies run at vocabularies of 512 and 1,024; what they predict at 3,000 equals a one-layer model counted
-    at 3,000 itself (the logits, their fp32 copy and log-softmax grow with the vocabulary; autocast's bf16 copy of the
-    output layer does too). Counted at 512 alone, the logits' share is a sixth of the real one: -40% here. The logits
-    are computed at the counted positions only, as the task computes them: every position but the last, or a
-    quarter of them (instruction tuning)."""
-    from leantrain.tasks.causal_lm import head_rows_work
+    at 3,000 itself (what the fused head and loss keep for backward grows with the vocabulary: the head's weight
+    gradient, taken in the forward pass, and the hidden states' gradient; autocast's bf16 copy of the output layer
+    does too). The loss runs at the counted positions only, as the task computes it: every position but the last,
+    or a quarter of them (instruction tuning)."""
+    from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
 
     config_json = llama_config_json(3000, tied)
     for precision in ("fp32", "bf16"):
         profile = M.activation_profile(config_json, 64, precision, False, counted=counted)
         net = M._build(M._config_from_json(config_json, num_hidden_layers=1), "cpu").train()
-        assert head_rows_work(net)
-        saved = M._saved_bytes(net, 4, 64, precision, counted=counted, counted_logits=True)
+        assert head_rows_work(net) and head_loss_works(net) and profile.fused_head
+        saved = M._saved_bytes(net, 4, 64, precision, counted=counted, counted_logits=True, fused=True)
         predicted = 4 * (profile.base + profile.per_layer) + profile.copies_base + profile.copies_per_layer
         assert predicted == pytest.approx(saved, rel=0.01), precision
 

@@ -162,6 +162,8 @@ class ActivationProfile:
     #: per sequence, one layer's full activations (without checkpointing): what backward recomputes at once
     layer_full: float
     source: str
+    #: a causal LM whose head and loss run fused over chunks of rows: its logits never exceed a chunk
+    fused_head: bool = False
 
     def saved(self, micro_batch: int, layers: int, checkpointing: bool) -> float:
         act = micro_batch * (self.base + layers * self.per_layer) + self.copies_base + layers * self.copies_per_layer
@@ -183,6 +185,10 @@ class WorkspaceModel:
     #: gradients of the per-token loss's log-softmax and of its fp32 input, two such tensors (measured 2.0 in fp32
     #: and 2.1 in bf16 on preset:tiny-llama, benchmarks/results/planner_accuracy.md)
     transient_logits: float = 2.0
+    #: the same with the head and loss fused (`losses.head_cross_entropy_sum`), in one chunk's fp32 logits: the
+    #: chunk's logits, logsumexp's shifted copy and the softmax's gradient (measured 2.9-3.3 in fp32 on
+    #: preset:tiny-llama, whole rows and instruction tuning's counted share)
+    transient_fused_logits: float = 3.0
     #: optimizer temporaries in units of the largest parameter tensor: Adafactor's update and its factored
     #: estimate; bitsandbytes on CPU dequantises both moments of a tensor to fp32 (measured 5.0 on both models)
     optimizer_largest: dict[str, float] = field(
@@ -455,25 +461,28 @@ def proxy_batch(config, batch: int, seq_len: int, generator, counted: float = 1.
     return {"input_ids": ids, "position_ids": positions, "labels": labels}
 
 
-def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool = False):
+def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool = False, fused: bool = False):
     """The summed training loss of `batch` as the trainer computes it: the forward under `autocast`, the task's loss
     (a classifier's cross-entropy, a causal LM's per-token loss) outside it, in fp32. `tail`: a classifier's
     `FirstTokenTail`, run at the first token as the task runs it. `counted_logits`: a causal LM's logits only at
     the positions whose next token counts, as its task computes them where the model allows
-    (`tasks.causal_lm.head_rows_work`, asked by the caller: it runs the model)."""
+    (`tasks.causal_lm.head_rows_work`, asked by the caller: it runs the model); `fused`: there, the head and the
+    loss in one chunked pass (`tasks.causal_lm.head_loss_works`)."""
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     causal = is_causal_lm(net.config)
     cut: contextlib.AbstractContextManager = contextlib.nullcontext()
     if causal and counted_logits:
-        from leantrain.tasks.causal_lm import IGNORE, head_rows, next_token_targets
+        from leantrain.tasks.causal_lm import IGNORE, head_loss, head_rows, next_token_targets
 
         targets = next_token_targets(batch["labels"])
         keep = targets != IGNORE
-        cut = head_rows(net, keep)
+        cut = head_loss(net, keep, targets[keep]) if fused else head_rows(net, keep)
     with autocast or contextlib.nullcontext(), tail.cut() if tail is not None else cut:
         logits = net(**inputs, use_cache=False).logits if causal else net(**inputs).logits
+    if causal and counted_logits and fused:
+        return logits  # the summed loss, from the head
     if causal and counted_logits:
         return F.cross_entropy(logits.float(), targets[keep], reduction="sum")
     if causal:
@@ -495,7 +504,14 @@ def _inventory(config_json: str, trust_remote_code: bool = False) -> ParamInvent
 
 
 def _saved_bytes(
-    net, batch: int, seq_len: int, precision: str, tail=None, counted: float = 1.0, counted_logits: bool = False
+    net,
+    batch: int,
+    seq_len: int,
+    precision: str,
+    tail=None,
+    counted: float = 1.0,
+    counted_logits: bool = False,
+    fused: bool = False,
 ) -> float:
     """Bytes of the distinct storages autograd saves in one forward (parameters excluded)."""
     import torch
@@ -514,15 +530,16 @@ def _saved_bytes(
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        proxy_loss(net, inputs, autocast, tail, counted_logits)
+        proxy_loss(net, inputs, autocast, tail, counted_logits, fused)
     return float(sum(seen.values()))
 
 
 def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
     """A proxy model from `config`, in training mode, run as its task runs it: (the model, a classifier's
-    `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only)."""
+    `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only, whether its
+    head and loss are fused there)."""
     from leantrain import models
-    from leantrain.tasks.causal_lm import head_rows_work
+    from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
 
     net = _build(config, "cpu")
@@ -532,11 +549,12 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
     # LM's output head only where a token counts
     tail = None if causal or checkpointing else first_token_tail(net)
     counted_logits = causal and head_rows_work(net)
+    fused = counted_logits and head_loss_works(net)
     if checkpointing:
         models.enable_activation_checkpointing(net)
     if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
         net = _with_adapters(net, lora)
-    return net, tail, counted_logits
+    return net, tail, counted_logits, fused
 
 
 @functools.lru_cache(maxsize=64)
@@ -562,14 +580,16 @@ def activation_profile(
     small = min(vocab, 512)
     causal = is_causal_lm(base_config)
     counts: dict[tuple[int, int, bool, int], float] = {}
+    fused_head = False
 
     def count(n_layers: int, ckpt: bool, proxy_vocab: int) -> None:
+        nonlocal fused_head
         with _quiet():
             config = _config_from_json(config_json, vocab_size=proxy_vocab, **{layers_name: n_layers})
-        net, tail, counted_logits = _proxy(config, ckpt, lora)
+        net, tail, counted_logits, fused_head = _proxy(config, ckpt, lora)
         for batch in (2, 4):
             counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(
-                net, batch, seq_len, precision, tail, counted, counted_logits
+                net, batch, seq_len, precision, tail, counted, counted_logits, fused_head
             )
 
     threads = torch.get_num_threads()
@@ -610,6 +630,7 @@ def activation_profile(
         layer_full=full,
         source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
         + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
+        fused_head=fused_head,
     )
 
 
@@ -650,8 +671,14 @@ def estimate(
         # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever
         # is larger.
         recompute = micro_batch * profile.layer_full + profile.copies_per_layer if checkpointing else 0.0
-        logits = micro_batch * counted_positions(seq_len, counted) * facts.vocab * 4  # one fp32 copy
-        at_loss = (act - recompute, workspace.transient_logits * logits)
+        rows = micro_batch * counted_positions(seq_len, counted)
+        transient = workspace.transient_logits
+        if profile.fused_head:  # the head and loss fused: a chunk of rows at a time, in the forward pass
+            from leantrain.losses import HEAD_CHUNK_ROWS
+
+            rows, transient = min(rows, HEAD_CHUNK_ROWS), workspace.transient_fused_logits
+        logits = rows * facts.vocab * 4  # one fp32 copy
+        at_loss = (act - recompute, transient * logits)
         in_layers = (act - micro_batch * profile.base, bwd_ws)
         act, bwd_ws = max(at_loss, in_layers, key=sum)
     # With accumulation, the gradients of earlier micro-batches are alive through the whole backward;

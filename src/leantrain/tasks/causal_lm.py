@@ -35,6 +35,8 @@ class CausalLM(Task):
     default_metric: ClassVar[str] = "loss"
     #: whether training computes logits only where a token counts (`forward`); set by `check_model`
     selects_logits: bool = False
+    #: whether training runs the output head and the loss in one chunked pass (`forward`); set by `check_model`
+    fuses_head_loss: bool = False
 
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
@@ -188,6 +190,7 @@ class CausalLM(Task):
             check_packing_separates(model)
         # A compiled model keeps the full logits: a data-dependent row count would give it a graph per batch.
         self.selects_logits = not self.cfg.compile and head_rows_work(model)
+        self.fuses_head_loss = self.selects_logits and head_loss_works(model)
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator
@@ -206,7 +209,12 @@ class CausalLM(Task):
         rounding, for the head's work and its batch x length x vocabulary logits only where a token counts."""
         if not self.selects_logits:
             return model(**self.model_inputs(batch))
-        with head_rows(model, next_token_targets(batch["labels"]) != IGNORE):
+        targets = next_token_targets(batch["labels"])
+        keep = targets != IGNORE
+        # Training needs only the loss: the head and the cross-entropy run in one pass over chunks of rows, so the
+        # (counted tokens, vocabulary) logits and their gradient never exist whole; the "logits" are the loss sum.
+        fused = self.fuses_head_loss and torch.is_grad_enabled()
+        with head_loss(model, keep, targets[keep]) if fused else head_rows(model, keep):
             return model(**self.model_inputs(batch))
 
     def tail_rows(self, batch: dict[str, Any]) -> int | None:
@@ -221,6 +229,8 @@ class CausalLM(Task):
         return data.train.features.counted.astype(np.float64)
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        if outputs.logits.dim() == 0:  # `forward` computed the loss with the head (`head_loss`)
+            return outputs.logits
         if outputs.logits.dim() == 2:  # `forward` computed only the counted positions' logits
             targets = next_token_targets(batch["labels"])
             return F.cross_entropy(outputs.logits.float(), targets[targets != IGNORE], reduction="sum")
@@ -277,6 +287,44 @@ def head_rows(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+@contextlib.contextmanager
+def head_loss(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor) -> Iterator[None]:
+    """Within: the model's output head returns the summed cross-entropy of the positions `keep` marks (row-major)
+    against `targets`, with its own weight (`losses.head_cross_entropy_sum`), in place of logits."""
+    from leantrain.losses import head_cross_entropy_sum
+    from leantrain.telemetry.flops import unwrap
+
+    head = unwrap(model).get_output_embeddings()
+    head.forward = lambda hidden: head_cross_entropy_sum(hidden[keep], head.weight, head.bias, targets)
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def head_loss_works(model: Any) -> bool:
+    """Whether `head_loss` gives the loss of the chosen positions' logits: the head must be a plain linear layer
+    (not an adapter's or a quantized one, whose weight is not the whole map) and the model must hand its output on
+    unchanged (no scaling or capping of the logits). One short row, fused against the model's own logits."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    if type(head) is not torch.nn.Linear:
+        return False
+    vocab = int(model.config.vocab_size)
+    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(head.weight.device)
+    keep = torch.tensor([[False, True, True, False, True, False]], device=ids.device)
+    targets = ids[keep].flip(0)
+
+    def fused() -> torch.Tensor:
+        with head_loss(model, keep, targets):
+            return model(input_ids=ids, use_cache=False).logits
+
+    def whole() -> torch.Tensor:
+        logits = model(input_ids=ids, use_cache=False).logits[keep]
+        return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+    return same_logits(model, whole, fused)
 
 
 def head_rows_work(model: Any) -> bool:
