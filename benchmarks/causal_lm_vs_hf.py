@@ -38,13 +38,14 @@ sys.path.insert(0, str(REPO))
 MAX_LENGTH = 128
 ROWS = 16  # leantrain's packed rows per step: 2,048 tokens
 NOTE = (
-    "Reading it: both sides run the same model over the same tokens. With `group_by_length` the Trainer's batches "
-    "hold documents of nearly one length (its padding column), so packing removes little work, and the rest of a "
-    "step is mostly matrix products that both sides do alike (docs/language-models.md). What leantrain computes "
-    "less of is the output head at uncounted positions: each document's last token here, the whole prompt in "
-    "instruction tuning (benchmarks/results/lm_logits.md). Against the Trainer's default random batches, padded "
-    "to their longest document, packing also saves the padding. The held-out perplexity after one epoch moves with "
-    "the order of the batches: the Trainer's two rows differ only in how batches are drawn."
+    "Reading it: both sides run the same model over the same tokens. With `group_by_length` the Trainer's batches"
+    " hold documents of nearly one length (its padding column), so packing removes little work. What leantrain "
+    "computes less of, and more cheaply, is the output head: only at counted positions (each document's last "
+    "token is left out here, the whole prompt in instruction tuning), fused with the loss over chunks of rows, so"
+    " the logits never pass through memory whole (benchmarks/results/lm_logits.md); the rest of a step is mostly "
+    "matrix products that both sides do alike (docs/language-models.md). Against the Trainer's default random "
+    "batches, padded to their longest document, packing also saves the padding. The held-out perplexity after one"
+    " epoch moves with the order of the batches: the Trainer's two rows differ only in how batches are drawn."
 )
 JOB = dict(lr=3e-3, warmup_ratio=0.05, scheduler="cosine", weight_decay=0.01, seed=0, max_grad_norm=1.0)
 

@@ -53,8 +53,9 @@ def weighted_cross_entropy_sum(
     return F.cross_entropy(logits.float(), labels, weight=weights, label_smoothing=label_smoothing, reduction="sum")
 
 
-#: rows of logits `head_cross_entropy_sum` makes at once: 512 kept the head's matmuls as fast as over every row at
-#: vocabularies of 8,192 and 32,000 on a 2-core CPU, where 128 rows cost up to 1.2x (benchmarks/results/lm_logits.md)
+#: rows of logits `head_cross_entropy_sum` makes at once. The head and loss alone on the 2-core CPU (medians of 5):
+#: 1,900 rows x 256 -> 8,192 took 0.76x the unchunked time in 512-row chunks, 0.9x in 1,024 (past glibc's 32 MiB
+#: mmap threshold), 1.2x in 64; 2,048 x 768 -> 32,000 took 1.03x in 512, 1.2x in 128 (docs/language-models.md)
 HEAD_CHUNK_ROWS = 512
 
 

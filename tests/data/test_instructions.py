@@ -96,3 +96,17 @@ def test_rows_whose_completion_is_cut_away_are_skipped_and_counted():
     kept, dropped = keep_completions(docs, max_length=5)
     assert dropped == 1 and len(kept) == 2
     assert kept.lengths.tolist() == [4, 4] and kept.input_ids.tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+
+
+def test_prompts_of_chats_leave_the_last_answer_out_and_refuse_a_chat_that_asks_nothing():
+    """`predict --data` reads a 'messages' column as chats without their last assistant message; a chat of an
+    assistant's message alone would ask the model nothing (it rendered only the generation prompt)."""
+    import pandas as pd
+
+    from leantrain.data.instructions import chat_prompts
+
+    user, answer = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+    chats = pd.DataFrame({"messages": [[user, answer], [user]]})
+    assert chat_prompts(chats, "ask.jsonl") == [[user], [user]]
+    with pytest.raises(DataError, match=r"ask.jsonl: row 2 of column 'messages' holds only an assistant's message"):
+        chat_prompts(pd.DataFrame({"messages": [[user], [answer]]}), "ask.jsonl")

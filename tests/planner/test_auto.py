@@ -377,4 +377,6 @@ def test_instruction_data_plans_the_logits_where_a_token_counts(tmp_path, cache_
     def logits_and_activations(m) -> int:
         return m.activations + m.backward_workspace
 
-    assert logits_and_activations(everywhere.memory) > 1.3 * logits_and_activations(planned.memory)
+    # fused with the loss, the head's logits are a chunk at most and what it keeps is the hidden states' gradient:
+    # counting fewer positions saves less than with whole logits (1.2x here, not 1.3x), but still saves
+    assert logits_and_activations(everywhere.memory) > 1.1 * logits_and_activations(planned.memory)

@@ -91,8 +91,17 @@ def _prompt_completion(tokenizer, prompt: str, completion: str) -> tuple[list[in
 def chat_prompts(df: pd.DataFrame, source: str) -> list[list[dict[str, str]]]:
     """Each row's chat without its final assistant message (the answer a model is asked for)."""
     column = {str(c).lower(): c for c in df.columns}["messages"]
-    chats = [_chat(v, source, i, answered=False) for i, v in enumerate(df[column])]
-    return [chat[:-1] if chat[-1]["role"] == "assistant" else chat for chat in chats]
+    prompts = []
+    for i, value in enumerate(df[column]):
+        chat = _chat(value, source, i, answered=False)
+        prompt = chat[:-1] if chat[-1]["role"] == "assistant" else chat
+        if not prompt:  # the model would be asked to answer nothing
+            raise DataError(
+                f"{source}: row {i + 1} of column 'messages' holds only an assistant's message, so nothing is asked; "
+                "give the messages before the answer (a user's at least)"
+            )
+        prompts.append(prompt)
+    return prompts
 
 
 def _chat(value: Any, source: str, row: int, answered: bool = True) -> list[dict[str, str]]:

@@ -186,8 +186,8 @@ class WorkspaceModel:
     #: and 2.1 in bf16 on preset:tiny-llama, benchmarks/results/planner_accuracy.md)
     transient_logits: float = 2.0
     #: the same with the head and loss fused (`losses.head_cross_entropy_sum`), in one chunk's fp32 logits: the
-    #: chunk's logits, logsumexp's shifted copy and the softmax's gradient (measured 2.9-3.3 in fp32 on
-    #: preset:tiny-llama, whole rows and instruction tuning's counted share)
+    #: chunk's logits, their log-softmax and the softmax's gradient in its place (fitted: preset:tiny-llama's fp32
+    #: trials imply 2.7-3.2, the checkpointed one 3.6; tests/planner/test_memory.py)
     transient_fused_logits: float = 3.0
     #: optimizer temporaries in units of the largest parameter tensor: Adafactor's update and its factored
     #: estimate; bitsandbytes on CPU dequantises both moments of a tensor to fp32 (measured 5.0 on both models)
