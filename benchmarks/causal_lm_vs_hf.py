@@ -233,7 +233,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=6000, help="training documents")
     parser.add_argument("--held-out", type=int, default=500)
-    parser.add_argument("--pairs", type=int, default=3, help="leantrain / grouped-Trainer runs, alternating order")
+    parser.add_argument("--pairs", type=int, default=5, help="leantrain / grouped-Trainer runs, alternating order")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--hf-batch", type=int, default=0, help=argparse.SUPPRESS)
