@@ -15,7 +15,12 @@ included, and one function scores the final models' perplexity on the held-out d
 Counted tokens are the tokens with a next-token target: each document's length minus one, the same on both sides.
 
     python benchmarks/causal_lm_vs_hf.py                  # writes benchmarks/results/causal_lm_vs_hf.{json,md}
-    python benchmarks/causal_lm_vs_hf.py --docs 800       # a quick check that both sides run
+    python benchmarks/causal_lm_vs_hf.py --docs 800 --pairs 1     # a quick check that both sides run
+
+On a GPU (`benchmarks/gpu_check.py --lm-vs-hf`): `--from-model DIR --from-text FILE` take a model folder (config and
+tokenizer; no weights are read) and a CSV `text` column of documents instead of the real corpus and a trained
+tokenizer, `--precision bf16` trains both sides in bf16, and `--out` names where the page goes. The Trainer's side
+uses a plain list of examples, not `datasets` (which the GPU image lacks).
 """
 
 from __future__ import annotations
@@ -50,25 +55,36 @@ NOTE = (
 JOB = dict(lr=3e-3, warmup_ratio=0.05, scheduler="cosine", weight_decay=0.01, seed=0, max_grad_norm=1.0)
 
 
-def prepare(work: Path, docs: int, held_out: int) -> dict:
-    """Sample documents, train the tokenizer, write the model folder and both sides' data."""
-    from benchmarks.causal_lm_corpus import corpus_texts
-    from leantrain.data.lm import train_bpe_tokenizer
-    from leantrain.presets import preset_config
-
-    texts = [" ".join(t.split()) for group in corpus_texts().values() for t in group]
-    texts = [t for t in dict.fromkeys(texts) if t]
-    random.Random(0).shuffle(texts)
-    tokenizer = train_bpe_tokenizer(texts[: docs + held_out], vocab_size=8192)
-    fits = [t for t in texts if len(tokenizer(t)["input_ids"]) + 1 <= MAX_LENGTH]  # + EOS
-    train_docs, eval_docs = fits[:docs], fits[docs : docs + held_out]
+def prepare(work: Path, docs: int, held_out: int, settings: dict, model: Path | None, text: Path | None) -> dict:
+    """Sample documents, train the tokenizer (or take `model`'s), write the model folder and both sides' data."""
+    max_length = settings["max_length"]
     model_dir = work / "model-init"
+    if model is None:
+        from benchmarks.causal_lm_corpus import corpus_texts
+        from leantrain.data.lm import train_bpe_tokenizer
+        from leantrain.presets import preset_config
+
+        texts = [" ".join(t.split()) for group in corpus_texts().values() for t in group]
+        texts = [t for t in dict.fromkeys(texts) if t]
+        random.Random(0).shuffle(texts)
+        tokenizer = train_bpe_tokenizer(texts[: docs + held_out], vocab_size=8192)
+        config = preset_config("preset:tiny-llama")
+        config.vocab_size = len(tokenizer)
+        config.eos_token_id = config.bos_token_id = tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id
+    else:
+        import pandas as pd
+        from transformers import AutoConfig, AutoTokenizer
+
+        texts = [" ".join(str(t).split()) for t in pd.read_csv(text)["text"].dropna()]
+        tokenizer, config = AutoTokenizer.from_pretrained(model), AutoConfig.from_pretrained(model)
+        if tokenizer.pad_token is None:  # the Trainer's collator pads with it; leantrain packs
+            tokenizer.pad_token = tokenizer.eos_token
+    fits = [t for t in texts if len(tokenizer(t)["input_ids"]) + 1 <= max_length]  # + EOS
+    train_docs, eval_docs = fits[:docs], fits[docs : docs + held_out]
     tokenizer.save_pretrained(model_dir)
-    config = preset_config("preset:tiny-llama")
-    config.vocab_size = len(tokenizer)
-    config.eos_token_id = config.bos_token_id = tokenizer.eos_token_id
-    config.pad_token_id = tokenizer.pad_token_id
     config.save_pretrained(model_dir)
+    (work / "settings.json").write_text(json.dumps(settings))
     for name, rows in (("train", train_docs), ("eval", eval_docs)):
         (work / f"{name}.txt").write_text("\n\n".join(rows) + "\n")
         (work / f"{name}.json").write_text(json.dumps(rows))
@@ -84,15 +100,16 @@ def prepare(work: Path, docs: int, held_out: int) -> dict:
 def side_leantrain(work: Path) -> dict:
     from leantrain import TrainConfig, train
 
+    settings = json.loads((work / "settings.json").read_text())
     result = train(
         TrainConfig(
             model=str(work / "model-init"),
             data=str(work / "train.txt"),
             eval_data=str(work / "eval.txt"),
-            max_length=MAX_LENGTH,
-            batch_size=ROWS,
+            max_length=settings["max_length"],
+            batch_size=settings["rows"],
             epochs=1,
-            precision="fp32",
+            precision=settings["precision"],
             optimizer="adamw",
             output_dir=str(work / "leantrain"),
             cache_dir=str(work / "cache"),
@@ -124,7 +141,6 @@ class CountingCollator:
 
 
 def side_hf(work: Path, batch_size: int, grouped: bool = True) -> dict:
-    import datasets
     import torch
     from transformers import (
         AutoConfig,
@@ -137,11 +153,12 @@ def side_hf(work: Path, batch_size: int, grouped: bool = True) -> dict:
     )
 
     folder, out = work / "model-init", work / ("hf" if grouped else "hf-random")
+    settings = json.loads((work / "settings.json").read_text())
     tok = AutoTokenizer.from_pretrained(folder)
 
-    def build(name: str):
+    def build(name: str) -> list[dict]:  # a list of examples: the Trainer needs no `datasets` for it
         docs = json.loads((work / f"{name}.json").read_text())
-        return datasets.Dataset.from_dict({"input_ids": [tok(d)["input_ids"] + [tok.eos_token_id] for d in docs]})
+        return [{"input_ids": tok(d)["input_ids"] + [tok.eos_token_id]} for d in docs]
 
     collator = CountingCollator(DataCollatorForLanguageModeling(tok, mlm=False))
     set_seed(JOB["seed"])
@@ -160,6 +177,7 @@ def side_hf(work: Path, batch_size: int, grouped: bool = True) -> dict:
         # transformers 5's name of group_by_length; "random" is the Trainer's default
         train_sampling_strategy="group_by_length" if grouped else "random",
         use_cpu=not torch.cuda.is_available(),
+        bf16=settings["precision"] == "bf16",
         report_to=[],
         save_strategy="no",
         eval_strategy="no",
@@ -192,7 +210,8 @@ def perplexity(model_dir: str, work: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(work / "model-init")
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)
     docs = [tok(d)["input_ids"] + [tok.eos_token_id] for d in json.loads((work / "eval.json").read_text())]
     total, count = 0.0, 0
     with torch.no_grad():
@@ -201,6 +220,7 @@ def perplexity(model_dir: str, work: Path) -> float:
             width = max(map(len, batch))
             ids = torch.tensor([d + [tok.pad_token_id] * (width - len(d)) for d in batch])
             mask = torch.tensor([[1] * len(d) + [0] * (width - len(d)) for d in batch])
+            ids, mask = ids.to(device), mask.to(device)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
             target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
             total += torch.nn.functional.cross_entropy(
@@ -234,6 +254,13 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=6000, help="training documents")
     parser.add_argument("--held-out", type=int, default=500)
     parser.add_argument("--pairs", type=int, default=5, help="leantrain / grouped-Trainer runs, alternating order")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--max-length", type=int, default=MAX_LENGTH)
+    parser.add_argument("--rows", type=int, default=ROWS, help="leantrain's packed rows a step")
+    parser.add_argument("--from-model", type=Path, help="a model folder's config and tokenizer (no weights)")
+    parser.add_argument("--from-text", type=Path, help="with --from-model: a CSV whose `text` column is the documents")
+    parser.add_argument("--no-random", action="store_true", help="leave out the Trainer's random-batch default")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where causal_lm_vs_hf.{json,md} go")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--hf-batch", type=int, default=0, help=argparse.SUPPRESS)
@@ -252,13 +279,30 @@ def main() -> None:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="lm-vs-hf-"))
     load_before = os.getloadavg()
-    data = prepare(work, args.docs, args.held_out)
-    hf_batch = max(1, round(ROWS * MAX_LENGTH / data["mean_document_tokens"]))
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    # The machine's speed drifts within the hour: the two sides alternate, each pair's ratio is taken apart, and
-    # the Trainer's slow default (random batches) runs once, last.
-    order = [("leantrain", "hf") if i % 2 == 0 else ("hf", "leantrain") for i in range(args.pairs)]
-    for side in [s for pair in order for s in pair] + ["hf-random"]:
+    settings = {"max_length": args.max_length, "rows": args.rows, "precision": args.precision}
+    data = prepare(work, args.docs, args.held_out, settings, args.from_model, args.from_text)
+    hf_batch = max(1, round(args.rows * args.max_length / data["mean_document_tokens"]))
+    sides = [s for s in SIDES if not (args.no_random and s == "hf-random")]
+    runs = measure(work, data, hf_batch, args.pairs, sides)
+    context = {
+        "load average before / after (1, 5, 15 min)": f"{load_before} / {os.getloadavg()}",
+        **bench.environment_context(),
+    }
+    model = f"`{args.from_model}`" if args.from_model else "`preset:tiny-llama`'s architecture from scratch"
+    job = (
+        f"{model}, one epoch, max length {args.max_length}, {args.precision}, SDPA. leantrain: {args.rows} packed "
+        f"rows a step; the Trainer: {hf_batch} documents a step"
+    )
+    page = publish(args.out, data, hf_batch, runs, job, context)
+    print(page)
+
+
+def measure(work: Path, data: dict, hf_batch: int, pairs: int, sides: list[str]) -> dict[str, list[dict]]:
+    """Each side's runs. The machine's speed drifts within the hour: leantrain and the grouped Trainer alternate
+    (each pair's ratio is taken apart), and the Trainer's slow default (random batches) runs once, last."""
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    order = [("leantrain", "hf") if i % 2 == 0 else ("hf", "leantrain") for i in range(pairs)]
+    for side in [s for pair in order for s in pair] + [s for s in sides if s == "hf-random"]:
         result, seconds = run_side(side, work, hf_batch)
         runs[side].append(
             {
@@ -269,53 +313,41 @@ def main() -> None:
             }
         )
         print(side, runs[side][-1], flush=True)
-    pair_ratios = [
-        ours["tokens_per_second"] / theirs["tokens_per_second"] for ours, theirs in zip(runs["leantrain"], runs["hf"])
-    ]
-    whole_ratios = [
-        theirs["process_seconds"] / ours["process_seconds"] for ours, theirs in zip(runs["leantrain"], runs["hf"])
-    ]
+    return runs
+
+
+def publish(out: Path, data: dict, hf_batch: int, runs: dict[str, list[dict]], job: str, context: dict) -> str:
+    """Write causal_lm_vs_hf.{json,md} into `out`; returns the page."""
+    pairs = list(zip(runs["leantrain"], runs["hf"]))
+    pair_ratios = [ours["tokens_per_second"] / theirs["tokens_per_second"] for ours, theirs in pairs]
+    whole_ratios = [theirs["process_seconds"] / ours["process_seconds"] for ours, theirs in pairs]
     rows = {side: median_run(side_runs) for side, side_runs in runs.items()}
     ours, theirs = rows["leantrain"], rows["hf"]
     ratio, whole = statistics.median(pair_ratios), statistics.median(whole_ratios)
-    context = {
-        "load average before / after (1, 5, 15 min)": f"{load_before} / {os.getloadavg()}",
-        **bench.environment_context(),
-    }
-    out = {
-        "data": data,
-        "hf_batch": hf_batch,
-        "job": JOB,
-        "runs": runs,
-        "pair_ratios": pair_ratios,
-        "whole_ratios": whole_ratios,
-        "tokens_ratio": ratio,
-        "context": context,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "causal_lm_vs_hf.json").write_text(json.dumps(out, indent=2) + "\n")
+    saved = {"data": data, "hf_batch": hf_batch, "job": JOB, "runs": runs, "pair_ratios": pair_ratios}
+    saved |= {"whole_ratios": whole_ratios, "tokens_ratio": ratio, "context": context}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "causal_lm_vs_hf.json").write_text(json.dumps(saved, indent=2) + "\n")
     lines = [
         "# A causal LM through leantrain (packed) and the HF Trainer (padded)",
         "",
         f"{data['train_documents']:,} training documents ({data['counted_tokens']:,} counted tokens, "
-        f"{data['mean_document_tokens']:.1f} tokens a document), {data['eval_documents']} held out; "
-        f"`preset:tiny-llama`'s architecture from scratch, one epoch, max length {MAX_LENGTH}, fp32, SDPA. "
-        f"leantrain: {ROWS} packed rows a step; the Trainer: {hf_batch} documents a step. leantrain and the grouped "
-        f"Trainer ran {args.pairs} times each, alternating (the median run of each below; the ratio is the median of "
-        "the pairs' ratios); the Trainer's default once. Written by `benchmarks/causal_lm_vs_hf.py`.",
+        f"{data['mean_document_tokens']:.1f} tokens a document), {data['eval_documents']} held out; {job}. leantrain "
+        f"and the grouped Trainer ran {len(pairs)} times each, alternating (the median run of each below; the ratio "
+        "is the median of the pairs' ratios)"
+        + ("; the Trainer's default once" if "hf-random" in runs else "")
+        + ". Written by `benchmarks/causal_lm_vs_hf.py`.",
         "",
         "| | optimizer steps | padding | counted tokens/s (loop) | leantrain's speed-up | loop s | whole process s "
         "| held-out perplexity |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for side, name in SIDES.items():
-        r = rows[side]
+    for side, r in rows.items():
         padding = f"{r['padding']:.1%}" if "padding" in r else "none (packed)"
         speed_up = ratio if side == "hf" else ours["tokens_per_second"] / r["tokens_per_second"]
         lines.append(
-            f"| {name} | {r['steps']} | {padding} | {r['tokens_per_second']:.0f} | "
-            f"{speed_up:.2f}x | {r['train_seconds']:.1f} | "
-            f"{r['process_seconds']:.1f} | {r['perplexity']:.2f} |"
+            f"| {SIDES[side]} | {r['steps']} | {padding} | {r['tokens_per_second']:.0f} | {speed_up:.2f}x | "
+            f"{r['train_seconds']:.1f} | {r['process_seconds']:.1f} | {r['perplexity']:.2f} |"
         )
     lines += [
         "",
@@ -330,8 +362,8 @@ def main() -> None:
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in context.items()],
     ]
-    (RESULTS / "causal_lm_vs_hf.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (out / "causal_lm_vs_hf.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 def median_run(runs: list[dict]) -> dict:

@@ -17,6 +17,11 @@ valuable first, and stops starting new work when its time budget (--budget) is s
 4. **Profiles** (`--profile-steps`) of BERT-base and the LM in bf16: where the GPU's time goes.
 5. The rest of the BERT technique matrix, while time is left.
 
+With `--lm-vs-hf`, first of all: **the causal LM against the HF Trainer** (issue #14) in bf16, the Llama of step 1
+from scratch on the synthetic documents that fit 1,024 tokens, leantrain's 16 packed rows against the Trainer's
+padded batches with `group_by_length`, two alternating pairs (`benchmarks/causal_lm_vs_hf.py`, its page in
+--out/lm_vs_hf/).
+
 Outputs in --out: gpu_check.md (everything in one page), then with --pack (the device call) results.tar.gz
 (the bench tables, charts, JSON and profile summaries) and traces.tar.gz (the profiler traces), so that the
 call's few returned files carry all of it.
@@ -289,6 +294,21 @@ def bert_techniques(smoke: bool) -> tuple[list[str], list[str]]:
     return core, [n for n in rest if n != "adamw8bit"]
 
 
+def lm_vs_hf(lm_dir: Path, text: Path, out: Path, smoke: bool, clock: Clock) -> None:
+    """`benchmarks/causal_lm_vs_hf.py` in bf16 on this machine's GPU (issue #14's tokens/s goal), within the budget."""
+    import subprocess
+
+    docs = 30 if smoke else 1500  # of the documents that fit LM_LEN tokens (about two thirds)
+    cmd = [sys.executable, str(Path(__file__).with_name("causal_lm_vs_hf.py")), "--from-model", str(lm_dir)]
+    cmd += ["--from-text", str(text), "--precision", "bf16", "--max-length", str(LM_LEN), "--docs", str(docs)]
+    cmd += ["--held-out", "8" if smoke else "100", "--pairs", "1" if smoke else "2", "--no-random", "--out", str(out)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(clock.left() - 120, 60))
+        say(proc.stdout[-3000:] if proc.returncode == 0 else f"lm_vs_hf failed:\n{proc.stderr[-3000:]}")
+    except subprocess.TimeoutExpired:
+        say("lm_vs_hf: stopped at the time budget")
+
+
 def run_jobs(names, base, steps, folder: Path, clock: Clock, reserve: float):
     """Each technique as its own `leantrain train` process, while more than `reserve` seconds are left."""
     from leantrain import bench
@@ -371,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny models, a few steps (tests the script)")
     p.add_argument("--attention-from", type=Path, help="packed_attention.json of an earlier call: not measured again")
     p.add_argument("--pack", action="store_true", help="pack the results into two archives (the device call)")
+    p.add_argument("--lm-vs-hf", action="store_true", help="first, the causal LM against the HF Trainer in bf16")
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.rows = 4, 400
@@ -391,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     say(f"gpu_check: {bert_name}; {lm_name}; {context['device']}")
 
+    if args.lm_vs_hf:
+        lm_vs_hf(lm_dir, lm_data, args.out / "lm_vs_hf", args.smoke, clock)
     if args.attention_from:  # measured by an earlier call: the device time goes to the rest
         attention = json.loads(args.attention_from.read_text())
     else:

@@ -6,7 +6,7 @@
 # (tables, charts, JSON, profile summaries) and traces.tar.gz (profiler traces); unpack them into
 # benchmarks/results/gpu_check/ and commit.
 #
-#   device run:  bash benchmarks/gpu_check.sh --pack       (timeout_s 540)
+#   device run:  bash benchmarks/gpu_check.sh --pack [--lm-vs-hf] [--attention-from FILE]   (timeout_s 540)
 #   here (tests the script on tiny models, CPU):  OUT=/tmp/gpu bash benchmarks/gpu_check.sh --smoke --pack
 #
 # The GPU image has torch, transformers, accelerate, peft, tokenizers, pandas, scikit-learn, rich, matplotlib and
