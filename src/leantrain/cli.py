@@ -295,9 +295,10 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
     p.add_argument("--audio-column", help="Audio: the table column holding it (guessed when obvious).")
     if label:
         p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
-    p.add_argument(
-        "--max-length", type=int, default=None, help="Cut inputs at this many tokens (default: the run's --max-length)."
+    default = "the run's --max-length" + (
+        "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
+    p.add_argument("--max-length", type=int, default=None, help=f"Cut inputs at this many tokens (default: {default}).")
     p.add_argument("--batch-size", type=int, default=64)
     # how to read --data, as `train` reads it (issue #18)
     p.add_argument("--format", choices=DATA_FORMATS, help="Read --data in this format whatever its suffix.")

@@ -188,7 +188,7 @@ def evaluate(
 
         cache = cache_dir or str(default_cache_dir())
         return lm_inference.evaluate(
-            path, data, max_length=max_length or run_max_length(path), batch_size=batch_size, cache_dir=cache,
+            path, data, max_length=max_length or lm_max_length(path, config), batch_size=batch_size, cache_dir=cache,
             text_column=text_column, read=read, run=lambda name: run_setting(path, name),
         )  # fmt: skip
     if task != "text-classification":
@@ -366,6 +366,21 @@ def run_max_length(model_path: str) -> int:
         return int(run_setting(model_path, "max_length") or DEFAULT_MAX_LENGTH)
     except (TypeError, ValueError):
         return DEFAULT_MAX_LENGTH
+
+
+#: the longest rows a language model leantrain did not train is scored in (transformers' run_clm.py blocks text alike)
+LM_CONTEXT_CAP = 1024
+
+
+def lm_max_length(model_path: str, config: Any) -> int:
+    """A language model's rows in `evaluate`: the run's --max-length, else the model's context up to
+    LM_CONTEXT_CAP tokens (a pretrained base's perplexity depends on how much context each token has)."""
+    try:
+        trained = int(run_setting(model_path, "max_length") or 0)
+    except (TypeError, ValueError):
+        trained = 0
+    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return trained or min(int(context or DEFAULT_MAX_LENGTH), LM_CONTEXT_CAP)
 
 
 def run_threshold(model_path: str, threshold: float | None) -> float:

@@ -586,6 +586,23 @@ def test_evaluate_gives_the_runs_own_held_out_loss_perplexity_and_exact_match(
     assert scores["loss"] < math.log(300) - 0.5  # trained: well below a uniform guess over the vocabulary
 
 
+def test_evaluate_scores_a_pretrained_model_in_rows_of_its_context(llama_dir, tmp_path):
+    """A model folder leantrain did not train has no run's --max-length: its documents are scored in rows of the
+    model's context (256 positions here, at most 1,024), not cut into chunks of 128 whose first tokens lose their
+    context."""
+    from leantrain.inference import evaluate
+
+    bare = tmp_path / "pretrained"
+    tiny_llama(llama_dir).save_pretrained(bare)
+    shutil.copy(llama_dir / "tokenizer.json", bare)
+    shutil.copy(llama_dir / "tokenizer_config.json", bare)
+    text = tmp_path / "long.txt"  # documents of four 40-word pieces, some longer than 128 tokens
+    text.write_text("\n\n".join(" ".join(documents(40, seed=i)[j] for j in range(40) if j % 10 == 3) for i in range(6)))
+    default, whole, chunked = (evaluate(str(bare), str(text), max_length=n) for n in (None, 256, 128))
+    assert default == whole
+    assert default["tokens"] > chunked["tokens"] and default["loss"] != chunked["loss"]
+
+
 def test_predict_generates_greedily_or_by_sampling(run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
