@@ -55,8 +55,17 @@ NOTE = (
 JOB = dict(lr=3e-3, warmup_ratio=0.05, scheduler="cosine", weight_decay=0.01, seed=0, max_grad_norm=1.0)
 
 
-def prepare(work: Path, docs: int, held_out: int, settings: dict, model: Path | None, text: Path | None) -> dict:
-    """Sample documents, train the tokenizer (or take `model`'s), write the model folder and both sides' data."""
+def prepare(
+    work: Path,
+    docs: int,
+    held_out: int,
+    settings: dict | None = None,
+    model: Path | None = None,
+    text: Path | None = None,
+) -> dict:
+    """Sample documents, train the tokenizer (or take `model`'s), write the model folder and both sides' data.
+    `settings`: max_length, rows and precision (the defaults: fp32, 16 rows of MAX_LENGTH)."""
+    settings = settings or {"max_length": MAX_LENGTH, "rows": ROWS, "precision": "fp32"}
     max_length = settings["max_length"]
     model_dir = work / "model-init"
     if model is None:
