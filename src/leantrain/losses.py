@@ -53,9 +53,10 @@ def weighted_cross_entropy_sum(
     return F.cross_entropy(logits.float(), labels, weight=weights, label_smoothing=label_smoothing, reduction="sum")
 
 
-#: rows of logits `head_cross_entropy_sum` makes at once. The head and loss alone on the 2-core CPU (medians of 5):
-#: 1,900 rows x 256 -> 8,192 took 0.76x the unchunked time in 512-row chunks, 0.9x in 1,024 (past glibc's 32 MiB
-#: mmap threshold), 1.2x in 64; 2,048 x 768 -> 32,000 took 1.03x in 512, 1.2x in 128 (docs/language-models.md)
+#: rows of logits `head_cross_entropy_sum` makes at once. Against the unfused loss on a 2-core CPU
+#: (benchmarks/results/head_chunks.md): 256 -> 8,192 over 1,900 rows 0.70x the time (1,024 rows 0.63x, 64 rows
+#: 1.11x); 768 -> 32,000 over 2,048 rows 0.94x (1,024 rows 0.91x, 64 rows 1.39x). 512 keeps a chunk half the size
+#: of 1,024's for a few percent.
 HEAD_CHUNK_ROWS = 512
 
 
