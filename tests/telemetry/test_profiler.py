@@ -32,6 +32,10 @@ def chain(*names: str):
         (("aten::mul_", "aten::_foreach_mul_", "Optimizer.step#AdamW.step"), prof.OPTIMIZER),
         (("aten::stack", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"), prof.DATA),
         (("aten::nll_loss_forward", "aten::nll_loss", "aten::cross_entropy_loss"), prof.LOSS),
+        (("aten::_log_softmax", "aten::log_softmax"), prof.LOSS),  # a loss's, not attention's softmax
+        (("aten::mm", prof.FUSED_HEAD_LOSS), prof.MATMULS),  # the output head fused with its loss
+        (("aten::exp_", prof.FUSED_HEAD_LOSS), prof.LOSS),
+        (("aten::fill_", "aten::zero_", "aten::zeros_like", prof.FUSED_HEAD_LOSS), prof.LOSS),
         (("aten::add",), prof.OTHER_OPS),
         (("autograd::engine::evaluate_function: AddBackward0",), prof.FRAMEWORK),
     ],
@@ -111,3 +115,17 @@ def test_profile_steps_must_be_positive():
 
     with pytest.raises(ConfigError, match="profile"):
         TrainConfig(profile_steps=0)
+
+
+def test_the_fused_head_loss_is_named_in_the_trace_as_the_summary_expects():
+    import torch
+
+    from leantrain.losses import head_cross_entropy_sum
+
+    hidden, weight = torch.randn(6, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
+    with torch.profiler.profile() as trace:
+        head_cross_entropy_sum(hidden, weight, None, torch.tensor([0, 1, 2, 3, 4, 5])).backward()
+    names = {e.name for e in trace.events()}
+    assert prof.FUSED_HEAD_LOSS in names
+    softmax = next(e for e in trace.events() if e.name == "aten::_log_softmax")
+    assert prof.categorise(softmax) == prof.LOSS

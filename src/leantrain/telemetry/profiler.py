@@ -37,15 +37,18 @@ FRAMEWORK = "autograd and dispatch (non-operator events)"
 PYTHON = "Python and time outside operators"
 CATEGORIES = (MATMULS, ATTENTION, NORMS, CASTS, EMBEDDING, LOSS, OPTIMIZER, DATA, OTHER_OPS, FRAMEWORK, PYTHON)
 
-#: (category, substrings of an ATen operator's name), first match wins; embedding before casts and matmuls
+#: (category, substrings of an ATen operator's name), first match wins; embedding before casts and matmuls, a loss's
+#: log_softmax before attention's softmax
 _OPERATORS = (
     (EMBEDDING, ("embedding_dense_backward", "embedding_backward")),
+    (LOSS, ("log_softmax", "cross_entropy", "nll_loss", "mse_loss", "binary_cross_entropy")),
     (ATTENTION, ("scaled_dot_product", "flash_attention", "efficient_attention", "softmax")),
     (MATMULS, ("::mm", "addmm", "bmm", "matmul", "linear", "_int_mm", "conv")),
     (NORMS, ("layer_norm", "rms_norm", "group_norm", "batch_norm", "gelu", "silu", "relu", "tanh", "dropout")),
     (CASTS, ("aten::to", "_to_copy", "_autocast")),
-    (LOSS, ("cross_entropy", "nll_loss", "mse_loss", "binary_cross_entropy")),
 )
+#: the profiler's name for `losses.head_cross_entropy_sum` (an autograd Function): the output head fused with its loss
+FUSED_HEAD_LOSS = "_HeadCrossEntropy"
 
 
 def _operator_category(name: str) -> str | None:
@@ -69,6 +72,8 @@ def categorise(event: Any) -> str:
     operators = [n for n in chain if n.startswith("aten::")]
     if not operators:
         return FRAMEWORK
+    if FUSED_HEAD_LOSS in chain:  # the head's products are matmuls; its softmax, gather and one-hot are the loss
+        return MATMULS if _operator_category(operators[-1]) == MATMULS else LOSS
     for name in reversed(operators):  # the outermost operator first
         category = _operator_category(name)
         if category is not None:
