@@ -268,6 +268,7 @@ def environment_context() -> dict[str, Any]:
     return {
         "date": env["date"][:16],
         "device": env["device"],
+        "cpu": env["cpu_model"],
         "cores": env["cpu_count"],
         "torch threads": env["torch_threads"],
         **{k: env[k] for k in ("python", "torch", "transformers", "accelerate", "datasets")},

@@ -86,11 +86,20 @@ class _HeadCrossEntropy(torch.autograd.Function):
             grad_w = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
             grad_b = torch.zeros_like(bias, dtype=torch.float32) if ctx.needs_input_grad[2] else None
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            # every chunk writes into the same two buffers: on CPU a fresh block this large is new pages, and
+            # faulting them in cost more than the log-softmax itself (benchmarks/results/head_chunks.md)
+            chunk = min(HEAD_CHUNK_ROWS, h.shape[0])
+            logits_buffer = h.new_empty((chunk, w.shape[0]))
+            log_probs_buffer = h.new_empty((chunk, w.shape[0]), dtype=torch.float32)
             for start in range(0, h.shape[0], HEAD_CHUNK_ROWS):
                 rows, wanted = h[start : start + HEAD_CHUNK_ROWS], targets[start : start + HEAD_CHUNK_ROWS]
-                logits = (rows @ w.t() if b is None else torch.addmm(b, rows, w.t())).float()
-                log_probs = torch.log_softmax(logits, dim=-1)  # one pass a row: 1.4-1.9x logsumexp's several
-                del logits
+                n = rows.shape[0]
+                if b is None:
+                    logits = torch.mm(rows, w.t(), out=logits_buffer[:n])
+                else:
+                    logits = torch.addmm(b, rows, w.t(), out=logits_buffer[:n])
+                # one pass a row: 1.4-1.9x logsumexp's several
+                log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32, out=log_probs_buffer[:n])
                 total -= log_probs.gather(1, wanted[:, None]).sum()
                 grad = log_probs.exp_()  # the softmax, in place
                 grad[torch.arange(len(wanted), device=grad.device), wanted] -= 1.0

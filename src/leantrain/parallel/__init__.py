@@ -14,24 +14,39 @@ from pathlib import Path
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return fields
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags() -> frozenset[str]:
+    return frozenset(cpuinfo().get("flags", "").split())
+
+
+#: the instruction sets that decide a CPU's matmul speed by precision (AVX-512 BF16 and AMX run bf16 natively)
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_fp16")
+
+
+def cpu_model() -> str:
+    """The CPU's name with its family, model and matmul instruction sets: 'AMD EPYC' alone names several
+    generations (an AVX2 one and an AVX-512 BF16 one measure differently)."""
+    fields = cpuinfo()
+    flags = [f for f in MATMUL_FLAGS if f in cpu_flags()]
+    family = f"family {fields['cpu family']} model {fields.get('model', '?')}" if "cpu family" in fields else ""
+    return ", ".join(filter(None, [cpu_name(), family, " ".join(flags) or "no AVX2"]))
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    if name := cpuinfo().get("model name"):
+        return name
     import platform
 
     return platform.processor() or platform.machine()

@@ -146,7 +146,7 @@ def collect_environment(device: Any = None, peak: Any = None, num_processes: int
 
     import torch
 
-    from leantrain.parallel import cpu_name
+    from leantrain.parallel import cpu_model, cpu_name
 
     env: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S")}
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -158,6 +158,7 @@ def collect_environment(device: Any = None, peak: Any = None, num_processes: int
     env.update(
         {
             "cpu": cpu_name(),
+            "cpu_model": cpu_model(),
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(),
