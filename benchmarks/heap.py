@@ -2,13 +2,13 @@
 
 glibc maps each block above its mmap threshold (which rises to at most 32 MiB) apart and unmaps it when freed, and
 trims the heap's top: a block allocated again every step, such as the 47 MiB dense gradient of MiniLM's 30k-row
-embedding table, page-faults over all its pages anew. `kept` runs with glibc told to map nothing apart and never
-trim (GLIBC_TUNABLES, the same as mallopt's M_MMAP_MAX 0 and a 2 GiB M_TRIM_THRESHOLD), so that every step
-reuses the pages of the step before. Whether that pays is what this measures. It runs the trainer comparison's
-SST-2 job (the same flags, the first N rows of SST-2 train, dev for evaluation) both ways in alternating rounds,
-each run its own process with an empty cache, and records samples/s, the loop's phases, the whole process's wall
-time, the run's page faults and its peak memory. Ratios are kept over glibc's, per round; medians over the quiet
-rounds.
+embedding table, page-faults over all its pages anew. `kept` is leantrain's default since 2026-12-02
+(`telemetry.memory.freed_memory_kept`: glibc told to map nothing apart and never trim, for the run), so that every
+step reuses the pages of the step before; `glibc` runs with LEANTRAIN_KEEP_FREED_MEMORY=0. It runs the trainer
+comparison's SST-2 job (the same flags, the first N rows of SST-2 train, dev for evaluation) both ways in
+alternating rounds, each run its own process with an empty cache, and records samples/s, the loop's phases, the
+whole process's wall time, the run's page faults and its peak memory. Ratios are kept over glibc's, per round;
+medians over the quiet rounds.
 
     python benchmarks/heap.py --rounds 3            # -> benchmarks/results/heap.md and .json
 """
@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` as 
 from benchmarks import _rounds
 from benchmarks.trainer_comparison import QUIET_CORES, OtherLoad, leantrain_command, run_child
 
-KEPT_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
-SETTINGS = {"glibc": {}, "kept": {"GLIBC_TUNABLES": KEPT_TUNABLES}}
+SETTINGS = {"glibc": {"LEANTRAIN_KEEP_FREED_MEMORY": "0"}, "kept": {}}
 
 
 def run(setting: str, train: Path, dev: Path, fresh: Path, precision: str) -> dict:
@@ -90,7 +89,8 @@ def render(runs: list[dict], args: argparse.Namespace, started: str) -> list[str
         "",
         f"`leantrain train` on the first {args.rows} rows of SST-2 train (dev for evaluation), {args.precision}, "
         "MiniLM, batch 32, 1 epoch, max length 128, each run its own process with an empty cache; "
-        f"`kept`: GLIBC_TUNABLES={KEPT_TUNABLES}. "
+        "`kept`: leantrain's default (glibc's M_MMAP_MAX 0 and a 2 GiB M_TRIM_THRESHOLD for the run); `glibc`: "
+        "LEANTRAIN_KEEP_FREED_MEMORY=0. "
         f"{len(quiet)} of {args.rounds} rounds quiet (other processes at most {QUIET_CORES} cores during both runs); "
         f"started {started}.",
         "",

@@ -28,7 +28,7 @@ def train(
     out), adds its scores to every evaluation, and `metric_for_best` may name them."""
     from leantrain import models, run_dir
     from leantrain.parallel import device_type
-    from leantrain.telemetry.memory import freed_memory_returned
+    from leantrain.telemetry.memory import freed_memory_kept, freed_memory_returned
 
     if config is None:
         config = TrainConfig()
@@ -59,9 +59,12 @@ def train(
         chosen.compute_metrics = compute_metrics
     # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside
     # is put back unless the run published
-    # under a memory budget on CPU, freed tensors go back to the kernel at once (for the run only)
-    budget = freed_memory_returned() if cfg.auto and device_type() == "cpu" else contextlib.nullcontext()
-    with run_dir.guarded(), models.library_bars_off(), budget:
+    # the heap, on CPU, for the run only: under a memory budget freed tensors go back to the kernel at once (the
+    # budget is then predictable); otherwise they are kept for the next step (no page faults)
+    heap: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if device_type() == "cpu":
+        heap = freed_memory_returned() if cfg.auto else freed_memory_kept()
+    with run_dir.guarded(), models.library_bars_off(), heap:
         trainer = Trainer(
             cfg, chosen, model_path, model_config, plan=plan, hooks=hooks, share_output_dir=config.output_dir is None
         )

@@ -54,9 +54,9 @@ def weighted_cross_entropy_sum(
 
 
 #: rows of logits `head_cross_entropy_sum` makes at once. Against the unfused loss on a 2-core CPU
-#: (benchmarks/results/head_chunks.md): 256 -> 8,192 over 1,900 rows 0.70x the time (1,024 rows 0.63x, 64 rows
-#: 1.11x); 768 -> 32,000 over 2,048 rows 0.94x (1,024 rows 0.91x, 64 rows 1.39x). 512 keeps a chunk half the size
-#: of 1,024's for a few percent.
+#: (benchmarks/results/head_chunks.md): 256 -> 8,192 over 1,900 rows 0.71x the time (1,024 rows 0.75x: its 32 MiB
+#: buffers are mapped afresh every call; 64 rows 0.85x); 768 -> 32,000 over 2,048 rows 0.88x (1,024 rows 0.89x, 64
+#: rows 1.17x).
 HEAD_CHUNK_ROWS = 512
 
 

@@ -121,6 +121,50 @@ def freed_memory_returned():
             ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, GLIBC_DEFAULT_MMAP_THRESHOLD)
 
 
+#: glibc's mallopt parameters M_TRIM_THRESHOLD and M_MMAP_MAX, and their initial values
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+GLIBC_DEFAULT_TRIM_THRESHOLD, GLIBC_DEFAULT_MMAP_MAX = 128 * 1024, 65536
+#: LEANTRAIN_KEEP_FREED_MEMORY=0 leaves glibc's heap as it is in a run without a memory budget
+KEEP_FREED_MEMORY_ENV = "LEANTRAIN_KEEP_FREED_MEMORY"
+
+
+def malloc_set_by_environment(environ=None) -> bool:
+    """Whether the environment already tunes glibc's malloc (MALLOC_*_ variables or glibc.malloc tunables): the
+    planner's probes and users who chose their own setting keep it."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    return any(k.startswith("MALLOC_") for k in environ) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", "")
+
+
+@contextlib.contextmanager
+def freed_memory_kept():
+    """For the duration of a block (a training run without a memory budget, on CPU), glibc keeps what is freed
+    for the next allocation: nothing is mapped apart and the heap is never trimmed, so a block that a step
+    allocates again and again (activations, the head's logits, zeroed gradients) reuses the pages of the step
+    before instead of faulting fresh ones in (one fault per 4 KiB page: a causal LM step of preset:tiny-llama
+    faulted in about 14,000, docs/performance.md). Afterwards glibc's initial settings come back and the free
+    heap goes back to the kernel. Off under LEANTRAIN_KEEP_FREED_MEMORY=0 or when the environment sets malloc's
+    own tunables. Yields whether it took effect."""
+    import ctypes
+    import os
+
+    took = False
+    if os.environ.get(KEEP_FREED_MEMORY_ENV, "1") != "0" and not malloc_set_by_environment():
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            took = bool(libc.mallopt(_M_MMAP_MAX, 0)) & bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+        except (OSError, AttributeError):  # not glibc
+            took = False
+    try:
+        yield took
+    finally:
+        if took:
+            libc.mallopt(_M_MMAP_MAX, GLIBC_DEFAULT_MMAP_MAX)
+            libc.mallopt(_M_TRIM_THRESHOLD, GLIBC_DEFAULT_TRIM_THRESHOLD)
+            libc.malloc_trim(0)
+
+
 def release_free_memory() -> None:
     """Collect garbage and hand free heap pages back to the kernel (glibc's malloc_trim), so RSS tracks live memory."""
     import ctypes
