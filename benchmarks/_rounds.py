@@ -59,8 +59,11 @@ def quiet_rounds(runs: list[dict], rounds: int) -> list[int]:
     return [r for r in range(1, rounds + 1) if all(x["others"] <= QUIET_CORES for x in runs if x["round"] == r)]
 
 
-def publish(args: argparse.Namespace, name: str, page: list[str], runs: list[dict], started: str, argv) -> None:
-    """benchmarks/results/NAME.md and .json (or --out-dir's), with the machine, the versions and the command."""
-    command = f"python benchmarks/{name}.py " + " ".join(argv if argv is not None else sys.argv[1:])
+def publish(
+    args: argparse.Namespace, name: str, page: list[str], runs: list[dict], started: str, argv, script: str = ""
+) -> None:
+    """benchmarks/results/NAME.md and .json (or --out-dir's), with the machine, the versions and the command
+    (`script`: the benchmark's file name, when it is not NAME.py)."""
+    command = f"python benchmarks/{script or name + '.py'} " + " ".join(argv if argv is not None else sys.argv[1:])
     context = {**environment(None), "run": started, "command": command}
     print(write_results(args.out_dir, name, page, context, {"runs": runs}))

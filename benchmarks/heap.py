@@ -29,12 +29,28 @@ from benchmarks.trainer_comparison import QUIET_CORES, OtherLoad, leantrain_comm
 SETTINGS = {"glibc": {"LEANTRAIN_KEEP_FREED_MEMORY": "0"}, "kept": {}}
 
 
-def run(setting: str, train: Path, dev: Path, fresh: Path, precision: str) -> dict:
+def lm_command(train: Path, dev: Path, precision: str, out: Path, cache: Path) -> list[str]:
+    """`--job lm`: `preset:tiny-llama` pretrained from scratch on the slice's sentences (packed rows of 128 tokens,
+    16 a step, one epoch; its tokenizer trained on them), dev's sentences held out."""
+    flags = {
+        "model": "preset:tiny-llama", "data": train, "eval-data": dev, "text-column": "sentence",
+        "max-length": 128, "batch-size": 16, "epochs": 1, "lr": 3e-3, "seed": 0, "precision": precision,
+        "metric-for-best": "loss", "output-dir": out, "cache-dir": cache,
+    }  # fmt: skip
+    return [sys.executable, "-m", "leantrain.cli", "train", "--no-progress"] + [
+        arg for name, value in flags.items() for arg in (f"--{name}", str(value))
+    ]
+
+
+def run(setting: str, train: Path, dev: Path, fresh: Path, precision: str, job: str) -> dict:
     import json
 
     from leantrain.models import embedded_model_path
 
-    cmd = leantrain_command(embedded_model_path(), train, dev, precision, fresh / "run", fresh / "cache", None)
+    if job == "lm":
+        cmd = lm_command(train, dev, precision, fresh / "run", fresh / "cache")
+    else:
+        cmd = leantrain_command(embedded_model_path(), train, dev, precision, fresh / "run", fresh / "cache", None)
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
     env.update(SETTINGS[setting])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -73,11 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _rounds.add_flags(p, "alternating (glibc, kept) rounds")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--job", default="sst2", choices=["sst2", "lm"], help="MiniLM on SST-2, or tiny-llama on its text")
     args = p.parse_args(argv)
     runs, started = _rounds.alternate(
-        args, "heap", list(SETTINGS), lambda setting, train, dev, fresh: run(setting, train, dev, fresh, args.precision)
+        args,
+        "heap",
+        list(SETTINGS),
+        lambda setting, train, dev, fresh: run(setting, train, dev, fresh, args.precision, args.job),
     )
-    _rounds.publish(args, "heap", render(runs, args, started), runs, started, argv)
+    name = "heap" if args.job == "sst2" else "heap_lm"
+    _rounds.publish(args, name, render(runs, args, started), runs, started, argv, script="heap.py")
     return 0
 
 
@@ -88,7 +109,13 @@ def render(runs: list[dict], args: argparse.Namespace, started: str) -> list[str
         "# Freed memory kept in the heap against glibc's heap as it is",
         "",
         f"`leantrain train` on the first {args.rows} rows of SST-2 train (dev for evaluation), {args.precision}, "
-        "MiniLM, batch 32, 1 epoch, max length 128, each run its own process with an empty cache; "
+        + (
+            "MiniLM, batch 32, 1 epoch, max length 128, "
+            if args.job == "sst2"
+            else "`preset:tiny-llama` from scratch on the sentences (labels dropped), 16 packed rows of 128 tokens, "
+            "1 epoch, "
+        )
+        + "each run its own process with an empty cache; "
         "`kept`: leantrain's default (glibc's M_MMAP_MAX 0 and a 2 GiB M_TRIM_THRESHOLD for the run); `glibc`: "
         "LEANTRAIN_KEEP_FREED_MEMORY=0. "
         f"{len(quiet)} of {args.rounds} rounds quiet (other processes at most {QUIET_CORES} cores during both runs); "
