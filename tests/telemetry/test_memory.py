@@ -50,7 +50,7 @@ def test_kept_freed_memory_is_reused_without_page_faults_and_returned_afterwards
     if not r["took"]:
         pytest.skip("not glibc")
     assert r["plain"] > 2.7 * PAGES  # glibc as it is: every page of every block anew
-    assert r["kept"] < 0.1 * PAGES  # kept: the pages of the blocks before
+    assert r["kept"] < PAGES  # kept: the pages of the blocks before (glibc may place one block afresh)
     assert r["after"] > 2.7 * PAGES  # glibc's own settings again, and the kept heap handed back
 
 

@@ -142,24 +142,24 @@ def freed_memory_kept():
     """For the duration of a block (a training run without a memory budget, on CPU), glibc keeps what is freed
     for the next allocation: nothing is mapped apart and the heap is never trimmed, so a block that a step
     allocates again and again (activations, the head's logits, zeroed gradients) reuses the pages of the step
-    before instead of faulting fresh ones in (one fault per 4 KiB page: a causal LM step of preset:tiny-llama
-    faulted in about 14,000, docs/performance.md). Afterwards glibc's initial settings come back and the free
+    before instead of faulting fresh ones in (one fault per 4 KiB page: two thirds of a tiny-llama run's page
+    faults, docs/performance.md). Afterwards glibc's initial settings come back and the free
     heap goes back to the kernel. Off under LEANTRAIN_KEEP_FREED_MEMORY=0 or when the environment sets malloc's
     own tunables. Yields whether it took effect."""
     import ctypes
     import os
 
-    took = False
+    libc, took = None, False
     if os.environ.get(KEEP_FREED_MEMORY_ENV, "1") != "0" and not malloc_set_by_environment():
         try:
             libc = ctypes.CDLL("libc.so.6")
             took = bool(libc.mallopt(_M_MMAP_MAX, 0)) & bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
         except (OSError, AttributeError):  # not glibc
-            took = False
+            libc = None
     try:
         yield took
     finally:
-        if took:
+        if libc is not None:  # glibc's own settings again, whichever of the two took
             libc.mallopt(_M_MMAP_MAX, GLIBC_DEFAULT_MMAP_MAX)
             libc.mallopt(_M_TRIM_THRESHOLD, GLIBC_DEFAULT_TRIM_THRESHOLD)
             libc.malloc_trim(0)
