@@ -100,6 +100,10 @@ def _quantized_linear(linear: torch.nn.Linear, bits: str, device: torch.device) 
             linear.in_features, linear.out_features, bias=bias, compute_dtype=torch.float32, quant_type="nf4"
         )
         layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
+        # on a CPU with AVX512-BF16, bitsandbytes repacks the weight in place for a bf16 kernel the first time the
+        # layer runs in eval mode, and uses that kernel from then on, in training too: evaluation would compute
+        # otherwise than training, and the merge at the end read repacked bytes as NF4 (a garbage model/)
+        layer.support_avx512bf16_for_cpu = False
     else:
         layer = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias, has_fp16_weights=False)
         layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
