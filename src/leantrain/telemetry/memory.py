@@ -128,13 +128,12 @@ GLIBC_DEFAULT_TRIM_THRESHOLD, GLIBC_DEFAULT_MMAP_MAX = 128 * 1024, 65536
 KEEP_FREED_MEMORY_ENV = "LEANTRAIN_KEEP_FREED_MEMORY"
 
 
-def malloc_set_by_environment(environ=None) -> bool:
+def malloc_set_by_environment() -> bool:
     """Whether the environment already tunes glibc's malloc (MALLOC_*_ variables or glibc.malloc tunables): the
     planner's probes and users who chose their own setting keep it."""
     import os
 
-    environ = os.environ if environ is None else environ
-    return any(k.startswith("MALLOC_") for k in environ) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", "")
+    return any(k.startswith("MALLOC_") for k in os.environ) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
 
 
 @contextlib.contextmanager
@@ -143,9 +142,9 @@ def freed_memory_kept():
     for the next allocation: nothing is mapped apart and the heap is never trimmed, so a block that a step
     allocates again and again (activations, the head's logits, zeroed gradients) reuses the pages of the step
     before instead of faulting fresh ones in (one fault per 4 KiB page: two thirds of a tiny-llama run's page
-    faults, docs/performance.md). Afterwards glibc's initial settings come back and the free
-    heap goes back to the kernel. Off under LEANTRAIN_KEEP_FREED_MEMORY=0 or when the environment sets malloc's
-    own tunables. Yields whether it took effect."""
+    faults, docs/performance.md). Afterwards glibc's initial settings come back and malloc_trim hands back what
+    free heap it can (a free block inside the heap may stay). Off under LEANTRAIN_KEEP_FREED_MEMORY=0 or when the
+    environment sets malloc's own tunables. Yields whether it took effect."""
     import ctypes
     import os
 
