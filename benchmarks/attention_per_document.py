@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=7, help="timed calls a round (their median is the round's)")
     args = parser.parse_args()
-    from leantrain import bench
+    from leantrain.commands import bench
 
     torch.manual_seed(0)
     rows = packed_lengths()

@@ -41,7 +41,7 @@ STEP = r"""
 import os, sys, time
 import torch
 from transformers import AutoModelForSequenceClassification
-from leantrain.models import embedded_model_path
+from leantrain.model.loading import embedded_model_path
 seconds = float(sys.argv[1])
 torch.manual_seed(0)
 model = AutoModelForSequenceClassification.from_pretrained(str(embedded_model_path()), num_labels=2)

@@ -71,7 +71,7 @@ def prepare(
     if model is None:
         from benchmarks.causal_lm_corpus import corpus_texts
         from leantrain.data.lm import train_bpe_tokenizer
-        from leantrain.presets import preset_config
+        from leantrain.model.presets import preset_config
 
         texts = [" ".join(t.split()) for group in corpus_texts().values() for t in group]
         texts = [t for t in dict.fromkeys(texts) if t]
@@ -284,7 +284,7 @@ def main() -> None:
 
     import tempfile
 
-    from leantrain import bench
+    from leantrain.commands import bench
 
     work = args.work or Path(tempfile.mkdtemp(prefix="lm-vs-hf-"))
     load_before = os.getloadavg()

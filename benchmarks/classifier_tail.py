@@ -84,7 +84,7 @@ def main() -> None:
     if not DATA.is_dir():
         sys.exit(f"{DATA} is absent: this benchmark reads SST-2 there")
 
-    from leantrain import bench
+    from leantrain.commands import bench
 
     work = Path(tempfile.mkdtemp(prefix="classifier-tail-"))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -274,7 +274,7 @@ def render_packed(rows: list[dict[str, Any]]) -> list[str]:
 # -- 2-5. bench jobs ------------------------------------------------------------------------------------------
 def bert_techniques(smoke: bool) -> tuple[list[str], list[str]]:
     """The core techniques first (run early), then the rest of the matrix (run while time is left)."""
-    from leantrain import bench
+    from leantrain.commands import bench
 
     bench.TECHNIQUES.update(
         {
@@ -311,7 +311,7 @@ def lm_vs_hf(lm_dir: Path, text: Path, out: Path, smoke: bool, clock: Clock) -> 
 
 def run_jobs(names, base, steps, folder: Path, clock: Clock, reserve: float):
     """Each technique as its own `leantrain train` process, while more than `reserve` seconds are left."""
-    from leantrain import bench
+    from leantrain.commands import bench
 
     rows = []
     for name in names:
@@ -333,7 +333,7 @@ def run_jobs(names, base, steps, folder: Path, clock: Clock, reserve: float):
 
 
 def profile_job(name: str, base: dict, over: dict, steps: int, folder: Path, clock: Clock) -> dict | None:
-    from leantrain import bench
+    from leantrain.commands import bench
 
     if clock.left() < 45:
         say(f"profile: {name} skipped (time budget)")
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.steps, args.rows = 4, 400
 
-    from leantrain import bench
+    from leantrain.commands import bench
 
     clock = Clock(args.budget)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -52,8 +52,8 @@ def main() -> None:
     parser.add_argument("--label", default="this checkout", help="which leantrain the page measures")
     args = parser.parse_args()
     chunks = [int(c) for c in args.chunks.split(",")]
-    import leantrain.losses as losses
-    from leantrain import bench
+    import leantrain.model.losses as losses
+    from leantrain.commands import bench
 
     def unfused(h, w, t):
         return F.cross_entropy(h @ w.t(), t, reduction="sum")

@@ -90,7 +90,7 @@ def main() -> None:
         print(json.dumps(one_run(Path(work), job, mode, args.steps)))
         return
 
-    from leantrain import bench
+    from leantrain.commands import bench
 
     work = Path(tempfile.mkdtemp(prefix="lm-logits-"))
     prepare(work, docs=6000, prompts=8000)

@@ -71,7 +71,7 @@ def run_hf_trainer(job: dict, seed: int, work: Path, max_steps: int | None) -> d
         set_seed,
     )
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     model_path = str(embedded_model_path())
     tok = AutoTokenizer.from_pretrained(model_path)

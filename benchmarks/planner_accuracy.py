@@ -44,7 +44,7 @@ MIB = 2**20
 def tiny_bert(path: Path) -> str:
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     if not (path / "config.json").is_file():
         import torch
@@ -191,7 +191,7 @@ def accuracy(model: str | None, kind: str, say) -> list[dict]:
 def planted(model: str, data: str, work: Path, say, steps: int) -> list[dict]:
     import dataclasses
 
-    from leantrain.planner.probe import ProbeConfig, probe
+    from leantrain.commands.probe import ProbeConfig, probe
     from leantrain.planner.search import PlanRequest, make_plan
 
     request = PlanRequest(model=model, budget=2**40, global_batch=128, seq_len=64)
@@ -247,7 +247,7 @@ def planted(model: str, data: str, work: Path, say, steps: int) -> list[dict]:
 
 
 def context() -> dict:
-    from leantrain.bench import environment_context
+    from leantrain.commands.bench import environment_context
 
     ctx = environment_context()
     try:

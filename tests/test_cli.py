@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from tests.conftest import write_csv
 
 
@@ -165,7 +165,7 @@ def _probe(argv: list[str], main: str | None = None) -> subprocess.CompletedProc
     """`python -m leantrain ARGV` in a child that reports, at its exit, whether cyclic garbage collection was on
     and how many objects were frozen; `main` replaces `cli.main` (a Python expression)."""
     code = (
-        "import atexit, gc, runpy, sys, leantrain.cli as cli\n"
+        "import atexit, gc, runpy, sys, leantrain.commands.cli as cli\n"
         "frozen = lambda: gc.get_freeze_count() > 1000\n"
         "atexit.register(lambda: print('at exit: collecting', gc.isenabled(), 'frozen', frozen()))\n"
         + (f"cli.main = lambda: {main}\n" if main else "")
@@ -182,7 +182,7 @@ def test_the_command_collects_no_garbage_at_start_up_nor_at_its_exit(base):
     from importlib.metadata import entry_points
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "leantrain"]
-    assert script.value == "leantrain.cli:entry"
+    assert script.value == "leantrain.commands.cli:entry"
     report = (
         "print('in main: collecting', __import__('gc').isenabled(), 'frozen', __import__('gc').get_freeze_count()) or 7"
     )

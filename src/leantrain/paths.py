@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
 def leantrain_cache() -> Path:
     """leantrain's own cache (tokenized data, the CPU peak probe): $LEANTRAIN_CACHE, else ~/.cache/leantrain."""
     return Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
+
+
+def default_output_dir() -> Path:
+    """Where a run goes when --output-dir is not given: runs/<timestamp> in the current folder."""
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
 def cache_paths() -> list[tuple[str, str]]:

@@ -92,9 +92,10 @@ def test_tokenized_documents_end_with_eos_and_are_cached(tmp_path):
 def test_the_task_is_inferred_from_a_causal_lm_config_and_text_generation_names_it():
     from transformers import BertConfig, GPT2Config, LlamaConfig
 
-    from leantrain import TrainConfig, models
+    from leantrain import TrainConfig
+    from leantrain.model import loading
 
-    assert models.infer_task(LlamaConfig(architectures=["LlamaForCausalLM"])) == "causal-lm"
-    assert models.infer_task(GPT2Config(architectures=["GPT2LMHeadModel"])) == "causal-lm"
-    assert models.infer_task(BertConfig()) == "text-classification"
+    assert loading.infer_task(LlamaConfig(architectures=["LlamaForCausalLM"])) == "causal-lm"
+    assert loading.infer_task(GPT2Config(architectures=["GPT2LMHeadModel"])) == "causal-lm"
+    assert loading.infer_task(BertConfig()) == "text-classification"
     assert TrainConfig(task="text-generation").task == "causal-lm"

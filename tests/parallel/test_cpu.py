@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from leantrain import parallel
-from leantrain.telemetry.report import collect_environment
+from leantrain.run.report import collect_environment
 
 
 def fake_cpuinfo(monkeypatch, family: int, flags: str) -> None:

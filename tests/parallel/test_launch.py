@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leantrain import cli, launch
+from leantrain.commands import cli, launch
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from leantrain import TrainConfig, evaluate, predict, train
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from leantrain.errors import ConfigError, DataError
 from tests.conftest import FILLER, NEGATIVE, POSITIVE, write_csv
 
@@ -129,7 +129,7 @@ def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_doe
 
 
 def test_the_runs_multi_label_threshold_is_the_default_at_predict_time(job, tmp_path):
-    from leantrain.inference import run_threshold
+    from leantrain.inference.api import run_threshold
 
     rows = [(text, "|".join(labels)) for text, labels in tagged_rows(64, 3)]
     data = write_csv(tmp_path / "tags.csv", rows)

@@ -59,20 +59,11 @@ class DeviceSpeed:
     source: str = ""
 
 
-CPU_OPTIMIZER_SECONDS = {
-    # docs/measurements.md, 22.7 M parameters on 2 Sapphire Rapids cores
-    "adamw": 0.025 / 22.7e6,
-    "adafactor": 0.150 / 22.7e6,
-    "adamw8bit": 0.500 / 22.7e6,
-    "sgd": 0.008 / 22.7e6,
-}
-GPU_OPTIMIZER_SECONDS = {
-    # memory-bound elementwise kernels: ~16 bytes read+written per parameter for AdamW at ~1 TB/s
-    "adamw": 2e-11,
-    "adafactor": 5e-11,
-    "adamw8bit": 2e-11,
-    "sgd": 1e-11,
-}
+def optimizer_seconds(kind: str) -> dict[str, float]:
+    """Seconds per parameter of each registered optimizer's step on a "cpu" or "gpu" (the registry's figures)."""
+    from leantrain.model.optimizers import OPTIMIZERS
+
+    return {n: e.cpu_seconds_per_param if kind == "cpu" else e.gpu_seconds_per_param for n, e in OPTIMIZERS.items()}
 
 
 def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceSpeed:
@@ -109,7 +100,7 @@ def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceS
             speed,
             utilisation=0.4,
             checkpointing_factor=0.75,
-            optimizer_seconds_per_param=GPU_OPTIMIZER_SECONDS,
+            optimizer_seconds_per_param=optimizer_seconds("gpu"),
             half_tokens=4096.0,
             micro_step_overhead_per_layer=0.0005,
             source=f"{name}; bf16 {support['bf16'].why}",
@@ -134,7 +125,7 @@ def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceS
         matmul_half_width=350.0,
         low_precision_rest=1.15,
         checkpointing_factor=0.62,
-        optimizer_seconds_per_param=CPU_OPTIMIZER_SECONDS,
+        optimizer_seconds_per_param=optimizer_seconds("cpu"),
         half_tokens=256.0,
         micro_step_overhead_per_layer=0.001,
         source=f"CPU; bf16: {support['bf16'].why}; fp16: {support['fp16'].why}",

@@ -24,11 +24,11 @@ BUILTIN: dict[str, type[Task]] = {
 
 def resolve(cfg: Any, model_config: Any) -> Task:
     """The task `cfg` asks for (`--task`), checked against the model; else the one its config does."""
-    from leantrain import models
+    from leantrain.model import loading
 
-    name = models.infer_task(model_config, cfg.task)
+    name = loading.infer_task(model_config, cfg.task)
     problem = getattr(cfg, "problem_type", "single-label")
-    if problem != "single-label":  # issue #17: regression and multi-label text tasks
+    if problem != "single-label":  # regression and multi-label text tasks
         from leantrain.errors import ConfigError
         from leantrain.tasks.text_problems import TEXT_PROBLEMS
 

@@ -112,13 +112,13 @@ class Task(ABC):
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
         """Scores over every evaluation example (loss included)."""
 
-    #: the metrics `metrics` reports, which `--metric-for-best` may name (leantrain.scoring.LOWER_IS_BETTER says
+    #: the metrics `metrics` reports, which `--metric-for-best` may name (leantrain.tasks.scoring.LOWER_IS_BETTER says
     #: which improve downwards); a task may set its own per instance (`--metrics`)
     metric_names: tuple[str, ...] = ("loss",)
     #: what `--metric-for-best` is when not given
     default_metric: ClassVar[str] = "loss"
 
-    # --- metrics and losses (issue #17)
+    # --- metrics and losses
     #: a user's `compute_metrics(EvalPrediction) -> {name: number}` (`leantrain.train(compute_metrics=...)`), as
     #: the HF Trainer takes it: its scores join the task's own
     compute_metrics: Callable[[Any], dict[str, float]] | None = None

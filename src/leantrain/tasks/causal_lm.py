@@ -30,7 +30,7 @@ IGNORE = -100
 class CausalLM(Task):
     name: ClassVar[str] = "causal-lm"
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
-    metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them (#17)
+    metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them
     #: --metric-for-best when not given: lower loss is better
     default_metric: ClassVar[str] = "loss"
     #: whether training computes logits only where a token counts (`forward`); set by `check_model`
@@ -40,10 +40,10 @@ class CausalLM(Task):
 
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
-        from leantrain import presets
         from leantrain.data.lm import is_text_source, load_documents, pack
         from leantrain.data.prepare import Examples
         from leantrain.data.sources import read_options, resolve_data_path
+        from leantrain.model import presets
 
         cfg = self.cfg
         cache = Path(cfg.cache_dir)
@@ -157,27 +157,27 @@ class CausalLM(Task):
         return out
 
     def _tokenizer(self, model_path: str, source: str, cache: Path):
-        from leantrain import models, presets
         from leantrain.data.instructions import set_chat_template
         from leantrain.data.lm import run_tokenizer
         from leantrain.data.sources import read_options
+        from leantrain.model import loading, presets
 
         cfg = self.cfg
         if presets.is_preset(model_path):  # from scratch: a BPE trained on this run's training text
             options = read_options(cfg, "train")
             tokenizer = run_tokenizer(source, cfg.text_glob, cfg.text_column, options, PRESET_VOCAB_SIZE, cache)
         else:
-            tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
+            tokenizer = loading.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
         if tokenizer.pad_token_id is None:  # GPT-2, Llama: padding is never counted, EOS serves
             tokenizer.pad_token = tokenizer.eos_token
         set_chat_template(tokenizer, cfg.chat_template)
         return tokenizer
 
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
-        from leantrain import models
+        from leantrain.model import loading
 
-        model = models.load_for_causal_lm(model_path, data.model_config, trust_remote_code=self.cfg.trust_remote_code)
-        limit = models.max_supported_length(model.config)
+        model = loading.load_for_causal_lm(model_path, data.model_config, trust_remote_code=self.cfg.trust_remote_code)
+        limit = loading.max_supported_length(model.config)
         if limit is not None and self.cfg.max_length > limit:
             raise ConfigError(
                 f"--max-length {self.cfg.max_length} is beyond what {self.cfg.model} supports ({limit}); "
@@ -293,7 +293,7 @@ def head_rows(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
 def head_loss(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor) -> Iterator[None]:
     """Within: the model's output head returns the summed cross-entropy of the positions `keep` marks (row-major)
     against `targets`, with its own weight (`losses.head_cross_entropy_sum`), in place of logits."""
-    from leantrain.losses import head_cross_entropy_sum
+    from leantrain.model.losses import head_cross_entropy_sum
     from leantrain.telemetry.flops import unwrap
 
     head = unwrap(model).get_output_embeddings()

@@ -1,5 +1,5 @@
 """What every classification task shares: cross-entropy summed over examples (label smoothing and class weights
-optional), softmax rows, and the scores `--metrics` names (leantrain.scoring)."""
+optional), softmax rows, and the scores `--metrics` names (leantrain.tasks.scoring)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from leantrain.tasks.base import Task, TaskData, same_logits
 class Classification(Task):
     """One label per example; the loss counts examples, or their class weights (`--class-weights`)."""
 
-    #: the kind of problem, as leantrain.scoring names it
+    #: the kind of problem, as leantrain.tasks.scoring names it
     problem_type: ClassVar[str] = "single-label"
     default_metric: ClassVar[str] = "accuracy"
 
     def __init__(self, cfg: Any):
-        from leantrain.scoring import metric_names, parse_metrics
+        from leantrain.tasks.scoring import metric_names, parse_metrics
 
         super().__init__(cfg)
         self.metric_names = metric_names(self.problem_type, parse_metrics(getattr(cfg, "metrics", None)))
@@ -64,7 +64,7 @@ class Classification(Task):
         if self.weight_spec is None:
             return None
         from leantrain.errors import ConfigError
-        from leantrain.losses import class_weights
+        from leantrain.model.losses import class_weights
 
         if getattr(data.train, "streaming", False):
             raise ConfigError("--class-weights needs the training labels whole; it does not work with --streaming yet")
@@ -74,7 +74,7 @@ class Classification(Task):
         return self.class_weights[labels]
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
-        from leantrain.losses import weighted_cross_entropy_sum
+        from leantrain.model.losses import weighted_cross_entropy_sum
 
         logits = outputs.logits
         return weighted_cross_entropy_sum(logits, batch["labels"], self._weights(logits), self.label_smoothing)
@@ -91,7 +91,7 @@ class Classification(Task):
         return {"probs": F.softmax(logits, dim=-1), "logits": logits, "labels": batch["labels"]}
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
-        from leantrain.scoring import score
+        from leantrain.tasks.scoring import score
 
         return score(self.problem_type, self.metric_names, rows["probs"], rows["labels"])
 
@@ -162,6 +162,6 @@ def first_token_tail(model: torch.nn.Module) -> FirstTokenTail | None:
 
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, names: tuple[str, ...] = ()) -> dict[str, float]:
     """The named scores (default: accuracy, macro-F1) and the mean cross-entropy of predicted class probabilities."""
-    from leantrain.scoring import metric_names, score
+    from leantrain.tasks.scoring import metric_names, score
 
     return score("single-label", metric_names("single-label", names), probs, labels)

@@ -22,9 +22,9 @@ class MediaClassification(Classification):
         return TaskData(data.train, data.eval, list(data.label_names), processor, list(data.notes), sized)
 
     def build_model(self, model_path: str, data: TaskData):
-        from leantrain import models
+        from leantrain.model import loading
 
-        return models.load_for_classification(
+        return loading.load_for_classification(
             model_path,
             data.label_names,
             trust_remote_code=self.cfg.trust_remote_code,

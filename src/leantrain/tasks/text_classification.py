@@ -16,23 +16,23 @@ class TextClassification(Classification):
     streams: ClassVar[bool] = True
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
-        from leantrain import models
         from leantrain.data.prepare import prepare_data
+        from leantrain.model import loading
 
-        tokenizer = models.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
+        tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
         self._check_length(model_config, tokenizer)
         data = prepare_data(self.cfg, tokenizer, Path(self.cfg.cache_dir), self.label_codec())
         return TaskData(data.train, data.eval, list(data.label_names), tokenizer, list(data.notes))
 
     def label_codec(self) -> Any:
-        """How labels become targets (`data.labels`); None: class ids (issue #17: numbers, sets of classes)."""
+        """How labels become targets (`data.labels`); None: class ids (numbers, sets of classes)."""
         return None
 
     def _check_length(self, model_config: Any, tokenizer: Any) -> None:
         """Refuse a --max-length beyond the model's positions (or the tokenizer's limit)."""
-        from leantrain import models
+        from leantrain.model import loading
 
-        limit = models.max_supported_length(model_config, tokenizer)
+        limit = loading.max_supported_length(model_config, tokenizer)
         if limit is not None and self.cfg.max_length > limit:
             raise ConfigError(
                 f"--max-length {self.cfg.max_length} is beyond what {self.cfg.model} supports ({limit}); "
@@ -40,9 +40,9 @@ class TextClassification(Classification):
             )
 
     def build_model(self, model_path: str, data: TaskData):
-        from leantrain import models
+        from leantrain.model import loading
 
-        return models.load_for_classification(
+        return loading.load_for_classification(
             model_path, data.label_names, trust_remote_code=self.cfg.trust_remote_code, task=self.name
         )
 

@@ -1,4 +1,4 @@
-"""Text regression and multi-label text classification (issue #17, `--problem-type`): the text task's data and
+"""Text regression and multi-label text classification (`--problem-type`): the text task's data and
 model with other targets, loss and scores. The model's saved `problem_type` makes transformers' `pipeline`
 return the raw score (regression) or independent sigmoid probabilities (multi-label)."""
 
@@ -81,7 +81,7 @@ class TextRegression(_FloatTargets):
         return {"preds": outputs.logits.float().squeeze(-1), "labels": batch["labels"]}
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
-        from leantrain.scoring import score
+        from leantrain.tasks.scoring import score
 
         return score(self.problem_type, self.metric_names, rows["preds"], rows["labels"])
 
@@ -111,7 +111,7 @@ class TextMultiLabel(_FloatTargets):
         return {"probs": torch.sigmoid(logits), "logits": logits, "labels": batch["labels"]}
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
-        from leantrain.scoring import score
+        from leantrain.tasks.scoring import score
 
         threshold = float(getattr(self.cfg, "multi_label_threshold", 0.5))
         return score(self.problem_type, self.metric_names, rows["probs"], rows["labels"], threshold)

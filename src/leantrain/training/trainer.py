@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from leantrain import checkpoint
-from leantrain.checkpoint import TrainState
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.run import checkpoint
+from leantrain.run.checkpoint import TrainState
 from leantrain.tasks.base import Task, TaskData
 from leantrain.telemetry.profiler import StepProfiler
 from leantrain.training.checkpointer import Checkpointer
@@ -63,7 +63,7 @@ class Trainer:
         from leantrain import parallel
         from leantrain.parallel import sharding
         from leantrain.parallel.precision import MixedPrecision
-        from leantrain.run_dir import RunDir
+        from leantrain.run.directory import RunDir
         from leantrain.telemetry import Console
 
         self.task, self.plan, self.hooks = task, plan, hooks or Hooks()
@@ -95,7 +95,7 @@ class Trainer:
 
     @staticmethod
     def _trackers(cfg: TrainConfig) -> list[str]:
-        """--report-to (and --log tensorboard): the trackers Accelerate starts (issue #17)."""
+        """--report-to (and --log tensorboard): the trackers Accelerate starts."""
         from leantrain.parallel.trackers import check_trackers, tracker_names
 
         names = tracker_names(cfg.report_to, cfg.log)
@@ -107,7 +107,7 @@ class Trainer:
         return {**facts, **self.task.data_facts(data)} if data is not None else facts
 
     def _build_model(self, model_path: str) -> None:
-        from leantrain import models
+        from leantrain.model import loading
 
         for note in self.data.notes:
             self.say.info(note)
@@ -116,10 +116,10 @@ class Trainer:
         self.model = self.task.build_model(model_path, self.data)
         self._choose_attention()
         if self.cfg.activation_checkpointing:
-            models.enable_activation_checkpointing(self.model)
-        self.say.info(models.describe(self.model))
-        if self.cfg.lora:  # adapters (and the head) train, the rest is frozen (issue #15)
-            from leantrain import lora
+            loading.enable_activation_checkpointing(self.model)
+        self.say.info(loading.describe(self.model))
+        if self.cfg.lora:  # adapters (and the head) train, the rest is frozen
+            from leantrain.model import lora
 
             self.model = lora.apply(self.model, self.cfg, self.accelerator.device)
             self.say.info(lora.describe(self.model, self.cfg))
@@ -139,8 +139,8 @@ class Trainer:
         )
 
     def _choose_attention(self) -> None:
-        """--attention (issue #16): the kernel, then the task's checks of the model as it will run."""
-        from leantrain import attention
+        """--attention: the kernel, then the task's checks of the model as it will run."""
+        from leantrain.model import attention
 
         name, why = attention.choose(self.cfg.attention, self.model, self.accelerator.device.type, self.precision)
         if name is not None:
@@ -191,7 +191,8 @@ class Trainer:
 
     def _build_optimization(self) -> None:
         """Optimizer and schedule, Accelerate's placement, FLOP counting, compile and local SGD."""
-        from leantrain.optim import build_optimizer, build_scheduler
+        from leantrain.model.optimizers import build_optimizer
+        from leantrain.model.schedules import build_scheduler
         from leantrain.parallel.local_sgd import LocalSGD
 
         cfg = self.cfg
@@ -291,14 +292,14 @@ class Trainer:
 
     def _open_log(self, log_path: Path | None):
         from leantrain.parallel.trackers import start_trackers
+        from leantrain.run.report import write_environment
         from leantrain.telemetry import MetricsLog, TeeLog
-        from leantrain.telemetry.report import write_environment
 
         trackers = None
         if self.staging is not None:
             acc = self.accelerator
             write_environment(self.staging, device=acc.device, peak=self.flop_peak, num_processes=acc.num_processes)
-            if acc.log_with:  # --report-to: TensorBoard, W&B, MLflow through Accelerate (issue #17)
+            if acc.log_with:  # --report-to: TensorBoard, W&B, MLflow through Accelerate
                 trackers = start_trackers(acc, self.staging / "trackers", self.cfg.to_dict(), self.run.path.name)
         return TeeLog(MetricsLog(log_path), trackers)
 
@@ -536,7 +537,7 @@ class Trainer:
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
-            "best_and_stopping": {  # HF Trainer users (issue #17); metrics.json stays flat
+            "best_and_stopping": {  # HF Trainer users; metrics.json stays flat
                 "best_metric": self.state.best_metric,
                 "best_value": self.state.best_value,
                 "best_step": self.state.best_step,
@@ -601,16 +602,16 @@ class Trainer:
 
         import yaml
 
-        from leantrain import run_dir
-        from leantrain.lora import ADAPTER_DIR, for_publishing
-        from leantrain.model_card import write_model_card
-        from leantrain.telemetry.report import write_report
+        from leantrain.model.lora import ADAPTER_DIR, for_publishing
+        from leantrain.run import directory
+        from leantrain.run.model_card import write_model_card
+        from leantrain.run.report import write_report
 
         staging = self.staging
         assert staging is not None  # the main process stages the run
         # LoRA: model/ is the merged model (the adapter alone in adapter/ with --save-adapter); else `model` itself
         model = for_publishing(model, staging / ADAPTER_DIR if self.cfg.save_adapter else None)
-        with run_dir.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
+        with directory.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
             model.save_pretrained(staging / "model", safe_serialization=True, state_dict=state_dict)
             self.data.processor.save_pretrained(staging / "model")
         cfg = self.cfg

@@ -1,4 +1,4 @@
-"""Evaluation scores (issue #17): one table of named metrics per kind of problem, chosen with `--metrics`, and the
+"""Evaluation scores: one table of named metrics per kind of problem, chosen with `--metrics`, and the
 direction of each (`loss`, `mse`, `rmse` and `mae` are lower-is-better).
 
 The classification scores are scikit-learn's, computed here from a confusion matrix with numpy: importing

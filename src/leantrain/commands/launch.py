@@ -16,7 +16,7 @@ carries `RANK`/`LOCAL_RANK`/`WORLD_SIZE` in its environment, and never launches 
 Failures: torchrun's agent watches its processes; when one exits non-zero or is killed, it stops the
 others and exits non-zero, and every process reports its own error on stderr, naming its rank.
 
-Reliability (issue #19): the command that launches holds the output directory's lock for the whole job and
+Reliability: the command that launches holds the output directory's lock for the whole job and
 tells its processes so (`LEANTRAIN_LOCK_HOLDER`). Each process dies with its parent (a parent-death signal), so
 killing the top-level `leantrain train`, even with SIGKILL, leaves nothing training unobserved. SIGTERM sent to
 it is passed on; Ctrl-C reaches every process of the terminal's group; either way the processes save a
@@ -197,7 +197,7 @@ def launch_command(
 
 def launch(cfg: TrainConfig) -> int:
     """Start the job's processes on this machine and wait for them. Returns the job's exit code."""
-    from leantrain.run_dir import LOCK_HOLDER_ENV, OutputLock
+    from leantrain.run.directory import LOCK_HOLDER_ENV, OutputLock
 
     # Every process must agree on the output directory: fix the timestamped default here, once.
     cfg = cfg.resolved()
@@ -363,7 +363,7 @@ def die_with_parent() -> None:
 
 
 def print_result(metrics: dict[str, Any], model_dir: Path) -> None:
-    # every evaluation score the run reports (--metrics, issue #17), the loss left to metrics.json
+    # every evaluation score the run reports (--metrics), the loss left to metrics.json
     names = {"eval_macro_f1": "macro-F1"}
     scores = "  ".join(
         f"{names.get(k, k.removeprefix('eval_'))} {v:.4f}"

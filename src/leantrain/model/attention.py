@@ -1,4 +1,4 @@
-"""`--attention`: which attention kernel the model runs, chosen from measurements (issue #16).
+"""`--attention`: which attention kernel the model runs, chosen from measurements.
 
 transformers lets one model run several attention implementations (`eager`: matmul, softmax, matmul in Python;
 `sdpa`: torch's fused `scaled_dot_product_attention`; `flex_attention`: a compiled block-mask kernel). They give
@@ -8,7 +8,7 @@ results, and `auto` picks by what was measured:
 - a GPU (H200, bf16, a packed 125 M Llama): SDPA 235k tokens/s, eager 95k, flex 38k (its mask recompiles per
   batch) -> sdpa;
 - a CPU with AMX, bf16 training, attention dropout off: SDPA's CPU flash kernel took 43% of a step, eager ran 2x
-  SDPA (issue #16) -> eager;
+  SDPA -> eager;
 - a CPU without native bf16 (AMD EPYC), fp32: within 20% either way, no consistent winner -> sdpa.
 
 Sources: benchmarks/results/gpu_check/, benchmarks/results/attention.md (`python benchmarks/attention.py` on the

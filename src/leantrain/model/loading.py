@@ -27,7 +27,7 @@ def embedded_model_path() -> Path:
 
 def resolve_model(name: str | None) -> str:
     """A local folder (checked to hold a model), a config.json file, a preset or a hub id; None: the default."""
-    from leantrain import presets
+    from leantrain.model import presets
 
     if name in (None, EMBEDDED_MODEL):
         return str(embedded_model_path())
@@ -63,7 +63,7 @@ def _offline_hint(name: str, exc: Exception) -> ModelError:
 def load_config(name: str, trust_remote_code: bool = False, **kwargs):
     from transformers import AutoConfig
 
-    from leantrain import presets
+    from leantrain.model import presets
 
     if presets.is_preset(name):
         return presets.preset_config(name, **kwargs)
@@ -139,7 +139,7 @@ def infer_task(config, task: str | None = None) -> str:
 
 def has_weights(name: str) -> bool | None:
     """Whether a local model folder holds weights (None: a hub name, which from_pretrained fetches)."""
-    from leantrain import presets
+    from leantrain.model import presets
 
     if presets.is_preset(name):
         return False

@@ -31,8 +31,8 @@ def generate(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from leantrain import models
-    from leantrain.attention import apply_forced
+    from leantrain.model import loading
+    from leantrain.model.attention import apply_forced
 
     if max_new_tokens <= 0:
         raise LeantrainError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
@@ -44,7 +44,7 @@ def generate(
         raise LeantrainError("--top-p samples: give --temperature too (e.g. 1.0), or leave both out for greedy")
     if not prompts:
         raise DataError("predict: no prompt to complete")
-    tokenizer = models.load_tokenizer(path)
+    tokenizer = loading.load_tokenizer(path)
     chats = not isinstance(prompts[0], str)
     texts = [p if isinstance(p, str) else render_chat(tokenizer, p, path) for p in prompts]
     tokenizer.padding_side = "left"  # generation continues each prompt from its last token
@@ -98,12 +98,12 @@ def evaluate(
     from transformers import AutoModelForCausalLM
 
     from leantrain import parallel
-    from leantrain.attention import apply_forced
     from leantrain.config import TrainConfig
     from leantrain.data.batching import ExamplesDataset, eval_batches
     from leantrain.data.lm import LMCollator
+    from leantrain.model.attention import apply_forced
     from leantrain.tasks.causal_lm import CausalLM
-    from leantrain.training.evaluator import gather_rows
+    from leantrain.tasks.evaluation import gather_rows
 
     packing, on_prompt = run("packing"), run("train_on_prompt")
     cfg = TrainConfig(

@@ -10,16 +10,16 @@ import numpy as np
 
 from leantrain.data.sources import ReadOptions
 from leantrain.errors import DataError
-from leantrain.models import library_bars_off
-from leantrain.problem_inference import evaluate_problem, predict_problem, problem_of
+from leantrain.inference.problems import evaluate_problem, predict_problem, problem_of
+from leantrain.model.loading import library_bars_off
 
 
 def _load(run_or_model: str):
-    from leantrain import models
+    from leantrain.model import loading
 
-    path = models.resolve_model(run_or_model)
-    tokenizer = models.load_tokenizer(path)
-    model, names = models.load_trained(path, "text-classification")
+    path = loading.resolve_model(run_or_model)
+    tokenizer = loading.load_tokenizer(path)
+    model, names = loading.load_trained(path, "text-classification")
     run_attention(path, model)
     return path, model, tokenizer, names
 
@@ -39,19 +39,19 @@ def _loader(tokens, labels: np.ndarray, tokenizer, batch_size: int):
 
 
 def _task_of(run_or_model: str) -> tuple[str, Any, str]:
-    from leantrain import models
+    from leantrain.model import loading
 
-    path = models.resolve_model(run_or_model)
-    config = models.load_config(path)
-    return path, config, models.infer_task(config)
+    path = loading.resolve_model(run_or_model)
+    config = loading.load_config(path)
+    return path, config, loading.infer_task(config)
 
 
 def _load_media(path: str, config, task: str):
     """An image or audio classifier and the processor it was trained with (data/media.py)."""
-    from leantrain import models
     from leantrain.data import media
+    from leantrain.model import loading
 
-    model, names = models.load_trained(path, task)
+    model, names = loading.load_trained(path, task)
     run_attention(path, model)
     return model, media.load_processor(path, model.config, task), names
 
@@ -98,9 +98,9 @@ def _evaluate_media(
 
 
 def _scores(probs: np.ndarray, labels: np.ndarray, names: list[str], metrics: str | None) -> dict[str, Any]:
-    """The requested metrics (issue #17), the per-class report and the confusion matrix."""
-    from leantrain.scoring import classification_report, parse_metrics
+    """The requested metrics, the per-class report and the confusion matrix."""
     from leantrain.tasks.classification import classification_metrics
+    from leantrain.tasks.scoring import classification_report, parse_metrics
 
     wanted = tuple(parse_metrics(metrics))
     return {**classification_metrics(probs, labels, wanted), **classification_report(probs, labels, names)}
@@ -144,7 +144,7 @@ def _run(model, loader, task: str = "text-classification", precision: str = "fp3
     """Probabilities, labels and example ids of every example in `loader`, through the evaluator's gathering."""
     from leantrain import parallel
     from leantrain.tasks import BUILTIN
-    from leantrain.training.evaluator import gather_rows
+    from leantrain.tasks.evaluation import gather_rows
 
     accelerator = parallel.make_accelerator(precision)
     model, loader = accelerator.prepare(model, loader)
@@ -183,11 +183,11 @@ def evaluate(
     from leantrain.data.tokenize import default_cache_dir
 
     path, config, task = _task_of(run_or_model)
-    if task == "causal-lm":  # --- causal LM (issue #14): loss and perplexity
-        from leantrain import lm_inference
+    if task == "causal-lm":  # --- causal LM: loss and perplexity
+        from leantrain.inference import language_model
 
         cache = cache_dir or str(default_cache_dir())
-        return lm_inference.evaluate(
+        return language_model.evaluate(
             path, data, max_length=max_length or lm_max_length(path, config), batch_size=batch_size, cache_dir=cache,
             text_column=text_column, read=read, run=lambda name: run_setting(path, name),
         )  # fmt: skip
@@ -208,7 +208,7 @@ def evaluate(
         label_column,
         options=read,
     )
-    if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
+    if (problem := problem_of(model)) is not None:  # regression and multi-label models
         separator = label_separator if label_separator is not None else run_setting(path, "label_separator")
         cut = run_threshold(path, threshold)
         return evaluate_problem(problem, model, tokenizer, names, src, batch_size, metrics, separator, cut)
@@ -257,7 +257,7 @@ def predict(
     path, config, task = _task_of(run_or_model)
     if chat and task != "causal-lm":
         raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task} model")
-    if task == "causal-lm":  # --- causal LM (issue #14)
+    if task == "causal-lm":  # --- causal LM
         if files is not None:
             raise DataError(f"{run_or_model}: a language model; give prompts with --text or a table with --data")
         sampling: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
@@ -282,7 +282,7 @@ def predict(
     if not texts:
         raise DataError(f"{data or '--text'}: no text to predict")
     tokens = tokenize(tokenizer, texts, pairs, max_length or run_max_length(path))
-    if (problem := problem_of(model)) is not None:  # issue #17: regression and multi-label models
+    if (problem := problem_of(model)) is not None:  # regression and multi-label models
         cut = run_threshold(path, threshold)
         return predict_problem(problem, model, tokenizer, names, texts, pairs, tokens, batch_size, cut)
     probs, _, index = _run(model, _loader(tokens, np.zeros(len(texts), dtype=np.int64), tokenizer, batch_size))
@@ -305,7 +305,7 @@ def predict(
 
 def _generate(path: str, texts, data, text_column, read, chat: bool, batch_size: int, sampling: dict[str, Any]):
     """A language model's completions of `texts` or of `data`'s prompts (`chat`: each a user's message)."""
-    from leantrain.lm_inference import generate
+    from leantrain.inference.language_model import generate
 
     prompts: list[Any] = texts if texts is not None else _prompts(data, text_column, read)
     if chat:
@@ -353,14 +353,14 @@ def run_setting(model_path: str, name: str) -> Any:
 
 
 def run_attention(model_path: str, model) -> None:
-    """The attention kernel the run forced with --attention (issue #16); auto's runs keep the model's default."""
-    from leantrain import attention
+    """The attention kernel the run forced with --attention; auto's runs keep the model's default."""
+    from leantrain.model import attention
 
     attention.apply_forced(model, run_setting(model_path, "attention"))
 
 
 def run_max_length(model_path: str) -> int:
-    """The --max-length the model was trained with (issue #17); DEFAULT_MAX_LENGTH for a model leantrain did not
+    """The --max-length the model was trained with; DEFAULT_MAX_LENGTH for a model leantrain did not
     train."""
     try:
         return int(run_setting(model_path, "max_length") or DEFAULT_MAX_LENGTH)

@@ -1,4 +1,4 @@
-"""`evaluate` and `predict` for regression and multi-label text models (issue #17): the model's saved
+"""`evaluate` and `predict` for regression and multi-label text models: the model's saved
 `problem_type` (transformers' names) picks the task whose rows and scores apply."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _rows(task, model, tokenizer, names: list[str], tokens, labels: np.ndarray, 
     from leantrain.data.batching import ExamplesDataset, eval_batches
     from leantrain.data.prepare import Examples
     from leantrain.tasks.base import TaskData
-    from leantrain.training.evaluator import gather_rows
+    from leantrain.tasks.evaluation import gather_rows
 
     data = Examples(tokens, labels)
     loader = DataLoader(

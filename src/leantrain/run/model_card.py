@@ -68,7 +68,7 @@ def write_model_card(
     """
     from huggingface_hub import ModelCard, ModelCardData
 
-    from leantrain import __version__
+    from leantrain._version import __version__
 
     model_dir = Path(model_dir)
     given = {"train": data} if isinstance(data, str) or data is None else dict(data)
@@ -136,7 +136,7 @@ def write_model_card(
 def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:
     """The run's final evaluation scores by metric name (`eval_f1` -> `f1`): every metric it reported
     (--metrics, the task's defaults, loss and perplexity), the metric for best first."""
-    from leantrain.scoring import all_metric_names
+    from leantrain.tasks.scoring import all_metric_names
 
     known = all_metric_names() | {"loss", "perplexity"}
     scores = {

@@ -108,7 +108,7 @@ def load_run(run_dir: str | Path) -> RunData:
     """What a run directory holds; raises LeantrainError when it holds nothing a report could show."""
     import yaml
 
-    from leantrain.run_dir import staging_dir
+    from leantrain.run.directory import staging_dir
 
     path = Path(run_dir)
     if not path.is_dir():
