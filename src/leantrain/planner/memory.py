@@ -178,8 +178,9 @@ class ModelFacts:
     inventory: ParamInventory
     #: the config as a JSON string (to build proxies, and a hashable cache key)
     config_json: str
-    #: "text-classification" or "causal-lm": which head the proxies get and which loss they run
-    task: str = "text-classification"
+    #: how the planner models it (its task's `planner`): "classifier" or "causal-lm": which head the proxies get and
+    #: which loss they run
+    kind: str = "classifier"
     #: vocabulary size: a causal LM's logits hold one score per token and vocabulary entry
     vocab: int = 0
 
@@ -279,13 +280,11 @@ def _layers_attr(config) -> str:
     raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs a transformer")
 
 
-#: the tasks the planner models: a text encoder with a classification head, a causal language model
-PLANNED_TASKS = ("text-classification", "causal-lm")
-
-
-def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None) -> ModelFacts:
+def model_facts(
+    model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None, task: str | None = None
+) -> ModelFacts:
     """Read the model's config (or take `config`: a preset's, sized to the run's tokenizer) and count its
-    parameters on the meta device (nothing is allocated)."""
+    parameters on the meta device (nothing is allocated). `task`: the run's --task (else the model's own)."""
     from leantrain.model import loading
 
     if config is None:
@@ -293,12 +292,7 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         config = loading.load_config(
             path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
         )
-    task = loading.infer_task(config)
-    if task not in PLANNED_TASKS:
-        raise ConfigError(
-            f"{model}: the planner models text encoders and causal language models; "
-            f"a '{getattr(config, 'model_type', '?')}' model ({task}) is planned by hand for now (leantrain bench)"
-        )
+    kind = planner_kind(config, task, model)
     inventory = _inventory(config.to_json_string(), trust_remote_code)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
     return ModelFacts(
@@ -310,7 +304,7 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         layers=int(getattr(config, _layers_attr(config))),
         inventory=inventory,
         config_json=config.to_json_string(),
-        task=task,
+        kind=kind,
         vocab=int(getattr(config, "vocab_size", 0) or 0),
     )
 
@@ -347,11 +341,23 @@ def _build(config, device: str, trust_remote_code: bool = False):
         return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
+def planner_kind(config, task: str | None = None, model: str | None = None) -> str:
+    """How the planner models a model of `config` doing `task` (else its own): the task's `planner`, "classifier"
+    or "causal-lm"; refused in one line for a task the planner does not model."""
+    from leantrain import tasks
+
+    chosen = tasks.task_class(tasks.infer(config, task))
+    if chosen.planner is None:
+        raise ConfigError(
+            f"{model or 'the model'}: the planner models text encoders and causal language models; a "
+            f"'{getattr(config, 'model_type', '?')}' model ({chosen.name}) is planned by hand for now (leantrain bench)"
+        )
+    return chosen.planner
+
+
 def is_causal_lm(config) -> bool:
     """Whether `config` is a causal LM's: its proxies then get the LM head and the per-token loss."""
-    from leantrain.model import loading
-
-    return loading.infer_task(config) == "causal-lm"
+    return planner_kind(config) == "causal-lm"
 
 
 def counted_positions(seq_len: int, counted: float) -> int:
@@ -586,7 +592,7 @@ def estimate(
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
-    if facts.task == "causal-lm":
+    if facts.kind == "causal-lm":
         # A causal LM's logits dominate the part outside the layers, and backward meets them first: its peak is at
         # the loss (everything saved, no layer recomputed yet, the logits' gradients in flight) or later in the
         # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever

@@ -38,3 +38,19 @@ def gather_rows(model, loader, accelerator, task: Task, hooks: Any = None) -> di
         first.sort()  # each example once, in the order it was first seen
         out = {k: v[first] for k, v in out.items()}
     return out
+
+
+def eval_loader(task: Task, data: Any, batch_size: int, workers: int = 0):
+    """The evaluation loader of `data.eval`: length-sorted batches of at most `batch_size`, the task's collator. The
+    trainer's evaluations and `leantrain evaluate` use this one."""
+    from torch.utils.data import DataLoader
+
+    from leantrain.data.batching import ExamplesDataset, eval_batches
+
+    return DataLoader(
+        ExamplesDataset(data.eval),
+        batch_sampler=eval_batches(data.eval.lengths, batch_size),
+        collate_fn=task.collator(data, train=False),
+        generator=torch.Generator(),
+        num_workers=workers,
+    )
