@@ -53,7 +53,7 @@ ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
-DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
+DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
 QUANTIZE = ("4bit", "8bit")  # LoRA
 
 
@@ -250,6 +250,47 @@ class DataConfig:
         "(a JSON or Parquet list column needs none).",
         default=None,
     )
+    # --- token classification
+    tokens_column: str | None = _help(
+        "Token classification: the column holding each row's words (a list). Guessed: tokens, words.", default=None
+    )
+    tags_column: str | None = _help(
+        "Token classification: the column holding each row's tags, one per word (names, or ids of a `datasets` "
+        "ClassLabel). Guessed: ner_tags, tags.",
+        default=None,
+    )
+    spans_column: str | None = _help(
+        "Token classification: the column holding each text's entities as character spans ({start, end, label} or "
+        "[start, end, label]; the text in --text-column). Guessed: entities, spans.",
+        default=None,
+    )
+    tag_column: int | None = _help(
+        "Token classification, CoNLL files with more than two columns: the column holding the tag, counting from 1 "
+        "(the word's); -1 for the last.",
+        default=None,
+    )
+    tag_scheme: str = _help(
+        "Token classification: how the tags mark entities: auto|iob1|iob2 (bio)|bioes|none (tags that are not "
+        "entities, e.g. part of speech). auto tells from the training tags. Tags are converted to IOB2, the scheme "
+        "of the published model; tags the scheme does not allow where they stand are repaired and counted.",
+        default="auto",
+    )
+    label_all_tokens: bool = _help(
+        "Token classification: learn each word's tag on every one of its sub-word tokens (B- becoming I- after the "
+        "first), not on its first only. Evaluation scores each word at its first sub-word either way.",
+        default=False,
+    )
+    stride: int = _help(
+        "Token classification: sentences longer than --max-length are cut into windows that share this many "
+        "tokens; each word is trained on and scored once, in the window that holds it with the most context.",
+        default=32,
+    )
+    aggregation: str = _help(
+        "Token classification, predict: how tokens' tags become entities, as transformers' pipeline "
+        "aggregation_strategy: first (each word's first sub-word)|average|max (over its sub-words)|simple (each "
+        "token; adjacent tokens of one type join).",
+        default="first",
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -257,6 +298,7 @@ class DataConfig:
 
     def _check(self) -> None:
         _positive(self, "max_length")
+        _check_token_labels(self)
         if self.dataloader_num_workers < 0:  # HF Trainer users
             raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
         _positive(self, "limit", optional=True)
@@ -800,6 +842,22 @@ def _check_data_sources(cfg: DataConfig) -> None:
             raise ConfigError(
                 f"{_flag('column_names')} is for CSV/TSV files without a header, not --format {cfg.format}"
             )
+
+
+def _check_token_labels(cfg: DataConfig) -> None:
+    """Token classification's keys: a known tag scheme and aggregation, a stride of zero or more, a tag column."""
+    from leantrain.data.tags import SCHEMES, canonical_scheme
+    from leantrain.tasks.entities import AGGREGATIONS
+
+    cfg.tag_scheme = canonical_scheme(cfg.tag_scheme)
+    _choice(cfg, "tag_scheme", ("auto", *SCHEMES))
+    _choice(cfg, "aggregation", AGGREGATIONS)
+    if cfg.stride < 0:
+        raise ConfigError(f"--stride must be 0 or more (tokens consecutive windows share), got {cfg.stride}")
+    if cfg.tag_column in (0, 1):
+        raise ConfigError(
+            f"--tag-column {cfg.tag_column}: columns count from 1, the word's; the tag is in another (2, 3, ..., or -1)"
+        )
 
 
 def _check_finite(cfg: TrainConfig) -> None:
