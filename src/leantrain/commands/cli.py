@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from leantrain.config import DATA_FORMATS, SECTIONS, TrainConfig, field_base_type, to_flags
+from leantrain.data.tags import AGGREGATIONS
 from leantrain.errors import LeantrainError
 from leantrain.telemetry.console import Console
 
@@ -260,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="Language models: sample at this temperature (default: greedy).")
     p.add_argument("--top-p", type=float, help="Language models: sample from the top-p probability mass.")
     p.add_argument(
+        "--aggregation",
+        choices=AGGREGATIONS,
+        help="Token classifiers: how tokens' tags become entities, as the pipeline's aggregation_strategy (default: "
+        "the run's, first).",
+    )
+    p.add_argument(
         "--chat",
         action="store_true",
         help="Language models: each text is a user's message, rendered with the model's chat template (a "
@@ -301,8 +308,13 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
         p.add_argument("--label-column")
     p.add_argument("--image-column", help="Images: the table column holding them (guessed when obvious).")
     p.add_argument("--audio-column", help="Audio: the table column holding it (guessed when obvious).")
+    p.add_argument("--tokens-column", help="Token classification: the column of each row's words (guessed: tokens).")
     if label:
         p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
+        p.add_argument("--tags-column", help="Token classification: the column of each row's tags (guessed: ner_tags).")
+        p.add_argument("--spans-column", help="Token classification: the column of each text's entity spans.")
+        p.add_argument("--tag-column", type=int, help="Token classification, CoNLL: the tag's column (from 1; -1: last).")
+        p.add_argument("--tag-scheme", help="Token classification: iob1|iob2|bioes|none (default: detected).")
     default = "the run's --max-length" + (
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
@@ -505,6 +517,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         threshold=args.multi_label_threshold,
         read=_read_options(args),
         precision=args.precision,
+        tokens_column=args.tokens_column,
+        tags_column=args.tags_column,
+        spans_column=args.spans_column,
+        tag_column=args.tag_column,
+        tag_scheme=args.tag_scheme,
     )
     if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
         from leantrain.tasks.scoring import format_report
@@ -536,6 +553,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         chat=args.chat,
         read=_read_options(args),
         precision=args.precision,
+        tokens_column=args.tokens_column,
+        aggregation=args.aggregation,
     )
     write_predictions(rows, args.output, sys.stdout)
     return 0

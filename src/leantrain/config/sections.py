@@ -846,8 +846,7 @@ def _check_data_sources(cfg: DataConfig) -> None:
 
 def _check_token_labels(cfg: DataConfig) -> None:
     """Token classification's keys: a known tag scheme and aggregation, a stride of zero or more, a tag column."""
-    from leantrain.data.tags import SCHEMES, canonical_scheme
-    from leantrain.tasks.entities import AGGREGATIONS
+    from leantrain.data.tags import AGGREGATIONS, SCHEMES, canonical_scheme
 
     cfg.tag_scheme = canonical_scheme(cfg.tag_scheme)
     _choice(cfg, "tag_scheme", ("auto", *SCHEMES))

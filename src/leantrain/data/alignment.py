@@ -151,7 +151,7 @@ class TokenWindows:
             self.sentence[rows],
         )
 
-    def counted(self) -> np.ndarray:
+    def counted_tokens(self) -> np.ndarray:
         """Each window's positions with a training label."""
         counted = (self.labels != IGNORE).astype(np.int64)
         return np.add.reduceat(counted, self.offsets[:-1]) if len(self) and len(counted) else np.zeros(len(self), int)

@@ -82,7 +82,7 @@ def read_tagged(
     """The sentences of `source`: a CoNLL file, or a table of word/tag lists or of texts with spans; without
     `require_tags` a table may hold words or texts alone (rows to predict on)."""
     if is_conll(source, options):
-        return read_conll(Path(source), columns.tag_column)
+        return read_conll(Path(source), columns.tag_column, require_tags)
     from leantrain.data.sources import read_table
 
     df, report = read_table(source, split=split, options=options)
@@ -94,8 +94,9 @@ def read_tagged(
 # -- CoNLL -----------------------------------------------------------------------------------------------------------
 
 
-def read_conll(path: Path, tag_column: int | None) -> TaggedRows:
-    """A CoNLL file's sentences: the first column's words, the tag column's tags (the second of two)."""
+def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) -> TaggedRows:
+    """A CoNLL file's sentences: the first column's words, the tag column's tags (the second of two); without
+    `require_tags`, lines of a word alone are words to predict on (and the tags, if any, are not read)."""
     if not path.is_file():
         raise DataError(f"{path}: no such file; check the path given to --data/--eval-data")
     text, bad = decode_lines(path.read_bytes().replace(b"\r\n", b"\n"))
@@ -116,13 +117,15 @@ def read_conll(path: Path, tag_column: int | None) -> TaggedRows:
         if not words:
             first_line = number
         words.append(fields[0])
-        tags.append(_conll_tag(fields, tag_column, path, number))
+        tags.append(_conll_tag(fields, tag_column, path, number) if require_tags else "")
     if words:
         rows.words.append(words)
         rows.tags.append(tags)
         rows.where.append(f"line {first_line}")
     if not rows.words:
         raise DataError(f"{path}: no sentence in it (one word and its tag a line, a blank line between sentences)")
+    if not require_tags:
+        rows.tags = None
     rows.report = ReadReport(source=str(path), rows_read=len(rows.words), rows_repaired=len(bad))
     if bad:
         rows.notes.append(f"{path}: {len(bad):,} lines were not UTF-8 and were read as Windows-1252")

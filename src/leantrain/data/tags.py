@@ -27,6 +27,9 @@ from dataclasses import dataclass
 SCHEMES = ("iob1", "iob2", "bioes", "none")
 #: other spellings `--tag-scheme` accepts
 SCHEME_ALIASES = {"bio": "iob2", "iobes": "bioes", "bilou": "bioes", "plain": "none"}
+#: how predicted tags become entities, as transformers' `pipeline(aggregation_strategy=...)` names the ways
+#: (tasks/entities.py)
+AGGREGATIONS = ("simple", "first", "average", "max")
 #: the tag outside every entity
 OUTSIDE = "O"
 

@@ -31,8 +31,18 @@ def _source(data: str, read: ReadOptions | None, **columns: str | None) -> dict[
         "column_names": ",".join(read.column_names) if read.column_names else None,
         "format": read.format,
         "eval_pattern": None,
-        **columns,
+        # token classification: a new file's columns and tag scheme are its own
+        "tokens_column": None,
+        "tags_column": None,
+        "spans_column": None,
+        "tag_column": None,
+        "tag_scheme": "auto",
+        **{k: v for k, v in columns.items() if v is not None or k not in TOKEN_KEYS},
     }
+
+
+#: token classification's reading keys that a new source gets afresh unless given
+TOKEN_KEYS = ("tokens_column", "tags_column", "spans_column", "tag_column", "tag_scheme")
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -96,6 +106,11 @@ def evaluate(
     threshold: float | None = None,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    tokens_column: str | None = None,
+    tags_column: str | None = None,
+    spans_column: str | None = None,
+    tag_column: int | None = None,
+    tag_scheme: str | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -103,7 +118,10 @@ def evaluate(
     the order of `labels`); for a language model the loss per token and perplexity. `data` None: the run's own
     held-out rows, as it held them out. Multi-label models: `label_separator` and `threshold` default to the run's
     own. `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training.
-    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train)."""
+    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train). A token
+    classifier: entity F1, precision, recall (strict IOB2), token accuracy, loss and `per_type`; `data` a CoNLL file
+    (`tag_column`), a table of words and tags (`tokens_column`, `tags_column`) or of texts with entity spans
+    (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected)."""
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold
     )
@@ -111,6 +129,8 @@ def evaluate(
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
             image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
+            tokens_column=tokens_column, tags_column=tags_column, spans_column=spans_column, tag_column=tag_column,
+            tag_scheme=tag_scheme,
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, cache_dir, precision)
@@ -158,21 +178,25 @@ def predict(
     chat: bool = False,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    tokens_column: str | None = None,
+    aggregation: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
     language model, the prompt and its generated completion (`chat`: each text is a user's message, rendered
     with the model's chat template; a 'messages' column is read as chats); for a multi-label model, the labels
-    at or above `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for
-    training."""
+    at or above `threshold` (default: the run's --multi-label-threshold); for a token classifier, the entities
+    (type, score, text, character offsets) as `pipeline("token-classification", aggregation_strategy=aggregation)`
+    groups them (default: the run's --aggregation), of texts or of words (`tokens_column`, a CoNLL file; each
+    word's tag too). `read`: how to read `data`, as for training."""
     from leantrain.tasks.base import PredictionInputs
 
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
-    overrides = _given(max_length=max_length, multi_label_threshold=threshold)
+    overrides = _given(max_length=max_length, multi_label_threshold=threshold, aggregation=aggregation)
     if data is not None:
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
-            audio_column=audio_column,
+            audio_column=audio_column, tokens_column=tokens_column,
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, None, precision)

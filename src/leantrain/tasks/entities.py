@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-#: `--aggregation` choices, as `pipeline(aggregation_strategy=...)` names them
-AGGREGATIONS = ("simple", "first", "average", "max")
+from leantrain.data.tags import AGGREGATIONS
+
+__all__ = ["AGGREGATIONS", "entity_report", "entity_scores", "group", "pieces"]
 
 
 def entity_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str) -> dict[str, float]:

@@ -98,7 +98,7 @@ class TokenClassification(Task):
         train_windows, eval_windows = self._windows(tokenizer, train), self._windows(tokenizer, held)
         self.eval_gold = held.gold or []
         notes.append(_window_note(train_windows, len(train.where), cfg.max_length))
-        if int(train_windows.counted().sum()) == 0:
+        if int(train_windows.counted_tokens().sum()) == 0:
             raise DataError(f"{cfg.data}: no training token carries a tag; check the data")
         return TaskData(
             Examples(train_windows, train_windows.sentence),
@@ -227,11 +227,51 @@ class TokenClassification(Task):
         fixed = self.cfg.max_length if self.cfg.pad_to_max_length else None
         return TokenCollator(data.processor.pad_token_id or 0, fixed)
 
+    #: the encoder's last layer after its attention, run only where a token carries a label or a score
+    #: (`forward`); set by `check_model`
+    tail: Any = None
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        # A compiled graph would not see the hooks, and a checkpointed layer recomputes without them.
+        cut = not (getattr(self.cfg, "compile", False) or getattr(self.cfg, "activation_checkpointing", False))
+        self.tail = labelled_rows_tail(model) if cut else None
+
+    def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
+        """The model's logits at the positions that carry a label (training) or a score (evaluation), as (rows,
+        classes): the last layer after its attention, and the head, run there only. Every token still feeds the
+        last attention's keys and values, so the loss, gradients and scores are the same up to rounding, for less
+        work where words have several sub-words (and no work on padding)."""
+        if self.tail is None:
+            return model(**self.model_inputs(batch))
+        keep = self._kept(batch)
+        with self.tail.rows(keep):
+            logits = model(**self.model_inputs(batch)).logits[0]
+        return SelectedLogits(logits, keep)
+
+    def _kept(self, batch: dict[str, Any]) -> torch.Tensor:
+        keep = batch["labels"] != IGNORE
+        if not torch.is_grad_enabled():  # evaluation also scores words, and prediction reads every owned token
+            keep = keep | (batch["word_index"] >= 0) | ((batch["token_index"] >= 0) & (self.predicting is not None))
+        return keep
+
+    def tail_rows(self, batch: dict[str, Any]) -> int | None:
+        return None if self.tail is None else int(self._kept(batch).sum())
+
+    def tail_flops(self, model: torch.nn.Module) -> float:
+        from leantrain.model.lora import head_modules
+        from leantrain.telemetry.flops import row_flops, unwrap
+
+        if self.tail is None:
+            return 0.0
+        model = unwrap(model)
+        head = [p for name in head_modules(model) for p in model.get_submodule(name).parameters()]
+        return row_flops(self.tail.parameters() + head)
+
     def loss_units(self, data: TaskData) -> np.ndarray:
         """Each window's counted tokens, or with --class-weights the sum of their classes' weights."""
         windows = data.train.features
         if self.weight_spec is None:
-            return windows.counted().astype(np.float64)
+            return windows.counted_tokens().astype(np.float64)
         from leantrain.model.losses import class_weights
 
         labels = windows.labels
@@ -242,8 +282,7 @@ class TokenClassification(Task):
         return np.add.reduceat(per_token, windows.offsets[:-1]).astype(np.float64)
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
-        logits = outputs.logits.float()
-        labels = batch["labels"]
+        logits, labels = _every_position(outputs, batch["labels"])
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]),
             labels.reshape(-1),
@@ -264,7 +303,7 @@ class TokenClassification(Task):
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Per window, padded to --max-length: each position's predicted label and the word it scores (-1: none),
         the summed (unweighted) loss and counted tokens; predicting, every position's probabilities and token."""
-        logits = outputs.logits.float()
+        logits = _scattered(outputs, batch["labels"].shape)
         labels = batch["labels"]
         losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")
         width = max(self.cfg.max_length, logits.shape[1])
@@ -396,6 +435,57 @@ class TokenClassification(Task):
         return out
 
 
+@dataclass
+class SelectedLogits:
+    """`forward`'s output with the tail cut: the logits of the positions `keep` marks, row-major, (rows, classes)."""
+
+    logits: torch.Tensor
+    keep: torch.Tensor
+
+
+def _every_position(outputs: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits and labels of the positions computed: (rows, classes) and (rows,) after a cut, else (batch,
+    length, classes) and (batch, length)."""
+    if isinstance(outputs, SelectedLogits):
+        return outputs.logits.float(), labels[outputs.keep]
+    return outputs.logits.float(), labels
+
+
+def _scattered(outputs: Any, shape: torch.Size) -> torch.Tensor:
+    """Every position's logits, (batch, length, classes): a cut's rows put back in place, zeros elsewhere (the
+    positions that neither carry a label nor score a word, which nothing reads)."""
+    if not isinstance(outputs, SelectedLogits):
+        return outputs.logits.float()
+    full = outputs.logits.new_zeros((*shape, outputs.logits.shape[-1]), dtype=torch.float32)
+    full[outputs.keep] = outputs.logits.float()
+    return full
+
+
+def labelled_rows_tail(model: torch.nn.Module) -> Any:
+    """The model's last layer split at its attention (`tasks.classification.FirstTokenTail`), when running it and
+    the head on some positions only gives those positions' logits: checked on two short rows, one padded, with and
+    without the cut. None for a model of another shape."""
+    from leantrain.tasks.base import same_logits
+    from leantrain.tasks.classification import last_layer_tail
+    from leantrain.telemetry.flops import unwrap
+
+    model = unwrap(model)
+    tail = last_layer_tail(model)
+    if tail is None:
+        return None
+    vocab = int(getattr(model.config, "vocab_size", None) or 16)
+    device = next(model.parameters()).device
+    ids = ((torch.arange(12) * 7 + 3) % vocab).view(2, 6).to(device)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2], device=device)
+    keep = torch.tensor([[False, True, False, True, True, False], [True, False, False, True, False, False]], device=device)
+
+    def cut() -> torch.Tensor:
+        with tail.rows(keep):
+            return model(input_ids=ids, attention_mask=mask).logits[0]
+
+    return tail if same_logits(model, lambda: model(input_ids=ids, attention_mask=mask).logits[keep], cut) else None
+
+
 class TokenCollator:
     """Pads a micro-batch to its longest window (or a fixed length): token ids, the attention mask, each position's
     label (IGNORE past the end), scored word and owned token (-1), each window's sentence."""
@@ -515,7 +605,7 @@ def _hold_out(sentences: Sentences, fraction: float, seed: int) -> tuple[Sentenc
 def _window_note(windows, sentences: int, max_length: int) -> str:
     extra = len(windows) - sentences
     cut = f"; {extra:,} more windows for sentences longer than {max_length} tokens" if extra > 0 else ""
-    return f"{int(windows.counted().sum()):,} training tokens carry a tag, in {len(windows):,} windows{cut}"
+    return f"{int(windows.counted_tokens().sum()):,} training tokens carry a tag, in {len(windows):,} windows{cut}"
 
 
 def _token_probabilities(rows: dict[str, np.ndarray], sizes: list[int], classes: int) -> list[np.ndarray]:

@@ -39,6 +39,8 @@ Embeddings are table look-ups (no FLOPs); their backward is a scatter-add (not c
 position and type embeddings and the embedding LayerNorm are left out with them. ELECTRA-style
 models whose embedding width e differs from h add a projection: 6 * (e*h + h) per token.
 
+A token classifier's head is a h x C layer at every token: 6 * (hC + C) more per token, nothing per sequence.
+
 The classification head acts on one vector per sequence (BERT's pooler on [CLS], RoBERTa's and
 ELECTRA's dense layer on <s>, DistilBERT's pre-classifier): a dense h x h layer then h x C to the
 C labels, 6 * (h^2 + h + h*C + C) per sequence.
@@ -111,8 +113,10 @@ def is_encoder_config(config: Any) -> bool:
     return getattr(config, "model_type", None) in ENCODER_TYPES
 
 
-def encoder_flop_model(config: Any, num_labels: int | None = None) -> FlopModel:
-    """The closed form above, from a BERT-like config (hidden size, layers, feed-forward width)."""
+def encoder_flop_model(config: Any, num_labels: int | None = None, head: str = "sequence") -> FlopModel:
+    """The closed form above, from a BERT-like config (hidden size, layers, feed-forward width). `head`: "sequence"
+    (one vector per sequence: a dense layer, then the labels) or "token" (the labels at every token, no dense
+    layer: a token classifier's)."""
     h = int(_get(config, "hidden_size", "dim"))
     layers = int(_get(config, "num_hidden_layers", "n_layers"))
     i = int(_get(config, "intermediate_size", "hidden_dim"))
@@ -124,6 +128,9 @@ def encoder_flop_model(config: Any, num_labels: int | None = None) -> FlopModel:
         per_token += 6 * (int(embedding) * h + h)
     per_token_sq = 12 * layers * h
     per_sequence = 6 * (h * h + h + h * labels + labels)
+    if head == "token":
+        per_token += 6 * (h * labels + labels)
+        per_sequence = 0
     kind = getattr(config, "model_type", "encoder")
     return FlopModel(
         per_sequence=float(per_sequence),
@@ -259,7 +266,7 @@ def flop_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
     if has_frozen_weights(model):
         return _frozen_flop_model(model)
     if config is not None and is_encoder_config(config):
-        return encoder_flop_model(config)
+        return encoder_flop_model(config, head=_head_of(model))
     return counted_flop_model(model)
 
 
@@ -282,6 +289,11 @@ def _frozen_flop_model(model) -> FlopModel:
     return replace(counted, source=counted.source + note)
 
 
+def _head_of(model) -> str:
+    """The closed form's head: "token" for a token classifier (labels at every token), else "sequence"."""
+    return "token" if type(model).__name__.endswith("ForTokenClassification") else "sequence"
+
+
 def _architecture_flop_model(model) -> FlopModel:
     """The FLOPs of training every weight of `model`'s architecture (a peft model's base), from its config."""
     import torch
@@ -289,7 +301,7 @@ def _architecture_flop_model(model) -> FlopModel:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
     if is_encoder_config(config):
-        return encoder_flop_model(config)
+        return encoder_flop_model(config, head=_head_of(base))
     with torch.device("meta"):
         clone = type(base)(config)
     return counted_flop_model(clone)
