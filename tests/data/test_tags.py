@@ -64,7 +64,8 @@ def test_invalid_iob2_is_repaired_as_the_conll_script_reads_it_and_counted():
         found, invalid = T.spans(tags, "iob2")
         assert [(s.type, s.start, s.end - 1) for s in found] == get_entities(tags), tags
         starts_inside = sum(
-            t.startswith("I-") and (i == 0 or tags[i - 1][2:] != t[2:] or tags[i - 1] == "O") for i, t in enumerate(tags)
+            t.startswith("I-") and (i == 0 or tags[i - 1][2:] != t[2:] or tags[i - 1] == "O")
+            for i, t in enumerate(tags)
         )
         assert invalid == starts_inside
         repaired += invalid

@@ -22,7 +22,7 @@ from tests.conftest import EXACT_JOB, assert_trained_alike
 
 PEOPLE = [["Kaczmarek"], ["Anna", "Smith"], ["John"], ["Maria", "Wolfeschlegel", "Jones"]]
 PLACES = [["Paris"], ["Berlin"], ["New", "York"], ["Oslo"]]
-FILL = "the met in today and visited with a friend from went to where it was good".split()
+FILL = ["the", "met", "in", "today", "and", "visited", "with", "a", "friend", "from", "went", "to", "where", "it"]
 
 
 def make_sentences(n: int, seed: int, longest: int = 40) -> list[tuple[list[str], list[str]]]:
@@ -227,8 +227,9 @@ def test_the_loss_is_transformers_own_token_classification_loss(run, tiny_model_
     data = task.prepare_data(str(tiny_model_dir), None)
     assert len(data.train) <= 128
     model = AutoModelForTokenClassification.from_pretrained(result.model_dir).eval()
-    batch = task.collator(data, train=True)([{**data.train.features.row(i), "label": 0, "slot": Slot(i, 1.0, True)}
-                                             for i in range(len(data.train))])  # fmt: skip
+    batch = task.collator(data, train=True)(
+        [{**data.train.features.row(i), "label": 0, "slot": Slot(i, 1.0, True)} for i in range(len(data.train))]
+    )
     with torch.no_grad():
         theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
     assert loss_log(result)[0] == pytest.approx(float(theirs.loss), rel=1e-5)
@@ -268,8 +269,17 @@ def test_two_processes_equal_one_at_the_token_level(run, tiny_model_dir, corpus,
     from tests.parallel.test_data_parallel import flags, run_job, weights
 
     one, w_one = run(batch_size=8, max_steps=4)
-    job = dict(task="ner", model=tiny_model_dir, data=corpus[0], eval_data=corpus[1], cache_dir=tmp_path / "c2",
-               max_length=64, report=False, max_steps=4, **EXACT_JOB)  # fmt: skip
+    job = dict(
+        task="ner",
+        model=tiny_model_dir,
+        data=corpus[0],
+        eval_data=corpus[1],
+        cache_dir=tmp_path / "c2",
+        max_length=64,
+        report=False,
+        max_steps=4,
+        **EXACT_JOB,
+    )
     out = tmp_path / "two"
     rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, batch_size=4, num_processes=2, output_dir=out)])
     assert rc == 0, err[-3000:]
@@ -359,8 +369,12 @@ def test_evaluate_scores_every_input_format_alike(run, corpus, tmp_path):
     bioes = [(w, T.convert(t, "iob2", "bioes")[0]) for w, t in sentences]
     write_conll(tmp_path / "bioes.conll", bioes, columns=lambda w, t: f"{w} NN {t}")
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"tokens": w, "ner_tags": t}) + "\n" for w, t in sentences))
-    features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
-                                  "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names))})  # fmt: skip
+    features = datasets.Features(
+        {
+            "tokens": datasets.Sequence(datasets.Value("string")),
+            "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names)),
+        }
+    )
     ds = datasets.Dataset.from_dict(
         {"tokens": [w for w, _ in sentences], "ner_tags": [[names.index(x) for x in t] for _, t in sentences]},
         features=features,
@@ -371,9 +385,14 @@ def test_evaluate_scores_every_input_format_alike(run, corpus, tmp_path):
     for words, tags in sentences:
         starts = np.cumsum([0] + [len(w) + 1 for w in words])
         found = T.spans(tags, "iob2")[0]
-        spans.append({"text": " ".join(words),
-                      "entities": [{"start": int(starts[s.start]), "end": int(starts[s.end] - 1), "label": s.type}
-                                   for s in found]})  # fmt: skip
+        spans.append(
+            {
+                "text": " ".join(words),
+                "entities": [
+                    {"start": int(starts[s.start]), "end": int(starts[s.end] - 1), "label": s.type} for s in found
+                ],
+            }
+        )
     (tmp_path / "spans.jsonl").write_text("".join(json.dumps(r) + "\n" for r in spans))
     run_dir = str(result.output_dir)
     reference = evaluate(run_dir, str(corpus[1]))
@@ -437,13 +456,25 @@ def one_line(capsys, *argv) -> str:
 
 
 def test_bad_input_is_refused_in_one_line(capsys, run, tiny_model_dir, corpus, tmp_path):
-    base = ["train", "--task", "ner", "--model", tiny_model_dir, "--output-dir", tmp_path / "bad", "--no-progress",
-            "--no-report", "--cache-dir", tmp_path / "cache"]  # fmt: skip
+    base = [
+        "train",
+        "--task",
+        "ner",
+        "--model",
+        tiny_model_dir,
+        "--output-dir",
+        tmp_path / "bad",
+        "--no-progress",
+        "--no-report",
+        "--cache-dir",
+        tmp_path / "cache",
+    ]
     (tmp_path / "three.conll").write_text("Anna NNP B-PER\nmet VBD O\n")
     line = one_line(capsys, *base, "--data", tmp_path / "three.conll")
     assert "three.conll: line 1 has 3 columns" in line and "--tag-column" in line
-    (tmp_path / "spans.jsonl").write_text('{"text": "Anna met", "entities": [[0, 4, "PER"]]}\n'
-                                          '{"text": "in Oslo", "entities": [[3, 9, "LOC"]]}\n')  # fmt: skip
+    (tmp_path / "spans.jsonl").write_text(
+        '{"text": "Anna met", "entities": [[0, 4, "PER"]]}\n{"text": "in Oslo", "entities": [[3, 9, "LOC"]]}\n'
+    )
     line = one_line(capsys, *base, "--data", tmp_path / "spans.jsonl")
     assert "spans.jsonl: row 2: the span [3, 9) (LOC) lies outside its text of 7 characters" in line
     orgs = write_conll(tmp_path / "orgs.conll", [(["Acme", "hired", "Anna"], ["B-ORG", "O", "B-PER"])])

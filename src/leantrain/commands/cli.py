@@ -313,7 +313,9 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
         p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
         p.add_argument("--tags-column", help="Token classification: the column of each row's tags (guessed: ner_tags).")
         p.add_argument("--spans-column", help="Token classification: the column of each text's entity spans.")
-        p.add_argument("--tag-column", type=int, help="Token classification, CoNLL: the tag's column (from 1; -1: last).")
+        p.add_argument(
+            "--tag-column", type=int, help="Token classification, CoNLL: the tag's column (from 1; -1: last)."
+        )
         p.add_argument("--tag-scheme", help="Token classification: iob1|iob2|bioes|none (default: detected).")
     default = "the run's --max-length" + (
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""

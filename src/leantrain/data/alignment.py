@@ -184,7 +184,9 @@ def make_windows(
     sentence: list[int] = []
     for s in range(len(aligned)):
         word_tags = tags[s] if tags is not None else None
-        for window in _sentence_windows(aligned.token_ids[s], aligned.word_ids[s], word_tags, width, stride, continuation):
+        for window in _sentence_windows(
+            aligned.token_ids[s], aligned.word_ids[s], word_tags, width, stride, continuation
+        ):
             columns.append(_with_specials(window, len(prefix), len(suffix), prefix, suffix))
             sentence.append(s)
     sizes = np.array([len(c[0]) for c in columns], dtype=np.int64)
@@ -213,7 +215,7 @@ def _sentence_windows(
     token_labels = np.where(first, token_tags, later)
     starts = window_starts(n, width, stride)
     owned_from = [0] + [start + stride // 2 for start in starts[1:]] + [n]
-    out = []
+    out: list[tuple[np.ndarray, ...]] = []
     for k, start in enumerate(starts):
         positions = np.arange(start, min(start + width, n))
         owned = (positions >= owned_from[k]) & (positions < owned_from[k + 1])

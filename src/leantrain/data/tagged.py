@@ -199,7 +199,9 @@ def _token_rows(df: pd.DataFrame, source: str, tokens: str, tags: str | None) ->
         where = f"row {i + 1}"
         words = [str(w) for w in _as_list(value, source, tokens, where)]
         if rows.tags is not None:
-            tag_list = [_tag_name(t, names, source, tags, where) for t in _as_list(df[tags].iloc[i], source, tags, where)]
+            tag_list = [
+                _tag_name(t, names, source, tags, where) for t in _as_list(df[tags].iloc[i], source, tags, where)
+            ]
             if len(tag_list) != len(words):
                 raise DataError(
                     f"{source}: {where} has {len(words)} words in '{tokens}' but {len(tag_list)} tags in '{tags}'; "
@@ -236,7 +238,9 @@ def _tag_name(tag: Any, names: list[str] | None, source: str, column: str | None
                 "or give a `datasets` folder whose ClassLabel names them"
             )
         if not 0 <= int(tag) < len(names):
-            raise DataError(f"{source}: {where} of column '{column}' holds tag id {tag}; its ClassLabel has {len(names)}")
+            raise DataError(
+                f"{source}: {where} of column '{column}' holds tag id {tag}; its ClassLabel has {len(names)}"
+            )
         return names[int(tag)]
     return str(tag).strip()
 

@@ -18,7 +18,7 @@ from leantrain.errors import DataError
 from leantrain.model.loading import library_bars_off
 
 
-def _source(data: str, read: ReadOptions | None, **columns: str | None) -> dict[str, Any]:
+def _source(data: str, read: ReadOptions | None, **columns: Any) -> dict[str, Any]:
     """Config values that point the job at `data`, read as `read` says, with the columns given (else guessed): a
     new source is read on its own terms, not with the training data's columns or format."""
     read = read or ReadOptions()

@@ -47,9 +47,7 @@ def entity_report(gold: list[list[str]], predicted: list[list[str]]) -> dict[str
 
     with warnings.catch_warnings():  # seqeval warns when a type is never predicted; its score is then 0, as intended
         warnings.simplefilter("ignore")
-        report = classification_report(
-            gold, predicted, mode="strict", scheme=IOB2, output_dict=True, zero_division=0
-        )
+        report = classification_report(gold, predicted, mode="strict", scheme=IOB2, output_dict=True, zero_division=0)
     if "micro avg" not in report:  # no entity at all in either
         report["micro avg"] = {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0}
     return report
@@ -91,7 +89,12 @@ def pieces(
     if aggregation == "simple":
         best = probs.argmax(-1)
         return [
-            {"entity": names[b], "score": float(probs[t, b]), "start": int(token_chars[t, 0]), "end": int(token_chars[t, 1])}
+            {
+                "entity": names[b],
+                "score": float(probs[t, b]),
+                "start": int(token_chars[t, 0]),
+                "end": int(token_chars[t, 1]),
+            }
             for t, b in enumerate(best)
         ]
     out = []

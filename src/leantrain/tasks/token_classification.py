@@ -57,8 +57,10 @@ class TokenClassification(Task):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         if getattr(cfg, "metrics", None):
-            raise ConfigError("--metrics is for classification; token classification reports entity F1, precision, "
-                              "recall, token accuracy and loss")  # fmt: skip
+            raise ConfigError(
+                "--metrics is for classification; token classification reports entity F1, precision, "
+                "recall, token accuracy and loss"
+            )
         self.label_smoothing = float(getattr(cfg, "label_smoothing", 0.0) or 0.0)
         self.weight_spec: str | None = getattr(cfg, "class_weights", None)
         self.class_weights: np.ndarray | None = None
@@ -77,8 +79,10 @@ class TokenClassification(Task):
 
         cfg = self.cfg
         if cfg.data in (None, EMBEDDED_DATA):
-            raise ConfigError("--task token-classification needs --data: a CoNLL file, a table of tokens and tags, "
-                              "or texts with entity spans")  # fmt: skip
+            raise ConfigError(
+                "--task token-classification needs --data: a CoNLL file, a table of tokens and tags, "
+                "or texts with entity spans"
+            )
         tokenizer = self._tokenizer(model_path, model_config)
         train_rows = self._read(cfg.data, "train")
         eval_rows = self._read(cfg.eval_data, "eval") if cfg.eval_data else None
@@ -87,8 +91,9 @@ class TokenClassification(Task):
         train = self._sentences(tokenizer, train_rows, notes)
         if eval_rows is None:
             train, held = _hold_out(train, cfg.eval_fraction, cfg.seed)
-            notes.append(f"held out {len(held.where):,} sentences ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for "
-                         "evaluation")  # fmt: skip
+            notes.append(
+                f"held out {len(held.where):,} sentences ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation"
+            )
         else:
             held = self._sentences(tokenizer, eval_rows, notes)
         if cfg.limit is not None and cfg.limit < len(train.where):
@@ -119,8 +124,10 @@ class TokenClassification(Task):
             tokenizer = type(tokenizer).from_pretrained(model_path, add_prefix_space=True)
         limit = loading.max_supported_length(model_config, tokenizer)
         if limit is not None and self.cfg.max_length > limit:
-            raise ConfigError(f"--max-length {self.cfg.max_length} is beyond what {self.cfg.model} supports ({limit}); "
-                              f"use --max-length {limit} or less (longer sentences are windowed)")  # fmt: skip
+            raise ConfigError(
+                f"--max-length {self.cfg.max_length} is beyond what {self.cfg.model} supports ({limit}); "
+                f"use --max-length {limit} or less (longer sentences are windowed)"
+            )
         return tokenizer
 
     def _read(self, source: str, split: str, require_tags: bool = True):
@@ -141,8 +148,10 @@ class TokenClassification(Task):
         scheme = self._scheme(train)
         train, repaired = _to_iob2(train, scheme)
         if repaired:
-            notes.append(f"{train.source}: repaired {repaired:,} tags that {scheme.upper()} does not allow where they "
-                         "stand (an I- that continues no entity, an entity no E- closes)")  # fmt: skip
+            notes.append(
+                f"{train.source}: repaired {repaired:,} tags that {scheme.upper()} does not allow where they "
+                "stand (an I- that continues no entity, an entity no E- closes)"
+            )
         self.scheme = "none" if scheme == "none" else "iob2"
         if self.scheme == "iob2":
             types = {schemes.parse(t)[1] for seq in _all_tags(train) for t in seq} - {None}
@@ -153,8 +162,10 @@ class TokenClassification(Task):
             raise DataError(f"{train.source}: every tag is {self.label_names}; a tagger needs at least two")
         if train.tags is not None:
             detected = " (detected)" if self.cfg.tag_scheme == "auto" else ""
-            notes.append(f"tags read as {scheme.upper()}{detected}"
-                         + (", trained as IOB2" if scheme not in ("iob2", "none") else ""))  # fmt: skip
+            notes.append(
+                f"tags read as {scheme.upper()}{detected}"
+                + (", trained as IOB2" if scheme not in ("iob2", "none") else "")
+            )
         if evaluation is not None:
             evaluation, fixed = _to_iob2(evaluation, self._scheme(evaluation) if scheme != "none" else "none")
             if fixed:
@@ -182,11 +193,14 @@ class TokenClassification(Task):
             aligned = align_texts(tokenizer, rows.texts)
             gold, misaligned = _span_tags(aligned, rows)
             if misaligned:
-                notes.append(f"{rows.source}: {misaligned:,} entity spans start or end inside a word; the whole word "
-                             "is tagged")  # fmt: skip
+                notes.append(
+                    f"{rows.source}: {misaligned:,} entity spans start or end inside a word; the whole word is tagged"
+                )
         if tokenless := aligned.tokenless_words():
-            notes.append(f"{rows.source}: {tokenless:,} words have no token (the tokenizer drops them); they are "
-                         "scored as predicted O")  # fmt: skip
+            notes.append(
+                f"{rows.source}: {tokenless:,} words have no token (the tokenizer drops them); they are "
+                "scored as predicted O"
+            )
         tags = None if gold is None else self._label_ids(gold, rows)
         return Sentences(aligned, tags, gold, rows.where)
 
@@ -194,8 +208,10 @@ class TokenClassification(Task):
         index = {n: i for i, n in enumerate(self.label_names)}
         unknown = sorted({t for seq in gold for t in seq} - set(index))
         if unknown:
-            raise DataError(f"{rows.source}: tags {unknown[:6]} never occur in the training data (which has "
-                            f"{self.label_names[:12]}); fix or drop those rows")  # fmt: skip
+            raise DataError(
+                f"{rows.source}: tags {unknown[:6]} never occur in the training data (which has "
+                f"{self.label_names[:12]}); fix or drop those rows"
+            )
         return [np.array([index[t] for t in seq], dtype=np.int64) for seq in gold]
 
     def _windows(self, tokenizer: Any, sentences: Sentences):
@@ -340,8 +356,13 @@ class TokenClassification(Task):
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         entity = "entity " if self.scheme == "iob2" else "macro "
-        shown = {"f1": f"eval {entity}F1", "precision": f"eval {entity}precision", "recall": f"eval {entity}recall",
-                 "accuracy": "eval token accuracy", "loss": "eval loss (per token)"}  # fmt: skip
+        shown = {
+            "f1": f"eval {entity}F1",
+            "precision": f"eval {entity}precision",
+            "recall": f"eval {entity}recall",
+            "accuracy": "eval token accuracy",
+            "loss": "eval loss (per token)",
+        }
         return [(label, f"{metrics[k]:.4f}") for k, label in shown.items() if k in metrics]
 
     def data_facts(self, data: TaskData) -> dict[str, Any]:
@@ -371,8 +392,12 @@ class TokenClassification(Task):
         sentences = self._sentences(tokenizer, rows, notes)
         windows = self._windows(tokenizer, sentences)
         self.eval_gold = sentences.gold or []
-        facts = {"sentences": len(sentences.where), "words": sum(len(g) for g in self.eval_gold),
-                 "tag_scheme": scheme, "tags_repaired": repaired}  # fmt: skip
+        facts = {
+            "sentences": len(sentences.where),
+            "words": sum(len(g) for g in self.eval_gold),
+            "tag_scheme": scheme,
+            "tags_repaired": repaired,
+        }
         return TaskData(None, Examples(windows, windows.sentence), self.label_names, tokenizer, notes, facts=facts)
 
     def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
@@ -383,10 +408,15 @@ class TokenClassification(Task):
             return dict(data.facts)
         report = entity_report(self.eval_gold, self._predicted_tags(rows))
         per_type = {
-            k: {"precision": float(v["precision"]), "recall": float(v["recall"]), "f1": float(v["f1-score"]),
-                "support": int(v["support"])}
-            for k, v in report.items() if k not in ("macro avg", "weighted avg", "micro avg")
-        }  # fmt: skip
+            k: {
+                "precision": float(v["precision"]),
+                "recall": float(v["recall"]),
+                "f1": float(v["f1-score"]),
+                "support": int(v["support"]),
+            }
+            for k, v in report.items()
+            if k not in ("macro avg", "weighted avg", "micro avg")
+        }
         return {"per_type": per_type, **data.facts}
 
     def prediction_data(self, model_path: str, model_config: Any, inputs: Any) -> tuple[TaskData, list[dict]]:
@@ -477,7 +507,9 @@ def labelled_rows_tail(model: torch.nn.Module) -> Any:
     device = next(model.parameters()).device
     ids = ((torch.arange(12) * 7 + 3) % vocab).view(2, 6).to(device)
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2], device=device)
-    keep = torch.tensor([[False, True, False, True, True, False], [True, False, False, True, False, False]], device=device)
+    keep = torch.tensor(
+        [[False, True, False, True, True, False], [True, False, False, True, False, False]], device=device
+    )
 
     def cut() -> torch.Tensor:
         with tail.rows(keep):
@@ -547,8 +579,10 @@ def _to_iob2(rows, scheme: str):
             prefix = schemes.parse(tag)[0]
             if prefix not in ("O", *allowed):
                 how = "has no B-/I-/E-/S- prefix" if prefix == "" else f"is not {scheme.upper()}"
-                raise DataError(f"{rows.source}: {where}: tag {tag!r} {how}; give --tag-scheme (auto, iob1, iob2, "
-                                "bioes, none) for these tags")  # fmt: skip
+                raise DataError(
+                    f"{rows.source}: {where}: tag {tag!r} {how}; give --tag-scheme (auto, iob1, iob2, "
+                    "bioes, none) for these tags"
+                )
         tags, bad = schemes.convert(seq, scheme, "iob2")
         converted.append(tags)
         repaired += bad
@@ -572,8 +606,10 @@ def _span_tags(aligned, rows) -> tuple[list[list[str]] | None, int]:
             if not len(inside):
                 continue  # a span of spaces: no word to tag
             if taken[inside].any():
-                raise DataError(f"{rows.source}: {rows.where[s]}: the span [{start}, {end}) ({kind}) overlaps another "
-                                "one; a word takes one tag: keep one of them")  # fmt: skip
+                raise DataError(
+                    f"{rows.source}: {rows.where[s]}: the span [{start}, {end}) ({kind}) overlaps another "
+                    "one; a word takes one tag: keep one of them"
+                )
             taken[inside] = True
             misaligned += int(chars[inside[0], 0] < start or chars[inside[-1], 1] > end)
             found.append(schemes.Span(kind, int(inside[0]), int(inside[-1]) + 1))
@@ -586,8 +622,12 @@ def _subset(sentences: Sentences, rows: np.ndarray) -> Sentences:
 
     a = sentences.aligned
     pick = [int(i) for i in rows]
-    aligned = Aligned(*([getattr(a, f)[i] for i in pick] for f in
-                        ("token_ids", "word_ids", "token_chars", "words", "word_chars", "texts")))  # fmt: skip
+    aligned = Aligned(
+        *(
+            [getattr(a, f)[i] for i in pick]
+            for f in ("token_ids", "word_ids", "token_chars", "words", "word_chars", "texts")
+        )
+    )
     tags = [sentences.tags[i] for i in pick] if sentences.tags is not None else None
     gold = [sentences.gold[i] for i in pick] if sentences.gold is not None else None
     return Sentences(aligned, tags, gold, [sentences.where[i] for i in pick])
