@@ -485,3 +485,65 @@ def test_bad_input_is_refused_in_one_line(capsys, run, tiny_model_dir, corpus, t
     line = one_line(capsys, "evaluate", result.output_dir, "--data", orgs)
     assert "orgs.conll: tags ['B-ORG'] never occur in the training data" in line
     assert not (tmp_path / "bad" / "metrics.json").exists()
+
+
+# -- planner and telemetry -------------------------------------------------------------------------------------------
+
+
+def tagged_batch(tiny_model_dir, corpus, attention: str = "sdpa"):
+    """A token classifier of the tiny BERT, its task checked on it, and a training batch of 16 windows."""
+    from leantrain.data.batching import Slot
+    from leantrain.model import loading
+
+    task = TokenClassification(TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64))
+    data = task.prepare_data(str(tiny_model_dir), None)
+    model = loading.load_for_classification(str(tiny_model_dir), data.label_names, auto_model=task.auto_model)
+    model.set_attn_implementation(attention)
+    task.check_model(model)
+    items = [{**data.train.features.row(i), "label": 0, "slot": Slot(i, 1.0, True)} for i in range(16)]
+    return task, model.train(), task.collator(data, train=True)(items)
+
+
+def test_the_flops_counted_are_what_the_forward_computes_with_and_without_the_cut(tiny_model_dir, corpus):
+    """Against torch's FlopCounterMode (eager attention, which it counts): the closed form's head at every token,
+    and the meter charging the cut batch less by what it skipped. The closed form counts biases and norms too."""
+    from dataclasses import replace
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from leantrain.telemetry.flops import FlopMeter, flop_model
+
+    task, model, batch = tagged_batch(tiny_model_dir, corpus, "eager")
+    counts = []
+    for forward in (task.forward, lambda m, b: m(**task.model_inputs(b))):
+        with FlopCounterMode(display=False) as counter:
+            task.loss_sum(forward(model, batch), batch).backward()
+        counts.append(counter.get_total_flops())
+    flops = flop_model(model)
+    assert flops.per_sequence == 0 and "5 labels" in flops.source  # the head acts on tokens, not on sequences
+    meter = FlopMeter(replace(flops, tail_per_row=task.tail_flops(model)))
+    cut = meter.add(batch["input_ids"], batch["attention_mask"], None, task.tail_rows(batch))
+    whole = meter.add(batch["input_ids"], batch["attention_mask"], None, None)
+    assert whole == pytest.approx(counts[1], rel=0.03)
+    assert whole - cut == pytest.approx(counts[1] - counts[0], rel=0.03)
+    assert counts[1] - counts[0] > 0.1 * counts[1]
+
+
+def test_a_token_classifiers_activations_are_planned_as_its_task_runs_it(tiny_model_dir, corpus):
+    """The planner's proxies are token classifiers: what one training step of the task saves for backward, every
+    token tagged (the planner's bound), is what it plans; a sequence classifier's plan (its last layer at the first
+    token only) would be a fifth lower."""
+    from leantrain.planner import memory as M
+    from tests.planner.test_memory import saved_bytes
+
+    task, model, batch = tagged_batch(tiny_model_dir, corpus)
+    ids = torch.randint(1000, 30000, (4, 32), generator=torch.Generator().manual_seed(0))
+    full = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids),
+            "word_index": torch.zeros_like(ids), "token_index": torch.zeros_like(ids)}  # fmt: skip
+    measured = saved_bytes(model, lambda: task.loss_sum(task.forward(model, full), full))
+    facts = M.model_facts(str(tiny_model_dir), task="token-classification")
+    assert facts.kind == "token-classifier"
+    planned = M.activation_profile(facts.config_json, 32, "fp32", False).saved(4, facts.layers, False)
+    assert planned == pytest.approx(measured, rel=0.03)
+    sequence = M.model_facts(str(tiny_model_dir))
+    assert M.activation_profile(sequence.config_json, 32, "fp32", False).saved(4, facts.layers, False) < 0.9 * planned

@@ -436,6 +436,8 @@ def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool 
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     causal = is_causal_lm(net.config)
+    if is_token_classifier(net.config):
+        return _token_loss(net, batch, inputs, autocast, tail)
     cut: contextlib.AbstractContextManager = contextlib.nullcontext()
     if causal and counted_logits:
         from leantrain.tasks.causal_lm import IGNORE, head_loss, head_rows, next_token_targets
@@ -453,9 +455,21 @@ def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool 
         from leantrain.tasks.causal_lm import token_losses
 
         return token_losses(logits, batch["labels"]).sum()
-    if logits.dim() == 3:  # a token classifier's, every position's
-        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), reduction="sum")
     return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+
+
+def _token_loss(net, batch: dict, inputs: dict, autocast=None, tail=None):
+    """A token classifier's summed loss as its task computes it: with `tail`, the last layer after its attention and
+    the head at the tagged positions only (`tasks.token_classification`)."""
+    import torch.nn.functional as F
+
+    labels = batch["labels"]
+    keep = labels != -100
+    with autocast or contextlib.nullcontext(), tail.rows(keep) if tail is not None else contextlib.nullcontext():
+        logits = net(**inputs).logits
+    if tail is not None:
+        return F.cross_entropy(logits[0].float(), labels[keep], reduction="sum")
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
 
 
 @functools.lru_cache(maxsize=16)
@@ -511,9 +525,14 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
     net = _build(config, "cpu")
     net.train()
     causal = is_causal_lm(config)
-    # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed); a causal
-    # LM's output head only where a token counts
-    tail = None if causal or checkpointing or is_token_classifier(config) else first_token_tail(net)
+    # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed), a token
+    # classifier's where a token is tagged; a causal LM's output head only where a token counts
+    if is_token_classifier(config):  # a token classifier's where a token is tagged
+        from leantrain.tasks.token_classification import labelled_rows_tail
+
+        tail = None if checkpointing else labelled_rows_tail(net)
+    else:
+        tail = None if causal or checkpointing else first_token_tail(net)
     counted_logits = causal and head_rows_work(net)
     fused = counted_logits and head_loss_works(net)
     if checkpointing:
