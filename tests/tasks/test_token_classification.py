@@ -536,7 +536,7 @@ def test_a_token_classifiers_activations_are_planned_as_its_task_runs_it(tiny_mo
     from leantrain.planner import memory as M
     from tests.planner.test_memory import saved_bytes
 
-    task, model, batch = tagged_batch(tiny_model_dir, corpus)
+    task, model, _ = tagged_batch(tiny_model_dir, corpus)
     ids = torch.randint(1000, 30000, (4, 32), generator=torch.Generator().manual_seed(0))
     full = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids),
             "word_index": torch.zeros_like(ids), "token_index": torch.zeros_like(ids)}  # fmt: skip
