@@ -123,6 +123,25 @@ def test_a_word_of_four_pieces_is_labelled_on_its_first_or_on_every_one(tokenize
     assert row["token_index"].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1]
 
 
+def test_label_all_tokens_trains_later_sub_words_as_inside(tiny_model_dir, tmp_path):
+    path = write_conll(tmp_path / "two.conll", [(["Kaczmarek", "met", "Anna"], ["B-PER", "O", "B-PER"]),
+                                                (["in", "Oslo"], ["O", "B-LOC"])])  # fmt: skip
+    cfg = TrainConfig(task="ner", data=str(path), eval_data=str(path), label_all_tokens=True)
+    task = TokenClassification(cfg)
+    windows = task.prepare_data(str(tiny_model_dir), None).train.features
+    names = task.label_names
+    assert [names[i] if i >= 0 else "-" for i in windows.row(0)["token_labels"]] == [
+        "-",
+        "B-PER",
+        "I-PER",
+        "I-PER",
+        "I-PER",
+        "O",
+        "B-PER",
+        "-",
+    ]
+
+
 @pytest.mark.parametrize("stride", [0, 8, 13])
 def test_a_sentence_beyond_the_window_is_windowed_and_each_word_scored_once(tokenizer, stride):
     sentence = make_sentences(1, seed=5, longest=90)[0]
