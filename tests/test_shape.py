@@ -16,17 +16,10 @@ MAX_LINES = 60
 TABLES = {"leantrain.commands.cli:build_parser"}
 #: functions written before the 60-line rule, being split (this set only shrinks)
 NOT_YET_SPLIT = {
-    "leantrain.run.model_card:write_model_card",
     "leantrain.run.checkpoint:save",
     "leantrain.data.media:prepare_media_data",
-    "leantrain.commands.launch:launch_command",
-    "leantrain.inference.api:predict",
-    "leantrain.planner.memory:activation_profile",
     "leantrain.data.media:_list_table",
-    "leantrain.inference.api:evaluate",
     "leantrain.planner.memory:estimate",
-    "leantrain.planner.speed:device_speed",
-    "leantrain.parallel.local_sgd:__init__",
     "leantrain.data.media:process_source",
     "leantrain.tasks.causal_lm:prepare_data",
 }
