@@ -295,7 +295,7 @@ def bert_techniques(smoke: bool) -> tuple[list[str], list[str]]:
 
 
 def lm_vs_hf(lm_dir: Path, text: Path, out: Path, smoke: bool, clock: Clock) -> None:
-    """`benchmarks/causal_lm_vs_hf.py` in bf16 on this machine's GPU (the causal LM's tokens/s goal), within the budget."""
+    """`benchmarks/causal_lm_vs_hf.py` in bf16 on this machine's GPU (its tokens/s goal), within the budget."""
     import subprocess
 
     docs = 30 if smoke else 1500  # of the documents that fit LM_LEN tokens (about two thirds)
