@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, evaluate, predict, train
@@ -234,16 +235,22 @@ def test_entity_scores_are_seqevals_strict_iob2_scores_on_every_edge_case(tiny_m
 # -- the loss across micro-batches, processes and a resume ------------------------------------------------------------
 
 
-def test_the_loss_is_transformers_own_token_classification_loss(run, tiny_model_dir, corpus):
-    """One step over every training window with weights that cannot move: the logged loss is the mean over
-    counted tokens of all windows, as BertForTokenClassification computes it given the labels in one batch."""
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "class-weighted-smoothed"])
+def test_the_loss_is_transformers_own_token_classification_loss(run, tiny_model_dir, corpus, weighted):
+    """One step over every training window (in four micro-batches) with weights that cannot move: the logged loss is
+    the mean over counted tokens of all windows, as BertForTokenClassification computes it given the labels in one
+    batch; class-weighted and label-smoothed, as `cross_entropy(weight=..., label_smoothing=...)` averages."""
     from transformers import AutoModelForTokenClassification
 
     from leantrain.data.batching import Slot
 
-    result, _ = run(batch_size=128, grad_accum=1, max_steps=1, lr=1e-30)
-    task = TokenClassification(TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64))
+    # given weights: "auto" (balanced) weights sum to the token count over the whole training set, which one step is
+    losses = {"class_weights": "0.5,2,3,1.5,1", "label_smoothing": 0.1} if weighted else {}
+    result, _ = run(batch_size=32, grad_accum=4, max_steps=1, lr=1e-30, **losses)
+    cfg = TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64, **losses)
+    task = TokenClassification(cfg)
     data = task.prepare_data(str(tiny_model_dir), None)
+    task.loss_units(data)
     assert len(data.train) <= 128
     model = AutoModelForTokenClassification.from_pretrained(result.model_dir).eval()
     batch = task.collator(data, train=True)(
@@ -251,7 +258,13 @@ def test_the_loss_is_transformers_own_token_classification_loss(run, tiny_model_
     )
     with torch.no_grad():
         theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    assert loss_log(result)[0] == pytest.approx(float(theirs.loss), rel=1e-5)
+    expected = float(theirs.loss)
+    if weighted:
+        weight = torch.tensor(task.class_weights, dtype=torch.float32)
+        assert len(set(task.class_weights.round(6))) > 2  # the weights differ by class
+        flat = theirs.logits.reshape(-1, theirs.logits.shape[-1])
+        expected = float(F.cross_entropy(flat, batch["labels"].flatten(), weight=weight, label_smoothing=0.1))
+    assert loss_log(result)[0] == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -374,6 +387,57 @@ def test_predictions_are_the_pipelines_entities(run, aggregation):
         assert all(e["word"] == text[e["start"] : e["end"]] for e in row["entities"])
         found += len(theirs)
     assert found > 0
+
+
+@pytest.mark.parametrize("aggregation", ["first", "simple", "average", "max"])
+def test_entities_are_grouped_as_the_pipeline_groups_them_whatever_the_tags(tiny_model_dir, tmp_path, aggregation):
+    """The pipeline's own postprocessing of random logits, drawn so that adjacent B- of one type, I- after O and
+    type changes inside words are common, against `pieces` and `group` on the same probabilities."""
+    from transformers import pipeline
+
+    from leantrain.data.alignment import align_texts
+    from leantrain.model import loading
+    from leantrain.tasks.entities import group, pieces
+
+    loading.load_for_classification(str(tiny_model_dir), NAMES, auto_model="AutoModelForTokenClassification")\
+        .save_pretrained(tmp_path / "tagger")  # fmt: skip
+    tagger = pipeline("token-classification", model=str(tmp_path / "tagger"), tokenizer=str(tiny_model_dir))
+    pre, _, post = tagger._sanitize_parameters(aggregation_strategy=aggregation)
+    text = "Anna Smith-Jones met Kaczmarek, Wolfeschlegel and John in New York on 3rd May."
+    aligned = align_texts(tagger.tokenizer, [text])
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        inputs = next(iter(tagger.preprocess(text, **pre)))
+        n = inputs["input_ids"].shape[1]
+        logits = 3 * torch.randn(1, n, len(NAMES), generator=generator)
+        outputs = {**inputs, "logits": logits, "word_ids": None, "word_to_chars_map": None}
+        outputs["special_tokens_mask"] = inputs["special_tokens_mask"]
+        outputs.pop("sentence", None)
+        theirs = tagger.postprocess([{**outputs, "sentence": text, "is_last": True}], **post)
+        probs = torch.softmax(logits[0, 1:-1].double(), -1).float().numpy()  # the content tokens'
+        units = pieces(probs, aligned.word_ids[0], aligned.token_chars[0], NAMES, aggregation)
+        ours = group(units, text)
+        assert [(e["entity_group"], e["start"], e["end"]) for e in ours] == [
+            (e["entity_group"], e["start"], e["end"]) for e in theirs
+        ]
+        assert [e["score"] for e in ours] == pytest.approx([float(e["score"]) for e in theirs], abs=1e-5)
+
+
+def test_span_rows_tag_the_tokenizers_words(tokenizer):
+    """A span ending where punctuation starts tags the words before it only; one that starts inside a word tags that
+    word (and is counted); a span of spaces tags nothing."""
+    from leantrain.data.alignment import align_texts
+    from leantrain.data.tagged import TaggedRows
+    from leantrain.tasks.token_classification import _span_tags
+
+    texts = ["Anna Smith, from Paris.", "the Texas-based firm", "a  b"]
+    spans = [[(0, 10, "PER"), (17, 22, "LOC")], [(5, 9, "LOC")], [(1, 2, "PER")]]
+    rows = TaggedRows("spans.jsonl", ["row 1", "row 2", "row 3"], texts=texts, char_spans=spans)
+    aligned = align_texts(tokenizer, texts)
+    assert aligned.words[0] == ["Anna", "Smith", ",", "from", "Paris", "."]
+    tags, misaligned = _span_tags(aligned, rows)
+    assert tags == [["B-PER", "I-PER", "O", "O", "B-LOC", "O"], ["O", "B-LOC", "O", "O", "O"], ["O", "O"]]
+    assert misaligned == 1
 
 
 def test_evaluate_scores_every_input_format_alike(run, corpus, tmp_path):
