@@ -480,6 +480,8 @@ def test_evaluate_scores_every_input_format_alike(run, corpus, tmp_path):
     run_dir = str(result.output_dir)
     reference = evaluate(run_dir, str(corpus[1]))
     assert reference["sentences"] == 24 and set(reference["per_type"]) == {"PER", "LOC"}
+    own = evaluate(run_dir)  # the run's own held-out sentences: its --eval-data, prepared as the run prepared it
+    assert own["f1"] == pytest.approx(result.metrics["eval_f1"], abs=1e-9) == pytest.approx(reference["f1"])
     for source, extra in [
         ("bioes.conll", {"tag_column": -1}),
         ("rows.jsonl", {}),
@@ -501,6 +503,9 @@ def test_predict_reads_words_from_a_conll_file_and_texts_from_a_text_file(run, t
     (tmp_path / "texts.txt").write_text("Anna Smith met Kaczmarek\n\nJohn in Paris\n")
     rows = predict(str(result.output_dir), str(tmp_path / "texts.txt"))
     assert [r["text"] for r in rows] == ["Anna Smith met Kaczmarek", "John in Paris"]
+    (tmp_path / "texts.jsonl").write_text('{"text": "John in Paris"}\n{"text": "Oslo"}\n')
+    table = predict(str(result.output_dir), str(tmp_path / "texts.jsonl"))
+    assert [r["text"] for r in table] == ["John in Paris", "Oslo"] and table[0]["entities"] == rows[1]["entities"]
 
 
 def test_a_conll_2003_file_with_docstarts_iob1_tags_and_four_columns(run, tmp_path):
@@ -552,6 +557,8 @@ def test_bad_input_is_refused_in_one_line(capsys, run, tiny_model_dir, corpus, t
         "--cache-dir",
         tmp_path / "cache",
     ]
+    line = one_line(capsys, *base)
+    assert "--task token-classification needs --data" in line
     (tmp_path / "three.conll").write_text("Anna NNP B-PER\nmet VBD O\n")
     line = one_line(capsys, *base, "--data", tmp_path / "three.conll")
     assert "three.conll: line 1 has 3 columns" in line and "--tag-column" in line
