@@ -12,6 +12,9 @@ scored here with the same function).
 
     python benchmarks/token_classification_vs_hf.py                        # 3 pairs, fp32 and bf16
     python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 300 --epochs 1 --precisions fp32  # a check
+    # what fits a loaded 2-core machine and still learns entities (benchmarks/results/token_classification_vs_hf.md)
+    python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 1000 --epochs 2 --batch-size 16 \\
+        --lr 3e-4 --precisions fp32
 """
 
 from __future__ import annotations
@@ -223,6 +226,10 @@ def run_side(side: str, work: Path, precision: str, epochs: float) -> dict:
         precision,
         "--epochs",
         str(epochs),
+        "--batch-size",
+        str(JOB["batch_size"]),
+        "--lr",
+        str(JOB["lr"]),
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -308,10 +315,13 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     parser.add_argument("--epochs", type=float, default=3.0)
     parser.add_argument("--sentences", type=int, default=None, help="the corpus's first N sentences (a quick check)")
+    parser.add_argument("--batch-size", type=int, default=JOB["batch_size"], help="sentences per optimizer step")
+    parser.add_argument("--lr", type=float, default=JOB["lr"], help="peak learning rate, both sides")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    JOB.update(batch_size=args.batch_size, lr=args.lr)
     if args.side:
         side = side_leantrain if args.side == "leantrain" else side_hf
         print(json.dumps(side(args.work, args.precisions, args.epochs)))
@@ -322,6 +332,7 @@ def main() -> None:
     from leantrain.commands import bench
 
     work = args.work or Path(tempfile.mkdtemp(prefix="ner-vs-hf-"))
+    work.mkdir(parents=True, exist_ok=True)
     uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     data = prepare(work, args.sentences)
     runs = measure(work, args.pairs, args.precisions.split(","), args.epochs)
