@@ -96,6 +96,8 @@ def evaluate(
     threshold: float | None = None,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    source_column: str | None = None,
+    target_column: str | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -103,7 +105,9 @@ def evaluate(
     the order of `labels`); for a language model the loss per token and perplexity. `data` None: the run's own
     held-out rows, as it held them out. Multi-label models: `label_separator` and `threshold` default to the run's
     own. `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training.
-    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train)."""
+    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train). A
+    sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
+    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples."""
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold
     )
@@ -111,6 +115,7 @@ def evaluate(
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
             image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
+            source_column=source_column, target_column=target_column,
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, cache_dir, precision)
@@ -151,19 +156,22 @@ def predict(
     files: list[str] | None = None,
     image_column: str | None = None,
     audio_column: str | None = None,
-    max_new_tokens: int = 32,
+    max_new_tokens: int | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     threshold: float | None = None,
     chat: bool = False,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    source_column: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
     language model, the prompt and its generated completion (`chat`: each text is a user's message, rendered
-    with the model's chat template; a 'messages' column is read as chats); for a multi-label model, the labels
-    at or above `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for
-    training."""
+    with the model's chat template; a 'messages' column is read as chats); for a sequence-to-sequence model, the
+    source (`source_column` of `data`, guessed when not given) and its `generated_text`; for a multi-label model,
+    the labels at or above `threshold` (default: the run's --multi-label-threshold). `max_new_tokens`: 32 for a
+    language model, a sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as
+    for training."""
     from leantrain.tasks.base import PredictionInputs
 
     if sum(x is not None for x in (texts, data, files)) != 1:
@@ -172,14 +180,14 @@ def predict(
     if data is not None:
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
-            audio_column=audio_column,
+            audio_column=audio_column, source_column=source_column,
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, None, precision)
     task = job.task
     if chat and not task.generates:
         raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task.name} model")
-    generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    generation = _given(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     inputs = PredictionInputs(texts=texts, files=files, chat=chat, generation=generation)
     prepared, shown = task.prediction_data(job.model_path, job.model_config, inputs)
     model = _model(job)

@@ -38,6 +38,12 @@ _HUB_METRICS = {
     "pearson": "pearsonr",
     "spearman": "spearmanr",
     "mse": "mse",
+    "rouge1": "rouge",
+    "rouge2": "rouge",
+    "rougeL": "rouge",
+    "rougeLsum": "rouge",
+    "bleu": "bleu",
+    "chrf": "chrf",
     "mae": "mae",
     "perplexity": "perplexity",
 }
@@ -109,9 +115,7 @@ def write_model_card(
         "## Use",
         "",
         "```python",
-        "from transformers import pipeline",
-        "",
-        f'classify = pipeline("{task}", model="path/to/this/folder")',
+        *_usage(task),
         "```",
         "",
         "## Training configuration",
@@ -131,6 +135,21 @@ def write_model_card(
     path = model_dir / "README.md"
     card.save(path)
     return path
+
+
+def _usage(task: str) -> list[str]:
+    """How to load the model: its `pipeline`; a sequence-to-sequence model through its AutoModel class and
+    `generate` (transformers 5 removed the text2text-generation pipeline)."""
+    if task == "text2text-generation":
+        return [
+            "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+            "",
+            'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+            'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/folder")',
+            'inputs = tokenizer(["a text to transform"], return_tensors="pt", return_token_type_ids=False)',
+            "print(tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True))",
+        ]
+    return ["from transformers import pipeline", "", f'classify = pipeline("{task}", model="path/to/this/folder")']
 
 
 def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:
