@@ -256,7 +256,10 @@ class Seq2Seq(Task):
     def tail_flops(self, model: torch.nn.Module) -> float:
         from leantrain.telemetry.flops import row_flops, unwrap
 
-        return row_flops(unwrap(model).get_output_embeddings().parameters()) if self.selects_logits else 0.0
+        if not self.selects_logits:
+            return 0.0
+        # the weight's products only: an encoder-decoder's FLOPs are counted (FlopCounterMode), biases not among them
+        return row_flops(p for p in unwrap(model).get_output_embeddings().parameters() if p.dim() > 1)
 
     def loss_units(self, data: TaskData) -> np.ndarray:
         return data.train.features.target_lengths.astype(np.float64)
