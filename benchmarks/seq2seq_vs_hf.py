@@ -5,7 +5,8 @@ The job: paraphrase generation on MRPC (../shared/data/mrpc). Its pairs whose `Q
 in train.tsv, 279 in dev.tsv): the model reads `#1 String` and writes `#2 String`. No pretrained encoder-decoder is
 available offline, so the model is a bert2bert warm-started from the embedded all-MiniLM-L6-v2 (`EncoderDecoderModel`
 from the encoder twice; the decoder's cross-attention new), built once here and saved (seeded), so both sides start
-from the same weights. Training: `--epochs` (default 3) at batch 16, AdamW lr 5e-5, weight decay 0.01, 6% warm-up,
+from the same weights. Training: `--epochs` (default 3) at batch 16, in `--precision` (auto: bf16 where the CPU runs
+it natively, on both sides), AdamW lr 5e-5, weight decay 0.01, 6% warm-up,
 linear decay, clipping 1.0, seed 42, sources and targets cut at 64 tokens, batches grouped by length on both sides;
 then one evaluation on dev's 279 paraphrase pairs that generates greedily (at most 64 new tokens, batches of 32)
 and scores ROUGE, and the model saved. Both sides see the same tokens: the target's leading [CLS] (the decoder's
@@ -367,7 +368,12 @@ def main() -> None:
     parser.add_argument("--eval-rows", type=int, help="the first N dev paraphrases (default: all 279)")
     parser.add_argument("--epochs", type=float, default=3)
     parser.add_argument("--pairs", type=int, default=2, help="leantrain / Trainer runs, alternating order")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="both sides' precision; auto: bf16 where this CPU runs it natively (AMX, AVX-512 BF16), else fp32",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where seq2seq_vs_hf.{json,md} go")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--side", choices=["hf"], help=argparse.SUPPRESS)
@@ -385,7 +391,11 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="seq2seq-vs-hf-"))
     uptime_before = Path("/proc/loadavg").read_text().split()[:3]
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    data = prepare(work, args.train_rows, args.eval_rows, args.precision, args.epochs)
+    from leantrain.parallel import choose_precision
+
+    precision, why = choose_precision(args.precision)
+    print(f"precision {precision} ({why})", flush=True)
+    data = prepare(work, args.train_rows, args.eval_rows, precision, args.epochs)
     runs = measure(work, args.pairs)
     context = {
         **hardware(),
@@ -398,7 +408,7 @@ def main() -> None:
         ),
         "command": "python benchmarks/seq2seq_vs_hf.py " + " ".join(sys.argv[1:]),
     }
-    settings = {"epochs": args.epochs, "precision": args.precision}
+    settings = {"epochs": args.epochs, "precision": f"{precision} ({why})"}
     print(publish(args.out, data, runs, settings, context))
 
 

@@ -134,8 +134,8 @@ class Units(Hooks):
 
 @pytest.mark.parametrize("model", ["t5", "bert2bert"])
 def test_accumulation_equals_the_big_batch_with_very_uneven_targets(models, pairs, tmp_path, model):
-    """Four micro-batches of 4 equal one batch of 16 (<= 1e-5), though the micro-batches' target tokens differ up
-    to tenfold: the loss is divided by the whole step's target tokens, not averaged per micro-batch."""
+    """Four micro-batches of 4 equal one batch of 16 (<= 1e-5), though the micro-batches' target tokens differ
+    fivefold and more: the loss is divided by the whole step's target tokens, not averaged per micro-batch."""
     units = Units()
     big = train(job(models, pairs, tmp_path, "big", model, batch_size=16, max_steps=6))
     small = train(job(models, pairs, tmp_path, "small", model, batch_size=4, grad_accum=4, max_steps=6), hooks=units)
