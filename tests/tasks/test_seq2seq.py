@@ -132,6 +132,7 @@ class Units(Hooks):
 # -- the loss per target token is exact ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # three runs that generate at their end: 104 s (t5) and 121 s (bert2bert) at load 12
 @pytest.mark.parametrize("model", ["t5", "bert2bert"])
 def test_accumulation_equals_the_big_batch_with_very_uneven_targets(models, pairs, tmp_path, model):
     """Four micro-batches of 4 equal one batch of 16 (<= 1e-5), though the micro-batches' target tokens differ
@@ -152,7 +153,7 @@ def test_accumulation_equals_the_big_batch_with_very_uneven_targets(models, pair
         assert small.metrics[key] == pytest.approx(big.metrics[key], abs=1e-4), key
 
 
-@pytest.mark.slow  # launches a 2-process job: 45 s (load 3)
+@pytest.mark.slow  # launches a 2-process job: 122 s at load 12
 def test_two_processes_equal_one_process_with_twice_the_batch(models, pairs, tmp_path):
     from tests.parallel.test_data_parallel import flags, run_job
 
@@ -317,6 +318,7 @@ def write_animals(path: Path, n: int, seed: int) -> Path:
     return path
 
 
+@pytest.mark.slow  # 120 optimizer steps, evaluate and predict: 200 s at load 12
 def test_a_run_learns_and_its_model_serves_evaluate_predict_and_automodel(models, tmp_path):
     """A tiny T5 learns which animal a text names (chance scores about 40): its final ROUGE is what `evaluate`
     gives on the same held-out rows (the --eval-limit sample), its `predict` is what the published model/ generates

@@ -264,9 +264,9 @@ def load_pairs(
         tokenizer=tokenizer_fingerprint(tokenizer),
     )
     paths = [cache_dir / "tokenized" / f"{key}-{part}.npz" for part in ("source", "target")]
-    cached = [load_cached(p, vocab_size=len(tokenizer)) for p in paths]
-    if cached[0] is not None and cached[1] is not None:
-        (src, references, meta), (tgt, sources, _) = cached
+    source_entry, target_entry = (load_cached(p, vocab_size=len(tokenizer)) for p in paths)
+    if source_entry is not None and target_entry is not None:
+        (src, references, meta), (tgt, sources, _) = source_entry, target_entry
         try:
             columns, report = PairColumns(**meta["columns"]), ReadReport(**meta["report"])
         except TypeError:

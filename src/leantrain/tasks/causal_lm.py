@@ -345,7 +345,7 @@ def head_loss(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor)
         del head.forward
 
 
-def _probe_inputs(model: Any, decoder: bool) -> dict[str, torch.Tensor]:
+def _probe_inputs(model: Any, decoder: bool) -> dict[str, Any]:
     """One short row of valid ids for the checks below (with `decoder`: the decoder's too, an encoder-decoder's)."""
     vocab = int(getattr(model.config, "vocab_size", None) or 16)  # any valid ids will do
     device = next(model.parameters()).device

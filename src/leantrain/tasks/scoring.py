@@ -307,9 +307,10 @@ def metric_names(problem_type: str, requested: Sequence[str] = ()) -> tuple[str,
 
 
 def score(
-    problem_type: str, names: Sequence[str], outputs: np.ndarray, labels: np.ndarray, threshold: float = 0.5
+    problem_type: str, names: Sequence[str], outputs: Any, labels: Any, threshold: float = 0.5
 ) -> dict[str, float]:
-    """Each named metric of the evaluation's outputs (probabilities, or predicted values for regression)."""
+    """Each named metric of the evaluation's outputs (probabilities, or predicted values for regression; generated
+    texts, against reference texts)."""
     table = TABLES[problem_type]
     if problem_type == "generation":
         return generation_scores(names, outputs, labels)
