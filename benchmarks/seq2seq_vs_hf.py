@@ -6,7 +6,7 @@ in train.tsv, 279 in dev.tsv): the model reads `#1 String` and writes `#2 String
 available offline, so the model is a bert2bert warm-started from the embedded all-MiniLM-L6-v2 (`EncoderDecoderModel`
 from the encoder twice; the decoder's cross-attention new), built once here and saved (seeded), so both sides start
 from the same weights. Training: `--epochs` (default 3) at batch 16, in `--precision` (auto: bf16 where the CPU runs
-it natively, on both sides), AdamW lr 5e-5, weight decay 0.01, 6% warm-up,
+it natively, on both sides), AdamW at `--lr` (default 5e-5), weight decay 0.01, 6% warm-up,
 linear decay, clipping 1.0, seed 42, sources and targets cut at 64 tokens, batches grouped by length on both sides;
 then one evaluation on dev's 279 paraphrase pairs that generates greedily (at most 64 new tokens, batches of 32)
 and scores ROUGE, and the model saved. Both sides see the same tokens: the target's leading [CLS] (the decoder's
@@ -68,7 +68,7 @@ def paraphrases(path: Path, rows: int | None) -> list[tuple[str, str]]:
     return pairs[:rows] if rows else pairs
 
 
-def prepare(work: Path, train_rows: int | None, eval_rows: int | None, precision: str, epochs: float) -> dict:
+def prepare(work: Path, train_rows: int | None, eval_rows: int | None, settings: dict) -> dict:
     """The pairs as CSV files (source, target) and JSON, and the warm-started bert2bert folder both sides load."""
     import torch
     from transformers import AutoTokenizer, EncoderDecoderModel
@@ -95,7 +95,7 @@ def prepare(work: Path, train_rows: int | None, eval_rows: int | None, precision
         config.eos_token_id = tokenizer.sep_token_id
     model.save_pretrained(work / "model-init")
     tokenizer.save_pretrained(work / "model-init")
-    (work / "settings.json").write_text(json.dumps({"precision": precision, "epochs": epochs}))
+    (work / "settings.json").write_text(json.dumps(settings))
     copy = rouge([s for s, _ in data["eval"]], [t for _, t in data["eval"]])  # the source as its own paraphrase
     return {"train_pairs": len(data["train"]), "eval_pairs": len(data["eval"]), "copy_baseline": copy}
 
@@ -122,7 +122,7 @@ def leantrain_command(work: Path, out: Path) -> list[str]:
         "epochs": settings["epochs"],
         "batch_size": JOB["batch_size"],
         "eval_batch_size": JOB["eval_batch_size"],
-        "lr": JOB["lr"],
+        "lr": settings["lr"],
         "weight_decay": JOB["weight_decay"],
         "warmup_ratio": JOB["warmup_ratio"],
         "scheduler": JOB["scheduler"],
@@ -183,7 +183,7 @@ def side_hf(work: Path, out: Path) -> dict:
         per_device_train_batch_size=JOB["batch_size"],
         per_device_eval_batch_size=JOB["eval_batch_size"],
         num_train_epochs=settings["epochs"],
-        learning_rate=JOB["lr"],
+        learning_rate=settings["lr"],
         weight_decay=JOB["weight_decay"],
         warmup_steps=JOB["warmup_ratio"],  # transformers 5: a float below 1 is a ratio
         lr_scheduler_type=JOB["scheduler"],
@@ -313,7 +313,7 @@ def publish(out: Path, data: dict, runs: dict[str, list[dict]], settings: dict, 
         "",
         f"Paraphrase generation on MRPC: {data['train_pairs']:,} training pairs (train.tsv, Quality 1), "
         f"{data['eval_pairs']} held out (dev.tsv, Quality 1); a bert2bert warm-started from all-MiniLM-L6-v2, "
-        f"{settings['epochs']:g} epochs at batch {JOB['batch_size']}, {settings['precision']}, greedy generation of at "
+        f"{settings['epochs']:g} epochs at batch {JOB['batch_size']}, peak lr {settings['lr']:g}, {settings['precision']}, greedy generation of at "
         f"most {JOB['max_new_tokens']} tokens. {len(pairs)} alternating pairs of runs, each side in its own process; "
         "the median pair's ratios. Written by `benchmarks/seq2seq_vs_hf.py` (its docstring has the whole job).",
         "",
@@ -367,6 +367,7 @@ def main() -> None:
     parser.add_argument("--train-rows", type=int, help="the first N training paraphrases (default: all 2,474)")
     parser.add_argument("--eval-rows", type=int, help="the first N dev paraphrases (default: all 279)")
     parser.add_argument("--epochs", type=float, default=3)
+    parser.add_argument("--lr", type=float, default=JOB["lr"], help="both sides' peak learning rate")
     parser.add_argument("--pairs", type=int, default=2, help="leantrain / Trainer runs, alternating order")
     parser.add_argument(
         "--precision",
@@ -395,7 +396,7 @@ def main() -> None:
 
     precision, why = choose_precision(args.precision)
     print(f"precision {precision} ({why})", flush=True)
-    data = prepare(work, args.train_rows, args.eval_rows, precision, args.epochs)
+    data = prepare(work, args.train_rows, args.eval_rows, {"precision": precision, "epochs": args.epochs, "lr": args.lr})
     runs = measure(work, args.pairs)
     context = {
         **hardware(),
@@ -408,7 +409,7 @@ def main() -> None:
         ),
         "command": "python benchmarks/seq2seq_vs_hf.py " + " ".join(sys.argv[1:]),
     }
-    settings = {"epochs": args.epochs, "precision": f"{precision} ({why})"}
+    settings = {"epochs": args.epochs, "lr": args.lr, "precision": f"{precision} ({why})"}
     print(publish(args.out, data, runs, settings, context))
 
 
