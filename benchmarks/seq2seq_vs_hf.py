@@ -313,7 +313,8 @@ def publish(out: Path, data: dict, runs: dict[str, list[dict]], settings: dict, 
         "",
         f"Paraphrase generation on MRPC: {data['train_pairs']:,} training pairs (train.tsv, Quality 1), "
         f"{data['eval_pairs']} held out (dev.tsv, Quality 1); a bert2bert warm-started from all-MiniLM-L6-v2, "
-        f"{settings['epochs']:g} epochs at batch {JOB['batch_size']}, peak lr {settings['lr']:g}, {settings['precision']}, greedy generation of at "
+        f"{settings['epochs']:g} epochs at batch {JOB['batch_size']}, peak lr {settings['lr']:g}, "
+        f"{settings['precision']}, greedy generation of at "
         f"most {JOB['max_new_tokens']} tokens. {len(pairs)} alternating pairs of runs, each side in its own process; "
         "the median pair's ratios. Written by `benchmarks/seq2seq_vs_hf.py` (its docstring has the whole job).",
         "",
@@ -396,7 +397,8 @@ def main() -> None:
 
     precision, why = choose_precision(args.precision)
     print(f"precision {precision} ({why})", flush=True)
-    data = prepare(work, args.train_rows, args.eval_rows, {"precision": precision, "epochs": args.epochs, "lr": args.lr})
+    job = {"precision": precision, "epochs": args.epochs, "lr": args.lr}
+    data = prepare(work, args.train_rows, args.eval_rows, job)
     runs = measure(work, args.pairs)
     context = {
         **hardware(),
