@@ -229,10 +229,11 @@ class DataConfig:
         "With --streaming and no --eval-data: hold out the stream's first N rows for evaluation.", default=1000
     )
     # --- causal LM
-    packing: bool = _help(
+    packing: bool | None = _help(
         "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
-        "attention never crosses documents); --no-packing gives each document its own padded row(s).",
-        default=True,
+        "attention never crosses documents); --no-packing gives each document its own padded row(s). Unset: on "
+        "for a causal LM; a sequence-to-sequence task refuses it (its examples are pairs).",
+        default=None,
     )
     text_glob: str = _help(
         "Causal LM: the files of a --data folder read as text, searched recursively (documents are separated "
@@ -243,6 +244,35 @@ class DataConfig:
         "Causal LM on instruction data (prompt/completion or messages columns): count the prompt's tokens in the "
         "loss too, not only the completion's.",
         default=False,
+    )
+    # --- sequence-to-sequence
+    source_column: str | None = _help(
+        "Seq2seq: the column holding the text to transform (in a `translation` column of {language: text} "
+        "mappings: the source language, e.g. en). Guessed from source/target, document/summary, text/summary, "
+        "article/highlights, dialogue/summary, input/output, inputs/targets, src/tgt.",
+        default=None,
+    )
+    target_column: str | None = _help(
+        "Seq2seq: the column holding the text to generate (in a `translation` column: the target language, e.g. "
+        "fr). Guessed with the source column.",
+        default=None,
+    )
+    source_prefix: str | None = _help(
+        "Seq2seq: text put before every source, as T5 reads its task from a prompt, e.g. 'summarize: ' or "
+        "'translate English to German: ' (also at evaluate and predict).",
+        default=None,
+    )
+    max_source_length: int | None = _help(
+        "Seq2seq: longest tokenized source (prefix included); longer ones are cut. Default: --max-length.",
+        default=None,
+    )
+    max_target_length: int = _help(
+        "Seq2seq: longest tokenized target; longer ones are cut (the loss counts the target's tokens).", default=128
+    )
+    eval_limit: int | None = _help(
+        "Seq2seq: evaluate on a seeded random sample of this many evaluation rows, the same rows at every "
+        "evaluation (each one generates, which is what makes evaluation slow). Default: every row.",
+        default=None,
     )
     # --- metrics and losses
     label_separator: str | None = _help(
@@ -303,6 +333,8 @@ class DataConfig:
             raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
         _positive(self, "limit", optional=True)
         _positive(self, "streaming_eval_rows")
+        _positive(self, "max_target_length")
+        _positive(self, "max_source_length", "eval_limit", optional=True)
         _check_data_sources(self)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
@@ -593,8 +625,17 @@ class LoggingConfig:
         "MRPC; macro otherwise), macro_f1, micro_f1, weighted_f1, precision, recall, mcc, roc_auc, "
         "balanced_accuracy; regression: rmse, mse, mae, pearson, spearman, r2; multi-label: micro_f1, macro_f1, "
         "subset_accuracy, hamming_loss, roc_auc. The loss is always reported. Default: accuracy,macro_f1 "
-        "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy).",
+        "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy). Seq2seq (scored "
+        "on generated text): rouge1, rouge2, rougeL, rougeLsum (rouge-score, stemmed; default) or bleu, chrf "
+        "(sacrebleu; --task translation's default).",
         default=None,
+    )
+    # --- sequence-to-sequence
+    generation_max_new_tokens: int | None = _help(
+        "Seq2seq: tokens an evaluation generates at most per example. Default: --max-target-length.", default=None
+    )
+    generation_num_beams: int = _help(
+        "Seq2seq: beams of the evaluation's (and predict's) beam search; 1 is greedy decoding.", default=1
     )
     report_to: str | None = _help(
         f"Experiment trackers, comma-separated, through Accelerate: {'|'.join(TRACKERS)} (all: every one "
@@ -611,6 +652,8 @@ class LoggingConfig:
         _positive(self, "log_every")
         _positive(self, "eval_every", optional=True)
         _positive(self, "profile_steps", optional=True)
+        _positive(self, "generation_num_beams")
+        _positive(self, "generation_max_new_tokens", optional=True)
         _choice(self, "log", LOGS)
         _check_reporting(self)
 
@@ -637,6 +680,10 @@ class TrainConfig(
     def __post_init__(self) -> None:
         _coerce_types(self)
         _check_finite(self)
+        if self.task is not None:  # an alias may say more than its task (--task translation: BLEU and chrF)
+            for key, value in tasks.implied(self.task).items():
+                if getattr(self, key) is None:
+                    setattr(self, key, value)
         for section in SECTIONS:
             section._check(self)
         # rules across sections

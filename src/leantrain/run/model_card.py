@@ -38,6 +38,12 @@ _HUB_METRICS = {
     "pearson": "pearsonr",
     "spearman": "spearmanr",
     "mse": "mse",
+    "rouge1": "rouge",
+    "rouge2": "rouge",
+    "rougeL": "rouge",
+    "rougeLsum": "rouge",
+    "bleu": "bleu",
+    "chrf": "chrf",
     "mae": "mae",
     "perplexity": "perplexity",
 }
@@ -124,9 +130,7 @@ def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str
         "## Use",
         "",
         "```python",
-        "from transformers import pipeline",
-        "",
-        f'model = pipeline("{task}", model="path/to/this/folder")',
+        *_usage(task),
         "```",
         "",
         "## Training configuration",
@@ -142,6 +146,21 @@ def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str
         *(f"- {lib}: {version}" for lib, version in _versions(version)),
         "",
     ]
+
+
+def _usage(task: str) -> list[str]:
+    """How to load the model: its `pipeline`; a sequence-to-sequence model through its AutoModel class and
+    `generate` (transformers 5 removed the text2text-generation pipeline)."""
+    if task == "text2text-generation":
+        return [
+            "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+            "",
+            'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+            'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/folder")',
+            'inputs = tokenizer(["a text to transform"], return_tensors="pt", return_token_type_ids=False)',
+            "print(tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True))",
+        ]
+    return ["from transformers import pipeline", "", f'model = pipeline("{task}", model="path/to/this/folder")']
 
 
 def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:

@@ -97,6 +97,12 @@ class Task(ABC):
             raise ConfigError(f"--problem-type {problem} is for text classification, not the {cls.name} task")
         return cls(cfg)
 
+    @classmethod
+    def cannot_train(cls, model_config: Any, able: list[str]) -> str:
+        """Why `--task NAME` refuses a model whose type does only the tasks `able`: one line with the fix."""
+        kind = getattr(model_config, "model_type", None)
+        return f"--task {cls.name}: a '{kind}' model cannot do it (it does {', '.join(able)})"
+
     # -- data and model ----------------------------------------------------------------------------------
     @abstractmethod
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:

@@ -47,6 +47,11 @@ class CausalLM(Task):
     #: whether training runs the output head and the loss in one chunked pass (`forward`); set by `check_model`
     fuses_head_loss: bool = False
 
+    @property
+    def packing(self) -> bool:
+        """--packing: on unless --no-packing."""
+        return self.cfg.packing is not False
+
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
         from leantrain.data.lm import is_text_source, load_documents, pack
@@ -90,11 +95,11 @@ class CausalLM(Task):
         if self.instruction:
             docs, eval_docs = self._keep_completions(docs, eval_docs, notes)
             # whole documents per row; evaluation one per row, so that exact match is per example
-            train_rows = pack(docs, cfg.max_length, cfg.packing, whole=True)
+            train_rows = pack(docs, cfg.max_length, self.packing, whole=True)
         else:
-            train_rows = pack(docs, cfg.max_length, cfg.packing)
+            train_rows = pack(docs, cfg.max_length, self.packing)
         eval_rows = self._eval_rows(eval_docs)
-        how = "packed into" if cfg.packing else "one document per row (padded),"
+        how = "packed into" if self.packing else "one document per row (padded),"
         notes.append(
             f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
             f"most {cfg.max_length} tokens"
@@ -115,7 +120,7 @@ class CausalLM(Task):
         """Instruction data one document per row (exact match is per example); plain text as training packs it."""
         from leantrain.data.lm import pack
 
-        return pack(docs, self.cfg.max_length, packing=self.cfg.packing and not self.instruction)
+        return pack(docs, self.cfg.max_length, packing=self.packing and not self.instruction)
 
     def _keep_completions(self, docs, eval_docs, notes: list[str]):
         """Instruction rows cut to --max-length; rows left without a completion token are skipped and counted."""
@@ -165,7 +170,7 @@ class CausalLM(Task):
         return model
 
     def check_model(self, model: torch.nn.Module) -> None:
-        if self.cfg.packing:  # after the attention choice: the kernel that will run must keep documents apart
+        if self.packing:  # after the attention choice: the kernel that will run must keep documents apart
             check_packing_separates(model)
         # A compiled model keeps the full logits: a data-dependent row count would give it a graph per batch.
         self.selects_logits = not self.cfg.compile and head_rows_work(model)
@@ -174,7 +179,7 @@ class CausalLM(Task):
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator
 
-        return LMCollator(data.processor.pad_token_id, packing=self.cfg.packing)
+        return LMCollator(data.processor.pad_token_id, packing=self.packing)
 
     # -- a step --------------------------------------------------------------------------------------------------
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -340,45 +345,51 @@ def head_loss(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor)
         del head.forward
 
 
-def head_loss_works(model: Any) -> bool:
+def _probe_inputs(model: Any, decoder: bool) -> dict[str, Any]:
+    """One short row of valid ids for the checks below (with `decoder`: the decoder's too, an encoder-decoder's)."""
+    vocab = int(getattr(model.config, "vocab_size", None) or 16)  # any valid ids will do
+    device = next(model.parameters()).device
+    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(device)
+    return {"input_ids": ids, **({"decoder_input_ids": ids} if decoder else {}), "use_cache": False}
+
+
+def head_loss_works(model: Any, decoder: bool = False) -> bool:
     """Whether `head_loss` gives the loss of the chosen positions' logits: the head must be a plain linear layer
     (not an adapter's or a quantized one, whose weight is not the whole map) and the model must hand its output on
-    unchanged (no scaling or capping of the logits). One short row, fused against the model's own logits."""
+    unchanged (no scaling or capping of the logits). One short row, fused against the model's own logits (with
+    `decoder`: the positions are the decoder's)."""
     head = getattr(model, "get_output_embeddings", lambda: None)()
     if type(head) is not torch.nn.Linear:
         return False
-    vocab = int(model.config.vocab_size)
-    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(head.weight.device)
-    keep = torch.tensor([[False, True, True, False, True, False]], device=ids.device)
-    targets = ids[keep].flip(0)
+    inputs = _probe_inputs(model, decoder)
+    keep = torch.tensor([[False, True, True, False, True, False]], device=head.weight.device)
+    targets = inputs["input_ids"][keep].flip(0)
 
     def fused() -> torch.Tensor:
         with head_loss(model, keep, targets):
-            return model(input_ids=ids, use_cache=False).logits
+            return model(**inputs).logits
 
     def whole() -> torch.Tensor:
-        logits = model(input_ids=ids, use_cache=False).logits[keep]
+        logits = model(**inputs).logits[keep]
         return F.cross_entropy(logits.float(), targets, reduction="sum")
 
     return same_logits(model, whole, fused)
 
 
-def head_rows_work(model: Any) -> bool:
+def head_rows_work(model: Any, decoder: bool = False) -> bool:
     """Whether `head_rows` gives the chosen positions' logits: the model's logits must be its output embeddings'
     output, row for row (not so for a model without them, or one that reshapes or recomputes its logits). One
-    short row through the model, with and without the cut."""
+    short row through the model, with and without the cut (with `decoder`: the positions are the decoder's)."""
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
         return False
-    vocab = int(getattr(model.config, "vocab_size", None) or 16)  # any valid ids will do
-    device = next(model.parameters()).device
-    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(device)
-    keep = torch.tensor([[False, True, True, False, True, False]], device=device)
+    inputs = _probe_inputs(model, decoder)
+    keep = torch.tensor([[False, True, True, False, True, False]], device=inputs["input_ids"].device)
 
     def cut() -> torch.Tensor:
         with head_rows(model, keep):
-            return model(input_ids=ids, use_cache=False).logits
+            return model(**inputs).logits
 
-    return same_logits(model, lambda: model(input_ids=ids, use_cache=False).logits[keep], cut)
+    return same_logits(model, lambda: model(**inputs).logits[keep], cut)
 
 
 def next_token_targets(labels: torch.Tensor) -> torch.Tensor:

@@ -67,8 +67,10 @@ class MetricsLogger:
         self.meter.add(len(batch["index"]), int(batch["num_tokens"]), int(batch["padded_tokens"]))
         inputs = task.model_inputs(batch)
         main = next(v for k, v in inputs.items() if k != "attention_mask")
-        # packed rows: attention per document; tail rows: the model's tail only where `task.forward` ran it
-        self.flops.add(main, batch.get("attention_mask"), batch.get("position_ids"), task.tail_rows(batch))
+        # packed rows: attention per document; tail rows: the model's tail only where `task.forward` ran it; an
+        # encoder-decoder's targets (`target_mask`)
+        mask, positions, targets = (batch.get(k) for k in ("attention_mask", "position_ids", "target_mask"))
+        self.flops.add(main, mask, positions, task.tail_rows(batch), targets)
 
     def step_started(self) -> None:
         if self.cfg.compile:
