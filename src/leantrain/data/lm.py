@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from leantrain.data.batching import slot_fields
+from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_table
 from leantrain.data.tokenize import (
     TokenizedText,
@@ -71,6 +72,18 @@ class TokenRows:
 
         offsets, take = subset_positions(self.offsets, rows)
         return TokenRows(self.input_ids[take], self.labels[take], self.position_ids[take], offsets)
+
+    @staticmethod
+    def concat(parts: list[TokenRows]) -> TokenRows:
+        """The rows of `parts`, end to end (a mixture's sources)."""
+        from leantrain.data.tokenize import concat_offsets
+
+        return TokenRows(
+            np.concatenate([p.input_ids for p in parts]),
+            np.concatenate([p.labels for p in parts]),
+            np.concatenate([p.position_ids for p in parts]),
+            concat_offsets([p.offsets for p in parts]),
+        )
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
@@ -186,6 +199,7 @@ def load_documents(
         if not docs:
             raise DataError(f"{source}: no non-empty text in {where}")
         tokens = tokenize_documents(tokenizer, docs)
+        tokens.hashes = text_hashes(docs)
     else:
         tokens, report, where = _read_table_documents(source, tokenizer, text_column, options, split, train_on_prompt)
     meta = {"columns": {"text": where}, "report": report.__dict__}
@@ -207,7 +221,9 @@ def _read_table_documents(
         docs, where = _table_texts(df, source, text_column, report)
         if not docs:
             raise DataError(f"{source}: no non-empty text in {where}")
-        return tokenize_documents(tokenizer, docs), report, where
+        tokens = tokenize_documents(tokenizer, docs)
+        tokens.hashes = text_hashes(docs)
+        return tokens, report, where
     tokens = instructions.tokenize_table(df, kind, tokenizer, source, train_on_prompt, report)
     return tokens, report, "columns 'prompt', 'completion'" if kind == "prompt" else "column 'messages'"
 

@@ -188,6 +188,15 @@ class MediaFeatures:
     def subset(self, rows: np.ndarray) -> MediaFeatures:
         return MediaFeatures({k: v[rows] for k, v in self.arrays.items()}, self.norm)
 
+    @staticmethod
+    def concat(parts: list[MediaFeatures]) -> MediaFeatures:
+        """The rows of `parts`, end to end (a mixture's sources): the same inputs, processed alike."""
+        first = parts[0]
+        for p in parts[1:]:
+            if p.arrays.keys() != first.arrays.keys() or p.norm != first.norm or p.input_shapes != first.input_shapes:
+                raise DataError("the sources of a mixture give inputs of different shapes; process them alike")
+        return MediaFeatures({k: np.concatenate([p.arrays[k] for p in parts]) for k in first.arrays}, first.norm)
+
     @property
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: (1, *v.shape[1:]) for k, v in self.arrays.items()}
@@ -650,8 +659,9 @@ def _load_cached(path: Path) -> MediaSource | None:
 # --- train and eval sets ----------------------------------------------------------------------------
 
 
-def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
-    """Load (or reuse) the processed training and evaluation sets that `cfg` describes (a PreparedData)."""
+def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path, codec=None):
+    """Load (or reuse) the processed training and evaluation sets that `cfg` describes (a PreparedData); `codec` turns
+    labels into targets (`data.labels`; default: class ids, checked against the training labels)."""
     import pandas as pd
 
     from leantrain.data.columns import Columns, build_label_map
@@ -684,10 +694,15 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
         pattern_rows = np.flatnonzero(matches)
     held = set(pattern_rows.tolist()) if pattern_rows is not None else set()
     train_labels = [x for i, x in enumerate(train_src.labels) if i not in held]
-    label_names = build_label_map(pd.Series(train_labels), train_src.path, train_src.label_from)
+    if codec is not None:
+        label_names = codec.fit(train_labels, train_src.path, train_src.label_from)
+    else:
+        label_names = build_label_map(pd.Series(train_labels), train_src.path, train_src.label_from)
     label_id = {name: i for i, name in enumerate(label_names)}
 
     def ids(labels: list[str], src: MediaSource) -> np.ndarray:
+        if codec is not None:
+            return codec.encode(labels, src.path, src.label_from)
         unseen = sorted(set(labels) - set(label_id))
         if unseen:
             raise DataError(
@@ -697,7 +712,11 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
         return np.array([label_id[x] for x in labels], dtype=np.int64)
 
     if pattern_rows is not None:
-        y = np.array([label_id.get(x, -1) for x in train_src.labels], dtype=np.int64)
+        y = (
+            ids(train_src.labels, train_src)
+            if codec is not None
+            else np.array([label_id.get(x, -1) for x in train_src.labels], dtype=np.int64)
+        )
         all_data = Examples(train_src.features, y)
         eval_set = all_data.subset(pattern_rows)
         ids([train_src.labels[i] for i in pattern_rows], train_src)

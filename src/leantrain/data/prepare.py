@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from leantrain.data.columns import Columns, normalise_labels, resolve_columns
+from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
 from leantrain.data.split import stratified_split
 from leantrain.data.tokenize import (
@@ -35,6 +36,8 @@ class Examples:
 
     features: Any
     labels: np.ndarray  # int64 class ids (a task of one's own may hold other labels)
+    #: a mixture's sources, where each one's rows sit (`data.mixture`); empty: one source
+    spans: tuple[Any, ...] = ()
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -42,6 +45,11 @@ class Examples:
     @property
     def lengths(self) -> np.ndarray:
         return self.features.lengths
+
+    @property
+    def hashes(self) -> np.ndarray | None:
+        """Each row's hash of its normalised text (`data.dedupe`); None for inputs without text."""
+        return getattr(self.features, "hashes", None)
 
     def subset(self, rows: np.ndarray) -> Examples:
         return Examples(self.features.subset(rows), self.labels[rows])
@@ -115,6 +123,7 @@ def load_source(
     texts = df[cols.text].astype(str).tolist()
     pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
     tokens = tokenize(tokenizer, texts, pairs, max_length)
+    tokens.hashes = text_hashes(texts, pairs)
     meta = {"columns": cols.__dict__, "report": report.__dict__}
     try:
         save_cached(path, tokens, labels, meta)

@@ -16,13 +16,21 @@ class TextClassification(Classification):
     streams: ClassVar[bool] = True
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data.combine import SourceData, prepare_sources
         from leantrain.data.prepare import prepare_data
         from leantrain.model import loading
 
         tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
         self._check_length(model_config, tokenizer)
-        data = prepare_data(self.cfg, tokenizer, Path(self.cfg.cache_dir), self.label_codec())
-        return TaskData(data.train, data.eval, list(data.label_names), tokenizer, list(data.notes))
+        cache = Path(self.cfg.cache_dir)
+
+        def read(cfg: Any, codec: Any) -> SourceData:
+            data = prepare_data(cfg, tokenizer, cache, codec)
+            return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
+
+        codec = self.label_codec if self.label_codec() is not None else None
+        data = prepare_sources(self.cfg, read, codec=codec)
+        return TaskData(data.train, data.eval, data.label_names, tokenizer, data.notes, sources=data.facts())
 
     def label_codec(self) -> Any:
         """How labels become targets (`data.labels`); None: class ids (numbers, sets of classes)."""

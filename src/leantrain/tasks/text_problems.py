@@ -77,6 +77,9 @@ class TextRegression(_FloatTargets):
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return F.mse_loss(outputs.logits.float().squeeze(-1), batch["labels"], reduction="sum")
 
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        return F.mse_loss(outputs.logits.detach().float().squeeze(-1), batch["labels"], reduction="none")
+
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {"preds": outputs.logits.float().squeeze(-1), "labels": batch["labels"]}
 
@@ -105,6 +108,10 @@ class TextMultiLabel(_FloatTargets):
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs.logits.float(), batch["labels"], reduction="sum")
+
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        logits = outputs.logits.detach().float()
+        return F.binary_cross_entropy_with_logits(logits, batch["labels"], reduction="none").sum(-1)
 
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         logits = outputs.logits.float()

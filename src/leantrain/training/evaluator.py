@@ -10,11 +10,15 @@ from leantrain.training.hooks import Hooks
 
 
 class Evaluator:
-    """Owns the evaluation policy (every `every` optimizer steps, and once at the end) and the eval loader."""
+    """Owns the evaluation policy (every `every` optimizer steps, and once at the end) and the eval loader. With a
+    mixture's `spans` (where each source's evaluation rows sit) it also scores each source on its own rows."""
 
-    def __init__(self, task: Task, loader, accelerator, every: int | None, hooks: Hooks | None = None):
+    def __init__(self, task: Task, loader, accelerator, every: int | None, hooks: Hooks | None = None, spans=()):
         self.task, self.loader, self.accelerator, self.every = task, loader, accelerator, every
         self.hooks = hooks or Hooks()
+        self.spans = tuple(spans)
+        #: the latest evaluation's scores of each source's rows (empty: one source)
+        self.by_source: dict[str, dict[str, float]] = {}
 
     def should_evaluate(self, step: int, total_steps: int) -> bool:
         """Mid-run evaluations; the final one is the caller's (`evaluate()` after the loop)."""
@@ -23,6 +27,11 @@ class Evaluator:
     def evaluate(self, model) -> dict[str, float]:
         rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks)
         self.hooks.on_evaluated(rows)
+        self.by_source = {}
+        for span in self.spans:  # the same rows, scored per source (each source's own eval loss, perplexity, ...)
+            own = (rows["index"] >= span.start) & (rows["index"] < span.stop)
+            if own.any():
+                self.by_source[span.name] = self.task.scores({k: v[own] for k, v in rows.items()})
         return self.task.scores(rows)
 
 
