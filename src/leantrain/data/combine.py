@@ -85,15 +85,15 @@ def prepare_sources(
     read: Reader,
     *,
     codec: Callable[[], Any] | None = None,
-    finish: Callable[[Any], Examples] | None = None,
+    finish: Callable[[Any, Any], tuple[Examples, Examples]] | None = None,
     tokens: bool = True,
     what: str = "text",
 ) -> Prepared:
     """Read every source of `cfg.data` with `read`, then count and drop duplicates, merge labels and mix.
 
     `codec` makes a label codec (None: the task's labels are class ids, or it has none); `finish` turns a source's
-    units into examples after deduplication (a language model packs its documents); `tokens`: whether examples have
-    tokens (`--mix-by tokens`); `what`: the kind of rows, for messages."""
+    training and evaluation units into examples after deduplication (a language model packs its documents);
+    `tokens`: whether examples have tokens (`--mix-by tokens`); `what`: the kind of rows, for messages."""
     specs = sources_of(cfg)
     _check_run(cfg, specs, tokens, what)
     mixed = is_mixture(specs)
@@ -105,6 +105,7 @@ def prepare_sources(
     notes = [note for d in loaded for note in d.notes]
     found = _overlap(cfg, specs, loaded, notes)
     finished = [_finish(d, finish) for d in loaded]
+    _check_alike(specs, finished)
     label_names = _merge_labels(specs, loaded, finished, codec) if mixed else list(loaded[0].label_names)
     for spec, (train, _) in zip(specs, finished):
         if len(train) == 0:
@@ -146,8 +147,20 @@ def _read_one(cfg, spec: SourceSpec, read: Reader, codec: Callable[[], Any] | No
     return data
 
 
-def _finish(data: SourceData, finish: Callable[[Any], Examples] | None) -> tuple[Examples, Examples]:
-    return (data.train, data.eval) if finish is None else (finish(data.train), finish(data.eval))
+def _finish(data: SourceData, finish: Callable[[Any, Any], tuple[Examples, Examples]] | None):
+    return (data.train, data.eval) if finish is None else finish(data.train, data.eval)
+
+
+def _check_alike(specs: list[SourceSpec], finished: list[tuple[Examples, Examples]]) -> None:
+    """Sources feed one model: text pairs in all of them or in none."""
+    paired = [getattr(t.features, "token_type_ids", None) is not None for t, _ in finished]
+    if any(paired) and not all(paired):
+        pairs = ", ".join(s.name for s, p in zip(specs, paired) if p)
+        single = ", ".join(s.name for s, p in zip(specs, paired) if not p)
+        raise DataError(
+            f"--data: sources {pairs} hold text pairs and {single} single texts; a model trains on one kind: give "
+            "every source the same kind of text columns"
+        )
 
 
 def _overlap(cfg, specs: list[SourceSpec], loaded: list[SourceData], notes: list[str]) -> Overlap | None:
@@ -181,6 +194,8 @@ def _merge_labels(
     if codec is not None and not hasattr(loaded[0].codec, "names"):  # numbers (regression): nothing to merge
         return list(loaded[0].label_names)
     per_source = [list(d.codec.names) for d in loaded]
+    if not any(per_source):  # a task without labels (a language model's rows)
+        return []
     merged = merged_names(specs, per_source, [sorted(set(d.codec.names)) for d in loaded])
     index = {name: i for i, name in enumerate(merged)}
     for names, pair in zip(per_source, finished):

@@ -344,11 +344,21 @@ def run_tokenizer(
     source: str, glob: str, text_column: str | None, options: ReadOptions, vocab_size: int, cache_dir: Path
 ):
     """The BPE tokenizer trained on `source`'s documents, cached: a resumed run gets the very same one."""
+    return mixture_tokenizer([(source, glob, text_column, options)], vocab_size, cache_dir)
+
+
+def mixture_tokenizer(sources: list[tuple[str, str, str | None, ReadOptions]], vocab_size: int, cache_dir: Path):
+    """The BPE tokenizer trained on the documents of every source (source, glob, text column, read options), in
+    order, cached: a resumed run gets the very same one."""
     from transformers import PreTrainedTokenizerFast
 
-    key = cache_key(
-        kind="bpe", read=options.key(), source=source_fingerprint(source), text=text_column, glob=glob, vocab=vocab_size
-    )
+    parts = [
+        dict(read=options.key(), source=source_fingerprint(source), text=text_column, glob=glob)
+        for source, glob, text_column, options in sources
+    ]
+    key = cache_key(kind="bpe", **parts[0], vocab=vocab_size) if len(parts) == 1 else cache_key(
+        kind="bpe", sources=parts, vocab=vocab_size
+    )  # fmt: skip
     folder = cache_dir / "tokenizers" / key
     tokenizer = None
     if (folder / "tokenizer.json").is_file():
@@ -357,7 +367,8 @@ def run_tokenizer(
         except (OSError, ValueError) as exc:
             log.warning("cached tokenizer %s is damaged (%s); training it again", folder, exc)
     if tokenizer is None:
-        docs, _, _ = read_documents(source, glob, text_column, options, "train")
+        docs = [d for source, glob, column, options in sources for d in read_documents(
+            source, glob, column, options, "train")[0]]  # fmt: skip
         tokenizer = train_bpe_tokenizer(docs, vocab_size)
         try:
             tokenizer.save_pretrained(str(folder))
