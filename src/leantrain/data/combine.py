@@ -54,7 +54,7 @@ class Prepared:
         out: dict[str, dict[str, Any]] = {}
         for spec in self.specs:
             row: dict[str, Any] = {"path": spec.path, "weight": requested.get(spec.name)}
-            if spec.name in mixed:
+            if spec.name in mixed and hasattr(mixed[spec.name], "span"):
                 row.update(train_rows=len(mixed[spec.name].span), epoch_examples=mixed[spec.name].quota)
             if spec.name in spans:
                 row["eval_rows"] = len(spans[spec.name])
@@ -99,6 +99,8 @@ def prepare_sources(
     mixed = is_mixture(specs)
     loaded = [_read_one(cfg, spec, read, codec, mixed) for spec in specs]
     if getattr(loaded[0].train, "streaming", False):
+        if not mixed:
+            return Prepared(loaded[0].train, loaded[0].eval, list(loaded[0].label_names), loaded[0].notes, specs)
         from leantrain.data.stream_mixture import mix_streams
 
         return mix_streams(cfg, specs, loaded)

@@ -91,6 +91,8 @@ class StreamingExamples:
     seed: int
     #: the label column holds class ids (a `datasets` ClassLabel), not names
     class_ids: bool = False
+    #: a mixture's head: this stream's label id i is the head's remap[i] (None: the stream's own ids)
+    remap: np.ndarray | None = None
     streaming: bool = field(default=True, init=False)
 
     def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
@@ -111,6 +113,14 @@ class StreamingExamples:
     def usable(self, raw: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str | None, int]]:
         """Rows with text and a label, as (text, pair, label id); the others are dropped, as the whole-file
         reader drops them."""
+        if self.remap is None:
+            yield from self._usable(raw)
+            return
+        remap = self.remap.tolist()
+        for text, pair, label in self._usable(raw):
+            yield text, pair, remap[label]
+
+    def _usable(self, raw: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str | None, int]]:
         label_id = {name: i for i, name in enumerate(self.label_names)}
         cols = self.columns
         named: dict[Any, str] = {}  # raw label -> normalised name: a data set holds few distinct labels
