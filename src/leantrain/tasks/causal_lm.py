@@ -84,7 +84,7 @@ class CausalLM(Task):
             notes = [note]
             if cfg.eval_data:
                 options = read_options(cfg, "eval")
-                eval_docs, eval_note = load_documents(cfg.eval_data, "eval", options=options, **common)
+                eval_docs, eval_note = load_documents(cfg.eval_data, split="eval", options=options, **common)
                 notes.append(eval_note)
         finally:
             tokenizer.chat_template = template

@@ -239,10 +239,12 @@ class MetricsLogger:
         """metrics.json's `sources.<name>`: what was asked of each source and found in it, the examples and tokens
         drawn (realised shares), its last logged training loss and its evaluation (`eval_` keys)."""
         assert self.sources is not None
-        last: dict[str, Any] = next((r["sources"] for r in reversed(self.history) if "sources" in r), {})
+        last: dict[str, Any] = {}  # each source's latest logged loss (a window may have held none of its rows)
+        for r in self.history:
+            last.update({n: v["loss"] for n, v in (r.get("sources") or {}).items() if v.get("loss") is not None})
         out = {}
         for name, realised in self.sources.totals(state).items():
-            row = {**given.get(name, {}), **realised, "train_loss": last.get(name, {}).get("loss")}
+            row = {**given.get(name, {}), **realised, "train_loss": last.get(name)}
             out[name] = {**row, **given.get(name, {}).get("eval", {})}
             out[name].pop("eval", None)
         return out
