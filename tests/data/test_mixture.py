@@ -58,14 +58,19 @@ def test_bad_sources_are_refused_in_one_line(value, message):
 def test_sources_round_trip_through_config_yaml_and_the_command_line(tmp_path):
     from leantrain.commands.cli import build_parser, config_from_args
 
-    given = [
-        "a.csv@0.7",
-        {"path": "sms.tsv", "name": "texts", "weight": 0.3, "format": "tsv", "column_names": "label,text", "limit": 500},
-    ]
+    sms = {"path": "sms.tsv", "name": "texts", "weight": 0.3, "format": "tsv", "column_names": "label,text"}
+    given = ["a.csv@0.7", {**sms, "limit": 500}]
     cfg = TrainConfig(data=given, mix_by="tokens", dedupe=True)
     assert cfg.data == [
         {"path": "a.csv", "weight": 0.7},
-        {"path": "sms.tsv", "name": "texts", "weight": 0.3, "column_names": "label,text", "format": "tsv", "limit": 500},
+        {
+            "path": "sms.tsv",
+            "name": "texts",
+            "weight": 0.3,
+            "column_names": "label,text",
+            "format": "tsv",
+            "limit": 500,
+        },  # noqa: E501
     ]
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -85,7 +90,8 @@ def test_sources_round_trip_through_config_yaml_and_the_command_line(tmp_path):
 def fake_examples(lengths: list[int] | np.ndarray) -> Examples:
     lengths = np.asarray(lengths, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    return Examples(TokenizedText(np.ones(int(lengths.sum()), dtype=np.int32), offsets), np.zeros(len(lengths), np.int64))
+    tokens = TokenizedText(np.ones(int(lengths.sum()), dtype=np.int32), offsets)
+    return Examples(tokens, np.zeros(len(lengths), np.int64))
 
 
 def three_sources(by: str = "examples"):

@@ -236,12 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="RUN_OR_MODEL")
     p.add_argument(
         "--data",
-        required=True,
         help="Labelled file to score, or a folder of images or audio files; for a language model, text (a .txt "
-        "file, a folder of them, or a table; instruction rows add exact match).",
+        "file, a folder of them, or a table; instruction rows add exact match). Default: the run's own held-out "
+        "rows, held out as the run held them out.",
     )
     p.add_argument(
-        "--metrics", help="Metrics to report, comma-separated, as `train --metrics` (default: accuracy,macro_f1)."
+        "--metrics",
+        help="Metrics to report, comma-separated, as `train --metrics` (default: the run's, else accuracy,macro_f1).",
     )
     _add_column_flags(p, label=True)
     p.add_argument(
@@ -292,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
+    from leantrain.config.sections import PRECISIONS
+
+    p.add_argument(
+        "--precision",
+        choices=[c for c in PRECISIONS if c != "auto"],
+        help="Compute in this precision (default: the run's own; fp32 for a model leantrain did not train).",
+    )
     p.add_argument("--text-column")
     p.add_argument("--text-pair-column")
     if label:
@@ -304,7 +312,7 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
     p.add_argument("--max-length", type=int, default=None, help=f"Cut inputs at this many tokens (default: {default}).")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, help="Examples per batch (default: the run's evaluation batch, else 64).")
     # how to read --data, as `train` reads it
     p.add_argument("--format", choices=DATA_FORMATS, help="Read --data in this format whatever its suffix.")
     p.add_argument("--column-names", help="Comma-separated column names for a CSV/TSV file without a header row.")
@@ -378,22 +386,19 @@ def _print_config(cfg: TrainConfig) -> int:
     """`train --print-config`: the config as the run would record it, without training."""
     import yaml
 
-    from leantrain import parallel
     from leantrain.config import resolved_values
-    from leantrain.model import loading
-    from leantrain.tasks import resolve
+    from leantrain.job import assemble
+    from leantrain.tasks.registry import recorded_name
     from leantrain.training.early_stopping import resolve_metric
 
-    cfg = cfg.resolved()
-    model_path = loading.resolve_model(None if cfg.model == loading.EMBEDDED_MODEL else cfg.model)
-    task = resolve(cfg, loading.load_config(model_path, trust_remote_code=cfg.trust_remote_code))
-    precision, why = parallel.choose_precision(cfg.precision)
-    processes = cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
+    job = assemble(cfg)
+    processes = job.cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
     values = resolved_values(
-        cfg, precision=precision, metric_for_best=resolve_metric(cfg, task), num_processes=processes
-    )
-    print(f"# precision {precision}: {why}")
-    if cfg.auto:
+        job.cfg, precision=job.precision, metric_for_best=resolve_metric(job.cfg, job.task), num_processes=processes,
+        task=recorded_name(type(job.task)),
+    )  # fmt: skip
+    print(f"# precision {job.precision}: {job.precision_why}")
+    if job.cfg.auto:
         print("# --auto: the planner sets precision, activation checkpointing, optimizer and the batch split at start")
     print(yaml.safe_dump(values, sort_keys=False).rstrip())
     return 0
@@ -463,13 +468,15 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from leantrain import tasks
     from leantrain.model import loading
 
     if args.num_labels < 1:
         raise LeantrainError(f"--num-labels must be a positive integer, got {args.num_labels}")
     path = loading.resolve_model(args.model)
-    task = loading.infer_task(loading.load_config(path))
-    model = loading.load_for_classification(path, [f"LABEL_{i}" for i in range(args.num_labels)], task=task)
+    task = tasks.task_class(tasks.infer(loading.load_config(path)))
+    labels = [f"LABEL_{i}" for i in range(args.num_labels)]
+    model = loading.load_for_classification(path, labels, auto_model=task.auto_model)
     counts = loading.count_parameters(model)
     print(model.config)
     print(f"architecture     {type(model).__name__}")
@@ -504,6 +511,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         label_separator=args.label_separator,
         threshold=args.multi_label_threshold,
         read=_read_options(args),
+        precision=args.precision,
     )
     if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
         from leantrain.tasks.scoring import format_report
@@ -534,6 +542,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         threshold=args.multi_label_threshold,
         chat=args.chat,
         read=_read_options(args),
+        precision=args.precision,
     )
     write_predictions(rows, args.output, sys.stdout)
     return 0

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from leantrain import tasks
 from leantrain.errors import ConfigError
 from leantrain.model import optimizers
 
@@ -53,9 +54,6 @@ ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
-TASKS = ("text-classification", "image-classification", "audio-classification", "causal-lm", "text-generation")
-#: --task spellings that name another task
-TASK_ALIASES = {"text-generation": "causal-lm"}
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 QUANTIZE = ("4bit", "8bit")  # LoRA
@@ -77,7 +75,8 @@ class ModelConfig:
         default=None,
     )
     task: str | None = _help(
-        f"What the model learns: {'|'.join(TASKS)}. Default: inferred from the model's config (text when unclear).",
+        f"What the model learns: {'|'.join(tasks.spellings())}. Default: inferred from the model's config (text "
+        "classification when unclear).",
         default=None,
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
@@ -132,8 +131,7 @@ class ModelConfig:
 
     def _check(self) -> None:
         if self.task is not None:
-            _choice(self, "task", TASKS)
-            self.task = TASK_ALIASES.get(self.task, self.task)
+            self.task = tasks.canonical(self.task)  # an alias names its task; an unknown name is refused
         _check_lora(self)
         _check_problem(self)
 
@@ -938,10 +936,14 @@ def _check_schedule(cfg: OptimizationConfig) -> None:
     _positive(cfg, "eval_batch_size", optional=True)
 
 
-def resolved_values(cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int) -> dict[str, Any]:
-    """config.yaml's content: what ran, not what was asked (`precision: bf16`, not `auto`)."""
+def resolved_values(
+    cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int, task: str | None = None
+) -> dict[str, Any]:
+    """config.yaml's content: what ran, not what was asked (`precision: bf16`, not `auto`; the task that ran, as
+    `tasks.registry.recorded_name` finds it again)."""
     values = cfg.to_dict()
     values.update(
+        task=task or cfg.task,
         precision=precision,
         metric_for_best=metric_for_best,
         eval_batch_size=cfg.eval_batch_size or 2 * cfg.batch_size,

@@ -178,8 +178,9 @@ class ModelFacts:
     inventory: ParamInventory
     #: the config as a JSON string (to build proxies, and a hashable cache key)
     config_json: str
-    #: "text-classification" or "causal-lm": which head the proxies get and which loss they run
-    task: str = "text-classification"
+    #: how the planner models it (its task's `planner`): "classifier" or "causal-lm": which head the proxies get and
+    #: which loss they run
+    kind: str = "classifier"
     #: vocabulary size: a causal LM's logits hold one score per token and vocabulary entry
     vocab: int = 0
 
@@ -279,13 +280,11 @@ def _layers_attr(config) -> str:
     raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs a transformer")
 
 
-#: the tasks the planner models: a text encoder with a classification head, a causal language model
-PLANNED_TASKS = ("text-classification", "causal-lm")
-
-
-def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None) -> ModelFacts:
+def model_facts(
+    model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None, task: str | None = None
+) -> ModelFacts:
     """Read the model's config (or take `config`: a preset's, sized to the run's tokenizer) and count its
-    parameters on the meta device (nothing is allocated)."""
+    parameters on the meta device (nothing is allocated). `task`: the run's --task (else the model's own)."""
     from leantrain.model import loading
 
     if config is None:
@@ -293,12 +292,7 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         config = loading.load_config(
             path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
         )
-    task = loading.infer_task(config)
-    if task not in PLANNED_TASKS:
-        raise ConfigError(
-            f"{model}: the planner models text encoders and causal language models; "
-            f"a '{getattr(config, 'model_type', '?')}' model ({task}) is planned by hand for now (leantrain bench)"
-        )
+    kind = planner_kind(config, task, model)
     inventory = _inventory(config.to_json_string(), trust_remote_code)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
     return ModelFacts(
@@ -310,7 +304,7 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         layers=int(getattr(config, _layers_attr(config))),
         inventory=inventory,
         config_json=config.to_json_string(),
-        task=task,
+        kind=kind,
         vocab=int(getattr(config, "vocab_size", 0) or 0),
     )
 
@@ -347,11 +341,23 @@ def _build(config, device: str, trust_remote_code: bool = False):
         return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
+def planner_kind(config, task: str | None = None, model: str | None = None) -> str:
+    """How the planner models a model of `config` doing `task` (else its own): the task's `planner`, "classifier"
+    or "causal-lm"; refused in one line for a task the planner does not model."""
+    from leantrain import tasks
+
+    chosen = tasks.task_class(tasks.infer(config, task))
+    if chosen.planner is None:
+        raise ConfigError(
+            f"{model or 'the model'}: the planner models text encoders and causal language models; a "
+            f"'{getattr(config, 'model_type', '?')}' model ({chosen.name}) is planned by hand for now (leantrain bench)"
+        )
+    return chosen.planner
+
+
 def is_causal_lm(config) -> bool:
     """Whether `config` is a causal LM's: its proxies then get the LM head and the per-token loss."""
-    from leantrain.model import loading
-
-    return loading.infer_task(config) == "causal-lm"
+    return planner_kind(config) == "causal-lm"
 
 
 def counted_positions(seq_len: int, counted: float) -> int:
@@ -490,16 +496,44 @@ def activation_profile(
 ) -> ActivationProfile:
     """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc).
     `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only."""
-    import torch
-
     base_config = _config_from_json(config_json)
-    layers_name = _layers_attr(base_config)
     # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
     # changes; a causal LM's logits (one score per token and vocabulary entry) grow with it, so its proxies run at
     # two vocabularies and that share is carried over to the real one, linearly.
     vocab = int(getattr(base_config, "vocab_size", 512) or 512)
     small = min(vocab, 512)
     causal = is_causal_lm(base_config)
+    counts, fused_head = _proxy_counts(config_json, seq_len, precision, checkpointing, lora, counted, small, causal)
+    base, layer, copies_base, copies_layer = _split_counts(counts, small, checkpointing)
+    full = _split_counts(counts, small, False)[1] if checkpointing else 0.0
+    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
+        c = checkpointing
+        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
+        per_entry = (more[4] - more[2]) / 2 / small
+        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
+        base += per_entry * (vocab - small)
+        copies_base += fixed_per_entry * (vocab - small)
+    return ActivationProfile(
+        per_layer=layer,
+        base=base,
+        copies_per_layer=copies_layer,
+        copies_base=copies_base,
+        layer_full=full,
+        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
+        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
+        fused_head=fused_head,
+    )
+
+
+def _proxy_counts(
+    config_json: str, seq_len: int, precision: str, checkpointing: bool, lora, counted: float, small: int, causal: bool
+) -> tuple[dict[tuple[int, int, bool, int], float], bool]:
+    """Saved bytes of proxies with 1 and 2 layers, at batches 2 and 4, with and without checkpointing (as planned),
+    at the small vocabulary (and, for a causal LM, one layer at twice it): {(layers, batch, ckpt, vocab): bytes},
+    and whether the proxies fused the head and the loss."""
+    import torch
+
+    layers_name = _layers_attr(_config_from_json(config_json))
     counts: dict[tuple[int, int, bool, int], float] = {}
     fused_head = False
 
@@ -525,34 +559,17 @@ def activation_profile(
                 count(1, checkpointing, 2 * small)
     finally:
         torch.set_num_threads(threads)
+    return counts, fused_head
 
-    def split(ckpt: bool) -> tuple[float, float, float, float]:
-        # total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer
-        per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
-        fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
-        layer = per_seq[2] - per_seq[1]
-        copies_layer = max(fixed[2] - fixed[1], 0.0)
-        return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
-    base, layer, copies_base, copies_layer = split(checkpointing)
-    full = split(False)[1] if checkpointing else 0.0
-    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
-        c = checkpointing
-        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
-        per_entry = (more[4] - more[2]) / 2 / small
-        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
-        base += per_entry * (vocab - small)
-        copies_base += fixed_per_entry * (vocab - small)
-    return ActivationProfile(
-        per_layer=layer,
-        base=base,
-        copies_per_layer=copies_layer,
-        copies_base=copies_base,
-        layer_full=full,
-        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
-        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
-        fused_head=fused_head,
-    )
+def _split_counts(counts: dict, small: int, ckpt: bool) -> tuple[float, float, float, float]:
+    """(base, per layer, fixed copies outside the layers, fixed copies per layer) per sequence, from
+    total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer."""
+    per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
+    fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
+    layer = per_seq[2] - per_seq[1]
+    copies_layer = max(fixed[2] - fixed[1], 0.0)
+    return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
 
 def estimate(
@@ -586,7 +603,7 @@ def estimate(
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
-    if facts.task == "causal-lm":
+    if facts.kind == "causal-lm":
         # A causal LM's logits dominate the part outside the layers, and backward meets them first: its peak is at
         # the loss (everything saved, no layer recomputed yet, the logits' gradients in flight) or later in the
         # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever

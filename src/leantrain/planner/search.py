@@ -371,7 +371,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         meta = _build(config, "meta")
         flop = counted_flop_model(meta)
     per_seq = flop.batch_flops(1, request.seq_len)
-    if facts.task == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
+    if facts.kind == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
         from leantrain.planner.memory import counted_positions
         from leantrain.telemetry.flops import row_flops
 
@@ -384,7 +384,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     ]
     if request.num_processes > 1:
         notes.append("memory is per process: each holds a whole replica (no sharding)")
-    if facts.task == "causal-lm":
+    if facts.kind == "causal-lm":
         notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
         if request.counted < 1.0:
             notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")

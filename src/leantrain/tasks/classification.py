@@ -31,6 +31,8 @@ class Classification(Task):
         self.weight_spec: str | None = getattr(cfg, "class_weights", None)
         self.class_weights: np.ndarray | None = None  # per class id, from the training data (loss_units)
         self._weights_tensor: torch.Tensor | None = None
+        #: at inference, the trained model's class names (set by `prediction_data`)
+        self.class_names: list[str] = []
 
     #: the encoder's last layer after its attention, run at the first token only (`forward`); set by `check_model`
     tail: FirstTokenTail | None = None
@@ -106,6 +108,27 @@ class Classification(Task):
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         names = {"accuracy": "eval accuracy", "macro_f1": "eval macro-F1", "f1": "eval F1", "loss": "eval loss"}
         return [(names.get(k, f"eval {k.replace('_', ' ')}"), f"{v:.4f}") for k, v in metrics.items()]
+
+    # -- inference -------------------------------------------------------------------------------------------------
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        """The per-class table and the confusion matrix (rows: true class, columns: predicted), and the counts."""
+        from leantrain.tasks.scoring import classification_report
+
+        return {**classification_report(rows["probs"], rows["labels"], data.label_names), **data.facts}
+
+    def prediction_rows(self, rows: dict[str, np.ndarray], shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each input with its most probable class, that class's probability and every class's."""
+        names = self.class_names
+        out: list[dict[str, Any]] = [{} for _ in shown]
+        for p, i in zip(rows["probs"], rows["index"]):
+            best = int(p.argmax())
+            out[i] = {
+                **shown[i],
+                "label": names[best],
+                "score": float(p[best]),
+                "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)},
+            }
+        return out
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from leantrain.tasks.base import Task
-from leantrain.tasks.evaluation import gather_rows
+from leantrain.tasks.evaluation import gather_rows, scores_by_source
 from leantrain.training.hooks import Hooks
 
 
@@ -27,11 +27,7 @@ class Evaluator:
     def evaluate(self, model) -> dict[str, float]:
         rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks)
         self.hooks.on_evaluated(rows)
-        self.by_source = {}
-        for span in self.spans:  # the same rows, scored per source (each source's own eval loss, perplexity, ...)
-            own = (rows["index"] >= span.start) & (rows["index"] < span.stop)
-            if own.any():
-                self.by_source[span.name] = self.task.scores({k: v[own] for k, v in rows.items()})
+        self.by_source = scores_by_source(self.task, rows, self.spans)  # each source's own eval loss, perplexity...
         return self.task.scores(rows)
 
 

@@ -143,13 +143,9 @@ class Trainer:
         """--attention: the kernel, then the task's checks of the model as it will run."""
         from leantrain.model import attention
 
-        name, why = attention.choose(self.cfg.attention, self.model, self.accelerator.device.type, self.precision)
+        name, why = attention.set_up(self.model, self.cfg.attention, self.accelerator.device.type, self.precision)
         if name is not None:
-            running = attention.apply(self.model, name, forced=self.cfg.attention != "auto")
-            if running != name:
-                why = f"{name} was chosen ({why}), but {type(self.model).__name__} cannot run it"
-            self.say.info(f"attention: {running} ({why})")
-            name = running
+            self.say.info(f"attention: {name} ({why})")
         self.attention = name
         self.task.check_model(self.model)
 
@@ -161,7 +157,7 @@ class Trainer:
     def _build_batches(self) -> None:
         from torch.utils.data import DataLoader
 
-        from leantrain.data.batching import ExamplesDataset, eval_batches
+        from leantrain.tasks.evaluation import eval_loader
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
         # whole examples (GlobalBatchSampler) or a stream (--streaming): the same global batches either way
@@ -177,12 +173,8 @@ class Trainer:
             generator=torch.Generator(),
             num_workers=cfg.dataloader_num_workers,
         )
-        self.eval_loader = DataLoader(
-            ExamplesDataset(data.eval),
-            batch_sampler=eval_batches(data.eval.lengths, cfg.eval_batch_size or cfg.batch_size * 2),
-            collate_fn=self.task.collator(data, train=False),
-            generator=torch.Generator(),
-            num_workers=cfg.dataloader_num_workers,
+        self.eval_loader = eval_loader(
+            self.task, data, cfg.eval_batch_size or cfg.batch_size * 2, cfg.dataloader_num_workers
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch()  # None: a stream's, unknown until it ends
         if self.steps_per_epoch == 0:
@@ -609,13 +601,17 @@ class Trainer:
 
         cfg, acc = self.cfg, self.accelerator
         metric = cfg.metric_for_best or self.state.best_metric
-        return resolved_values(cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes)
+        from leantrain.tasks.registry import recorded_name
+
+        return resolved_values(
+            cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes,
+            task=recorded_name(type(self.task)),
+        )  # fmt: skip
 
     def _publish(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None = None) -> None:
         import json
 
-        import yaml
-
+        from leantrain.config.saved import write_run_config
         from leantrain.model.lora import ADAPTER_DIR, for_publishing
         from leantrain.run import directory
         from leantrain.run.model_card import write_model_card
@@ -636,9 +632,9 @@ class Trainer:
             data=data,
             metrics=metrics,
             config=self.resolved_config(),
-            task=self.task.name,
+            task=self.task.pipeline or self.task.name,  # the pipeline its model serves
         )
-        (staging / "config.yaml").write_text(yaml.safe_dump(self.resolved_config(), sort_keys=False))
+        write_run_config(staging, self.resolved_config())
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
             try:
