@@ -56,6 +56,12 @@ def test_each_source_is_scored_on_its_own_rows_as_evaluate_scores_them(job, tmp_
         assert mine["eval_rows"] == alone["examples"]
         for key in ("accuracy", "macro_f1", "loss"):
             assert mine[f"eval_{key}"] == pytest.approx(alone[key], abs=1e-5), (name, key)
+    # `leantrain evaluate RUN` rescores the run's own held-out rows: each source as the run reported it
+    again = evaluate(str(result.output_dir))
+    assert again["loss"] == pytest.approx(metrics["eval_loss"], abs=1e-5)
+    for name, mine in metrics["sources"].items():
+        assert again["sources"][name]["accuracy"] == pytest.approx(mine["eval_accuracy"], abs=1e-6)
+        assert again["sources"][name]["loss"] == pytest.approx(mine["eval_loss"], abs=1e-5)
     # the pooled figures are every evaluation row's; the log has each source's evaluation at every one
     assert metrics["sources"]["reviews"]["eval_loss"] != metrics["sources"]["notes"]["eval_loss"]
     rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from leantrain.data.dedupe import Overlap, overlap
-from leantrain.data.mixture import SourceSpan, mix
+from leantrain.data.mixture import SourceSpan, merged_names, mix, pooled_eval
 from leantrain.data.prepare import Examples
 from leantrain.data.spec import SourceSpec, is_mixture, parse_sources
 from leantrain.errors import ConfigError, DataError
@@ -99,11 +99,7 @@ def prepare_sources(
     mixed = is_mixture(specs)
     loaded = [_read_one(cfg, spec, read, codec, mixed) for spec in specs]
     if getattr(loaded[0].train, "streaming", False):
-        if not mixed:
-            return Prepared(loaded[0].train, loaded[0].eval, list(loaded[0].label_names), loaded[0].notes, specs)
-        from leantrain.data.stream_mixture import mix_streams
-
-        return mix_streams(cfg, specs, loaded)
+        return _streamed(cfg, specs, loaded, mixed)
     notes = [note for d in loaded for note in d.notes]
     found = _overlap(cfg, specs, loaded, notes)
     finished = [_finish(d, finish) for d in loaded]
@@ -115,9 +111,19 @@ def prepare_sources(
     if not mixed or (len(specs) == 1 and (specs[0].repeat or 1) == 1):
         return Prepared(finished[0][0], finished[0][1], label_names, notes, specs, found)
     mixture = mix([(s.name, t) for s, (t, _) in zip(specs, finished)], specs, getattr(cfg, "mix_by", "examples"))
-    evaluation = _pooled_eval([(s.name, e) for s, (_, e) in zip(specs, finished)])
+    evaluation = pooled_eval([(s.name, e) for s, (_, e) in zip(specs, finished)])
     notes.append(describe(mixture))
     return Prepared(mixture, evaluation, label_names, notes, specs, found)
+
+
+def _streamed(cfg, specs: list[SourceSpec], loaded: list[SourceData], mixed: bool) -> Prepared:
+    """--streaming: one stream as it is, or several mixed window by window (`data.stream_mixture`)."""
+    if not mixed:
+        return Prepared(loaded[0].train, loaded[0].eval, list(loaded[0].label_names), loaded[0].notes, specs)
+    from leantrain.data.stream_mixture import mix_streams
+
+    streams, evaluation, labels, notes = mix_streams(cfg, specs, loaded)
+    return Prepared(streams, evaluation, labels, notes, specs)
 
 
 def _check_run(cfg, specs: list[SourceSpec], tokens: bool, what: str) -> None:
@@ -210,42 +216,6 @@ def _merge_labels(
             elif len(examples.labels):
                 examples.labels = remap[examples.labels]
     return merged
-
-
-def merged_names(specs: list[SourceSpec], per_source: list[list[str]], trained: list[list[str]]) -> list[str]:
-    """The union of the sources' label names: explicit id maps first (they must agree id by id), then the others in
-    the order a single source's would be (numbers numerically, else sorted). Refused when two maps clash."""
-    from leantrain.data.columns import build_label_map
-
-    explicit = [(s, list(s.labels)) for s in specs if s.labels is not None]
-    base: list[str] = []
-    for spec, names in explicit:
-        for i, name in enumerate(names):
-            if i < len(base) and base[i] != name:
-                other = next(s for s, n in explicit if i < len(n) and n[i] == base[i])
-                raise DataError(
-                    f"--data: label id {i} is '{base[i]}' in {other.name} but '{name}' in {spec.name} (labels: "
-                    f"{list(other.labels or ())} against {names}); one head cannot hold both: give the sources the "
-                    "same label order"
-                )
-            if name in base and base.index(name) != i:
-                raise DataError(
-                    f"--data: label '{name}' is id {base.index(name)} in one source and id {i} in {spec.name}; give "
-                    "the sources the same label order"
-                )
-        base = base + names[len(base) :]
-    union = sorted({n for names in per_source for n in names} | set(base))
-    import pandas as pd
-
-    ordered = build_label_map(pd.Series(union), " and ".join(s.path for s in specs), "the sources' labels")
-    return base + [n for n in ordered if n not in base]
-
-
-def _pooled_eval(parts: list[tuple[str, Examples]]) -> Examples:
-    from leantrain.data.mixture import concatenate
-
-    features, labels, spans = concatenate([e for _, e in parts], [n for n, _ in parts])
-    return Examples(features, labels, spans=tuple(spans))
 
 
 def describe(mixture) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 from leantrain.data.batching import GlobalBatchSampler, Slot
 from leantrain.data.prepare import Examples
 from leantrain.data.spec import SourceSpec
+from leantrain.errors import DataError
 
 
 # -- the mixture -------------------------------------------------------------------------------------------------
@@ -186,3 +187,37 @@ def source_rows(train) -> dict[str, int] | None:
     if not sources:
         return None
     return {s.name: len(s.span) if hasattr(s, "span") else 0 for s in sources}
+
+
+def merged_names(specs: list[SourceSpec], per_source: list[list[str]], trained: list[list[str]]) -> list[str]:
+    """The union of the sources' label names: explicit id maps first (they must agree id by id), then the others in
+    the order a single source's would be (numbers numerically, else sorted). Refused when two maps clash."""
+    from leantrain.data.columns import build_label_map
+
+    explicit = [(s, list(s.labels)) for s in specs if s.labels is not None]
+    base: list[str] = []
+    for spec, names in explicit:
+        for i, name in enumerate(names):
+            if i < len(base) and base[i] != name:
+                other = next(s for s, n in explicit if i < len(n) and n[i] == base[i])
+                raise DataError(
+                    f"--data: label id {i} is '{base[i]}' in {other.name} but '{name}' in {spec.name} (labels: "
+                    f"{list(other.labels or ())} against {names}); one head cannot hold both: give the sources the "
+                    "same label order"
+                )
+            if name in base and base.index(name) != i:
+                raise DataError(
+                    f"--data: label '{name}' is id {base.index(name)} in one source and id {i} in {spec.name}; give "
+                    "the sources the same label order"
+                )
+        base = base + names[len(base) :]
+    union = sorted({n for names in per_source for n in names} | set(base))
+    import pandas as pd
+
+    ordered = build_label_map(pd.Series(union), " and ".join(s.path for s in specs), "the sources' labels")
+    return base + [n for n in ordered if n not in base]
+
+
+def pooled_eval(parts: list[tuple[str, Examples]]) -> Examples:
+    features, labels, spans = concatenate([e for _, e in parts], [n for n, _ in parts])
+    return Examples(features, labels, spans=tuple(spans))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from leantrain.data.batching import GlobalBatchSampler
-from leantrain.data.mixture import SourceSpan, apportion
+from leantrain.data.mixture import SourceSpan, apportion, merged_names, pooled_eval
 from leantrain.data.prepare import Examples
 from leantrain.data.streaming import StreamingDataset, StreamingExamples
 from leantrain.errors import DataError
@@ -143,11 +143,9 @@ class StreamingMixtureSampler:
             ]
 
 
-def mix_streams(cfg, specs, loaded) -> Any:
-    """The `Prepared` data of a mixture of streams: the streams' labels merged into one head, each source's held-out
-    rows pooled (with their spans) for evaluation."""
-    from leantrain.data.combine import Prepared, _pooled_eval, merged_names
-
+def mix_streams(cfg, specs, loaded) -> tuple[StreamingMixture, Examples, list[str], list[str]]:
+    """A mixture of streams: the streams' labels merged into one head, each source's held-out rows pooled (with their
+    spans) for evaluation; (the mixture, the evaluation examples, the head's labels, the notes)."""
     streams = [d.train for d in loaded]
     own = [list(s.label_names) for s in streams]
     merged = merged_names(specs, own, own)
@@ -176,7 +174,7 @@ def mix_streams(cfg, specs, loaded) -> Any:
         f"mixture of {len(specs)} streams: "
         + "; ".join(f"{s.name} {sh:.0%} of each window's rows" for s, sh in zip(specs, shares))
     )
-    return Prepared(mixture, _pooled_eval(evaluation), merged, notes, specs)
+    return mixture, pooled_eval(evaluation), merged, notes
 
 
 __all__ = ["SourceSpan", "StreamingMixture", "StreamingMixtureSampler", "mix_streams"]

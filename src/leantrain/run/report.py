@@ -586,17 +586,7 @@ def render_report(run: RunData) -> str:
     peak_note = _peak_note(run)
     if peak_note:
         parts.append(f"<p class='sub'>{html.escape(peak_note)}</p>")
-    for anchor, heading, plot in PLOTS:
-        png = plot(run)
-        if png is None:
-            continue
-        data_uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-        parts.append(
-            f"<h2 id='{anchor}'>{html.escape(heading)}</h2>"
-            f"<img src='{data_uri}' alt='{html.escape(heading)}' data-plot='{anchor}'>"
-        )
-        if anchor == "sources":
-            parts.append(source_table(run))
+    parts += _plot_sections(run)
     totals = time_totals(run)
     if totals:
         wall = sum(totals.values()) or 1.0
@@ -623,6 +613,23 @@ def render_report(run: RunData) -> str:
         f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n<body>\n{body}\n</body></html>\n"
     )
+
+
+def _plot_sections(run: RunData) -> list[str]:
+    """Each plot the run has data for, under its heading (a mixture's sources with their table)."""
+    parts = []
+    for anchor, heading, plot in PLOTS:
+        png = plot(run)
+        if png is None:
+            continue
+        data_uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+        parts.append(
+            f"<h2 id='{anchor}'>{html.escape(heading)}</h2>"
+            f"<img src='{data_uri}' alt='{html.escape(heading)}' data-plot='{anchor}'>"
+        )
+        if anchor == "sources":
+            parts.append(source_table(run))
+    return parts
 
 
 def _peak_note(run: RunData) -> str:
