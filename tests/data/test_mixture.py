@@ -70,7 +70,7 @@ def test_sources_round_trip_through_config_yaml_and_the_command_line(tmp_path):
             "column_names": "label,text",
             "format": "tsv",
             "limit": 500,
-        },  # noqa: E501
+        },
     ]
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

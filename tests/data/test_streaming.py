@@ -24,7 +24,7 @@ def stream(tiny_model_dir, stream_csv):
 
     cfg = TrainConfig(data=str(stream_csv), streaming=True, max_steps=1, streaming_eval_rows=20, seed=4)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    train_stream, held_out, labels, _, _ = prepare_stream(cfg, tokenizer, str(stream_csv), ReadOptions())
+    train_stream, held_out, labels, _, _ = prepare_stream(cfg, tokenizer, str(stream_csv), ReadOptions(), seed=cfg.seed)
     return train_stream, Examples(*held_out), labels
 
 
@@ -142,7 +142,9 @@ def test_a_label_missing_from_the_head_is_named(tiny_model_dir, tmp_path, monkey
     rows = [*make_sentiment_rows(30), ("a late and odd text", "meh")]
     path = write_csv(tmp_path / "late.csv", rows)
     cfg = TrainConfig(data=str(path), streaming=True, max_steps=1, streaming_eval_rows=5)
-    s, _, _, _, _ = prepare_stream(cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(path), ReadOptions())
+    s, _, _, _, _ = prepare_stream(
+        cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(path), ReadOptions(), seed=cfg.seed
+    )
     with pytest.raises(
         DataError, match=r"label 'meh' \(column 'label'\) is not among the classes of its first 10 rows"
     ):
@@ -159,7 +161,7 @@ def test_the_class_ids_of_a_datasets_folder_are_kept(tiny_model_dir, tmp_path):
     ds.save_to_disk(str(tmp_path / "saved"))
     cfg = TrainConfig(data=str(tmp_path / "saved"), streaming=True, max_steps=1, streaming_eval_rows=5)
     s, (_, eval_labels), labels, _, _ = prepare_stream(
-        cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(tmp_path / "saved"), ReadOptions()
+        cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(tmp_path / "saved"), ReadOptions(), seed=cfg.seed
     )
     assert labels == ["neg", "pos"]
     assert [r[2] for r in s.rows(0)].count(1) == sum(r[1] == "pos" for r in rows[5:])

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,9 @@ from leantrain.data.columns import Columns, build_label_map, normalise_labels, r
 from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, split_config
 from leantrain.data.tokenize import source_fingerprint, tokenize
 from leantrain.errors import DataError
+
+if TYPE_CHECKING:  # the config sits above the data layer: its sections are only named here
+    from leantrain.config.sections import DataConfig
 
 log = logging.getLogger("leantrain")
 
@@ -221,30 +224,30 @@ class StreamingDataset:
         return {**slot.example, "slot": slot}
 
 
-def prepare_stream(cfg, tokenizer, source: str, options: ReadOptions):
-    """The training stream, and the evaluation set when `--eval-data` gives none: the stream's first
-    `--streaming-eval-rows` rows, held out before shuffling, as (tokens, label ids)."""
+def prepare_stream(data: DataConfig, tokenizer, source: str, options: ReadOptions, *, seed: int):
+    """The training stream (shuffled from `seed`), and the evaluation set when `--eval-data` gives none: the
+    stream's first `--streaming-eval-rows` rows, held out before shuffling, as (tokens, label ids)."""
     ds = open_stream(source, "train", options)
-    head = pd.DataFrame(list(itertools.islice(iter(ds), max(HEAD_ROWS, cfg.streaming_eval_rows))))
+    head = pd.DataFrame(list(itertools.islice(iter(ds), max(HEAD_ROWS, data.streaming_eval_rows))))
     if head.empty:
         raise DataError(f"{source}: the stream holds no rows")
-    cols = resolve_columns(head, source, cfg.text_column, cfg.text_pair_column, cfg.label_column)
+    cols = resolve_columns(head, source, data.text_column, data.text_pair_column, data.label_column)
     assert cols.label is not None
     declared = getattr((ds.features or {}).get(cols.label), "names", None)
     usable = head[~head[cols.label].isna()]
     label_names = (
         list(declared) if declared else build_label_map(normalise_labels(usable[cols.label]), source, cols.label)
     )
-    stream = StreamingExamples(source, ds, cols, label_names, tokenizer, cfg.max_length, cfg.seed, bool(declared))
+    stream = StreamingExamples(source, ds, cols, label_names, tokenizer, data.max_length, seed, bool(declared))
     notes = [f"{source}: streamed (--streaming), columns text='{cols.text}', label='{cols.label}'"]
-    if cfg.eval_data:
+    if data.eval_data:
         return stream, None, label_names, cols, notes
-    held = head.iloc[: cfg.streaming_eval_rows]
+    held = head.iloc[: data.streaming_eval_rows]
     stream.dataset = ds.skip(len(held))
     rows = list(stream.usable(held.to_dict("records")))
     if not rows:
         raise DataError(f"{source}: the first {len(held):,} rows hold no usable example to evaluate on")
     pairs = [r[1] or "" for r in rows] if cols.text_pair else None
-    tokens = tokenize(tokenizer, [r[0] for r in rows], pairs, cfg.max_length)
+    tokens = tokenize(tokenizer, [r[0] for r in rows], pairs, data.max_length)
     notes.append(f"held out the stream's first {len(held):,} rows for evaluation (--streaming-eval-rows)")
     return stream, (tokens, np.array([r[2] for r in rows], dtype=np.int64)), label_names, cols, notes

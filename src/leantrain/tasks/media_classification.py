@@ -20,7 +20,7 @@ class MediaClassification(Classification):
         processor = media.load_processor(model_path, model_config, self.name, cfg.max_seconds)
 
         def read(source_cfg: Any, codec: Any) -> SourceData:
-            data = media.prepare_media_data(source_cfg, processor, Path(cfg.cache_dir), codec)
+            data = media.prepare_media_data(source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed)
             return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
 
         data = prepare_sources(cfg, read, tokens=False, what=self.name)

@@ -40,7 +40,7 @@ class TextClassification(Classification):
         cache = Path(self.cfg.cache_dir)
 
         def read(cfg: Any, codec: Any) -> SourceData:
-            data = prepare_data(cfg, tokenizer, cache, codec)
+            data = prepare_data(cfg, tokenizer, cache, codec, seed=cfg.seed)
             return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
 
         codec = self.label_codec if self.label_codec() is not None else None
