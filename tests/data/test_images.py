@@ -330,3 +330,21 @@ def test_image_folders_mix_by_examples_and_by_tokens_is_refused_in_one_line(imag
     code = main([*argv, "--mix-by", "tokens", "--output-dir", str(tmp_path / "r"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--mix-by tokens: image-classification has no tokens" in err[0], err
+
+
+@pytest.mark.parametrize("held_by", ["eval-data", "eval-pattern"])
+def test_evaluation_files_of_a_class_training_lacks_exit_2(image_folder, tmp_path, capsys, held_by):
+    rng = np.random.default_rng(4)
+    data = tmp_path / "train"
+    for colour in COLOURS:
+        for i in range(4):
+            make_image(data / colour / f"{i}.png", colour, rng)
+    held = tmp_path / "eval" if held_by == "eval-data" else data
+    make_image(held / "green" / "0.png", "blue", rng)
+    make_image(held / "red" / "9.png", "red", rng)
+    extra = ["--eval-data", str(held)] if held_by == "eval-data" else ["--eval-pattern", "^green/"]
+    args = ["train", "--model", "preset:tiny-vit", "--data", str(data), *extra, "--cache-dir", str(tmp_path / "c"),
+            "--output-dir", str(tmp_path / "r"), "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "labels ['green'] never occur in the training data" in err and "Traceback" not in err
