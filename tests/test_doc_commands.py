@@ -94,6 +94,8 @@ def workspace(tmp_path_factory, tiny_model_dir):
     for name in ("reviews.csv", "train.csv", "test.csv"):
         write_csv(ws / name, rows)
     write_csv(ws / "unlabeled.csv", [(text,) for text, _ in rows[:20]], header=("text",))
+    # docs/mixtures.md: a second source, five of its rows also in reviews.csv
+    write_csv(ws / "notes.csv", make_sentiment_rows(60, seed=3) + rows[:5])
     write_csv(ws / "my_reviews.csv", rows, header=("review", "stars"))
     # docs/metrics-and-losses.md: an STS-B-like pair file with graded scores, and labels joined by "|"
     scores = [(text, text[::-1], f"{(i % 11) / 2:.1f}") for i, (text, _) in enumerate(rows)]
@@ -211,6 +213,8 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
                 arg = str(SHARED_DATA / rest).replace("sst2/train.tsv", "sst2/train_1k.tsv")
         elif arg.startswith("examples/"):
             arg = str(REPO / arg)
+        elif "../shared/data/" in arg:  # a mixture's source written as a mapping: its path inside
+            arg = re.sub(r"\.\./shared/data/[^\s,}]+", lambda m: offline_argv(m[0], ws, tiny)[0], arg)
         arg = re.sub(r"runs/<run>", _run_for(command), arg)
         out.append(arg.replace("step-000400", "step-000002"))
     sub = out[1] if len(out) > 1 and out[0] == "leantrain" else None
@@ -221,6 +225,8 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
             for key in ("data", "eval_data"):
                 if str(given.get(key, "")).startswith("../shared/data"):
                     out += [f"--{key.replace('_', '-')}", offline_argv(given[key], ws, tiny)[0]]
+            if isinstance(given.get("data"), list):  # a mixture: each source's shared paths made offline
+                out += [a for item in given["data"] for a in ("--data", _offline_source(item, ws, tiny))]
             out += ["--limit", "200"]
         if "--model" not in out and "model" not in given:
             out += ["--model", str(tiny)]
@@ -250,6 +256,17 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
         out += [] if "--techniques" in out else ["--techniques", "adafactor"]
         out += ["--limit", "64"] if "--full-epoch" in out else []
     return out
+
+
+def _offline_source(item, ws: Path, tiny: Path) -> str:
+    """A mixture's source (docs/mixtures.md) as a --data flag, its ../shared/data paths made offline."""
+    import json
+
+    item = dict(item) if isinstance(item, dict) else {"path": item}
+    for key in ("path", "eval_data"):
+        if str(item.get(key, "")).startswith("../shared/data"):
+            item[key] = offline_argv(item[key], ws, tiny)[0]
+    return json.dumps(item)
 
 
 _REPORTED: set[tuple[str | None, str | None]] = set()

@@ -110,6 +110,11 @@ def _add_flag(parser, f) -> None:
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default})",
         )
+    elif f.metadata.get("sources"):  # --data, repeated for a mixture
+        parser.add_argument(
+            flag, dest=f.name, action="append", default=argparse.SUPPRESS, metavar="SOURCE",
+            help=f"{help_text} (default: {default})",
+        )  # fmt: skip
     else:
         parser.add_argument(
             flag,
@@ -347,6 +352,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     from leantrain.config import hf_names
 
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    if isinstance(given.get("data"), list) and len(given["data"]) == 1:
+        given["data"] = given["data"][0]  # one --data: the path as it always was
     aliases = {k.removeprefix("hf__"): v for k, v in vars(args).items() if k.startswith("hf__")}
     given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names
     for name, value in given.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import re
 import types
@@ -54,6 +55,7 @@ LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
+MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 QUANTIZE = ("4bit", "8bit")  # LoRA
 
 
@@ -138,10 +140,28 @@ class ModelConfig:
 class DataConfig:
     """Where the examples come from, how they are cut, split and cached."""
 
-    data: str | None = _help(
+    data: str | list[Any] | None = _help(  # noqa: RUF009 - a field() whose default is None
         "Training data: a CSV/TSV/JSON/JSONL/Parquet file, a `save_to_disk` folder or a hub data set "
-        "name. Default: the embedded 3-class tweet sentiment corpus.",
+        "name. Several sources mix: repeat --data (in YAML a list), each PATH@WEIGHT or a mapping with its own "
+        "read options, e.g. --data '{path: sms.tsv, weight: 0.2, column_names: \"label,text\"}' "
+        "(docs/mixtures.md). Default: the embedded 3-class tweet sentiment corpus.",
         default=None,
+        metadata_extra={"sources": True},
+    )
+    mix_by: str = _help(
+        f"With several --data sources: what their weights share out, {'|'.join(MIX_BY)} (tokens: each source's "
+        "share of the training tokens, what language-model mixtures mean).",
+        default="examples",
+    )
+    dedupe: bool = _help(
+        "Drop training rows whose normalised text (case, spaces, Unicode forms aside) repeats an earlier row, within "
+        "a source or across sources; they are counted either way.",
+        default=False,
+    )
+    decontaminate: bool = _help(
+        "Drop training rows whose normalised text is also an evaluation row (of any source); they are counted and "
+        "named either way.",
+        default=False,
     )
     eval_data: str | None = _help(
         "Evaluation data in the same formats. Default: a stratified split of --data.", default=None
@@ -788,7 +808,10 @@ def to_flags(values: dict[str, Any]) -> list[str]:
     argv: list[str] = []
     for key, value in values.items():
         flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
+        if isinstance(value, list):  # several --data sources: a mapping as inline JSON, which is YAML too
+            for item in value:
+                argv += [flag, item if isinstance(item, str) else json.dumps(item, separators=(",", ":"))]
+        elif isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag[2:])
         elif value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
@@ -831,6 +854,8 @@ def _coerce_types(cfg: Any) -> None:
         want = field_base_type(f)
         if f.metadata.get("epoch_ok") and value == "epoch":
             continue  # --eval-every/--save-every epoch
+        if f.metadata.get("sources") and isinstance(value, (list, tuple, dict)):
+            continue  # several --data sources, or one with its own options: `_check_data_sources` reads them
         if want is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
@@ -870,7 +895,13 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
 
 
 def _check_data_sources(cfg: DataConfig) -> None:
-    """The data-source keys: a known format, usable column names, non-empty config and split names."""
+    """The data-source keys: the sources of --data (recorded as config.yaml keeps them), a known format, usable column
+    names, non-empty config and split names."""
+    if cfg.data is not None:
+        from leantrain.data.spec import parse_sources, recorded
+
+        cfg.data = recorded(parse_sources(cfg.data))
+    _choice(cfg, "mix_by", MIX_BY)
     if cfg.format is not None:
         cfg.format = cfg.format.lower().lstrip(".")
         _choice(cfg, "format", DATA_FORMATS)

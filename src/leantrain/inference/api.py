@@ -144,8 +144,18 @@ def evaluate(
         prepared = task.evaluation_data(job.model_path, job.model_config)
     else:
         prepared = _held_out(job, run_or_model)
-    rows = _rows(job, _model(job), prepared, batch_size)
-    return {**task.scores(rows), **task.evaluation_report(rows, prepared)}
+    return _scores(task, _rows(job, _model(job), prepared, batch_size), prepared)
+
+
+def _scores(task, rows, prepared) -> dict[str, Any]:
+    """The task's scores and report of evaluated rows; of a mixture's held-out rows, each source's too."""
+    out = {**task.scores(rows), **task.evaluation_report(rows, prepared)}
+    spans = getattr(prepared.eval, "spans", ())
+    if spans:  # as its run reported them
+        from leantrain.tasks.evaluation import scores_by_source
+
+        out["sources"] = scores_by_source(task, rows, spans)
+    return out
 
 
 def _held_out(job, run_or_model: str):

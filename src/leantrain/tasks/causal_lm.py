@@ -54,30 +54,55 @@ class CausalLM(Task):
 
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
-        from leantrain.data.lm import is_text_source, load_documents, pack
-        from leantrain.data.prepare import Examples
-        from leantrain.data.sources import read_options, resolve_data_path
+        from leantrain.data.combine import prepare_sources
         from leantrain.model import presets
 
         cfg = self.cfg
         cache = Path(cfg.cache_dir)
-        source = resolve_data_path(cfg.data)
-        tokenizer = self._tokenizer(model_path, source, cache)
-        common = dict(
-            tokenizer=tokenizer,
-            cache_dir=cache,
-            glob=cfg.text_glob,
-            text_column=cfg.text_column,
-            train_on_prompt=cfg.train_on_prompt,
+        tokenizer = self._tokenizer(model_path, cache)
+        notes: list[str] = []
+        self.instruction = False
+        data = prepare_sources(
+            cfg,
+            lambda source_cfg, _codec: self._documents(source_cfg, tokenizer, cache),
+            finish=lambda docs, eval_docs: self._rows(docs, eval_docs, notes),
         )
-        docs, note = load_documents(source, split="train", options=read_options(cfg, "train"), **common)
-        notes = [note]
-        if cfg.eval_data:
-            eval_docs, eval_note = load_documents(
-                cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common
-            )
-            notes.append(eval_note)
-        else:
+        how = "packed into" if self.packing else "one document per row (padded),"
+        train_rows = data.train.features
+        notes.append(
+            f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
+            f"most {cfg.max_length} tokens"
+        )
+        config = None
+        if presets.is_preset(model_path):
+            config = presets.preset_config(model_path, vocab_size=len(tokenizer))
+        return TaskData(
+            data.train, data.eval, [], tokenizer, data.notes + notes, model_config=config, sources=data.facts()
+        )
+
+    def _documents(self, cfg: Any, tokenizer: Any, cache: Path) -> Any:
+        """One source's training and held-out documents (`cfg`: the run's config as the source sees it)."""
+        from leantrain.data.combine import SourceData
+        from leantrain.data.instructions import set_chat_template
+        from leantrain.data.lm import is_text_source, load_documents
+        from leantrain.data.sources import read_options, resolve_data_path
+
+        source = resolve_data_path(cfg.data)
+        template = tokenizer.chat_template
+        if cfg.chat_template != self.cfg.chat_template:  # the source's own chat template renders its messages
+            set_chat_template(tokenizer, cfg.chat_template)
+        common = dict(tokenizer=tokenizer, cache_dir=cache, glob=cfg.text_glob, text_column=cfg.text_column,
+                      train_on_prompt=cfg.train_on_prompt)  # fmt: skip
+        try:
+            docs, note = load_documents(source, split="train", options=read_options(cfg, "train"), **common)
+            notes = [note]
+            if cfg.eval_data:
+                options = read_options(cfg, "eval")
+                eval_docs, eval_note = load_documents(cfg.eval_data, split="eval", options=options, **common)
+                notes.append(eval_note)
+        finally:
+            tokenizer.chat_template = template
+        if not cfg.eval_data:
             if len(docs) < 2:
                 where = " (in text files a blank line ends a document)" if is_text_source(source) else ""
                 raise DataError(
@@ -91,29 +116,23 @@ class CausalLM(Task):
             keep = np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(docs))[: cfg.limit])
             docs = docs.subset(keep)
             notes.append(f"training on a random sample of {cfg.limit:,} documents (--limit)")
-        self.instruction = docs.token_type_ids is not None
-        if self.instruction:
+        return SourceData(docs, eval_docs, notes)
+
+    def _rows(self, docs: Any, eval_docs: Any, notes: list[str]) -> tuple[Any, Any]:
+        """A source's documents packed into training rows, and its evaluation rows (instruction data: whole documents
+        a row; evaluation one a row, so that exact match is per example)."""
+        from leantrain.data.lm import pack
+        from leantrain.data.prepare import Examples
+
+        instruction = docs.token_type_ids is not None
+        self.instruction = self.instruction or instruction
+        if instruction:
             docs, eval_docs = self._keep_completions(docs, eval_docs, notes)
-            # whole documents per row; evaluation one per row, so that exact match is per example
-            train_rows = pack(docs, cfg.max_length, self.packing, whole=True)
-        else:
-            train_rows = pack(docs, cfg.max_length, self.packing)
-        eval_rows = self._eval_rows(eval_docs)
-        how = "packed into" if self.packing else "one document per row (padded),"
-        notes.append(
-            f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
-            f"most {cfg.max_length} tokens"
-        )
-        config = None
-        if presets.is_preset(model_path):
-            config = presets.preset_config(model_path, vocab_size=len(tokenizer))
-        return TaskData(
+        train_rows = pack(docs, self.cfg.max_length, self.packing, whole=instruction)
+        eval_rows = pack(eval_docs, self.cfg.max_length, packing=self.packing and not instruction)
+        return (
             Examples(train_rows, train_rows.counted.astype(np.int64)),
             Examples(eval_rows, eval_rows.counted.astype(np.int64)),
-            [],
-            tokenizer,
-            notes,
-            model_config=config,
         )
 
     def _eval_rows(self, docs):
@@ -140,22 +159,31 @@ class CausalLM(Task):
             out.append(kept)
         return out
 
-    def _tokenizer(self, model_path: str, source: str, cache: Path):
+    def _tokenizer(self, model_path: str, cache: Path):
         from leantrain.data.instructions import set_chat_template
-        from leantrain.data.lm import run_tokenizer
-        from leantrain.data.sources import read_options
         from leantrain.model import loading, presets
 
         cfg = self.cfg
         if presets.is_preset(model_path):  # from scratch: a BPE trained on this run's training text
-            options = read_options(cfg, "train")
-            tokenizer = run_tokenizer(source, cfg.text_glob, cfg.text_column, options, PRESET_VOCAB_SIZE, cache)
+            tokenizer = self._preset_tokenizer(cache)
         else:
             tokenizer = loading.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
         if tokenizer.pad_token_id is None:  # GPT-2, Llama: padding is never counted, EOS serves
             tokenizer.pad_token = tokenizer.eos_token
         set_chat_template(tokenizer, cfg.chat_template)
         return tokenizer
+
+    def _preset_tokenizer(self, cache: Path):
+        """The BPE trained on the training text of every source of --data, each read its own way."""
+        from leantrain.data.combine import source_config, sources_of
+        from leantrain.data.lm import mixture_tokenizer
+        from leantrain.data.sources import read_options, resolve_data_path
+        from leantrain.data.spec import is_mixture
+
+        specs = sources_of(self.cfg)
+        configs = [source_config(self.cfg, s) if is_mixture(specs) else self.cfg for s in specs]
+        sources = [(resolve_data_path(c.data), c.text_glob, c.text_column, read_options(c, "train")) for c in configs]
+        return mixture_tokenizer(sources, PRESET_VOCAB_SIZE, cache)
 
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
         from leantrain.model import loading
@@ -198,7 +226,14 @@ class CausalLM(Task):
         # Training needs only the loss: the head and the cross-entropy run in one pass over chunks of rows, so the
         # (counted tokens, vocabulary) logits and their gradient never exist whole; the "logits" are the loss sum.
         fused = self.fuses_head_loss and torch.is_grad_enabled()
-        with head_loss(model, keep, targets[keep]) if fused else head_rows(model, keep):
+        if not fused:
+            with head_rows(model, keep):
+                return model(**self.model_inputs(batch))
+        wanted = targets[keep]
+        # a mixture's batch: each counted token's loss too, for each source's training loss (`row_losses`)
+        self._token_losses = torch.empty(wanted.shape, dtype=torch.float32, device=wanted.device) if (
+            "source" in batch) else None  # fmt: skip
+        with head_loss(model, keep, wanted, self._token_losses):
             return model(**self.model_inputs(batch))
 
     def tail_rows(self, batch: dict[str, Any]) -> int | None:
@@ -211,6 +246,22 @@ class CausalLM(Task):
 
     def loss_units(self, data: TaskData) -> np.ndarray:
         return data.train.features.counted.astype(np.float64)
+
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Each row's summed loss over its counted tokens."""
+        logits = outputs.logits.detach()
+        if logits.dim() == 3:
+            return token_losses(logits, batch["labels"]).sum(-1)
+        targets = next_token_targets(batch["labels"])
+        keep = targets != IGNORE
+        if logits.dim() == 0:  # the fused head wrote each counted token's loss (`forward`)
+            per_token = getattr(self, "_token_losses", None)
+            if per_token is None:
+                return None
+        else:
+            per_token = F.cross_entropy(logits.float(), targets[keep], reduction="none")
+        rows = keep.nonzero(as_tuple=True)[0]
+        return torch.zeros(keep.shape[0], dtype=torch.float32, device=keep.device).index_add_(0, rows, per_token)
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         if outputs.logits.dim() == 0:  # `forward` computed the loss with the head (`head_loss`)
@@ -271,7 +322,7 @@ class CausalLM(Task):
         from leantrain.data.sources import read_options
 
         cfg, source = self.cfg, self.cfg.eval_data
-        tokenizer = self._tokenizer(model_path, source, Path(cfg.cache_dir))
+        tokenizer = self._tokenizer(model_path, Path(cfg.cache_dir))
         docs, _ = load_documents(
             source, tokenizer, Path(cfg.cache_dir), "eval", options=read_options(cfg, "eval"), glob=cfg.text_glob,
             text_column=cfg.text_column, train_on_prompt=cfg.train_on_prompt,
@@ -331,14 +382,16 @@ def head_rows(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def head_loss(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor) -> Iterator[None]:
+def head_loss(
+    model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor, row_losses: torch.Tensor | None = None
+) -> Iterator[None]:
     """Within: the model's output head returns the summed cross-entropy of the positions `keep` marks (row-major)
     against `targets`, with its own weight (`losses.head_cross_entropy_sum`), in place of logits."""
     from leantrain.model.losses import head_cross_entropy_sum
     from leantrain.telemetry.flops import unwrap
 
     head = unwrap(model).get_output_embeddings()
-    head.forward = lambda hidden: head_cross_entropy_sum(hidden[keep], head.weight, head.bias, targets)
+    head.forward = lambda hidden: head_cross_entropy_sum(hidden[keep], head.weight, head.bias, targets, row_losses)
     try:
         yield
     finally:
