@@ -393,6 +393,8 @@ def test_bad_input_is_one_line_naming_the_fix(models, pairs, tmp_path, capsys):
     decoder_only = ["--model", "preset:tiny-llama", "--task", "seq2seq", "--data", str(pairs[0])]
     _one_line_error(capsys, [*base, *decoder_only], "decoder-only", "--task causal-lm")
     _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--packing"], "--packing", "drop --packing")
+    mixture = ["--data", f"{pairs[0]}@0.5", "--data", f"{only_sources}@0.5"]
+    _one_line_error(capsys, [*base, *t5, *mixture], "--task seq2seq reads one source", "join the files into one")
     _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--metrics", "accuracy"], "--metrics", "rouge1")
     # the planner does not model encoder-decoders: `plan` and `--auto` say so
     _one_line_error(capsys, ["plan", *t5, "--data", str(pairs[0])], "planner", "'t5' model (seq2seq)")

@@ -71,6 +71,16 @@ def sources_of(cfg) -> list[SourceSpec]:
     return parse_sources(cfg.data if cfg.data is not None else EMBEDDED_DATA)
 
 
+def single_source(cfg, task: str) -> None:
+    """Refuse a mixture for a task that reads one source (`task`: its name, for the message)."""
+    specs = sources_of(cfg)
+    if is_mixture(specs):
+        raise ConfigError(
+            f"--data: --task {task} reads one source, not a mixture of {len(specs)}; join the files into one "
+            "(with the same columns) and give it once"
+        )
+
+
 def source_config(cfg, spec: SourceSpec):
     """The run's config as one source sees it: its path as --data and its own read options over the run's."""
     return cfg.replace(data=spec.path, **dict(spec.options))

@@ -169,9 +169,11 @@ class Seq2Seq(Task):
         return src
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data.combine import single_source
         from leantrain.data.sources import resolve_data_path
 
         cfg = self.cfg
+        single_source(cfg, self.name)
         tokenizer = self._set_up(model_path, model_config)
         train_src = self._load(resolve_data_path(cfg.data), "train", tokenizer)
         notes, train = [train_src.describe()], train_src.rows

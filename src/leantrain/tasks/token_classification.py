@@ -74,10 +74,13 @@ class TokenClassification(Task):
 
     # -- data ------------------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data.combine import single_source
         from leantrain.data.prepare import Examples
         from leantrain.data.sources import EMBEDDED_DATA
 
         cfg = self.cfg
+        if cfg.data is not None:
+            single_source(cfg, self.name)
         if cfg.data in (None, EMBEDDED_DATA):
             raise ConfigError(
                 "--task token-classification needs --data: a CoNLL file, a table of tokens and tags, "
