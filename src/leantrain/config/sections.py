@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import re
 import types
@@ -54,6 +55,7 @@ LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
+MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 QUANTIZE = ("4bit", "8bit")  # LoRA
 
 
@@ -138,10 +140,28 @@ class ModelConfig:
 class DataConfig:
     """Where the examples come from, how they are cut, split and cached."""
 
-    data: str | None = _help(
+    data: str | list[Any] | None = _help(  # noqa: RUF009 - a field() whose default is None
         "Training data: a CSV/TSV/JSON/JSONL/Parquet file, a `save_to_disk` folder or a hub data set "
-        "name. Default: the embedded 3-class tweet sentiment corpus.",
+        "name. Several sources mix: repeat --data (in YAML a list), each PATH@WEIGHT or a mapping with its own "
+        "read options, e.g. --data '{path: sms.tsv, weight: 0.2, column_names: \"label,text\"}' "
+        "(docs/mixtures.md). Default: the embedded 3-class tweet sentiment corpus.",
         default=None,
+        metadata_extra={"sources": True},
+    )
+    mix_by: str = _help(
+        f"With several --data sources: what their weights share out, {'|'.join(MIX_BY)} (tokens: each source's "
+        "share of the training tokens, what language-model mixtures mean).",
+        default="examples",
+    )
+    dedupe: bool = _help(
+        "Drop training rows whose normalised text (case, spaces, Unicode forms aside) repeats an earlier row, within "
+        "a source or across sources; they are counted either way.",
+        default=False,
+    )
+    decontaminate: bool = _help(
+        "Drop training rows whose normalised text is also an evaluation row (of any source); they are counted and "
+        "named either way.",
+        default=False,
     )
     eval_data: str | None = _help(
         "Evaluation data in the same formats. Default: a stratified split of --data.", default=None
@@ -229,10 +249,11 @@ class DataConfig:
         "With --streaming and no --eval-data: hold out the stream's first N rows for evaluation.", default=1000
     )
     # --- causal LM
-    packing: bool = _help(
+    packing: bool | None = _help(
         "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
-        "attention never crosses documents); --no-packing gives each document its own padded row(s).",
-        default=True,
+        "attention never crosses documents); --no-packing gives each document its own padded row(s). Unset: on "
+        "for a causal LM; a sequence-to-sequence task refuses it (its examples are pairs).",
+        default=None,
     )
     text_glob: str = _help(
         "Causal LM: the files of a --data folder read as text, searched recursively (documents are separated "
@@ -243,6 +264,35 @@ class DataConfig:
         "Causal LM on instruction data (prompt/completion or messages columns): count the prompt's tokens in the "
         "loss too, not only the completion's.",
         default=False,
+    )
+    # --- sequence-to-sequence
+    source_column: str | None = _help(
+        "Seq2seq: the column holding the text to transform (in a `translation` column of {language: text} "
+        "mappings: the source language, e.g. en). Guessed from source/target, document/summary, text/summary, "
+        "article/highlights, dialogue/summary, input/output, inputs/targets, src/tgt.",
+        default=None,
+    )
+    target_column: str | None = _help(
+        "Seq2seq: the column holding the text to generate (in a `translation` column: the target language, e.g. "
+        "fr). Guessed with the source column.",
+        default=None,
+    )
+    source_prefix: str | None = _help(
+        "Seq2seq: text put before every source, as T5 reads its task from a prompt, e.g. 'summarize: ' or "
+        "'translate English to German: ' (also at evaluate and predict).",
+        default=None,
+    )
+    max_source_length: int | None = _help(
+        "Seq2seq: longest tokenized source (prefix included); longer ones are cut. Default: --max-length.",
+        default=None,
+    )
+    max_target_length: int = _help(
+        "Seq2seq: longest tokenized target; longer ones are cut (the loss counts the target's tokens).", default=128
+    )
+    eval_limit: int | None = _help(
+        "Seq2seq: evaluate on a seeded random sample of this many evaluation rows, the same rows at every "
+        "evaluation (each one generates, which is what makes evaluation slow). Default: every row.",
+        default=None,
     )
     # --- metrics and losses
     label_separator: str | None = _help(
@@ -303,6 +353,8 @@ class DataConfig:
             raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
         _positive(self, "limit", optional=True)
         _positive(self, "streaming_eval_rows")
+        _positive(self, "max_target_length")
+        _positive(self, "max_source_length", "eval_limit", optional=True)
         _check_data_sources(self)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
@@ -593,8 +645,17 @@ class LoggingConfig:
         "MRPC; macro otherwise), macro_f1, micro_f1, weighted_f1, precision, recall, mcc, roc_auc, "
         "balanced_accuracy; regression: rmse, mse, mae, pearson, spearman, r2; multi-label: micro_f1, macro_f1, "
         "subset_accuracy, hamming_loss, roc_auc. The loss is always reported. Default: accuracy,macro_f1 "
-        "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy).",
+        "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy). Seq2seq (scored "
+        "on generated text): rouge1, rouge2, rougeL, rougeLsum (rouge-score, stemmed; default) or bleu, chrf "
+        "(sacrebleu; --task translation's default).",
         default=None,
+    )
+    # --- sequence-to-sequence
+    generation_max_new_tokens: int | None = _help(
+        "Seq2seq: tokens an evaluation generates at most per example. Default: --max-target-length.", default=None
+    )
+    generation_num_beams: int = _help(
+        "Seq2seq: beams of the evaluation's (and predict's) beam search; 1 is greedy decoding.", default=1
     )
     report_to: str | None = _help(
         f"Experiment trackers, comma-separated, through Accelerate: {'|'.join(TRACKERS)} (all: every one "
@@ -611,6 +672,8 @@ class LoggingConfig:
         _positive(self, "log_every")
         _positive(self, "eval_every", optional=True)
         _positive(self, "profile_steps", optional=True)
+        _positive(self, "generation_num_beams")
+        _positive(self, "generation_max_new_tokens", optional=True)
         _choice(self, "log", LOGS)
         _check_reporting(self)
 
@@ -637,6 +700,10 @@ class TrainConfig(
     def __post_init__(self) -> None:
         _coerce_types(self)
         _check_finite(self)
+        if self.task is not None:  # an alias may say more than its task (--task translation: BLEU and chrF)
+            for key, value in tasks.implied(self.task).items():
+                if getattr(self, key) is None:
+                    setattr(self, key, value)
         for section in SECTIONS:
             section._check(self)
         # rules across sections
@@ -741,7 +808,10 @@ def to_flags(values: dict[str, Any]) -> list[str]:
     argv: list[str] = []
     for key, value in values.items():
         flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
+        if isinstance(value, list):  # several --data sources: a mapping as inline JSON, which is YAML too
+            for item in value:
+                argv += [flag, item if isinstance(item, str) else json.dumps(item, separators=(",", ":"))]
+        elif isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag[2:])
         elif value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
@@ -784,6 +854,8 @@ def _coerce_types(cfg: Any) -> None:
         want = field_base_type(f)
         if f.metadata.get("epoch_ok") and value == "epoch":
             continue  # --eval-every/--save-every epoch
+        if f.metadata.get("sources") and isinstance(value, (list, tuple, dict)):
+            continue  # several --data sources, or one with its own options: `_check_data_sources` reads them
         if want is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
@@ -823,7 +895,13 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
 
 
 def _check_data_sources(cfg: DataConfig) -> None:
-    """The data-source keys: a known format, usable column names, non-empty config and split names."""
+    """The data-source keys: the sources of --data (recorded as config.yaml keeps them), a known format, usable column
+    names, non-empty config and split names."""
+    if cfg.data is not None:
+        from leantrain.data.spec import parse_sources, recorded
+
+        cfg.data = recorded(parse_sources(cfg.data))
+    _choice(cfg, "mix_by", MIX_BY)
     if cfg.format is not None:
         cfg.format = cfg.format.lower().lstrip(".")
         _choice(cfg, "format", DATA_FORMATS)

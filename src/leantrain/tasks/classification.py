@@ -81,6 +81,14 @@ class Classification(Task):
         logits = outputs.logits
         return weighted_cross_entropy_sum(logits, batch["labels"], self._weights(logits), self.label_smoothing)
 
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        """Each example's weighted cross-entropy: what `loss_sum` adds up."""
+        logits = outputs.logits.detach()
+        return F.cross_entropy(
+            logits.float(), batch["labels"], weight=self._weights(logits), label_smoothing=self.label_smoothing,
+            reduction="none",
+        )  # fmt: skip
+
     def _weights(self, logits: torch.Tensor) -> torch.Tensor | None:
         if self.class_weights is None:
             return None
