@@ -392,3 +392,24 @@ def test_patterns_given_to_pandas_compile_in_pyarrows_regex_engine(pattern):
 
     found = pc.match_substring_regex(pa.array(["plain words", "café au lait", "12 34"]), pattern).to_pylist()
     assert found == [bool(re.search(pattern, s)) for s in ["plain words", "café au lait", "12 34"]]
+
+
+@pytest.mark.parametrize("repair", ["auto", "always"], ids=["pyarrow", "repairing reader"])
+def test_a_cell_of_several_megabytes_is_read_by_both_readers(tmp_path, repair):
+    from leantrain.data.sources import ReadOptions
+
+    big = "word " * 1_000_000  # 5 MB: beyond Python csv's 128 KiB field limit and pyarrow's 1 MiB block
+    path = tmp_path / "big.csv"
+    path.write_text(f'text,label\n"{big}",pos\nshort,neg\nanother one,pos\n')
+    df, report = read_table(str(path), options=ReadOptions(repair=repair))
+    assert df["text"].tolist() == [big.strip(), "short", "another one"] and report.rows_dropped == 0
+
+
+def test_a_cell_beyond_the_cap_is_refused_in_one_line_naming_the_cap(tmp_path, monkeypatch):
+    from leantrain.data import sources
+
+    monkeypatch.setattr(sources, "MAX_CELL_BYTES", 2**20)
+    path = tmp_path / "open_quote.csv"
+    path.write_text('text,label\n"a quote never closed,pos\n' + "more text,neg\n" * 200_000)
+    with pytest.raises(DataError, match=r"open_quote.csv: line \d+ holds a cell larger than 1 MiB"):
+        read_table(str(path))

@@ -31,6 +31,10 @@ TABLE_SUFFIXES = {
 
 EMBEDDED_DATA = "embedded:tweet-sentiment"
 
+#: the largest CSV/TSV cell read: Python's csv module stops at 128 KiB and pyarrow at its 1 MiB block by default;
+#: a cell can be no larger than its file, which is in memory whole, so the cap only bounds a single field
+MAX_CELL_BYTES = 256 * 2**20
+
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -314,10 +318,13 @@ def _parse_clean(
         ragged += 1
         return "skip"
 
-    try:
-        table = pacsv.read_csv(
+    def read(block_size: int | None):
+        return pacsv.read_csv(
             io.BytesIO(raw),
-            read_options=pacsv.ReadOptions(column_names=list(column_names) if column_names else None),
+            read_options=pacsv.ReadOptions(
+                column_names=list(column_names) if column_names else None,
+                **({"block_size": block_size} if block_size else {}),
+            ),
             parse_options=pacsv.ParseOptions(
                 delimiter="\t" if fmt == "tsv" else ",",
                 quote_char=False if fmt == "tsv" else '"',
@@ -330,6 +337,15 @@ def _parse_clean(
                 quoted_strings_can_be_null=False,
             ),
         )
+
+    try:
+        try:
+            table = read(None)
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc):
+                raise
+            ragged = 0  # a row larger than pyarrow's 1 MiB block: read the file as one block (up to the cap)
+            table = read(min(len(raw) + 1, MAX_CELL_BYTES))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None  # not UTF-8, or a parse the repairing reader may still make sense of
     if table.column_names != names:
@@ -355,6 +371,7 @@ def _parse_repairing(
     text, bad_lines = decode_lines(raw)
     reader = _csv_reader(io.StringIO(text), fmt)
     rows, from_bad_line, last_line = [], [], 0
+    limit = csv.field_size_limit(min(max(len(raw), 1 << 17), MAX_CELL_BYTES))  # a cell fits in its file
     try:
         for row in reader:
             # reader.line_num is the last physical line of this row (quoted fields span lines)
@@ -364,7 +381,15 @@ def _parse_repairing(
                 rows.append(row)
                 from_bad_line.append(touched)
     except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise DataError(
+                f"{path}: line {reader.line_num} holds a cell larger than {MAX_CELL_BYTES // 2**20} MiB, the "
+                "most leantrain reads from one CSV/TSV cell (a quote left open swallows the rest of a file: check "
+                "that line's quotes); JSONL or Parquet have no such limit"
+            ) from None
         raise DataError(f"{path}: cannot parse as {fmt.upper()} ({exc})") from None
+    finally:
+        csv.field_size_limit(limit)
     if not rows:
         raise DataError(f"{path}: the file is empty")
     if column_names is None:
