@@ -260,13 +260,26 @@ _MOJIBAKE_RUN = re.compile(
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-def repair_text(text: str) -> str:
-    """Fix mojibake (ftfy), drop undecodable debris and control characters, normalise spaces."""
-    import ftfy
+#: ftfy's fixes for damage (mojibake, lossy or inconsistent decoding, stray C1 and control characters, HTML entities);
+#: its changes of style are off: curly quotes, ligatures, full-width letters and line breaks are valid text, and
+#: leantrain leaves valid text as it is (normalisation too: the tokenizer does its own)
+_FTFY_DAMAGE_ONLY = dict(
+    uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False, fix_line_breaks=False, normalization=None
+)
 
-    fixed = ftfy.fix_text(text, normalization="NFC")
+
+def repair_text(text: str) -> str:
+    """Fix mojibake (ftfy), drop undecodable debris and control characters, normalise spaces; valid text, curly
+    quotes and accents included, is left as it is."""
+    import ftfy
+    from ftfy.badness import is_bad
+
+    fixed = ftfy.fix_text(text, **_FTFY_DAMAGE_ONLY)
 
     def _replace(match: re.Match) -> str:
+        debris = match.group()
+        if "\ufffd" not in debris and not is_bad(debris):
+            return debris  # symbols or letters in a row that are real text ("créée", "…”")
         before = fixed[match.start() - 1 : match.start()]
         after = fixed[match.end() : match.end() + 1]
         return "'" if before.isalpha() and after.isalpha() else " "

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-CACHE_VERSION = 2  # bump when what is stored, or how text is repaired, changes (2: labels 1.0 -> 1, UTF-16)
+CACHE_VERSION = 3  # bump when what is stored, or how text is repaired, changes (2: labels 1.0 -> 1, UTF-16;
+#: 3: valid text kept as it is)
 
 log = logging.getLogger("leantrain")
 
