@@ -418,7 +418,9 @@ def _list_table(
     labels: list[str] | None = None
     label_from = "-"
     if need_labels:
-        from leantrain.data.columns import normalise_labels
+        import pandas as pd
+
+        from leantrain.data.columns import missing_labels, normalise_labels
 
         if label_column is not None and label_column not in cols:
             raise DataError(f"{source}: no column '{label_column}' (given by --label-column); columns are {cols}")
@@ -437,8 +439,9 @@ def _list_table(
             assert label_pattern is not None
             raw = [_label_from_pattern(label_pattern, n) or "" for n in names]
             label_from = f"pattern '{label_pattern}'"
-        keep = [i for i, x in enumerate(raw) if x not in ("", "nan", "None")]
-        report.drop("without a label", len(raw) - len(keep))
+        missing, why = missing_labels(pd.Series(raw, dtype=object))
+        keep = [i for i, gone in enumerate(missing) if not gone]
+        report.drop(why, len(raw) - len(keep))
         items, names, labels = [items[i] for i in keep], [names[i] for i in keep], [raw[i] for i in keep]
     return MediaListing(source, items, names, labels, label_from, f"column '{input_column}'", report, h.hexdigest())
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leantrain.data.columns import Columns, normalise_labels, resolve_columns
+from leantrain.data.columns import Columns, missing_labels, normalise_labels, resolve_columns
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
 from leantrain.data.split import stratified_split
 from leantrain.data.tokenize import (
@@ -128,9 +128,9 @@ def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.Da
     empty_text = np.zeros(len(df), dtype=bool)
     for c in text_cols:
         empty_text |= df[c].isna().to_numpy() | (df[c].astype(str).str.strip() == "").to_numpy()
-    no_label = df[cols.label].isna().to_numpy() | (df[cols.label].astype(str).str.strip() == "").to_numpy()
+    no_label, why = missing_labels(df[cols.label])
     report.drop("with empty text", int((empty_text & ~no_label).sum()))
-    report.drop("without a label", int(no_label.sum()))
+    report.drop(why, int(no_label.sum()))
     return df[~(empty_text | no_label)].reset_index(drop=True)
 
 

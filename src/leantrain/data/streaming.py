@@ -28,7 +28,14 @@ import numpy as np
 import pandas as pd
 
 from leantrain.data.batching import GlobalBatchSampler, Slot
-from leantrain.data.columns import Columns, build_label_map, normalise_labels, resolve_columns
+from leantrain.data.columns import (
+    Columns,
+    build_label_map,
+    missing_label,
+    missing_labels,
+    normalise_labels,
+    resolve_columns,
+)
 from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, split_config
 from leantrain.data.tokenize import source_fingerprint, tokenize
 from leantrain.errors import DataError
@@ -118,7 +125,7 @@ class StreamingExamples:
             text = row.get(cols.text)
             pair = row.get(cols.text_pair) if cols.text_pair else None
             label = row.get(cols.label) if cols.label else None
-            if _blank(text) or (cols.text_pair and _blank(pair)) or _blank(label):
+            if _blank(text) or (cols.text_pair and _blank(pair)) or missing_label(label):
                 continue
             if self.class_ids and isinstance(label, int) and 0 <= label < len(self.label_names):
                 yield str(text), (str(pair) if cols.text_pair else None), label
@@ -221,7 +228,7 @@ def prepare_stream(cfg, tokenizer, source: str, options: ReadOptions):
     cols = resolve_columns(head, source, cfg.text_column, cfg.text_pair_column, cfg.label_column)
     assert cols.label is not None
     declared = getattr((ds.features or {}).get(cols.label), "names", None)
-    usable = head[~head[cols.label].isna()]
+    usable = head[~missing_labels(head[cols.label])[0]]
     label_names = (
         list(declared) if declared else build_label_map(normalise_labels(usable[cols.label]), source, cols.label)
     )
