@@ -191,3 +191,16 @@ def test_sentence_pairs_train_on_both_sentences(tiny_model_dir, cache_dir, tmp_p
     )
     assert result.metrics["num_labels"] == 2
     assert result.metrics["eval_accuracy"] > 0.8
+
+
+def test_a_batch_larger_than_the_data_says_what_it_used(job, capsys):
+    result = train(job(batch_size=1_000_000, epochs=2))
+    err = capsys.readouterr().err
+    n = result.metrics["train_examples"] // 2  # two epochs of all the training rows
+    assert (
+        f"warning: the global batch (1,000,000) is larger than the {n:,} training examples: each optimizer step "
+        f"trains on all {n:,}, one step per epoch, in micro-batches of up to {n:,}" in err
+    )
+    assert result.metrics["optimizer_steps"] == 2
+    train(job(batch_size=16, output_dir=str(result.output_dir.parent / "small"), epochs=1))
+    assert "is larger than the" not in capsys.readouterr().err

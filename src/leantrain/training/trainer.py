@@ -273,6 +273,22 @@ class Trainer:
             f"accumulation x {acc.num_processes} processes"
             f"{'' if streamed else f'; {self.steps_per_epoch:,} steps per epoch'}); writing {self.run.path}"
         )
+        if not streamed:
+            self._warn_if_the_batch_exceeds_the_data()
+
+    def _warn_if_the_batch_exceeds_the_data(self) -> None:
+        """A global batch beyond the data trains one step per epoch on all of it: say so, and what was used."""
+        import numpy as np
+
+        n, acc, cfg = len(self.data.train), self.accelerator, self.cfg
+        if self.sampler.global_batch <= n:
+            return
+        micro = math.ceil(n / (self.sampler.micro_steps(np.arange(n)) * acc.num_processes))
+        self.say.info(
+            f"warning: the global batch ({self.sampler.global_batch:,}) is larger than the {n:,} training examples: "
+            f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; "
+            f"--batch-size {max(1, n // (cfg.grad_accum * acc.num_processes))} or less gives several steps an epoch"
+        )
 
     def _resume(self, log_path: Path | None) -> list[dict[str, Any]]:
         """Restore the checkpoint into the trained objects and the state; seek the sampler; return the log so far."""
