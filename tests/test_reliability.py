@@ -281,6 +281,28 @@ def test_two_real_runs_into_one_output_dir(job, tmp_path):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{s:06d}" for s in range(5, 61, 5)]
 
 
+@fault(
+    "--output-dir on a read-only file system (a tmpfs remounted read-only), the folder new or already there",
+    "one line naming the folder and the reason, exit 2, before any data is read",
+)
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "existing"])
+def test_a_read_only_output_dir_is_one_line_before_any_work(job, small_disk, exists, capsys):
+    from leantrain.cli import main
+
+    disk = small_disk(1)
+    if exists:
+        (disk / "run").mkdir()
+    done = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot remount read-only here ({done.stderr.strip()})")
+    cfg = job(output_dir=str(disk / "run"))
+    capsys.readouterr()
+    assert main(flags(cfg)) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"--output-dir: cannot write to '{disk / 'run'}' (Read-only file system)" in line
+    assert not (Path(cfg.cache_dir) / "tokenized").exists()  # refused before the data was read
+
+
 def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
     cfg = job(data=str(tmp_path / "missing.csv"))
     with pytest.raises(LeantrainError):

@@ -77,8 +77,13 @@ class OutputLock:
         key = str(self.directory.resolve())
         if key in _HELD:  # this process holds it already (an earlier run in this process that failed)
             return _HELD[key]
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # read-only file system, no permission, a file where a folder should be
+            raise ConfigError(
+                f"--output-dir: cannot write to '{self.directory}' ({exc.strerror or exc}); choose a writable directory"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -158,12 +163,7 @@ class RunDir:
         afresh: `CheckpointDir.discard_all`)."""
         self._refuse_file()
         if _is_main_process():
-            try:
-                self.lock = OutputLock(self.path).acquire()
-            except PermissionError as exc:
-                raise ConfigError(
-                    f"--output-dir: cannot write to '{self.path}' ({exc.strerror}); choose a writable directory"
-                ) from None
+            self.lock = OutputLock(self.path).acquire()
             self.owner = True
             _ACTIVE.append(self)
             self.recover()
