@@ -110,8 +110,9 @@ class Checkpointer:
     def saved(self, step: int) -> Path:
         return self.dir.root / f"{checkpoint.PREFIX}{step:06d}"
 
-    def best(self) -> Path | None:
-        return self.dir.best() if (self.every or self.keep_best) else None
+    def best_kept(self) -> bool:
+        """Whether the best evaluation is checkpointed (checkpoints are on): `saved(best_step)` then holds it."""
+        return bool(self.every or self.keep_best)
 
     def load_best_weights(self, state: TrainState) -> Path:
         """--load-best-at-end: put the best evaluation's checkpointed weights into the model (every process)."""

@@ -540,7 +540,7 @@ class Trainer:
         extra = {
             "eval": prefixed(eval_metrics),
             "resumed_from": str(self.resume_from.path) if self.resume_from is not None else None,
-            "best_checkpoint": str(best) if (best := self.checkpointer.best()) else None,
+            "best_checkpoint": self._best_checkpoint(),
             "compile_seconds": self.compile_seconds,
             "peak": peak,
             "local_sgd": {
@@ -595,14 +595,27 @@ class Trainer:
             with logger.timer.phase("eval"):
                 metrics = self.evaluator.evaluate(self.model)
             logger.eval_row(state.step, metrics)
-            if self.cfg.load_best_at_end:
-                state.update_best(metrics, state.step)
+            new_best = state.update_best(metrics, state.step)
+            # the best is checkpointed, as a mid-run one is (unless this step's checkpoint was just written)
+            if (
+                new_best
+                and self.checkpointer.should_save(state.step, True)
+                and not self.checkpointer.saved(state.step).is_dir()
+            ):
+                with logger.timer.phase("checkpoint"):
+                    self.checkpointer.maybe_save(self._now(), True)
         if not self.cfg.load_best_at_end or state.best_step in (None, state.step):
             return metrics, state.step
         path = self.checkpointer.load_best_weights(state)
         self.say.info(f"--load-best-at-end: publishing step {state.best_step}'s weights ({path})")
         with logger.timer.phase("eval"):
             return self.evaluator.evaluate(self.model), state.best_step
+
+    def _best_checkpoint(self) -> str | None:
+        """The checkpoint holding the best evaluation's weights (the step `best_step` names), if one was saved."""
+        step = self.state.best_step
+        path = self.checkpointer.saved(step) if step is not None and self.checkpointer.best_kept() else None
+        return str(path) if path is not None and path.is_dir() else None
 
     def resolved_config(self) -> dict[str, Any]:
         """The config as it ran: `auto` precision as what it resolved to, the task's metric, the eval batch size."""
