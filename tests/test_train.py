@@ -204,3 +204,44 @@ def test_a_batch_larger_than_the_data_says_what_it_used(job, capsys):
     assert result.metrics["optimizer_steps"] == 2
     train(job(batch_size=16, output_dir=str(result.output_dir.parent / "small"), epochs=1))
     assert "is larger than the" not in capsys.readouterr().err
+
+
+def model_copy(tiny_model_dir, tmp_path, keep) -> str:
+    import shutil
+
+    folder = tmp_path / "model-copy"
+    folder.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if keep(f.name):
+            shutil.copy(f, folder / f.name)
+    return str(folder)
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_before_training(job, tiny_model_dir, tmp_path):
+    folder = model_copy(tiny_model_dir, tmp_path, lambda name: name in ("config.json", "model.safetensors"))
+    with pytest.raises(ModelError, match=rf"{folder}: no tokenizer in this model folder \(looked for tokenizer.json"):
+        train(job(model=folder))
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_a_tokenizer_far_smaller_than_the_embedding_table_is_refused(job, tiny_model_dir, tmp_path):
+    from transformers import BertTokenizerFast
+
+    folder = model_copy(tiny_model_dir, tmp_path, lambda name: name in ("config.json", "model.safetensors"))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad"]) + "\n")
+    BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folder)
+    with pytest.raises(
+        ModelError, match=r"its tokenizer knows \d tokens but the model's embedding table has 30,522 rows"
+    ):
+        train(job(model=folder))
+
+
+def test_data_the_tokenizer_reads_mostly_as_unknown_tokens_is_refused(job, tmp_path):
+    from tests.conftest import write_csv
+
+    words = ["ሰላም", "ለዓለም", "እንዴት", "ነህ", "🦜🦩", "ᏣᎳᎩ"]
+    rows = [(" ".join(words[(i + k) % 6] for k in range(4)) + " ok", "pos" if i % 2 else "neg") for i in range(60)]
+    data = write_csv(tmp_path / "unreadable.csv", rows)
+    with pytest.raises(DataError, match=r"unreadable.csv: the tokenizer maps 80% of the tokens .* to its unknown"):
+        train(job(data=str(data)))

@@ -21,6 +21,7 @@ from leantrain.data.tokenize import (
     source_fingerprint,
     tokenize,
     tokenizer_fingerprint,
+    unknown_share,
 )
 from leantrain.errors import DataError
 
@@ -106,6 +107,7 @@ def load_source(
         except TypeError:
             log.warning("tokenization cache entry %s describes its columns wrongly; tokenizing again", path)
         else:
+            refuse_unreadable_text(source, tokens, tokenizer)
             return Source(source, columns, tokens, labels, report, True)
 
     df, report = read_table(source, split=split, options=options)
@@ -115,12 +117,29 @@ def load_source(
     texts = df[cols.text].astype(str).tolist()
     pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
     tokens = tokenize(tokenizer, texts, pairs, max_length)
+    refuse_unreadable_text(source, tokens, tokenizer)
     meta = {"columns": cols.__dict__, "report": report.__dict__}
     try:
         save_cached(path, tokens, labels, meta)
     except OSError as exc:  # a read-only cache slows the next run down; it does not stop this one
         log.warning("could not write the tokenization cache at %s (%s)", path, exc)
     return Source(source, cols, tokens, labels, report, False)
+
+
+#: above this share of unknown tokens the model reads too little of the text to learn from it
+MAX_UNKNOWN_SHARE = 0.5
+
+
+def refuse_unreadable_text(source: str, tokens: TokenizedText, tokenizer, rows: int = 2000) -> None:
+    """Refuse data that the tokenizer turns mostly into its unknown token (another alphabet, or a tokenizer that
+    is not the model's): a model trained on it learns from [UNK]s."""
+    share = unknown_share(tokens, tokenizer, rows)
+    if share is not None and share > MAX_UNKNOWN_SHARE:
+        raise DataError(
+            f"{source}: the tokenizer maps {share:.0%} of the tokens of its first {min(rows, len(tokens)):,} rows to "
+            f"its unknown token {tokenizer.unk_token!r}: it cannot read this text (another language or alphabet, "
+            "or not the model's tokenizer); give a model whose tokenizer covers it"
+        )
 
 
 def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.DataFrame:

@@ -79,6 +79,17 @@ def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, max_length: i
     return TokenizedText(flat, offsets, tt)
 
 
+def unknown_share(tokens: TokenizedText, tokenizer, rows: int = 2000) -> float | None:
+    """The share of the first `rows` rows' tokens (special tokens aside) that are the tokenizer's unknown token;
+    None for a tokenizer without one (byte-level BPE reads any text)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or len(tokens) == 0:
+        return None
+    ids = tokens.input_ids[: tokens.offsets[min(rows, len(tokens))]]
+    counted = ids[~np.isin(ids, [i for i in tokenizer.all_special_ids if i != unk])]
+    return float((counted == unk).mean()) if len(counted) else None
+
+
 def source_fingerprint(source: str) -> str:
     """Content hash of a file; names, sizes and times of a folder's files; the name of a hub data set."""
     path = Path(source)

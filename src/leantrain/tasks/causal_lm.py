@@ -49,6 +49,10 @@ class CausalLM(Task):
         cache = Path(cfg.cache_dir)
         source = resolve_data_path(cfg.data)
         tokenizer = self._tokenizer(model_path, source, cache)
+        if not presets.is_preset(model_path):  # a preset's table is sized to its tokenizer
+            from leantrain import models
+
+            models.check_tokenizer_fits(tokenizer, model_config, model_path)
         common = dict(
             tokenizer=tokenizer,
             cache_dir=cache,

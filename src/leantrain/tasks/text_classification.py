@@ -20,6 +20,7 @@ class TextClassification(Classification):
         from leantrain.data.prepare import prepare_data
 
         tokenizer = models.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
+        models.check_tokenizer_fits(tokenizer, model_config, model_path)
         self._check_length(model_config, tokenizer)
         data = prepare_data(self.cfg, tokenizer, Path(self.cfg.cache_dir), self.label_codec())
         return TaskData(data.train, data.eval, list(data.label_names), tokenizer, list(data.notes))
