@@ -81,6 +81,7 @@ RESUMABLE_CHANGES = frozenset(
         "early_stopping_threshold",
         "eval_batch_size",
         "dataloader_num_workers",
+        "thread_governor",  # the thread count: how a step is computed, to rounding, not what it computes
     }
 )
 #: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)

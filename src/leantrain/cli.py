@@ -100,7 +100,7 @@ def _add_flag(parser, f) -> None:
     flag = "--" + f.name.replace("_", "-")
     default = f.default if f.default is not MISSING else None
     kind = field_base_type(f)
-    help_text = f.metadata.get("help", "")
+    help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
     if kind is bool:
         parser.add_argument(
             flag,

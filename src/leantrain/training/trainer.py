@@ -262,10 +262,7 @@ class Trainer:
 
         weights = tensor_bytes(acc.unwrap_model(self.model).parameters())
         self.oom = OomGuard(cfg.auto, self.sampler, acc, self.logger.memory, budget, weights, hooks=self.hooks)
-        from leantrain.parallel.threads import thread_governor
-
-        # fewer threads while other processes hold this machine's cores (a `leantrain` command's CPU run)
-        self.thread_governor = thread_governor(acc.num_processes, cfg.dataloader_num_workers, acc.device.type)
+        self._start_thread_governor()
         streamed = self.steps_per_epoch is None
         self.say.info(
             f"training {'streamed' if streamed else f'{len(self.data.train):,}'} examples for {self.total_steps:,} "
@@ -394,6 +391,24 @@ class Trainer:
             logger.bar.close()
             self.profiler.close()
         return self._finish()
+
+    def _start_thread_governor(self) -> None:
+        """--thread-governor: fewer threads while other processes hold this machine's cores (a `leantrain` command's
+        CPU run), at the price of bitwise repeatability, which the user hears about where it was promised."""
+        from leantrain.parallel.threads import thread_governor
+
+        cfg, acc = self.cfg, self.accelerator
+        governor, why_not = thread_governor(
+            cfg.thread_governor, acc.num_processes, cfg.dataloader_num_workers, acc.device.type
+        )
+        self.thread_governor = governor
+        if why_not is not None:
+            self.say.info(f"--thread-governor: off ({why_not})")
+        elif governor is not None and (cfg.save_every or cfg.save_on_interrupt or cfg.resume):
+            self.say.info(
+                "--thread-governor: the thread count follows the machine's load, so a resumed run ends close to, "
+                "not bitwise at, where this run left alone would"
+            )
 
     def _govern_threads(self) -> None:
         governor = self.thread_governor
