@@ -53,7 +53,10 @@ def train(
         assert cfg.output_dir is not None  # resolved() filled it
         run_dir.RunDir(cfg.output_dir, overwrite=cfg.overwrite).refuse_early()  # before the data is prepared
         # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
-        cfg, plan = plan_run(cfg, chosen.prepare_data(model_path, model_config))
+        from leantrain.training import interrupt
+
+        with interrupt.phase("planning (--auto: preparing the data)"):
+            cfg, plan = plan_run(cfg, chosen.prepare_data(model_path, model_config))
         chosen = task(cfg) if task is not None else resolve(cfg, model_config)
     if compute_metrics is not None:  # issue #17
         chosen.compute_metrics = compute_metrics

@@ -249,9 +249,14 @@ class RunDir:
 
     # -- failure ---------------------------------------------------------------------------------------------
     def abandon(self) -> None:
-        """The run stops without publishing: put back what it set aside, unless it left checkpoints to resume
-        (then the old run waits, set aside, for the resumed run to publish)."""
-        if not self.owner or not self.replaced.is_dir():
+        """The run stops without publishing: its staging folder goes (its log is in its checkpoints); put back what
+        it set aside, unless it left checkpoints to resume (then the old run waits, set aside, for the resumed run
+        to publish)."""
+        if not self.owner:
+            return
+        if self.staging.is_dir() and not (self.staging / FINISHED_MARKER).exists():  # (else: a publish to complete)
+            shutil.rmtree(self.staging, ignore_errors=True)
+        if not self.replaced.is_dir():
             return
         if _has_checkpoints(self.path):
             _say(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -609,8 +608,9 @@ def load_media_source(
 
 
 def _save_cached(path: Path, src: MediaSource) -> None:
+    from leantrain.paths import written_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     meta = {
         "path": src.path,
         "label_from": src.label_from,
@@ -623,9 +623,8 @@ def _save_cached(path: Path, src: MediaSource) -> None:
     arrays["labels"] = np.asarray(src.labels, dtype=object).astype(str)
     arrays["names"] = np.asarray(src.names, dtype=object).astype(str)
     arrays["meta"] = np.asarray(json.dumps(meta))
-    with tmp.open("wb") as f:
+    with written_atomically(path) as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
 
 
 def _load_cached(path: Path) -> MediaSource | None:

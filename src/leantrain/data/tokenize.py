@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,8 +139,9 @@ def cache_key(**parts) -> str:
 
 def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict) -> None:
     """Write atomically: a crash mid-write never leaves a cache entry that later loads as garbage."""
+    from leantrain.paths import written_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     arrays: dict[str, Any] = {
         "input_ids": tokens.input_ids,
         "offsets": tokens.offsets,
@@ -150,9 +150,8 @@ def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict
     }
     if tokens.token_type_ids is not None:
         arrays["token_type_ids"] = tokens.token_type_ids
-    with tmp.open("wb") as f:
+    with written_atomically(path) as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
 
 
 def load_cached(path: Path, vocab_size: int | None = None) -> tuple[TokenizedText, list[str], dict] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,19 +23,27 @@ class Evaluator:
         """Mid-run evaluations; the final one is the caller's (`evaluate()` after the loop)."""
         return self.every is not None and step % self.every == 0 and step < total_steps
 
-    def evaluate(self, model) -> dict[str, float]:
-        rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks)
+    def evaluate(self, model, should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
+        """The task's scores over the eval set. `should_stop()` is asked before each batch (by every process: it may
+        be collective); when it says so the evaluation stops there, raising `interrupt.StopRequested`."""
+        rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks, should_stop)
         self.hooks.on_evaluated(rows)
         return self.task.scores(rows)
 
 
 @torch.no_grad()
-def gather_rows(model, loader, accelerator, task: Task, hooks: Hooks | None = None) -> dict[str, np.ndarray]:
+def gather_rows(
+    model, loader, accelerator, task: Task, hooks: Hooks | None = None, should_stop: Callable[[], bool] | None = None
+) -> dict[str, np.ndarray]:
     """`task.eval_rows` for every example in `loader`, gathered from every process, each example once, in the
     order first seen; `index` holds the example ids."""
     model.eval()
     parts: dict[str, list[torch.Tensor]] = {}
     for batch in loader:
+        if should_stop is not None and should_stop():
+            from leantrain.training.interrupt import StopRequested
+
+            raise StopRequested
         if hooks is not None:
             hooks.on_eval_batch(batch)
         rows = {**task.eval_rows(task.forward(model, batch), batch), "index": batch["index"]}

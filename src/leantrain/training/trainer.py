@@ -28,6 +28,7 @@ from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.tasks.base import Task, TaskData
 from leantrain.telemetry.profiler import StepProfiler
+from leantrain.training import interrupt
 from leantrain.training.checkpointer import Checkpointer
 from leantrain.training.early_stopping import EarlyStopping, resolve_metric, steps_every
 from leantrain.training.evaluator import Evaluator, prefixed
@@ -89,9 +90,13 @@ class Trainer:
         self.resume_from = self.checkpointer.find_resume()  # refused now, before any work, if from another run
         if self.resume_from is not None:
             self.resume_from.check_matches(cfg.to_dict(), self._facts())
-        self.data = task.prepare_data(model_path, model_config)
-        self._build_model(model_path)
-        self._build_loop_parts()
+        # Ctrl-C or SIGTERM in these phases stops at once: there is nothing to save yet (training/interrupt.py)
+        with interrupt.phase("preparing the data (reading, repairing, tokenizing or processing)"):
+            self.data = task.prepare_data(model_path, model_config)
+        with interrupt.phase("loading the model"):
+            self._build_model(model_path)
+        with interrupt.phase("setting up training"):
+            self._build_loop_parts()
 
     @staticmethod
     def _trackers(cfg: TrainConfig) -> list[str]:
@@ -363,7 +368,7 @@ class Trainer:
         if self.resume_rng is not None:
             checkpoint.set_rng_state(self.resume_rng)  # last, so that nothing above moves it
         try:
-            with self.local_sgd:
+            with self.local_sgd, interrupt.phase("training", stopping="at the end of this optimizer step"):
                 while state.step < self.total_steps:
                     # Accelerate's loader hands the sampler its own count of passes: set both to this epoch.
                     self.sampler.set_epoch(state.epoch)
@@ -376,7 +381,7 @@ class Trainer:
                         new_best = self._maybe_evaluate()
                         saved = self.checkpointer.should_save(state.step, new_best)
                         if saved:
-                            with logger.paused(), logger.timer.phase("checkpoint"):
+                            with logger.paused(), logger.timer.phase("checkpoint"), self._saving_a_checkpoint():
                                 self.checkpointer.maybe_save(self._now(), new_best)
                         self._stop_if_interrupted(saved)
                         if state.step >= self.total_steps or self.early_stopping.reason:
@@ -418,15 +423,30 @@ class Trainer:
                 f"{governor.others:.1f} cores over the last {governor.interval:.0f} s)"
             )
 
-    def _stop_if_interrupted(self, saved_now: bool) -> None:
+    def _stop_if_interrupted(self, saved_now: bool, during: str | None = None) -> None:
         """Ctrl-C or SIGTERM (noted by the CLI's handlers): every process stops here, after a checkpoint."""
-        from leantrain.training import interrupt
-
         signum = interrupt.requested(self.accelerator)
         if signum is not None:
             state, cp = self.state, self.checkpointer
             save = lambda why: cp.save(self._now(), why, checkpoint.rng_state())  # noqa: E731
-            raise interrupt.stop(signum, self.cfg, state.step, self.total_steps, cp.dir, saved_now, save)
+            raise interrupt.stop(signum, self.cfg, state.step, self.total_steps, cp.dir, saved_now, save, during)
+
+    @staticmethod
+    def _saving_a_checkpoint():
+        return interrupt.phase("saving a checkpoint", stopping="once it is written")
+
+    def _evaluate(self) -> dict[str, float]:
+        """The evaluator's scores; a Ctrl-C or SIGTERM stops it at its next batch, and the run there (with a
+        checkpoint of the step it evaluates, when --save-every or --save-on-interrupt asks for one)."""
+        with interrupt.phase("evaluating", stopping="at the next evaluation batch"):
+            try:
+                return self.evaluator.evaluate(self.model, should_stop=self._stop_requested)
+            except interrupt.StopRequested:
+                self._stop_if_interrupted(False, during="evaluating")
+                raise  # (_stop_if_interrupted raised Interrupted: every process voted to stop)
+
+    def _stop_requested(self) -> bool:
+        return interrupt.requested(self.accelerator) is not None
 
     def _optimizer_steps(self):
         """The micro-batches of each optimizer step on this process (the last one carries `step_end`)."""
@@ -528,7 +548,7 @@ class Trainer:
         with logger.paused(), logger.timer.phase("eval"):
             with logger.timer.phase("comm"):
                 self.local_sgd.sync()  # evaluate the averaged model, as the final one will be
-            metrics = self.evaluator.evaluate(self.model)
+            metrics = self._evaluate()
         logger.eval_row(state.step, metrics)
         self.say.info(f"step {state.step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
         self.model.train()
@@ -608,7 +628,7 @@ class Trainer:
             metrics = self.last_eval[1]
         else:
             with logger.timer.phase("eval"):
-                metrics = self.evaluator.evaluate(self.model)
+                metrics = self._evaluate()
             logger.eval_row(state.step, metrics)
             new_best = state.update_best(metrics, state.step)
             # the best is checkpointed, as a mid-run one is (unless this step's checkpoint was just written)
@@ -617,14 +637,14 @@ class Trainer:
                 and self.checkpointer.should_save(state.step, True)
                 and not self.checkpointer.saved(state.step).is_dir()
             ):
-                with logger.timer.phase("checkpoint"):
+                with logger.timer.phase("checkpoint"), self._saving_a_checkpoint():
                     self.checkpointer.maybe_save(self._now(), True)
         if not self.cfg.load_best_at_end or state.best_step in (None, state.step):
             return metrics, state.step
         path = self.checkpointer.load_best_weights(state)
         self.say.info(f"--load-best-at-end: publishing step {state.best_step}'s weights ({path})")
         with logger.timer.phase("eval"):
-            return self.evaluator.evaluate(self.model), state.best_step
+            return self._evaluate(), state.best_step
 
     def _best_checkpoint(self) -> str | None:
         """The checkpoint holding the best evaluation's weights (the step `best_step` names), if one was saved."""
@@ -641,6 +661,25 @@ class Trainer:
         return resolved_values(cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes)
 
     def _publish(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None = None) -> None:
+        """Write the outputs into the staging folder, then publish them. A Ctrl-C or SIGTERM while writing stops at
+        once (of one process; several finish together), nothing published; while publishing, after the renames."""
+        at_once = self.accelerator.num_processes == 1
+        try:
+            with interrupt.phase("saving the model", stopping=None if at_once else "once the run is published"):
+                self._write_outputs(model, metrics, state_dict)
+        except interrupt.Interrupted as stopped:
+            newest = next(iter(self.checkpointer.dir.step_dirs()), None)
+            then = f"; the newest checkpoint is {newest}\nresume with: {interrupt.resume_command(self.cfg)}"
+            raise interrupt.Interrupted(
+                stopped.signum,
+                f"stopped by {interrupt.signal_name(stopped.signum)} while saving the model after the last step; "
+                f"nothing was published{then if newest is not None else ''}",
+            ) from None
+        with interrupt.phase("publishing", stopping="once the run is published"):
+            self.run.publish()
+
+    def _write_outputs(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None) -> None:
+        """The model and its processor, the model card, config.yaml, metrics.json and the report, into staging."""
         import json
 
         import yaml
@@ -674,4 +713,3 @@ class Trainer:
                 write_report(staging)
             except Exception as exc:  # a plot must never fail a finished run
                 self.say.info(f"warning: report.html not written ({type(exc).__name__}: {exc})")
-        self.run.publish()
