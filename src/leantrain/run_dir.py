@@ -40,6 +40,10 @@ class OutputDirBusy(ConfigError):
     """Another live run holds the output directory."""
 
 
+class WriteFailed(LeantrainError):
+    """A write failed for want of space or access (`writing`): the message names the path and the space needed."""
+
+
 class NonFiniteModel(LeantrainError):
     """The weights about to be saved or published hold NaN or infinity."""
 
@@ -331,7 +335,7 @@ def guarded() -> Iterator[None]:
 # -- disks and finite weights ------------------------------------------------------------------------------------
 
 
-def write_failure(exc: BaseException, path: Path, need_bytes: int | None) -> LeantrainError | None:
+def write_failure(exc: BaseException, path: Path, need_bytes: int | None) -> WriteFailed | None:
     """A one-line error for a write that failed for want of space or access; None for any other failure.
 
     torch.save reports a full disk as a RuntimeError ("unexpected pos", "file write failed") and safetensors as
@@ -349,13 +353,13 @@ def write_failure(exc: BaseException, path: Path, need_bytes: int | None) -> Lea
     if not full:
         assert isinstance(exc, OSError)
         why = exc.strerror or str(exc)
-        return LeantrainError(f"cannot write {where} ({why}); make it writable or choose another --output-dir")
+        return WriteFailed(f"cannot write {where} ({why}); make it writable or choose another --output-dir")
     free = _free_bytes(path)
     mb = 1 / 2**20
     facts = [exc.strerror] if isinstance(exc, OSError) and exc.strerror else []
     facts += [f"{free * mb:,.1f} MB free"] if free is not None else []
     facts += [f"about {need_bytes * mb:,.1f} MB needed"] if need_bytes else []
-    return LeantrainError(
+    return WriteFailed(
         f"cannot write {where}: the disk is full ({'; '.join(facts)}); free some space or point --output-dir at "
         "a bigger disk"
     )

@@ -168,8 +168,8 @@ def stop(
     return Interrupted(signum, f"{where}; checkpoint: {path}\nresume with: {resume_command(cfg)}")
 
 
-def resume_command(cfg) -> str:
-    """The command that continues this run from its newest checkpoint: every setting spelled out."""
+def resume_command(cfg, resume: str = "auto") -> str:
+    """The command that continues this run from its newest checkpoint (or `resume`): every setting spelled out."""
     # --auto chose its settings once (they are spelled out); --overwrite would set the checkpoints aside
-    flags = cfg.replace(resume="auto", overwrite=False, auto=False).to_argv()
+    flags = cfg.replace(resume=resume, overwrite=False, auto=False).to_argv()
     return shlex.join(["leantrain", "train", *flags])

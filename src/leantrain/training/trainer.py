@@ -245,8 +245,7 @@ class Trainer:
             self.plan.write(self.staging)  # plan.json and plan.md: what was predicted, and why this configuration
         self.resume_rng: dict | None = None  # set by a resume, applied just before the loop starts
         history = self._resume(log_path) if self.resume_from is not None else []
-        if self.resume_from is None:
-            self.checkpointer.warn_if_short_of_space(self.model)
+        self.checkpointer.warn_if_short_of_space(self.model, self._final_model_bytes())
         self.logger = MetricsLogger(
             cfg,
             acc,
@@ -291,6 +290,22 @@ class Trainer:
             f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; "
             f"--batch-size {max(1, n // (cfg.grad_accum * acc.num_processes))} or less gives several steps an epoch"
         )
+
+    def _final_model_bytes(self) -> int:
+        """What model/ will take on disk, about: the weights as saved, the processor's files as the model folder
+        holds them, and 1 MiB for the config, the model card and the report."""
+        from leantrain.telemetry.memory import tensor_bytes
+
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        weights = tensor_bytes(unwrapped.state_dict().values()) * max(1, self.accelerator.num_processes * self.sharded)
+        folder = Path(self.cfg.model or "")
+        weight_files = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf")
+        processor = sum(
+            p.stat().st_size
+            for p in (folder.iterdir() if folder.is_dir() else [])
+            if p.is_file() and not p.name.endswith(weight_files)
+        )
+        return weights + processor + (1 << 20)
 
     def _resume(self, log_path: Path | None) -> list[dict[str, Any]]:
         """Restore the checkpoint into the trained objects and the state; seek the sampler; return the log so far."""
@@ -440,7 +455,7 @@ class Trainer:
         checkpoint of the step it evaluates, when --save-every or --save-on-interrupt asks for one)."""
         with interrupt.phase("evaluating", stopping="at the next evaluation batch"):
             try:
-                return self.evaluator.evaluate(self.model, should_stop=self._stop_requested)
+                return self.evaluator.evaluate(self.model, self._stop_requested)
             except interrupt.StopRequested:
                 self._stop_if_interrupted(False, during="evaluating")
                 raise  # (_stop_if_interrupted raised Interrupted: every process voted to stop)
@@ -663,10 +678,14 @@ class Trainer:
     def _publish(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None = None) -> None:
         """Write the outputs into the staging folder, then publish them. A Ctrl-C or SIGTERM while writing stops at
         once (of one process; several finish together), nothing published; while publishing, after the renames."""
+        from leantrain.run_dir import WriteFailed
+
         at_once = self.accelerator.num_processes == 1
         try:
             with interrupt.phase("saving the model", stopping=None if at_once else "once the run is published"):
                 self._write_outputs(model, metrics, state_dict)
+        except WriteFailed as failed:  # the disk filled up during training (it was checked before)
+            raise LeantrainError(f"{failed}; {self._rescue()}") from None
         except interrupt.Interrupted as stopped:
             newest = next(iter(self.checkpointer.dir.step_dirs()), None)
             then = f"; the newest checkpoint is {newest}\nresume with: {interrupt.resume_command(self.cfg)}"
@@ -677,6 +696,23 @@ class Trainer:
             ) from None
         with interrupt.phase("publishing", stopping="once the run is published"):
             self.run.publish()
+
+    def _rescue(self) -> str:
+        """After the final save failed: the trained state as a checkpoint on another disk, and how to resume it."""
+        import tempfile
+
+        from leantrain.telemetry.console import Console
+
+        if self.accelerator.num_processes > 1 or self.sharded:
+            return "the trained state is lost (a run of several processes is not rescued); use --save-every"
+        name = f"{self.run.path.resolve().name}-{self.run.run_id}"
+        roots = [Path(self.cfg.cache_dir) / "rescued" / name, Path(tempfile.gettempdir()) / "leantrain-rescued" / name]
+        Console().info("saving the trained state elsewhere, as a checkpoint")
+        saved = self.checkpointer.rescue(self._now(), checkpoint.rng_state(), roots)
+        if saved is None:
+            return f"the trained state could not be kept either (tried {', '.join(map(str, roots))})"
+        command = interrupt.resume_command(self.cfg, resume=str(saved))
+        return f"the trained state is kept in {saved}; once there is space (or with --output-dir elsewhere): {command}"
 
     def _write_outputs(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None) -> None:
         """The model and its processor, the model card, config.yaml, metrics.json and the report, into staging."""
