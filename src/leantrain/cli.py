@@ -347,7 +347,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Ctrl-C and SIGTERM stop at the next step boundary, with a checkpoint (training/interrupt.py)
     # the command's start-up ran without cyclic collection (`entry`): it resumes at the first micro-batch
     hooks = None if gc.isenabled() else StartupOver()
-    with interrupt.handling(launched=launch.launched()), launch.report_failure(rank, world):
+    logs = launch.failure_logs(cfg.output_dir) if world > 1 else None
+    with interrupt.handling(launched=launch.launched()), launch.report_failure(rank, world, logs):
         try:
             result = train(cfg, hooks=hooks)
         except interrupt.Interrupted as stopped:
