@@ -263,7 +263,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 #: ftfy's fixes for damage (mojibake, lossy or inconsistent decoding, stray C1 and control characters, HTML entities);
 #: its changes of style are off: curly quotes, ligatures, full-width letters and line breaks are valid text, and
 #: leantrain leaves valid text as it is (normalisation too: the tokenizer does its own)
-_FTFY_DAMAGE_ONLY = dict(
+_FTFY_DAMAGE_ONLY: dict[str, Any] = dict(
     uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False, fix_line_breaks=False, normalization=None
 )
 
@@ -274,7 +274,7 @@ def repair_text(text: str) -> str:
     import ftfy
     from ftfy.badness import is_bad
 
-    fixed = ftfy.fix_text(text, **_FTFY_DAMAGE_ONLY)
+    fixed = ftfy.fix_text(text, ftfy.TextFixerConfig(**_FTFY_DAMAGE_ONLY))
 
     def _replace(match: re.Match) -> str:
         debris = match.group()

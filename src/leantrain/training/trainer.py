@@ -706,7 +706,8 @@ class Trainer:
         if self.accelerator.num_processes > 1 or self.sharded:
             return "the trained state is lost (a run of several processes is not rescued); use --save-every"
         name = f"{self.run.path.resolve().name}-{self.run.run_id}"
-        roots = [Path(self.cfg.cache_dir) / "rescued" / name, Path(tempfile.gettempdir()) / "leantrain-rescued" / name]
+        tmp = Path(tempfile.gettempdir()) / "leantrain-rescued" / name
+        roots = [Path(self.cfg.cache_dir) / "rescued" / name, tmp] if self.cfg.cache_dir else [tmp]
         Console().info("saving the trained state elsewhere, as a checkpoint")
         saved = self.checkpointer.rescue(self._now(), checkpoint.rng_state(), roots)
         if saved is None:
