@@ -101,13 +101,15 @@ def _add_flag(parser, f) -> None:
     default = f.default if f.default is not MISSING else None
     kind = field_base_type(f)
     help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
+    # a default of None is "not set": the help says what happens then ("Default: ..."), not "(default: None)"
+    shown = "" if default is None else f" (default: {default})"
     if kind is bool:
         parser.add_argument(
             flag,
             dest=f.name,
             action=argparse.BooleanOptionalAction,
             default=argparse.SUPPRESS,
-            help=f"{help_text} (default: {default})",
+            help=f"{help_text}{shown}",
         )
     else:
         parser.add_argument(
@@ -116,7 +118,7 @@ def _add_flag(parser, f) -> None:
             type=_typed(kind, flag, epoch_ok=bool(f.metadata.get("epoch_ok"))),
             default=argparse.SUPPRESS,
             metavar=f.name.upper(),
-            help=f"{help_text} (default: {default})",
+            help=f"{help_text}{shown}",
         )
 
 
@@ -153,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="Fine-tune a model (defaults: MiniLM on the embedded tweet corpus).",
-        description="Fine-tune a sequence classifier. Every flag is also a key of --config.",
+        description="Train or fine-tune a model: text and sentence-pair classification, regression and multi-label "
+        "text, images, audio, and causal language models (the task follows the model; --task overrides). Every flag "
+        "is also a key of --config.",
     )
     _add_config_flags(p)
     p.add_argument(
@@ -278,11 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
         help="Compare runs side by side: config differences, metrics, throughput, memory.",
-        description="Print two or more runs side by side (only the config keys that differ) and "
-        "write a comparison chart.",
+        description="Print two or more runs side by side (only the config keys that differ); with --output, "
+        "also write a comparison chart.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--output", default="compare.png", help="Chart PNG to write (default: compare.png).")
+    p.add_argument("--output", help="Also write a comparison chart to this PNG file (default: no chart).")
     return parser
 
 
@@ -529,6 +533,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         read=_read_options(args),
     )
     write_predictions(rows, args.output, sys.stdout)
+    if args.output:
+        print(f"written: {args.output} ({len(rows):,} prediction{'s' if len(rows) != 1 else ''})", file=sys.stderr)
     return 0
 
 
@@ -543,7 +549,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from leantrain.telemetry.compare import compare
 
     path = compare(args.run_dirs, args.output)
-    print(f"written: {path}")
+    if path is not None:
+        print(f"written: {path}")
     return 0
 
 
