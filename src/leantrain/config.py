@@ -633,12 +633,9 @@ class TrainConfig(
         """Build from a mapping, refusing unknown keys with a suggestion."""
         from leantrain import hf_names
 
-        values = hf_names.translate(values, source)  # TrainingArguments names (issue #17)
         known = {f.name for f in fields(cls)}
-        for key in values:
-            if key not in known:
-                fix = hf_names.hint(key, sorted(known)) or "; see `leantrain train --help`"
-                raise ConfigError(f"{source}: unknown key '{key}'{fix}")
+        # TrainingArguments names (issue #17); every refused or unknown name in one message
+        values = hf_names.translate(values, source, known)
         return cls(**values)
 
     @classmethod
@@ -664,7 +661,8 @@ class TrainConfig(
         values = {str(k).replace("-", "_"): v for k, v in values.items()}
         from leantrain import hf_names
 
-        values = hf_names.translate(values, str(path))  # before the flags override: each source apart
+        # before the flags override: each source apart
+        values = hf_names.translate(values, str(path), {f.name for f in fields(cls)})
         return cls.from_dict({**values, **(overrides or {})}, source=str(path))
 
     def replace(self, **changes: Any) -> TrainConfig:
