@@ -386,3 +386,19 @@ def test_train_help_names_every_task_and_shows_no_unset_defaults(capsys):
     assert "sequence classifier" not in text and "causal language models" in text and "images, audio" in text
     assert "(default: None)" not in text
     assert "(default: 128)" in text and "(default: False)" in text  # real defaults are still shown
+
+
+def test_evaluate_without_data_rescores_the_runs_own_held_out_rows(base, tmp_path, capsys, tiny_model_dir):
+    code, _, err = run(capsys, *base, "--epochs", "2", "--lr", "3e-3")
+    assert code == 0, err
+    run_dir = str(tmp_path / "run")
+    trained = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    code, out, err = run(capsys, "evaluate", run_dir)
+    assert code == 0, err
+    scored = json.loads(out)
+    assert scored["examples"] == 24 and scored["data"].startswith("held out of ")  # 10% of 240 rows
+    assert scored["accuracy"] == pytest.approx(trained["eval_accuracy"], abs=1e-9)
+    assert scored["loss"] == pytest.approx(trained["eval_loss"], rel=1e-5)
+    assert "confusion_matrix" in scored
+    code, _, err = run(capsys, "evaluate", str(tiny_model_dir))  # a model folder: no split to rescore
+    _one_line_error(code, err, "not a leantrain run directory", "give --data")

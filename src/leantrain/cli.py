@@ -235,9 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="RUN_OR_MODEL")
     p.add_argument(
         "--data",
-        required=True,
         help="Labelled file to score, or a folder of images or audio files; for a language model, text (a .txt "
-        "file, a folder of them, or a table; instruction rows add exact match).",
+        "file, a folder of them, or a table; instruction rows add exact match). Default, for a run directory: the "
+        "run's own evaluation set (its --eval-data, or the rows it held out of --data).",
     )
     p.add_argument(
         "--metrics", help="Metrics to report, comma-separated, as `train --metrics` (default: accuracy,macro_f1)."

@@ -154,10 +154,55 @@ def _run(model, loader, task: str = "text-classification", precision: str = "fp3
     return rows["probs"], rows["labels"], rows["index"]
 
 
+def _evaluate_held_out(run_or_model: str, batch_size: int, metrics: str | None) -> dict[str, Any]:
+    """The run's own evaluation set again: its --eval-data, or the rows its --eval-fraction held out of --data
+    (stratified on the labels, with its seed), prepared as training prepared them, scored by its task."""
+    import yaml
+
+    from leantrain import models, parallel
+    from leantrain.config import TrainConfig
+    from leantrain.data.batching import ExamplesDataset, eval_batches
+    from leantrain.errors import ConfigError
+    from leantrain.scoring import classification_report
+    from leantrain.tasks import resolve
+    from leantrain.training.evaluator import gather_rows
+
+    run = Path(run_or_model).expanduser()
+    if not ((run / "config.yaml").is_file() and (run / "model").is_dir()):
+        raise ConfigError(
+            f"{run_or_model}: not a leantrain run directory (no config.yaml beside model/), so there is no held-out "
+            "split to score: give --data"
+        )
+    values = yaml.safe_load((run / "config.yaml").read_text())
+    cfg = TrainConfig.from_dict({**values, "model": str(run / "model"), "metrics": metrics or values.get("metrics")})
+    model_path = str(run / "model")
+    model_config = models.load_config(model_path)
+    task = resolve(cfg, model_config)
+    data = task.prepare_data(model_path, model_config)
+    model = task.build_model(model_path, data)  # the trained weights, with the run's labels
+    run_attention(model_path, model)
+    accelerator = parallel.make_accelerator("fp32")
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        ExamplesDataset(data.eval),
+        batch_sampler=eval_batches(data.eval.lengths, batch_size),
+        collate_fn=task.collator(data, train=False),
+    )
+    model, loader = accelerator.prepare(model, loader)
+    task.check_model(model)
+    rows = gather_rows(model, loader, accelerator, task)
+    out: dict[str, Any] = dict(task.scores(rows))
+    if "probs" in rows and getattr(task, "problem_type", None) == "single-label":
+        out.update(classification_report(rows["probs"], rows["labels"], list(data.label_names)))
+    held = f"held out of {cfg.data} ({cfg.eval_fraction:.0%}, stratified, seed {cfg.seed})"
+    return {**out, "examples": len(data.eval), "data": cfg.eval_data or held}
+
+
 @library_bars_off()  # transformers' loading bars would interleave with the result
 def evaluate(
     run_or_model: str,
-    data: str,
+    data: str | None = None,
     *,
     text_column: str | None = None,
     text_pair_column: str | None = None,
@@ -178,10 +223,13 @@ def evaluate(
     confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in the order of `labels`).
     Multi-label models: `label_separator` and `threshold` default to the run's own (--label-separator,
     --multi-label-threshold). `read`: how to read `data` (--format, --column-names, --data-config, --split), as
-    for training."""
+    for training. Without `data`, a run directory is scored on its own evaluation set (its --eval-data, or the
+    rows it held out of --data)."""
     from leantrain.data.prepare import load_source
     from leantrain.data.tokenize import default_cache_dir
 
+    if data is None:
+        return _evaluate_held_out(run_or_model, batch_size, metrics)
     path, config, task = _task_of(run_or_model)
     if task == "causal-lm":  # --- causal LM (issue #14): loss and perplexity
         from leantrain import lm_inference
