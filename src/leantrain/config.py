@@ -560,7 +560,8 @@ class LoggingConfig:
         "Evaluation metrics, comma-separated (scikit-learn): accuracy, f1 (binary on two classes, as GLUE scores "
         "MRPC; macro otherwise), macro_f1, micro_f1, weighted_f1, precision, recall, mcc, roc_auc, "
         "balanced_accuracy; regression: rmse, mse, mae, pearson, spearman, r2; multi-label: micro_f1, macro_f1, "
-        "subset_accuracy, hamming_loss, roc_auc. The loss is always reported. Default: accuracy,macro_f1 "
+        "subset_accuracy, hamming_loss, roc_auc. A macro average is over the classes that have evaluation examples. "
+        "The loss is always reported. Default: accuracy,macro_f1 "
         "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy).",
         default=None,
     )
