@@ -1,6 +1,7 @@
 """End to end on a tiny random BERT: the outputs a user relies on, caching, and never losing a run."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -51,6 +52,12 @@ def test_train_writes_a_shippable_run(job, capsys):
     assert 0 <= metrics["padding_fraction"] < 0.2
     assert metrics["train_samples_per_second"] > 0 and metrics["train_tokens_per_second"] > 0
     assert metrics["steady_mfu"] > 0 and metrics["mfu"] > 0  # the run's FLOPs over the probed peak
+    # every file of model/ readable as the others are (model.safetensors was written 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in (out / "model").iterdir()} == {
+        p.name: 0o666 & ~mask for p in (out / "model").iterdir()
+    }
     # label map travels with the model
     config = json.loads((out / "model/config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"}

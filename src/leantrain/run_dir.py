@@ -389,6 +389,16 @@ def writing(path: Path, need_bytes: int | None, partial: list[Path] | None = Non
         raise error from None
 
 
+def usual_file_modes(folder: Path) -> None:
+    """Give every file in `folder` the mode a new file gets here (0644 under the usual umask): transformers writes
+    model.safetensors through a temporary file, created 0600, unreadable to the group that reads the rest."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+
+
 def remove(*paths: Path) -> None:
     for p in paths:
         if p.is_dir() and not p.is_symlink():

@@ -733,6 +733,7 @@ class Trainer:
         with run_dir.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
             model.save_pretrained(staging / "model", safe_serialization=True, state_dict=state_dict)
             self.data.processor.save_pretrained(staging / "model")
+        run_dir.usual_file_modes(staging / "model")
         cfg = self.cfg
         data = {"train": cfg.data, "eval": cfg.eval_data}
         write_model_card(
