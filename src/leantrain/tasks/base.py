@@ -157,6 +157,11 @@ class Task(ABC):
             f"{', '.join(self.metric_names)} (or add it with --metrics)"
         )
 
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any] | None:
+        """What the final evaluation shows beyond its scores (evaluation.json, report.html): None, or for instance
+        a classifier's per-class table and confusion matrix."""
+        return None
+
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """The end-of-run table's evaluation rows."""
         return [(f"eval {k.replace('_', ' ')}", f"{v:.4f}") for k, v in metrics.items()]

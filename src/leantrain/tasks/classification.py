@@ -96,6 +96,14 @@ class Classification(Task):
 
         return score(self.problem_type, self.metric_names, rows["probs"], rows["labels"])
 
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any] | None:
+        """The per-class precision, recall, F1 and support, and the confusion matrix (rows: true class)."""
+        if self.problem_type != "single-label" or "probs" not in rows:
+            return None
+        from leantrain.scoring import classification_report
+
+        return classification_report(rows["probs"], rows["labels"], list(data.label_names))
+
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         names = {"accuracy": "eval accuracy", "macro_f1": "eval macro-F1", "f1": "eval F1", "loss": "eval loss"}
         return [(names.get(k, f"eval {k.replace('_', ' ')}"), f"{v:.4f}") for k, v in metrics.items()]

@@ -18,6 +18,7 @@ class Evaluator:
     def __init__(self, task: Task, loader, accelerator, every: int | None, hooks: Hooks | None = None):
         self.task, self.loader, self.accelerator, self.every = task, loader, accelerator, every
         self.hooks = hooks or Hooks()
+        self.last_rows: dict[str, np.ndarray] | None = None  # the latest evaluation's rows (the task's report)
 
     def should_evaluate(self, step: int, total_steps: int) -> bool:
         """Mid-run evaluations; the final one is the caller's (`evaluate()` after the loop)."""
@@ -27,6 +28,7 @@ class Evaluator:
         """The task's scores over the eval set. `should_stop()` is asked before each batch (by every process: it may
         be collective); when it says so the evaluation stops there, raising `interrupt.StopRequested`."""
         rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks, should_stop)
+        self.last_rows = rows
         self.hooks.on_evaluated(rows)
         return self.task.scores(rows)
 

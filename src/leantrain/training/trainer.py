@@ -744,6 +744,9 @@ class Trainer:
             config=self.resolved_config(),
             task=self.task.name,
         )
+        evaluation = self.task.evaluation_report(self.evaluator.last_rows or {}, self.data)
+        if evaluation is not None:  # the final evaluation beyond its scores: a classifier's confusion matrix
+            (staging / "evaluation.json").write_text(json.dumps(evaluation, indent=1) + "\n")
         (staging / "config.yaml").write_text(yaml.safe_dump(self.resolved_config(), sort_keys=False))
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
