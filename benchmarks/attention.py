@@ -3,7 +3,7 @@
 For each case (training step or inference forward; attention dropout on as shipped, or off; sequence length) the
 two implementations run in alternation on the same batch (random token ids, batch 32 unless --batch), fp32, and
 the median seconds of --repeats timed runs each (after one warm-up) give their ratio. Alternating pairs keep a
-neighbour's load from favouring one side. `--attention auto` (leantrain.attention) follows this table on CPUs;
+neighbour's load from favouring one side. `--attention auto` (leantrain.model.attention) follows this table on CPUs;
 the GPU's figures come from benchmarks/gpu_check.sh.
 
     python benchmarks/attention.py                 # writes benchmarks/results/attention.{json,md}
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     path = str(embedded_model_path())
     load_before = os.getloadavg()

@@ -1,4 +1,4 @@
-"""Attention over packed rows: the block-diagonal SDPA leantrain runs against attention per document (issue #14).
+"""Attention over packed rows: the block-diagonal SDPA leantrain runs against attention per document.
 
 A packed row of 128 tokens holding documents of ~20 tokens computes every 128 x 128 block of attention under a
 block-diagonal causal mask; a trainer that pads short documents computes ~24 x 24 blocks. Per-document attention
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=7, help="timed calls a round (their median is the round's)")
     args = parser.parse_args()
-    from leantrain import bench
+    from leantrain.commands import bench
 
     torch.manual_seed(0)
     rows = packed_lengths()

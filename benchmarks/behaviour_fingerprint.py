@@ -30,7 +30,7 @@ def tiny_bert(root: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     path = root / "tiny-bert"
     if not (path / "config.json").exists():

@@ -1,4 +1,4 @@
-"""Training throughput beside a CPU-bound neighbour: OpenMP's wait policy and thread count (issue #16).
+"""Training throughput beside a CPU-bound neighbour: OpenMP's wait policy and thread count.
 
 Each setting trains the embedded MiniLM (AdamW, batch 16, length 48, random tokens) for --seconds in a fresh
 process (OpenMP reads its settings when torch loads), alone and then with a neighbour this script starts: one
@@ -41,7 +41,7 @@ STEP = r"""
 import os, sys, time
 import torch
 from transformers import AutoModelForSequenceClassification
-from leantrain.models import embedded_model_path
+from leantrain.model.loading import embedded_model_path
 seconds = float(sys.argv[1])
 torch.manual_seed(0)
 model = AutoModelForSequenceClassification.from_pretrained(str(embedded_model_path()), num_labels=2)

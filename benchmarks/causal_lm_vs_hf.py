@@ -1,5 +1,5 @@
 """The same causal-LM job through leantrain (packed rows) and through the HF Trainer (padded batches grouped by
-length), in one script: counted tokens per second, whole-process seconds and held-out perplexity (issue #14).
+length), in one script: counted tokens per second, whole-process seconds and held-out perplexity.
 
 The job: a 4-layer Llama (`preset:tiny-llama`'s architecture, about 5 M parameters) trained from scratch for one
 epoch on a seeded sample of real short documents (SST-2 train sentences, SMS texts and the embedded tweets; labels
@@ -71,7 +71,7 @@ def prepare(
     if model is None:
         from benchmarks.causal_lm_corpus import corpus_texts
         from leantrain.data.lm import train_bpe_tokenizer
-        from leantrain.presets import preset_config
+        from leantrain.model.presets import preset_config
 
         texts = [" ".join(t.split()) for group in corpus_texts().values() for t in group]
         texts = [t for t in dict.fromkeys(texts) if t]
@@ -284,7 +284,7 @@ def main() -> None:
 
     import tempfile
 
-    from leantrain import bench
+    from leantrain.commands import bench
 
     work = args.work or Path(tempfile.mkdtemp(prefix="lm-vs-hf-"))
     load_before = os.getloadavg()

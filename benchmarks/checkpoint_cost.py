@@ -106,8 +106,9 @@ def main(argv=None) -> int:
     import transformers
 
     import leantrain
-    from leantrain import TrainConfig, checkpoint, train
+    from leantrain import TrainConfig, train
     from leantrain.parallel import cpu_name
+    from leantrain.run import checkpoint
 
     if not args.data.is_file():
         print(f"no data at {args.data}", file=sys.stderr)

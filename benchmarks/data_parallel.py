@@ -83,7 +83,7 @@ def worker(out: str, argv: list[str]) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     import leantrain.parallel.local_sgd as local_sgd
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     counts = {"allreduce_bytes": 0, "allreduce_calls": 0}
 

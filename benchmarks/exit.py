@@ -28,8 +28,8 @@ from benchmarks.trainer_comparison import QUIET_CORES, REPO, OtherLoad, leantrai
 
 #: how each setting starts the command: the `leantrain` script's way, and `main` with the collector as it is
 STARTS = {
-    "entry": [sys.executable, "-m", "leantrain.cli"],
-    "main": [sys.executable, "-c", "import sys; from leantrain.cli import main; sys.exit(main())"],
+    "entry": [sys.executable, "-m", "leantrain.commands.cli"],
+    "main": [sys.executable, "-c", "import sys; from leantrain.commands.cli import main; sys.exit(main())"],
 }
 FIELDS = [("start_seconds", "start s"), ("exit_seconds", "exit s"), ("whole_seconds", "whole s")]
 
@@ -66,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     _rounds.add_flags(p, "alternating rounds")
     p.add_argument("--max-steps", type=int, default=3, help="optimizer steps a run (default: %(default)s)")
     args = p.parse_args(argv)
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     def run_one(setting: str, train: Path, dev: Path, fresh: Path) -> dict:
         cmd = leantrain_command(
             embedded_model_path(), train, dev, "fp32", fresh / "run", fresh / "cache", args.max_steps
         )
-        return run(setting, cmd[3:], fresh / "run.log")  # the flags after `python -m leantrain.cli`
+        return run(setting, cmd[3:], fresh / "run.log")  # the flags after `python -m leantrain.commands.cli`
 
     runs, started = _rounds.alternate(args, "exit", list(STARTS), run_one)
     _rounds.publish(args, "exit", render(runs, args, started), runs, started, argv)

@@ -37,7 +37,7 @@ def lm_command(train: Path, dev: Path, precision: str, out: Path, cache: Path) -
         "max-length": 128, "batch-size": 16, "epochs": 1, "lr": 3e-3, "seed": 0, "precision": precision,
         "metric-for-best": "loss", "output-dir": out, "cache-dir": cache,
     }  # fmt: skip
-    return [sys.executable, "-m", "leantrain.cli", "train", "--no-progress"] + [
+    return [sys.executable, "-m", "leantrain.commands.cli", "train", "--no-progress"] + [
         arg for name, value in flags.items() for arg in (f"--{name}", str(value))
     ]
 
@@ -45,7 +45,7 @@ def lm_command(train: Path, dev: Path, precision: str, out: Path, cache: Path) -
 def run(setting: str, train: Path, dev: Path, fresh: Path, precision: str, job: str) -> dict:
     import json
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     if job == "lm":
         cmd = lm_command(train, dev, precision, fresh / "run", fresh / "cache")

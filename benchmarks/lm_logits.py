@@ -1,4 +1,4 @@
-"""A causal LM's output head in training, three ways in one script (issue #14): fused with the loss over chunks of
+"""A causal LM's output head in training, three ways in one script: fused with the loss over chunks of
 counted rows (leantrain's default: the logits never whole), its logits at the counted positions only, and every
 position's logits (what a trainer that cuts nothing computes).
 
@@ -90,7 +90,7 @@ def main() -> None:
         print(json.dumps(one_run(Path(work), job, mode, args.steps)))
         return
 
-    from leantrain import bench
+    from leantrain.commands import bench
 
     work = Path(tempfile.mkdtemp(prefix="lm-logits-"))
     prepare(work, docs=6000, prompts=8000)

@@ -93,7 +93,7 @@ def main() -> None:
         return
     if not SST2.is_dir():
         sys.exit(f"{SST2}: absent; this benchmark needs ../shared/data/sst2")
-    from leantrain import bench
+    from leantrain.commands import bench
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     load_before = os.getloadavg()

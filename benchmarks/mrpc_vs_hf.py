@@ -1,4 +1,4 @@
-"""MRPC through examples/mrpc.yaml against the Hugging Face Trainer on the same job (issue #17): binary F1 of the
+"""MRPC through examples/mrpc.yaml against the Hugging Face Trainer on the same job: binary F1 of the
 paraphrase class and accuracy on dev.tsv, as GLUE scores MRPC; the two should agree within one point.
 
 The job (examples/mrpc.yaml, the embedded MiniLM): sentence pairs at max length 128, batch 32, 3 epochs, lr 5e-5,
@@ -71,7 +71,7 @@ def run_hf_trainer(job: dict, seed: int, work: Path, max_steps: int | None) -> d
         set_seed,
     )
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     model_path = str(embedded_model_path())
     tok = AutoTokenizer.from_pretrained(model_path)

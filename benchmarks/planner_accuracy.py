@@ -5,7 +5,7 @@
     python benchmarks/planner_accuracy.py --probe-only    # planted cases only (memory results kept)
     python benchmarks/planner_accuracy.py --models tiny   # the tiny BERT only
     python benchmarks/planner_accuracy.py --models tiny-llama,gpt2,gqa-llama --skip-probe \
-        --out benchmarks/results/planner_accuracy_lm      # causal LMs (issue #14)
+        --out benchmarks/results/planner_accuracy_lm      # causal LMs
 
 1. Memory: for MiniLM (all-MiniLM-L6-v2, 22.7 M parameters) and a tiny BERT (2 layers, width 64, 2.0 M),
    at several micro-batches and lengths, with and without activation checkpointing, for AdamW, Adafactor
@@ -44,7 +44,7 @@ MIB = 2**20
 def tiny_bert(path: Path) -> str:
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     if not (path / "config.json").is_file():
         import torch
@@ -64,7 +64,7 @@ def tiny_bert(path: Path) -> str:
 
 
 def tiny_causal_lms(work: Path) -> dict[str, str]:
-    """Causal LMs of three shapes (issue #14): the preset (tied embeddings, vocabulary 8,192), a GPT-2 (dropout,
+    """Causal LMs of three shapes: the preset (tied embeddings, vocabulary 8,192), a GPT-2 (dropout,
     learned positions, GELU) and a Llama with grouped-query attention and its own output layer."""
     from transformers import GPT2Config, LlamaConfig
 
@@ -191,7 +191,7 @@ def accuracy(model: str | None, kind: str, say) -> list[dict]:
 def planted(model: str, data: str, work: Path, say, steps: int) -> list[dict]:
     import dataclasses
 
-    from leantrain.planner.probe import ProbeConfig, probe
+    from leantrain.commands.probe import ProbeConfig, probe
     from leantrain.planner.search import PlanRequest, make_plan
 
     request = PlanRequest(model=model, budget=2**40, global_batch=128, seq_len=64)
@@ -247,7 +247,7 @@ def planted(model: str, data: str, work: Path, say, steps: int) -> list[dict]:
 
 
 def context() -> dict:
-    from leantrain.bench import environment_context
+    from leantrain.commands.bench import environment_context
 
     ctx = environment_context()
     try:

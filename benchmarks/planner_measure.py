@@ -65,10 +65,10 @@ def _trim() -> None:
 
 
 def model_config(model: str | None, num_labels: int = 2):
-    from leantrain import models
+    from leantrain.model import loading
 
-    path = models.resolve_model(model)
-    return models.load_config(path, num_labels=num_labels, problem_type="single_label_classification")
+    path = loading.resolve_model(model)
+    return loading.load_config(path, num_labels=num_labels, problem_type="single_label_classification")
 
 
 def build_model(model: str | None, num_labels: int = 2, device: Any = None):
@@ -84,8 +84,10 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     """Run `trial` in this process; returns the measured peak and the exact sizes of its parts (bytes)."""
     import torch
 
-    from leantrain import models, parallel
-    from leantrain.optim import build_optimizer, build_scheduler, optimizer_state_bytes
+    from leantrain import parallel
+    from leantrain.model import loading
+    from leantrain.model.optimizers import build_optimizer, state_bytes
+    from leantrain.model.schedules import build_scheduler
     from leantrain.parallel.precision import MixedPrecision
     from leantrain.planner.memory import is_causal_lm, proxy_batch, proxy_loss
     from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
@@ -115,7 +117,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     counted_logits = is_causal_lm(model.config) and head_rows_work(model)
     fused = counted_logits and head_loss_works(model)  # and there the head and loss in one chunked pass
     if trial.activation_checkpointing:
-        models.enable_activation_checkpointing(model)
+        loading.enable_activation_checkpointing(model)
     model.train()
     optimizer = build_optimizer(model, trial.optimizer, lr=1e-5, weight_decay=0.01)
     scheduler = build_scheduler(optimizer, "constant", trial.steps, 0.0)
@@ -146,7 +148,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
         "backward_peak_bytes": backward_peak,
         "weights_bytes": tensor_bytes(params),
         "gradients_bytes": grads,
-        "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+        "optimizer_state_bytes": state_bytes(optimizer),
         "step_seconds": seconds,
     }
     del model, optimizer, scheduler, batches

@@ -30,7 +30,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def layer_probe() -> dict:
-    from leantrain.lora import _quantized_linear
+    from leantrain.model.lora import _quantized_linear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(384, 1536)
@@ -64,8 +64,9 @@ def merge_probe(bits: str, work: Path) -> dict:
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from leantrain import TrainConfig, lora, train
-    from leantrain.models import embedded_model_path
+    from leantrain import TrainConfig, train
+    from leantrain.model import lora
+    from leantrain.model.loading import embedded_model_path
 
     result = train(
         TrainConfig(

@@ -35,7 +35,7 @@ def make_run(root: Path, data: Path) -> Path:
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     from leantrain import TrainConfig, train
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
     BertForSequenceClassification(config).save_pretrained(root / "model")
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib
     import torch
 
-    from leantrain.telemetry import report
+    from leantrain.run import report
 
     run_dir = args.run_dir or make_run(Path(tempfile.mkdtemp(prefix="report-plots-")), args.data)
     run = report.load_run(run_dir)

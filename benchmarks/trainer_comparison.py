@@ -48,7 +48,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
 
 QUIET_CORES = 0.25  # a pair is "quiet" when other processes used at most this much CPU during both runs
-GOALS = {"fp32": 1.3, "bf16": 1.5}  # issue #16: leantrain / Trainer, for the loop and for the whole process
+GOALS = {"fp32": 1.3, "bf16": 1.5}  # leantrain / Trainer, for the loop and for the whole process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +156,7 @@ def run_child(cmd: list[str], log: Path, env: dict[str, str]) -> float:
 def leantrain_command(
     model: Path, train_tsv: Path, dev_tsv: Path, precision: str, out: Path, cache: Path, max_steps: int | None
 ) -> list[str]:
-    """`leantrain train` with the job's numbers as flags (`python -m leantrain.cli` is the `leantrain` script)."""
+    """`leantrain train` with the job's numbers as flags (`python -m leantrain.commands.cli` is the script)."""
     t = TRAINING
     flags = {
         "model": model, "data": train_tsv, "eval-data": dev_tsv, "batch-size": t["batch_size"],
@@ -166,7 +166,7 @@ def leantrain_command(
     }  # fmt: skip
     if max_steps:
         flags["max-steps"] = max_steps
-    cmd = [sys.executable, "-m", "leantrain.cli", "train", "--no-progress"]
+    cmd = [sys.executable, "-m", "leantrain.commands.cli", "train", "--no-progress"]
     for name, value in flags.items():
         cmd += [f"--{name}", str(value)]
     return cmd
@@ -354,7 +354,7 @@ def main(argv=None) -> int:
     rev_commit = export_leantrain(args.leantrain_rev, Path(code_dir.name)) if args.leantrain_rev else None
     pythonpath = str(Path(code_dir.name) / "src") if rev_commit else None
 
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     model = embedded_model_path()
     env = environment(rev_commit)
@@ -577,7 +577,7 @@ def render_markdown(r: dict) -> str:
         "(its loop alone, from the train-begin to the train-end callback, in brackets). **Whole process**: wall "
         "seconds from starting the process to its exit (imports, tokenizing, loading, training, evaluating on dev, "
         "saving the model). Ratios are leantrain over the Trainer (the Trainer's seconds over leantrain's), per "
-        "back-to-back pair, medians over the quiet pairs; goal (issue #16): "
+        "back-to-back pair, medians over the quiet pairs; goal: "
         + ", ".join(f"{g}x in {p}" for p, g in GOALS.items())
         + " for both, dev accuracy within one point.",
         "",

@@ -16,7 +16,7 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
 
 def render() -> str:
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal width: fix it for a stable page
-    from leantrain.cli import build_parser
+    from leantrain.commands.cli import build_parser
 
     parser = build_parser()
     parts = [

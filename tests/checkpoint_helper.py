@@ -23,8 +23,8 @@ def _kill() -> None:
 
 def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from leantrain import checkpoint
-    from leantrain.cli import main as cli_main
+    from leantrain.commands.cli import main as cli_main
+    from leantrain.run import checkpoint
     from tests.hooks import install_from_environment
 
     install_from_environment()

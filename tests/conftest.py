@@ -105,7 +105,7 @@ def write_csv(path: Path, rows, header=("text", "label"), delimiter=",") -> Path
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from leantrain.models import embedded_model_path
+    from leantrain.model.loading import embedded_model_path
 
     return embedded_model_path()
 

@@ -18,15 +18,15 @@ import sys
 
 def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from leantrain import run_dir
-    from leantrain.cli import main as cli_main
+    from leantrain.commands.cli import main as cli_main
+    from leantrain.run import directory
     from tests.hooks import install_from_environment
 
     install_from_environment()
 
     if "LT_KILL_AFTER_PUBLISHED" in os.environ:
         after = int(os.environ["LT_KILL_AFTER_PUBLISHED"])
-        publish = run_dir.RunDir._publish_from
+        publish = directory.RunDir._publish_from
         real_replace = os.replace
 
         def publish_then_die(self, staging):
@@ -39,13 +39,13 @@ def main() -> int:
                     if moved[0] == after:
                         os.kill(os.getpid(), signal.SIGKILL)
 
-            run_dir.os.replace = replace  # type: ignore[attr-defined]
+            directory.os.replace = replace  # type: ignore[attr-defined]
             try:
                 return publish(self, staging)
             finally:
-                run_dir.os.replace = real_replace  # type: ignore[attr-defined]
+                directory.os.replace = real_replace  # type: ignore[attr-defined]
 
-        run_dir.RunDir._publish_from = publish_then_die
+        directory.RunDir._publish_from = publish_then_die
 
     return cli_main(sys.argv[1:])
 

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file
 
-from leantrain import TrainConfig, attention, train
-from leantrain.cli import main as cli_main
+from leantrain import TrainConfig, train
+from leantrain.commands.cli import main as cli_main
 from leantrain.errors import ConfigError
+from leantrain.model import attention
 from tests.conftest import EXACT_JOB, assert_trained_alike
 
 

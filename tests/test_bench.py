@@ -2,8 +2,8 @@ import csv
 
 import pytest
 
-from leantrain import bench
-from leantrain.cli import main
+from leantrain.commands import bench
+from leantrain.commands.cli import main
 from leantrain.errors import ConfigError
 
 
@@ -60,7 +60,7 @@ def test_bench_runs_each_technique_and_writes_the_comparison(
 def test_the_held_out_score_is_the_tasks_own():
     """A classifier's bench shows eval accuracy, a language model's its perplexity (it has no accuracy: the column
     was empty for causal LMs), each relative to the baseline."""
-    from leantrain.bench import BenchRow, render, table_rows
+    from leantrain.commands.bench import BenchRow, render, table_rows
 
     lm = [BenchRow("baseline", {}, {"eval_perplexity": 40.0}), BenchRow("bf16", {}, {"eval_perplexity": 42.0})]
     records = table_rows(lm)
@@ -73,8 +73,8 @@ def test_the_held_out_score_is_the_tasks_own():
 def test_output_dir_names_the_bench_folder(monkeypatch, tmp_path, tiny_model_dir, sentiment_csv):
     """`bench --output-dir D` (as `train` takes it) writes the comparison under D; it was silently ignored, the
     results going to runs/bench-<time>. --bench-dir still wins."""
-    from leantrain import bench
-    from leantrain.cli import main
+    from leantrain.commands import bench
+    from leantrain.commands.cli import main
 
     seen = []
     monkeypatch.setattr(bench, "run_bench", lambda given, names, steps, bench_dir, **kw: seen.append(bench_dir) or [])

@@ -22,9 +22,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from leantrain import TrainConfig, checkpoint, train
+from leantrain import TrainConfig, train
 from leantrain.data.batching import GlobalBatchSampler
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.run import checkpoint
 from leantrain.training import Hooks
 
 HELPER = Path(__file__).with_name("checkpoint_helper.py")
@@ -326,7 +327,7 @@ def saved_checkpoint(pristine_checkpoint, tmp_path) -> Path:
     ],
 )
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(saved_checkpoint, job, damage, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     how, name = damage.split()
     path = saved_checkpoint / name

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from tests.conftest import write_csv
 
 
@@ -166,7 +166,7 @@ def _probe(argv: list[str], main: str | None = None) -> subprocess.CompletedProc
     """`python -m leantrain ARGV` in a child that reports, at its exit, whether cyclic garbage collection was on
     and how many objects were frozen; `main` replaces `cli.main` (a Python expression)."""
     code = (
-        "import atexit, gc, runpy, sys, leantrain.cli as cli\n"
+        "import atexit, gc, runpy, sys, leantrain.commands.cli as cli\n"
         "frozen = lambda: gc.get_freeze_count() > 1000\n"
         "atexit.register(lambda: print('at exit: collecting', gc.isenabled(), 'frozen', frozen()))\n"
         + (f"cli.main = lambda: {main}\n" if main else "")
@@ -183,7 +183,7 @@ def test_the_command_collects_no_garbage_at_start_up_nor_at_its_exit(base):
     from importlib.metadata import entry_points
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "leantrain"]
-    assert script.value == "leantrain.cli:entry"
+    assert script.value == "leantrain.commands.cli:entry"
     report = (
         "print('in main: collecting', __import__('gc').isenabled(), 'frozen', __import__('gc').get_freeze_count()) or 7"
     )
@@ -386,19 +386,3 @@ def test_train_help_names_every_task_and_shows_no_unset_defaults(capsys):
     assert "sequence classifier" not in text and "causal language models" in text and "images, audio" in text
     assert "(default: None)" not in text
     assert "(default: 128)" in text and "(default: False)" in text  # real defaults are still shown
-
-
-def test_evaluate_without_data_rescores_the_runs_own_held_out_rows(base, tmp_path, capsys, tiny_model_dir):
-    code, _, err = run(capsys, *base, "--epochs", "2", "--lr", "3e-3")
-    assert code == 0, err
-    run_dir = str(tmp_path / "run")
-    trained = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    code, out, err = run(capsys, "evaluate", run_dir)
-    assert code == 0, err
-    scored = json.loads(out)
-    assert scored["examples"] == 24 and scored["data"].startswith("held out of ")  # 10% of 240 rows
-    assert scored["accuracy"] == pytest.approx(trained["eval_accuracy"], abs=1e-9)
-    assert scored["loss"] == pytest.approx(trained["eval_loss"], rel=1e-5)
-    assert "confusion_matrix" in scored
-    code, _, err = run(capsys, "evaluate", str(tiny_model_dir))  # a model folder: no split to rescore
-    _one_line_error(code, err, "not a leantrain run directory", "give --data")

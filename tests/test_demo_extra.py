@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from leantrain.data import sources
 from leantrain.errors import DataError, ModelError
-from leantrain.models import embedded_model_path
+from leantrain.model.loading import embedded_model_path
 
 HINT = "pip install -e '.[demo]'"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from tests.conftest import REPO, SHARED_DATA, make_sentiment_rows, write_csv
 
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]

@@ -81,7 +81,7 @@ def test_site_builds_strictly(tmp_path):
 
 def test_the_metrics_page_lists_every_metric_for_the_problems_that_report_it():
     """docs/metrics-and-losses.md's table: a row per metric, 'yes' under each problem type whose table has it."""
-    from leantrain.scoring import TABLES
+    from leantrain.tasks.scoring import TABLES
 
     page = (REPO / "docs" / "metrics-and-losses.md").read_text()
     rows = {}

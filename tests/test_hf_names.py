@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from leantrain import cli
+from leantrain.commands import cli
 from leantrain.config import SCHEDULERS, TrainConfig
 from leantrain.errors import ConfigError
 
@@ -134,7 +134,7 @@ def test_yaml_takes_trainer_names_and_flags_override_them(tmp_path):
 
 @pytest.mark.parametrize("name", SCHEDULERS)
 def test_every_schedule_builds_and_steps(name):
-    from leantrain.optim import build_scheduler
+    from leantrain.model.schedules import build_scheduler
 
     needs = {
         "cosine_with_min_lr": '{"min_lr_rate": 0.1}',
@@ -169,7 +169,7 @@ def test_schedules_missing_their_arguments_are_refused(changes, says):
 
 
 def test_a_wrong_schedule_argument_is_one_line():
-    from leantrain.optim import build_scheduler
+    from leantrain.model.schedules import build_scheduler
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ConfigError, match="--scheduler cosine --scheduler-kwargs"):
@@ -178,7 +178,7 @@ def test_a_wrong_schedule_argument_is_one_line():
 
 @pytest.mark.parametrize("warmup_steps, ramp", [(4, 4), (0.5, 5), (None, 1)])  # None: --warmup-ratio 0.1
 def test_warmup_steps_are_steps_or_a_ratio_below_one(warmup_steps, ramp):
-    from leantrain.optim import build_scheduler
+    from leantrain.model.schedules import build_scheduler
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     scheduler = build_scheduler(optimizer, "constant", 10, 0.1, warmup_steps)
@@ -209,7 +209,7 @@ def test_the_trainer_users_page_is_generated_from_the_table():
 def test_every_row_names_a_real_setting_and_reads_back():
     from dataclasses import fields
 
-    from leantrain.hf_names import ROWS
+    from leantrain.config.hf_names import ROWS
 
     known = {f.name for f in fields(TrainConfig)}
     assert all(row.field in known for row in ROWS if row.field is not None)

@@ -8,7 +8,8 @@ import json
 import pytest
 import yaml
 
-from leantrain import TrainConfig, cli, train
+from leantrain import TrainConfig, train
+from leantrain.commands import cli
 
 LONG_TEXT = " ".join(["the film was a story with acting and plot"] * 40 + ["wonderful"])  # ~400 tokens
 

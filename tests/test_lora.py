@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from leantrain.errors import ConfigError
 from tests.hooks import Fault
 
@@ -183,7 +183,7 @@ def test_quantize_without_bitsandbytes_is_refused_naming_the_device(capsys, argv
 
 
 def test_quantize_where_bitsandbytes_cannot_run_is_refused_naming_the_device(capsys, argv, monkeypatch):
-    from leantrain import lora
+    from leantrain.model import lora
 
     def cannot(*args, **kwargs):
         raise RuntimeError("no kernel for this device")
@@ -241,7 +241,7 @@ def test_qlora_resumes_exactly_and_publishes_the_adapter_merged_into_the_dequant
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from leantrain import lora
+    from leantrain.model import lora
 
     whole = train(job("whole", quantize=bits, save_every=2, max_steps=4, save_adapter=True))
     ckpt = whole.output_dir / "checkpoints" / "step-000002"
@@ -279,8 +279,8 @@ def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize):
 
     from transformers import AutoModelForSequenceClassification
 
-    from leantrain import lora
-    from leantrain.optim import build_optimizer, optimizer_state_bytes
+    from leantrain.model import lora
+    from leantrain.model.optimizers import build_optimizer, state_bytes
     from leantrain.planner import memory as M
 
     if quantize:
@@ -298,7 +298,7 @@ def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize):
     full = M.estimate(facts, 4, 16, "fp32", False, "adamw")
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert predicted.gradients == 4 * sum(p.numel() for p in trainable) < full.gradients / 20
-    assert predicted.optimizer_state == optimizer_state_bytes(optimizer) < full.optimizer_state / 20
+    assert predicted.optimizer_state == state_bytes(optimizer) < full.optimizer_state / 20
     stored = sum(p.numel() * p.element_size() for p in model.parameters())
     assert predicted.weights == pytest.approx(
         stored + sum(b.numel() * b.element_size() for b in model.buffers()), rel=0.01

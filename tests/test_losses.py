@@ -1,4 +1,4 @@
-"""`leantrain.losses.head_cross_entropy_sum`: a causal LM's output head and cross-entropy in one chunked pass.
+"""`leantrain.model.losses.head_cross_entropy_sum`: a causal LM's output head and cross-entropy in one chunked pass.
 
 The class-weighted losses of classifiers are tested with the trainer (tests/training/test_weighted_loss.py).
 """
@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import leantrain.losses
-from leantrain.losses import head_cross_entropy_sum
+import leantrain.model.losses
+from leantrain.model.losses import head_cross_entropy_sum
 
 ROWS, HIDDEN, VOCAB = 23, 16, 50
 
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(leantrain.losses, "HEAD_CHUNK_ROWS", 5)  # 23 rows: four chunks and a short one
+    monkeypatch.setattr(leantrain.model.losses, "HEAD_CHUNK_ROWS", 5)  # 23 rows: four chunks and a short one
 
 
 def head(bias: bool, frozen: bool = False):

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 import leantrain
-from leantrain.model_card import write_model_card
+from leantrain.run.model_card import write_model_card
 
 METRICS = {
     "eval_accuracy": 0.9123,

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from leantrain.errors import ConfigError
-from leantrain.optim import (
+from leantrain.model.optimizers import (
     OPTIMIZERS,
     build_optimizer,
-    optimizer_state_bytes,
-    optimizer_state_bytes_per_param,
     parameter_groups,
+    state_bytes,
+    state_bytes_per_param,
 )
 
 # Learning rates at which each optimizer makes clear progress on the toy regression in a few steps.
@@ -180,7 +180,7 @@ def test_resume_from_saved_state_is_exact(name, tmp_path):
 
 def test_state_bytes_zero_before_first_step():
     opt = build_optimizer(small_net(), "adamw")
-    assert optimizer_state_bytes(opt) == 0 and optimizer_state_bytes_per_param(opt) == 0.0
+    assert state_bytes(opt) == 0 and state_bytes_per_param(opt) == 0.0
 
 
 def test_adamw_state_bytes_are_two_fp32_moments():
@@ -189,15 +189,15 @@ def test_adamw_state_bytes_are_two_fp32_moments():
     train(model, opt, batches(1))
     n = sum(p.numel() for p in model.parameters())
     n_tensors = len(list(model.parameters()))
-    assert optimizer_state_bytes(opt) == 8 * n + 4 * n_tensors  # exp_avg, exp_avg_sq, fp32 step per tensor
-    assert 8.0 <= optimizer_state_bytes_per_param(opt) < 8.01
+    assert state_bytes(opt) == 8 * n + 4 * n_tensors  # exp_avg, exp_avg_sq, fp32 step per tensor
+    assert 8.0 <= state_bytes_per_param(opt) < 8.01
 
 
 def test_sgd_without_momentum_holds_no_state_tensors():
     model = small_net()
     opt = build_optimizer(model, "sgd", lr=0.1)
     train(model, opt, batches(1))
-    assert optimizer_state_bytes(opt) == 0
+    assert state_bytes(opt) == 0
 
 
 @pytest.mark.parametrize("name", ["adafactor", "adamw8bit"])
@@ -209,7 +209,7 @@ def test_memory_saving_optimizers_hold_70_percent_less_than_adamw(name):
         model = small_net(width=256, hidden=512)  # matrices of 131,072 elements; 1,792 other parameters
         opt = build_optimizer(model, n, lr=1e-3)
         train(model, opt, data)
-        sizes[n] = optimizer_state_bytes(opt)
+        sizes[n] = state_bytes(opt)
     assert sizes[name] <= 0.30 * sizes["adamw"], sizes
 
 
@@ -220,7 +220,7 @@ def test_the_common_schedules_give_transformers_learning_rates_step_by_step(name
     start-up); they must give get_scheduler's learning rate at every step, bit for bit."""
     from transformers import get_scheduler
 
-    from leantrain.optim import build_scheduler
+    from leantrain.model.schedules import build_scheduler
 
     def rates(make):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3)
@@ -242,7 +242,7 @@ def test_the_common_schedules_give_transformers_learning_rates_step_by_step(name
 @pytest.mark.slow  # launches a Python process: 5.3-6.5 s of imports
 def test_a_default_schedule_does_not_load_transformers_optimization():
     code = (
-        "import sys, torch; from leantrain.optim import build_scheduler; "
+        "import sys, torch; from leantrain.model.schedules import build_scheduler; "
         "o = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1); build_scheduler(o, 'linear', 10, 0.1); "
         "print('transformers.optimization' in sys.modules)"
     )

@@ -26,8 +26,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from leantrain import TrainConfig, checkpoint, run_dir, train
+from leantrain import TrainConfig, train
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.run import checkpoint, directory
 
 REPO = Path(__file__).resolve().parents[1]
 HELPER = Path(__file__).with_name("reliability_helper.py")
@@ -203,7 +204,7 @@ def test_a_second_run_into_a_busy_output_dir_is_refused_and_touches_nothing(job,
         [
             sys.executable,
             "-c",
-            "import sys, time; from leantrain.run_dir import OutputLock; OutputLock(sys.argv[1]).acquire(); "
+            "import sys, time; from leantrain.run.directory import OutputLock; OutputLock(sys.argv[1]).acquire(); "
             "print('held', flush=True); time.sleep(120)",
             str(out),
         ],
@@ -251,7 +252,7 @@ def test_per_run_names_spare_a_live_runs_files_without_the_lock(job, monkeypatch
             d.mkdir(parents=True)
             (d / "model.safetensors").write_bytes(b"half")
         (out / "checkpoints" / ".step-000002.tmp").mkdir()  # an older leantrain's name: no pid
-        monkeypatch.setattr(run_dir.fcntl, "flock", lambda fd, how: None)  # a file system that cannot lock
+        monkeypatch.setattr(directory.fcntl, "flock", lambda fd, how: None)  # a file system that cannot lock
         train(cfg.replace(overwrite=True))
         assert all((d / "model.safetensors").read_bytes() == b"half" for d in live_files)
         assert not any(d.exists() for d in dead_files) and not (out / "checkpoints" / ".step-000002.tmp").exists()
@@ -287,7 +288,7 @@ def test_two_real_runs_into_one_output_dir(job, tmp_path):
 )
 @pytest.mark.parametrize("exists", [False, True], ids=["new", "existing"])
 def test_a_read_only_output_dir_is_one_line_before_any_work(job, small_disk, exists, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     disk = small_disk(1)
     if exists:
@@ -307,13 +308,13 @@ def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
     cfg = job(data=str(tmp_path / "missing.csv"))
     with pytest.raises(LeantrainError):
         train(cfg)
-    assert not run_dir._HELD and not run_dir._ACTIVE
+    assert not directory._HELD and not directory._ACTIVE
     # nothing holds it now: another process takes it at once
     probe = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys; from leantrain.run_dir import OutputLock; OutputLock(sys.argv[1]).acquire()",
+            "import sys; from leantrain.run.directory import OutputLock; OutputLock(sys.argv[1]).acquire()",
             cfg.output_dir,
         ],
         env=env(),
@@ -333,7 +334,7 @@ def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
 )
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous(job, small_disk, optimizer, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     model_mib = 8.0  # the tiny BERT's fp32 weights: 7.9 MiB; AdamW adds two moments per weight
     size = model_mib * 1.5 if optimizer == "sgd" else model_mib * 3 + model_mib * 1.5  # one checkpoint, not two
@@ -355,7 +356,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous(job,
     "refused before any data is read, in one line naming the free space and the space the model needs, exit 2",
 )
 def test_a_disk_too_small_for_the_final_model_is_refused_before_training(job, small_disk, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     disk = small_disk(5)  # less than the 7.9 MiB of weights
     cfg = job(output_dir=str(disk / "run"), max_steps=2)
@@ -376,7 +377,7 @@ def test_a_disk_too_small_for_the_final_model_is_refused_before_training(job, sm
 def test_a_disk_that_fills_during_training_keeps_the_trained_state_elsewhere(job, small_disk, monkeypatch, capsys):
     import shutil as sh
 
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
     from leantrain.training.trainer import Trainer
 
     alone = job("alone", max_steps=4)
@@ -466,7 +467,7 @@ def test_overwrite_killed_before_its_first_checkpoint_is_undone_by_the_next_run(
     "flag, value", [("--lr", "inf"), ("--weight-decay", "nan"), ("--max-grad-norm", "nan"), ("--warmup-ratio", "nan")]
 )
 def test_non_finite_settings_are_refused(flag, value, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     assert main(["train", flag, value]) == 2
     line = capsys.readouterr().err.strip()
@@ -498,7 +499,7 @@ def corrupt_weights_after_step(monkeypatch, at: int) -> None:
 def test_non_finite_weights_are_never_saved_or_published(job, monkeypatch, on_nan):
     cfg = job(save_every=2, max_steps=6, on_nan=on_nan)
     corrupt_weights_after_step(monkeypatch, 3)
-    with pytest.raises(run_dir.NonFiniteModel, match=r"of [\d,]+ weights are NaN or infinite") as err:
+    with pytest.raises(directory.NonFiniteModel, match=r"of [\d,]+ weights are NaN or infinite") as err:
         train(cfg)
     out = Path(cfg.output_dir)
     assert not (out / "metrics.json").exists() and not (out / "model").exists()
@@ -513,13 +514,13 @@ def test_non_finite_weights_are_never_saved_or_published(job, monkeypatch, on_na
 def test_a_non_finite_staged_model_is_not_published(tmp_path):
     from safetensors.torch import save_file
 
-    run = run_dir.RunDir(tmp_path / "run")
+    run = directory.RunDir(tmp_path / "run")
     run.check()
     staging = run.begin()
     (staging / "model").mkdir()
     save_file({"w": torch.tensor([1.0, float("nan"), 2.0])}, staging / "model" / "model.safetensors")
     (staging / "metrics.json").write_text("{}")
-    with pytest.raises(run_dir.NonFiniteModel, match="1 of 3 weights"):
+    with pytest.raises(directory.NonFiniteModel, match="1 of 3 weights"):
         run.publish()
     assert not (tmp_path / "run" / "metrics.json").exists()
     run.release()
@@ -639,7 +640,7 @@ def test_two_processes_stop_together_with_a_checkpoint(job, how):
 
 
 def test_handlers_belong_to_the_cli_not_to_the_python_api(job, monkeypatch):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
     from leantrain.training import interrupt
     from leantrain.training.trainer import Trainer
 
@@ -690,7 +691,7 @@ def test_a_kill_mid_publish_never_leaves_a_finished_mix(job, after):
 
 
 def test_publishing_fsyncs_every_file_before_it_moves(tmp_path, monkeypatch):
-    run = run_dir.RunDir(tmp_path / "run")
+    run = directory.RunDir(tmp_path / "run")
     run.check()
     staging = run.begin()
     (staging / "model").mkdir()
@@ -828,7 +829,7 @@ def test_precision_is_compared_as_resolved(job):
     "one line saying which folder to give, exit 2",
 )
 def test_resume_at_the_wrong_folder_is_one_line(job, two_checkpoints, tmp_path, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "empty").mkdir()

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 import leantrain
-from leantrain.cli import main
+from leantrain.commands.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 

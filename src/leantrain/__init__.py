@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from leantrain._version import __version__
 from leantrain.config import TrainConfig
 from leantrain.errors import LeantrainError
 
-__version__ = "0.1.0"
 __all__ = ["LeantrainError", "TrainConfig", "TrainResult", "__version__", "evaluate", "predict", "train"]
 
 if TYPE_CHECKING:

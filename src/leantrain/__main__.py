@@ -1,5 +1,5 @@
 import sys
 
-from leantrain.cli import entry
+from leantrain.commands.cli import entry
 
 sys.exit(entry())

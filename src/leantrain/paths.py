@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -12,6 +13,11 @@ from typing import IO
 def leantrain_cache() -> Path:
     """leantrain's own cache (tokenized data, the CPU peak probe): $LEANTRAIN_CACHE, else ~/.cache/leantrain."""
     return Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
+
+
+def default_output_dir() -> Path:
+    """Where a run goes when --output-dir is not given: runs/<timestamp> in the current folder."""
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
 def cache_paths() -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from leantrain import TrainConfig, train
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from leantrain.errors import DataError
 
 TONES = {"0": 300.0, "1": 1200.0, "2": 2600.0}

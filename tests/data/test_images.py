@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from leantrain import TrainConfig, train
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from leantrain.errors import DataError
 
 COLOURS = {"red": 0, "blue": 2}
@@ -243,13 +243,14 @@ def test_idx_files_are_a_source_like_mnist(job, tmp_path):
 
 
 def test_task_is_inferred_from_the_model_and_a_wrong_task_is_refused(tmp_path, capsys):
-    from leantrain import models, presets
+    from leantrain import tasks
+    from leantrain.model import presets
 
-    assert models.infer_task(presets.preset_config("preset:tiny-vit")) == "image-classification"
-    assert models.infer_task(presets.preset_config("preset:tiny-audio")) == "audio-classification"
+    assert tasks.infer(presets.preset_config("preset:tiny-vit")) == "image-classification"
+    assert tasks.infer(presets.preset_config("preset:tiny-audio")) == "audio-classification"
     from transformers import BertConfig
 
-    assert models.infer_task(BertConfig()) == "text-classification"
+    assert tasks.infer(BertConfig()) == "text-classification"
     code = main(["train", "--model", "preset:tiny-vit", "--task", "audio-classification", "--data", str(tmp_path),
                  "--output-dir", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
     assert code == 2 and "cannot do it" in capsys.readouterr().err

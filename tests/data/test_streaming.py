@@ -6,7 +6,7 @@ import pytest
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from leantrain.data.prepare import Examples
 from leantrain.data.sources import ReadOptions
 from leantrain.data.streaming import StreamingBatchSampler, prepare_stream
@@ -169,7 +169,7 @@ def test_the_class_ids_of_a_datasets_folder_are_kept(tiny_model_dir, tmp_path):
 def test_a_resumed_streamed_run_equals_the_uninterrupted_one(run):
     """The seek past the checkpoint's steps lands mid-window (windows of 50 global batches of 8 rows hold
     the whole stream here), and on the next epoch's reshuffled stream for the later steps."""
-    from leantrain import checkpoint
+    from leantrain.run import checkpoint
 
     whole, w_whole = run(batch_size=8, max_steps=40, save_every=30)
     ckpt = whole.output_dir / "checkpoints" / "step-000030"

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import leantrain.api as api
 import leantrain.data.batching as batching
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from leantrain.training import Hooks
 
 out, argv = sys.argv[1], sys.argv[2:]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from leantrain import parallel
-from leantrain.telemetry.report import collect_environment
+from leantrain.run.report import collect_environment
 
 
 def fake_cpuinfo(monkeypatch, family: int, flags: str) -> None:

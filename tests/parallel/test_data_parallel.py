@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
-from leantrain.launch import free_port
+from leantrain.commands.launch import free_port
 from tests.conftest import EXACT_JOB, make_sentiment_rows, max_diff, write_csv
 from tests.hooks import site_env
 
@@ -242,7 +242,7 @@ def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local
 ):
     """The user's own torchrun around plain `leantrain train` (tests/parallel/probe.py records what each rank
     saw): 54 training rows, 16 per step, 2 epochs; 27 evaluation rows in batches of 16 and 11."""
-    from leantrain import models
+    from leantrain.model import loading
 
     _, base = setup
     train_csv = write_csv(tmp_path / "train.csv", make_sentiment_rows(54, seed=1))
@@ -293,13 +293,13 @@ def test_shards_are_disjoint_and_complete_evaluation_has_no_duplicates_and_local
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert metrics["optimizer_steps"] == 8 and metrics["local_sgd_syncs"] == 4
     assert metrics["local_sgd_bytes_communicated"] == 4 * metrics["gradients_bytes"]
-    expected = replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]), ranks, k, lr)
+    expected = replay_local_sgd(loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"]), ranks, k, lr)
     assert max_diff(weights(out_dir), expected) <= TOL
     # and it is not plain data parallelism: the averaged model differs from one that all-reduced every step
     assert (
         max_diff(
             expected,
-            replay_local_sgd(models.load_for_classification(str(tiny_model_dir), ["neg", "pos"]), ranks, 1, lr),
+            replay_local_sgd(loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"]), ranks, 1, lr),
         )
         > 1e-4
     )

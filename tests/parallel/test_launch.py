@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leantrain import cli, launch
+from leantrain.commands import cli, launch
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
 
@@ -188,7 +188,7 @@ def test_a_jobs_failures_are_told_first_failure_first_and_the_survivors_as_conse
 
 
 def test_a_process_that_lost_its_peer_says_so_and_keeps_its_traceback_in_the_log_folder(tmp_path):
-    from leantrain.launch import ProcessFailed, report_failure
+    from leantrain.commands.launch import ProcessFailed, report_failure
 
     with pytest.raises(ProcessFailed) as lost, report_failure(0, 2, tmp_path):
         raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:5287. This is typically caused ...")

@@ -175,7 +175,8 @@ def test_a_training_run_asks_the_governor_every_step_and_says_when_the_count_cha
 
 def test_a_launcher_splits_the_quotas_cpus_among_its_ranks(monkeypatch):
     """Under a quota of 4 CPUs of 8 the CLI sets 4 threads; two launched ranks then get 2 each, not 4 each."""
-    from leantrain import TrainConfig, launch
+    from leantrain import TrainConfig
+    from leantrain.commands import launch
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda root=None: 4.0)

@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
-from leantrain.cli import main
+from leantrain.commands.cli import main
 from tests.conftest import EXACT_JOB, max_diff
 from tests.hooks import OutOfMemoryAt, site_env
 
@@ -105,7 +105,7 @@ def test_train_auto_uses_and_records_the_plan(tiny_model_dir, sentiment_csv, cac
 def test_train_auto_refuses_a_finished_output_dir_before_preparing_the_data(lm_corpus, tmp_path, monkeypatch):
     """--auto prepares the data to plan on it; a finished run in --output-dir is refused before that work."""
     from leantrain.errors import ConfigError
-    from leantrain.run_dir import FINISHED_MARKER
+    from leantrain.run.directory import FINISHED_MARKER
     from leantrain.tasks.causal_lm import CausalLM
 
     done = tmp_path / "done"
@@ -334,7 +334,7 @@ def test_instruction_data_plans_the_logits_where_a_token_counts(tmp_path, cache_
     everywhere."""
     import random
 
-    from leantrain import models
+    from leantrain.model import loading
     from leantrain.planner.auto import fitted_to_data
     from leantrain.planner.memory import model_facts
     from leantrain.planner.search import PlanRequest, make_plan
@@ -361,8 +361,8 @@ def test_instruction_data_plans_the_logits_where_a_token_counts(tmp_path, cache_
 
     # the same request and model, every position counted: the logits at every position
     cfg = TrainConfig(model=model, data=str(data), cache_dir=str(cache_dir), max_length=64, batch_size=16).resolved()
-    path = models.resolve_model(cfg.model)
-    prepared = resolve(cfg, models.load_config(path)).prepare_data(path, models.load_config(path))
+    path = loading.resolve_model(cfg.model)
+    prepared = resolve(cfg, loading.load_config(path)).prepare_data(path, loading.load_config(path))
     request = PlanRequest(model=cfg.model, budget=2**30, global_batch=16, seq_len=64)
     fitted, facts, _ = fitted_to_data(cfg, request, prepared)
     assert fitted.counted == pytest.approx(share / 100, abs=0.005)  # what `plan` printed, in percent

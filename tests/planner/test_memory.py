@@ -13,6 +13,7 @@ import pytest
 import torch
 from benchmarks.planner_measure import Trial, measure_trials
 
+from leantrain.config.units import parse_memory
 from leantrain.errors import ConfigError
 from leantrain.planner import memory as M
 
@@ -24,13 +25,13 @@ TOLERANCE = 0.15
     [("8GiB", 8 * 2**30), ("512MiB", 512 * 2**20), ("8GB", 8 * 10**9), ("1.5 GiB", int(1.5 * 2**30)), ("1024", 1024)],
 )
 def test_memory_units(text, expected):
-    assert M.parse_memory(text) == expected
+    assert parse_memory(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["8 gigs", "GiB", "-1GiB", "0MiB", ""])
 def test_bad_memory_values_fail_in_one_line(bad):
     with pytest.raises(ConfigError, match="--memory") as info:
-        M.parse_memory(bad)
+        parse_memory(bad)
     assert "\n" not in str(info.value)
 
 
@@ -46,7 +47,7 @@ def test_config_checks_memory():
 def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer):
     from benchmarks.planner_measure import build_model
 
-    from leantrain.optim import build_optimizer, optimizer_state_bytes
+    from leantrain.model.optimizers import build_optimizer, predicted_state_bytes, state_bytes
 
     model = build_model(str(tiny_model_dir))
     opt = build_optimizer(model, optimizer, lr=1e-3, weight_decay=0.01)
@@ -55,7 +56,7 @@ def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer):
     opt.step()
     facts = M.model_facts(str(tiny_model_dir))
     assert facts.params == sum(p.numel() for p in model.parameters())
-    assert M.optimizer_state_bytes(facts.inventory, optimizer) == optimizer_state_bytes(opt)
+    assert predicted_state_bytes(facts.inventory.shapes, optimizer) == state_bytes(opt)
 
 
 def test_activation_profile_separates_layers_batch_and_copies(tiny_model_dir):
@@ -92,12 +93,13 @@ def saved_bytes(model, step) -> int:
 def test_a_classifiers_activations_are_planned_as_its_task_runs_it(tiny_model_dir):
     """The activations planned for a classifier are what the task's forward saves, its last layer after attention
     at the first token only: in this two-layer model a fifth less than the whole model saves."""
-    from leantrain import TrainConfig, models
+    from leantrain import TrainConfig
+    from leantrain.model import loading
     from leantrain.tasks.text_classification import TextClassification
 
     facts = M.model_facts(str(tiny_model_dir))
     planned = M.activation_profile(facts.config_json, 32, "fp32", False).saved(4, facts.layers, False)
-    model = models.load_for_classification(str(tiny_model_dir), ["neg", "pos"], task="text-classification")
+    model = loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"])
     model.train()
     task = TextClassification(TrainConfig(model=str(tiny_model_dir), data="unused.csv"))
     task.check_model(model)
@@ -247,7 +249,7 @@ def test_causal_lm_facts_and_plan_know_the_task():
     from leantrain.telemetry.flops import counted_flop_model
 
     facts = M.model_facts("preset:tiny-llama")
-    assert (facts.task, facts.vocab, facts.layers) == ("causal-lm", 8192, 4)
+    assert (facts.kind, facts.vocab, facts.layers) == ("causal-lm", 8192, 4)
     one = dict(precisions=("fp32",), optimizers=("adamw",), checkpointing=(False,))  # few proxies: 4 s, not 12
     plan = make_plan(PlanRequest(model="preset:tiny-llama", budget=2**30, global_batch=16, seq_len=256, **one))
     flops = counted_flop_model(M._build(M._config_from_json(facts.config_json), "meta")).batch_flops(1, 256)

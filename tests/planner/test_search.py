@@ -12,13 +12,13 @@ import pytest
 
 from leantrain.planner import search
 from leantrain.planner.memory import model_facts
-from leantrain.planner.speed import CPU_OPTIMIZER_SECONDS, DeviceSpeed
+from leantrain.planner.speed import DeviceSpeed, optimizer_seconds
 
 SPEED = DeviceSpeed(
     "cpu",
     2.5e11,
     {"fp32": 1.0, "bf16": 1.5, "fp16": 0.9},
-    optimizer_seconds_per_param=CPU_OPTIMIZER_SECONDS,
+    optimizer_seconds_per_param=optimizer_seconds("cpu"),
     source="fixed for tests",
 )
 
@@ -114,8 +114,7 @@ def test_render_and_write(facts, tmp_path):
 
 def test_probe_measurements_beat_predictions(facts, monkeypatch, tmp_path):
     """Fake probes: the predicted favourite measures slow, another measures over budget; the third wins."""
-    from leantrain import bench
-    from leantrain.planner import probe
+    from leantrain.commands import bench, probe
 
     plan = plan_for(facts, 2**40)
     picked = probe.pick(plan, probe.ProbeConfig(top=3))
@@ -149,7 +148,7 @@ def test_a_real_probe_measures_the_top_candidates_and_recommends_the_fastest_mea
 ):
     """No fake measurements: two real 2-step runs of the tiny BERT; their peaks agree with the memory model and
     the recommendation is the candidate that measured fastest among those that fit."""
-    from leantrain.planner import probe
+    from leantrain.commands import probe
 
     # fp32 only: on a CPU without fast bf16 (this one emulates it at 0.3 GFLOP/s) a bf16 probe takes minutes
     # batch 128 x 128 tokens: activations dominate the peak, so a probe of an easier job (unpadded short
@@ -170,8 +169,7 @@ def test_a_real_probe_measures_the_top_candidates_and_recommends_the_fastest_mea
 
 
 def test_a_failed_probe_does_not_win(facts, monkeypatch, tmp_path):
-    from leantrain import bench
-    from leantrain.planner import probe
+    from leantrain.commands import bench, probe
 
     plan = plan_for(facts, 2**40)
     first = probe.pick(plan, probe.ProbeConfig(top=2))[0]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from leantrain.scoring import classification_report, metric_names, score
+from leantrain.tasks.scoring import classification_report, metric_names, score
 
 SIZES = (1, 2, 3, 4, 6, 10, 40)
 SEEDS = range(6)
@@ -135,7 +135,7 @@ def test_scoring_the_defaults_does_not_import_scikit_learn():
     code = """
 import sys
 import numpy as np
-from leantrain.scoring import metric_names, score
+from leantrain.tasks.scoring import metric_names, score
 probs, labels = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), np.array([0, 1, 1])
 print(score("single-label", metric_names("single-label"), probs, labels))
 print(score("multi-label", metric_names("multi-label"), probs, np.array([[1, 0], [0, 1], [1, 1]])))

@@ -12,7 +12,7 @@ from sklearn import metrics as skm
 
 from leantrain import TrainConfig, evaluate, train
 from leantrain.errors import ConfigError
-from leantrain.scoring import classification_report, format_report, metric_names, score
+from leantrain.tasks.scoring import classification_report, format_report, metric_names, score
 
 
 def probs_of(preds: np.ndarray, classes: int, rng: np.random.Generator) -> np.ndarray:
@@ -120,7 +120,7 @@ def test_metric_for_best_must_be_reported(job):
 
 
 def test_evaluate_prints_a_per_class_report_and_a_confusion_matrix(job, tmp_path, sentiment_csv, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     result = train(job(epochs=4))
     scores = evaluate(str(result.output_dir), str(sentiment_csv), metrics="f1,accuracy")
@@ -138,7 +138,7 @@ def test_evaluate_prints_a_per_class_report_and_a_confusion_matrix(job, tmp_path
 
 
 def test_the_cli_prints_the_metrics_asked_for(tiny_model_dir, sentiment_csv, tmp_path, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     job = ["--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--output-dir", str(tmp_path / "r")]
     job += ["--cache-dir", str(tmp_path / "c"), "--max-steps", "2", "--no-progress", "--no-report"]

@@ -134,9 +134,9 @@ def test_training_computes_logits_only_where_a_token_counts(llama_dir, corpus, f
     """The output head runs on the counted positions alone, with the loss in one chunked pass (the logits never
     whole) or as logits of (counted tokens, vocabulary): the same loss and the same gradient for every weight as
     the full logits give (up to rounding); evaluation, a later call and a compiled model keep every position's."""
-    import leantrain.losses
+    import leantrain.model.losses
 
-    monkeypatch.setattr(leantrain.losses, "HEAD_CHUNK_ROWS", 7)  # several chunks, the last one short
+    monkeypatch.setattr(leantrain.model.losses, "HEAD_CHUNK_ROWS", 7)  # several chunks, the last one short
     model = tiny_llama(llama_dir).train()
     task = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False))
     task.check_model(model)

@@ -11,9 +11,9 @@ from leantrain.tasks.text_classification import TextClassification
 
 
 def classifier(path, attention: str = "sdpa"):
-    from leantrain import models
+    from leantrain.model import loading
 
-    model = models.load_for_classification(str(path), ["neg", "pos"], task="text-classification")
+    model = loading.load_for_classification(str(path), ["neg", "pos"])
     model.set_attn_implementation(attention)
     return model.train()
 

@@ -7,8 +7,8 @@ import io
 import pytest
 
 from leantrain.errors import LeantrainError
-from leantrain.telemetry.compare import comparison_rows, config_differences, print_comparison, run_labels, write_chart
-from leantrain.telemetry.report import load_run
+from leantrain.run.compare import comparison_rows, config_differences, print_comparison, run_labels, write_chart
+from leantrain.run.report import load_run
 
 
 def test_only_the_config_keys_that_differ_are_shown(tiny_runs):
@@ -52,7 +52,7 @@ def test_the_chart_is_written(tiny_runs, tmp_path):
 
 
 def test_the_compare_command(tiny_runs, tmp_path, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     out = tmp_path / "c.png"
     assert main(["compare", str(tiny_runs[0]), str(tiny_runs[1]), "--output", str(out)]) == 0
@@ -63,7 +63,7 @@ def test_the_compare_command(tiny_runs, tmp_path, capsys):
 
 
 def test_compare_writes_no_chart_unless_asked(tiny_runs, tmp_path, capsys, monkeypatch):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["compare", str(tiny_runs[0]), str(tiny_runs[1])]) == 0
@@ -71,14 +71,14 @@ def test_compare_writes_no_chart_unless_asked(tiny_runs, tmp_path, capsys, monke
 
 
 def test_labels_are_made_unique(tmp_path):
-    from leantrain.telemetry.report import RunData
+    from leantrain.run.report import RunData
 
     runs = [RunData(tmp_path / "x" / "run", True), RunData(tmp_path / "y" / "run", True)]
     assert run_labels(runs) == ["x/run", "y/run"]
 
 
 def test_compare_needs_two_runs(tiny_runs):
-    from leantrain.telemetry.compare import compare
+    from leantrain.run.compare import compare
 
     with pytest.raises(LeantrainError):
         compare([tiny_runs[0]])

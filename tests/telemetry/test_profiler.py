@@ -120,7 +120,7 @@ def test_profile_steps_must_be_positive():
 def test_the_fused_head_loss_is_named_in_the_trace_as_the_summary_expects():
     import torch
 
-    from leantrain.losses import head_cross_entropy_sum
+    from leantrain.model.losses import head_cross_entropy_sum
 
     hidden, weight = torch.randn(6, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
     with torch.profiler.profile() as trace:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from leantrain.errors import LeantrainError
-from leantrain.telemetry.report import load_run, read_rows, write_report
+from leantrain.run.report import load_run, read_rows, write_report
 from leantrain.telemetry.timing import PHASES, row_key
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -176,7 +176,7 @@ def test_a_report_from_a_real_run_draws_what_exists(tiny_runs):
 
 
 def test_the_report_command(tiny_runs, tmp_path, capsys):
-    from leantrain.cli import main
+    from leantrain.commands.cli import main
 
     out = tmp_path / "elsewhere" / "r.html"
     assert main(["report", str(tiny_runs[1]), "--output", str(out)]) == 0
@@ -238,8 +238,8 @@ def test_the_pages_figures_say_what_a_reader_needs(tmp_path):
     model with its perplexity and exact match; the config as what was set."""
     import torch
 
-    from leantrain.optim import build_scheduler
-    from leantrain.telemetry.report import eval_panels, fmt_bytes, lr_schedule
+    from leantrain.model.schedules import build_scheduler
+    from leantrain.run.report import eval_panels, fmt_bytes, lr_schedule
 
     run = tmp_path / "lm"
     run.mkdir()

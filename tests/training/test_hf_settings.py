@@ -10,7 +10,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from leantrain import TrainConfig, cli, train
+from leantrain import TrainConfig, train
+from leantrain.commands import cli
 from leantrain.training import Hooks
 from tests.conftest import EXACT_JOB
 

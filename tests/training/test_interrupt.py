@@ -17,8 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from leantrain import TrainConfig, checkpoint
-from leantrain.cli import main
+from leantrain import TrainConfig
+from leantrain.run import checkpoint
+from leantrain.commands.cli import main
 
 
 @pytest.fixture()
@@ -87,8 +88,8 @@ def spy(monkeypatch, target, name: str, before=None, calls: list | None = None):
 
 
 def test_ctrl_c_while_tokenizing_stops_there_leaving_no_cache_and_no_staging(job, monkeypatch, capsys):
-    from leantrain import models
     from leantrain.data import prepare
+    from leantrain.model import loading as models
 
     work, loaded = SlicedWork(), []
     spy(monkeypatch, prepare, "tokenize", before=work)
@@ -118,7 +119,7 @@ def test_ctrl_c_while_the_cache_is_written_leaves_no_partial_entry(job, monkeypa
 
 
 def test_ctrl_c_while_loading_the_model_stops_there(job, monkeypatch, capsys):
-    from leantrain import models
+    from leantrain.model import loading as models
     from leantrain.training import trainer
 
     work, built = SlicedWork(), []
@@ -155,7 +156,7 @@ def test_ctrl_c_while_evaluating_stops_at_the_next_batch_with_a_checkpoint(job, 
 
 
 def test_ctrl_c_while_saving_the_model_stops_there_and_publishes_nothing(job, monkeypatch, capsys):
-    from leantrain import model_card
+    from leantrain.run import model_card
 
     work = SlicedWork()
     spy(monkeypatch, model_card, "write_model_card", before=work)

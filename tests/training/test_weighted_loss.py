@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
 from leantrain.errors import ConfigError
-from leantrain.losses import class_weights, weighted_cross_entropy_sum
+from leantrain.model.losses import class_weights, weighted_cross_entropy_sum
 from leantrain.training.hooks import Hooks
 from tests.conftest import EXACT_JOB, assert_trained_alike, write_csv
 

@@ -1,4 +1,4 @@
-"""How a label column becomes training targets (issue #17): class ids, numbers (regression) or sets of classes
+"""How a label column becomes training targets: class ids, numbers (regression) or sets of classes
 (multi-label). `prepare_data` asks a codec for the label names (fit on the training labels) and the target
 array of each source; labels arrive as strings (`columns.normalise_labels`; lists as JSON)."""
 

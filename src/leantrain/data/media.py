@@ -85,7 +85,7 @@ class MediaProcessor:
 def load_processor(name: str, config, task: str, max_seconds: float | None = None) -> MediaProcessor:
     """The processor of a preset, model folder (or a config.json's folder) or hub model; a plain one when
     a local model has none (images then must already have the model's size)."""
-    from leantrain import presets
+    from leantrain.model import presets
 
     channels = int(getattr(config, "num_channels", 3) or 3)
     if presets.is_preset(name):
@@ -735,8 +735,8 @@ def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
 
 def model_config(name: str, config, mp: MediaProcessor, trust_remote_code: bool = False):
     """The config to build the model from: a preset's sized to the processed inputs (audio length), else `name`'s."""
-    from leantrain import models, presets
+    from leantrain.model import loading, presets
 
     if presets.is_preset(name):
         return presets.preset_config(name, max_seconds=mp.max_seconds)
-    return models.load_config(name, trust_remote_code=trust_remote_code)
+    return loading.load_config(name, trust_remote_code=trust_remote_code)

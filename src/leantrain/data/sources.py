@@ -308,7 +308,6 @@ def _parse_clean(
     repairing reader does; text that might need repair (non-ASCII, HTML entities) is repaired cell by cell.
     """
     import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     if column_names is None:
         # the header, to ask for every column as a string ("007" stays "007")
@@ -332,24 +331,7 @@ def _parse_clean(
         return "skip"
 
     def read(block_size: int | None):
-        return pacsv.read_csv(
-            io.BytesIO(raw),
-            read_options=pacsv.ReadOptions(
-                column_names=list(column_names) if column_names else None,
-                **({"block_size": block_size} if block_size else {}),
-            ),
-            parse_options=pacsv.ParseOptions(
-                delimiter="\t" if fmt == "tsv" else ",",
-                quote_char=False if fmt == "tsv" else '"',
-                newlines_in_values=fmt != "tsv",
-                invalid_row_handler=skip,
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types={n: pa.string() for n in names},
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            ),
-        )
+        return _arrow_csv(raw, fmt, names, column_names, skip, block_size)
 
     try:
         try:
@@ -368,6 +350,31 @@ def _parse_clean(
     df = df.astype(object)
     _repair_text_columns(df, np.zeros(len(df), dtype=bool), report)
     return df
+
+
+def _arrow_csv(raw: bytes, fmt: str, names: list[str], column_names, skip, block_size: int | None):
+    """pyarrow's CSV reader over `raw`, every column a string, rows of the wrong width handed to `skip`."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(
+        io.BytesIO(raw),
+        read_options=pacsv.ReadOptions(
+            column_names=list(column_names) if column_names else None,
+            **({"block_size": block_size} if block_size else {}),
+        ),
+        parse_options=pacsv.ParseOptions(
+            delimiter="\t" if fmt == "tsv" else ",",
+            quote_char=False if fmt == "tsv" else '"',
+            newlines_in_values=fmt != "tsv",
+            invalid_row_handler=skip,
+        ),
+        convert_options=pacsv.ConvertOptions(
+            column_types={n: pa.string() for n in names},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
+    )
 
 
 def _csv_reader(text: io.StringIO, fmt: str):

@@ -105,7 +105,7 @@ def choose_precision(requested: str, device: str | None = None) -> tuple[str, st
         return requested, "set by --precision"
     from leantrain.parallel.precision import accelerate_precision
 
-    configured = accelerate_precision()  # the user's Accelerate config, when --precision is left to auto (#17)
+    configured = accelerate_precision()  # the user's Accelerate config, when --precision is left to auto
     if configured is not None:
         return configured
     device = device or device_type()
@@ -142,7 +142,7 @@ def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | 
     # The schedule counts global optimizer steps, so the scheduler steps once per optimizer step.
     # cpu=True on a host without CUDA: under torchrun, Accelerate otherwise reports a single process
     # and leaves the model unwrapped, though torch.distributed runs with several ranks.
-    if log_with:  # issue #17: trackers write under the run's folder, set when they start (a placeholder now)
+    if log_with:  # trackers write under the run's folder, set when they start (a placeholder now)
         kwargs.update(log_with=log_with, project_dir=os.getcwd())
     return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=cpu, **kwargs)
 
@@ -176,7 +176,7 @@ def environment_report() -> list[tuple[str, str]]:
     import transformers
     from accelerate import PartialState
 
-    from leantrain import __version__
+    from leantrain._version import __version__
     from leantrain.paths import cache_paths
 
     state = PartialState()

@@ -21,13 +21,22 @@ from typing import Any
 
 #: what the agent's log (torch.distributed.elastic) is written to, in the log folder, instead of the terminal
 AGENT_LOG = "launcher.log"
+#: OUTPUT_DIR/logs, where a launched job's processes and its launcher write what failed in full (tracebacks)
+FAILURE_LOGS_ENV = "LEANTRAIN_FAILURE_LOGS"
+#: what a collective says when the process at the other end is gone: a consequence, not a cause
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+    "Connection refused",
+)
 
 
 def main() -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    from leantrain.launch import FAILURE_LOGS_ENV
 
     logs = Path(os.environ[FAILURE_LOGS_ENV]) if os.environ.get(FAILURE_LOGS_ENV) else None
     if logs is not None:
@@ -87,7 +96,6 @@ def describe_failures(failures: dict[int, Any], logs: Path, world: int | None = 
     """A job's failures (torch elastic's `ProcessFailure`s by global rank) in a few lines: the first failure, then
     the others as its consequences. A process the agent stopped with SIGTERM, or that lost its connection to
     another (its traceback in `logs` says so), is a consequence; among the rest the earliest is the first."""
-    from leantrain.launch import PEER_LOST
 
     def lost_a_peer(rank: int) -> bool:
         try:

@@ -89,7 +89,7 @@ class MixedPrecision:
         self.skipped_steps = state.get("skipped_steps", 0)
 
 
-# --- HF Trainer users (issue #17): the user's Accelerate configuration, when --precision is left to auto
+# --- HF Trainer users: the user's Accelerate configuration, when --precision is left to auto
 
 #: Accelerate's mixed-precision names -> leantrain's
 _FROM_ACCELERATE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}

@@ -1,4 +1,4 @@
-"""CPU threads that hold up when the machine is shared (issue #16).
+"""CPU threads that hold up when the machine is shared.
 
 Two things make a CPU run collapse beside a busy neighbour. OpenMP's threads spin at every barrier waiting for
 each other (libgomp's default), so a thread whose core the neighbour holds keeps the others burning their cores

@@ -1,4 +1,4 @@
-"""Experiment trackers through Accelerate (issue #17, `--report-to`): TensorBoard, Weights & Biases, MLflow and
+"""Experiment trackers through Accelerate (`--report-to`): TensorBoard, Weights & Biases, MLflow and
 whatever else Accelerate supports, started with `Accelerator(log_with=...)` and `init_trackers`, fed with
 `accelerator.log` (the main process only: Accelerate's trackers live there).
 

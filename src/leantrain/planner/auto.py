@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from leantrain.config import TrainConfig
+from leantrain.config.units import format_bytes
 from leantrain.errors import LeantrainError
-from leantrain.planner.memory import LoraSpec, ModelFacts, format_bytes
+from leantrain.planner.memory import LoraSpec, ModelFacts
 from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
 
 #: --auto plans within this share of the budget: the memory model counts tensors, not the allocator's
@@ -60,7 +61,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         # an explicit precision is kept (auto lets the planner choose); so is sgd, which nothing replaces
         precisions=None if cfg.precision == "auto" else (cfg.precision,),
         optimizers=("sgd",) if cfg.optimizer == "sgd" else available_optimizers(),
-        lora=LoraSpec.of(cfg),  # LoRA (issue #15)
+        lora=LoraSpec.of(cfg),  # LoRA
     )
     return request, source
 
@@ -90,7 +91,7 @@ def fitted_to_data(
     if data.model_config is not None:  # a preset trained from scratch: its vocabulary is the run's tokenizer's
         from leantrain.planner.memory import model_facts
 
-        facts = model_facts(cfg.model, config=data.model_config)
+        facts = model_facts(cfg.model, config=data.model_config, task=cfg.task)
         notes.append(f"vocabulary {facts.vocab:,}: the tokenizer this run trains on --data")
     return request, facts, notes
 

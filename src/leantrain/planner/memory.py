@@ -16,7 +16,8 @@ Where each part comes from:
 - **optimizer state**: per optimizer, from the same parameter shapes (AdamW: two fp32 moments;
   Adafactor: factored second moments, rows + columns of each matrix; bitsandbytes' 8-bit AdamW: two
   uint8 moments plus a per-256-block fp32 scale, fp32 moments for tensors under 4,096 elements; SGD:
-  none). These equal `optim.optimizer_state_bytes` of a real optimizer (tests/planner checks it).
+  none): the optimizer registry's count (`model.optimizers`), which equals `state_bytes` of a real optimizer
+  (tests/planner checks it).
 - **activations**: what autograd saves for backward, *counted* on small proxies of the real
   architecture: the model's own config with one and with two layers, at the planned sequence length,
   at two batch sizes, under the planned precision and checkpointing. The saved tensors' bytes are
@@ -48,52 +49,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from leantrain.config.units import MIB
 from leantrain.errors import ConfigError
-
-MIB = 2**20
-GIB = 2**30
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 2**10,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 2**20,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 2**30,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 2**40,
-}
-
-
-def parse_memory(text: str | int | float, flag: str = "--memory") -> int:
-    """Bytes in '8GiB', '512MiB', '8GB', '1.5 GiB', '123456' (bytes). GiB/MiB are powers of 2, GB/MB of 10."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
-    else:
-        import re
-
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ConfigError(
-                f"{flag}: cannot read {text!r} as an amount of memory; write it like 8GiB, 512MiB, 8GB or 2.5GB"
-            )
-        value, unit = float(m.group(1)), m.group(2).lower()
-    n = int(value * _UNITS[unit])
-    if n <= 0:
-        raise ConfigError(f"{flag}: must be more than 0 bytes, got {text!r}")
-    return n
-
-
-def format_bytes(n: float) -> str:
-    """1.5 GiB, 384 MiB: binary units, as --memory reads them."""
-    if abs(n) >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    return f"{n / MIB:.0f} MiB"
+from leantrain.model import optimizers
 
 
 @dataclass(frozen=True)
@@ -114,38 +72,6 @@ class ParamInventory:
     @property
     def largest(self) -> int:
         return max((math.prod(s) for s in self.shapes), default=0)
-
-
-#: bitsandbytes keeps fp32 state for tensors under this many elements (its `min_8bit_size`)
-BNB_MIN_8BIT_SIZE = 4096
-#: bitsandbytes' blockwise quantisation block: one fp32 absmax per block and moment
-BNB_BLOCK = 256
-
-
-def optimizer_state_bytes(inventory: ParamInventory, optimizer: str) -> int:
-    """Bytes of optimizer state once the first step has run (state is created lazily)."""
-    total = 0
-    for shape in inventory.shapes:
-        n = math.prod(shape)
-        if optimizer == "adamw":
-            total += 8 * n + 4  # exp_avg, exp_avg_sq (fp32) and a fp32 step tensor per parameter
-        elif optimizer == "adamw8bit":
-            if n >= BNB_MIN_8BIT_SIZE:
-                total += 2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK)  # two uint8 moments, two fp32 absmax per block
-            else:
-                total += 8 * n
-        elif optimizer == "adafactor":
-            # transformers' Adafactor without beta1: factored second moments for matrices, full for vectors
-            # (and a 0-dim fp32 RMS tensor per parameter)
-            total += 4 * (math.prod(shape[:-1]) + math.prod(shape[:-2] + shape[-1:])) if len(shape) >= 2 else 4 * n
-            total += 4
-        elif optimizer == "sgd":
-            pass
-        else:
-            raise ConfigError(f"no memory model for optimizer {optimizer!r}")
-    if optimizer == "adamw8bit":
-        total += 2 * 256 * 4  # the two dynamic quantisation maps, shared by all parameters
-    return total
 
 
 @dataclass(frozen=True)
@@ -189,11 +115,6 @@ class WorkspaceModel:
     #: chunk's logits, their log-softmax and the softmax's gradient in its place (fitted: preset:tiny-llama's fp32
     #: trials imply 2.7-3.2, the checkpointed one 3.6; tests/planner/test_memory.py)
     transient_fused_logits: float = 3.0
-    #: optimizer temporaries in units of the largest parameter tensor: Adafactor's update and its factored
-    #: estimate; bitsandbytes on CPU dequantises both moments of a tensor to fp32 (measured 5.0 on both models)
-    optimizer_largest: dict[str, float] = field(
-        default_factory=lambda: {"adamw": 0.0, "adafactor": 2.0, "adamw8bit": 5.0, "sgd": 0.0}
-    )
     #: one-off memory of the first training step of a run (kernels' code and buffers, thread pools), by device
     #: and precision: 16-21 MiB in fp32 `leantrain train` runs of the tiny BERT and MiniLM on CPU; bf16 adds
     #: oneDNN's cache of JIT-built kernels, one per matmul shape (5-13 MiB for the tiny BERT at one shape). CUDA's
@@ -257,8 +178,9 @@ class ModelFacts:
     inventory: ParamInventory
     #: the config as a JSON string (to build proxies, and a hashable cache key)
     config_json: str
-    #: "text-classification" or "causal-lm": which head the proxies get and which loss they run
-    task: str = "text-classification"
+    #: how the planner models it (its task's `planner`): "classifier" or "causal-lm": which head the proxies get and
+    #: which loss they run
+    kind: str = "classifier"
     #: vocabulary size: a causal LM's logits hold one score per token and vocabulary entry
     vocab: int = 0
 
@@ -267,7 +189,7 @@ class ModelFacts:
         return self.inventory.numel
 
 
-# --- LoRA (issue #15)
+# --- LoRA
 
 
 @dataclass(frozen=True)
@@ -303,11 +225,11 @@ class LoraInventory:
 
 
 def _with_adapters(net, spec: LoraSpec):
-    """`net` with peft's LoRA adapters as `leantrain.lora.apply` adds them (no quantization: the proxies and the
+    """`net` with peft's LoRA adapters as `leantrain.model.lora.apply` adds them (no quantization: the proxies and the
     meta-device inventory only need shapes and what autograd saves)."""
     from types import SimpleNamespace
 
-    from leantrain import lora
+    from leantrain.model import lora
 
     cfg = SimpleNamespace(lora_r=spec.r, lora_alpha=2.0 * spec.r, lora_dropout=spec.dropout, lora_targets=spec.targets)
     return lora.apply(net, SimpleNamespace(**vars(cfg), quantize=None), None)
@@ -325,7 +247,7 @@ def _quantized_bytes(numel: int, rows: int, bits: str) -> int:
 def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = False) -> LoraInventory:
     import torch
 
-    from leantrain import lora
+    from leantrain.model import lora
 
     net = _build(_config_from_json(config_json), "meta", trust_remote_code)
     head = lora.head_modules(net)
@@ -358,30 +280,23 @@ def _layers_attr(config) -> str:
     raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs a transformer")
 
 
-#: the tasks the planner models: a text encoder with a classification head, a causal language model
-PLANNED_TASKS = ("text-classification", "causal-lm")
-
-
-def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None) -> ModelFacts:
+def model_facts(
+    model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None, task: str | None = None
+) -> ModelFacts:
     """Read the model's config (or take `config`: a preset's, sized to the run's tokenizer) and count its
-    parameters on the meta device (nothing is allocated)."""
-    from leantrain import models
+    parameters on the meta device (nothing is allocated). `task`: the run's --task (else the model's own)."""
+    from leantrain.model import loading
 
     if config is None:
-        path = models.resolve_model(model)
-        config = models.load_config(
+        path = loading.resolve_model(model)
+        config = loading.load_config(
             path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
         )
-    task = models.infer_task(config)
-    if task not in PLANNED_TASKS:
-        raise ConfigError(
-            f"{model}: the planner models text encoders and causal language models; "
-            f"a '{getattr(config, 'model_type', '?')}' model ({task}) is planned by hand for now (leantrain bench)"
-        )
+    kind = planner_kind(config, task, model)
     inventory = _inventory(config.to_json_string(), trust_remote_code)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
     return ModelFacts(
-        name=str(model) if model else models.EMBEDDED_MODEL,
+        name=str(model) if model else loading.EMBEDDED_MODEL,
         model_type=getattr(config, "model_type", "?"),
         hidden=hidden,
         intermediate=int(getattr(config, "intermediate_size", 0) or getattr(config, "hidden_dim", 0) or 4 * hidden),
@@ -389,7 +304,7 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         layers=int(getattr(config, _layers_attr(config))),
         inventory=inventory,
         config_json=config.to_json_string(),
-        task=task,
+        kind=kind,
         vocab=int(getattr(config, "vocab_size", 0) or 0),
     )
 
@@ -426,11 +341,23 @@ def _build(config, device: str, trust_remote_code: bool = False):
         return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
+def planner_kind(config, task: str | None = None, model: str | None = None) -> str:
+    """How the planner models a model of `config` doing `task` (else its own): the task's `planner`, "classifier"
+    or "causal-lm"; refused in one line for a task the planner does not model."""
+    from leantrain import tasks
+
+    chosen = tasks.task_class(tasks.infer(config, task))
+    if chosen.planner is None:
+        raise ConfigError(
+            f"{model or 'the model'}: the planner models text encoders and causal language models; a "
+            f"'{getattr(config, 'model_type', '?')}' model ({chosen.name}) is planned by hand for now (leantrain bench)"
+        )
+    return chosen.planner
+
+
 def is_causal_lm(config) -> bool:
     """Whether `config` is a causal LM's: its proxies then get the LM head and the per-token loss."""
-    from leantrain import models
-
-    return models.infer_task(config) == "causal-lm"
+    return planner_kind(config) == "causal-lm"
 
 
 def counted_positions(seq_len: int, counted: float) -> int:
@@ -538,7 +465,7 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
     """A proxy model from `config`, in training mode, run as its task runs it: (the model, a classifier's
     `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only, whether its
     head and loss are fused there)."""
-    from leantrain import models
+    from leantrain.model import loading
     from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
 
@@ -551,7 +478,7 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
     counted_logits = causal and head_rows_work(net)
     fused = counted_logits and head_loss_works(net)
     if checkpointing:
-        models.enable_activation_checkpointing(net)
+        loading.enable_activation_checkpointing(net)
     if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
         net = _with_adapters(net, lora)
     return net, tail, counted_logits, fused
@@ -569,16 +496,44 @@ def activation_profile(
 ) -> ActivationProfile:
     """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc).
     `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only."""
-    import torch
-
     base_config = _config_from_json(config_json)
-    layers_name = _layers_attr(base_config)
     # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
     # changes; a causal LM's logits (one score per token and vocabulary entry) grow with it, so its proxies run at
     # two vocabularies and that share is carried over to the real one, linearly.
     vocab = int(getattr(base_config, "vocab_size", 512) or 512)
     small = min(vocab, 512)
     causal = is_causal_lm(base_config)
+    counts, fused_head = _proxy_counts(config_json, seq_len, precision, checkpointing, lora, counted, small, causal)
+    base, layer, copies_base, copies_layer = _split_counts(counts, small, checkpointing)
+    full = _split_counts(counts, small, False)[1] if checkpointing else 0.0
+    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
+        c = checkpointing
+        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
+        per_entry = (more[4] - more[2]) / 2 / small
+        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
+        base += per_entry * (vocab - small)
+        copies_base += fixed_per_entry * (vocab - small)
+    return ActivationProfile(
+        per_layer=layer,
+        base=base,
+        copies_per_layer=copies_layer,
+        copies_base=copies_base,
+        layer_full=full,
+        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
+        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
+        fused_head=fused_head,
+    )
+
+
+def _proxy_counts(
+    config_json: str, seq_len: int, precision: str, checkpointing: bool, lora, counted: float, small: int, causal: bool
+) -> tuple[dict[tuple[int, int, bool, int], float], bool]:
+    """Saved bytes of proxies with 1 and 2 layers, at batches 2 and 4, with and without checkpointing (as planned),
+    at the small vocabulary (and, for a causal LM, one layer at twice it): {(layers, batch, ckpt, vocab): bytes},
+    and whether the proxies fused the head and the loss."""
+    import torch
+
+    layers_name = _layers_attr(_config_from_json(config_json))
     counts: dict[tuple[int, int, bool, int], float] = {}
     fused_head = False
 
@@ -604,34 +559,17 @@ def activation_profile(
                 count(1, checkpointing, 2 * small)
     finally:
         torch.set_num_threads(threads)
+    return counts, fused_head
 
-    def split(ckpt: bool) -> tuple[float, float, float, float]:
-        # total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer
-        per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
-        fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
-        layer = per_seq[2] - per_seq[1]
-        copies_layer = max(fixed[2] - fixed[1], 0.0)
-        return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
-    base, layer, copies_base, copies_layer = split(checkpointing)
-    full = split(False)[1] if checkpointing else 0.0
-    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
-        c = checkpointing
-        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
-        per_entry = (more[4] - more[2]) / 2 / small
-        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
-        base += per_entry * (vocab - small)
-        copies_base += fixed_per_entry * (vocab - small)
-    return ActivationProfile(
-        per_layer=layer,
-        base=base,
-        copies_per_layer=copies_layer,
-        copies_base=copies_base,
-        layer_full=full,
-        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
-        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
-        fused_head=fused_head,
-    )
+def _split_counts(counts: dict, small: int, ckpt: bool) -> tuple[float, float, float, float]:
+    """(base, per layer, fixed copies outside the layers, fixed copies per layer) per sequence, from
+    total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer."""
+    per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
+    fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
+    layer = per_seq[2] - per_seq[1]
+    copies_layer = max(fixed[2] - fixed[1], 0.0)
+    return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
 
 def estimate(
@@ -654,18 +592,18 @@ def estimate(
     inv = facts.inventory
     weights = 4 * inv.numel + inv.buffer_bytes
     dequantized = 0
-    if lora is not None:  # LoRA (issue #15)
+    if lora is not None:  # LoRA
         lora_inv = lora_inventory(facts.config_json, lora)
         inv = lora_inv.trainable
         weights = lora_inv.frozen_bytes + 4 * inv.numel + facts.inventory.buffer_bytes
         dequantized = 4 * lora_inv.largest_linear if lora.quantize else 0  # one layer's weight, in each forward
     grads = 4 * inv.numel
-    state = optimizer_state_bytes(inv, optimizer)
+    state = optimizers.predicted_state_bytes(inv.shapes, optimizer)
     profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora, counted=counted)
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
-    if facts.task == "causal-lm":
+    if facts.kind == "causal-lm":
         # A causal LM's logits dominate the part outside the layers, and backward meets them first: its peak is at
         # the loss (everything saved, no layer recomputed yet, the logits' gradients in flight) or later in the
         # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever
@@ -674,7 +612,7 @@ def estimate(
         rows = micro_batch * counted_positions(seq_len, counted)
         transient = workspace.transient_logits
         if profile.fused_head:  # the head and loss fused: a chunk of rows at a time, in the forward pass
-            from leantrain.losses import HEAD_CHUNK_ROWS
+            from leantrain.model.losses import HEAD_CHUNK_ROWS
 
             rows, transient = min(rows, HEAD_CHUNK_ROWS), workspace.transient_fused_logits
         logits = rows * facts.vocab * 4  # one fp32 copy
@@ -685,7 +623,7 @@ def estimate(
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else 0
     backward = act + bwd_ws + grads_in_backward + dequantized
-    opt_ws = workspace.optimizer_largest.get(optimizer, 0.0) * 4 * inv.largest
+    opt_ws = optimizers.entry(optimizer).temporaries * 4 * inv.largest  # the registry's fitted temporaries
     step = grads + opt_ws
     runtime = workspace.runtime_bytes(device, precision)
     return MemoryEstimate(

@@ -14,11 +14,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leantrain.config.units import format_bytes
 from leantrain.errors import ConfigError
-from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate, format_bytes
+from leantrain.model.optimizers import OPTIMIZERS
+from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate
 from leantrain.planner.speed import DeviceSpeed, step_seconds
 
-DEFAULT_OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
+#: the optimizers `--auto-optimizer` may choose among: the registry's planned ones
+DEFAULT_OPTIMIZERS = tuple(n for n, e in OPTIMIZERS.items() if e.planned)
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class PlanRequest:
     checkpointing: tuple[bool, ...] = (False, True)
     #: labels of the classification head
     num_labels: int = 2
-    #: LoRA (issue #15): every candidate trains adapters (and the head) over a frozen, maybe quantized, base
+    #: LoRA: every candidate trains adapters (and the head) over a frozen, maybe quantized, base
     lora: LoraSpec | None = None
     #: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
     #: completions only): the run computes logits there only, so their memory and FLOPs scale with it
@@ -368,7 +371,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         meta = _build(config, "meta")
         flop = counted_flop_model(meta)
     per_seq = flop.batch_flops(1, request.seq_len)
-    if facts.task == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
+    if facts.kind == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
         from leantrain.planner.memory import counted_positions
         from leantrain.telemetry.flops import row_flops
 
@@ -381,7 +384,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     ]
     if request.num_processes > 1:
         notes.append("memory is per process: each holds a whole replica (no sharding)")
-    if facts.task == "causal-lm":
+    if facts.kind == "causal-lm":
         notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
         if request.counted < 1.0:
             notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")
@@ -408,7 +411,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
 
 
 def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:
-    """LoRA beside the other techniques (issue #15): it changes what trains, so the planner never picks it; the
+    """LoRA beside the other techniques: it changes what trains, so the planner never picks it; the
     notes say what it would need at the baseline's configuration (fp32, AdamW, the whole per-process batch)."""
     import importlib.util
 

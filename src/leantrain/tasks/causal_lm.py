@@ -25,12 +25,21 @@ from leantrain.tasks.base import Task, TaskData, same_logits
 PRESET_VOCAB_SIZE = 8192
 #: the label of a position that counts for nothing (PyTorch's and transformers' convention)
 IGNORE = -100
+#: the longest rows a language model leantrain did not train is scored in (transformers' run_clm.py blocks text alike)
+LM_CONTEXT_CAP = 1024
 
 
 class CausalLM(Task):
     name: ClassVar[str] = "causal-lm"
+    aliases: ClassVar[tuple[str, ...]] = ("text-generation",)
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
-    metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them (#17)
+    auto_model: ClassVar[str] = "AutoModelForCausalLM"
+    model_mapping: ClassVar[str] = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+    architectures: ClassVar[tuple[str, ...]] = ("ForCausalLM", "LMHeadModel")  # LMHeadModel: GPT-2's spelling
+    pipeline: ClassVar[str] = "text-generation"
+    planner: ClassVar[str | None] = "causal-lm"
+    generates: ClassVar[bool] = True
+    metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them
     #: --metric-for-best when not given: lower loss is better
     default_metric: ClassVar[str] = "loss"
     #: whether training computes logits only where a token counts (`forward`); set by `check_model`
@@ -40,19 +49,19 @@ class CausalLM(Task):
 
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
-        from leantrain import presets
         from leantrain.data.lm import is_text_source, load_documents, pack
         from leantrain.data.prepare import Examples
         from leantrain.data.sources import read_options, resolve_data_path
+        from leantrain.model import presets
 
         cfg = self.cfg
         cache = Path(cfg.cache_dir)
         source = resolve_data_path(cfg.data)
         tokenizer = self._tokenizer(model_path, source, cache)
         if not presets.is_preset(model_path):  # a preset's table is sized to its tokenizer
-            from leantrain import models
+            from leantrain.model import loading
 
-            models.check_tokenizer_fits(tokenizer, model_config, model_path)
+            loading.check_tokenizer_fits(tokenizer, model_config, model_path)
         common = dict(
             tokenizer=tokenizer,
             cache_dir=cache,
@@ -112,36 +121,6 @@ class CausalLM(Task):
 
         return pack(docs, self.cfg.max_length, packing=self.cfg.packing and not self.instruction)
 
-    def evaluation_data(self, model_path: str, source: str, options: Any) -> tuple[Any, int]:
-        """`source`'s documents as the run's evaluation rows (`Examples`, for `leantrain evaluate`), with the model's
-        tokenizer (kept as `self.tokenizer`), and how many documents they hold."""
-        from leantrain.data.instructions import keep_completions
-        from leantrain.data.lm import load_documents
-        from leantrain.data.prepare import Examples
-
-        cfg = self.cfg
-        self.tokenizer = tokenizer = self._tokenizer(model_path, source, Path(cfg.cache_dir))
-        docs, _ = load_documents(
-            source,
-            tokenizer,
-            Path(cfg.cache_dir),
-            "eval",
-            options=options,
-            glob=cfg.text_glob,
-            text_column=cfg.text_column,
-            train_on_prompt=cfg.train_on_prompt,
-        )
-        self.instruction = docs.token_type_ids is not None
-        if self.instruction:
-            docs, _ = keep_completions(docs, cfg.max_length)
-            if len(docs) == 0:
-                raise DataError(
-                    f"{source}: no row keeps a completion token within --max-length {cfg.max_length}; raise "
-                    "--max-length or shorten the prompts"
-                )
-        rows = self._eval_rows(docs)
-        return Examples(rows, rows.counted.astype(np.int64)), len(docs)
-
     def _keep_completions(self, docs, eval_docs, notes: list[str]):
         """Instruction rows cut to --max-length; rows left without a completion token are skipped and counted."""
         from leantrain.data.instructions import keep_completions
@@ -161,27 +140,27 @@ class CausalLM(Task):
         return out
 
     def _tokenizer(self, model_path: str, source: str, cache: Path):
-        from leantrain import models, presets
         from leantrain.data.instructions import set_chat_template
         from leantrain.data.lm import run_tokenizer
         from leantrain.data.sources import read_options
+        from leantrain.model import loading, presets
 
         cfg = self.cfg
         if presets.is_preset(model_path):  # from scratch: a BPE trained on this run's training text
             options = read_options(cfg, "train")
             tokenizer = run_tokenizer(source, cfg.text_glob, cfg.text_column, options, PRESET_VOCAB_SIZE, cache)
         else:
-            tokenizer = models.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
+            tokenizer = loading.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
         if tokenizer.pad_token_id is None:  # GPT-2, Llama: padding is never counted, EOS serves
             tokenizer.pad_token = tokenizer.eos_token
         set_chat_template(tokenizer, cfg.chat_template)
         return tokenizer
 
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
-        from leantrain import models
+        from leantrain.model import loading
 
-        model = models.load_for_causal_lm(model_path, data.model_config, trust_remote_code=self.cfg.trust_remote_code)
-        limit = models.max_supported_length(model.config)
+        model = loading.load_for_causal_lm(model_path, data.model_config, trust_remote_code=self.cfg.trust_remote_code)
+        limit = loading.max_supported_length(model.config)
         if limit is not None and self.cfg.max_length > limit:
             raise ConfigError(
                 f"--max-length {self.cfg.max_length} is beyond what {self.cfg.model} supports ({limit}); "
@@ -273,6 +252,63 @@ class CausalLM(Task):
             rows.append(("eval exact match (greedy)", f"{metrics['exact_match']:.4f}"))
         return rows
 
+    # -- inference -------------------------------------------------------------------------------------------------
+    @classmethod
+    def inference_defaults(cls, model_config: Any) -> dict[str, Any]:
+        """A model leantrain did not train: one document per row (no probe of its attention), in rows of its
+        context up to LM_CONTEXT_CAP tokens (a pretrained base's perplexity depends on how much context each
+        token has)."""
+        context = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
+        return {"packing": False, "train_on_prompt": False, "max_length": min(int(context or 128), LM_CONTEXT_CAP)}
+
+    def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
+        """The config's `eval_data` as the run's evaluation rows, with the model's tokenizer: loss per counted token
+        and perplexity (instruction rows: their completions, and exact match), as the run's evaluation computes them."""
+        from leantrain.data.instructions import keep_completions
+        from leantrain.data.lm import load_documents
+        from leantrain.data.prepare import Examples
+        from leantrain.data.sources import read_options
+
+        cfg, source = self.cfg, self.cfg.eval_data
+        tokenizer = self._tokenizer(model_path, source, Path(cfg.cache_dir))
+        docs, _ = load_documents(
+            source, tokenizer, Path(cfg.cache_dir), "eval", options=read_options(cfg, "eval"), glob=cfg.text_glob,
+            text_column=cfg.text_column, train_on_prompt=cfg.train_on_prompt,
+        )  # fmt: skip
+        self.instruction = docs.token_type_ids is not None
+        if self.instruction:
+            docs, _ = keep_completions(docs, cfg.max_length)
+            if len(docs) == 0:
+                raise DataError(
+                    f"{source}: no row keeps a completion token within --max-length {cfg.max_length}; raise "
+                    "--max-length or shorten the prompts"
+                )
+        rows = self._eval_rows(docs)
+        examples = Examples(rows, rows.counted.astype(np.int64))
+        return TaskData(None, examples, [], tokenizer, facts={"documents": len(docs)})
+
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        return {**data.facts, "tokens": int(rows["tokens"].sum())}
+
+    def prediction_data(self, model_path: str, model_config: Any, inputs: Any) -> tuple[TaskData, list[dict]]:
+        """The prompts: --text, else the table's (`prompts_of`); with --chat each a user's message."""
+        from leantrain.model import loading
+
+        if inputs.files is not None:
+            raise DataError(f"{model_path}: a language model; give prompts with --text or a table with --data")
+        prompts: list[Any] = inputs.texts if inputs.texts is not None else prompts_of(self.cfg)
+        if inputs.chat:
+            prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+        if not prompts:
+            raise DataError("predict: no prompt to complete")
+        tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
+        return TaskData(None, None, [], tokenizer), [{"prompt": p} for p in prompts]
+
+    def predict(self, model, data: TaskData, shown, rows_of, inputs) -> list[dict[str, Any]]:
+        """Completions of the prompts, greedy or sampled (`generate`)."""
+        prompts = [s["prompt"] for s in shown]
+        return generate(model, data.processor, prompts, **inputs.generation)
+
     def data_facts(self, data: TaskData) -> dict[str, Any]:
         rows = data.train.features
         crc = zlib.crc32(np.ascontiguousarray(rows.input_ids).tobytes())
@@ -297,7 +333,7 @@ def head_rows(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
 def head_loss(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor) -> Iterator[None]:
     """Within: the model's output head returns the summed cross-entropy of the positions `keep` marks (row-major)
     against `targets`, with its own weight (`losses.head_cross_entropy_sum`), in place of logits."""
-    from leantrain.losses import head_cross_entropy_sum
+    from leantrain.model.losses import head_cross_entropy_sum
     from leantrain.telemetry.flops import unwrap
 
     head = unwrap(model).get_output_embeddings()
@@ -393,3 +429,83 @@ def check_packing_separates(model: Any) -> None:
             f"--packing: {type(model).__name__} with {impl} attention lets packed documents attend to each other "
             "(its attention ignores restarting position ids); use --no-packing"
         )
+
+
+def prompts_of(cfg: Any) -> list[Any]:
+    """The prompts of the config's `eval_data` table: --text-column, else its 'prompt' column, else the chats of its
+    'messages' column (each up to its last assistant message, which the model is to write), else its one text
+    column."""
+    from leantrain.data import instructions
+    from leantrain.data.columns import resolve_columns
+    from leantrain.data.sources import read_options, read_table
+
+    df, _ = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
+    column = cfg.text_column
+    if column is None and instructions.kind_of(df) == "messages":
+        return instructions.chat_prompts(df, cfg.eval_data)
+    if column is None and "prompt" in df.columns:
+        column = "prompt"
+    cols = resolve_columns(df, cfg.eval_data, column, None, None, require_label=False)
+    return [str(t) for t in df[cols.text] if str(t).strip()]
+
+
+#: a chat: role/content messages, as in a 'messages' column
+Chat = list[dict[str, str]]
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str] | list[Chat],
+    *,
+    max_new_tokens: int = 32,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """One row per prompt: the prompt and its completion (greedy without `temperature`; sampled, from `seed`, with
+    it, optionally from the smallest set of tokens whose probability reaches `top_p`). A prompt that is a chat is
+    rendered with the tokenizer's chat template and its generation prompt (the row has `messages`, not
+    `prompt`)."""
+    from leantrain.errors import LeantrainError
+
+    if max_new_tokens <= 0:
+        raise LeantrainError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
+    if temperature is not None and temperature <= 0:
+        raise LeantrainError(f"--temperature must be positive (leave it out for greedy decoding), got {temperature}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise LeantrainError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_p is not None and temperature is None:
+        raise LeantrainError("--top-p samples: give --temperature too (e.g. 1.0), or leave both out for greedy")
+    chats = not isinstance(prompts[0], str)
+    path = getattr(model.config, "_name_or_path", "the model")
+    texts = [p if isinstance(p, str) else render_chat(tokenizer, p, path) for p in prompts]
+    tokenizer.padding_side = "left"  # generation continues each prompt from its last token
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    sampling: dict[str, Any] = {"do_sample": False}
+    if temperature is not None:
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p or 1.0, "top_k": 0}
+    torch.manual_seed(seed)
+    out = []
+    key = "messages" if chats else "prompt"
+    for start in range(0, len(prompts), batch_size):
+        # a rendered chat holds its special tokens already, as in training (`data.instructions`)
+        chunk = texts[start : start + batch_size]
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chats)
+        with torch.no_grad():
+            ids = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
+        completions = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        out += [{key: p, "completion": c} for p, c in zip(prompts[start : start + batch_size], completions)]
+    return out
+
+
+def render_chat(tokenizer: Any, chat: Chat, path: str) -> str:
+    """A chat as the model saw chats in training, ending with the template's prompt for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"{path}: the model's tokenizer has no chat template to render a chat with; give plain prompts "
+            "(--text without --chat, or a 'prompt' column)"
+        )
+    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

@@ -1,5 +1,5 @@
 """What every classification task shares: cross-entropy summed over examples (label smoothing and class weights
-optional), softmax rows, and the scores `--metrics` names (leantrain.scoring)."""
+optional), softmax rows, and the scores `--metrics` names (leantrain.tasks.scoring)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from leantrain.tasks.base import Task, TaskData, same_logits
 class Classification(Task):
     """One label per example; the loss counts examples, or their class weights (`--class-weights`)."""
 
-    #: the kind of problem, as leantrain.scoring names it
+    #: the kind of problem, as leantrain.tasks.scoring names it
     problem_type: ClassVar[str] = "single-label"
     default_metric: ClassVar[str] = "accuracy"
 
     def __init__(self, cfg: Any):
-        from leantrain.scoring import metric_names, parse_metrics
+        from leantrain.tasks.scoring import metric_names, parse_metrics
 
         super().__init__(cfg)
         self.metric_names = metric_names(self.problem_type, parse_metrics(getattr(cfg, "metrics", None)))
@@ -32,6 +32,8 @@ class Classification(Task):
         self.weight_spec: str | None = getattr(cfg, "class_weights", None)
         self.class_weights: np.ndarray | None = None  # per class id, from the training data (loss_units)
         self._weights_tensor: torch.Tensor | None = None
+        #: at inference, the trained model's class names (set by `prediction_data`)
+        self.class_names: list[str] = []
 
     #: the encoder's last layer after its attention, run at the first token only (`forward`); set by `check_model`
     tail: FirstTokenTail | None = None
@@ -65,7 +67,7 @@ class Classification(Task):
         if self.weight_spec is None:
             return None
         from leantrain.errors import ConfigError
-        from leantrain.losses import class_weights
+        from leantrain.model.losses import class_weights
 
         if getattr(data.train, "streaming", False):
             raise ConfigError("--class-weights needs the training labels whole; it does not work with --streaming yet")
@@ -75,7 +77,7 @@ class Classification(Task):
         return self.class_weights[labels]
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
-        from leantrain.losses import weighted_cross_entropy_sum
+        from leantrain.model.losses import weighted_cross_entropy_sum
 
         logits = outputs.logits
         return weighted_cross_entropy_sum(logits, batch["labels"], self._weights(logits), self.label_smoothing)
@@ -92,21 +94,34 @@ class Classification(Task):
         return {"probs": F.softmax(logits, dim=-1), "logits": logits, "labels": batch["labels"]}
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
-        from leantrain.scoring import score
+        from leantrain.tasks.scoring import score
 
         return score(self.problem_type, self.metric_names, rows["probs"], rows["labels"])
-
-    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any] | None:
-        """The per-class precision, recall, F1 and support, and the confusion matrix (rows: true class)."""
-        if self.problem_type != "single-label" or "probs" not in rows:
-            return None
-        from leantrain.scoring import classification_report
-
-        return classification_report(rows["probs"], rows["labels"], list(data.label_names))
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         names = {"accuracy": "eval accuracy", "macro_f1": "eval macro-F1", "f1": "eval F1", "loss": "eval loss"}
         return [(names.get(k, f"eval {k.replace('_', ' ')}"), f"{v:.4f}") for k, v in metrics.items()]
+
+    # -- inference -------------------------------------------------------------------------------------------------
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        """The per-class table and the confusion matrix (rows: true class, columns: predicted), and the counts."""
+        from leantrain.tasks.scoring import classification_report
+
+        return {**classification_report(rows["probs"], rows["labels"], data.label_names), **data.facts}
+
+    def prediction_rows(self, rows: dict[str, np.ndarray], shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each input with its most probable class, that class's probability and every class's."""
+        names = self.class_names
+        out: list[dict[str, Any]] = [{} for _ in shown]
+        for p, i in zip(rows["probs"], rows["index"]):
+            best = int(p.argmax())
+            out[i] = {
+                **shown[i],
+                "label": names[best],
+                "score": float(p[best]),
+                "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)},
+            }
+        return out
 
 
 @dataclass
@@ -195,6 +210,6 @@ def first_token_tail(model: torch.nn.Module) -> FirstTokenTail | None:
 
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, names: tuple[str, ...] = ()) -> dict[str, float]:
     """The named scores (default: accuracy, macro-F1) and the mean cross-entropy of predicted class probabilities."""
-    from leantrain.scoring import metric_names, score
+    from leantrain.tasks.scoring import metric_names, score
 
     return score("single-label", metric_names("single-label", names), probs, labels)

@@ -1,6 +1,6 @@
 """The checkpoint policy: which checkpoint to resume, when to save, and what a save holds.
 
-What a checkpoint is on disk (atomic saves, verification, the manifest) is `leantrain.checkpoint`'s; this
+What a checkpoint is on disk (atomic saves, verification, the manifest) is `leantrain.run.checkpoint`'s; this
 component decides when, and hands it the one `TrainState` plus the objects whose state is saved.
 """
 
@@ -10,9 +10,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from leantrain import checkpoint
-from leantrain.checkpoint import Checkpoint, TrainState
 from leantrain.errors import ConfigError
+from leantrain.run import checkpoint
+from leantrain.run.checkpoint import Checkpoint, TrainState
 
 
 class Checkpointer:
@@ -64,7 +64,7 @@ class Checkpointer:
             setattr(state, f.name, getattr(ckpt.progress, f.name))
         if state.best_metric != best:  # another yardstick: its best is yet to be seen
             state.best_metric, state.best_value, state.best_step = best, None, None
-            state.stopping_reference, state.evals_without_improvement = None, 0  # early stopping's too (#17)
+            state.stopping_reference, state.evals_without_improvement = None, 0  # early stopping's too
         return rng
 
     def schedule(self, steps_per_epoch: int) -> None:
@@ -84,7 +84,7 @@ class Checkpointer:
     def rescue(self, state: TrainState, rng: dict, roots: list[Path]) -> Path | None:
         """The trained state as a checkpoint under the first of `roots` that takes it (the final save failed for want
         of space or access): a single process's run, not sharded. Returns where, or None."""
-        from leantrain.run_dir import WriteFailed
+        from leantrain.run.directory import WriteFailed
 
         model = self.accelerator.unwrap_model(self.trained["model"])
         for root in roots:
@@ -138,7 +138,7 @@ class Checkpointer:
 
     def load_best_weights(self, state: TrainState) -> Path:
         """--load-best-at-end: put the best evaluation's checkpointed weights into the model (every process)."""
-        from leantrain.checkpoint import CheckpointError
+        from leantrain.run.checkpoint import CheckpointError
 
         path = self.saved(state.best_step or 0)
         if not (path / "model.safetensors").is_file():

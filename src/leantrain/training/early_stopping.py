@@ -1,4 +1,4 @@
-"""The best-model and early-stopping policy (issue #17): which metric judges evaluations, when to stop.
+"""The best-model and early-stopping policy: which metric judges evaluations, when to stop.
 
 Early stopping follows Keras' `min_delta` rule rather than a moving best: an evaluation counts as an
 improvement only when it beats the value of the last counted improvement by more than the threshold, so a
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from leantrain import checkpoint
-from leantrain.checkpoint import TrainState
-from leantrain.scoring import lower_is_better
+from leantrain.run import checkpoint
+from leantrain.run.checkpoint import TrainState
+from leantrain.tasks.scoring import lower_is_better
 
 
 def resolve_metric(cfg: Any, task: Any) -> str:

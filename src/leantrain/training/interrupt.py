@@ -45,11 +45,6 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
-class StopRequested(Exception):
-    """A noted signal stops a phase that asks at its boundaries (an evaluation, at its next batch): the trainer
-    catches it and stops the run there, with a checkpoint when asked for."""
-
-
 class _State:
     installed = False
     launched = False  # one of a launcher's processes: the launcher repeats signals, so repeats are not "again"

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from leantrain.checkpoint import TrainState
+from leantrain.run.checkpoint import TrainState
 from leantrain.tasks.base import Task
 from leantrain.training.evaluator import prefixed
 
@@ -135,7 +135,7 @@ class MetricsLogger:
     # -- at the end -------------------------------------------------------------------------------------------
     def final_metrics(self, state: TrainState, model, optimizer, amp, extra: dict[str, Any]) -> dict[str, Any]:
         """metrics.json: training figures of every process added up; memory and state sizes of this one."""
-        from leantrain.optim import optimizer_state_bytes
+        from leantrain.model.optimizers import state_bytes as optimizer_state
         from leantrain.telemetry.memory import tensor_bytes
 
         meter, flops, n = self.meter, self.flops, self.accelerator.num_processes
@@ -145,7 +145,7 @@ class MetricsLogger:
         examples, tokens, padded = (int(x) for x in self.accelerator.reduce(t, reduction="sum"))
         params = list(model.parameters())
         trainable = [p for p in params if p.requires_grad]
-        state_bytes = optimizer_state_bytes(optimizer)
+        state_bytes = optimizer_state(optimizer)
         return {
             **extra["eval"],
             "train_loss": self.history[-1]["loss"] if self.history else None,
@@ -189,7 +189,7 @@ class MetricsLogger:
             "global_batch": extra["global_batch"],
             **extra["oom"],
             "num_labels": extra["num_labels"],
-            **extra.get("best_and_stopping", {}),  # best model, early stopping (issue #17)
+            **extra.get("best_and_stopping", {}),  # best model, early stopping
         }
 
     def summary(self, metrics: dict[str, Any], eval_rows: list[tuple[str, str]], resumed_step: int | None) -> str:

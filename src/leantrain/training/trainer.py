@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 
-from leantrain import checkpoint
-from leantrain.checkpoint import TrainState
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.run import checkpoint
+from leantrain.run.checkpoint import TrainState
 from leantrain.tasks.base import Task, TaskData
+from leantrain.tasks.evaluation import EvaluationStopped
 from leantrain.telemetry.profiler import StepProfiler
 from leantrain.training import interrupt
 from leantrain.training.checkpointer import Checkpointer
@@ -64,7 +65,7 @@ class Trainer:
         from leantrain import parallel
         from leantrain.parallel import sharding
         from leantrain.parallel.precision import MixedPrecision
-        from leantrain.run_dir import RunDir
+        from leantrain.run.directory import RunDir
         from leantrain.telemetry import Console
 
         self.task, self.plan, self.hooks = task, plan, hooks or Hooks()
@@ -100,7 +101,7 @@ class Trainer:
 
     @staticmethod
     def _trackers(cfg: TrainConfig) -> list[str]:
-        """--report-to (and --log tensorboard): the trackers Accelerate starts (issue #17)."""
+        """--report-to (and --log tensorboard): the trackers Accelerate starts."""
         from leantrain.parallel.trackers import check_trackers, tracker_names
 
         names = tracker_names(cfg.report_to, cfg.log)
@@ -112,7 +113,7 @@ class Trainer:
         return {**facts, **self.task.data_facts(data)} if data is not None else facts
 
     def _build_model(self, model_path: str) -> None:
-        from leantrain import models
+        from leantrain.model import loading
 
         for note in self.data.notes:
             self.say.info(note)
@@ -121,10 +122,10 @@ class Trainer:
         self.model = self.task.build_model(model_path, self.data)
         self._choose_attention()
         if self.cfg.activation_checkpointing:
-            models.enable_activation_checkpointing(self.model)
-        self.say.info(models.describe(self.model))
-        if self.cfg.lora:  # adapters (and the head) train, the rest is frozen (issue #15)
-            from leantrain import lora
+            loading.enable_activation_checkpointing(self.model)
+        self.say.info(loading.describe(self.model))
+        if self.cfg.lora:  # adapters (and the head) train, the rest is frozen
+            from leantrain.model import lora
 
             self.model = lora.apply(self.model, self.cfg, self.accelerator.device)
             self.say.info(lora.describe(self.model, self.cfg))
@@ -144,16 +145,12 @@ class Trainer:
         )
 
     def _choose_attention(self) -> None:
-        """--attention (issue #16): the kernel, then the task's checks of the model as it will run."""
-        from leantrain import attention
+        """--attention: the kernel, then the task's checks of the model as it will run."""
+        from leantrain.model import attention
 
-        name, why = attention.choose(self.cfg.attention, self.model, self.accelerator.device.type, self.precision)
+        name, why = attention.set_up(self.model, self.cfg.attention, self.accelerator.device.type, self.precision)
         if name is not None:
-            running = attention.apply(self.model, name, forced=self.cfg.attention != "auto")
-            if running != name:
-                why = f"{name} was chosen ({why}), but {type(self.model).__name__} cannot run it"
-            self.say.info(f"attention: {running} ({why})")
-            name = running
+            self.say.info(f"attention: {name} ({why})")
         self.attention = name
         self.task.check_model(self.model)
 
@@ -165,7 +162,7 @@ class Trainer:
     def _build_batches(self) -> None:
         from torch.utils.data import DataLoader
 
-        from leantrain.data.batching import ExamplesDataset, eval_batches
+        from leantrain.tasks.evaluation import eval_loader
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
         # whole examples (GlobalBatchSampler) or a stream (--streaming): the same global batches either way
@@ -181,12 +178,8 @@ class Trainer:
             generator=torch.Generator(),
             num_workers=cfg.dataloader_num_workers,
         )
-        self.eval_loader = DataLoader(
-            ExamplesDataset(data.eval),
-            batch_sampler=eval_batches(data.eval.lengths, cfg.eval_batch_size or cfg.batch_size * 2),
-            collate_fn=self.task.collator(data, train=False),
-            generator=torch.Generator(),
-            num_workers=cfg.dataloader_num_workers,
+        self.eval_loader = eval_loader(
+            self.task, data, cfg.eval_batch_size or cfg.batch_size * 2, cfg.dataloader_num_workers
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch()  # None: a stream's, unknown until it ends
         if self.steps_per_epoch == 0:
@@ -196,7 +189,8 @@ class Trainer:
 
     def _build_optimization(self) -> None:
         """Optimizer and schedule, Accelerate's placement, FLOP counting, compile and local SGD."""
-        from leantrain.optim import build_optimizer, build_scheduler
+        from leantrain.model.optimizers import build_optimizer
+        from leantrain.model.schedules import build_scheduler
         from leantrain.parallel.local_sgd import LocalSGD
 
         cfg = self.cfg
@@ -324,14 +318,14 @@ class Trainer:
 
     def _open_log(self, log_path: Path | None):
         from leantrain.parallel.trackers import start_trackers
+        from leantrain.run.report import write_environment
         from leantrain.telemetry import MetricsLog, TeeLog
-        from leantrain.telemetry.report import write_environment
 
         trackers = None
         if self.staging is not None:
             acc = self.accelerator
             write_environment(self.staging, device=acc.device, peak=self.flop_peak, num_processes=acc.num_processes)
-            if acc.log_with:  # --report-to: TensorBoard, W&B, MLflow through Accelerate (issue #17)
+            if acc.log_with:  # --report-to: TensorBoard, W&B, MLflow through Accelerate
                 trackers = start_trackers(acc, self.staging / "trackers", self.cfg.to_dict(), self.run.path.name)
         return TeeLog(MetricsLog(log_path), trackers)
 
@@ -456,7 +450,7 @@ class Trainer:
         with interrupt.phase("evaluating", stopping="at the next evaluation batch"):
             try:
                 return self.evaluator.evaluate(self.model, self._stop_requested)
-            except interrupt.StopRequested:
+            except EvaluationStopped:
                 self._stop_if_interrupted(False, during="evaluating")
                 raise  # (_stop_if_interrupted raised Interrupted: every process voted to stop)
 
@@ -602,7 +596,7 @@ class Trainer:
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
-            "best_and_stopping": {  # HF Trainer users (issue #17); metrics.json stays flat
+            "best_and_stopping": {  # HF Trainer users; metrics.json stays flat
                 "best_metric": self.state.best_metric,
                 "best_value": self.state.best_value,
                 "best_step": self.state.best_step,
@@ -673,12 +667,17 @@ class Trainer:
 
         cfg, acc = self.cfg, self.accelerator
         metric = cfg.metric_for_best or self.state.best_metric
-        return resolved_values(cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes)
+        from leantrain.tasks.registry import recorded_name
+
+        return resolved_values(
+            cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes,
+            task=recorded_name(type(self.task)),
+        )  # fmt: skip
 
     def _publish(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None = None) -> None:
         """Write the outputs into the staging folder, then publish them. A Ctrl-C or SIGTERM while writing stops at
         once (of one process; several finish together), nothing published; while publishing, after the renames."""
-        from leantrain.run_dir import WriteFailed
+        from leantrain.run.directory import WriteFailed
 
         at_once = self.accelerator.num_processes == 1
         try:
@@ -719,21 +718,20 @@ class Trainer:
         """The model and its processor, the model card, config.yaml, metrics.json and the report, into staging."""
         import json
 
-        import yaml
-
-        from leantrain import run_dir
-        from leantrain.lora import ADAPTER_DIR, for_publishing
-        from leantrain.model_card import write_model_card
-        from leantrain.telemetry.report import write_report
+        from leantrain.config.saved import write_run_config
+        from leantrain.model.lora import ADAPTER_DIR, for_publishing
+        from leantrain.run import directory
+        from leantrain.run.model_card import write_model_card
+        from leantrain.run.report import write_report
 
         staging = self.staging
         assert staging is not None  # the main process stages the run
         # LoRA: model/ is the merged model (the adapter alone in adapter/ with --save-adapter); else `model` itself
         model = for_publishing(model, staging / ADAPTER_DIR if self.cfg.save_adapter else None)
-        with run_dir.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
+        with directory.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
             model.save_pretrained(staging / "model", safe_serialization=True, state_dict=state_dict)
             self.data.processor.save_pretrained(staging / "model")
-        run_dir.usual_file_modes(staging / "model")
+        directory.usual_file_modes(staging / "model")
         cfg = self.cfg
         data = {"train": cfg.data, "eval": cfg.eval_data}
         write_model_card(
@@ -742,12 +740,13 @@ class Trainer:
             data=data,
             metrics=metrics,
             config=self.resolved_config(),
-            task=self.task.name,
+            task=self.task.pipeline or self.task.name,  # the pipeline its model serves
         )
-        evaluation = self.task.evaluation_report(self.evaluator.last_rows or {}, self.data)
-        if evaluation is not None:  # the final evaluation beyond its scores: a classifier's confusion matrix
+        rows = self.evaluator.last_rows
+        evaluation = self.task.evaluation_report(rows, self.data) if rows else {}
+        if evaluation:  # the final evaluation beyond its scores: a classifier's per-class table, confusion matrix
             (staging / "evaluation.json").write_text(json.dumps(evaluation, indent=1) + "\n")
-        (staging / "config.yaml").write_text(yaml.safe_dump(self.resolved_config(), sort_keys=False))
+        write_run_config(staging, self.resolved_config())
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
             try:

@@ -1,4 +1,4 @@
-"""Evaluation scores (issue #17): one table of named metrics per kind of problem, chosen with `--metrics`, and the
+"""Evaluation scores: one table of named metrics per kind of problem, chosen with `--metrics`, and the
 direction of each (`loss`, `mse`, `rmse` and `mae` are lower-is-better).
 
 The classification scores are scikit-learn's, computed here from a confusion matrix with numpy: importing
@@ -63,7 +63,8 @@ def _prf(tp: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray, average: st
         return scores
     weights = true_sum if average == "weighted" else None
     if average == "macro" and true_sum.any():  # the classes with examples (see the module's docstring)
-        scores = tuple(s[true_sum > 0] for s in scores)
+        has = true_sum > 0
+        scores = scores[0][has], scores[1][has], scores[2][has]
     precision, recall, f1 = (float(np.average(s, weights=weights)) for s in scores)
     return precision, recall, f1
 

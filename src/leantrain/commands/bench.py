@@ -20,6 +20,7 @@ from typing import Any
 
 from leantrain.config import to_flags
 from leantrain.errors import ConfigError
+from leantrain.model.optimizers import OPTIMIZERS
 
 #: name -> overrides of the user's job. "baseline" is fp32 AdamW whatever the job says.
 TECHNIQUES: dict[str, dict[str, Any]] = {
@@ -28,16 +29,16 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "fp16": {"precision": "fp16"},
     "grad_accum4": {"grad_accum": 4},  # micro-batch divided by 4: same global batch
     "activation_ckpt": {"activation_checkpointing": True},
-    "adafactor": {"optimizer": "adafactor"},
-    "adamw8bit": {"optimizer": "adamw8bit"},
     "compile": {"compile": True},
     "bf16+activation_ckpt": {"precision": "bf16", "activation_checkpointing": True},
     "bf16+adafactor": {"precision": "bf16", "optimizer": "adafactor"},
     "lean": {"precision": "bf16", "activation_checkpointing": True, "optimizer": "adamw8bit"},
-    # --- LoRA (issue #15): adapters and head train over a frozen base (changes what trains, unlike the rest)
+    # --- LoRA: adapters and head train over a frozen base (changes what trains, unlike the rest)
     "lora": {"lora": True},
     "qlora4bit": {"lora": True, "quantize": "4bit"},
     "qlora8bit": {"lora": True, "quantize": "8bit"},
+    # every registered optimizer but the baseline's, by its own name
+    **{name: {"optimizer": name} for name in OPTIMIZERS if name != "adamw"},
 }
 DEFAULT_TECHNIQUES = (
     "baseline",
@@ -262,7 +263,7 @@ def _chart(records: list[dict[str, Any]], path: Path) -> None:
 def environment_context() -> dict[str, Any]:
     """The run environment (telemetry.report.collect_environment, the one collector) as bench tables show it."""
     from leantrain.parallel import device_type
-    from leantrain.telemetry.report import collect_environment
+    from leantrain.run.report import collect_environment
 
     env = collect_environment(device="cuda" if device_type() == "cuda" else "cpu")
     return {

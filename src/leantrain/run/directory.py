@@ -22,7 +22,6 @@ import errno
 import fcntl
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,10 +45,6 @@ class WriteFailed(LeantrainError):
 
 class NonFiniteModel(LeantrainError):
     """The weights about to be saved or published hold NaN or infinity."""
-
-
-def default_output_dir() -> Path:
-    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
 def _say(message: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.errors import LeantrainError
-from leantrain.telemetry.report import METRIC_LABELS, RunData, fmt_value, load_run, time_totals
+from leantrain.run.report import METRIC_LABELS, RunData, fmt_value, load_run, time_totals
 from leantrain.telemetry.timing import PHASES
 
 IGNORED_CONFIG = {"output_dir", "overwrite", "progress", "cache_dir"}
@@ -199,7 +199,7 @@ def compare(run_dirs: list[str | Path], output: str | Path | None = "compare.png
 
 
 def _plot_losses(ax, runs: list[RunData], labels: list[str], colors: list[str]) -> None:
-    from leantrain.telemetry.report import _series
+    from leantrain.run.report import _series
 
     for run, label, color in zip(runs, labels, colors):
         xs, ys = _series(run.train_rows, "loss")

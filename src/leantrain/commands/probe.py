@@ -80,7 +80,7 @@ def _slug(name: str) -> str:
 
 def probe(plan: Plan, base_job: dict[str, Any], work_dir: Path, config: ProbeConfig | None = None, say=print) -> Plan:
     """Measure the picked candidates of `plan` on `base_job` (TrainConfig values) and re-rank it in place."""
-    from leantrain import bench
+    from leantrain.commands import bench
 
     config = config or ProbeConfig()
     job = {k: v for k, v in base_job.items() if k not in ("auto", "memory", "output_dir", "resume", "save_every")}

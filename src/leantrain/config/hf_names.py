@@ -1,4 +1,4 @@
-"""Hugging Face `TrainingArguments` names (issue #17): ONE table, read by the CLI, the YAML loader and the docs.
+"""Hugging Face `TrainingArguments` names: ONE table, read by the CLI, the YAML loader and the docs.
 
 A Trainer user's habits carry over: `--learning_rate 2e-5` (or `--learning-rate`), `bf16: true` or
 `eval_strategy: epoch` in a YAML file set the leantrain field they mean. A name given together with the leantrain
@@ -17,17 +17,6 @@ from typing import Any
 
 from leantrain.errors import ConfigError
 
-#: HF optimizer names (`optim`) leantrain runs, and what it calls them
-OPTIM_NAMES = {
-    "adamw_torch": "adamw",
-    "adamw_torch_fused": "adamw",
-    "adamw_hf": "adamw",
-    "adafactor": "adafactor",
-    "adamw_bnb_8bit": "adamw8bit",
-    "adamw_8bit": "adamw8bit",
-    "sgd": "sgd",
-}
-
 
 def to_bool(hf: str, value: Any) -> bool:
     if isinstance(value, bool):
@@ -40,13 +29,18 @@ def to_bool(hf: str, value: Any) -> bool:
     raise ConfigError(f"{hf} must be true or false, got {value!r}")
 
 
+def optim_names() -> dict[str, str]:
+    """HF optimizer names (`optim`) leantrain runs, and what it calls them: the optimizer registry's."""
+    from leantrain.model.optimizers import OPTIMIZERS
+
+    return {hf: name for name, e in OPTIMIZERS.items() for hf in e.hf_names}
+
+
 def _optim(value: Any) -> str:
-    name = str(value)
-    if name not in OPTIM_NAMES:
-        raise ConfigError(
-            f"optim {name!r} has no leantrain optimizer; use one of {', '.join(OPTIM_NAMES)} (or --optimizer)"
-        )
-    return OPTIM_NAMES[name]
+    name, known = str(value), optim_names()
+    if name not in known:
+        raise ConfigError(f"optim {name!r} has no leantrain optimizer; use one of {', '.join(known)} (or --optimizer)")
+    return known[name]
 
 
 def _resume(value: Any) -> str | None:
@@ -289,7 +283,7 @@ def _greater_is_better(values: dict[str, Any], out: _Settings) -> None:
     names the loss (the Trainer's own default pair)."""
     if "greater_is_better" not in values:
         return
-    from leantrain.scoring import lower_is_better
+    from leantrain.tasks.scoring import lower_is_better
 
     greater = to_bool("greater_is_better", values["greater_is_better"])
     metric = out.values.get("metric_for_best")

@@ -111,7 +111,7 @@ def load_run(run_dir: str | Path) -> RunData:
     """What a run directory holds; raises LeantrainError when it holds nothing a report could show."""
     import yaml
 
-    from leantrain.run_dir import staging_dir
+    from leantrain.run.directory import staging_dir
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -280,7 +280,7 @@ def lr_schedule(run: RunData) -> list[float] | None:
     try:
         import torch
 
-        from leantrain.optim import build_scheduler
+        from leantrain.model.schedules import build_scheduler
 
         weight = torch.zeros(1, requires_grad=True)
         optimizer = torch.optim.SGD([weight], lr=cfg["lr"])
@@ -596,10 +596,7 @@ def render_report(run: RunData) -> str:
         f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
         f"{html.escape(str(run.display_path))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>",
     ]
-    # every evaluation score the run reported (a language model's perplexity and exact match too), then the rest
-    scores = [k for k in m if k.startswith("eval_") and k not in HEADLINE and isinstance(m[k], (int, float))]
-    keys = [k for k in HEADLINE if k.startswith("eval_")] + scores + [k for k in HEADLINE if not k.startswith("eval_")]
-    headline = [(_label(k), fmt_value(k, m.get(k))) for k in keys if m.get(k) is not None]
+    headline = _headline(m)
     if headline:
         half = (len(headline) + 1) // 2
         parts.append(
@@ -630,15 +627,7 @@ def render_report(run: RunData) -> str:
             + "</details>"
         )
     if run.config_text:
-        set_here = _set_config(run.config)
-        parts.append(
-            "<h2>Config</h2><p class='sub'>what this run set (every other setting at its default); rerun with "
-            "<code>leantrain train --config config.yaml</code></p>"
-            + _table([(k, str(v)) for k, v in set_here.items()])
-            + "<details><summary>config.yaml, every setting</summary><pre>"
-            + html.escape(run.config_text)
-            + "</pre></details>"
-        )
+        parts.append(_config_section(run))
     env = run.environment or {k: m[k] for k in ("precision", "num_processes") if k in m}
     if env:
         parts.append("<h2>Environment</h2>" + _table([(k, fmt_value(k, v)) for k, v in env.items()]))
@@ -652,8 +641,28 @@ def render_report(run: RunData) -> str:
     )
 
 
+def _headline(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary: every evaluation score the run reported (a language model's perplexity and exact match too),
+    then HEADLINE's other figures."""
+    scores = [k for k in m if k.startswith("eval_") and k not in HEADLINE and isinstance(m[k], (int, float))]
+    keys = [k for k in HEADLINE if k.startswith("eval_")] + scores + [k for k in HEADLINE if not k.startswith("eval_")]
+    return [(_label(k), fmt_value(k, m.get(k))) for k in keys if m.get(k) is not None]
+
+
 def _label(key: str) -> str:
     return METRIC_LABELS.get(key) or f"eval {key.removeprefix('eval_').replace('_', ' ')}"
+
+
+def _config_section(run: RunData) -> str:
+    """What the run set, and its whole config.yaml folded away."""
+    return (
+        "<h2>Config</h2><p class='sub'>what this run set (every other setting at its default); rerun with "
+        "<code>leantrain train --config config.yaml</code></p>"
+        + _table([(k, str(v)) for k, v in _set_config(run.config).items()])
+        + "<details><summary>config.yaml, every setting</summary><pre>"
+        + html.escape(run.config_text)
+        + "</pre></details>"
+    )
 
 
 def _set_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from leantrain import tasks
 from leantrain.errors import ConfigError
+from leantrain.model import optimizers
 
 #: rows of the embedded tweet corpus used by the default job, sized for ~5 minutes on 2 CPU cores
 DEFAULT_JOB_LIMIT = 30_000
@@ -45,18 +47,14 @@ SCHEDULER_NEEDS = {
     "warmup_stable_decay": ("num_decay_steps",),
 }
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "adafactor", "adamw8bit", "sgd")
 LAUNCHERS = ("accelerate", "torchrun", "ray")
 SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
-TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # issue #17: --report-to, through Accelerate
-PROBLEM_TYPES = ("single-label", "regression", "multi-label")  # issue #17
-TASKS = ("text-classification", "image-classification", "audio-classification", "causal-lm", "text-generation")
-#: --task spellings that name another task
-TASK_ALIASES = {"text-generation": "causal-lm"}
+TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
+PROBLEM_TYPES = ("single-label", "regression", "multi-label")
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
-QUANTIZE = ("4bit", "8bit")  # LoRA (issue #15)
+QUANTIZE = ("4bit", "8bit")  # LoRA
 
 
 _Section = TypeVar("_Section")
@@ -75,17 +73,18 @@ class ModelConfig:
         default=None,
     )
     task: str | None = _help(
-        f"What the model learns: {'|'.join(TASKS)}. Default: inferred from the model's config (text when unclear).",
+        f"What the model learns: {'|'.join(tasks.spellings())}. Default: inferred from the model's config (text "
+        "classification when unclear).",
         default=None,
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
-    # --- causal LM (issue #14)
+    # --- causal LM
     chat_template: str | None = _help(
         "Causal LM: the Jinja chat template (or a file holding one) that renders a 'messages' column, for a "
         "tokenizer without one (or to replace its own). Saved with the model.",
         default=None,
     )
-    # --- LoRA (issue #15)
+    # --- LoRA
     lora: bool = _help(
         "Train low-rank adapters (LoRA, through peft) and the task's head; every other weight stays frozen, without "
         "gradients or optimizer state. model/ is the merged model.",
@@ -112,7 +111,7 @@ class ModelConfig:
         default=None,
     )
     # --- end LoRA
-    # --- metrics and losses (issue #17)
+    # --- metrics and losses
     problem_type: str = _help(
         f"What a text label is: {'|'.join(PROBLEM_TYPES)}. single-label: one class per text (cross-entropy); "
         "regression: a number (mean squared error; Pearson, Spearman, RMSE); multi-label: a set of classes, "
@@ -130,8 +129,7 @@ class ModelConfig:
 
     def _check(self) -> None:
         if self.task is not None:
-            _choice(self, "task", TASKS)
-            self.task = TASK_ALIASES.get(self.task, self.task)
+            self.task = tasks.canonical(self.task)  # an alias names its task; an unknown name is refused
         _check_lora(self)
         _check_problem(self)
 
@@ -212,12 +210,12 @@ class DataConfig:
         default=False,
     )
     strict: bool = _help("Stop at the first unreadable image or audio file instead of skipping it.", default=False)
-    # --- HF Trainer users (issue #17)
+    # --- HF Trainer users
     dataloader_num_workers: int = _help(
         "Worker processes that batch the data (0: in the training process); batches are the same either way.",
         default=0,
     )
-    # --- end HF Trainer users (issue #17)
+    # --- end HF Trainer users
     cache_dir: str | None = _help(
         "Where tokenized data is cached. Default: $LEANTRAIN_CACHE or ~/.cache/leantrain.", default=None
     )
@@ -230,7 +228,7 @@ class DataConfig:
     streaming_eval_rows: int = _help(
         "With --streaming and no --eval-data: hold out the stream's first N rows for evaluation.", default=1000
     )
-    # --- causal LM (issue #14)
+    # --- causal LM
     packing: bool = _help(
         "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
         "attention never crosses documents); --no-packing gives each document its own padded row(s).",
@@ -246,7 +244,7 @@ class DataConfig:
         "loss too, not only the completion's.",
         default=False,
     )
-    # --- metrics and losses (issue #17)
+    # --- metrics and losses
     label_separator: str | None = _help(
         "Multi-label: the character that joins a text's labels in the label column, e.g. '|' for 'sport|politics' "
         "(a JSON or Parquet list column needs none).",
@@ -259,7 +257,7 @@ class DataConfig:
 
     def _check(self) -> None:
         _positive(self, "max_length")
-        if self.dataloader_num_workers < 0:  # HF Trainer users (issue #17)
+        if self.dataloader_num_workers < 0:  # HF Trainer users
             raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
         _positive(self, "limit", optional=True)
         _positive(self, "streaming_eval_rows")
@@ -293,7 +291,8 @@ class OptimizationConfig:
     scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
     max_grad_norm: float = _help("Clip the global gradient norm to this (0 disables clipping).", default=1.0)
     optimizer: str = _help(
-        f"Optimizer: {'|'.join(OPTIMIZERS)}. adafactor and adamw8bit keep far less state than adamw.",
+        f"Optimizer: {'|'.join(optimizers.names())}. adafactor and adamw8bit keep far less state than adamw "
+        "(`leantrain plan` lists each one's state and step cost).",
         default="adamw",
     )
     seed: int = _help("Seed for data order, splits, head initialisation and dropout.", default=42)
@@ -301,7 +300,7 @@ class OptimizationConfig:
         f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good state first).",
         default="stop",
     )
-    # --- metrics and losses (issue #17)
+    # --- metrics and losses
     label_smoothing: float = _help(
         "Label smoothing of the training cross-entropy, in [0, 1) (transformers: label_smoothing_factor).",
         default=0.0,
@@ -312,7 +311,7 @@ class OptimizationConfig:
         "loss is its examples' weighted sum over their total weight. The eval loss stays unweighted.",
         default=None,
     )
-    # --- HF Trainer users (issue #17)
+    # --- HF Trainer users
     eval_batch_size: int | None = _help(
         "Examples per evaluation batch on each device. Default: 2 x --batch-size (evaluation keeps no gradients).",
         default=None,
@@ -327,7 +326,7 @@ class OptimizationConfig:
         "mapping).",
         default=None,
     )
-    # --- end HF Trainer users (issue #17)
+    # --- end HF Trainer users
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -345,8 +344,8 @@ class OptimizationConfig:
         for name in ("weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        _check_schedule(self)  # HF Trainer users (issue #17)
-        _choice(self, "optimizer", OPTIMIZERS)
+        _check_schedule(self)  # HF Trainer users
+        optimizers.entry(self.optimizer)  # refused in one line when unknown
         _choice(self, "on_nan", ON_NAN)
         _check_losses(self)
 
@@ -366,7 +365,7 @@ class EfficiencyConfig:
     pad_to_max_length: bool = _help(
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )
-    # --- attention (issue #16)
+    # --- attention
     attention: str = _help(
         "Attention implementation: auto|eager|sdpa|flex_attention (flex). auto picks by what was measured: sdpa on "
         "a GPU, eager for bf16 training without attention dropout on a CPU with native bf16, else sdpa. The same "
@@ -407,19 +406,19 @@ class EfficiencyConfig:
 
     def _check(self) -> None:
         _choice(self, "precision", PRECISIONS)
-        from leantrain.attention import ALIASES, CHOICES
+        from leantrain.model.attention import ALIASES, CHOICES
 
         self.attention = ALIASES.get(self.attention, self.attention)
         _choice(self, "attention", CHOICES)
         if self.memory is not None:
-            from leantrain.planner.memory import parse_memory
+            from leantrain.config.units import parse_memory
 
             parse_memory(self.memory)  # a clear one-line error for '8 gigs'
 
     @property
     def memory_bytes(self) -> int | None:
         """--memory in bytes (None: not given)."""
-        from leantrain.planner.memory import parse_memory
+        from leantrain.config.units import parse_memory
 
         return parse_memory(self.memory) if self.memory is not None else None
 
@@ -504,7 +503,7 @@ class CheckpointConfig:
     resume: str | None = _help(
         "Resume from a checkpoint: 'auto' (newest complete in --output-dir) or a path.", default=None
     )
-    # --- HF Trainer users (issue #17)
+    # --- HF Trainer users
     load_best_at_end: bool = _help(
         "Publish the weights of the best evaluation (--metric-for-best) as model/, not the last step's; each new "
         "best is checkpointed (needs --eval-every).",
@@ -518,7 +517,7 @@ class CheckpointConfig:
     early_stopping_threshold: float = _help(
         "The improvement over the best value so far that early stopping counts as one.", default=0.0
     )
-    # --- end HF Trainer users (issue #17)
+    # --- end HF Trainer users
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -526,7 +525,7 @@ class CheckpointConfig:
 
     def _check(self) -> None:
         _positive(self, "save_every", "save_total_limit", optional=True)
-        _positive(self, "early_stopping_patience", optional=True)  # HF Trainer users (issue #17)
+        _positive(self, "early_stopping_patience", optional=True)  # HF Trainer users
         if self.early_stopping_threshold < 0:
             raise ConfigError(f"--early-stopping-threshold must be >= 0, got {self.early_stopping_threshold}")
 
@@ -555,7 +554,7 @@ class LoggingConfig:
         "data, Python) printed and written to profile/summary.json.",
         default=None,
     )
-    # --- metrics and losses (issue #17)
+    # --- metrics and losses
     metrics: str | None = _help(
         "Evaluation metrics, comma-separated (scikit-learn): accuracy, f1 (binary on two classes, as GLUE scores "
         "MRPC; macro otherwise), macro_f1, micro_f1, weighted_f1, precision, recall, mcc, roc_auc, "
@@ -621,7 +620,7 @@ class TrainConfig(
             raise ConfigError(
                 "--auto measures the whole data set's lengths; with --streaming choose the batch yourself"
             )
-        _check_best_and_stopping(self)  # HF Trainer users (issue #17)
+        _check_best_and_stopping(self)  # HF Trainer users
 
     def section(self, cls: type[_Section]) -> _Section:
         """This config's values of one section, e.g. `cfg.section(CheckpointConfig)`."""
@@ -632,10 +631,10 @@ class TrainConfig(
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
         """Build from a mapping, refusing unknown keys with a suggestion."""
-        from leantrain import hf_names
+        from leantrain.config import hf_names
 
         known = {f.name for f in fields(cls)}
-        # TrainingArguments names (issue #17); every refused or unknown name in one message
+        # TrainingArguments names; every refused or unknown name in one message
         values = hf_names.translate(values, source, known)
         return cls(**values)
 
@@ -660,7 +659,7 @@ class TrainConfig(
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys, got {type(values).__name__}")
         values = {str(k).replace("-", "_"): v for k, v in values.items()}
-        from leantrain import hf_names
+        from leantrain.config import hf_names
 
         # before the flags override: each source apart
         values = hf_names.translate(values, str(path), {f.name for f in fields(cls)})
@@ -683,8 +682,8 @@ class TrainConfig(
         """Fill in what the defaults leave open, so config.yaml records exactly what ran."""
         from leantrain.data.sources import EMBEDDED_DATA
         from leantrain.data.tokenize import default_cache_dir
-        from leantrain.models import EMBEDDED_MODEL
-        from leantrain.run_dir import default_output_dir
+        from leantrain.model.loading import EMBEDDED_MODEL
+        from leantrain.paths import default_output_dir
 
         changes: dict[str, Any] = {}
         if self.data is None:
@@ -750,7 +749,7 @@ def _coerce_types(cfg: Any) -> None:
             continue
         want = field_base_type(f)
         if f.metadata.get("epoch_ok") and value == "epoch":
-            continue  # --eval-every/--save-every epoch (issue #17)
+            continue  # --eval-every/--save-every epoch
         if want is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
@@ -790,7 +789,7 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
 
 
 def _check_data_sources(cfg: DataConfig) -> None:
-    """The data-source keys (issue #18): a known format, usable column names, non-empty config and split names."""
+    """The data-source keys: a known format, usable column names, non-empty config and split names."""
     if cfg.format is not None:
         cfg.format = cfg.format.lower().lstrip(".")
         _choice(cfg, "format", DATA_FORMATS)
@@ -812,7 +811,7 @@ def _check_data_sources(cfg: DataConfig) -> None:
 
 
 def _check_finite(cfg: TrainConfig) -> None:
-    """Reliability (issue #19): NaN or infinity in a numeric setting (--lr inf, --weight-decay nan) would train a
+    """Reliability: NaN or infinity in a numeric setting (--lr inf, --weight-decay nan) would train a
     non-finite model while passing every range check (comparisons with NaN are false)."""
     for f in fields(cfg):
         value = getattr(cfg, f.name)
@@ -821,7 +820,7 @@ def _check_finite(cfg: TrainConfig) -> None:
 
 
 def _check_lora(cfg: ModelConfig) -> None:
-    """LoRA (issue #15): a positive rank and scale, a dropout probability, a known quantization, and the
+    """LoRA: a positive rank and scale, a dropout probability, a known quantization, and the
     options that only mean something with --lora."""
     if cfg.lora_r is None or cfg.lora_r <= 0:
         raise ConfigError(
@@ -840,7 +839,7 @@ def _check_lora(cfg: ModelConfig) -> None:
             raise ConfigError(f"{_flag(name)} needs --lora (it trains adapters over a frozen base); add --lora")
 
 
-# --- metrics and losses (issue #17)
+# --- metrics and losses
 def _check_problem(cfg: ModelConfig) -> None:
     _choice(cfg, "problem_type", PROBLEM_TYPES)
     if not 0 < cfg.multi_label_threshold < 1:
@@ -851,13 +850,13 @@ def _check_losses(cfg: OptimizationConfig) -> None:
     if not 0 <= cfg.label_smoothing < 1:
         raise ConfigError(f"--label-smoothing must be in [0, 1), got {cfg.label_smoothing}")
     if cfg.class_weights is not None and cfg.class_weights.strip().lower() != "auto":
-        from leantrain.losses import parse_class_weights
+        from leantrain.model.losses import parse_class_weights
 
         parse_class_weights(cfg.class_weights)
 
 
 def _check_reporting(cfg: LoggingConfig) -> None:
-    from leantrain.scoring import all_metric_names, parse_metrics
+    from leantrain.tasks.scoring import all_metric_names, parse_metrics
 
     for name in parse_metrics(cfg.metrics):
         if name not in all_metric_names():
@@ -871,7 +870,7 @@ def _check_reporting(cfg: LoggingConfig) -> None:
             raise ConfigError(f"--report-to: unknown tracker {unknown[0]!r}; choose from {', '.join(TRACKERS)}, none")
 
 
-# --- HF Trainer users (issue #17)
+# --- HF Trainer users
 def _check_best_and_stopping(cfg: TrainConfig) -> None:
     """Best-at-end and early stopping judge evaluations: they need some; best-at-end needs checkpoints."""
     for name in ("load_best_at_end", "early_stopping_patience"):
@@ -914,10 +913,14 @@ def _check_schedule(cfg: OptimizationConfig) -> None:
     _positive(cfg, "eval_batch_size", optional=True)
 
 
-def resolved_values(cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int) -> dict[str, Any]:
-    """config.yaml's content (issue #17): what ran, not what was asked (`precision: bf16`, not `auto`)."""
+def resolved_values(
+    cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int, task: str | None = None
+) -> dict[str, Any]:
+    """config.yaml's content: what ran, not what was asked (`precision: bf16`, not `auto`; the task that ran, as
+    `tasks.registry.recorded_name` finds it again)."""
     values = cfg.to_dict()
     values.update(
+        task=task or cfg.task,
         precision=precision,
         metric_for_best=metric_for_best,
         eval_batch_size=cfg.eval_batch_size or 2 * cfg.batch_size,

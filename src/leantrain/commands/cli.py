@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
             if flag is None:
                 message = f"unexpected argument '{bad[0] if bad else ''}'; see `{self.prog} --help`"
             else:
-                from leantrain import hf_names
+                from leantrain.config import hf_names
 
                 known = [o for p in _all_parsers(self) for a in p._actions for o in a.option_strings]
                 hint = hf_names.hint(flag.split("=")[0], known) or f"; see `{self.prog} --help`"
@@ -56,9 +56,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_alias_flags(parser: argparse.ArgumentParser) -> None:
-    """HF Trainer users (issue #17): TrainingArguments names as hidden flags (dest `hf__NAME`), translated by
-    `leantrain.hf_names` in `config_from_args`; `--num-workers`, renamed, refused there in one line."""
-    from leantrain import hf_names
+    """HF Trainer users: TrainingArguments names as hidden flags (dest `hf__NAME`), translated by
+    `leantrain.config.hf_names` in `config_from_args`; `--num-workers`, renamed, refused there in one line."""
+    from leantrain.config import hf_names
 
     kinds = {f.name: field_base_type(f) for f in fields(TrainConfig)}
     for row in hf_names.cli_rows():
@@ -84,7 +84,7 @@ def _add_alias_flags(parser: argparse.ArgumentParser) -> None:
 
 def _flag_bool(name: str):
     def convert(text: str) -> bool:
-        from leantrain import hf_names
+        from leantrain.config import hf_names
 
         try:
             return hf_names.to_bool(name, text)
@@ -124,7 +124,7 @@ def _add_flag(parser, f) -> None:
 
 def _typed(kind: type, flag: str, epoch_ok: bool = False):
     def convert(text: str) -> Any:
-        if kind is str or (epoch_ok and text == "epoch"):  # --eval-every epoch (issue #17)
+        if kind is str or (epoch_ok and text == "epoch"):  # --eval-every epoch
             return text
         try:
             return kind(text)
@@ -146,7 +146,7 @@ def _add_threshold_flag(parser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from leantrain import __version__
+    from leantrain._version import __version__
 
     parser = _Parser(prog="leantrain", description="Fine-tune Hugging Face transformer models efficiently.")
     parser.add_argument("--version", action="version", version=f"leantrain {__version__}")
@@ -183,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--techniques",
-        help="Comma-separated techniques (default: all but compile). Known: "
-        "baseline, bf16, fp16, grad_accum4, activation_ckpt, adafactor, adamw8bit, "
-        "compile, bf16+activation_ckpt, bf16+adafactor, lean.",
+        help="Comma-separated techniques (default: the usual ones, not compile). Known: baseline, bf16, fp16, "
+        "grad_accum4, activation_ckpt, compile, bf16+activation_ckpt, bf16+adafactor, lean, lora, qlora4bit, "
+        "qlora8bit, and every --optimizer by its name.",
     )
     p.add_argument(
         "--repeats",
@@ -236,11 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data",
         help="Labelled file to score, or a folder of images or audio files; for a language model, text (a .txt "
-        "file, a folder of them, or a table; instruction rows add exact match). Default, for a run directory: the "
-        "run's own evaluation set (its --eval-data, or the rows it held out of --data).",
+        "file, a folder of them, or a table; instruction rows add exact match). Default: the run's own held-out "
+        "rows, held out as the run held them out.",
     )
     p.add_argument(
-        "--metrics", help="Metrics to report, comma-separated, as `train --metrics` (default: accuracy,macro_f1)."
+        "--metrics",
+        help="Metrics to report, comma-separated, as `train --metrics` (default: the run's, else accuracy,macro_f1).",
     )
     _add_column_flags(p, label=True)
     p.add_argument(
@@ -258,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")
     _add_column_flags(p, label=False)
     _add_threshold_flag(p)
-    # --- causal LM (issue #14)
+    # --- causal LM
     p.add_argument("--max-new-tokens", type=int, default=32, help="Language models: tokens to generate (default: 32).")
     p.add_argument("--temperature", type=float, help="Language models: sample at this temperature (default: greedy).")
     p.add_argument("--top-p", type=float, help="Language models: sample from the top-p probability mass.")
@@ -291,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
+    from leantrain.config.sections import PRECISIONS
+
+    p.add_argument(
+        "--precision",
+        choices=[c for c in PRECISIONS if c != "auto"],
+        help="Compute in this precision (default: the run's own; fp32 for a model leantrain did not train).",
+    )
     p.add_argument("--text-column")
     p.add_argument("--text-pair-column")
     if label:
@@ -303,8 +311,8 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
     p.add_argument("--max-length", type=int, default=None, help=f"Cut inputs at this many tokens (default: {default}).")
-    p.add_argument("--batch-size", type=int, default=64)
-    # how to read --data, as `train` reads it (issue #18)
+    p.add_argument("--batch-size", type=int, help="Examples per batch (default: the run's evaluation batch, else 64).")
+    # how to read --data, as `train` reads it
     p.add_argument("--format", choices=DATA_FORMATS, help="Read --data in this format whatever its suffix.")
     p.add_argument("--column-names", help="Comma-separated column names for a CSV/TSV file without a header row.")
     p.add_argument("--data-config", help="Configuration of a hub data set or a `datasets` folder with several.")
@@ -319,11 +327,11 @@ def _read_options(args: argparse.Namespace):
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    from leantrain import hf_names
+    from leantrain.config import hf_names
 
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     aliases = {k.removeprefix("hf__"): v for k, v in vars(args).items() if k.startswith("hf__")}
-    given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names (issue #17)
+    given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names
     for name, value in given.items():
         setattr(args, name, value)  # `bench` and `plan` read the job's flags from args
     if args.config:
@@ -332,7 +340,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from leantrain import launch
+    from leantrain.commands import launch
 
     cfg = config_from_args(args)
     if args.print_config:
@@ -342,7 +350,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return launch.launch(cfg)
     launch.check_launched(cfg)
     if launch.launched():
-        launch.die_with_parent()  # a launcher killed outright takes its processes with it (issue #19)
+        launch.die_with_parent()  # a launcher killed outright takes its processes with it
     rank, world = launch.rank_info()
     from leantrain.api import train
     from leantrain.training import interrupt
@@ -373,24 +381,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _print_config(cfg: TrainConfig) -> int:
-    """`train --print-config` (issue #17): the config as the run would record it, without training."""
+    """`train --print-config`: the config as the run would record it, without training."""
     import yaml
 
-    from leantrain import models, parallel
     from leantrain.config import resolved_values
-    from leantrain.tasks import resolve
+    from leantrain.job import assemble
+    from leantrain.tasks.registry import recorded_name
     from leantrain.training.early_stopping import resolve_metric
 
-    cfg = cfg.resolved()
-    model_path = models.resolve_model(None if cfg.model == models.EMBEDDED_MODEL else cfg.model)
-    task = resolve(cfg, models.load_config(model_path, trust_remote_code=cfg.trust_remote_code))
-    precision, why = parallel.choose_precision(cfg.precision)
-    processes = cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
+    job = assemble(cfg)
+    processes = job.cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
     values = resolved_values(
-        cfg, precision=precision, metric_for_best=resolve_metric(cfg, task), num_processes=processes
-    )
-    print(f"# precision {precision}: {why}")
-    if cfg.auto:
+        job.cfg, precision=job.precision, metric_for_best=resolve_metric(job.cfg, job.task), num_processes=processes,
+        task=recorded_name(type(job.task)),
+    )  # fmt: skip
+    print(f"# precision {job.precision}: {job.precision_why}")
+    if job.cfg.auto:
         print("# --auto: the planner sets precision, activation checkpointing, optimizer and the batch split at start")
     print(yaml.safe_dump(values, sort_keys=False).rstrip())
     return 0
@@ -400,7 +406,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from leantrain import bench
+    from leantrain.commands import bench
 
     base_cfg = config_from_args(args)  # validates the job before anything runs
     given = {
@@ -434,7 +440,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from leantrain.planner.command import PlanOptions, run_plan
+    from leantrain.commands.plan import PlanOptions, run_plan
 
     cfg = config_from_args(args)
     given = {  # the job's own flags (and YAML keys), for the probes
@@ -460,22 +466,24 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from leantrain import models
+    from leantrain import tasks
+    from leantrain.model import loading
 
     if args.num_labels < 1:
         raise LeantrainError(f"--num-labels must be a positive integer, got {args.num_labels}")
-    path = models.resolve_model(args.model)
-    task = models.infer_task(models.load_config(path))
-    model = models.load_for_classification(path, [f"LABEL_{i}" for i in range(args.num_labels)], task=task)
-    counts = models.count_parameters(model)
+    path = loading.resolve_model(args.model)
+    task = tasks.task_class(tasks.infer(loading.load_config(path)))
+    labels = [f"LABEL_{i}" for i in range(args.num_labels)]
+    model = loading.load_for_classification(path, labels, auto_model=task.auto_model)
+    counts = loading.count_parameters(model)
     print(model.config)
     print(f"architecture     {type(model).__name__}")
     print(
         f"parameters       {counts.total:,} total, {counts.trainable:,} trainable, "
         f"{counts.embeddings:,} in embeddings, {counts.non_embedding:,} outside them"
     )
-    print(f"head ({args.num_labels} labels) {models.classification_head(model)}")
-    limit = models.max_supported_length(model.config)
+    print(f"head ({args.num_labels} labels) {loading.classification_head(model)}")
+    limit = loading.max_supported_length(model.config)
     print(f"max input length {limit if limit is not None else 'not stated'}")
     return 0
 
@@ -501,9 +509,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         label_separator=args.label_separator,
         threshold=args.multi_label_threshold,
         read=_read_options(args),
+        precision=args.precision,
     )
-    if "per_class" in metrics:  # issue #17: the per-class table and the confusion matrix, for a person to read
-        from leantrain.scoring import format_report
+    if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
+        from leantrain.tasks.scoring import format_report
 
         print(format_report(metrics), file=sys.stderr)
     print(json.dumps(metrics, indent=2))
@@ -531,6 +540,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         threshold=args.multi_label_threshold,
         chat=args.chat,
         read=_read_options(args),
+        precision=args.precision,
     )
     write_predictions(rows, args.output, sys.stdout)
     if args.output:
@@ -539,14 +549,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from leantrain.telemetry.report import write_report
+    from leantrain.run.report import write_report
 
     print(write_report(args.run_dir, args.output))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from leantrain.telemetry.compare import compare
+    from leantrain.run.compare import compare
 
     path = compare(args.run_dirs, args.output)
     if path is not None:
@@ -574,7 +584,7 @@ COMMANDS = {
 
 
 def _dashed(argv: list[str]) -> list[str]:
-    """`--learning_rate` and `--learning-rate` alike (issue #17): flag names with '_' as '-' (values untouched)."""
+    """`--learning_rate` and `--learning-rate` alike: flag names with '_' as '-' (values untouched)."""
     out = []
     for token in argv:
         if token.startswith("--") and "_" in token.split("=", 1)[0]:
@@ -595,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from leantrain.parallel.threads import prepare_environment
 
-    prepare_environment()  # before torch loads: OpenMP reads its settings once (issue #16)
+    prepare_environment()  # before torch loads: OpenMP reads its settings once
     _quiet_libraries()
     try:
         return COMMANDS[args.command](args)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leantrain.commands.probe import ProbeConfig, probe
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
 from leantrain.planner.auto import fitted_to_data, request_for
-from leantrain.planner.probe import ProbeConfig, probe
 from leantrain.planner.search import Plan, make_plan
 
 
@@ -32,17 +32,15 @@ class PlanOptions:
 def prepared_data(cfg: TrainConfig):
     """cfg.data as the run's task prepares it (tokenized and cut at --max-length, a causal LM's documents packed),
     read through the cache."""
-    from leantrain import models, tasks
+    from leantrain.job import assemble
 
-    resolved = cfg.resolved()
-    path = models.resolve_model(cfg.model)
-    config = models.load_config(path, trust_remote_code=cfg.trust_remote_code)
-    return tasks.resolve(resolved, config).prepare_data(path, config)
+    job = assemble(cfg)
+    return job.task.prepare_data(job.model_path, job.model_config)
 
 
 def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=print) -> tuple[Plan, dict[str, Path]]:
     """Plan `cfg` (and probe it when asked); returns the plan and the files written."""
-    from leantrain import presets
+    from leantrain.model import presets
     from leantrain.parallel import device_type
 
     device = options.device or device_type()

@@ -1,4 +1,4 @@
-"""Training losses: label smoothing and class weights for classifiers (issue #17), exact under accumulation; a
+"""Training losses: label smoothing and class weights for classifiers, exact under accumulation; a
 causal LM's output head and cross-entropy in one pass over row chunks (`head_cross_entropy_sum`).
 
 A task returns its loss summed over units (tasks/base.py). With class weights, an example's unit is its class's

@@ -16,7 +16,7 @@ carries `RANK`/`LOCAL_RANK`/`WORLD_SIZE` in its environment, and never launches 
 Failures: torchrun's agent watches its processes; when one exits non-zero or is killed, it stops the
 others and exits non-zero, and every process reports its own error on stderr, naming its rank.
 
-Reliability (issue #19): the command that launches holds the output directory's lock for the whole job and
+Reliability: the command that launches holds the output directory's lock for the whole job and
 tells its processes so (`LEANTRAIN_LOCK_HOLDER`). Each process dies with its parent (a parent-death signal), so
 killing the top-level `leantrain train`, even with SIGKILL, leaves nothing training unobserved. SIGTERM sent to
 it is passed on; Ctrl-C reaches every process of the terminal's group; either way the processes save a
@@ -120,11 +120,12 @@ def launch_command(
 ) -> tuple[list[str], dict[str, str]]:
     """The launcher command line that runs `python -m leantrain train` with `cfg` in every process,
     and the environment variables to add for it."""
+    from leantrain.parallel.threads import threads_are_users
+
     nproc = cfg.num_processes or 1
-    machines = cfg.num_machines
-    if machines > 1 and not cfg.main_process_ip:
+    if cfg.num_machines > 1 and not cfg.main_process_ip:
         raise ConfigError(
-            f"--num-machines {machines} needs --main-process-ip: the address of machine rank 0, "
+            f"--num-machines {cfg.num_machines} needs --main-process-ip: the address of machine rank 0, "
             "which every machine can reach"
         )
     if gpus and nproc > gpus:
@@ -132,72 +133,47 @@ def launch_command(
             f"--num-processes {nproc}, but this machine has {gpus} GPU(s): start at most one process per GPU"
         )
     env = {LAUNCHED_ENV: "1"}
-    from leantrain.parallel.threads import threads_are_users
-
     if not gpus and not threads_are_users():
         # CPU ranks share the cores: one rank per core beats oversubscribed thread pools
         env["OMP_NUM_THREADS"] = str(max(1, (cores or cpu_count()) // nproc))
     train = ["-m", "leantrain", "train", *cfg.to_argv()]
-    given_port = cfg.main_process_port
     if cfg.launcher == "torchrun":
-        cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-        if machines == 1 and not cfg.main_process_ip and given_port is None:
-            cmd.append("--standalone")  # a private rendezvous on a free local port
-        else:
-            cmd += [
-                "--nnodes",
-                str(machines),
-                "--node-rank",
-                str(cfg.machine_rank),
-                "--master-addr",
-                cfg.main_process_ip or "127.0.0.1",
-                "--master-port",
-                str(given_port or DEFAULT_PORT),
-            ]
-        cmd += ["--max-restarts", "0", "--monitor-interval", "0.5", *train]
-        return cmd, env
+        return [python, "-m", "torch.distributed.run", *_torchrun_flags(cfg, nproc), *train], env
     if cfg.launcher == "accelerate":
-        if machines == 1 and given_port is None:
-            given_port = port or free_port()  # accelerate would take 29500, which another job may hold
-        cmd = [
-            python,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            str(nproc * machines),
-            "--num_machines",
-            str(machines),
-            "--machine_rank",
-            str(cfg.machine_rank),
-            "--main_process_ip",
-            cfg.main_process_ip or "127.0.0.1",
-            "--main_process_port",
-            str(given_port or DEFAULT_PORT),
-            # static rendezvous: machine rank 0 holds global rank 0 (the one that writes)
-            "--same_network",
-            "--rdzv_backend",
-            "static",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",  # the loop chooses these itself
-            "--max_restarts",
-            "0",
-            "--monitor_interval",
-            "0.5",
-            *train,
-        ]
-        if gpus:
-            cmd.insert(cmd.index("--num_machines"), "--gpu_ids")
-            cmd.insert(cmd.index("--num_machines"), "all")
-        return cmd, env
+        return [python, "-m", "accelerate.commands.launch", *_accelerate_flags(cfg, nproc, gpus, port), *train], env
     raise ConfigError(f"--launcher {cfg.launcher} does not start processes with a command line")
+
+
+def _torchrun_flags(cfg: TrainConfig, nproc: int) -> list[str]:
+    flags = ["--nproc-per-node", str(nproc)]
+    if cfg.num_machines == 1 and not cfg.main_process_ip and cfg.main_process_port is None:
+        flags.append("--standalone")  # a private rendezvous on a free local port
+    else:
+        flags += ["--nnodes", str(cfg.num_machines), "--node-rank", str(cfg.machine_rank)]
+        flags += ["--master-addr", cfg.main_process_ip or "127.0.0.1"]
+        flags += ["--master-port", str(cfg.main_process_port or DEFAULT_PORT)]
+    return [*flags, "--max-restarts", "0", "--monitor-interval", "0.5"]
+
+
+def _accelerate_flags(cfg: TrainConfig, nproc: int, gpus: int, port: int | None) -> list[str]:
+    given_port = cfg.main_process_port
+    if cfg.num_machines == 1 and given_port is None:
+        given_port = port or free_port()  # accelerate would take 29500, which another job may hold
+    flags = ["--multi_gpu", "--num_processes", str(nproc * cfg.num_machines)]
+    if gpus:
+        flags += ["--gpu_ids", "all"]
+    flags += ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank)]
+    flags += ["--main_process_ip", cfg.main_process_ip or "127.0.0.1"]
+    flags += ["--main_process_port", str(given_port or DEFAULT_PORT)]
+    # static rendezvous: machine rank 0 holds global rank 0 (the one that writes)
+    flags += ["--same_network", "--rdzv_backend", "static"]
+    flags += ["--mixed_precision", "no", "--dynamo_backend", "no"]  # the loop chooses these itself
+    return [*flags, "--max_restarts", "0", "--monitor_interval", "0.5"]
 
 
 def launch(cfg: TrainConfig) -> int:
     """Start the job's processes on this machine and wait for them. Returns the job's exit code."""
-    from leantrain.run_dir import LOCK_HOLDER_ENV, OutputLock
+    from leantrain.run.directory import LOCK_HOLDER_ENV, OutputLock
 
     # Every process must agree on the output directory: fix the timestamped default here, once.
     cfg = cfg.resolved()
@@ -318,17 +294,7 @@ def _first_lines(exc: BaseException, n: int = 6) -> str:
 
 # -- inside a launched process --------------------------------------------------------------------------
 
-#: OUTPUT_DIR/logs, where a launched job's processes and its launcher write what failed in full (tracebacks)
-FAILURE_LOGS_ENV = "LEANTRAIN_FAILURE_LOGS"
-#: what a collective says when the process at the other end is gone: a consequence, not a cause
-PEER_LOST = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "remote process exited",
-    "NCCL communicator was aborted",
-    "Connection refused",
-)
+from leantrain.parallel.agent import FAILURE_LOGS_ENV, PEER_LOST  # noqa: E402 - beside what uses them
 
 
 class ProcessFailed(LeantrainError):
@@ -409,7 +375,7 @@ def die_with_parent() -> None:
 
 
 def print_result(metrics: dict[str, Any], model_dir: Path) -> None:
-    # every evaluation score the run reports (--metrics, issue #17), the loss left to metrics.json
+    # every evaluation score the run reports (--metrics), the loss left to metrics.json
     names = {"eval_macro_f1": "macro-F1"}
     scores = "  ".join(
         f"{names.get(k, k.removeprefix('eval_'))} {v:.4f}"

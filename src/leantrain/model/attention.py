@@ -1,4 +1,4 @@
-"""`--attention`: which attention kernel the model runs, chosen from measurements (issue #16).
+"""`--attention`: which attention kernel the model runs, chosen from measurements.
 
 transformers lets one model run several attention implementations (`eager`: matmul, softmax, matmul in Python;
 `sdpa`: torch's fused `scaled_dot_product_attention`; `flex_attention`: a compiled block-mask kernel). They give
@@ -8,7 +8,7 @@ results, and `auto` picks by what was measured:
 - a GPU (H200, bf16, a packed 125 M Llama): SDPA 235k tokens/s, eager 95k, flex 38k (its mask recompiles per
   batch) -> sdpa;
 - a CPU with AMX, bf16 training, attention dropout off: SDPA's CPU flash kernel took 43% of a step, eager ran 2x
-  SDPA (issue #16) -> eager;
+  SDPA -> eager;
 - a CPU without native bf16 (AMD EPYC), fp32: within 20% either way, no consistent winner -> sdpa.
 
 Sources: benchmarks/results/gpu_check/, benchmarks/results/attention.md (`python benchmarks/attention.py` on the
@@ -77,7 +77,14 @@ def apply(model: Any, name: str, forced: bool = True) -> str:
     return name
 
 
-def apply_forced(model: Any, setting: str | None) -> None:
-    """At inference: the kernel a run forced with --attention (`setting`, from its config); auto keeps the default."""
-    if setting in CHOICES and setting != "auto":
-        apply(model, setting)
+def set_up(model: Any, setting: str, device_type: str, precision: str) -> tuple[str | None, str]:
+    """Choose (`choose`) and switch to (`apply`) the kernel `setting` asks for; returns the one that runs (None: the
+    model has no choice) and why. The trainer and `evaluate`/`predict` both call this, so a run's model is scored
+    with the kernel it was evaluated with in training."""
+    name, why = choose(setting, model, device_type, precision)
+    if name is None:
+        return None, why
+    running = apply(model, name, forced=setting != "auto")
+    if running != name:
+        why = f"{name} was chosen ({why}), but {type(model).__name__} cannot run it"
+    return running, why

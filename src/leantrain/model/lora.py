@@ -209,7 +209,7 @@ def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
     if not is_lora(model):
         return model
     if adapter_dir is not None:
-        from leantrain.models import library_bars_off
+        from leantrain.model.loading import library_bars_off
 
         with library_bars_off():
             model.save_pretrained(adapter_dir, safe_serialization=True)

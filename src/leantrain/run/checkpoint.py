@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from leantrain.errors import ConfigError, LeantrainError
-from leantrain.run_dir import NonFiniteModel, fsync_dir, nonfinite_count, write_failure
+from leantrain.run.directory import NonFiniteModel, fsync_dir, nonfinite_count, write_failure
 
 FORMAT = 1
 MANIFEST = "checkpoint.json"
@@ -74,8 +74,8 @@ RESUMABLE_CHANGES = frozenset(
         "log",
         "report",
         "save_on_interrupt",
-        "save_adapter",  # LoRA (issue #15): what is written at the end, not what a step computes
-        # --- HF Trainer users (issue #17): how long the run goes on, what it publishes, how it evaluates
+        "save_adapter",  # LoRA: what is written at the end, not what a step computes
+        # --- HF Trainer users: how long the run goes on, what it publishes, how it evaluates
         "load_best_at_end",
         "early_stopping_patience",
         "early_stopping_threshold",
@@ -115,7 +115,7 @@ class TrainState:
     best_metric: str = "accuracy"
     best_value: float | None = None
     best_step: int | None = None
-    # early stopping (issue #17): the value the last counted improvement reached, and evaluations since it
+    # early stopping: the value the last counted improvement reached, and evaluations since it
     stopping_reference: float | None = None
     evals_without_improvement: int = 0
 
@@ -128,7 +128,7 @@ class TrainState:
 
     def update_best(self, metrics: dict[str, float], step: int) -> bool:
         """Record an evaluation; True when it is the best so far (loss: lower is better, else higher)."""
-        from leantrain.scoring import lower_is_better
+        from leantrain.tasks.scoring import lower_is_better
 
         key = metric_key(self.best_metric, tuple(metrics))
         value, lower = metrics[key], lower_is_better(key)
@@ -287,7 +287,7 @@ class CheckpointDir:
         partial saves (`.step-*.tmp*`) and prunes (`.step-*.deleting*`) are deleted."""
         if not self.root.is_dir():
             return
-        from leantrain.run_dir import left_by_dead_run
+        from leantrain.run.directory import left_by_dead_run
 
         for p in sorted(self.root.iterdir()):
             if not p.name.startswith(f".{PREFIX}") or not left_by_dead_run(p.name):
@@ -301,7 +301,7 @@ class CheckpointDir:
     def discard_all(self) -> None:
         """Set every checkpoint aside (a fresh run with --overwrite): the run directory deletes them when the new
         run publishes and puts them back if it stops first (`RunDir`). Main process."""
-        from leantrain.run_dir import REPLACED_PREFIX
+        from leantrain.run.directory import REPLACED_PREFIX
 
         if self.root.is_dir():
             aside = self.root.parent / f"{REPLACED_PREFIX}{os.getpid()}"
@@ -397,7 +397,7 @@ class CheckpointDir:
         scheduler, loss scaler and local SGD state. `whole`: a sharded run's (weights, optimizer state), gathered."""
         from safetensors.torch import save_file, save_model
 
-        # format=pt: what from_pretrained expects of a safetensors file, so the folder loads as a model (issue #17)
+        # format=pt: what from_pretrained expects of a safetensors file, so the folder loads as a model
         meta = {"format": "pt"}
         if whole is not None:
             _write_to_path(tmp / "model.safetensors", lambda p: save_file(whole[0], str(p), metadata=meta))
@@ -653,11 +653,11 @@ def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None, model_
 def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
     """Weights plus optimizer state, before the optimizer has made its (lazy) state: the state counted as the
     planner counts it (one count of optimizer-state bytes in the package), plus 1 MiB of the rest."""
-    from leantrain.planner.memory import ParamInventory, optimizer_state_bytes
+    from leantrain.model.optimizers import predicted_state_bytes
 
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
-    return weights + optimizer_state_bytes(ParamInventory(shapes, ()), optimizer_name) + (1 << 20)
+    return weights + predicted_state_bytes(shapes, optimizer_name) + (1 << 20)
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
@@ -665,7 +665,7 @@ def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
 
 def _write_loadable(folder: Path, model, processor) -> None:
     """The model's config.json and the processor beside model.safetensors: the save_pretrained layout, so that
-    `predict`, `evaluate` and transformers' `pipeline` load a checkpoint folder as they load model/ (issue #17)."""
+    `predict`, `evaluate` and transformers' `pipeline` load a checkpoint folder as they load model/."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "save_pretrained"):
         config.save_pretrained(folder)
@@ -773,6 +773,6 @@ def _all_agree(accelerator, ok: bool) -> bool:
 
 
 def _versions() -> dict[str, str]:
-    import leantrain
+    from leantrain._version import __version__
 
-    return {"leantrain": leantrain.__version__, "torch": torch.__version__}
+    return {"leantrain": __version__, "torch": torch.__version__}

@@ -1,0 +1,26 @@
+"""The training config: one dataclass per section (`sections`), flat in `TrainConfig`; TrainingArguments names
+(`hf_names`); amounts of memory (`units`). Every field is a YAML key and a CLI flag."""
+
+from leantrain.config.sections import (
+    DATA_FORMATS,
+    DEFAULT_JOB_LIMIT,
+    SCHEDULERS,
+    SECTIONS,
+    TrainConfig,
+    field_base_type,
+    field_help,
+    resolved_values,
+    to_flags,
+)
+
+__all__ = [
+    "DATA_FORMATS",
+    "DEFAULT_JOB_LIMIT",
+    "SCHEDULERS",
+    "SECTIONS",
+    "TrainConfig",
+    "field_base_type",
+    "field_help",
+    "resolved_values",
+    "to_flags",
+]

@@ -1,0 +1,50 @@
+"""Amounts of memory as users write them (--memory 8GiB) and as leantrain prints them."""
+
+from __future__ import annotations
+
+from leantrain.errors import ConfigError
+
+MIB = 2**20
+GIB = 2**30
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 2**10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 2**20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 2**30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 2**40,
+}
+
+
+def parse_memory(text: str | int | float, flag: str = "--memory") -> int:
+    """Bytes in '8GiB', '512MiB', '8GB', '1.5 GiB', '123456' (bytes). GiB/MiB are powers of 2, GB/MB of 10."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(
+                f"{flag}: cannot read {text!r} as an amount of memory; write it like 8GiB, 512MiB, 8GB or 2.5GB"
+            )
+        value, unit = float(m.group(1)), m.group(2).lower()
+    n = int(value * _UNITS[unit])
+    if n <= 0:
+        raise ConfigError(f"{flag}: must be more than 0 bytes, got {text!r}")
+    return n
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GiB, 384 MiB: binary units, as --memory reads them."""
+    if abs(n) >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / MIB:.0f} MiB"

@@ -1,0 +1,208 @@
+"""`evaluate` and `predict`: a trained run's model (or any model folder a task can load) scored on labelled data, or
+applied to new inputs.
+
+Both rebuild the run's own config from what it recorded (`job.for_inference`), resolve its task from the registry,
+and run the model as the run's own evaluation runs it: the task's data preparation, the same eval loader and the
+same gathering (`tasks.evaluation`), in the run's precision and attention kernel. What differs between workloads
+is the task's: `Task.evaluation_data`, `evaluation_report`, `prediction_data`, `prediction_rows` and `predict`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from leantrain.data.sources import ReadOptions
+from leantrain.errors import DataError
+from leantrain.model.loading import library_bars_off
+
+
+def _source(data: str, read: ReadOptions | None, **columns: str | None) -> dict[str, Any]:
+    """Config values that point the job at `data`, read as `read` says, with the columns given (else guessed): a
+    new source is read on its own terms, not with the training data's columns or format."""
+    read = read or ReadOptions()
+    return {
+        "data": data,
+        "eval_data": data,
+        "data_config": read.config,
+        "eval_split": read.split,
+        "data_split": None,
+        "column_names": ",".join(read.column_names) if read.column_names else None,
+        "format": read.format,
+        "eval_pattern": None,
+        **columns,
+    }
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _job(run_or_model: str, overrides: dict[str, Any], cache_dir: str | None, precision: str | None):
+    from leantrain.job import for_inference
+
+    job = for_inference(run_or_model, overrides, cache_dir=cache_dir, precision=precision)
+    if not job.from_run and (defaults := job.task.inference_defaults(job.model_config)):
+        defaults = {k: v for k, v in defaults.items() if k not in overrides}
+        job = for_inference(run_or_model, {**defaults, **overrides}, cache_dir=cache_dir, precision=precision)
+    return job
+
+
+def _model(job):
+    """The trained model, in evaluation mode, with the attention kernel its run chose (the same choice, made the
+    same way: `--attention auto` picks by device and precision)."""
+    from leantrain.model.attention import set_up
+    from leantrain.parallel import device_type
+
+    model = job.task.load_trained(job.model_path)
+    set_up(model, job.cfg.attention, device_type(), job.precision)
+    return model
+
+
+#: examples per batch when neither the call nor the run says
+DEFAULT_BATCH_SIZE = 64
+
+
+def _rows(job, model, data, batch_size: int | None) -> dict[str, Any]:
+    """The task's evaluation rows of every example of `data.eval`, as the run's evaluation gathers them (in its
+    evaluation batches, unless `batch_size` says otherwise: in bf16 the batches' padding moves the last bits)."""
+    from leantrain import parallel
+    from leantrain.tasks.evaluation import eval_loader, gather_rows
+
+    batch_size = batch_size or job.cfg.eval_batch_size or DEFAULT_BATCH_SIZE
+    accelerator = parallel.make_accelerator(job.precision)
+    model, loader = accelerator.prepare(model, eval_loader(job.task, data, batch_size))
+    job.task.check_model(model)  # what it may skip (a classifier's last layer beyond the first token)
+    return gather_rows(model, loader, accelerator, job.task)
+
+
+@library_bars_off()  # transformers' loading bars would interleave with the result
+def evaluate(
+    run_or_model: str,
+    data: str | None = None,
+    *,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    label_column: str | None = None,
+    max_length: int | None = None,
+    batch_size: int | None = None,
+    cache_dir: str | None = None,
+    image_column: str | None = None,
+    audio_column: str | None = None,
+    label_pattern: str | None = None,
+    metrics: str | None = None,
+    label_separator: str | None = None,
+    threshold: float | None = None,
+    read: ReadOptions | None = None,
+    precision: str | None = None,
+) -> dict[str, Any]:
+    """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
+    as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
+    report (`per_class`) and the confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in
+    the order of `labels`); for a language model the loss per token and perplexity. `data` None: the run's own
+    held-out rows, as it held them out. Multi-label models: `label_separator` and `threshold` default to the run's
+    own. `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training.
+    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train)."""
+    overrides = _given(
+        max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold
+    )
+    if data is not None:
+        columns = dict(
+            text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
+            image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
+        )  # fmt: skip
+        overrides.update(_source(data, read, **columns))
+    job = _job(run_or_model, overrides, cache_dir, precision)
+    task = job.task
+    if data is not None:
+        prepared = task.evaluation_data(job.model_path, job.model_config)
+    else:
+        prepared = _held_out(job, run_or_model)
+    rows = _rows(job, _model(job), prepared, batch_size)
+    return {**task.scores(rows), **task.evaluation_report(rows, prepared)}
+
+
+def _held_out(job, run_or_model: str):
+    """The run's own evaluation rows: its data prepared as it prepared them (the same split, from its seed)."""
+    if not job.from_run:
+        raise DataError(f"{run_or_model}: not a leantrain run, so it has no held-out rows of its own; give --data")
+    prepared = job.task.prepare_data(job.model_path, job.model_config)
+    trained = list(getattr(job.model_config, "id2label", {}).values()) if prepared.label_names else []
+    if prepared.label_names and trained != list(prepared.label_names):
+        raise DataError(
+            f"{job.cfg.data}: its labels are now {prepared.label_names[:5]}, not the model's {trained[:5]}: the "
+            "data changed since the run; give --data"
+        )
+    prepared.facts.setdefault("examples", len(prepared.eval))
+    return prepared
+
+
+@library_bars_off()
+def predict(
+    run_or_model: str,
+    data: str | None = None,
+    *,
+    texts: list[str] | None = None,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    max_length: int | None = None,
+    batch_size: int | None = None,
+    files: list[str] | None = None,
+    image_column: str | None = None,
+    audio_column: str | None = None,
+    max_new_tokens: int = 32,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    threshold: float | None = None,
+    chat: bool = False,
+    read: ReadOptions | None = None,
+    precision: str | None = None,
+) -> list[dict[str, Any]]:
+    """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
+    language model, the prompt and its generated completion (`chat`: each text is a user's message, rendered
+    with the model's chat template; a 'messages' column is read as chats); for a multi-label model, the labels
+    at or above `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for
+    training."""
+    from leantrain.tasks.base import PredictionInputs
+
+    if sum(x is not None for x in (texts, data, files)) != 1:
+        raise DataError("predict: give one of --text, --file or --data")
+    overrides = _given(max_length=max_length, multi_label_threshold=threshold)
+    if data is not None:
+        columns = dict(
+            text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
+            audio_column=audio_column,
+        )  # fmt: skip
+        overrides.update(_source(data, read, **columns))
+    job = _job(run_or_model, overrides, None, precision)
+    task = job.task
+    if chat and not task.generates:
+        raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task.name} model")
+    generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    inputs = PredictionInputs(texts=texts, files=files, chat=chat, generation=generation)
+    prepared, shown = task.prediction_data(job.model_path, job.model_config, inputs)
+    model = _model(job)
+    return task.predict(model, prepared, shown, lambda: _rows(job, model, prepared, batch_size), inputs)
+
+
+def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:
+    """JSON lines to `stream`, or to `path` (.jsonl/.json) or as CSV (.csv/.tsv) by its suffix."""
+    if path is None:
+        for row in rows:
+            stream.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return
+    target = Path(path)
+    if target.suffix.lower() in (".csv", ".tsv"):
+        import pandas as pd
+
+        flat = [
+            {k: "|".join(v) if k == "labels" else v for k, v in r.items() if k != "probabilities"}
+            | {f"p_{n}": q for n, q in r.get("probabilities", {}).items()}
+            for r in rows
+        ]
+        pd.DataFrame(flat).to_csv(target, index=False, sep="\t" if target.suffix.lower() == ".tsv" else ",")
+    else:
+        with target.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -1,0 +1,75 @@
+"""Learning-rate schedules: transformers' `get_scheduler` names, with the three most used computed here."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from leantrain.errors import ConfigError
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    name: str,
+    total_steps: int,
+    warmup_ratio: float,
+    warmup_steps: float | None = None,
+    kwargs: str | None = None,
+):
+    """transformers' schedule `name` over `total_steps`; the warm-up from `warmup_steps` when given (steps, or a
+    ratio below 1 as transformers 5 has it), else `warmup_ratio`; `kwargs`: --scheduler-kwargs (JSON)."""
+    import json
+
+    hf_name = "constant_with_warmup" if name == "constant" else name  # leantrain's constant keeps the warm-up
+    if warmup_steps is not None:
+        warmup = int(warmup_steps) if warmup_steps >= 1 else round(warmup_steps * total_steps)
+    else:
+        warmup = round(warmup_ratio * total_steps)
+    specific = json.loads(kwargs) if kwargs else None
+    if hf_name in _COMMON and not specific:
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, functools.partial(_COMMON[hf_name], warmup=warmup, total=max(total_steps, 1))
+        )
+    from transformers import get_scheduler
+
+    try:
+        return get_scheduler(
+            hf_name,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=max(total_steps, 1),
+            scheduler_specific_kwargs=specific,
+        )
+    except (TypeError, ValueError) as exc:  # an argument the schedule does not take, or a bad value
+        first = str(exc).strip().splitlines()[0][:200]
+        raise ConfigError(f"--scheduler {name} --scheduler-kwargs {kwargs}: {first}") from None
+
+
+# The three most used schedules, with transformers' formulas (tests/test_optim.py checks them step by step against
+# get_scheduler): importing transformers.optimization loads peft, bitsandbytes and inductor through
+# transformers.trainer_utils, several seconds of every run's start-up. The others come from transformers.
+def _warming(step: int, warmup: int) -> float | None:
+    return float(step) / float(max(1, warmup)) if step < warmup else None
+
+
+def _linear(step: int, *, warmup: int, total: int) -> float:
+    up = _warming(step, warmup)
+    return up if up is not None else max(0.0, float(total - step) / float(max(1, total - warmup)))
+
+
+def _cosine(step: int, *, warmup: int, total: int) -> float:
+    up = _warming(step, warmup)
+    if up is not None:
+        return up
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))  # transformers' order: same floats
+
+
+def _constant(step: int, *, warmup: int, total: int) -> float:
+    up = _warming(step, warmup)
+    return up if up is not None else 1.0
+
+
+_COMMON = {"linear": _linear, "cosine": _cosine, "constant_with_warmup": _constant}
