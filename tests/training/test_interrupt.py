@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig
-from leantrain.run import checkpoint
 from leantrain.commands.cli import main
+from leantrain.run import checkpoint
 
 
 @pytest.fixture()
