@@ -227,3 +227,18 @@ def test_the_same_job_twice_beside_a_cpu_burning_neighbour_gives_the_same_bits(m
         errors.append(err)
     assert not any("CPU threads (other processes used" in err for err in errors)  # the count never moved
     assert digests[0] == digests[1]
+
+
+def test_the_governor_is_off_unless_asked(tiny_model_dir, sentiment_csv, cache_dir, tmp_path, monkeypatch):
+    """Bitwise repeatability is the default: a run that does not ask for --thread-governor gets none."""
+    from leantrain import TrainConfig, train
+
+    asked = []
+    monkeypatch.setattr(threads, "thread_governor", lambda wanted, *a: (asked.append(wanted), (None, None))[1])
+    assert TrainConfig().thread_governor is False
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), data=str(sentiment_csv), output_dir=str(tmp_path / "run"), cache_dir=str(cache_dir),
+        batch_size=16, max_steps=1, progress=False, report=False, precision="fp32",
+    )  # fmt: skip
+    train(cfg)
+    assert asked == [False]

@@ -379,7 +379,7 @@ class EfficiencyConfig:
         "their last bits: two runs, or a run and its resumption, are no longer bitwise equal. Off: the same seed "
         "and settings give the same bits whatever the load. For a `leantrain` command's single CPU process "
         "without OMP_NUM_THREADS.",
-        default=True,
+        default=False,
     )
     auto: bool = _help(
         "Let the planner choose precision, activation checkpointing and the micro-batch/accumulation split of "
