@@ -23,8 +23,12 @@ from leantrain import tasks
 from leantrain.errors import ConfigError
 from leantrain.model import optimizers
 
-#: rows of the embedded tweet corpus used by the default job, sized for ~5 minutes on 2 CPU cores
-DEFAULT_JOB_LIMIT = 30_000
+#: rows of the embedded tweet corpus the default job trains on, by the machine: each size trains in about four
+#: minutes on 2 cores at the speed its class measured, with start-up, the evaluation and saving inside five
+#: (benchmarks/results/quickstart.md; `default_job_rows`)
+DEFAULT_JOB_ROWS = {"avx512": 24_000, "avx2": 6_000}
+#: the default job's rows on a CPU with AVX-512 (or a GPU)
+DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["avx512"]
 
 #: every per-step schedule of transformers' get_scheduler (leantrain's `constant` keeps the warm-up, as
 #: constant_with_warmup; reduce_lr_on_plateau and greedy need a metric at every step and are refused)
@@ -193,7 +197,7 @@ class DataConfig:
     max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
     limit: int | None = _help(
         "Train on a stratified sample of this many training rows. The default job uses "
-        f"{DEFAULT_JOB_LIMIT}; otherwise all rows.",
+        f"{DEFAULT_JOB_ROWS['avx512']:,} ({DEFAULT_JOB_ROWS['avx2']:,} on a CPU without AVX-512); otherwise all rows.",
         default=None,
     )
     eval_fraction: float = _help(
@@ -689,7 +693,7 @@ class TrainConfig(
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
-                changes["limit"] = DEFAULT_JOB_LIMIT
+                changes["limit"] = default_job_rows()[0]
         if self.model is None:
             changes["model"] = EMBEDDED_MODEL
         if self.output_dir is None:
@@ -700,6 +704,24 @@ class TrainConfig(
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def default_job_rows() -> tuple[int, str]:
+    """The default job's training rows on this machine, and the class that sized them: a CPU's widest vector
+    instructions set its MiniLM training speed (2.5x from AVX2 to AVX-512 at fp32, measured on one CPU held to each);
+    a process whose torch is held to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) counts as AVX2."""
+    import os
+
+    from leantrain.parallel import cpu_flags, device_type
+
+    if device_type() == "cuda":
+        return DEFAULT_JOB_ROWS["avx512"], "a GPU"
+    held = os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default") or os.environ.get(
+        "ONEDNN_MAX_CPU_ISA", ""
+    ).upper().startswith(("AVX2", "SSE"))
+    if "avx512f" in cpu_flags() and not held:
+        return DEFAULT_JOB_ROWS["avx512"], "a CPU with AVX-512"
+    return DEFAULT_JOB_ROWS["avx2"], "a CPU without AVX-512"
 
 
 def to_flags(values: dict[str, Any]) -> list[str]:
