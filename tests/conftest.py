@@ -52,9 +52,6 @@ _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
     _cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS
     os.environ["OMP_NUM_THREADS"] = str(max(1, _cpus // _workers))
-# The `leantrain` commands tests launch keep their thread count: the governor would follow the machine's other
-# load and make reduction orders, and so bitwise comparisons between runs, depend on it.
-os.environ.setdefault("LEANTRAIN_THREAD_GOVERNOR", "0")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -676,3 +676,27 @@ def test_sigkill_while_saving_keeps_the_previous_checkpoint(cli_job, left_alone,
     err = resume_and_compare(cli_job, out, left_alone)
     assert "step-000002" in err
     assert not list(root.glob(".step-000004.tmp*"))
+
+
+@pytest.mark.parametrize("load_best_at_end", [False, True])
+def test_a_final_evaluation_that_is_the_best_is_the_best_checkpoint(job, monkeypatch, load_best_at_end):
+    from safetensors.torch import load_file
+
+    from leantrain.training.evaluator import Evaluator
+
+    # evaluations at step 4 and at the end (step 6): the final one is the best
+    accuracies = iter([0.5, 0.9])
+    monkeypatch.setattr(Evaluator, "evaluate", lambda *a: {"accuracy": next(accuracies), "macro_f1": 0.5, "loss": 0.5})
+    result = train(job(save_every=4, eval_every=4, max_steps=6, load_best_at_end=load_best_at_end))
+    m, root = result.metrics, result.output_dir / "checkpoints"
+    assert (m["best_step"], m["best_value"], m["model_step"]) == (6, 0.9, 6)
+    assert m["best_checkpoint"] == str(root / "step-000006")  # was step-000004: the newest checkpoint's record
+    saved = load_file(root / "step-000006" / "model.safetensors")
+    published = load_file(result.model_dir / "model.safetensors")
+    assert all(torch.equal(saved[k], published[k]) for k in published)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000004", "step-000006"]
+
+
+def test_without_checkpoints_no_best_checkpoint_is_named(job):
+    result = train(job(eval_every=2, max_steps=4))
+    assert result.metrics["best_checkpoint"] is None and result.metrics["best_step"] in (2, 4)

@@ -123,7 +123,8 @@ def test_train_evaluate_predict_round_trip(capsys, base, tmp_path, sentiment_csv
     assert sum(rows[0]["probabilities"].values()) == pytest.approx(1, abs=1e-4)
 
     target = tmp_path / "pred.csv"
-    code, _, _ = run(capsys, "predict", run_dir, "--data", str(sentiment_csv), "--output", str(target))
+    code, out, err = run(capsys, "predict", run_dir, "--data", str(sentiment_csv), "--output", str(target))
+    assert out == "" and f"written: {target} (240 predictions)" in err  # said, and stdout left for results
     import pandas as pd
 
     pred = pd.read_csv(target)
@@ -401,3 +402,11 @@ def test_train_on_a_data_set_configuration_and_split(capsys, base, tmp_path, mon
     argv[argv.index("--output-dir") + 1] = str(tmp_path / "run2")  # a fresh folder: the refusal is the only line
     code, _, err = run(capsys, *argv, "--data-split", "test")
     _one_line_error(code, err, "no split 'test' (given by --data-split)", "train, validation")
+
+
+def test_train_help_names_every_task_and_shows_no_unset_defaults(capsys):
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "sequence classifier" not in text and "causal language models" in text and "images, audio" in text
+    assert "(default: None)" not in text
+    assert "(default: 128)" in text and "(default: False)" in text  # real defaults are still shown

@@ -57,3 +57,22 @@ def test_yaml_that_is_not_a_mapping_is_refused(tmp_path):
 def test_missing_yaml_file(tmp_path):
     with pytest.raises(ConfigError, match="--config: no such file"):
         TrainConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+def test_the_default_job_is_sized_for_the_cpu_and_an_explicit_limit_wins(monkeypatch):
+    """About four minutes of training on 2 cores either way: AVX-512 trains MiniLM 2.5x faster than AVX2."""
+    from leantrain import parallel
+    from leantrain.config.sections import DEFAULT_JOB_ROWS
+
+    monkeypatch.setattr(parallel, "device_type", lambda: "cpu")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(parallel, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "amx_bf16"}))
+    assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx512"]
+    assert TrainConfig(limit=500).resolved().limit == 500
+    assert TrainConfig(data="mine.csv").resolved().limit is None  # your own data: every row
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # torch held to AVX2 in this process
+    assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx2"]
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setattr(parallel, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx2"] < DEFAULT_JOB_ROWS["avx512"]

@@ -215,3 +215,32 @@ def test_every_row_names_a_real_setting_and_reads_back():
     assert all(row.field in known for row in ROWS if row.field is not None)
     text = (Path(__file__).resolve().parents[1] / "docs" / "for-trainer-users.md").read_text()
     assert all(f"| `{row.hf}` |" in text for row in ROWS)
+
+
+def test_greater_is_better_is_accepted_where_it_agrees_with_the_metric_and_refused_where_not(tmp_path, capsys):
+    assert TrainConfig.from_dict({"metric_for_best_model": "accuracy", "greater_is_better": True}).metric_for_best == (
+        "accuracy"
+    )
+    assert TrainConfig.from_dict({"metric_for_best_model": "eval_loss", "greater_is_better": False}).metric_for_best
+    assert TrainConfig.from_dict({"greater_is_better": False}).metric_for_best == "loss"  # the Trainer's default pair
+    with pytest.raises(ConfigError, match=r"greater_is_better false contradicts metric_for_best_model accuracy: for "):
+        TrainConfig.from_dict({"metric_for_best_model": "accuracy", "greater_is_better": False})
+    err = refused(capsys, "--metric-for-best", "loss", "--greater-is-better", "true")
+    assert "--greater-is-better true contradicts --metric-for-best loss: for loss, lower is better" in err
+
+
+def test_logging_strategy_steps_is_what_leantrain_does_and_the_others_are_refused(tmp_path):
+    assert TrainConfig.from_dict({"logging_strategy": "steps", "logging_steps": 7}).log_every == 7
+    with pytest.raises(ConfigError, match=r"logging_strategy epoch: leantrain logs a metrics.jsonl row every"):
+        TrainConfig.from_dict({"logging_strategy": "epoch"})
+
+
+def test_every_refused_name_is_named_at_once(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("deepspeed: ds.json\nlearning_rate: 1e-4\nadam_beta1: 0.8\nnum_epoch: 2\npush_to_hub: true\n")
+    with pytest.raises(ConfigError) as refusal:
+        TrainConfig.from_yaml(path)
+    message = str(refusal.value)
+    assert len(message.splitlines()) == 1 and message.startswith(f"{path}: 4 names refused: ")
+    for name in ("deepspeed (TrainingArguments)", "adam_beta1", "unknown key 'num_epoch'", "push_to_hub"):
+        assert name in message, name

@@ -282,6 +282,28 @@ def test_two_real_runs_into_one_output_dir(job, tmp_path):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{s:06d}" for s in range(5, 61, 5)]
 
 
+@fault(
+    "--output-dir on a read-only file system (a tmpfs remounted read-only), the folder new or already there",
+    "one line naming the folder and the reason, exit 2, before any data is read",
+)
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "existing"])
+def test_a_read_only_output_dir_is_one_line_before_any_work(job, small_disk, exists, capsys):
+    from leantrain.commands.cli import main
+
+    disk = small_disk(1)
+    if exists:
+        (disk / "run").mkdir()
+    done = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot remount read-only here ({done.stderr.strip()})")
+    cfg = job(output_dir=str(disk / "run"))
+    capsys.readouterr()
+    assert main(flags(cfg)) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"--output-dir: cannot write to '{disk / 'run'}' (Read-only file system)" in line
+    assert not (Path(cfg.cache_dir) / "tokenized").exists()  # refused before the data was read
+
+
 def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
     cfg = job(data=str(tmp_path / "missing.csv"))
     with pytest.raises(LeantrainError):
@@ -330,21 +352,64 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous(job,
 
 
 @fault(
-    "the disk fills up while the final model is written (tmpfs)",
-    "one line naming the path and the space needed, exit 2; the partial model removed, nothing published",
+    "a disk too small for the final model, without --save-every (tmpfs)",
+    "refused before any data is read, in one line naming the free space and the space the model needs, exit 2",
 )
-def test_a_full_disk_at_the_final_save_is_one_line(job, small_disk, capsys):
+def test_a_disk_too_small_for_the_final_model_is_refused_before_training(job, small_disk, capsys):
     from leantrain.commands.cli import main
 
     disk = small_disk(5)  # less than the 7.9 MiB of weights
     cfg = job(output_dir=str(disk / "run"), max_steps=2)
     capsys.readouterr()
     assert main(flags(cfg)) == 2
+    err = capsys.readouterr().err
+    line = one_line_error(err)
+    assert re.search(r"--output-dir .*/run: \d\.\d MB free, but the final model needs about \d+\.\d MB", line), line
+    assert "optimizer steps (global batch" not in err  # refused before training began
+    assert not (disk / "run" / "metrics.json").exists() and not any((disk / "run").glob(".incomplete*"))
+
+
+@fault(
+    "the disk fills up during training, so that the final model cannot be written (tmpfs)",
+    "one line naming the path and the space needed, exit 2; nothing published; the trained state saved as a "
+    "checkpoint in the cache folder, named with the command that resumes it into the same model",
+)
+def test_a_disk_that_fills_during_training_keeps_the_trained_state_elsewhere(job, small_disk, monkeypatch, capsys):
+    import shutil as sh
+
+    from leantrain.commands.cli import main
+    from leantrain.training.trainer import Trainer
+
+    alone = job("alone", max_steps=4)
+    assert main(flags(alone)) == 0
+    disk = small_disk(24)  # room for the model when the run starts
+    cfg = job(output_dir=str(disk / "run"), max_steps=4)
+    real = Trainer.train_step
+
+    def train_step(self, batches):  # another process fills the disk during training
+        done = real(self, batches)
+        if self.state.step == 1:
+            (disk / "ballast").write_bytes(b"\0" * (sh.disk_usage(disk).free - (64 << 10)))
+        return done
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    capsys.readouterr()
+    assert main(flags(cfg)) == 2
     line = one_line_error(capsys.readouterr().err)
-    assert "the disk is full" in line and "MB needed" in line and "model" in line
-    run = disk / "run"
-    assert not (run / "metrics.json").exists() and not (run / "model").exists()
-    assert not any(run.glob(".incomplete*/model"))  # the partial weights do not hold the little space left
+    assert "the disk is full" in line and "the trained state is kept in" in line, line
+    saved = Path(line.split("the trained state is kept in ")[1].split(";")[0])
+    assert saved.is_relative_to(Path(cfg.cache_dir)) and checkpoint.verify(saved).step == 4
+    assert not (disk / "run" / "metrics.json").exists() and not any((disk / "run").glob(".incomplete*"))
+    command = shlex.split(line.split("(or with --output-dir elsewhere): ")[1])
+    assert command[command.index("--resume") + 1] == str(saved)
+    monkeypatch.setattr(Trainer, "train_step", real)
+    (disk / "ballast").unlink()
+    assert main(command[1:]) == 0
+    a, b = (
+        load_file(Path(alone.output_dir) / "model/model.safetensors"),
+        load_file(disk / "run/model/model.safetensors"),
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # -- 3. --overwrite --------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """End to end on a tiny random BERT: the outputs a user relies on, caching, and never losing a run."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -51,6 +52,12 @@ def test_train_writes_a_shippable_run(job, capsys):
     assert 0 <= metrics["padding_fraction"] < 0.2
     assert metrics["train_samples_per_second"] > 0 and metrics["train_tokens_per_second"] > 0
     assert metrics["steady_mfu"] > 0 and metrics["mfu"] > 0  # the run's FLOPs over the probed peak
+    # every file of model/ readable as the others are (model.safetensors was written 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in (out / "model").iterdir()} == {
+        p.name: 0o666 & ~mask for p in (out / "model").iterdir()
+    }
     # label map travels with the model
     config = json.loads((out / "model/config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"}
@@ -206,3 +213,57 @@ def test_sentence_pairs_train_on_both_sentences(tiny_model_dir, cache_dir, tmp_p
     )
     assert result.metrics["num_labels"] == 2
     assert result.metrics["eval_accuracy"] > 0.8
+
+
+def test_a_batch_larger_than_the_data_says_what_it_used(job, capsys):
+    result = train(job(batch_size=1_000_000, epochs=2))
+    err = capsys.readouterr().err
+    n = result.metrics["train_examples"] // 2  # two epochs of all the training rows
+    assert (
+        f"warning: the global batch (1,000,000) is larger than the {n:,} training examples: each optimizer step "
+        f"trains on all {n:,}, one step per epoch, in micro-batches of up to {n:,}" in err
+    )
+    assert result.metrics["optimizer_steps"] == 2
+    train(job(batch_size=16, output_dir=str(result.output_dir.parent / "small"), epochs=1))
+    assert "is larger than the" not in capsys.readouterr().err
+
+
+def model_copy(tiny_model_dir, tmp_path, keep) -> str:
+    import shutil
+
+    folder = tmp_path / "model-copy"
+    folder.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if keep(f.name):
+            shutil.copy(f, folder / f.name)
+    return str(folder)
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_before_training(job, tiny_model_dir, tmp_path):
+    folder = model_copy(tiny_model_dir, tmp_path, lambda name: name in ("config.json", "model.safetensors"))
+    with pytest.raises(ModelError, match=rf"{folder}: no tokenizer in this model folder \(looked for tokenizer.json"):
+        train(job(model=folder))
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_a_tokenizer_far_smaller_than_the_embedding_table_is_refused(job, tiny_model_dir, tmp_path):
+    from transformers import BertTokenizerFast
+
+    folder = model_copy(tiny_model_dir, tmp_path, lambda name: name in ("config.json", "model.safetensors"))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad"]) + "\n")
+    BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folder)
+    with pytest.raises(
+        ModelError, match=r"its tokenizer knows \d tokens but the model's embedding table has 30,522 rows"
+    ):
+        train(job(model=folder))
+
+
+def test_data_the_tokenizer_reads_mostly_as_unknown_tokens_is_refused(job, tmp_path):
+    from tests.conftest import write_csv
+
+    words = ["ሰላም", "ለዓለም", "እንዴት", "ነህ", "🦜🦩", "ᏣᎳᎩ"]
+    rows = [(" ".join(words[(i + k) % 6] for k in range(4)) + " ok", "pos" if i % 2 else "neg") for i in range(60)]
+    data = write_csv(tmp_path / "unreadable.csv", rows)
+    with pytest.raises(DataError, match=r"unreadable.csv: the tokenizer maps 80% of the tokens .* to its unknown"):
+        train(job(data=str(data)))

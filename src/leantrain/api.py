@@ -37,7 +37,11 @@ def train(
         config = TrainConfig.from_dict(config)
     if overrides:
         config = config.replace(**overrides)
-    job = assemble(config, task, plan=True)
+    from leantrain.training import interrupt
+
+    # --auto plans on the prepared data: a Ctrl-C there stops at once, as while the trainer prepares it
+    with interrupt.phase("planning (--auto: preparing the data)" if config.auto else "starting the run"):
+        job = assemble(config, task, plan=True)
     cfg, chosen = job.cfg, job.task
     if compute_metrics is not None:
         chosen.compute_metrics = compute_metrics

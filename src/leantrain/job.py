@@ -37,6 +37,8 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
     from leantrain.model import loading
 
     cfg = config.resolved()
+    if config.data is None and config.limit is None and config.task is None:  # the default job, as it is
+        _say_the_default_job(cfg.limit)
     if cfg.log == "tensorboard" or cfg.report_to:  # a missing tracker package is refused before any work
         from leantrain.parallel.trackers import check_trackers, tracker_names
 
@@ -62,6 +64,20 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
         chosen = choose(cfg)
     precision, why = parallel.choose_precision(cfg.precision)
     return Job(cfg, model_path, model_config, chosen, made, precision, why)
+
+
+def _say_the_default_job(rows: int | None) -> None:
+    import os
+
+    from leantrain.config.sections import default_job_rows
+    from leantrain.telemetry.console import Console
+
+    _, why = default_job_rows()
+    if int(os.environ.get("RANK", "0")) == 0:
+        Console().info(
+            f"the default job: MiniLM on {rows:,} rows of the embedded tweet corpus, the size for {why} (about four "
+            "minutes of training on 2 cores: benchmarks/results/quickstart.md); --limit N trains on another"
+        )
 
 
 #: transformers' config.problem_type -> leantrain's --problem-type

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 
 def leantrain_cache() -> Path:
@@ -32,3 +35,17 @@ def cache_paths() -> list[tuple[str, str]]:
     except ImportError:
         pass
     return rows
+
+
+@contextlib.contextmanager
+def written_atomically(path: Path, mode: str = "wb") -> Iterator[IO]:
+    """A file to write `path` through: a temporary beside it, renamed into place when the block ends. Whatever
+    stops the block (an error, Ctrl-C) removes the temporary, so a cache never keeps a partial entry."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open(mode) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

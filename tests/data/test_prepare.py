@@ -21,8 +21,27 @@ def test_empty_labels_and_empty_text_are_dropped_and_counted(tmp_path, tokenizer
     path = write_csv(tmp_path / "holes.csv", rows)
     src = load_source(str(path), tokenizer, 32, tmp_path / "cache", "train")
     assert src.labels == ["pos", "neg"] and len(src.tokens) == 2
-    assert src.report.drop_reasons == {"with empty text": 2, "without a label": 2}
-    assert "4 dropped (2 with empty text, 2 without a label)" in src.report.summary()
+    assert src.report.drop_reasons == {"with empty text": 2, "without a label (2 empty)": 2}
+    assert "4 dropped (2 with empty text, 2 without a label (2 empty))" in src.report.summary()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_nan_null_and_none_label_cells_are_missing_labels_not_classes(tmp_path, tokenizer, suffix):
+    labels = ["pos", "NaN", "neg", "nan", "null", "None", "pos", "", "NONE", "neg"]
+    rows = [(f"text number {i}", label) for i, label in enumerate(labels)]
+    if suffix == ".csv":
+        path = write_csv(tmp_path / "nan.csv", rows)
+    else:  # JSON's null and a float NaN as pandas writes it
+        path = tmp_path / "nan.jsonl"
+        pd.DataFrame({"text": [r[0] for r in rows], "label": [None if r[1] == "null" else r[1] for r in rows]}).to_json(
+            path, orient="records", lines=True
+        )
+    src = load_source(str(path), tokenizer, 32, tmp_path / "cache", "train")
+    assert sorted(set(src.labels)) == ["NONE", "neg", "pos"]  # a class called NONE stays a class
+    assert src.report.rows_dropped == 5
+    reason = next(iter(src.report.drop_reasons))
+    assert reason.startswith("without a label (") and "'NaN'" in reason and "'None'" in reason, reason
+    assert "5 dropped" in src.report.summary()
 
 
 def test_an_eval_file_with_other_column_names_is_read_by_its_own(tmp_path, tokenizer):

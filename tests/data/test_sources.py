@@ -30,6 +30,31 @@ def test_repair_keeps_real_accents_and_non_latin_text():
         assert repair_text(text) == text
 
 
+VALID_TEXT = [
+    "Microsoft ’ s chief said “ in a coma , ” he added …”",  # MRPC's curly quotes, spaced as it ships them
+    "la maison créée à Noël",  # two accented letters in a row
+    "ÆØÅ and «Bonjour» and ½ price at 20°C",
+    "ﬁne ｗｉｄｅ",  # a ligature and full-width letters: valid text, not damage
+]
+
+
+@pytest.mark.parametrize("text", VALID_TEXT)
+def test_valid_text_is_left_as_it_is_and_not_counted_as_repaired(tmp_path, text):
+    assert repair_text(text) == text
+    path = write_rows(tmp_path / "valid.csv", [("text", "label"), (text, "pos"), ("plain words", "neg")])
+    for df, report in _both_readers(path):
+        assert df["text"].tolist()[0] == text and report.rows_repaired == 0, report.summary()
+
+
+def test_damaged_text_is_still_repaired_and_counted(tmp_path):
+    damaged = ["caf\u00c3\u00a9 au lait", "GoogleÕ¢_ŠÎ_†¢s car", "a &amp; b", "it\u00e2\u20ac\u2122s fine"]
+    fixed = ["café au lait", "Google's car", "a & b", "it’s fine"]
+    assert [repair_text(t) for t in damaged] == fixed
+    path = write_rows(tmp_path / "damaged.csv", [("text", "label"), *[(t, "pos") for t in damaged], ("ok", "neg")])
+    for df, report in _both_readers(path):
+        assert df["text"].tolist() == [*fixed, "ok"] and report.rows_repaired == 4
+
+
 def test_tsv_is_read_without_quoting(tmp_path):
     path = tmp_path / "d.tsv"
     path.write_text('sentence\tlabel\nsays "hi there \t1\nbye\t0\n')
@@ -130,6 +155,14 @@ from leantrain.data import sources  # noqa: E402
 from leantrain.data.sources import ReadOptions  # noqa: E402
 
 
+def write_rows(path, rows):
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    return path
+
+
 def _both_readers(path, **options):
     """The same file through the fast (pyarrow) path and through the repairing reader."""
     fast = read_table(str(path), options=ReadOptions(**options))
@@ -153,6 +186,9 @@ def test_real_mrpc_file_with_its_byte_order_mark(shared_data):
     assert (cols.label, cols.text, cols.text_pair) == ("Quality", "#1 String", "#2 String")
     assert report.rows_read + report.rows_dropped == 3668
     assert set(df["Quality"]) == {"0", "1"}
+    # valid UTF-8 throughout: nothing to repair (its curly quotes were once "repaired" into straight ones)
+    assert report.rows_repaired == 0 and "repaired" not in report.summary()
+    assert "Microsoft ’ s global security chief" in " ".join(df["#1 String"])
 
 
 @pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32"])
@@ -392,3 +428,24 @@ def test_patterns_given_to_pandas_compile_in_pyarrows_regex_engine(pattern):
 
     found = pc.match_substring_regex(pa.array(["plain words", "café au lait", "12 34"]), pattern).to_pylist()
     assert found == [bool(re.search(pattern, s)) for s in ["plain words", "café au lait", "12 34"]]
+
+
+@pytest.mark.parametrize("repair", ["auto", "always"], ids=["pyarrow", "repairing reader"])
+def test_a_cell_of_several_megabytes_is_read_by_both_readers(tmp_path, repair):
+    from leantrain.data.sources import ReadOptions
+
+    big = "word " * 1_000_000  # 5 MB: beyond Python csv's 128 KiB field limit and pyarrow's 1 MiB block
+    path = tmp_path / "big.csv"
+    path.write_text(f'text,label\n"{big}",pos\nshort,neg\nanother one,pos\n')
+    df, report = read_table(str(path), options=ReadOptions(repair=repair))
+    assert df["text"].tolist() == [big.strip(), "short", "another one"] and report.rows_dropped == 0
+
+
+def test_a_cell_beyond_the_cap_is_refused_in_one_line_naming_the_cap(tmp_path, monkeypatch):
+    from leantrain.data import sources
+
+    monkeypatch.setattr(sources, "MAX_CELL_BYTES", 2**20)
+    path = tmp_path / "open_quote.csv"
+    path.write_text('text,label\n"a quote never closed,pos\n' + "more text,neg\n" * 200_000)
+    with pytest.raises(DataError, match=r"open_quote.csv: line \d+ holds a cell larger than 1 MiB"):
+        read_table(str(path))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from leantrain import parallel
 from leantrain.run.report import collect_environment
 
@@ -22,7 +26,16 @@ def test_two_cpus_of_one_name_are_told_apart_by_family_and_matmul_instructions(m
 
 
 def test_cpuinfo_reads_the_first_processor():
+    # whether there is a /proc/cpuinfo is decided here, not by what cpuinfo() returns: a reader pointed at the
+    # wrong file returns nothing, which must fail rather than pass as "not Linux"
+    source = Path("/proc/cpuinfo")
+    if not source.is_file():
+        pytest.skip("no /proc/cpuinfo (not Linux)")
+    first = source.read_text().split("\n\n")[0]
+    expected = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+    expected.pop("", None)
     fields = parallel.cpuinfo()
-    if not fields:
-        return  # no /proc/cpuinfo (not Linux)
-    assert parallel.cpu_name() == fields["model name"] and parallel.cpu_flags() == set(fields["flags"].split())
+    assert fields and {k: fields.get(k) for k in expected} == expected
+    if "model name" in expected:  # x86: the name and the instruction sets
+        assert parallel.cpu_name() == expected["model name"]
+        assert parallel.cpu_flags() == set(expected["flags"].split()) and parallel.cpu_flags()

@@ -164,3 +164,38 @@ def test_fsdp_needs_two_processes_and_is_refused_before_anything_starts(capsys, 
 
 def _after(cmd: list[str], flag: str) -> str:
     return cmd[cmd.index(flag) + 1]
+
+
+def test_a_jobs_failures_are_told_first_failure_first_and_the_survivors_as_consequences(tmp_path):
+    from types import SimpleNamespace
+
+    from leantrain.parallel.agent import describe_failures
+
+    def failure(exitcode: int, timestamp: int, pid: int) -> SimpleNamespace:
+        return SimpleNamespace(exitcode=exitcode, timestamp=timestamp, pid=pid)
+
+    # rank 0 failed first by the clock (a second's resolution) but only lost its peer; rank 1 was killed
+    (tmp_path / "process-0.log").write_text("RuntimeError: ... Connection reset by peer\n")
+    lines = describe_failures({0: failure(1, 10, 100), 1: failure(-9, 10, 101)}, tmp_path, 2)
+    assert lines[0].startswith("error: process 1 of 2 was killed by SIGKILL") and "pid 101" in lines[0]
+    assert lines[1] == "then: process 0 lost its connection to it and stopped"
+    assert str(tmp_path) in lines[2] and len(lines) == 3
+    # the agent's own SIGTERM to the others is a consequence too; a rank that raised is the cause
+    (tmp_path / "process-2.log").write_text("ValueError: bad shapes\n")
+    lines = describe_failures({1: failure(-15, 10, 101), 2: failure(1, 11, 102)}, tmp_path, 4)
+    assert lines[0] == "error: process 2 of 4 exited with code 1 (its error is above) (the first failure)"
+    assert lines[1] == "then: process 1 was stopped by the launcher (SIGTERM)"
+
+
+def test_a_process_that_lost_its_peer_says_so_and_keeps_its_traceback_in_the_log_folder(tmp_path):
+    from leantrain.commands.launch import ProcessFailed, report_failure
+
+    with pytest.raises(ProcessFailed) as lost, report_failure(0, 2, tmp_path):
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:5287. This is typically caused ...")
+    assert str(lost.value).startswith("process 0 of 2 stopped after another process failed: it lost its connection")
+    assert "Traceback" in (tmp_path / "process-0.log").read_text() and lost.value.exit_code == 1
+    failed = r"process 1 of 2 failed: KeyError: 'x'; its traceback is in"
+    with pytest.raises(ProcessFailed, match=failed), report_failure(1, 2, tmp_path):
+        raise KeyError("x")
+    with pytest.raises(KeyError), report_failure(0, 1, tmp_path):  # one process: a bug keeps its traceback
+        raise KeyError("y")

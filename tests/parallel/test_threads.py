@@ -69,7 +69,7 @@ def test_the_leantrain_command_hands_the_thread_count_to_the_governor():
     )
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if "CPU threads governor" in line)
-    assert "on:" in row
+    assert "available: with --thread-governor" in row
 
 
 class Machine:
@@ -129,19 +129,23 @@ def test_busy_seconds_read_the_given_cpus_of_proc_stat(tmp_path, monkeypatch):
     assert threads.busy_seconds({0}, tmp_path / "none") is None
 
 
-def test_the_governor_runs_only_where_the_thread_count_is_leantrains_to_choose(monkeypatch):
+def test_the_governor_runs_only_when_asked_and_where_the_thread_count_is_leantrains_to_choose(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.delenv(threads.GOVERNOR_ENV, raising=False)
-    assert threads.thread_governor(1, 0, "cpu") is None  # the Python API, or the user's OMP_NUM_THREADS
     monkeypatch.setenv(threads.GOVERNOR_ENV, "1")
-    assert isinstance(threads.thread_governor(1, 0, "cpu"), threads.ThreadGovernor)
-    assert threads.thread_governor(2, 0, "cpu") is None  # ranks of a launch share the CPUs already
-    assert threads.thread_governor(1, 2, "cpu") is None  # loader workers' CPU would count as a neighbour's
-    assert threads.thread_governor(1, 0, "cuda") is None
+    assert threads.thread_governor(False, 1, 0, "cpu") == (None, None)  # off unless --thread-governor
+    governor, why = threads.thread_governor(True, 1, 0, "cpu")
+    assert isinstance(governor, threads.ThreadGovernor) and why is None
+    assert threads.thread_governor(True, 2, 0, "cpu")[0] is None  # ranks of a launch share the CPUs already
+    assert threads.thread_governor(True, 1, 2, "cpu")[0] is None  # loader workers' CPU would count as a neighbour's
+    assert threads.thread_governor(True, 1, 0, "cuda") == (None, None)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert threads.thread_governor(1, 0, "cpu") is None
+    assert threads.thread_governor(True, 1, 0, "cpu")[0] is None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.delenv(threads.GOVERNOR_ENV)  # the Python API, or the user's OMP_NUM_THREADS
+    governor, why = threads.thread_governor(True, 1, 0, "cpu")
+    assert governor is None and "OMP_NUM_THREADS" in why
 
 
 def test_a_training_run_asks_the_governor_every_step_and_says_when_the_count_changes(
@@ -159,10 +163,10 @@ def test_a_training_run_asks_the_governor_every_step_and_says_when_the_count_cha
         return m.now
 
     g.clock = clock
-    monkeypatch.setattr(threads, "thread_governor", lambda *a: g)
+    monkeypatch.setattr(threads, "thread_governor", lambda asked, *a: (g if asked else None, None))
     cfg = TrainConfig(
         model=str(tiny_model_dir), data=str(sentiment_csv), output_dir=str(tmp_path / "run"), cache_dir=str(cache_dir),
-        batch_size=16, max_steps=3, progress=False, report=False, precision="fp32",
+        batch_size=16, max_steps=3, progress=False, report=False, precision="fp32", thread_governor=True,
     )  # fmt: skip
     train(cfg)
     assert calls == [2, 2, 1] and m.set == [1]  # asked after each of the 3 steps; measured after two seconds
@@ -183,3 +187,58 @@ def test_a_launcher_splits_the_quotas_cpus_among_its_ranks(monkeypatch):
         monkeypatch.setenv(key, value)
     _, env = launch.launch_command(TrainConfig(num_processes=2, data="x.csv"), gpus=0)
     assert env["OMP_NUM_THREADS"] == "2"
+
+
+#: a neighbour that holds one core from its start to its end
+BURNER = "while True:\n    pass\n"
+
+
+@pytest.mark.slow  # two `leantrain train` runs of MiniLM, 40 steps each beside a burning neighbour: 110-150 s here
+def test_the_same_job_twice_beside_a_cpu_burning_neighbour_gives_the_same_bits(minilm_dir, sentiment_csv, tmp_path):
+    """The neighbour burns from the start of the first run, and from a few seconds into the second one's training:
+    a thread count that followed it would change at other steps in the two runs (as the governor's did)."""
+    import hashlib
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "LEANTRAIN_THREAD"))}
+    env.update(HF_HUB_OFFLINE="1")
+    digests, errors = [], []
+    for run, burn_after in (("a", None), ("b", 4.0)):
+        out = tmp_path / run
+        burner = subprocess.Popen([sys.executable, "-c", BURNER]) if burn_after is None else None
+        job = subprocess.Popen(
+            [sys.executable, "-m", "leantrain", "train", "--model", str(minilm_dir), "--data", str(sentiment_csv),
+             "--max-steps", "40", "--batch-size", "16", "--log-every", "1", "--precision", "fp32", "--no-report",
+             "--no-progress", "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)],
+            env=env, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            if burner is None:  # a few seconds into training (its first logged step)
+                while not list(out.glob(".incomplete-*/metrics.jsonl")) and job.poll() is None:
+                    time.sleep(0.05)
+                time.sleep(burn_after)
+                burner = subprocess.Popen([sys.executable, "-c", BURNER])
+            _, err = job.communicate(timeout=600)
+        finally:
+            burner.kill()
+            burner.wait()
+        assert job.returncode == 0, err[-3000:]
+        digests.append(hashlib.sha256((out / "model" / "model.safetensors").read_bytes()).hexdigest())
+        errors.append(err)
+    assert not any("CPU threads (other processes used" in err for err in errors)  # the count never moved
+    assert digests[0] == digests[1]
+
+
+def test_the_governor_is_off_unless_asked(tiny_model_dir, sentiment_csv, cache_dir, tmp_path, monkeypatch):
+    """Bitwise repeatability is the default: a run that does not ask for --thread-governor gets none."""
+    from leantrain import TrainConfig, train
+
+    asked = []
+    monkeypatch.setattr(threads, "thread_governor", lambda wanted, *a: (asked.append(wanted), (None, None))[1])
+    assert TrainConfig().thread_governor is False
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), data=str(sentiment_csv), output_dir=str(tmp_path / "run"), cache_dir=str(cache_dir),
+        batch_size=16, max_steps=1, progress=False, report=False, precision="fp32",
+    )  # fmt: skip
+    train(cfg)
+    assert asked == [False]

@@ -46,14 +46,17 @@ def one_hot_probs(preds: np.ndarray, classes: int) -> np.ndarray:
 
 def sklearn_single(y: np.ndarray, preds: np.ndarray, classes: int) -> dict[str, float]:
     glue = "binary" if classes == 2 else "macro"
+    # a macro average is over the classes with examples: scikit-learn's labels= given those
+    present = {"labels": np.unique(y)}
+    on_glue = {} if classes == 2 else present
     return {
         "accuracy": skm.accuracy_score(y, preds),
-        "f1": skm.f1_score(y, preds, average=glue, zero_division=0),
-        "macro_f1": skm.f1_score(y, preds, average="macro", zero_division=0),
+        "f1": skm.f1_score(y, preds, average=glue, zero_division=0, **on_glue),
+        "macro_f1": skm.f1_score(y, preds, average="macro", zero_division=0, **present),
         "micro_f1": skm.f1_score(y, preds, average="micro", zero_division=0),
         "weighted_f1": skm.f1_score(y, preds, average="weighted", zero_division=0),
-        "precision": skm.precision_score(y, preds, average=glue, zero_division=0),
-        "recall": skm.recall_score(y, preds, average=glue, zero_division=0),
+        "precision": skm.precision_score(y, preds, average=glue, zero_division=0, **on_glue),
+        "recall": skm.recall_score(y, preds, average=glue, zero_division=0, **on_glue),
         "balanced_accuracy": skm.balanced_accuracy_score(y, preds),
         "mcc": skm.matthews_corrcoef(y, preds),
     }
@@ -92,6 +95,12 @@ def test_the_report_equals_scikit_learns_even_with_labels_outside_the_names(clas
             np.testing.assert_allclose(got, np.stack([p, r, f, s], 1), rtol=0, atol=1e-12)
 
 
+def with_examples(y: np.ndarray) -> list[int] | None:
+    """The label columns on in some row (every one, where none is): what a macro average is over."""
+    on = [j for j in range(y.shape[1]) if y[:, j].any()]
+    return on or None
+
+
 @pytest.mark.parametrize("labels", [2, 3, 5])
 def test_multi_label_scores_equal_scikit_learns(labels):
     names = ("micro_f1", "macro_f1", "f1", "precision", "recall")
@@ -112,7 +121,7 @@ def test_multi_label_scores_equal_scikit_learns(labels):
             yi = y.astype(np.int64)
             want = {
                 "micro_f1": skm.f1_score(yi, preds, average="micro", zero_division=0),
-                "macro_f1": skm.f1_score(yi, preds, average="macro", zero_division=0),
+                "macro_f1": skm.f1_score(yi, preds, average="macro", zero_division=0, labels=with_examples(yi)),
                 "f1": skm.f1_score(yi, preds, average="micro", zero_division=0),
                 "precision": skm.precision_score(yi, preds, average="micro", zero_division=0),
                 "recall": skm.recall_score(yi, preds, average="micro", zero_division=0),
@@ -136,3 +145,19 @@ assert "sklearn" not in sys.modules, sorted(m for m in sys.modules if m.startswi
     assert done.returncode == 0, done.stderr
     assert "macro_f1" in done.stdout and "subset_accuracy" in done.stdout
     assert metric_names("single-label") == ("accuracy", "macro_f1", "loss")  # the defaults the child scored
+
+
+def test_a_macro_average_leaves_out_a_class_without_examples_as_scikit_learns_labels_would():
+    y = np.array([0, 0, 1, 1, 1, 0])
+    preds = np.array([0, 2, 1, 1, 0, 0])  # class 2 is predicted once and has no example
+    got = score("single-label", ("macro_f1", "precision", "recall"), one_hot_probs(preds, 3), y)
+    present = np.unique(y)
+    assert got["macro_f1"] == pytest.approx(skm.f1_score(y, preds, labels=present, average="macro"))
+    assert got["precision"] == pytest.approx(skm.precision_score(y, preds, labels=present, average="macro"))
+    assert got["macro_f1"] > skm.f1_score(y, preds, average="macro", zero_division=0)  # which counted class 2 as 0
+    # multi-label: a label never on in the evaluation set (and never predicted) is left out too
+    truth = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0]])
+    probs = np.array([[0.9, 0.1, 0.1], [0.2, 0.8, 0.1], [0.7, 0.3, 0.2]])
+    got = score("multi-label", ("macro_f1",), probs, truth)["macro_f1"]
+    expected = skm.f1_score(truth, (probs >= 0.5).astype(int), labels=[0, 1], average="macro")
+    assert got == pytest.approx(expected) and got > 0.7

@@ -62,6 +62,14 @@ def test_the_compare_command(tiny_runs, tmp_path, capsys):
     assert main(["compare", str(tiny_runs[0])]) == 2  # one run: nothing to compare
 
 
+def test_compare_writes_no_chart_unless_asked(tiny_runs, tmp_path, capsys, monkeypatch):
+    from leantrain.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", str(tiny_runs[0]), str(tiny_runs[1])]) == 0
+    assert "written" not in capsys.readouterr().out and not list(tmp_path.iterdir())  # nothing in the folder
+
+
 def test_labels_are_made_unique(tmp_path):
     from leantrain.run.report import RunData
 

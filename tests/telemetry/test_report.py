@@ -136,7 +136,7 @@ def test_a_report_from_a_synthetic_run_has_every_plot(tmp_path):
         "MFU (padded tokens)",
         "20.0%",
         "forward_backward",
-        "Resolved config",
+        "what this run set",
         "test CPU",
         "MFU is against a peak of 0.7 TFLOP/s",
         "finished",
@@ -230,3 +230,52 @@ def test_the_page_renders_with_its_images_in_headless_chromium(tmp_path):
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[0] == 2000 and pixels.shape[1] == 1200
     assert pixels[..., :3].std() > 0.05  # not a blank page
+
+
+def test_the_pages_figures_say_what_a_reader_needs(tmp_path):
+    """One evaluation point is not a range of 0.012; accuracy and F1, perplexity and exact match, each on its own
+    panel; the learning rate from step 0 (the warm-up shows); bytes in one unit system; the summary of a language
+    model with its perplexity and exact match; the config as what was set."""
+    import torch
+
+    from leantrain.model.schedules import build_scheduler
+    from leantrain.run.report import eval_panels, fmt_bytes, lr_schedule
+
+    run = tmp_path / "lm"
+    run.mkdir()
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=3e-4)
+    scheduler = build_scheduler(optimizer, "linear", 30, 0.1)
+    rows = []
+    for step in range(1, 31):
+        optimizer.step()
+        scheduler.step()
+        if step % 10 == 0:  # logged every 10 steps: the 3-step warm-up falls between two rows
+            rows.append({"step": step, "loss": 2.0, "lr": scheduler.get_last_lr()[0]})
+    rows.append({"step": 30, "eval_loss": 1.5, "eval_perplexity": 4.48, "eval_exact_match": 0.8})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = {"eval_loss": 1.5, "eval_perplexity": 4.48, "eval_exact_match": 0.8, "optimizer_steps": 30,
+               "epochs": 1.0, "peak_memory_bytes": 1455 * 2**20, "weights_bytes": 200 * 2**20}  # fmt: skip
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    config = {"model": "preset:tiny-llama", "data": "notes.txt", "lr": 3e-4, "scheduler": "linear",
+              "warmup_ratio": 0.1, "epochs": 1.0, "max_steps": None, "text_column": None, "batch_size": 8}  # fmt: skip
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    loaded = load_run(run)
+    panels = {name: limits for name, _, _, limits in eval_panels(loaded)}
+    assert set(panels) == {"perplexity", "exact_match"}  # apart, each on its own scale
+    low, high = panels["exact_match"]
+    assert high - low >= 0.1 and 0 <= low < 0.8 < high <= 1
+    rates = lr_schedule(loaded)
+    assert rates is not None and len(rates) == 31 and rates[0] == 0.0 and max(rates) == pytest.approx(3e-4)
+    assert fmt_bytes(1455 * 2**20) == "1.42 GiB" and fmt_bytes(200 * 2**20) == "200.0 MiB"
+    page = write_report(run).read_text()
+    assert "eval perplexity" in page and "eval exact match" in page
+    assert " MB" not in page and " GB" not in page
+    shown = page.split("what this run set")[1].split("<details>")[0]
+    assert "batch_size" in shown and "text_column" not in shown and "epochs" not in shown  # None, defaults: out
+
+
+def test_a_classifiers_report_has_its_confusion_matrix(tiny_runs):
+    evaluation = json.loads((tiny_runs[0] / "evaluation.json").read_text())
+    assert set(evaluation) == {"per_class", "confusion_matrix", "labels"} and evaluation["labels"] == ["neg", "pos"]
+    page = write_report(tiny_runs[0]).read_text()
+    assert "data-table='confusion'" in page and "Classes (final evaluation)" in page

@@ -133,3 +133,30 @@ def json_labels(result) -> np.ndarray:
     labels = (df["label"] == "pos").to_numpy().astype(np.int64)
     train_rows, _ = stratified_split(labels, cfg["eval_fraction"], cfg["seed"])
     return labels[train_rows]
+
+
+@pytest.mark.parametrize(
+    "option", [{"class_weights": "1,3"}, {"label_smoothing": 0.2}], ids=["class-weights", "label-smoothing"]
+)
+def test_one_sgd_step_moves_every_weight_by_torchs_gradient_of_that_loss(run, option):
+    """Each option on its own, judged by the weights it trains (not by the logged loss): one plain SGD step from
+    the same start equals the start minus lr x the gradient of torch's cross_entropy with that option alone."""
+    from transformers import AutoModelForSequenceClassification
+
+    seen = FirstStep()
+    _, trained = run(hooks=seen, batch_size=24, max_steps=1, **option)
+    start_run, start = run(batch_size=24, max_steps=1, lr=1e-30, **option)  # the same start, no step taken
+    _, plain = run(batch_size=24, max_steps=1)
+    model = AutoModelForSequenceClassification.from_pretrained(start_run.model_dir)
+    model.train()  # the tiny model has no dropout: train mode computes what the step computed
+    batch = seen.batches[0]
+    logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}).logits
+    weight = torch.tensor([1.0, 3.0]) if "class_weights" in option else None  # label order: neg, pos
+    smoothing = option.get("label_smoothing", 0.0)
+    F.cross_entropy(logits, batch["labels"], weight=weight, label_smoothing=smoothing).backward()
+    lr = EXACT_JOB["lr"]
+    for name, param in model.named_parameters():
+        expected = start[name] - lr * param.grad
+        assert (trained[name] - expected).abs().max().item() < 1e-5, name
+    classifier = "classifier.weight"
+    assert (plain[classifier] - trained[classifier]).abs().max().item() > 1e-3  # the option changed the step

@@ -101,14 +101,16 @@ def _add_flag(parser, f) -> None:
     flag = "--" + f.name.replace("_", "-")
     default = f.default if f.default is not MISSING else None
     kind = field_base_type(f)
-    help_text = f.metadata.get("help", "")
+    help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
+    # a default of None is "not set": the help says what happens then ("Default: ..."), not "(default: None)"
+    shown = "" if default is None else f" (default: {default})"
     if kind is bool:
         parser.add_argument(
             flag,
             dest=f.name,
             action=argparse.BooleanOptionalAction,
             default=argparse.SUPPRESS,
-            help=f"{help_text} (default: {default})",
+            help=f"{help_text}{shown}",
         )
     elif f.metadata.get("sources"):  # --data, repeated for a mixture
         parser.add_argument(
@@ -122,7 +124,7 @@ def _add_flag(parser, f) -> None:
             type=_typed(kind, flag, epoch_ok=bool(f.metadata.get("epoch_ok"))),
             default=argparse.SUPPRESS,
             metavar=f.name.upper(),
-            help=f"{help_text} (default: {default})",
+            help=f"{help_text}{shown}",
         )
 
 
@@ -159,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="Fine-tune a model (defaults: MiniLM on the embedded tweet corpus).",
-        description="Fine-tune a sequence classifier. Every flag is also a key of --config.",
+        description="Train or fine-tune a model: text and sentence-pair classification, regression and multi-label "
+        "text, images, audio, and causal language models (the task follows the model; --task overrides). Every flag "
+        "is also a key of --config.",
     )
     _add_config_flags(p)
     p.add_argument(
@@ -295,11 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
         help="Compare runs side by side: config differences, metrics, throughput, memory.",
-        description="Print two or more runs side by side (only the config keys that differ) and "
-        "write a comparison chart.",
+        description="Print two or more runs side by side (only the config keys that differ); with --output, "
+        "also write a comparison chart.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--output", default="compare.png", help="Chart PNG to write (default: compare.png).")
+    p.add_argument("--output", help="Also write a comparison chart to this PNG file (default: no chart).")
     return parser
 
 
@@ -383,7 +387,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Ctrl-C and SIGTERM stop at the next step boundary, with a checkpoint (training/interrupt.py)
     # the command's start-up ran without cyclic collection (`entry`): it resumes at the first micro-batch
     hooks = None if gc.isenabled() else StartupOver()
-    with interrupt.handling(launched=launch.launched()), launch.report_failure(rank, world):
+    logs = launch.failure_logs(cfg.output_dir) if world > 1 else None
+    with interrupt.handling(launched=launch.launched()), launch.report_failure(rank, world, logs):
         try:
             result = train(cfg, hooks=hooks)
         except interrupt.Interrupted as stopped:
@@ -576,6 +581,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         source_column=args.source_column,
     )
     write_predictions(rows, args.output, sys.stdout)
+    if args.output:
+        print(f"written: {args.output} ({len(rows):,} prediction{'s' if len(rows) != 1 else ''})", file=sys.stderr)
     return 0
 
 
@@ -590,7 +597,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from leantrain.run.compare import compare
 
     path = compare(args.run_dirs, args.output)
-    print(f"written: {path}")
+    if path is not None:
+        print(f"written: {path}")
     return 0
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.config import TrainConfig
-from leantrain.errors import ConfigError
+from leantrain.errors import ConfigError, LeantrainError
 from leantrain.parallel import rank_info
 from leantrain.telemetry.console import Console
 
@@ -186,6 +186,7 @@ def launch(cfg: TrainConfig) -> int:
         return launch_ray(cfg, holder)
     cmd, extra = launch_command(cfg, gpus=gpu_count())
     extra.update(holder)
+    extra[FAILURE_LOGS_ENV] = str(Path(cfg.output_dir).resolve() / "logs")
     nproc = cfg.num_processes or 1
     where = "this machine"
     if cfg.num_machines > 1:
@@ -222,13 +223,8 @@ def run_and_wait(cmd: list[str], env: dict[str, str]) -> int:
             signal.signal(s, handler)
     if received and rc != 0:  # the processes said what they saved and how to resume
         return 128 + received[0]
-    if rc != 0:
-        why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-        print(
-            f"leantrain train: error: the job failed ({why}); the failing process's error is above",
-            file=sys.stderr,
-            flush=True,
-        )
+    if rc < 0:  # the launcher itself was killed (a job that failed says so through the agent)
+        print(f"leantrain train: error: the job failed (its launcher: signal {-rc})", file=sys.stderr, flush=True)
     return 1 if rc < 0 else rc
 
 
@@ -285,8 +281,9 @@ def _ray_worker(loop_config: dict) -> None:
     os.environ["LEANTRAIN_RAY_WORKER"] = "1"
     os.environ.update(loop_config.get("env") or {})  # the driver holds the output directory's lock for them
     rank, world = rank_info()
-    with report_failure(rank, world):
-        train(TrainConfig.from_dict(loop_config["config"]))
+    cfg = TrainConfig.from_dict(loop_config["config"])
+    with report_failure(rank, world, failure_logs(cfg.output_dir)):
+        train(cfg)
 
 
 def _first_lines(exc: BaseException, n: int = 6) -> str:
@@ -297,23 +294,62 @@ def _first_lines(exc: BaseException, n: int = 6) -> str:
 
 # -- inside a launched process --------------------------------------------------------------------------
 
+from leantrain.parallel.agent import FAILURE_LOGS_ENV, PEER_LOST  # noqa: E402 - beside what uses them
+
+
+class ProcessFailed(LeantrainError):
+    """A process of a launched job failed; the message says how, its traceback is in the job's log folder."""
+
+    exit_code = 1
+
+
+def failure_logs(output_dir: str | Path | None = None) -> Path | None:
+    """The folder a launched job writes its failures into: the launcher's choice, else OUTPUT_DIR/logs."""
+    where = os.environ.get(FAILURE_LOGS_ENV) or (Path(output_dir) / "logs" if output_dir else None)
+    return Path(where) if where else None
+
 
 class report_failure:
-    """Context manager: a process that fails says so on stderr, naming its rank, before the error unwinds."""
+    """Context manager: in a job of several processes, a process that fails says so in one line naming its rank
+    (a lost connection to another process as the consequence it is), its traceback written to the job's log
+    folder rather than the terminal."""
 
-    def __init__(self, rank: int, world: int):
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, logs: Path | None = None):
+        self.rank, self.world, self.logs = rank, world, logs
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and self.world > 1 and not issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
-            print(
-                f"leantrain train: process {self.rank} of {self.world} failed: {exc_type.__name__}: {exc}",
-                file=sys.stderr,
-                flush=True,
-            )
+        if exc_type is None or self.world <= 1 or issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
+            return
+        who = f"process {self.rank} of {self.world}"
+        if issubclass(exc_type, LeantrainError):  # the user's to fix: its own line says it (the CLI prints it)
+            print(f"leantrain train: {who} failed: {exc}", file=sys.stderr, flush=True)
+            return
+        import traceback
+
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        log = self._write("".join(traceback.format_exception(exc_type, exc, tb)))
+        kept = f"; its traceback is in {log}" if log is not None else ""
+        lost = next((words for words in PEER_LOST if words in str(exc)), None)
+        if lost is not None:
+            raise ProcessFailed(
+                f"{who} stopped after another process failed: it lost its connection to it ({exc_type.__name__}: "
+                f"{lost}){kept}"
+            ) from None
+        raise ProcessFailed(f"{who} failed: {exc_type.__name__}: {first}{kept}") from None
+
+    def _write(self, text: str) -> Path | None:
+        if self.logs is None:
+            return None
+        try:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            path = self.logs / f"process-{self.rank}.log"
+            path.write_text(text)
+            return path
+        except OSError:
+            return None
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

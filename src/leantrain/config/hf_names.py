@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +105,13 @@ ROWS: tuple[Row, ...] = (
     Row("save_total_limit", "save_total_limit", "the best checkpoint is kept apart"),
     Row("metric_for_best_model", "metric_for_best", "default: the task's (accuracy for classification)"),
     Row("load_best_model_at_end", "load_best_at_end", "each new best is checkpointed; model/ holds the best"),
-    Row("greater_is_better", None, "known per metric: loss and errors are lower-is-better, the rest higher"),
+    Row(
+        "greater_is_better",
+        None,
+        "known per metric (loss and errors lower-is-better, the rest higher): accepted where it agrees with "
+        "metric_for_best_model, refused where it does not; false without a metric means the loss, as the Trainer's",
+        joint=True,
+    ),
     Row("early_stopping_patience", "early_stopping_patience", "EarlyStoppingCallback's; the reason in metrics.json"),
     Row("early_stopping_threshold", "early_stopping_threshold", "EarlyStoppingCallback's"),
     Row(
@@ -127,7 +133,12 @@ ROWS: tuple[Row, ...] = (
     Row("push_to_hub", None, "model/ is a save_pretrained folder with a model card: push it with `hf upload`"),
     Row("hub_model_id", None, "see push_to_hub"),
     Row("logging_dir", None, "metrics.jsonl lives in --output-dir, the trackers' files in OUTPUT_DIR/trackers"),
-    Row("logging_strategy", None, "leantrain logs every --log-every steps (logging_steps)"),
+    Row(
+        "logging_strategy",
+        None,
+        "steps is what leantrain does (every --log-every steps: logging_steps); epoch and no have no equivalent",
+        joint=True,
+    ),
     Row(
         "eval_accumulation_steps",
         None,
@@ -182,10 +193,13 @@ RENAMED = {
 }
 
 BY_NAME = {r.hf: r for r in ROWS}
+_SEE_HELP = "; see `leantrain train --help`"
 #: the names that are aliases (different from the leantrain field they set), for the CLI's hidden flags
 ALIASES = tuple(r.hf for r in ROWS if r.field is not None and r.field != r.hf)
 #: accepted and ignored when true (no setting to change)
 _NO_OP = ("do_train", "do_eval", "predict_with_generate")
+#: accepted where they agree with what leantrain does (checked by `translate`), refused where they do not
+_CHECKED = ("greater_is_better", "logging_strategy")
 
 
 def _true(name: str, value: Any) -> None:
@@ -197,16 +211,23 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def translate(values: dict[str, Any], source: str) -> dict[str, Any]:
+def translate(values: dict[str, Any], source: str, known: Collection[str] | None = None) -> dict[str, Any]:
     """`values` (keys as YAML keys or flag dests, '-' already '_') with every TrainingArguments name replaced by
     the leantrain field it sets. One source at a time: an alias and its field in the same source is an error.
-    Keys that are neither stay, for the caller's "unknown key" message."""
+    Every name refused is refused in one message: those leantrain has no setting for and, given the `known` field
+    names, those that are neither (else they stay, for the caller's "unknown key" message)."""
+    refused = []
     for key in values:
-        if key in RENAMED:
-            raise ConfigError(f"{source}: {RENAMED[key]}")
         row = BY_NAME.get(key)
-        if row is not None and row.field is None and key not in _NO_OP:
-            raise ConfigError(f"{source}: {key} (TrainingArguments) has no leantrain setting: {row.note}")
+        if key in RENAMED:
+            refused.append(RENAMED[key])
+        elif row is not None and row.field is None and key not in _NO_OP and not row.joint:
+            refused.append(f"{key} (TrainingArguments) has no leantrain setting: {row.note}")
+        elif row is None and known is not None and key not in known:
+            refused.append(f"unknown key '{key}'{hint(key, sorted(known)) or ''}")
+    if refused:
+        many = f"{len(refused)} names refused: " if len(refused) > 1 else ""
+        raise ConfigError(f"{source}: {many}{'; '.join(refused)}" + ("" if known is None else _SEE_HELP))
     out = _Settings(source)
     for key, value in values.items():
         row = BY_NAME.get(key)
@@ -220,6 +241,8 @@ def translate(values: dict[str, Any], source: str) -> dict[str, Any]:
     _strategy(values, out, "eval", "eval_every")
     _strategy(values, out, "save", "save_every")
     _precision(values, out)
+    _logging(values, out)
+    _greater_is_better(values, out)
     if isinstance(out.values.get("scheduler_kwargs"), dict):  # a YAML mapping under leantrain's own name
         out.values["scheduler_kwargs"] = json.dumps(out.values["scheduler_kwargs"])
     return out.values
@@ -264,6 +287,41 @@ def _strategy(values: dict[str, Any], out: _Settings, what: str, field: str) -> 
         raise ConfigError(f"{out.source}: {out.show(strategy_key)} must be no, steps or epoch; got {strategy!r}")
 
 
+def _logging(values: dict[str, Any], out: _Settings) -> None:
+    """logging_strategy steps is what leantrain does; epoch and no are refused with the reason."""
+    if "logging_strategy" not in values:
+        return
+    strategy = str(values["logging_strategy"]).lower()
+    if strategy != "steps":
+        raise ConfigError(
+            f"{out.source}: {out.show('logging_strategy')} {strategy}: leantrain logs a metrics.jsonl row every "
+            "--log-every optimizer steps (logging_strategy steps); give logging_steps (or --log-every) instead"
+        )
+
+
+def _greater_is_better(values: dict[str, Any], out: _Settings) -> None:
+    """Accepted where it agrees with the direction leantrain knows for metric_for_best; false without a metric
+    names the loss (the Trainer's own default pair)."""
+    if "greater_is_better" not in values:
+        return
+    from leantrain.tasks.scoring import lower_is_better
+
+    greater = to_bool("greater_is_better", values["greater_is_better"])
+    metric = out.values.get("metric_for_best")
+    if metric is None:
+        if not greater:
+            out.put("metric_for_best", "loss", "greater_is_better")
+        return
+    name = str(metric).removeprefix("eval_")
+    if greater == lower_is_better(name):
+        better = "lower" if lower_is_better(name) else "higher"
+        raise ConfigError(
+            f"{out.source}: {out.show('greater_is_better')} {str(greater).lower()} contradicts "
+            f"{out.show(out.origin['metric_for_best'])} {metric}: for {name}, {better} is better (leantrain knows each "
+            "metric's direction); drop greater_is_better"
+        )
+
+
 def _precision(values: dict[str, Any], out: _Settings) -> None:
     """bf16/fp16 as TrainingArguments has them: one true picks it; both false is full precision (fp32)."""
     given = [k for k in ("bf16", "fp16") if k in values]
@@ -294,7 +352,7 @@ def hint(name: str, known: list[str]) -> str:
 
 def cli_kind(row: Row, field_kind: type | None) -> type:
     """The type a hidden alias flag parses its value as (bool: `--bf16` alone, or `--bf16 true`)."""
-    if row.hf in ("bf16", "fp16", "do_train", "do_eval", "predict_with_generate"):
+    if row.hf in ("bf16", "fp16", "do_train", "do_eval", "predict_with_generate", "greater_is_better"):
         return bool
     if row.hf.endswith("_strategy") or (row.convert is not None and field_kind is not bool):
         return str
@@ -305,4 +363,4 @@ def cli_kind(row: Row, field_kind: type | None) -> type:
 
 def cli_rows() -> tuple[Row, ...]:
     """The rows that get a flag of their own: aliases and the no-op do_train/do_eval."""
-    return tuple(r for r in ROWS if (r.field is not None and r.field != r.hf) or r.hf in _NO_OP)
+    return tuple(r for r in ROWS if (r.field is not None and r.field != r.hf) or r.hf in (*_NO_OP, *_CHECKED))

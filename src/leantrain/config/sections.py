@@ -24,8 +24,12 @@ from leantrain import tasks
 from leantrain.errors import ConfigError
 from leantrain.model import optimizers
 
-#: rows of the embedded tweet corpus used by the default job, sized for ~5 minutes on 2 CPU cores
-DEFAULT_JOB_LIMIT = 30_000
+#: rows of the embedded tweet corpus the default job trains on, by the machine: each size trains in about four
+#: minutes on 2 cores at the speed its class measured, with start-up, the evaluation and saving inside five
+#: (benchmarks/results/quickstart.md; `default_job_rows`)
+DEFAULT_JOB_ROWS = {"avx512": 24_000, "avx2": 6_000}
+#: the default job's rows on a CPU with AVX-512 (or a GPU)
+DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["avx512"]
 
 #: every per-step schedule of transformers' get_scheduler (leantrain's `constant` keeps the warm-up, as
 #: constant_with_warmup; reduce_lr_on_plateau and greedy need a metric at every step and are refused)
@@ -213,7 +217,7 @@ class DataConfig:
     max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
     limit: int | None = _help(
         "Train on a stratified sample of this many training rows. The default job uses "
-        f"{DEFAULT_JOB_LIMIT}; otherwise all rows.",
+        f"{DEFAULT_JOB_ROWS['avx512']:,} ({DEFAULT_JOB_ROWS['avx2']:,} on a CPU without AVX-512); otherwise all rows.",
         default=None,
     )
     eval_fraction: float = _help(
@@ -466,6 +470,15 @@ class EfficiencyConfig:
         "results up to rounding; a packed causal LM is checked to keep documents apart whichever runs.",
         default="auto",
     )
+    thread_governor: bool = _help(
+        "CPU: give an OpenMP thread back while another process holds one of this machine's cores, and take it "
+        "again when the core is free (faster beside a busy neighbour: 63% of the quiet speed against 37%). A thread "
+        "count that changes mid-run sums in another order, so the weights then depend on the machine's load in "
+        "their last bits: two runs, or a run and its resumption, are no longer bitwise equal. Off: the same seed "
+        "and settings give the same bits whatever the load. For a `leantrain` command's single CPU process "
+        "without OMP_NUM_THREADS.",
+        default=False,
+    )
     auto: bool = _help(
         "Let the planner choose precision, activation checkpointing and the micro-batch/accumulation split of "
         "the global batch (--batch-size x --grad-accum x processes, held fixed) to train fastest within 0.9 x "
@@ -644,7 +657,8 @@ class LoggingConfig:
         "Evaluation metrics, comma-separated (scikit-learn): accuracy, f1 (binary on two classes, as GLUE scores "
         "MRPC; macro otherwise), macro_f1, micro_f1, weighted_f1, precision, recall, mcc, roc_auc, "
         "balanced_accuracy; regression: rmse, mse, mae, pearson, spearman, r2; multi-label: micro_f1, macro_f1, "
-        "subset_accuracy, hamming_loss, roc_auc. The loss is always reported. Default: accuracy,macro_f1 "
+        "subset_accuracy, hamming_loss, roc_auc. A macro average is over the classes that have evaluation examples. "
+        "The loss is always reported. Default: accuracy,macro_f1 "
         "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy). Seq2seq (scored "
         "on generated text): rouge1, rouge2, rougeL, rougeLsum (rouge-score, stemmed; default) or bleu, chrf "
         "(sacrebleu; --task translation's default).",
@@ -732,12 +746,9 @@ class TrainConfig(
         """Build from a mapping, refusing unknown keys with a suggestion."""
         from leantrain.config import hf_names
 
-        values = hf_names.translate(values, source)  # TrainingArguments names
         known = {f.name for f in fields(cls)}
-        for key in values:
-            if key not in known:
-                fix = hf_names.hint(key, sorted(known)) or "; see `leantrain train --help`"
-                raise ConfigError(f"{source}: unknown key '{key}'{fix}")
+        # TrainingArguments names; every refused or unknown name in one message
+        values = hf_names.translate(values, source, known)
         return cls(**values)
 
     @classmethod
@@ -763,7 +774,8 @@ class TrainConfig(
         values = {str(k).replace("-", "_"): v for k, v in values.items()}
         from leantrain.config import hf_names
 
-        values = hf_names.translate(values, str(path))  # before the flags override: each source apart
+        # before the flags override: each source apart
+        values = hf_names.translate(values, str(path), {f.name for f in fields(cls)})
         return cls.from_dict({**values, **(overrides or {})}, source=str(path))
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -790,7 +802,7 @@ class TrainConfig(
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
-                changes["limit"] = DEFAULT_JOB_LIMIT
+                changes["limit"] = default_job_rows()[0]
         if self.model is None:
             changes["model"] = EMBEDDED_MODEL
         if self.output_dir is None:
@@ -801,6 +813,24 @@ class TrainConfig(
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def default_job_rows() -> tuple[int, str]:
+    """The default job's training rows on this machine, and the class that sized them: a CPU's widest vector
+    instructions set its MiniLM training speed (2.5x from AVX2 to AVX-512 at fp32, measured on one CPU held to each);
+    a process whose torch is held to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) counts as AVX2."""
+    import os
+
+    from leantrain.parallel import cpu_flags, device_type
+
+    if device_type() == "cuda":
+        return DEFAULT_JOB_ROWS["avx512"], "a GPU"
+    held = os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default") or os.environ.get(
+        "ONEDNN_MAX_CPU_ISA", ""
+    ).upper().startswith(("AVX2", "SSE"))
+    if "avx512f" in cpu_flags() and not held:
+        return DEFAULT_JOB_ROWS["avx512"], "a CPU with AVX-512"
+    return DEFAULT_JOB_ROWS["avx2"], "a CPU without AVX-512"
 
 
 def to_flags(values: dict[str, Any]) -> list[str]:

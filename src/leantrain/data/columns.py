@@ -78,6 +78,33 @@ def _list(cols: list) -> str:
 
 _WHOLE_NUMBER = re.compile(r"[+-]?\d+\.0*")
 
+#: how tools write a missing value into a text cell (pandas' NaN and <NA>, Python's None, SQL's NULL, JSON's null):
+#: a label cell holding one is missing, as an empty one is, never a class. "NONE" or "N/A", which label schemes use
+#: as classes (stance: FAVOR/AGAINST/NONE), stay labels.
+MISSING_LABEL_TEXTS = frozenset({"nan", "NaN", "NAN", "null", "NULL", "Null", "None", "<NA>"})
+
+
+def missing_label(value) -> bool:
+    """Whether a label cell holds no label: None, NaN, empty text or a spelling of a missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return False  # a set of classes (multi-label): an empty one is a row without a class, not a missing label
+    text = str(value).strip()
+    return text == "" or text in MISSING_LABEL_TEXTS
+
+
+def missing_labels(values: pd.Series) -> tuple[np.ndarray, str]:
+    """Which cells of a label column hold no label, and the drop reason naming what they held, e.g.
+    "without a label (12 'NaN', 3 empty)"."""
+    missing = np.fromiter((missing_label(v) for v in values), dtype=bool, count=len(values))
+    kinds: dict[str, int] = {}
+    for v in values[missing]:
+        name = "empty" if v is None or (isinstance(v, float) and math.isnan(v)) or not str(v).strip() else repr(str(v))
+        kinds[name] = kinds.get(name, 0) + 1
+    what = ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return missing, f"without a label ({what})" if what else "without a label"
+
 
 def normalise_labels(values: pd.Series) -> pd.Series:
     """Labels as strings, so '1' in a CSV, '1.0' from a float column and 1 in a JSON file are the same label."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -399,9 +398,14 @@ def _list_table(
     labels: list[str] | None = None
     label_from = "-"
     if need_labels:
+        import pandas as pd
+
+        from leantrain.data.columns import missing_labels
+
         raw, label_from = _table_labels(df, source, names, label_column, label_pattern)
-        keep = [i for i, x in enumerate(raw) if x not in ("", "nan", "None")]
-        report.drop("without a label", len(raw) - len(keep))
+        missing, why = missing_labels(pd.Series(raw, dtype=object))
+        keep = [i for i, gone in enumerate(missing) if not gone]
+        report.drop(why, len(raw) - len(keep))
         items, names, labels = [items[i] for i in keep], [names[i] for i in keep], [raw[i] for i in keep]
     return MediaListing(source, items, names, labels, label_from, f"column '{input_column}'", report, fingerprint)
 
@@ -649,8 +653,9 @@ def load_media_source(
 
 
 def _save_cached(path: Path, src: MediaSource) -> None:
+    from leantrain.paths import written_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     meta = {
         "path": src.path,
         "label_from": src.label_from,
@@ -663,9 +668,8 @@ def _save_cached(path: Path, src: MediaSource) -> None:
     arrays["labels"] = np.asarray(src.labels, dtype=object).astype(str)
     arrays["names"] = np.asarray(src.names, dtype=object).astype(str)
     arrays["meta"] = np.asarray(json.dumps(meta))
-    with tmp.open("wb") as f:
+    with written_atomically(path) as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
 
 
 def _load_cached(path: Path) -> MediaSource | None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from leantrain.data.columns import Columns, normalise_labels, resolve_columns
+from leantrain.data.columns import Columns, missing_labels, normalise_labels, resolve_columns
 from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
 from leantrain.data.split import stratified_split
@@ -22,6 +22,7 @@ from leantrain.data.tokenize import (
     source_fingerprint,
     tokenize,
     tokenizer_fingerprint,
+    unknown_share,
 )
 from leantrain.errors import DataError
 
@@ -117,6 +118,7 @@ def load_source(
         except TypeError:
             log.warning("tokenization cache entry %s describes its columns wrongly; tokenizing again", path)
         else:
+            refuse_unreadable_text(source, tokens, tokenizer)
             return Source(source, columns, tokens, labels, report, True)
 
     df, report = read_table(source, split=split, options=options)
@@ -126,6 +128,7 @@ def load_source(
     texts = df[cols.text].astype(str).tolist()
     pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
     tokens = tokenize(tokenizer, texts, pairs, max_length)
+    refuse_unreadable_text(source, tokens, tokenizer)
     tokens.hashes = text_hashes(texts, pairs)
     meta = {"columns": cols.__dict__, "report": report.__dict__}
     try:
@@ -135,14 +138,30 @@ def load_source(
     return Source(source, cols, tokens, labels, report, False)
 
 
+#: above this share of unknown tokens the model reads too little of the text to learn from it
+MAX_UNKNOWN_SHARE = 0.5
+
+
+def refuse_unreadable_text(source: str, tokens: TokenizedText, tokenizer, rows: int = 2000) -> None:
+    """Refuse data that the tokenizer turns mostly into its unknown token (another alphabet, or a tokenizer that
+    is not the model's): a model trained on it learns from [UNK]s."""
+    share = unknown_share(tokens, tokenizer, rows)
+    if share is not None and share > MAX_UNKNOWN_SHARE:
+        raise DataError(
+            f"{source}: the tokenizer maps {share:.0%} of the tokens of its first {min(rows, len(tokens)):,} rows to "
+            f"its unknown token {tokenizer.unk_token!r}: it cannot read this text (another language or alphabet, "
+            "or not the model's tokenizer); give a model whose tokenizer covers it"
+        )
+
+
 def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.DataFrame:
     text_cols = [c for c in (cols.text, cols.text_pair) if c]
     empty_text = np.zeros(len(df), dtype=bool)
     for c in text_cols:
         empty_text |= df[c].isna().to_numpy() | (df[c].astype(str).str.strip() == "").to_numpy()
-    no_label = df[cols.label].isna().to_numpy() | (df[cols.label].astype(str).str.strip() == "").to_numpy()
+    no_label, why = missing_labels(df[cols.label])
     report.drop("with empty text", int((empty_text & ~no_label).sum()))
-    report.drop("without a label", int(no_label.sum()))
+    report.drop(why, int(no_label.sum()))
     return df[~(empty_text | no_label)].reset_index(drop=True)
 
 

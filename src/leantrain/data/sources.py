@@ -32,6 +32,10 @@ TABLE_SUFFIXES = {
 
 EMBEDDED_DATA = "embedded:tweet-sentiment"
 
+#: the largest CSV/TSV cell read: Python's csv module stops at 128 KiB and pyarrow at its 1 MiB block by default;
+#: a cell can be no larger than its file, which is in memory whole, so the cap only bounds a single field
+MAX_CELL_BYTES = 256 * 2**20
+
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -259,13 +263,26 @@ _MOJIBAKE_RUN = re.compile(
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-def repair_text(text: str) -> str:
-    """Fix mojibake (ftfy), drop undecodable debris and control characters, normalise spaces."""
-    import ftfy
+#: ftfy's fixes for damage (mojibake, lossy or inconsistent decoding, stray C1 and control characters, HTML entities);
+#: its changes of style are off: curly quotes, ligatures, full-width letters and line breaks are valid text, and
+#: leantrain leaves valid text as it is (normalisation too: the tokenizer does its own)
+_FTFY_DAMAGE_ONLY: dict[str, Any] = dict(
+    uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False, fix_line_breaks=False, normalization=None
+)
 
-    fixed = ftfy.fix_text(text, normalization="NFC")
+
+def repair_text(text: str) -> str:
+    """Fix mojibake (ftfy), drop undecodable debris and control characters, normalise spaces; valid text, curly
+    quotes and accents included, is left as it is."""
+    import ftfy
+    from ftfy.badness import is_bad
+
+    fixed = ftfy.fix_text(text, ftfy.TextFixerConfig(**_FTFY_DAMAGE_ONLY))
 
     def _replace(match: re.Match) -> str:
+        debris = match.group()
+        if "\ufffd" not in debris and not is_bad(debris):
+            return debris  # symbols or letters in a row that are real text ("créée", "…”")
         before = fixed[match.start() - 1 : match.start()]
         after = fixed[match.end() : match.end() + 1]
         return "'" if before.isalpha() and after.isalpha() else " "
@@ -294,7 +311,6 @@ def _parse_clean(
     repairing reader does; text that might need repair (non-ASCII, HTML entities) is repaired cell by cell.
     """
     import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     if column_names is None:
         # the header, to ask for every column as a string ("007" stays "007")
@@ -317,22 +333,17 @@ def _parse_clean(
         ragged += 1
         return "skip"
 
+    def read(block_size: int | None):
+        return _arrow_csv(raw, fmt, names, column_names, skip, block_size)
+
     try:
-        table = pacsv.read_csv(
-            io.BytesIO(raw),
-            read_options=pacsv.ReadOptions(column_names=list(column_names) if column_names else None),
-            parse_options=pacsv.ParseOptions(
-                delimiter="\t" if fmt == "tsv" else ",",
-                quote_char=False if fmt == "tsv" else '"',
-                newlines_in_values=fmt != "tsv",
-                invalid_row_handler=skip,
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types={n: pa.string() for n in names},
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            ),
-        )
+        try:
+            table = read(None)
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc):
+                raise
+            ragged = 0  # a row larger than pyarrow's 1 MiB block: read the file as one block (up to the cap)
+            table = read(min(len(raw) + 1, MAX_CELL_BYTES))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None  # not UTF-8, or a parse the repairing reader may still make sense of
     if table.column_names != names:
@@ -342,6 +353,31 @@ def _parse_clean(
     df = df.astype(object)
     _repair_text_columns(df, np.zeros(len(df), dtype=bool), report)
     return df
+
+
+def _arrow_csv(raw: bytes, fmt: str, names: list[str], column_names, skip, block_size: int | None):
+    """pyarrow's CSV reader over `raw`, every column a string, rows of the wrong width handed to `skip`."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(
+        io.BytesIO(raw),
+        read_options=pacsv.ReadOptions(
+            column_names=list(column_names) if column_names else None,
+            **({"block_size": block_size} if block_size else {}),
+        ),
+        parse_options=pacsv.ParseOptions(
+            delimiter="\t" if fmt == "tsv" else ",",
+            quote_char=False if fmt == "tsv" else '"',
+            newlines_in_values=fmt != "tsv",
+            invalid_row_handler=skip,
+        ),
+        convert_options=pacsv.ConvertOptions(
+            column_types={n: pa.string() for n in names},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
+    )
 
 
 def _csv_reader(text: io.StringIO, fmt: str):
@@ -358,6 +394,7 @@ def _parse_repairing(
     text, bad_lines = decode_lines(raw)
     reader = _csv_reader(io.StringIO(text), fmt)
     rows, from_bad_line, last_line = [], [], 0
+    limit = csv.field_size_limit(min(max(len(raw), 1 << 17), MAX_CELL_BYTES))  # a cell fits in its file
     try:
         for row in reader:
             # reader.line_num is the last physical line of this row (quoted fields span lines)
@@ -367,7 +404,15 @@ def _parse_repairing(
                 rows.append(row)
                 from_bad_line.append(touched)
     except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise DataError(
+                f"{path}: line {reader.line_num} holds a cell larger than {MAX_CELL_BYTES // 2**20} MiB, the "
+                "most leantrain reads from one CSV/TSV cell (a quote left open swallows the rest of a file: check "
+                "that line's quotes); JSONL or Parquet have no such limit"
+            ) from None
         raise DataError(f"{path}: cannot parse as {fmt.upper()} ({exc})") from None
+    finally:
+        csv.field_size_limit(limit)
     if not rows:
         raise DataError(f"{path}: the file is empty")
     if column_names is None:

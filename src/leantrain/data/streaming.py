@@ -28,7 +28,14 @@ import numpy as np
 import pandas as pd
 
 from leantrain.data.batching import GlobalBatchSampler, Slot
-from leantrain.data.columns import Columns, build_label_map, normalise_labels, resolve_columns
+from leantrain.data.columns import (
+    Columns,
+    build_label_map,
+    missing_label,
+    missing_labels,
+    normalise_labels,
+    resolve_columns,
+)
 from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, split_config
 from leantrain.data.tokenize import source_fingerprint, tokenize
 from leantrain.errors import DataError
@@ -131,7 +138,7 @@ class StreamingExamples:
             text = row.get(cols.text)
             pair = row.get(cols.text_pair) if cols.text_pair else None
             label = row.get(cols.label) if cols.label else None
-            if _blank(text) or (cols.text_pair and _blank(pair)) or _blank(label):
+            if _blank(text) or (cols.text_pair and _blank(pair)) or missing_label(label):
                 continue
             if self.class_ids and isinstance(label, int) and 0 <= label < len(self.label_names):
                 yield str(text), (str(pair) if cols.text_pair else None), label
@@ -234,7 +241,7 @@ def prepare_stream(data: DataConfig, tokenizer, source: str, options: ReadOption
     cols = resolve_columns(head, source, data.text_column, data.text_pair_column, data.label_column)
     assert cols.label is not None
     declared = getattr((ds.features or {}).get(cols.label), "names", None)
-    usable = head[~head[cols.label].isna()]
+    usable = head[~missing_labels(head[cols.label])[0]]
     label_names = (
         list(declared) if declared else build_label_map(normalise_labels(usable[cols.label]), source, cols.label)
     )

@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-CACHE_VERSION = 3  # bump when what is stored, or how text is repaired, changes (2: labels 1.0 -> 1, UTF-16; 3: hashes)
+CACHE_VERSION = 4  # bump when what is stored, or how text is repaired, changes (2: labels 1.0 -> 1, UTF-16;
+#: 3: valid text kept as it is; 4: hashes)
 
 log = logging.getLogger("leantrain")
 
@@ -102,6 +102,17 @@ def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, max_length: i
     return TokenizedText(flat, offsets, tt)
 
 
+def unknown_share(tokens: TokenizedText, tokenizer, rows: int = 2000) -> float | None:
+    """The share of the first `rows` rows' tokens (special tokens aside) that are the tokenizer's unknown token;
+    None for a tokenizer without one (byte-level BPE reads any text)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or len(tokens) == 0:
+        return None
+    ids = tokens.input_ids[: tokens.offsets[min(rows, len(tokens))]]
+    counted = ids[~np.isin(ids, [i for i in tokenizer.all_special_ids if i != unk])]
+    return float((counted == unk).mean()) if len(counted) else None
+
+
 def source_fingerprint(source: str) -> str:
     """Content hash of a file; names, sizes and times of a folder's files; the name of a hub data set."""
     path = Path(source)
@@ -152,8 +163,9 @@ def cache_key(**parts) -> str:
 
 def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict) -> None:
     """Write atomically: a crash mid-write never leaves a cache entry that later loads as garbage."""
+    from leantrain.paths import written_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     arrays: dict[str, Any] = {
         "input_ids": tokens.input_ids,
         "offsets": tokens.offsets,
@@ -164,9 +176,8 @@ def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict
         arrays["token_type_ids"] = tokens.token_type_ids
     if tokens.hashes is not None:
         arrays["hashes"] = tokens.hashes
-    with tmp.open("wb") as f:
+    with written_atomically(path) as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
 
 
 def load_cached(path: Path, vocab_size: int | None = None) -> tuple[TokenizedText, list[str], dict] | None:

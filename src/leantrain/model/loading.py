@@ -75,9 +75,21 @@ def load_config(name: str, trust_remote_code: bool = False, **kwargs):
         raise _offline_hint(name, exc) from None
 
 
+#: files that hold a tokenizer's vocabulary: fast tokenizers' tokenizer.json, WordPiece's vocab.txt, byte-level BPE's
+#: vocab.json (with merges.txt), SentencePiece models, tiktoken files. Without one, transformers builds an empty
+#: tokenizer from the config (5 special tokens: every word becomes [UNK]).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "*.model", "*.spm", "*.tiktoken")
+
+
 def load_tokenizer(name: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    folder = Path(name).expanduser()
+    if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
+        raise ModelError(
+            f"{name}: no tokenizer in this model folder (looked for {', '.join(TOKENIZER_FILES)}); save the model's "
+            f"tokenizer there (tokenizer.save_pretrained('{name}')) or give the folder or hub name it came from"
+        )
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -87,6 +99,18 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
                 "save one with tokenizer.save_pretrained into that folder"
             ) from None
         raise _offline_hint(name, exc) from None
+
+
+def check_tokenizer_fits(tokenizer, config, name: str) -> None:
+    """Refuse a tokenizer whose vocabulary is far smaller than the model's embedding table: not the model's own
+    (a model's table may hold a few spare rows; half of it unused means another vocabulary)."""
+    rows = getattr(config, "vocab_size", None)
+    known = len(tokenizer)
+    if rows and known < rows / 2:
+        raise ModelError(
+            f"{name}: its tokenizer knows {known:,} tokens but the model's embedding table has {rows:,} rows: it is "
+            "not this model's tokenizer; save the model's own tokenizer beside it (tokenizer.save_pretrained)"
+        )
 
 
 def max_supported_length(config, tokenizer=None) -> int | None:

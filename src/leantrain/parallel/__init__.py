@@ -251,5 +251,8 @@ def _governor_row() -> str:
     from leantrain.parallel.threads import GOVERNOR_ENV
 
     if os.environ.get(GOVERNOR_ENV) == "1":
-        return "on: a training run gives a thread back for each core other processes hold"
+        return (
+            "available: with --thread-governor a training run gives a thread back for each core other processes "
+            "hold (not bitwise repeatable); off by default"
+        )
     return "off (OMP_NUM_THREADS set by you or a CPU quota, LEANTRAIN_THREAD_GOVERNOR=0, or not the CLI)"

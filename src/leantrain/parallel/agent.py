@@ -1,25 +1,147 @@
 """`python -m leantrain.parallel.agent MODULE ARGS...`: run a launcher module (`accelerate.commands.launch`,
-`torch.distributed.run`) as `python -m MODULE ARGS...` would, with one difference: when a signal stops the job,
-the launcher's agent exits 128 + the signal's number instead of printing its own SignalException traceback
-(each process has already said what it saved and how to resume; training/interrupt.py)."""
+`torch.distributed.run`) as `python -m MODULE ARGS...` would, with two differences:
+
+* when a signal stops the job, the launcher's agent exits 128 + the signal's number instead of printing its own
+  SignalException traceback (each process has already said what it saved and how to resume; training/interrupt.py);
+* when a process fails, the job's failure is told in a few lines, the first failure first (the process killed, by
+  which signal; or the one that raised) and the others as its consequences (a process that lost its connection
+  to the failed one, or that the agent stopped), with the agent's own log, its failure report and each process's
+  traceback in the log folder that `leantrain train` names (LEANTRAIN_FAILURE_LOGS, OUTPUT_DIR/logs).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import runpy
+import signal
 import sys
+from pathlib import Path
+from typing import Any
+
+#: what the agent's log (torch.distributed.elastic) is written to, in the log folder, instead of the terminal
+AGENT_LOG = "launcher.log"
+#: OUTPUT_DIR/logs, where a launched job's processes and its launcher write what failed in full (tracebacks)
+FAILURE_LOGS_ENV = "LEANTRAIN_FAILURE_LOGS"
+#: what a collective says when the process at the other end is gone: a consequence, not a cause
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+    "Connection refused",
+)
 
 
 def main() -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    logs = Path(os.environ[FAILURE_LOGS_ENV]) if os.environ.get(FAILURE_LOGS_ENV) else None
+    if logs is not None:
+        _log_to_file(logs / AGENT_LOG)
     module, sys.argv = sys.argv[1], [sys.argv[1], *sys.argv[2:]]
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SignalException as exc:
         return 128 + int(exc.sigval)
+    except ChildFailedError as exc:
+        if logs is None:
+            raise
+        try:
+            with (logs / AGENT_LOG).open("a") as f:
+                f.write(f"{exc}\n")  # torch elastic's own report: every failure, its exit code, signal and pid
+        except OSError:
+            pass
+        for line in describe_failures(exc.failures, logs, _world(module)):
+            print(f"leantrain train: {line}", file=sys.stderr, flush=True)
+        return 1
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+def _world(module: str) -> int | None:
+    """The job's number of processes, from the launcher's flags (--num_processes, --nproc-per-node)."""
+    for flag in ("--num_processes", "--nproc-per-node", "--nproc_per_node"):
+        if flag in sys.argv[1:]:
+            try:
+                return int(sys.argv[sys.argv.index(flag) + 1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _log_to_file(path: Path) -> None:
+    """The elastic agent's own log lines ("Sending process 123 closing signal SIGTERM", "failed (exitcode: -9)")
+    into `path`: the job's failure is told once, in leantrain's words."""
+    import torch.distributed.elastic.agent.server.api  # their loggers exist once imported
+    import torch.distributed.elastic.multiprocessing.api
+    import torch.distributed.run  # noqa: F401
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(path, delay=True)
+    except OSError:
+        return
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
+            logger.propagate = False
+            logger.addHandler(handler)
+
+
+def describe_failures(failures: dict[int, Any], logs: Path, world: int | None = None) -> list[str]:
+    """A job's failures (torch elastic's `ProcessFailure`s by global rank) in a few lines: the first failure, then
+    the others as its consequences. A process the agent stopped with SIGTERM, or that lost its connection to
+    another (its traceback in `logs` says so), is a consequence; among the rest the earliest is the first."""
+
+    def lost_a_peer(rank: int) -> bool:
+        try:
+            text = (logs / f"process-{rank}.log").read_text()
+        except OSError:
+            return False
+        return any(words in text for words in PEER_LOST)
+
+    def consequence(rank: int) -> bool:
+        return failures[rank].exitcode == -signal.SIGTERM or lost_a_peer(rank)
+
+    causes = [r for r in failures if not consequence(r)] or list(failures)
+    first = min(causes, key=lambda r: (failures[r].timestamp, r))
+    of = f" of {world}" if world else ""
+    lines = [f"error: process {first}{of} {_how(failures[first], logs / f'process-{first}.log')} (the first failure)"]
+    then = [f"process {r} {_then(failures[r], lost_a_peer(r))}" for r in sorted(failures) if r != first]
+    if then:
+        lines.append("then: " + "; ".join(then))
+    lines.append(f"the launcher's report and each failed process's traceback: {logs}")
+    return lines
+
+
+def _how(failure: Any, log: Path) -> str:
+    if failure.exitcode < 0:
+        name = _signal(-failure.exitcode)
+        why = " (the kernel's out-of-memory killer, or a kill -9)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{why}, pid {failure.pid}"
+    said = " (its error is above)" if log.is_file() or failure.exitcode == 2 else ""
+    return f"exited with code {failure.exitcode}{said}"
+
+
+def _then(failure: Any, lost_a_peer: bool) -> str:
+    if lost_a_peer:
+        return "lost its connection to it and stopped"
+    if failure.exitcode == -signal.SIGTERM:
+        return "was stopped by the launcher (SIGTERM)"
+    if failure.exitcode < 0:
+        return f"was killed by {_signal(-failure.exitcode)}"
+    return f"exited with code {failure.exitcode}"
+
+
+def _signal(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 if __name__ == "__main__":

@@ -8,13 +8,17 @@ affinity mask, not a container's CPU quota, so a process allowed 1 CPU of 8 runs
 
 Sleeping at barriers instead (`OMP_WAIT_POLICY=PASSIVE`) holds up beside a neighbour but cost a quiet run
 12-27% of its training speed (`leantrain train`, SST-2, alternating runs: docs/performance.md). So the threads
-keep libgomp's spinning and the `ThreadGovernor` gives cores back instead: every two seconds of training it reads
-how much of this process's CPUs other processes used (/proc/stat) and runs one thread fewer per core they held,
-all of them again once they leave; with one thread there is no barrier to spin at.
+keep libgomp's spinning and, with `--thread-governor`, the `ThreadGovernor` gives cores back instead: every two
+seconds of training it reads how much of this process's CPUs other processes used (/proc/stat) and runs one thread
+fewer per core they held, all of them again once they leave; with one thread there is no barrier to spin at.
+
+The governor is opt-in: a thread count that moves with the neighbours' load moves the reductions' order, so two
+runs of the same job (or a run and its resumption) beside a busy neighbour ended 2e-7 apart in their weights after
+12 steps. Off, the thread count is fixed for the run and the same job gives the same bits whatever the load.
 
 `prepare_environment` runs before torch loads (OpenMP reads its settings once, when the library loads): the CLI
 calls it first thing, and passes the result to every process it launches. A value the user set is kept; a
-user's OMP_NUM_THREADS, or LEANTRAIN_THREAD_GOVERNOR=0, turns the governor off.
+user's OMP_NUM_THREADS, or LEANTRAIN_THREAD_GOVERNOR=0, keeps the governor off even when asked for.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from pathlib import Path
 CGROUP = Path("/sys/fs/cgroup")
 #: set when OMP_NUM_THREADS is leantrain's own choice (the quota), not the user's: a launcher may split it
 CHOSEN_THREADS_ENV = "LEANTRAIN_CHOSE_OMP_THREADS"
-#: set when the thread count is leantrain's to govern: the user set no OMP_NUM_THREADS and no quota caps it
+#: set when the thread count is leantrain's to govern (with --thread-governor): the user set no OMP_NUM_THREADS and
+#: no quota caps it
 GOVERNOR_ENV = "LEANTRAIN_THREAD_GOVERNOR"
 PROC_STAT = Path("/proc/stat")
 
@@ -152,18 +157,32 @@ class ThreadGovernor:
         return threads
 
 
-def thread_governor(num_processes: int, loader_workers: int, device_type: str) -> ThreadGovernor | None:
-    """The governor where the thread count is leantrain's to choose: a `leantrain` command's only process, on
-    the CPU, with no loader workers (their CPU would count as another process's) and more than one thread."""
+def thread_governor(
+    asked: bool, num_processes: int, loader_workers: int, device_type: str
+) -> tuple[ThreadGovernor | None, str | None]:
+    """With --thread-governor (`asked`), the governor where the thread count is leantrain's to choose: a `leantrain`
+    command's only process, on the CPU, with no loader workers (their CPU would count as another process's) and
+    more than one thread. Returns it (or None) and, when it was asked for but cannot run, why not."""
     import torch
 
-    if os.environ.get(GOVERNOR_ENV) != "1" or num_processes != 1 or loader_workers or device_type != "cpu":
-        return None
+    if not asked or device_type != "cpu":
+        return None, None
+    why = None
+    if os.environ.get(GOVERNOR_ENV) != "1":
+        why = "OMP_NUM_THREADS, a CPU quota or LEANTRAIN_THREAD_GOVERNOR=0 fixes the thread count, or not the CLI"
+    elif num_processes != 1:
+        why = "the processes of a launch share the cores already"
+    elif loader_workers:
+        why = "--dataloader-num-workers' processes would count as a neighbour"
+    if why is not None:
+        return None, why
     try:
         cpus = os.sched_getaffinity(0)
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return None
+        return None, "not Linux"
     threads = torch.get_num_threads()
-    if threads < 2 or busy_seconds(cpus) is None:
-        return None
-    return ThreadGovernor(threads, cpus)
+    if threads < 2:
+        return None, "one thread has nothing to give back"
+    if busy_seconds(cpus) is None:
+        return None, "/proc/stat cannot be read"
+    return ThreadGovernor(threads, cpus), None

@@ -81,6 +81,7 @@ RESUMABLE_CHANGES = frozenset(
         "early_stopping_threshold",
         "eval_batch_size",
         "dataloader_num_workers",
+        "thread_governor",  # the thread count: how a step is computed, to rounding, not what it computes
     }
 )
 #: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)
@@ -618,11 +619,12 @@ def restore_log(ckpt: Checkpoint, log_path: Path) -> list[dict]:
     return [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
 
 
-def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None) -> str | None:
-    """Fail now if the checkpoints folder cannot be written or not even one checkpoint fits on the disk;
-    return a warning if `keep` of them will not."""
+def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None, model_bytes: int = 0) -> str | None:
+    """Fail now if the checkpoints folder cannot be written, or the disk cannot hold the final model
+    (`model_bytes`) or one checkpoint (`checkpoint_bytes`, 0 without checkpoints); return a warning if `keep` of
+    them and the model may not fit together."""
     root = path / "checkpoints"
-    if root.exists():
+    if checkpoint_bytes and root.exists():
         probe = root / f".{PREFIX}write-test-{os.getpid()}.tmp"
         try:
             probe.write_bytes(b"ok")
@@ -636,16 +638,19 @@ def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None) -> str
     except OSError:
         return None
     mb = 1 / 2**20
-    if free < checkpoint_bytes * 1.1:
-        raise CheckpointError(
-            f"--output-dir {path}: {free * mb:,.0f} MB free, but one checkpoint needs about "
-            f"{checkpoint_bytes * mb:,.0f} MB; free some space or choose another --output-dir"
-        )
-    need = checkpoint_bytes * ((keep + 2) if keep else 2)
+    for what, need in (("one checkpoint", checkpoint_bytes), ("the final model", model_bytes)):
+        if free < need * 1.1:
+            raise CheckpointError(
+                f"--output-dir {path}: {free * mb:,.1f} MB free, but {what} needs about {need * mb:,.1f} MB; free "
+                "some space or choose another --output-dir"
+            )
+    if not checkpoint_bytes:
+        return None
+    need = checkpoint_bytes * ((keep + 2) if keep else 2) + model_bytes
     if free < need:
         return (
-            f"{free * mb:,.0f} MB free in {path}: the checkpoints may need about {need * mb:,.0f} MB "
-            "(set --save-total-limit to keep fewer)"
+            f"{free * mb:,.0f} MB free in {path}: the checkpoints and the final model may need about "
+            f"{need * mb:,.0f} MB (set --save-total-limit to keep fewer)"
         )
     return None
 

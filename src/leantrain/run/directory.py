@@ -39,6 +39,10 @@ class OutputDirBusy(ConfigError):
     """Another live run holds the output directory."""
 
 
+class WriteFailed(LeantrainError):
+    """A write failed for want of space or access (`writing`): the message names the path and the space needed."""
+
+
 class NonFiniteModel(LeantrainError):
     """The weights about to be saved or published hold NaN or infinity."""
 
@@ -72,8 +76,13 @@ class OutputLock:
         key = str(self.directory.resolve())
         if key in _HELD:  # this process holds it already (an earlier run in this process that failed)
             return _HELD[key]
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # read-only file system, no permission, a file where a folder should be
+            raise ConfigError(
+                f"--output-dir: cannot write to '{self.directory}' ({exc.strerror or exc}); choose a writable directory"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -153,12 +162,7 @@ class RunDir:
         afresh: `CheckpointDir.discard_all`)."""
         self._refuse_file()
         if _is_main_process():
-            try:
-                self.lock = OutputLock(self.path).acquire()
-            except PermissionError as exc:
-                raise ConfigError(
-                    f"--output-dir: cannot write to '{self.path}' ({exc.strerror}); choose a writable directory"
-                ) from None
+            self.lock = OutputLock(self.path).acquire()
             self.owner = True
             _ACTIVE.append(self)
             self.recover()
@@ -244,9 +248,14 @@ class RunDir:
 
     # -- failure ---------------------------------------------------------------------------------------------
     def abandon(self) -> None:
-        """The run stops without publishing: put back what it set aside, unless it left checkpoints to resume
-        (then the old run waits, set aside, for the resumed run to publish)."""
-        if not self.owner or not self.replaced.is_dir():
+        """The run stops without publishing: its staging folder goes (its log is in its checkpoints); put back what
+        it set aside, unless it left checkpoints to resume (then the old run waits, set aside, for the resumed run
+        to publish)."""
+        if not self.owner:
+            return
+        if self.staging.is_dir() and not (self.staging / FINISHED_MARKER).exists():  # (else: a publish to complete)
+            shutil.rmtree(self.staging, ignore_errors=True)
+        if not self.replaced.is_dir():
             return
         if _has_checkpoints(self.path):
             _say(
@@ -321,7 +330,7 @@ def guarded() -> Iterator[None]:
 # -- disks and finite weights ------------------------------------------------------------------------------------
 
 
-def write_failure(exc: BaseException, path: Path, need_bytes: int | None) -> LeantrainError | None:
+def write_failure(exc: BaseException, path: Path, need_bytes: int | None) -> WriteFailed | None:
     """A one-line error for a write that failed for want of space or access; None for any other failure.
 
     torch.save reports a full disk as a RuntimeError ("unexpected pos", "file write failed") and safetensors as
@@ -339,13 +348,13 @@ def write_failure(exc: BaseException, path: Path, need_bytes: int | None) -> Lea
     if not full:
         assert isinstance(exc, OSError)
         why = exc.strerror or str(exc)
-        return LeantrainError(f"cannot write {where} ({why}); make it writable or choose another --output-dir")
+        return WriteFailed(f"cannot write {where} ({why}); make it writable or choose another --output-dir")
     free = _free_bytes(path)
     mb = 1 / 2**20
     facts = [exc.strerror] if isinstance(exc, OSError) and exc.strerror else []
     facts += [f"{free * mb:,.1f} MB free"] if free is not None else []
     facts += [f"about {need_bytes * mb:,.1f} MB needed"] if need_bytes else []
-    return LeantrainError(
+    return WriteFailed(
         f"cannot write {where}: the disk is full ({'; '.join(facts)}); free some space or point --output-dir at "
         "a bigger disk"
     )
@@ -373,6 +382,16 @@ def writing(path: Path, need_bytes: int | None, partial: list[Path] | None = Non
         error = write_failure(exc, path, need_bytes)  # again: the free space once the partial files are gone
         assert error is not None
         raise error from None
+
+
+def usual_file_modes(folder: Path) -> None:
+    """Give every file in `folder` the mode a new file gets here (0644 under the usual umask): transformers writes
+    model.safetensors through a temporary file, created 0600, unreadable to the group that reads the rest."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
 
 
 def remove(*paths: Path) -> None:

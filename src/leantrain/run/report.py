@@ -26,6 +26,7 @@ from leantrain.telemetry.timing import PHASES, row_key
 
 REPORT_NAME = "report.html"
 ENVIRONMENT_NAME = "environment.json"
+EVALUATION_NAME = "evaluation.json"
 PHASE_COLORS = {
     "data": "#e4a11b",
     "forward_backward": "#3b7dd8",
@@ -54,6 +55,8 @@ class RunData:
     config: dict[str, Any] = field(default_factory=dict)
     config_text: str = ""
     environment: dict[str, Any] = field(default_factory=dict)
+    #: evaluation.json: the final evaluation beyond its scores (a classifier's per-class table, confusion matrix)
+    evaluation: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -130,6 +133,10 @@ def load_run(run_dir: str | Path) -> RunData:
         run.config = yaml.safe_load(run.config_text) or {}
     except (OSError, yaml.YAMLError):
         run.config, run.config_text = {}, ""
+    try:
+        run.evaluation = json.loads((source / EVALUATION_NAME).read_text())
+    except (OSError, ValueError):
+        run.evaluation = {}
     for where in (source / ENVIRONMENT_NAME, path / ENVIRONMENT_NAME):
         try:
             run.environment = json.loads(where.read_text())
@@ -189,10 +196,11 @@ def write_environment(directory: str | Path, **kwargs: Any) -> Path:
 
 
 def fmt_bytes(value: Any) -> str:
+    """Bytes in binary units, one rule for every figure on the page (MiB below 1 GiB, GiB from there)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "-"
-    mb = value / 2**20
-    return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.1f} MB"
+    mib = value / 2**20
+    return f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib:,.1f} MiB"
 
 
 def fmt_value(key: str, value: Any) -> str:
@@ -260,6 +268,37 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def lr_schedule(run: RunData) -> list[float] | None:
+    """The learning rate at every step from 0 to the run's last, rebuilt from its config with the schedule training
+    used (`optim.build_scheduler`), so a warm-up shorter than --log-every shows; None where the rebuilt schedule
+    does not give the rates the run logged (a resumed run that changed --epochs, say)."""
+    cfg, logged = run.config, [(r["step"], r["lr"]) for r in run.train_rows if isinstance(r.get("lr"), (int, float))]
+    steps, epochs = run.metrics.get("optimizer_steps"), run.metrics.get("epochs")
+    if not logged or not isinstance(steps, int) or not cfg.get("scheduler") or not isinstance(cfg.get("lr"), float):
+        return None
+    total = cfg.get("max_steps") or (math.ceil(steps / epochs * cfg.get("epochs", 1.0)) if epochs else steps)
+    try:
+        import torch
+
+        from leantrain.model.schedules import build_scheduler
+
+        weight = torch.zeros(1, requires_grad=True)
+        optimizer = torch.optim.SGD([weight], lr=cfg["lr"])
+        scheduler = build_scheduler(
+            optimizer, cfg["scheduler"], int(total), cfg.get("warmup_ratio", 0.0), cfg.get("warmup_steps"),
+            cfg.get("scheduler_kwargs"),
+        )  # fmt: skip
+        rates = [scheduler.get_last_lr()[0]]
+        for _ in range(steps):
+            optimizer.step()
+            scheduler.step()
+            rates.append(scheduler.get_last_lr()[0])
+    except Exception:  # a config this leantrain cannot rebuild: the logged points alone
+        return None
+    fits = all(step < len(rates) and math.isclose(rates[step], lr, rel_tol=1e-5, abs_tol=1e-12) for step, lr in logged)
+    return rates if fits else None
+
+
 def plot_loss(run: RunData) -> bytes | None:
     train, evals = run.train_rows, run.eval_rows
     if not (_has(train, "loss") or _has(evals, "eval_loss") or _has(train, "lr")):
@@ -273,24 +312,63 @@ def plot_loss(run: RunData) -> bytes | None:
     ax.legend()
     ax.grid(alpha=0.3)
     if _has(train, "lr"):
-        ax_lr.plot(*_series(train, "lr"), color="#6aa84f")
+        schedule = lr_schedule(run)
+        if schedule is not None:  # every step from the first, so a short warm-up shows
+            ax_lr.plot(range(len(schedule)), schedule, color="#6aa84f", label="schedule")
+            ax_lr.plot(*_series(train, "lr"), "o", color="#6aa84f", markersize=3, label="logged")
+            ax_lr.legend(fontsize=8)
+        else:
+            ax_lr.plot(*_series(train, "lr"), color="#6aa84f")
         ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax_lr.set(xlabel="optimizer step", ylabel="learning rate", title="Learning rate")
     ax_lr.grid(alpha=0.3)
     return _png(fig)
 
 
-def plot_eval(run: RunData) -> bytes | None:
+#: scores that lie in [0, 1] (the rest, perplexity, RMSE and such, have their own scale)
+UNIT_SCORES = (
+    "accuracy", "f1", "macro_f1", "micro_f1", "weighted_f1", "precision", "recall", "balanced_accuracy", "roc_auc",
+    "subset_accuracy", "hamming_loss", "exact_match", "mcc", "pearson", "spearman", "r2",
+)  # fmt: skip
+#: of those, the ones that go down to -1
+SIGNED_SCORES = ("mcc", "pearson", "spearman", "r2")
+
+
+def eval_panels(run: RunData) -> list[tuple[str, list[float], list[float], tuple[float, float]]]:
+    """(metric, steps, values, y limits) of each evaluation metric but the loss: one panel each, on its own scale
+    (accuracy beside F1, perplexity beside exact match, apart). A score in [0, 1] gets at least a tenth of that
+    range around it, so one point, or two close ones, do not fill the panel with a difference of 0.01."""
     evals = run.eval_rows
     keys = sorted({k for r in evals for k in r if k.startswith("eval_") and k != "eval_loss" and _has(evals, k)})
-    if not keys:
-        return None
-    fig, (ax,) = _figure(1, width=7)
+    panels = []
     for k in keys:
-        ax.plot(*_series(evals, k), "o-", label=k.removeprefix("eval_"))
-    ax.set(xlabel="optimizer step", title="Evaluation")
-    ax.legend()
-    ax.grid(alpha=0.3)
+        name = k.removeprefix("eval_")
+        xs, ys = _series(evals, k)
+        low, high = min(ys), max(ys)
+        if name in UNIT_SCORES:
+            pad = max(0.05 - (high - low) / 2, 0.02)
+            floor = -1.0 if name in SIGNED_SCORES else 0.0
+            limits = (max(floor, low - pad), min(1.0, high + pad))
+        else:
+            pad = max((high - low) * 0.1, abs(high) * 0.05, 1e-6)
+            limits = (low - pad, high + pad)
+        panels.append((name, xs, ys, limits))
+    return panels
+
+
+def plot_eval(run: RunData) -> bytes | None:
+    panels = eval_panels(run)
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), width=max(7.0, 3.3 * len(panels)), gap=0.9)
+    for ax, (name, xs, ys, limits) in zip(axes, panels):
+        ax.plot(xs, ys, "o-", color="#3b7dd8")
+        ax.annotate(f"{ys[-1]:.4g}", (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_ylim(*limits)
+        if len(xs) == 1:
+            ax.set_xlim(xs[0] - 1, xs[0] + 1)
+        ax.set(xlabel="optimizer step", title=name.replace("_", " "))
+        ax.grid(alpha=0.3)
     return _png(fig)
 
 
@@ -410,17 +488,17 @@ def plot_memory(run: RunData) -> bytes | None:
         labels = [b[0] for b in bars]
         values = [b[1] / 2**20 for b in bars]
         ax.barh(labels, values, color="#3b7dd8")
-        for y, v in enumerate(values):
-            ax.text(v, y, f" {v:,.0f} MB", va="center", fontsize=8)
+        for y, (v, raw) in enumerate(zip(values, (b[1] for b in bars))):
+            ax.text(v, y, f" {fmt_bytes(raw)}", va="center", fontsize=8)
         ax.invert_yaxis()
-        ax.set(xlabel="MB", title="Memory")
+        ax.set(xlabel="MiB", title="Memory")
         ax.margins(x=0.25)
     if mem_keys:
         ax = axes[-1]
         for k in mem_keys:
             xs, ys = _series(run.train_rows, k)
             ax.plot(xs, [y / 2**20 for y in ys], label=k.removesuffix("_bytes"))
-        ax.set(xlabel="optimizer step", ylabel="MB", title="Memory over time")
+        ax.set(xlabel="optimizer step", ylabel="MiB", title="Memory over time")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     return _png(fig)
@@ -577,7 +655,7 @@ def render_report(run: RunData) -> str:
         f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
         f"{html.escape(str(run.display_path))} &middot; report written {time.strftime('%Y-%m-%d %H:%M')}</p>",
     ]
-    headline = [(METRIC_LABELS[k], fmt_value(k, m.get(k))) for k in HEADLINE if m.get(k) is not None]
+    headline = _headline(m)
     if headline:
         half = (len(headline) + 1) // 2
         parts.append(
@@ -587,6 +665,8 @@ def render_report(run: RunData) -> str:
     if peak_note:
         parts.append(f"<p class='sub'>{html.escape(peak_note)}</p>")
     parts += _plot_sections(run)
+    if run.evaluation.get("confusion_matrix"):
+        parts.append(_evaluation_tables(run.evaluation))
     totals = time_totals(run)
     if totals:
         wall = sum(totals.values()) or 1.0
@@ -598,10 +678,7 @@ def render_report(run: RunData) -> str:
             + "</details>"
         )
     if run.config_text:
-        parts.append(
-            "<h2>Resolved config</h2><p class='sub'>rerun with <code>leantrain train --config "
-            "config.yaml</code></p><pre>" + html.escape(run.config_text) + "</pre>"
-        )
+        parts.append(_config_section(run))
     env = run.environment or {k: m[k] for k in ("precision", "num_processes") if k in m}
     if env:
         parts.append("<h2>Environment</h2>" + _table([(k, fmt_value(k, v)) for k, v in env.items()]))
@@ -630,6 +707,66 @@ def _plot_sections(run: RunData) -> list[str]:
         if anchor == "sources":
             parts.append(source_table(run))
     return parts
+
+
+def _headline(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary: every evaluation score the run reported (a language model's perplexity and exact match too),
+    then HEADLINE's other figures."""
+    scores = [k for k in m if k.startswith("eval_") and k not in HEADLINE and isinstance(m[k], (int, float))]
+    keys = [k for k in HEADLINE if k.startswith("eval_")] + scores + [k for k in HEADLINE if not k.startswith("eval_")]
+    return [(_label(k), fmt_value(k, m.get(k))) for k in keys if m.get(k) is not None]
+
+
+def _label(key: str) -> str:
+    return METRIC_LABELS.get(key) or f"eval {key.removeprefix('eval_').replace('_', ' ')}"
+
+
+def _config_section(run: RunData) -> str:
+    """What the run set, and its whole config.yaml folded away."""
+    return (
+        "<h2>Config</h2><p class='sub'>what this run set (every other setting at its default); rerun with "
+        "<code>leantrain train --config config.yaml</code></p>"
+        + _table([(k, str(v)) for k, v in _set_config(run.config).items()])
+        + "<details><summary>config.yaml, every setting</summary><pre>"
+        + html.escape(run.config_text)
+        + "</pre></details>"
+    )
+
+
+def _set_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings a run gave other values than the defaults (its model and data always), in config.yaml's order."""
+    import dataclasses
+
+    from leantrain.config import TrainConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    return {
+        k: v
+        for k, v in config.items()
+        if k in ("model", "data") or (k in defaults and v != defaults[k] and v is not None) or k not in defaults
+    }
+
+
+def _evaluation_tables(report: dict[str, Any]) -> str:
+    """The final evaluation's per-class table and its confusion matrix (rows: true class, columns: predicted)."""
+    names = [str(n) for n in report.get("labels", [])]
+    per_class = report.get("per_class", {})
+    head = "<tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>"
+    rows = "".join(
+        f"<tr><th>{html.escape(n)}</th>"
+        + "".join(f"<td class='num'>{per_class[n][k]:.4f}</td>" for k in ("precision", "recall", "f1"))
+        + f"<td class='num'>{per_class[n]['support']:,}</td></tr>"
+        for n in names
+        if n in per_class
+    )
+    matrix = report["confusion_matrix"]
+    cells = "<tr><th>true \\ predicted</th>" + "".join(f"<th>{html.escape(n)}</th>" for n in names) + "</tr>"
+    for name, row in zip(names, matrix):
+        cells += f"<tr><th>{html.escape(name)}</th>" + "".join(f"<td class='num'>{v:,}</td>" for v in row) + "</tr>"
+    return (
+        "<h2 id='classes'>Classes (final evaluation)</h2><div class='grid'>"
+        f"<table>{head}{rows}</table><table data-table='confusion'>{cells}</table></div>"
+    )
 
 
 def _peak_note(run: RunData) -> str:

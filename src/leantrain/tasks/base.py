@@ -264,7 +264,8 @@ class Task(ABC):
         raise ConfigError(f"leantrain evaluate does not score {self.name} models yet")
 
     def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
-        """What `evaluate` reports beside `scores`: a per-class table, counts."""
+        """What `evaluate` reports beside `scores`, and a run's final evaluation in evaluation.json and report.html:
+        a per-class table and confusion matrix, counts."""
         return dict(data.facts)
 
     def prediction_data(

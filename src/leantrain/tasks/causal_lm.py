@@ -60,6 +60,10 @@ class CausalLM(Task):
         cfg = self.cfg
         cache = Path(cfg.cache_dir)
         tokenizer = self._tokenizer(model_path, cache)
+        if not presets.is_preset(model_path):  # a preset's table is sized to its tokenizer
+            from leantrain.model import loading
+
+            loading.check_tokenizer_fits(tokenizer, model_config, model_path)
         notes: list[str] = []
         self.instruction = False
         data = prepare_sources(

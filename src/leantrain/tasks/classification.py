@@ -4,6 +4,7 @@ optional), softmax rows, and the scores `--metrics` names (leantrain.tasks.scori
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -46,8 +47,8 @@ class Classification(Task):
         """The model's outputs with its last layer's attention output and feed-forward run at the first token only,
         where the model reads its classification (BERT's pooler, RoBERTa's head). Every token still feeds the
         last attention's keys and values, so the logits, loss and gradients are the same up to rounding, for
-        up to a sixth less work in a six-layer encoder. With dropout on, the last layer draws fewer random
-        numbers: the same distribution, another sample."""
+        up to a sixth less work in a six-layer encoder. With dropout on, the last layer draws the whole
+        sequence's masks and keeps the first token's: the same random numbers as the whole model."""
         if self.tail is None:
             return super().forward(model, batch)
         with self.tail.cut():
@@ -157,25 +158,51 @@ class FirstTokenTail:
 
     @contextlib.contextmanager
     def _select(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
-        """Within: the rest of the layer after its self-attention runs on `pick` of every position's rows."""
+        """Within: the rest of the layer after its self-attention runs on `pick` of every position's rows. Its
+        dropouts draw the masks the whole sequence would (`picked_dropout`), so a training step's random numbers,
+        and so its loss, are the whole model's (to rounding) and every later draw is where it would be."""
+        shape: list[int] = []  # (batch, length) of the whole sequence, seen at the attention's output
 
         def picked_context(_module, _args, out):
+            shape[:] = list((out[0] if isinstance(out, tuple) else out).shape[:2])
             return (pick(out[0]), *out[1:]) if isinstance(out, tuple) else pick(out)
 
         hooks = [
             self.attention.register_forward_hook(picked_context),
             self.residual.register_forward_pre_hook(lambda _module, args: (args[0], pick(args[1]), *args[2:])),
         ]
+        dropouts = self.dropouts()
+        for dropout in dropouts:
+            dropout.forward = functools.partial(picked_dropout, dropout, shape, pick)  # type: ignore[method-assign]
         try:
             yield
         finally:
             for hook in hooks:
                 hook.remove()
+            for dropout in dropouts:
+                del dropout.forward  # the class's own again
+
+    def dropouts(self) -> list[torch.nn.Dropout]:
+        """The layer's dropouts after its self-attention (those that see the cut rows)."""
+        inside = {id(m) for m in self.attention.modules()}
+        return [m for m in self.layer.modules() if isinstance(m, torch.nn.Dropout) and id(m) not in inside]
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """The parameters of what runs at the first token only: the layer but for its self-attention."""
         skipped = {id(p) for p in self.attention.parameters()}
         return [p for p in self.layer.parameters() if id(p) not in skipped]
+
+
+def picked_dropout(
+    module: torch.nn.Dropout, shape: list[int], pick: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
+    """`module`'s dropout of the picked rows `x` with the picked part of the mask that the whole sequence (`shape`:
+    its batch and length) would draw: the same random numbers drawn, in the same amount (one CPU kernel draws per
+    element, another per call), on CPUs and GPUs alike (F.dropout itself draws it)."""
+    if not module.training or module.p == 0 or not shape:
+        return x  # nn.Dropout draws nothing here either
+    full = torch.ones((*shape, *x.shape[2:]), dtype=x.dtype, device=x.device)
+    return x * pick(F.dropout(full, module.p, True)).contiguous()  # the copy: the full mask is not kept
 
 
 def last_layer_tail(model: torch.nn.Module) -> FirstTokenTail | None:

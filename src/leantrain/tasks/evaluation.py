@@ -3,6 +3,7 @@ the trainer's evaluations and by `leantrain evaluate`/`predict`, so both score a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,13 +12,22 @@ import torch
 from leantrain.tasks.base import Task
 
 
+class EvaluationStopped(Exception):
+    """`gather_rows` stopped before a batch because `should_stop()` said so (a Ctrl-C or SIGTERM the trainer noted)."""
+
+
 @torch.no_grad()
-def gather_rows(model, loader, accelerator, task: Task, hooks: Any = None) -> dict[str, np.ndarray]:
+def gather_rows(
+    model, loader, accelerator, task: Task, hooks: Any = None, should_stop: Callable[[], bool] | None = None
+) -> dict[str, np.ndarray]:
     """`task.eval_rows` for every example in `loader`, gathered from every process, each example once, in the
-    order first seen; `index` holds the example ids."""
+    order first seen; `index` holds the example ids. `should_stop()`, asked before each batch on every process (it
+    may be collective), stops it there with `EvaluationStopped`."""
     model.eval()
     parts: dict[str, list[torch.Tensor]] = {}
     for batch in loader:
+        if should_stop is not None and should_stop():
+            raise EvaluationStopped
         if hooks is not None:
             hooks.on_eval_batch(batch)
         rows = {**task.eval_rows(task.forward(model, batch), batch), "index": batch["index"]}

@@ -7,6 +7,10 @@ every run. Only `roc_auc` and `r2` (scikit-learn) and `pearson`/`spearman` (scip
 
 `f1`, `precision` and `recall` follow GLUE: binary (the positive class is label id 1) on two classes, as GLUE
 scores MRPC and QQP, macro-averaged otherwise. `macro_f1`, `micro_f1` and `weighted_f1` name their averaging.
+A macro average is the mean over the classes that have examples in the evaluation set (scikit-learn's `labels=`
+given those classes): a class without any has no recall, and counting its F1 as 0, as scikit-learn's default
+does, would lower the score for a class the evaluation cannot judge (its false positives still lower the recall
+of the classes they were taken from).
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ def _prf(tp: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray, average: st
     if average is None:
         return scores
     weights = true_sum if average == "weighted" else None
+    if average == "macro" and true_sum.any():  # the classes with examples (see the module's docstring)
+        has = true_sum > 0
+        scores = scores[0][has], scores[1][has], scores[2][has]
     precision, recall, f1 = (float(np.average(s, weights=weights)) for s in scores)
     return precision, recall, f1
 

@@ -36,6 +36,7 @@ class TextClassification(Classification):
         from leantrain.model import loading
 
         tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
+        loading.check_tokenizer_fits(tokenizer, model_config, model_path)
         self._check_length(model_config, tokenizer)
         cache = Path(self.cfg.cache_dir)
 

@@ -162,9 +162,10 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read_cache(path)
         data[key] = entry
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        from leantrain.paths import written_atomically
+
+        with written_atomically(path, "w") as f:
+            f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     except OSError:
         pass  # a read-only home still gets a figure, measured again next time
 

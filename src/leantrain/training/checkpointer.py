@@ -76,14 +76,36 @@ class Checkpointer:
 
         self.every = steps_every(self.cfg.save_every, steps_per_epoch)
 
-    def warn_if_short_of_space(self, model) -> None:
-        if not (self.every or self.keep_best):
-            return
-        note = checkpoint.free_space_check(
-            self.run.path, checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer), self.cfg.save_total_limit
-        )
+    def warn_if_short_of_space(self, model, model_bytes: int) -> None:
+        """Before training: refuse a disk that cannot hold the final model (`model_bytes`: its weights and processor)
+        or one checkpoint; warn when the checkpoints to keep and the model may not fit together."""
+        ckpt = checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer) if (self.every or self.keep_best) else 0
+        note = checkpoint.free_space_check(self.run.path, ckpt, self.cfg.save_total_limit, model_bytes)
         if note:
             self.say.info(f"warning: {note}")
+
+    def rescue(self, state: TrainState, rng: dict, roots: list[Path]) -> Path | None:
+        """The trained state as a checkpoint under the first of `roots` that takes it (the final save failed for want
+        of space or access): a single process's run, not sharded. Returns where, or None."""
+        from leantrain.run.directory import WriteFailed
+
+        model = self.accelerator.unwrap_model(self.trained["model"])
+        for root in roots:
+            try:
+                saved = checkpoint.CheckpointDir(root).save(
+                    state,
+                    **{**self.trained, "model": model},
+                    rng=rng,
+                    config=self.cfg.to_dict(),
+                    facts=self.facts,
+                    log_path=self.log_path,
+                    reason="rescued: the final save failed",
+                    processor=self.processor,
+                )
+            except (OSError, WriteFailed, checkpoint.CheckpointError):
+                continue
+            return saved
+        return None
 
     # -- saving ---------------------------------------------------------------------------------------------
     def should_save(self, step: int, new_best: bool) -> bool:
@@ -118,8 +140,9 @@ class Checkpointer:
     def saved(self, step: int) -> Path:
         return self.dir.root / f"{checkpoint.PREFIX}{step:06d}"
 
-    def best(self) -> Path | None:
-        return self.dir.best() if (self.every or self.keep_best) else None
+    def best_kept(self) -> bool:
+        """Whether the best evaluation is checkpointed (checkpoints are on): `saved(best_step)` then holds it."""
+        return bool(self.every or self.keep_best)
 
     def load_best_weights(self, state: TrainState) -> Path:
         """--load-best-at-end: put the best evaluation's checkpointed weights into the model (every process)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from leantrain.tasks.base import Task
@@ -19,13 +20,17 @@ class Evaluator:
         self.spans = tuple(spans)
         #: the latest evaluation's scores of each source's rows (empty: one source)
         self.by_source: dict[str, dict[str, float]] = {}
+        self.last_rows: dict[str, Any] | None = None  # the latest evaluation's rows (the task's report)
 
     def should_evaluate(self, step: int, total_steps: int) -> bool:
         """Mid-run evaluations; the final one is the caller's (`evaluate()` after the loop)."""
         return self.every is not None and step % self.every == 0 and step < total_steps
 
-    def evaluate(self, model) -> dict[str, float]:
-        rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks)
+    def evaluate(self, model, should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
+        """The task's scores over the eval set. `should_stop()` is asked before each batch (by every process: it may
+        be collective); when it says so the evaluation stops there, raising `EvaluationStopped`."""
+        rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks, should_stop)
+        self.last_rows = rows
         self.hooks.on_evaluated(rows)
         self.by_source = scores_by_source(self.task, rows, self.spans)  # each source's own eval loss, perplexity...
         return self.task.scores(rows)

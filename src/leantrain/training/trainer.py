@@ -28,7 +28,9 @@ from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
 from leantrain.tasks.base import Task, TaskData
+from leantrain.tasks.evaluation import EvaluationStopped
 from leantrain.telemetry.profiler import StepProfiler
+from leantrain.training import interrupt
 from leantrain.training.checkpointer import Checkpointer
 from leantrain.training.early_stopping import EarlyStopping, resolve_metric, steps_every
 from leantrain.training.evaluator import Evaluator, prefixed
@@ -90,9 +92,13 @@ class Trainer:
         self.resume_from = self.checkpointer.find_resume()  # refused now, before any work, if from another run
         if self.resume_from is not None:
             self.resume_from.check_matches(cfg.to_dict(), self._facts())
-        self.data = task.prepare_data(model_path, model_config)
-        self._build_model(model_path)
-        self._build_loop_parts()
+        # Ctrl-C or SIGTERM in these phases stops at once: there is nothing to save yet (training/interrupt.py)
+        with interrupt.phase("preparing the data (reading, repairing, tokenizing or processing)"):
+            self.data = task.prepare_data(model_path, model_config)
+        with interrupt.phase("loading the model"):
+            self._build_model(model_path)
+        with interrupt.phase("setting up training"):
+            self._build_loop_parts()
 
     @staticmethod
     def _trackers(cfg: TrainConfig) -> list[str]:
@@ -235,8 +241,7 @@ class Trainer:
             self.plan.write(self.staging)  # plan.json and plan.md: what was predicted, and why this configuration
         self.resume_rng: dict | None = None  # set by a resume, applied just before the loop starts
         history = self._resume(log_path) if self.resume_from is not None else []
-        if self.resume_from is None:
-            self.checkpointer.warn_if_short_of_space(self.model)
+        self.checkpointer.warn_if_short_of_space(self.model, self._final_model_bytes())
         self.logger = MetricsLogger(
             cfg,
             acc,
@@ -259,10 +264,7 @@ class Trainer:
 
         weights = tensor_bytes(acc.unwrap_model(self.model).parameters())
         self.oom = OomGuard(cfg.auto, self.sampler, acc, self.logger.memory, budget, weights, hooks=self.hooks)
-        from leantrain.parallel.threads import thread_governor
-
-        # fewer threads while other processes hold this machine's cores (a `leantrain` command's CPU run)
-        self.thread_governor = thread_governor(acc.num_processes, cfg.dataloader_num_workers, acc.device.type)
+        self._start_thread_governor()
         streamed = self.steps_per_epoch is None
         self.say.info(
             f"training {'streamed' if streamed else f'{len(self.data.train):,}'} examples for {self.total_steps:,} "
@@ -270,6 +272,38 @@ class Trainer:
             f"accumulation x {acc.num_processes} processes"
             f"{'' if streamed else f'; {self.steps_per_epoch:,} steps per epoch'}); writing {self.run.path}"
         )
+        if not streamed:
+            self._warn_if_the_batch_exceeds_the_data()
+
+    def _warn_if_the_batch_exceeds_the_data(self) -> None:
+        """A global batch beyond the data trains one step per epoch on all of it: say so, and what was used."""
+        import numpy as np
+
+        n, acc, cfg = len(self.data.train), self.accelerator, self.cfg
+        if self.sampler.global_batch <= n:
+            return
+        micro = math.ceil(n / (self.sampler.micro_steps(np.arange(n)) * acc.num_processes))
+        self.say.info(
+            f"warning: the global batch ({self.sampler.global_batch:,}) is larger than the {n:,} training examples: "
+            f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; "
+            f"--batch-size {max(1, n // (cfg.grad_accum * acc.num_processes))} or less gives several steps an epoch"
+        )
+
+    def _final_model_bytes(self) -> int:
+        """What model/ will take on disk, about: the weights as saved, the processor's files as the model folder
+        holds them, and 1 MiB for the config, the model card and the report."""
+        from leantrain.telemetry.memory import tensor_bytes
+
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        weights = tensor_bytes(unwrapped.state_dict().values()) * max(1, self.accelerator.num_processes * self.sharded)
+        folder = Path(self.cfg.model or "")
+        weight_files = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf")
+        processor = sum(
+            p.stat().st_size
+            for p in (folder.iterdir() if folder.is_dir() else [])
+            if p.is_file() and not p.name.endswith(weight_files)
+        )
+        return weights + processor + (1 << 20)
 
     def _resume(self, log_path: Path | None) -> list[dict[str, Any]]:
         """Restore the checkpoint into the trained objects and the state; seek the sampler; return the log so far."""
@@ -347,7 +381,7 @@ class Trainer:
         if self.resume_rng is not None:
             checkpoint.set_rng_state(self.resume_rng)  # last, so that nothing above moves it
         try:
-            with self.local_sgd:
+            with self.local_sgd, interrupt.phase("training", stopping="at the end of this optimizer step"):
                 while state.step < self.total_steps:
                     # Accelerate's loader hands the sampler its own count of passes: set both to this epoch.
                     self.sampler.set_epoch(state.epoch)
@@ -360,7 +394,7 @@ class Trainer:
                         new_best = self._maybe_evaluate()
                         saved = self.checkpointer.should_save(state.step, new_best)
                         if saved:
-                            with logger.paused(), logger.timer.phase("checkpoint"):
+                            with logger.paused(), logger.timer.phase("checkpoint"), self._saving_a_checkpoint():
                                 self.checkpointer.maybe_save(self._now(), new_best)
                         self._stop_if_interrupted(saved)
                         if state.step >= self.total_steps or self.early_stopping.reason:
@@ -376,6 +410,24 @@ class Trainer:
             self.profiler.close()
         return self._finish()
 
+    def _start_thread_governor(self) -> None:
+        """--thread-governor: fewer threads while other processes hold this machine's cores (a `leantrain` command's
+        CPU run), at the price of bitwise repeatability, which the user hears about where it was promised."""
+        from leantrain.parallel.threads import thread_governor
+
+        cfg, acc = self.cfg, self.accelerator
+        governor, why_not = thread_governor(
+            cfg.thread_governor, acc.num_processes, cfg.dataloader_num_workers, acc.device.type
+        )
+        self.thread_governor = governor
+        if why_not is not None:
+            self.say.info(f"--thread-governor: off ({why_not})")
+        elif governor is not None and (cfg.save_every or cfg.save_on_interrupt or cfg.resume):
+            self.say.info(
+                "--thread-governor: the thread count follows the machine's load, so a resumed run ends close to, "
+                "not bitwise at, where this run left alone would"
+            )
+
     def _govern_threads(self) -> None:
         governor = self.thread_governor
         if governor is not None and (threads := governor.update()) is not None:
@@ -384,15 +436,30 @@ class Trainer:
                 f"{governor.others:.1f} cores over the last {governor.interval:.0f} s)"
             )
 
-    def _stop_if_interrupted(self, saved_now: bool) -> None:
+    def _stop_if_interrupted(self, saved_now: bool, during: str | None = None) -> None:
         """Ctrl-C or SIGTERM (noted by the CLI's handlers): every process stops here, after a checkpoint."""
-        from leantrain.training import interrupt
-
         signum = interrupt.requested(self.accelerator)
         if signum is not None:
             state, cp = self.state, self.checkpointer
             save = lambda why: cp.save(self._now(), why, checkpoint.rng_state())  # noqa: E731
-            raise interrupt.stop(signum, self.cfg, state.step, self.total_steps, cp.dir, saved_now, save)
+            raise interrupt.stop(signum, self.cfg, state.step, self.total_steps, cp.dir, saved_now, save, during)
+
+    @staticmethod
+    def _saving_a_checkpoint():
+        return interrupt.phase("saving a checkpoint", stopping="once it is written")
+
+    def _evaluate(self) -> dict[str, float]:
+        """The evaluator's scores; a Ctrl-C or SIGTERM stops it at its next batch, and the run there (with a
+        checkpoint of the step it evaluates, when --save-every or --save-on-interrupt asks for one)."""
+        with interrupt.phase("evaluating", stopping="at the next evaluation batch"):
+            try:
+                return self.evaluator.evaluate(self.model, self._stop_requested)
+            except EvaluationStopped:
+                self._stop_if_interrupted(False, during="evaluating")
+                raise  # (_stop_if_interrupted raised Interrupted: every process voted to stop)
+
+    def _stop_requested(self) -> bool:
+        return interrupt.requested(self.accelerator) is not None
 
     def _optimizer_steps(self):
         """The micro-batches of each optimizer step on this process (the last one carries `step_end`)."""
@@ -496,7 +563,7 @@ class Trainer:
         with logger.paused(), logger.timer.phase("eval"):
             with logger.timer.phase("comm"):
                 self.local_sgd.sync()  # evaluate the averaged model, as the final one will be
-            metrics = self.evaluator.evaluate(self.model)
+            metrics = self._evaluate()
         logger.eval_row(state.step, metrics, self.evaluator.by_source)
         self.say.info(f"step {state.step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
         for name, scores in self.evaluator.by_source.items():
@@ -525,7 +592,7 @@ class Trainer:
         extra = {
             "eval": prefixed(eval_metrics),
             "resumed_from": str(self.resume_from.path) if self.resume_from is not None else None,
-            "best_checkpoint": str(best) if (best := self.checkpointer.best()) else None,
+            "best_checkpoint": self._best_checkpoint(),
             "compile_seconds": self.compile_seconds,
             "peak": peak,
             "local_sgd": {
@@ -579,16 +646,29 @@ class Trainer:
             metrics = self.last_eval[1]
         else:
             with logger.timer.phase("eval"):
-                metrics = self.evaluator.evaluate(self.model)
+                metrics = self._evaluate()
             logger.eval_row(state.step, metrics, self.evaluator.by_source)
-            if self.cfg.load_best_at_end:
-                state.update_best(metrics, state.step)
+            new_best = state.update_best(metrics, state.step)
+            # the best is checkpointed, as a mid-run one is (unless this step's checkpoint was just written)
+            if (
+                new_best
+                and self.checkpointer.should_save(state.step, True)
+                and not self.checkpointer.saved(state.step).is_dir()
+            ):
+                with logger.timer.phase("checkpoint"), self._saving_a_checkpoint():
+                    self.checkpointer.maybe_save(self._now(), True)
         if not self.cfg.load_best_at_end or state.best_step in (None, state.step):
             return metrics, state.step
         path = self.checkpointer.load_best_weights(state)
         self.say.info(f"--load-best-at-end: publishing step {state.best_step}'s weights ({path})")
         with logger.timer.phase("eval"):
-            return self.evaluator.evaluate(self.model), state.best_step
+            return self._evaluate(), state.best_step
+
+    def _best_checkpoint(self) -> str | None:
+        """The checkpoint holding the best evaluation's weights (the step `best_step` names), if one was saved."""
+        step = self.state.best_step
+        path = self.checkpointer.saved(step) if step is not None and self.checkpointer.best_kept() else None
+        return str(path) if path is not None and path.is_dir() else None
 
     def _sources_of_run(self) -> dict[str, dict[str, Any]]:
         """A mixture's sources as the data found them, each with its latest evaluation (`eval_` keys)."""
@@ -609,6 +689,47 @@ class Trainer:
         )  # fmt: skip
 
     def _publish(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None = None) -> None:
+        """Write the outputs into the staging folder, then publish them. A Ctrl-C or SIGTERM while writing stops at
+        once (of one process; several finish together), nothing published; while publishing, after the renames."""
+        from leantrain.run.directory import WriteFailed
+
+        at_once = self.accelerator.num_processes == 1
+        try:
+            with interrupt.phase("saving the model", stopping=None if at_once else "once the run is published"):
+                self._write_outputs(model, metrics, state_dict)
+        except WriteFailed as failed:  # the disk filled up during training (it was checked before)
+            raise LeantrainError(f"{failed}; {self._rescue()}") from None
+        except interrupt.Interrupted as stopped:
+            newest = next(iter(self.checkpointer.dir.step_dirs()), None)
+            then = f"; the newest checkpoint is {newest}\nresume with: {interrupt.resume_command(self.cfg)}"
+            raise interrupt.Interrupted(
+                stopped.signum,
+                f"stopped by {interrupt.signal_name(stopped.signum)} while saving the model after the last step; "
+                f"nothing was published{then if newest is not None else ''}",
+            ) from None
+        with interrupt.phase("publishing", stopping="once the run is published"):
+            self.run.publish()
+
+    def _rescue(self) -> str:
+        """After the final save failed: the trained state as a checkpoint on another disk, and how to resume it."""
+        import tempfile
+
+        from leantrain.telemetry.console import Console
+
+        if self.accelerator.num_processes > 1 or self.sharded:
+            return "the trained state is lost (a run of several processes is not rescued); use --save-every"
+        name = f"{self.run.path.resolve().name}-{self.run.run_id}"
+        tmp = Path(tempfile.gettempdir()) / "leantrain-rescued" / name
+        roots = [Path(self.cfg.cache_dir) / "rescued" / name, tmp] if self.cfg.cache_dir else [tmp]
+        Console().info("saving the trained state elsewhere, as a checkpoint")
+        saved = self.checkpointer.rescue(self._now(), checkpoint.rng_state(), roots)
+        if saved is None:
+            return f"the trained state could not be kept either (tried {', '.join(map(str, roots))})"
+        command = interrupt.resume_command(self.cfg, resume=str(saved))
+        return f"the trained state is kept in {saved}; once there is space (or with --output-dir elsewhere): {command}"
+
+    def _write_outputs(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None) -> None:
+        """The model and its processor, the model card, config.yaml, metrics.json and the report, into staging."""
         import json
 
         from leantrain.config.saved import write_run_config
@@ -624,6 +745,7 @@ class Trainer:
         with directory.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
             model.save_pretrained(staging / "model", safe_serialization=True, state_dict=state_dict)
             self.data.processor.save_pretrained(staging / "model")
+        directory.usual_file_modes(staging / "model")
         cfg = self.cfg
         data = {"train": cfg.data, "eval": cfg.eval_data}
         write_model_card(
@@ -634,6 +756,10 @@ class Trainer:
             config=self.resolved_config(),
             task=self.task.pipeline or self.task.name,  # the pipeline its model serves
         )
+        rows = self.evaluator.last_rows
+        evaluation = self.task.evaluation_report(rows, self.data) if rows else {}
+        if evaluation:  # the final evaluation beyond its scores: a classifier's per-class table, confusion matrix
+            (staging / "evaluation.json").write_text(json.dumps(evaluation, indent=1) + "\n")
         write_run_config(staging, self.resolved_config())
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
@@ -641,4 +767,3 @@ class Trainer:
                 write_report(staging)
             except Exception as exc:  # a plot must never fail a finished run
                 self.say.info(f"warning: report.html not written ({type(exc).__name__}: {exc})")
-        self.run.publish()
