@@ -80,7 +80,9 @@ def sequence_batch(
             prompt, completion = (torch.from_numpy(np.asarray(x, dtype=np.int64)) for x in sequences[i])
             n = len(prompt) + len(completion)
             ids[r, at : at + n] = torch.cat([prompt, completion])
-            labels[r, at + len(prompt) : at + n] = completion
+            # a sequence's first token has nothing before it to predict it from (an empty prompt's completion)
+            first = max(len(prompt), 1)
+            labels[r, at + first : at + n] = torch.cat([prompt, completion])[first:]
             owner[r, at : at + n] = i
             positions[r, at : at + n] = torch.arange(n)
             at += n
@@ -248,7 +250,10 @@ class FrozenCopy(Reference):
         self.computer = CompletionLogps(self.model, compiled=compiled)
 
     def logps(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        with torch.no_grad():
+        device = next(self.model.parameters()).device.type
+        low = self.dtype in (torch.bfloat16, torch.float16)
+        # its weights are in the run's precision already; autocast runs its matmuls as the policy's run
+        with torch.no_grad(), torch.autocast(device, dtype=self.dtype) if low else contextlib.nullcontext():
             return self.computer(self.model, batch).total
 
     def describe(self) -> str:

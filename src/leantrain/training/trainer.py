@@ -26,7 +26,7 @@ from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
-from leantrain.tasks.base import Task, TaskData
+from leantrain.tasks.base import Task, TaskData, TrainingContext
 from leantrain.telemetry.profiler import StepProfiler
 from leantrain.training.checkpointer import Checkpointer
 from leantrain.training.early_stopping import EarlyStopping, resolve_metric, steps_every
@@ -200,6 +200,9 @@ class Trainer:
             self.model, self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
                 self.model, optimizer, self.train_loader, self.eval_loader, scheduler
             )
+        # what the task takes from the initial model (a reference): placed on its device, before a resume restores
+        self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
+        self.task.before_training(self.model, self.data, self.context)
         self.flops, self.flop_peak = self._flop_meter()
         self.compile_seconds = self._compile() if cfg.compile else None
         self.local_sgd = LocalSGD(
@@ -244,6 +247,7 @@ class Trainer:
             total_steps=self.total_steps,
             steps_per_epoch=self.steps_per_epoch or 0,
             state=self.state,
+            task=self.task,
         )
         self.logger.history.extend(history)
         self.profiler = StepProfiler(
@@ -405,7 +409,10 @@ class Trainer:
         state, timer = self.state, self.logger.timer
         rng, micro_step = checkpoint.rng_state(), state.micro_step  # what a NaN stop rolls back to
         loss_sum, units = 0.0, 0.0
+        self.step_sums: list[dict[str, torch.Tensor]] = []  # the task's `train_sums`, logged once the step counts
         self.logger.step_started()
+        with timer.phase("forward_backward"), self.amp.autocast():
+            self.task.begin_step(self.model, batches, self.context)
         for i, batch in enumerate(batches):
             # Gradients are all-reduced once per optimizer step, never with local SGD.
             last = i == len(batches) - 1
@@ -435,6 +442,7 @@ class Trainer:
         if finite:
             state.logged_loss += loss_sum
             state.logged_units += units
+            self.logger.add_sums(state, self.step_sums)
         else:
             state.nan_skipped_steps += 1
             self.say.info(f"step {state.step}: non-finite loss or gradient norm; step skipped (--on-nan skip)")
@@ -447,6 +455,9 @@ class Trainer:
             outputs = self.task.forward(self.model, batch)
         loss_sum = self.task.loss_sum(outputs, batch)
         self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_units"])
+        sums = self.task.train_sums(outputs, batch)
+        if sums:
+            self.step_sums.append({k: v.detach() for k, v in sums.items()})
         return loss_sum.detach()
 
     def _no_sync_unless(self, last: bool):
