@@ -32,7 +32,7 @@ def pair_rows(n: int, seed: int = 0) -> list[dict]:
     rows = []
     for i in range(n):
         good = i % 2 == 0
-        words = rng.choices(WORDS, k=rng.randint(1, 12)) + [rng.choice(POSITIVE if good else NEGATIVE)]
+        words = [*rng.choices(WORDS, k=rng.randint(1, 12)), rng.choice(POSITIVE if good else NEGATIVE)]
         right, wrong = (" sun", " moon") if good else (" moon", " sun")
         if i % 3 == 0:
             wrong += " and the ball"
@@ -202,7 +202,7 @@ def test_a_precomputed_reference_trains_the_same_weights_and_is_cached(run, tmp_
     assert_trained_alike(w_live, w_pre, start, rel=1e-5)
     assert losses_of(pre) == pytest.approx(losses_of(live), abs=1e-6)
     assert pre.metrics["eval_rewards/margins"] == pytest.approx(live.metrics["eval_rewards/margins"], abs=1e-5)
-    again, w_again = run(batch_size=16, max_steps=4, precompute_reference=True)
+    _again, w_again = run(batch_size=16, max_steps=4, precompute_reference=True)
     assert "loaded from the cache" in capsys.readouterr().err
     assert all(torch.equal(w_pre[k], w_again[k]) for k in w_pre)
 
@@ -232,8 +232,8 @@ def test_accumulation_equals_one_big_batch(run, packing):
 
 
 def test_packed_and_padded_pairs_train_alike(run):
-    packed, w_packed = run(batch_size=8, max_steps=3, packing=True)
-    padded, w_padded = run(batch_size=8, max_steps=3, packing=False)
+    _packed, w_packed = run(batch_size=8, max_steps=3, packing=True)
+    _padded, w_padded = run(batch_size=8, max_steps=3, packing=False)
     _, start = run(batch_size=8, max_steps=3, lr=1e-30)
     assert_trained_alike(w_packed, w_padded, start, rel=1e-5)
 
@@ -271,7 +271,9 @@ def test_two_processes_equal_one_big_batch(run, llama_dir, pairs, tmp_path):
     assert_trained_alike(w_one, weights(out), start, rel=1e-5)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert [r["loss"] for r in rows] == pytest.approx(losses_of(one), abs=1e-6)
-    assert [r["rewards/margins"] for r in rows] == pytest.approx([r["rewards/margins"] for r in log_rows(one)], abs=1e-5)
+    assert [r["rewards/margins"] for r in rows] == pytest.approx(
+        [r["rewards/margins"] for r in log_rows(one)], abs=1e-5
+    )
     assert two["eval_rewards/accuracies"] == pytest.approx(one.metrics["eval_rewards/accuracies"])
 
 
@@ -304,8 +306,9 @@ def test_pairs_with_chosen_equal_to_rejected_are_counted_and_skipped_and_refused
     rows = pair_rows(40)
     for r in rows[:5]:
         r["rejected"] = r["chosen"]
-    code = main(["train", "--task", "dpo", "--model", str(llama_dir), "--data", str(write_jsonl(tmp_path / "s.jsonl", rows)),
-                 "--output-dir", str(tmp_path / "ok"), "--cache-dir", str(tmp_path / "cache"), "--max-steps", "1",
+    data = write_jsonl(tmp_path / "s.jsonl", rows)
+    code = main(["train", "--task", "dpo", "--model", str(llama_dir), "--data", str(data), "--max-steps", "1",
+                 "--output-dir", str(tmp_path / "ok"), "--cache-dir", str(tmp_path / "cache"),
                  "--no-progress", "--no-report", "--batch-size", "4"])  # fmt: skip
     assert code == 0
     assert "skipped 5 rows whose chosen and rejected are the same" in capsys.readouterr().err

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 
 from leantrain.data.batching import slot_fields
 from leantrain.data.instructions import Turn, as_turn, encode_completion, shared_prompt
+from leantrain.data.lm import IGNORE
 from leantrain.data.sources import ReadOptions, ReadReport, read_table
 from leantrain.data.tokenize import (
     TokenizedText,
@@ -291,6 +293,42 @@ def cut_to_length(examples: SequenceSet, max_length: int, pairs: bool) -> tuple[
     return kept, {"cut away": int(cut_away.sum()), "same": int(same.sum())}
 
 
+# -- one batch of sequences ------------------------------------------------------------------------------------
+def sequence_batch(
+    sequences: Sequence[tuple[np.ndarray, np.ndarray]], pad_token_id: int, rows: Sequence[Sequence[int]] | None = None
+) -> dict[str, torch.Tensor]:
+    """One batch of (prompt tokens, completion tokens) sequences. `rows`: which sequences share each row, in order
+    (packed); None: one sequence a row, padded, with an attention mask. Returns `input_ids`, `position_ids`,
+    `labels` (the completion's tokens; IGNORE elsewhere), `sequence_ids` (each token's sequence, -1 on padding) and,
+    padded, `attention_mask`."""
+    packed = rows is not None
+    layout = [list(r) for r in rows] if rows is not None else [[i] for i in range(len(sequences))]
+    lengths = [sum(len(sequences[i][0]) + len(sequences[i][1]) for i in r) for r in layout]
+    width = max(lengths)
+    shape = (len(layout), width)
+    ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    labels = torch.full(shape, IGNORE, dtype=torch.long)
+    owner = torch.full(shape, -1, dtype=torch.long)
+    positions = torch.arange(width, dtype=torch.long).repeat(len(layout), 1)
+    for r, members in enumerate(layout):
+        at = 0
+        for i in members:
+            prompt, completion = (torch.from_numpy(np.asarray(x, dtype=np.int64)) for x in sequences[i])
+            n = len(prompt) + len(completion)
+            ids[r, at : at + n] = torch.cat([prompt, completion])
+            # a sequence's first token has nothing before it to predict it from (an empty prompt's completion)
+            first = max(len(prompt), 1)
+            labels[r, at + first : at + n] = torch.cat([prompt, completion])[first:]
+            owner[r, at : at + n] = i
+            positions[r, at : at + n] = torch.arange(n)
+            at += n
+        positions[r, at:] = torch.arange(width - at)  # padding: one more segment, counted nowhere
+    batch = {"input_ids": ids, "position_ids": positions, "labels": labels, "sequence_ids": owner}
+    if not packed:
+        batch["attention_mask"] = (owner >= 0).long()
+    return batch
+
+
 # -- batching --------------------------------------------------------------------------------------------------
 class SequencesCollator:
     """Batches examples of prompt + completion sequences for one forward (`tasks.policy.sequence_batch`): sequence
@@ -306,8 +344,6 @@ class SequencesCollator:
         self.pad_token_id, self.packing, self.aside = pad_token_id, packing, aside
 
     def sequences(self, items: list[dict], first: int, count: int) -> dict[str, Any]:
-        from leantrain.tasks.policy import sequence_batch
-
         sequences = [(x["parts"][0], x["parts"][1 + first + k]) for x in items for k in range(count)]
         rows = [list(range(count * i, count * (i + 1))) for i in range(len(items))] if self.packing else None
         batch: dict[str, Any] = sequence_batch(sequences, self.pad_token_id, rows)
