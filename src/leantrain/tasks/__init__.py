@@ -21,6 +21,7 @@ register("leantrain.tasks.image_classification:ImageClassification", name="image
 register("leantrain.tasks.audio_classification:AudioClassification", name="audio-classification")
 register("leantrain.tasks.causal_lm:CausalLM", name="causal-lm", aliases=("text-generation",))
 register("leantrain.tasks.preference:DPO", name="dpo")
+register("leantrain.tasks.kto:KTO", name="kto")
 
 #: the task of a model whose config says nothing clearer
 FALLBACK = "text-classification"

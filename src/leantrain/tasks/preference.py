@@ -213,6 +213,15 @@ class PolicyTask(CausalLM):
         return {"train_examples": len(data.train), "label_names": [], "data_fingerprint": features.fingerprint()}
 
     # -- the model and its reference -------------------------------------------------------------------------------
+    def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
+        """The causal LM, its dropout off (as TRL's trainers turn it off): the policy's log-probabilities are then
+        its reference's at the start, and the KL baseline is not noise."""
+        model = super().build_model(model_path, data)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        return model
+
     def check_model(self, model: torch.nn.Module) -> None:
         if self.cfg.packing:  # the chosen and rejected sequences of a pair share a row
             from leantrain.tasks.causal_lm import check_packing_separates
