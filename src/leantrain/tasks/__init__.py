@@ -22,6 +22,7 @@ register("leantrain.tasks.audio_classification:AudioClassification", name="audio
 register("leantrain.tasks.causal_lm:CausalLM", name="causal-lm", aliases=("text-generation",))
 register("leantrain.tasks.preference:DPO", name="dpo")
 register("leantrain.tasks.kto:KTO", name="kto")
+register("leantrain.tasks.reward_model:RewardModel", name="reward-model", aliases=("reward",))
 
 #: the task of a model whose config says nothing clearer
 FALLBACK = "text-classification"

@@ -126,9 +126,8 @@ class PolicyTask(CausalLM):
         task = super().for_config(cfg)
         assert isinstance(task, PolicyTask)
         if cfg.precompute_reference and task.reference_free:
-            raise ConfigError(
-                f"--precompute-reference: --preference-loss {cfg.preference_loss} has no reference model; leave it out"
-            )
+            what = f"--preference-loss {cfg.preference_loss}" if cls.name == "dpo" else f"the {cls.name} task"
+            raise ConfigError(f"--precompute-reference: {what} has no reference model; leave it out")
         if getattr(cfg, "streaming", False):
             raise ConfigError(f"--streaming: the {cls.name} task reads its data whole; leave it out")
         return task
@@ -324,7 +323,7 @@ class PolicyTask(CausalLM):
         return out
 
     # -- a step ----------------------------------------------------------------------------------------------------
-    def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> PolicyOutputs:
+    def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
         assert self.logps is not None  # set in before_training (training) or check_model (evaluate)
         logps = self.logps(model, batch)
         reference = None if self.reference_free else self.reference.logps(model, batch)
@@ -351,6 +350,9 @@ class PolicyTask(CausalLM):
             base = loading.load_for_causal_lm(name, trust_remote_code=self.cfg.trust_remote_code)
             self.reference = policy.FrozenCopy(base, torch.float32)
         return model
+
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        return dict(data.facts)
 
     def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
         from leantrain.data.prepare import Examples
