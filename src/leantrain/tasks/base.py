@@ -97,6 +97,8 @@ class Task(ABC):
 
     #: whether `prepare_data` can leave the training examples a stream (`--streaming`)
     streams: ClassVar[bool] = False
+    #: whether it compares the model with a reference model (preference tuning: `--precompute-reference` applies)
+    uses_reference: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -109,6 +111,8 @@ class Task(ABC):
         problem = getattr(cfg, "problem_type", "single-label")
         if problem != "single-label":
             raise ConfigError(f"--problem-type {problem} is for text classification, not the {cls.name} task")
+        if getattr(cfg, "precompute_reference", False) and not cls.uses_reference:
+            raise ConfigError(f"--precompute-reference: the {cls.name} task has no reference model; leave it out")
         return cls(cfg)
 
     # -- data and model ----------------------------------------------------------------------------------
@@ -161,6 +165,17 @@ class Task(ABC):
         """Before an optimizer step's micro-batches on this process (`batches`: all of them, in order): what each
         micro-batch's loss needs from the whole step (KTO's KL baseline, all-reduced across processes). Every process
         calls it at every step."""
+
+    @classmethod
+    def planned_reference(cls, cfg: Any) -> tuple[float, bool]:
+        """How the planner models the task's reference model: forward passes without gradients each step, in
+        training's tokens (1: every sequence once more), and whether a frozen copy of the weights is held."""
+        return 0.0, False
+
+    def training_facts(self) -> dict[str, Any]:
+        """What metrics.json reports of the task's own costs (a reference model's bytes, the seconds its
+        log-probabilities took to precompute)."""
+        return {}
 
     def train_sums(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """What the task logs while training beside the loss, as sums over the batch (scalar tensors, the same keys

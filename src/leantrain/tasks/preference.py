@@ -13,6 +13,7 @@ rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins, logps/cho
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -111,6 +112,7 @@ class PolicyTask(CausalLM):
     aside: ClassVar[int] = 0
     metric_names: tuple[str, ...] = ("loss", *PAIR_METRICS)
     default_metric: ClassVar[str] = "loss"
+    uses_reference: ClassVar[bool] = True
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -120,6 +122,18 @@ class PolicyTask(CausalLM):
     @property
     def reference_free(self) -> bool:
         return False
+
+    @classmethod
+    def planned_reference(cls, cfg: Any) -> tuple[float, bool]:
+        """A live reference runs every sequence once more (the model with its adapters off, or a frozen copy held
+        in the run's precision); a precomputed one nothing; KTO's baseline adds its mismatched completions (the
+        policy's and, live, the reference's)."""
+        if cls.name == "dpo" and cfg.preference_loss in REFERENCE_FREE:
+            return 0.0, False
+        aside = 1.0 if cls.aside else 0.0
+        if cfg.precompute_reference:
+            return aside, False
+        return 1.0 + 2 * aside, not cfg.lora
 
     @classmethod
     def for_config(cls, cfg: Any) -> PolicyTask:
@@ -235,6 +249,7 @@ class PolicyTask(CausalLM):
         """The policy's log-probabilities as the model now runs (its adapters added, its device), and the reference:
         none (a reference-free loss), precomputed over `data` (--precompute-reference), the model with its
         adapters disabled (--lora) or a frozen copy in the run's precision."""
+        started = time.perf_counter()
         self.logps = policy.CompletionLogps(model, compiled=self.cfg.compile)
         if self.reference_free:
             self.reference = policy.NoReference()
@@ -247,7 +262,20 @@ class PolicyTask(CausalLM):
             self.reference = policy.AdaptersOff(self.logps)
         else:
             self.reference = policy.FrozenCopy(model, DTYPES[context.precision], compiled=self.cfg.compile)
+        self.reference_seconds = time.perf_counter() - started
         context.say(self.reference.describe())
+
+    def training_facts(self) -> dict[str, Any]:
+        """The reference's form, its weights' bytes held beside the policy (a frozen copy's; none otherwise) and the
+        seconds it took to set up (a precomputation's forward passes over the data)."""
+        from leantrain.telemetry.memory import tensor_bytes
+
+        held = self.reference.model.parameters() if isinstance(self.reference, policy.FrozenCopy) else []
+        return {
+            "reference": self.reference.kind,
+            "reference_bytes": tensor_bytes(held),
+            "reference_seconds": getattr(self, "reference_seconds", None),
+        }
 
     def _precompute(
         self, initial: policy.Reference, model, examples, context: TrainingContext, name: str, processor

@@ -43,10 +43,15 @@ class RewardModel(PolicyTask):
     generates: ClassVar[bool] = False
     metric_names: tuple[str, ...] = ("loss", *REWARD_METRICS)
     default_metric: ClassVar[str] = "accuracy"
+    uses_reference: ClassVar[bool] = False
 
     @property
     def reference_free(self) -> bool:
         return True
+
+    @classmethod
+    def planned_reference(cls, cfg: Any) -> tuple[float, bool]:
+        return 0.0, False
 
     # -- the model -------------------------------------------------------------------------------------------------
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:

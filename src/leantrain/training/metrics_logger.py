@@ -215,6 +215,7 @@ class MetricsLogger:
             **extra["oom"],
             "num_labels": extra["num_labels"],
             **extra.get("best_and_stopping", {}),  # best model, early stopping
+            **(self.task.training_facts() if self.task is not None else {}),  # the task's own costs
         }
 
     def summary(self, metrics: dict[str, Any], eval_rows: list[tuple[str, str]], resumed_step: int | None) -> str:
