@@ -57,8 +57,8 @@ def test_the_loss_is_bradley_terrys_with_the_margin():
 
 
 def test_accumulation_equals_one_big_batch(run):
-    big, w_big = run(batch_size=16, grad_accum=1, max_steps=3)
-    small, w_small = run(batch_size=4, grad_accum=4, max_steps=3)
+    _, w_big = run(batch_size=16, grad_accum=1, max_steps=3)
+    _, w_small = run(batch_size=4, grad_accum=4, max_steps=3)
     _, start = run(batch_size=16, max_steps=3, lr=1e-30)
     assert_trained_alike(w_big, w_small, start, rel=1e-5)
 
