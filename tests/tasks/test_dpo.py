@@ -371,3 +371,59 @@ def test_by_hand_per_pair_loss_of_the_logged_first_step(run, llama_dir, pairs, t
     assert losses_of(result)[0] == pytest.approx(math.log(2), abs=1e-6)
     assert float(F.logsigmoid(torch.tensor(0.0))) == pytest.approx(-math.log(2))
     assert np.isfinite(result.metrics["eval_loss"])
+
+
+def test_evaluate_scores_held_out_pairs_and_predict_generates(run, pairs, tmp_path):
+    """`evaluate` rescores the run's held-out pairs as its own evaluation did (its loss and beta, the base model as
+    the reference) and any pairs file; `--task causal-lm` scores the model as a language model on instruction rows;
+    `predict` completes the pairs' prompts."""
+    from leantrain.inference.api import evaluate, predict
+
+    result, _ = run(optimizer="adamw", lr=3e-3, max_steps=6, batch_size=16, beta=0.5, preference_loss="ipo")
+    held = evaluate(str(result.output_dir))
+    for key in ("loss", "rewards/margins", "rewards/accuracies", "logps/chosen"):
+        assert held[key] == pytest.approx(result.metrics[f"eval_{key}"], rel=1e-4, abs=1e-5), key
+    assert evaluate(str(result.output_dir), data=str(pairs))["examples"] == 96
+    rows = pair_rows(12, seed=9)
+    instructions = write_jsonl(
+        tmp_path / "sft.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows]
+    )
+    as_lm = evaluate(str(result.output_dir), data=str(instructions), task="causal-lm")
+    assert {"loss", "perplexity", "exact_match"} <= set(as_lm)
+    done = predict(str(result.output_dir), data=str(write_jsonl(tmp_path / "p.jsonl", rows)), max_new_tokens=3)
+    assert [d["prompt"] for d in done] == [r["prompt"] for r in rows] and all(
+        isinstance(d["completion"], str) for d in done
+    )
+
+
+def test_the_bench_table_shows_the_references_cost():
+    from leantrain.commands.bench import BenchRow, table_rows
+
+    def row(name, reference_bytes, seconds):
+        metrics = {"steady_samples_per_second": 10.0, "reference_bytes": reference_bytes, "reference_seconds": seconds}
+        return BenchRow(name, {}, metrics)
+
+    records = table_rows([row("baseline", 2**21, 0.1), row("precompute_reference", 0, 4.0)])
+    assert records[0]["reference MB"] == 2.0 and records[1]["reference MB"] == 0.0
+    assert records[1]["reference s"] == 4.0 and records[1]["reference s vs baseline"] == pytest.approx(40.0)
+
+
+def test_another_reference_model_is_compared_with_live_or_precomputed(run, llama_dir, tmp_path):
+    """--reference-model: another model (here the tiny Llama with other weights) is the reference, held as a frozen
+    copy or precomputed: the policy is not its reference at the start (the first loss is not log 2), and both forms
+    train the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    other = tmp_path / "other"
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_pretrained(llama_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(other)
+    live, w_live = run(batch_size=16, max_steps=2, reference_model=str(other))
+    pre, w_pre = run(batch_size=16, max_steps=2, reference_model=str(other), precompute_reference=True)
+    assert abs(losses_of(live)[0] - math.log(2)) > 1e-3
+    assert losses_of(pre) == pytest.approx(losses_of(live), abs=1e-6)
+    assert max((w_live[k] - w_pre[k]).abs().max().item() for k in w_live) < 1e-5
+    assert live.metrics["reference"] == "frozen-copy" and pre.metrics["reference"] == "precomputed"

@@ -85,6 +85,12 @@ class ModelConfig:
         "tokenizer without one (or to replace its own). Saved with the model.",
         default=None,
     )
+    # --- preference tuning
+    reference_model: str | None = _help(
+        "Preference tuning (dpo, kto): the reference model the policy is compared with, a folder or hub name. "
+        "Default: --model, the model training starts from (with --lora: the model itself, its adapters disabled).",
+        default=None,
+    )
     # --- LoRA
     lora: bool = _help(
         "Train low-rank adapters (LoRA, through peft) and the task's head; every other weight stays frozen, without "

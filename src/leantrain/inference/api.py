@@ -96,6 +96,7 @@ def evaluate(
     threshold: float | None = None,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    task: str | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -103,10 +104,12 @@ def evaluate(
     the order of `labels`); for a language model the loss per token and perplexity. `data` None: the run's own
     held-out rows, as it held them out. Multi-label models: `label_separator` and `threshold` default to the run's
     own. `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training.
-    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train)."""
+    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train). `task`: score
+    as this task instead of the run's own (a preference-tuned model as a causal LM: exact match on instruction rows)."""
     overrides = _given(
-        max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold
-    )
+        max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold,
+        task=task,
+    )  # fmt: skip
     if data is not None:
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
@@ -114,13 +117,13 @@ def evaluate(
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, cache_dir, precision)
-    task = job.task
+    scoring = job.task
     if data is not None:
-        prepared = task.evaluation_data(job.model_path, job.model_config)
+        prepared = scoring.evaluation_data(job.model_path, job.model_config)
     else:
         prepared = _held_out(job, run_or_model)
     rows = _rows(job, _model(job), prepared, batch_size)
-    return {**task.scores(rows), **task.evaluation_report(rows, prepared)}
+    return {**scoring.scores(rows), **scoring.evaluation_report(rows, prepared)}
 
 
 def _held_out(job, run_or_model: str):

@@ -111,8 +111,10 @@ class Task(ABC):
         problem = getattr(cfg, "problem_type", "single-label")
         if problem != "single-label":
             raise ConfigError(f"--problem-type {problem} is for text classification, not the {cls.name} task")
-        if getattr(cfg, "precompute_reference", False) and not cls.uses_reference:
-            raise ConfigError(f"--precompute-reference: the {cls.name} task has no reference model; leave it out")
+        for flag in ("precompute_reference", "reference_model"):
+            if getattr(cfg, flag, None) and not cls.uses_reference:
+                name = "--" + flag.replace("_", "-")
+                raise ConfigError(f"{name}: the {cls.name} task has no reference model; leave it out")
         return cls(cfg)
 
     # -- data and model ----------------------------------------------------------------------------------

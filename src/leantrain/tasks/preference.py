@@ -250,20 +250,43 @@ class PolicyTask(CausalLM):
         none (a reference-free loss), precomputed over `data` (--precompute-reference), the model with its
         adapters disabled (--lora) or a frozen copy in the run's precision."""
         started = time.perf_counter()
-        self.logps = policy.CompletionLogps(model, compiled=self.cfg.compile)
+        cfg = self.cfg
+        self.logps = policy.CompletionLogps(model, compiled=cfg.compile)
+        other = self._other_reference(model, context) if not self.reference_free else None
         if self.reference_free:
             self.reference = policy.NoReference()
-        elif self.cfg.precompute_reference:
-            initial = policy.AdaptersOff(self.logps) if self.cfg.lora else policy.Unchanged(self.logps)
+        elif cfg.precompute_reference:
+            initial = other or (policy.AdaptersOff(self.logps) if cfg.lora else policy.Unchanged(self.logps))
             for name, examples in (("training", data.train), ("evaluation", data.eval)):
                 self._precompute(initial, model, examples, context, name, data.processor)
-            self.reference = policy.Precomputed()
-        elif self.cfg.lora:
+            self.reference = policy.Precomputed()  # (another model's copy is dropped here)
+        elif other is not None:
+            self.reference = other
+        elif cfg.lora:
             self.reference = policy.AdaptersOff(self.logps)
         else:
-            self.reference = policy.FrozenCopy(model, DTYPES[context.precision], compiled=self.cfg.compile)
+            self.reference = policy.FrozenCopy(model, DTYPES[context.precision], compiled=cfg.compile)
         self.reference_seconds = time.perf_counter() - started
         context.say(self.reference.describe())
+
+    def _other_reference(self, model: torch.nn.Module, context: TrainingContext) -> policy.FrozenCopy | None:
+        """--reference-model, when it names another model than --model: loaded, frozen, on the policy's device."""
+        from leantrain.model import loading
+        from leantrain.telemetry.flops import unwrap
+
+        cfg = self.cfg
+        if cfg.reference_model is None or cfg.reference_model == cfg.model:
+            return None
+        name = loading.resolve_model(cfg.reference_model)
+        other = loading.load_for_causal_lm(name, trust_remote_code=cfg.trust_remote_code)
+        vocab, own = int(other.config.vocab_size), int(getattr(unwrap(model).config, "vocab_size", 0))
+        if vocab != own:
+            raise ConfigError(
+                f"--reference-model {cfg.reference_model}: its vocabulary ({vocab:,}) is not the model's ({own:,}); "
+                "give a reference with the same tokenizer"
+            )
+        other.to(next(model.parameters()).device)
+        return policy.FrozenCopy(other, DTYPES[context.precision], compiled=cfg.compile)
 
     def training_facts(self) -> dict[str, Any]:
         """The reference's form, its weights' bytes held beside the policy (a frozen copy's; none otherwise) and the
@@ -307,7 +330,7 @@ class PolicyTask(CausalLM):
         from leantrain.model import loading
         from leantrain.telemetry.flops import unwrap
 
-        name = loading.resolve_model(self.cfg.model)
+        name = loading.resolve_model(self.cfg.reference_model or self.cfg.model)
         random_start = loading.has_weights(name) is False
         return cache_key(
             kind="reference-logps",
@@ -367,14 +390,15 @@ class PolicyTask(CausalLM):
 
     # -- inference ---------------------------------------------------------------------------------------------------
     def load_trained(self, model_path: str) -> torch.nn.Module:
-        """The tuned model, and its reference (the run's base model, loaded anew) to score pairs against."""
+        """The tuned model, and its reference to score pairs against: the run's --reference-model, else the model it
+        was tuned from (evaluate sets it from the run's config), loaded anew."""
         model = super().load_trained(model_path)
         if not self.reference_free:
             from leantrain import parallel
             from leantrain.model import loading
 
             parallel.seed_everything(self.cfg.seed)  # a base that starts at random starts as the run's did
-            name = loading.resolve_model(self.cfg.model)
+            name = loading.resolve_model(self.cfg.reference_model or self.cfg.model)
             base = loading.load_for_causal_lm(name, trust_remote_code=self.cfg.trust_remote_code)
             self.reference = policy.FrozenCopy(base, torch.float32)
         return model
