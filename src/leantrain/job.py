@@ -81,6 +81,8 @@ HF_PROBLEM_TYPES = {"regression": "regression", "multi_label_classification": "m
 _INFERENCE_SECTIONS = ("ModelConfig", "DataConfig")
 _INFERENCE_FIELDS = (
     *("metrics", "precision", "attention", "pad_to_max_length", "seed", "eval_batch_size"),
+    # a sequence-to-sequence run's generation settings, which its evaluation generates with
+    *("generation_max_new_tokens", "generation_num_beams"),
     # a preference run's loss, which its evaluation scores held-out pairs with
     *("preference_loss", "beta", "simpo_gamma", "label_smoothing", "desirable_weight", "undesirable_weight"),
 )

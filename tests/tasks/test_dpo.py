@@ -302,6 +302,13 @@ def test_a_row_without_rejected_is_refused_in_one_line(capsys, llama_dir, tmp_pa
     _one_line(code, err, "q.jsonl", "no 'rejected' column")
 
 
+@pytest.mark.parametrize("task", ["dpo", "kto", "reward-model"])
+def test_a_data_mixture_is_refused_in_one_line(capsys, llama_dir, tmp_path, task):
+    first, second = write_jsonl(tmp_path / "a.jsonl", pair_rows(6)), write_jsonl(tmp_path / "b.jsonl", pair_rows(6))
+    code, err = _cli(capsys, llama_dir, first, tmp_path, "--task", task, "--data", str(second))
+    _one_line(code, err, f"--task {task} reads one source, not a mixture of 2", "join the files into one")
+
+
 def test_pairs_with_chosen_equal_to_rejected_are_counted_and_skipped_and_refused_if_all(capsys, llama_dir, tmp_path):
     rows = pair_rows(40)
     for r in rows[:5]:

@@ -170,10 +170,14 @@ COLUMNS = [
 #: a preference task's reference: the weights it holds beside the policy and the seconds it took to set up (a
 #: precomputation's passes over the data), shown when the job has one
 REFERENCE_COLUMNS = [("reference MB", "reference_bytes", 2**-20, ".1f"), ("reference s", "reference_seconds", 1, ".1f")]
-#: the held-out score, whichever the task reports: a classifier's accuracy, a language model's perplexity
+#: the held-out score, whichever the task reports: a classifier's accuracy, a language model's perplexity, a token
+#: classifier's entity F1, a sequence-to-sequence model's ROUGE-L or BLEU, a preference model's reward accuracy
 EVAL_COLUMNS: list[tuple[str, str, float, str]] = [
     ("eval acc", "eval_accuracy", 1, ".4f"),
     ("eval ppl", "eval_perplexity", 1, ".2f"),
+    ("eval F1", "eval_f1", 1, ".4f"),
+    ("eval ROUGE-L", "eval_rougeL", 1, ".2f"),
+    ("eval BLEU", "eval_bleu", 1, ".2f"),
     ("eval reward acc", "eval_rewards/accuracies", 1, ".4f"),
 ]
 

@@ -374,7 +374,8 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
 
     config = _config_from_json(facts.config_json)
     if is_encoder_config(config):
-        flop = encoder_flop_model(config, request.num_labels)
+        head = "token" if facts.kind == "token-classifier" else "sequence"
+        flop = encoder_flop_model(config, request.num_labels, head=head)
     else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included
         meta = _build(config, "meta")
         flop = counted_flop_model(meta)
@@ -386,6 +387,30 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         uncounted = request.seq_len - counted_positions(request.seq_len, request.counted)
         per_seq -= uncounted * row_flops(meta.get_output_embeddings().parameters())
     per_seq *= 1 + request.reference_forward / 3  # a forward without backward: a third of training's FLOPs
+    plan = Plan(
+        request=request,
+        facts={
+            "model": facts.name,
+            "model_type": facts.model_type,
+            "params": facts.params,
+            "layers": facts.layers,
+            "hidden": facts.hidden,
+            "intermediate": facts.intermediate,
+            "heads": facts.heads,
+            "flops_per_sequence": per_seq,
+        },
+        candidates=enumerate_candidates(request, facts, speed, per_seq),
+        recommended=None,
+        notes=_plan_notes(request, facts, speed),
+    )
+    choose(plan)
+    if request.lora is None:
+        plan.notes += lora_notes(request, facts)
+    return plan
+
+
+def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> list[str]:
+    """What the plan's figures rest on: the speed model, the proxies, per-process memory, a reference, the LM head."""
     notes = [
         f"speed model: {speed.source}",
         "activations counted on 1- and 2-layer proxies of the model; workspace calibrated on CPU "
@@ -403,26 +428,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
         if request.counted < 1.0:
             notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")
-    plan = Plan(
-        request=request,
-        facts={
-            "model": facts.name,
-            "model_type": facts.model_type,
-            "params": facts.params,
-            "layers": facts.layers,
-            "hidden": facts.hidden,
-            "intermediate": facts.intermediate,
-            "heads": facts.heads,
-            "flops_per_sequence": per_seq,
-        },
-        candidates=enumerate_candidates(request, facts, speed, per_seq),
-        recommended=None,
-        notes=notes,
-    )
-    choose(plan)
-    if request.lora is None:
-        plan.notes += lora_notes(request, facts)
-    return plan
+    return notes
 
 
 def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:

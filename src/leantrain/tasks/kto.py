@@ -99,7 +99,7 @@ class KTO(PolicyTask):
             outputs.aside = ratios.mean().clamp(min=0)
         return outputs
 
-    def _rows(self, outputs: PolicyOutputs, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def _row_values(self, outputs: PolicyOutputs, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         assert outputs.reference is not None
         ratios = outputs.policy.total - outputs.reference
@@ -109,11 +109,11 @@ class KTO(PolicyTask):
         return {"loss": losses, "ratio": ratios, "desirable": desirable, "logps": outputs.policy.total, "kl": kl}
 
     def loss_sum(self, outputs: PolicyOutputs, batch: dict[str, Any]) -> torch.Tensor:
-        return self._rows(outputs, batch)["loss"].sum()
+        return self._row_values(outputs, batch)["loss"].sum()
 
     def train_sums(self, outputs: PolicyOutputs, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            rows = self._rows(outputs, batch)
+            rows = self._row_values(outputs, batch)
             good = rows["desirable"].float()
             rewards = self.cfg.beta * rows["ratio"]
             return {
@@ -142,7 +142,7 @@ class KTO(PolicyTask):
         return out
 
     def eval_rows(self, outputs: PolicyOutputs, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        rows = self._rows(outputs, batch)
+        rows = self._row_values(outputs, batch)
         n = len(rows["loss"])
         return {
             "loss": rows["loss"].float(),

@@ -148,17 +148,19 @@ class PolicyTask(CausalLM):
 
     # -- data ----------------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data.combine import single_source
         from leantrain.data.prepare import Examples
         from leantrain.data.sources import resolve_data_path
         from leantrain.model import presets
 
         cfg = self.cfg
+        single_source(cfg, self.name)  # pairs and judgements have no mixture reader (dedupe, shares, per-source loss)
         if presets.is_preset(model_path):
             raise ConfigError(
                 f"--model {model_path}: preference tuning starts from a trained model; instruction-tune it first "
                 "(--task causal-lm) and give that run's folder"
             )
-        tokenizer = self._tokenizer(model_path, cfg.data, Path(cfg.cache_dir))
+        tokenizer = self._tokenizer(model_path, Path(cfg.cache_dir))
         train, notes = self.examples(resolve_data_path(cfg.data), "train", tokenizer)
         if cfg.eval_data:
             held, eval_notes = self.examples(cfg.eval_data, "eval", tokenizer)
@@ -216,7 +218,7 @@ class PolicyTask(CausalLM):
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.preferences import SequencesCollator
 
-        return SequencesCollator(data.processor.pad_token_id, packing=self.cfg.packing, aside=self.aside)
+        return SequencesCollator(data.processor.pad_token_id, packing=self.packing, aside=self.aside)
 
     def loss_units(self, data: TaskData) -> np.ndarray:
         return np.ones(len(data.train))  # one unit a row: the loss is the mean over the step's pairs (or judgements)
@@ -236,7 +238,7 @@ class PolicyTask(CausalLM):
         return model
 
     def check_model(self, model: torch.nn.Module) -> None:
-        if self.cfg.packing:  # the chosen and rejected sequences of a pair share a row
+        if self.packing:  # the chosen and rejected sequences of a pair share a row
             from leantrain.tasks.causal_lm import check_packing_separates
 
             check_packing_separates(model)
@@ -339,7 +341,7 @@ class PolicyTask(CausalLM):
             seed=self.cfg.seed if random_start else None,
             precision=context.precision,
             attention=getattr(unwrap(model).config, "_attn_implementation", None),
-            packing=self.cfg.packing,
+            packing=self.packing,
         )
 
     def _reference_logps(
@@ -409,7 +411,7 @@ class PolicyTask(CausalLM):
     def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
         from leantrain.data.prepare import Examples
 
-        tokenizer = self._tokenizer(model_path, self.cfg.eval_data, Path(self.cfg.cache_dir))
+        tokenizer = self._tokenizer(model_path, Path(self.cfg.cache_dir))
         rows, _ = self.examples(self.cfg.eval_data, "eval", tokenizer)
         rows = self.finish(rows)
         return TaskData(None, Examples(rows, self.labels_of(rows)), [], tokenizer, facts={"examples": len(rows)})

@@ -92,7 +92,7 @@ class RewardModel(PolicyTask):
     def loss_sum(self, outputs: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
         return bradley_terry_losses(outputs.reshape(-1, 2), batch.get("margin")).sum()
 
-    def _rows(self, rewards: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def _row_values(self, rewards: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         pairs = rewards.detach().reshape(-1, 2)
         return {
             "loss": bradley_terry_losses(pairs, batch.get("margin")),
@@ -102,7 +102,7 @@ class RewardModel(PolicyTask):
         }
 
     def train_sums(self, outputs: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        rows = self._rows(outputs, batch)
+        rows = self._row_values(outputs, batch)
         return {**{k: rows[k].sum() for k in REWARD_METRICS}, "pairs": torch.tensor(float(len(rows["loss"])))}
 
     def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
@@ -111,7 +111,7 @@ class RewardModel(PolicyTask):
     def eval_rows(self, outputs: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         if batch["sequence_ids"].shape[0] == len(batch["index"]):  # `predict`: one text an example
             return {"score": outputs}
-        return self._rows(outputs, batch)
+        return self._row_values(outputs, batch)
 
     def metrics(self, rows: dict[str, np.ndarray]) -> dict[str, float]:
         return {k: float(np.mean(rows[k])) for k in ("loss", *REWARD_METRICS)}
