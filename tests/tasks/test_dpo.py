@@ -238,6 +238,17 @@ def test_packed_and_padded_pairs_train_alike(run):
     assert_trained_alike(w_packed, w_padded, start, rel=1e-5)
 
 
+@pytest.mark.parametrize(("given", "packed"), [(None, True), (True, True), (False, False)])
+def test_pairs_are_packed_unless_no_packing(llama_dir, pairs, given, packed):
+    from types import SimpleNamespace
+
+    from leantrain.tasks.preference import DPO
+
+    cfg = TrainConfig(task="dpo", model=str(llama_dir), data=str(pairs), packing=given)  # None: --packing not given
+    data = SimpleNamespace(processor=SimpleNamespace(pad_token_id=0))
+    assert DPO(cfg).collator(data, train=True).packing is packed
+
+
 def test_a_resumed_run_equals_the_uninterrupted_one_bitwise(run):
     job = dict(optimizer="adamw", lr=3e-3, max_steps=6, save_every=2, batch_size=8, precompute_reference=True)
     whole, w_whole = run(**job)
