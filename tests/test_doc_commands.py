@@ -104,6 +104,7 @@ def workspace(tmp_path_factory, tiny_model_dir):
     _images(ws)
     _tagged(ws)
     _seq2seq(ws)
+    _preferences(ws)
     if SHARED_DATA.is_dir():
         _fsdd_slice(SHARED_DATA / "fsdd" / "recordings", ws / "fsdd")
         for name in ("new_recordings", "test_recordings"):
@@ -133,6 +134,23 @@ def _seq2seq(ws: Path) -> None:
         write_csv(ws / name, [(text, " ".join(text.split()[:3])) for text, _ in rows], header=("document", "summary"))
     lines = [json.dumps({"translation": {"en": text, "de": text[::-1]}}) for text, _ in rows]
     (ws / "wmt.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _preferences(ws: Path) -> None:
+    """docs/preference-tuning.md: runs/sft as a tiny Llama with weights (the instruction-tuned model the docs start
+    from), pairs.jsonl (prompt, chosen, rejected) and judgements.jsonl (prompt, completion, label)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.tasks.test_causal_lm import write_tiny_llama
+    from tests.tasks.test_dpo import pair_rows, write_jsonl
+    from tests.tasks.test_kto import judgement_rows
+
+    sft = write_tiny_llama(ws / "runs" / "sft")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sft)).save_pretrained(sft)
+    write_jsonl(ws / "pairs.jsonl", pair_rows(40))
+    write_jsonl(ws / "judgements.jsonl", judgement_rows(40))
 
 
 def _images(ws: Path) -> None:

@@ -107,7 +107,7 @@ def chat_prompts(df: pd.DataFrame, source: str) -> list[list[dict[str, str]]]:
     return prompts
 
 
-def _chat(value: Any, source: str, row: int, answered: bool = True) -> list[dict[str, str]]:
+def _chat(value: Any, source: str, row: int, answered: bool = True, column: str = "messages") -> list[dict[str, str]]:
     """A chat as a list of {role, content} messages (a JSON string in a CSV cell), or one line saying why not."""
     if isinstance(value, str):
         try:
@@ -125,11 +125,11 @@ def _chat(value: Any, source: str, row: int, answered: bool = True) -> list[dict
     )
     if not ok:
         raise DataError(
-            f'{source}: row {row + 1} of column \'messages\' is not a list of {{"role": ..., "content": ...}} '
+            f'{source}: row {row + 1} of column \'{column}\' is not a list of {{"role": ..., "content": ...}} '
             "messages; write each chat as such a JSON list"
         )
     if answered and not any(m["role"] == "assistant" for m in value):
-        raise DataError(f"{source}: row {row + 1} of column 'messages' has no assistant message to learn")
+        raise DataError(f"{source}: row {row + 1} of column '{column}' has no assistant message to learn")
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
@@ -168,3 +168,81 @@ def keep_completions(docs: TokenizedText, max_length: int) -> tuple[TokenizedTex
     hashes = docs.hashes[keep_rows] if docs.hashes is not None else None
     kept = TokenizedText(docs.input_ids[flat], offsets, docs.token_type_ids[flat], hashes)
     return kept, len(docs) - len(keep_rows)
+
+
+# -- a prompt and its completion, as a policy sees them (preference tuning, online RL) --------------------------
+#: a prompt or a completion: plain text, or role/content messages
+Turn = str | list[dict[str, str]]
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]], prompt: bool) -> str:
+    """A chat rendered with the tokenizer's chat template; `prompt`: ending with its cue for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"chat messages need a chat template, and the tokenizer of {tokenizer.name_or_path!r} has none; give one "
+            "with --chat-template (a Jinja template or a file)"
+        )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+
+def encode_prompt(tokenizer, prompt: Turn) -> list[int]:
+    """A prompt's tokens as the model is to continue them: plain text with the tokenizer's special tokens (a BOS), or
+    a chat rendered with its template and the cue for the assistant's turn (the template writes its own tokens)."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, return_attention_mask=False)["input_ids"])
+    text = render_chat(tokenizer, prompt, prompt=True)
+    return list(tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"])
+
+
+def encode_completion(tokenizer, prompt: Turn, completion: Turn) -> tuple[list[int], list[int]]:
+    """(prompt tokens, completion tokens): the prompt's as `encode_prompt` gives them, then the completion's, ending
+    with EOS, tokenized apart so that the prompt's tokens are exactly those a model generating from it continues.
+    Plain text: the completion's text. A chat: what the template renders after the prompt's cue for the assistant
+    (the completion's messages and the template's own tokens around them)."""
+    eos = tokenizer.eos_token_id
+    if isinstance(prompt, str) != isinstance(completion, str):
+        raise DataError("a prompt and its completion must both be text or both be chat messages")
+    if isinstance(completion, str):
+        tokens = tokenizer(completion, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        return encode_prompt(tokenizer, prompt), [*tokens, eos]
+    assert not isinstance(prompt, str)
+    cue = render_chat(tokenizer, prompt, prompt=True)
+    whole = render_chat(tokenizer, [*prompt, *completion], prompt=False)
+    if not whole.startswith(cue):  # a template that renders the prompt alone otherwise: split where they part
+        cut = next((i for i, (a, b) in enumerate(zip(cue, whole)) if a != b), min(len(cue), len(whole)))
+        cue = cue[:cut]
+    encode = lambda text: list(tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"])  # noqa: E731
+    tokens = encode(whole[len(cue) :])
+    return encode(cue), tokens if tokens[-1:] == [eos] else [*tokens, eos]
+
+
+def as_turn(value: Any, source: str, column: str, row: int) -> Turn:
+    """A cell of a prompt or completion column: text, or a chat (a list of role/content messages, or its JSON)."""
+    if isinstance(value, str) and value.lstrip().startswith("[") and _is_json(value):
+        value = json.loads(value)
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list):
+        return _chat(value, source, row, answered=False, column=column)
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        raise DataError(f"{source}: row {row + 1} has no '{column}'; give every row one (or drop the row)")
+    return str(value)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def shared_prompt(chosen: list[dict[str, str]], rejected: list[dict[str, str]]) -> int:
+    """How many messages two chats share from the start, up to the last one before each chat's final answer: their
+    prompt, when a table gives whole conversations and no prompt column."""
+    shared = 0
+    for a, b in zip(chosen[:-1], rejected[:-1]):
+        if a != b:
+            break
+        shared += 1
+    return shared

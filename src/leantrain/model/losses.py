@@ -132,3 +132,86 @@ class _HeadCrossEntropy(torch.autograd.Function):
             return None if grad is None else (grad.float() * grad_total).to(dtype)
 
         return scaled(grad_h, hidden_dtype), scaled(grad_w, weight_dtype), scaled(grad_b, bias_dtype), None, None
+
+
+def head_token_logps(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
+) -> torch.Tensor:
+    """`log_softmax(hidden @ weight.T + bias)[row, targets[row]]` for every row, fp32 (rows,), differentiable, without
+    the (rows, vocabulary) logits existing whole when there are more rows than one chunk (`HEAD_CHUNK_ROWS`): each
+    chunk's logits are made, reduced to its rows' log-normaliser and target score, and dropped; backward makes them
+    again, chunk by chunk (one more matmul per chunk than keeping them). Within one chunk the softmax is kept for
+    backward instead (no second matmul: there, memory is one chunk's either way). The caller's upstream gradient is
+    per row (a preference loss weighs each sequence differently), so unlike `head_cross_entropy_sum` the gradients
+    cannot be formed in the forward pass. The matmuls run in the autocast dtype when autocast is on."""
+    return _HeadTokenLogps.apply(hidden, weight, bias, targets)
+
+
+def _chunk_logits(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    n = rows.shape[0]
+    return torch.mm(rows, w.t(), out=out[:n]) if b is None else torch.addmm(b, rows, w.t(), out=out[:n])
+
+
+class _HeadTokenLogps(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets):  # type: ignore[override]
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        n = hidden.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        keep_softmax = n <= HEAD_CHUNK_ROWS
+        with torch.autocast(device, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
+            buffer = h.new_empty((min(n, HEAD_CHUNK_ROWS), w.shape[0]))
+            log_norm = torch.empty(n, dtype=torch.float32, device=hidden.device)
+            softmax = None
+            for start in range(0, n, HEAD_CHUNK_ROWS):
+                logits = _chunk_logits(h[start : start + HEAD_CHUNK_ROWS], w, b, buffer).float()
+                wanted = targets[start : start + HEAD_CHUNK_ROWS]
+                lse = torch.logsumexp(logits, dim=-1)
+                log_norm[start : start + HEAD_CHUNK_ROWS] = lse
+                out[start : start + HEAD_CHUNK_ROWS] = logits.gather(1, wanted[:, None]).squeeze(1) - lse
+                if keep_softmax:
+                    softmax = logits.sub_(lse[:, None]).exp_()
+        ctx.save_for_backward(hidden, weight, bias, targets, log_norm, softmax)
+        ctx.dtype = dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        hidden, weight, bias, targets, log_norm, softmax = ctx.saved_tensors
+        dtype, device = ctx.dtype, hidden.device.type
+        # fp16 has no range for the softmax's small entries: its gradient matmuls run in fp32 (as the fused loss's)
+        grad_dtype = torch.float32 if dtype == torch.float16 else dtype
+        need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        with torch.autocast(device, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
+            w_g = w.to(grad_dtype)
+            buffer = None if softmax is not None else h.new_empty((min(h.shape[0], HEAD_CHUNK_ROWS), w.shape[0]))
+            for start in range(0, h.shape[0], HEAD_CHUNK_ROWS):
+                end = start + HEAD_CHUNK_ROWS
+                g = grad_out[start:end].float()
+                # d log p[target] / d logits = one-hot - softmax, scaled by each row's upstream gradient
+                if softmax is not None:
+                    grad = softmax * -g[:, None]
+                else:
+                    logits = _chunk_logits(h[start:end], w, b, buffer).float()
+                    grad = logits.sub_(log_norm[start:end, None]).exp_().mul_(-g[:, None])
+                grad[torch.arange(grad.shape[0], device=grad.device), targets[start:end]] += g
+                grad = grad.to(grad_dtype)
+                grad_h[start:end] = grad @ w_g
+                if grad_w is not None:
+                    grad_w += (grad.t() @ h[start:end].to(grad_dtype)).float()
+                if grad_b is not None:
+                    grad_b += grad.float().sum(0)
+        return (
+            grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+        )

@@ -110,6 +110,7 @@ class TrainState:
     steps_in_epoch: int = 0  # optimizer steps (= global batches) done in `epoch`
     logged_loss: float = 0.0  # loss summed since the last metrics.jsonl row
     logged_units: float = 0.0  # the loss units (examples or tokens) behind logged_loss
+    logged_sums: dict[str, float] = field(default_factory=dict)  # the task's `train_sums` since the last row
     nan_skipped_steps: int = 0
     elapsed_seconds: float = 0.0
     best_metric: str = "accuracy"

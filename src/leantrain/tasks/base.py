@@ -60,6 +60,20 @@ class PredictionInputs:
     generation: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class TrainingContext:
+    """What a task's training hooks (`Task.before_training`, `Task.begin_step`) may use of the run."""
+
+    #: the run's Accelerator (process facts, `reduce`, `gather`, the device)
+    accelerator: Any
+    #: a context manager factory: the autocast the trainer runs the model's forward in
+    autocast: Callable[[], Any]
+    #: the run's precision, resolved: "fp32", "bf16" or "fp16"
+    precision: str
+    #: prints a line for the user (the main process's console)
+    say: Callable[[str], None]
+
+
 class Task(ABC):
     """One workload. Subclasses set `name` and `input_names` and implement the abstract methods."""
 
@@ -86,6 +100,8 @@ class Task(ABC):
 
     #: whether `prepare_data` can leave the training examples a stream (`--streaming`)
     streams: ClassVar[bool] = False
+    #: whether it compares the model with a reference model (preference tuning: `--precompute-reference` applies)
+    uses_reference: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -98,6 +114,10 @@ class Task(ABC):
         problem = getattr(cfg, "problem_type", "single-label")
         if problem != "single-label":
             raise ConfigError(f"--problem-type {problem} is for text classification, not the {cls.name} task")
+        for flag in ("precompute_reference", "reference_model"):
+            if getattr(cfg, flag, None) and not cls.uses_reference:
+                name = "--" + flag.replace("_", "-")
+                raise ConfigError(f"{name}: the {cls.name} task has no reference model; leave it out")
         return cls(cfg)
 
     @classmethod
@@ -146,6 +166,37 @@ class Task(ABC):
         """FLOPs per row (forward + backward) of the part of the model that `forward` runs on `tail_rows` rows only;
         0: `forward` runs the whole model on every token."""
         return 0.0
+
+    def before_training(self, model: torch.nn.Module, data: TaskData, context: TrainingContext) -> None:  # noqa: B027
+        """Once the model is placed on its device (Accelerate's `prepare`), before a checkpoint is restored into it and
+        before the first step: what the task takes from the initial model (a preference task's reference model, or
+        its log-probabilities precomputed over `data`). Every process calls it."""
+
+    def begin_step(self, model: torch.nn.Module, batches: list[dict[str, Any]], context: TrainingContext) -> None:  # noqa: B027
+        """Before an optimizer step's micro-batches on this process (`batches`: all of them, in order): what each
+        micro-batch's loss needs from the whole step (KTO's KL baseline, all-reduced across processes). Every process
+        calls it at every step."""
+
+    @classmethod
+    def planned_reference(cls, cfg: Any) -> tuple[float, bool]:
+        """How the planner models the task's reference model: forward passes without gradients each step, in
+        training's tokens (1: every sequence once more), and whether a frozen copy of the weights is held."""
+        return 0.0, False
+
+    def training_facts(self) -> dict[str, Any]:
+        """What metrics.json reports of the task's own costs (a reference model's bytes, the seconds its
+        log-probabilities took to precompute)."""
+        return {}
+
+    def train_sums(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """What the task logs while training beside the loss, as sums over the batch (scalar tensors, the same keys
+        every batch): the trainer adds them up over the log window and across processes, and `train_metrics` turns
+        the totals into the logged values. None logged by default."""
+        return {}
+
+    def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """The metrics logged with the loss (metrics.jsonl) from `train_sums`' totals over the log window."""
+        return {}
 
     def loss_units(self, data: TaskData) -> np.ndarray | None:
         """What `loss_sum` counts for each training example of `data.train` (counted tokens, or a class weight):

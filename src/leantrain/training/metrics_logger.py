@@ -30,8 +30,10 @@ class MetricsLogger:
         steps_per_epoch: int,
         state,
         sources: dict[str, int] | None = None,
+        task=None,
     ):
-        """`sources`: a mixture's sources, each with its training rows (0: a stream's, unknown)."""
+        """`sources`: a mixture's sources, each with its training rows (0: a stream's, unknown); `task`: whose
+        `train_sums` are logged (`train_metrics`) and whose `training_facts` go to metrics.json."""
         from tqdm.auto import tqdm
 
         from leantrain.telemetry import Throughput
@@ -41,6 +43,7 @@ class MetricsLogger:
 
         self.cfg, self.accelerator, self.log, self.flops, self.flop_peak = cfg, accelerator, log, flops, flop_peak
         self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
+        self.task = task
         self.every = cfg.log_every
         self.meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
         self.memory = MemoryMeter(accelerator.device)
@@ -110,6 +113,27 @@ class MetricsLogger:
             self.flops.mark()
         self.bar.update(1)
 
+    def add_sums(self, state: TrainState, micro_batches: list[dict[str, torch.Tensor]]) -> None:
+        """A finished step's `Task.train_sums`, one dict per micro-batch, into the log window's totals."""
+        if not micro_batches:
+            return
+        keys = sorted(micro_batches[0])
+        totals = torch.stack([torch.stack([m[k].float() for k in keys]) for m in micro_batches]).sum(0)
+        for key, value in zip(keys, totals.tolist()):  # one device-to-host copy a step
+            state.logged_sums[key] = state.logged_sums.get(key, 0.0) + value
+
+    def _task_metrics(self, state: TrainState) -> dict[str, float]:
+        """The task's logged metrics over the window, its sums added up across processes."""
+        if self.task is None or not state.logged_sums:
+            return {}
+        keys = sorted(state.logged_sums)
+        sums = [state.logged_sums[k] for k in keys]
+        if self.accelerator.num_processes > 1:
+            t = torch.tensor(sums, dtype=torch.float64, device=self.accelerator.device)
+            sums = self.accelerator.reduce(t, reduction="sum").tolist()
+        state.logged_sums = {}
+        return self.task.train_metrics(dict(zip(keys, sums)))
+
     def maybe_log(self, state: TrainState, grad_norm: float, lr: float, amp) -> None:
         """Every --log-every steps (and at the last): a metrics.jsonl row for the global batch's mean loss."""
         if not (state.step % self.every == 0 or state.step == self.total_steps):
@@ -138,6 +162,7 @@ class MetricsLogger:
             **self.flops.metrics(self.meter.elapsed()),
             **self.timer.window_row(),
             "peak_memory_bytes": self.memory.report()["peak_memory_bytes"],
+            **self._task_metrics(state),
         }
         if self.sources is not None:
             row["sources"] = self.sources.log_row(state)
@@ -234,6 +259,7 @@ class MetricsLogger:
             **extra["oom"],
             "num_labels": extra["num_labels"],
             **extra.get("best_and_stopping", {}),  # best model, early stopping
+            **(self.task.training_facts() if self.task is not None else {}),  # the task's own costs
             **({"sources": self.source_metrics(state, extra["sources"])} if self.sources is not None else {}),
         }
 

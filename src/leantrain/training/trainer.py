@@ -27,7 +27,7 @@ from leantrain.data.mixture import source_rows
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
-from leantrain.tasks.base import Task, TaskData
+from leantrain.tasks.base import Task, TaskData, TrainingContext
 from leantrain.tasks.evaluation import EvaluationStopped
 from leantrain.telemetry.profiler import StepProfiler
 from leantrain.training import interrupt
@@ -207,6 +207,9 @@ class Trainer:
             self.model, self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
                 self.model, optimizer, self.train_loader, self.eval_loader, scheduler
             )
+        # what the task takes from the initial model (a reference): placed on its device, before a resume restores
+        self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
+        self.task.before_training(self.model, self.data, self.context)
         self.flops, self.flop_peak = self._flop_meter()
         self.compile_seconds = self._compile() if cfg.compile else None
         self.local_sgd = LocalSGD(
@@ -252,6 +255,7 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch or 0,
             state=self.state,
             sources=source_rows(self.data.train),
+            task=self.task,
         )
         self.checkpointer.before_save = self.logger.gather_partial_sums
         self.logger.history.extend(history)
@@ -476,7 +480,10 @@ class Trainer:
         state, timer = self.state, self.logger.timer
         rng, micro_step = checkpoint.rng_state(), state.micro_step  # what a NaN stop rolls back to
         loss_sum, units = 0.0, 0.0
+        self.step_sums: list[dict[str, torch.Tensor]] = []  # the task's `train_sums`, logged once the step counts
         self.logger.step_started()
+        with timer.phase("forward_backward"), self.amp.autocast():
+            self.task.begin_step(self.model, batches, self.context)
         for i, batch in enumerate(batches):
             # Gradients are all-reduced once per optimizer step, never with local SGD.
             last = i == len(batches) - 1
@@ -506,6 +513,7 @@ class Trainer:
         if finite:
             state.logged_loss += loss_sum
             state.logged_units += units
+            self.logger.add_sums(state, self.step_sums)
         else:
             state.nan_skipped_steps += 1
             self.say.info(f"step {state.step}: non-finite loss or gradient norm; step skipped (--on-nan skip)")
@@ -520,6 +528,9 @@ class Trainer:
         if "source" in batch:  # a mixture's batch: the loss of each source's rows, for the log
             self.logger.row_losses(self.task, outputs, batch)
         self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_units"])
+        sums = self.task.train_sums(outputs, batch)
+        if sums:
+            self.step_sums.append({k: v.detach() for k, v in sums.items()})
         return loss_sum.detach()
 
     def _no_sync_unless(self, last: bool):
