@@ -108,6 +108,12 @@ def finish(proc: subprocess.Popen, timeout: float = JOB_TIMEOUT) -> tuple[int, s
     return proc.returncode, out, err
 
 
+def logged_a_step(out: Path) -> bool:
+    """Training has begun: the run's log has a step's row (the file itself is opened while setting up, when a
+    signal stops the run at once, nothing saved)."""
+    return any(p.stat().st_size > 0 for p in out.glob(".incomplete-*/metrics.jsonl"))
+
+
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -450,7 +456,7 @@ def test_overwrite_killed_before_its_first_checkpoint_is_undone_by_the_next_run(
     proc = start(
         flags(cfg.replace(overwrite=True, save_every=100, max_steps=50)), helper=True, LT_TEST_STEP_SLEEP="0.3"
     )
-    wait_for(lambda: any(out.glob(".incomplete-*/metrics.jsonl")), proc, "training")
+    wait_for(lambda: logged_a_step(out), proc, "training")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert not (out / "metrics.json").exists()  # set aside, not yet restored: nobody was there to do it
@@ -577,7 +583,7 @@ def test_ctrl_c_saves_and_prints_the_resume_command_that_works(job):
     cfg = job(max_steps=40, save_every=10, eval_every=100)
     proc = start(flags(cfg), helper=True, LT_TEST_STEP_SLEEP="0.15")
     out = Path(cfg.output_dir)
-    wait_for(lambda: any(out.glob(".incomplete-*/metrics.jsonl")), proc, "training")
+    wait_for(lambda: logged_a_step(out), proc, "training")
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole group
     rc, _, err = finish(proc)
@@ -602,7 +608,7 @@ def test_sigterm_with_save_on_interrupt_saves_and_exits_143(job):
     cfg = job(max_steps=60, save_on_interrupt=True)
     proc = start(flags(cfg), helper=True, LT_TEST_STEP_SLEEP="0.15")
     out = Path(cfg.output_dir)
-    wait_for(lambda: any(out.glob(".incomplete-*/metrics.jsonl")), proc, "training")
+    wait_for(lambda: logged_a_step(out), proc, "training")
     proc.send_signal(signal.SIGTERM)
     rc, _, err = finish(proc)
     assert rc == 143, err[-3000:]
@@ -622,7 +628,7 @@ def test_two_processes_stop_together_with_a_checkpoint(job, how):
     cfg = job(max_steps=5000, save_every=1000, batch_size=4, num_processes=2, optimizer="sgd", log_every=5)
     out = Path(cfg.output_dir)
     proc = start(flags(cfg))
-    wait_for(lambda: any(out.glob(".incomplete-*/metrics.jsonl")), proc, "training")
+    wait_for(lambda: logged_a_step(out), proc, "training")
     job_pids = descendants(proc.pid)
     if how.startswith("SIGINT"):
         os.killpg(proc.pid, signal.SIGINT)

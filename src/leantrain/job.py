@@ -38,6 +38,9 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
 
     cfg = config.resolved()
     if config.data is None and config.limit is None and config.task is None:  # the default job, as it is
+        from leantrain.data.sources import embedded_data_path
+
+        embedded_data_path()  # without the demo extra: its one-line error, not a note before it
         _say_the_default_job(cfg.limit)
     if cfg.log == "tensorboard" or cfg.report_to:  # a missing tracker package is refused before any work
         from leantrain.parallel.trackers import check_trackers, tracker_names

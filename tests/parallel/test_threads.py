@@ -214,7 +214,7 @@ def test_the_same_job_twice_beside_a_cpu_burning_neighbour_gives_the_same_bits(m
         )  # fmt: skip
         try:
             if burner is None:  # a few seconds into training (its first logged step)
-                while not list(out.glob(".incomplete-*/metrics.jsonl")) and job.poll() is None:
+                while not any(p.stat().st_size for p in out.glob(".incomplete-*/metrics.jsonl")) and job.poll() is None:
                     time.sleep(0.05)
                 time.sleep(burn_after)
                 burner = subprocess.Popen([sys.executable, "-c", BURNER])

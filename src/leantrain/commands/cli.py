@@ -115,7 +115,7 @@ def _add_flag(parser, f) -> None:
     elif f.metadata.get("sources"):  # --data, repeated for a mixture
         parser.add_argument(
             flag, dest=f.name, action="append", default=argparse.SUPPRESS, metavar="SOURCE",
-            help=f"{help_text} (default: {default})",
+            help=f"{help_text}{shown}",
         )  # fmt: skip
     else:
         parser.add_argument(

@@ -10,6 +10,10 @@ from pathlib import Path
 from leantrain.errors import ModelError
 
 EMBEDDED_MODEL = "embedded:all-MiniLM-L6-v2"
+#: what every from_pretrained here is given. transformers 5.25 swaps layers for Hub kernels by default: a download
+#: at load time (the Hub may be out of reach), other layers than the ones the loss equivalences are tested on, and
+#: a model that no longer copies to the meta device (the FLOP count). leantrain trains the architecture as written.
+PRETRAINED: dict[str, object] = {"use_kernels": False}
 
 
 def embedded_model_path() -> Path:
@@ -211,7 +215,7 @@ def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, wh
             model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
             model.config._name_or_path = name
             return model
-        return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
+        return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code, **PRETRAINED)
     except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
         raise ModelError(f"{name}: cannot load as {what} ({str(exc).splitlines()[0][:200]})") from None
 

@@ -80,11 +80,14 @@ def _log_to_file(path: Path) -> None:
     import torch.distributed.elastic.multiprocessing.api
     import torch.distributed.run  # noqa: F401
 
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(path, delay=True)
-    except OSError:
-        return
+    class FolderOnFirstLine(logging.FileHandler):
+        """A file handler that makes its folder when it first writes: a job without failures leaves no logs/."""
+
+        def _open(self):
+            Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            return super()._open()
+
+    handler: logging.Handler = FolderOnFirstLine(path, delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):

@@ -296,10 +296,11 @@ class Task(ABC):
         import transformers
 
         from leantrain.errors import ModelError
+        from leantrain.model import loading
 
         try:
             model = getattr(transformers, self.auto_model).from_pretrained(
-                model_path, trust_remote_code=getattr(self.cfg, "trust_remote_code", False)
+                model_path, trust_remote_code=getattr(self.cfg, "trust_remote_code", False), **loading.PRETRAINED
             )
         except (OSError, ValueError) as exc:
             raise ModelError(

@@ -348,12 +348,15 @@ def _frozen_flop_model(model) -> FlopModel:
     total = sum(p.numel() for p in model.parameters())
     try:
         counted = counted_flop_model(model)
-    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
         # quantized weights (QLoRA) cannot run on the meta device: the architecture's full count, each frozen
         # weight at 4 FLOPs per token instead of 6
         full = _architecture_flop_model(model)
         scale = (4 + 2 * trainable / total) / 6
-        note = f"; estimated for frozen weights ({trainable:,} of {total:,} parameters train): x{scale:.2f} per token"
+        note = (
+            f"; estimated for frozen weights ({trainable:,} of {total:,} parameters train): x{scale:.2f} per token "
+            f"(not counted: {type(exc).__name__} on the meta device)"
+        )
         return replace(full, per_token=full.per_token * scale, source=full.source + note)
     note = f"; frozen weights get no gradients ({trainable:,} of {total:,} parameters train)"
     return replace(counted, source=counted.source + note)
