@@ -496,16 +496,44 @@ def activation_profile(
 ) -> ActivationProfile:
     """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc).
     `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only."""
-    import torch
-
     base_config = _config_from_json(config_json)
-    layers_name = _layers_attr(base_config)
     # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
     # changes; a causal LM's logits (one score per token and vocabulary entry) grow with it, so its proxies run at
     # two vocabularies and that share is carried over to the real one, linearly.
     vocab = int(getattr(base_config, "vocab_size", 512) or 512)
     small = min(vocab, 512)
     causal = is_causal_lm(base_config)
+    counts, fused_head = _proxy_counts(config_json, seq_len, precision, checkpointing, lora, counted, small, causal)
+    base, layer, copies_base, copies_layer = _split_counts(counts, small, checkpointing)
+    full = _split_counts(counts, small, False)[1] if checkpointing else 0.0
+    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
+        c = checkpointing
+        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
+        per_entry = (more[4] - more[2]) / 2 / small
+        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
+        base += per_entry * (vocab - small)
+        copies_base += fixed_per_entry * (vocab - small)
+    return ActivationProfile(
+        per_layer=layer,
+        base=base,
+        copies_per_layer=copies_layer,
+        copies_base=copies_base,
+        layer_full=full,
+        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
+        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
+        fused_head=fused_head,
+    )
+
+
+def _proxy_counts(
+    config_json: str, seq_len: int, precision: str, checkpointing: bool, lora, counted: float, small: int, causal: bool
+) -> tuple[dict[tuple[int, int, bool, int], float], bool]:
+    """Saved bytes of proxies with 1 and 2 layers, at batches 2 and 4, with and without checkpointing (as planned),
+    at the small vocabulary (and, for a causal LM, one layer at twice it): {(layers, batch, ckpt, vocab): bytes},
+    and whether the proxies fused the head and the loss."""
+    import torch
+
+    layers_name = _layers_attr(_config_from_json(config_json))
     counts: dict[tuple[int, int, bool, int], float] = {}
     fused_head = False
 
@@ -531,34 +559,17 @@ def activation_profile(
                 count(1, checkpointing, 2 * small)
     finally:
         torch.set_num_threads(threads)
+    return counts, fused_head
 
-    def split(ckpt: bool) -> tuple[float, float, float, float]:
-        # total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer
-        per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
-        fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
-        layer = per_seq[2] - per_seq[1]
-        copies_layer = max(fixed[2] - fixed[1], 0.0)
-        return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
-    base, layer, copies_base, copies_layer = split(checkpointing)
-    full = split(False)[1] if checkpointing else 0.0
-    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
-        c = checkpointing
-        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
-        per_entry = (more[4] - more[2]) / 2 / small
-        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
-        base += per_entry * (vocab - small)
-        copies_base += fixed_per_entry * (vocab - small)
-    return ActivationProfile(
-        per_layer=layer,
-        base=base,
-        copies_per_layer=copies_layer,
-        copies_base=copies_base,
-        layer_full=full,
-        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
-        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
-        fused_head=fused_head,
-    )
+def _split_counts(counts: dict, small: int, ckpt: bool) -> tuple[float, float, float, float]:
+    """(base, per layer, fixed copies outside the layers, fixed copies per layer) per sequence, from
+    total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer."""
+    per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
+    fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
+    layer = per_seq[2] - per_seq[1]
+    copies_layer = max(fixed[2] - fixed[1], 0.0)
+    return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
 
 def estimate(

@@ -90,6 +90,20 @@ def write_model_card(
         f"# {name}",
         "",
         f"A {task} model fine-tuned with leantrain {__version__} from {_describe_model(base_model, base_id)}.",
+        *_data_section(sources, config),
+    ]
+    labels = _labels(model_dir)
+    if labels:
+        parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
+    parts += _evaluation_section(shown, metrics) + _use_section(task, config, __version__)
+    card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(parts))
+    path = model_dir / "README.md"
+    card.save(path)
+    return path
+
+
+def _data_section(sources: dict[str, str], config: Mapping[str, Any]) -> list[str]:
+    lines = [
         "",
         "## Data",
         "",
@@ -99,19 +113,20 @@ def write_model_card(
         ),
     ]
     if "eval" not in sources and config.get("eval_fraction"):
-        parts.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
-    labels = _labels(model_dir)
-    if labels:
-        parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
-    parts += _evaluation_section(shown, metrics)
-    parts += [
+        lines.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
+    return lines
+
+
+def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str]:
+    """How to load the model, the config that trained it, the versions."""
+    return [
         "",
         "## Use",
         "",
         "```python",
         "from transformers import pipeline",
         "",
-        f'classify = pipeline("{task}", model="path/to/this/folder")',
+        f'model = pipeline("{task}", model="path/to/this/folder")',
         "```",
         "",
         "## Training configuration",
@@ -124,13 +139,9 @@ def write_model_card(
         "",
         "## Versions",
         "",
-        *(f"- {lib}: {version}" for lib, version in _versions(__version__)),
+        *(f"- {lib}: {version}" for lib, version in _versions(version)),
         "",
     ]
-    card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(parts))
-    path = model_dir / "README.md"
-    card.save(path)
-    return path
 
 
 def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:

@@ -618,7 +618,7 @@ class Trainer:
             data=data,
             metrics=metrics,
             config=self.resolved_config(),
-            task=self.task.name,
+            task=self.task.pipeline or self.task.name,  # the pipeline its model serves
         )
         write_run_config(staging, self.resolved_config())
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
