@@ -55,6 +55,7 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Acc
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 QUANTIZE = ("4bit", "8bit")  # LoRA
+ADVANTAGES = ("grpo", "rloo")  # online RL
 
 
 _Section = TypeVar("_Section")
@@ -327,6 +328,64 @@ class OptimizationConfig:
         default=None,
     )
     # --- end HF Trainer users
+    # --- online RL
+    reward: str | None = _help(
+        "GRPO: how completions are scored: exact-match (the completion is --reward-column's value), regex (it "
+        "matches --reward-pattern), number (its last number is the column's), or module:function (a Python function "
+        "as TRL's GRPOTrainer takes one; a file: path/to/rewards.py:function); several comma-separated, each "
+        "optionally weighted NAME=WEIGHT, the reward their weighted sum.",
+        default=None,
+    )
+    reward_column: str | None = _help(
+        "GRPO: the column that exact-match and number compare completions with. Default: the first of answer, "
+        "solution, completion, label, target the data has.",
+        default=None,
+    )
+    reward_pattern: str | None = _help(
+        "GRPO: the regular expression --reward regex looks for in each completion ('.' spans lines; anchor it with "
+        "^ and $).",
+        default=None,
+    )
+    num_generations: int = _help(
+        "GRPO: completions sampled per prompt each step, the group whose rewards give each its advantage (2 or "
+        "more). --batch-size counts prompts: a micro-batch trains on batch-size x num-generations completions.",
+        default=8,
+    )
+    max_completion_length: int = _help(
+        "GRPO: the most tokens a completion has (its EOS included); prompts longer than --max-length minus this "
+        "are skipped and counted.",
+        default=64,
+    )
+    temperature: float = _help(
+        "GRPO: the sampling temperature; the log-probabilities trained are those of logits / temperature.",
+        default=1.0,
+    )
+    top_p: float = _help(
+        "GRPO: sample from the smallest set of most likely tokens whose probability reaches top-p (1: all).",
+        default=1.0,
+    )
+    advantage: str = _help(
+        f"GRPO: {'|'.join(ADVANTAGES)}. grpo: each reward less its group's mean, over the group's standard "
+        "deviation + 1e-4; rloo: each reward less the mean of its group's other rewards.",
+        default="grpo",
+    )
+    kl_beta: float = _help(
+        "GRPO: weight of the KL penalty to the reference model (the initial model; with --lora the base with its "
+        "adapters off); 0 keeps no reference.",
+        default=0.0,
+    )
+    clip_epsilon: float = _help(
+        "GRPO: the policy ratio is clipped to [1 - clip-epsilon, 1 + clip-epsilon-high].", default=0.2
+    )
+    clip_epsilon_high: float | None = _help(
+        "GRPO: the upper clip (DAPO's clip-higher). Default: --clip-epsilon.", default=None
+    )
+    iterations_per_generation: int = _help(
+        "GRPO: optimizer steps that reuse each generation of completions (TRL's num_iterations), the policy ratio "
+        "then taken against their log-probabilities at generation.",
+        default=1,
+    )
+    # --- end online RL
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -348,6 +407,7 @@ class OptimizationConfig:
         optimizers.entry(self.optimizer)  # refused in one line when unknown
         _choice(self, "on_nan", ON_NAN)
         _check_losses(self)
+        _check_online_rl(self)
 
 
 @dataclass
@@ -845,6 +905,26 @@ def _check_losses(cfg: OptimizationConfig) -> None:
         from leantrain.model.losses import parse_class_weights
 
         parse_class_weights(cfg.class_weights)
+
+
+def _check_online_rl(cfg: OptimizationConfig) -> None:
+    _positive(cfg, "num_generations", "max_completion_length", "iterations_per_generation")
+    _choice(cfg, "advantage", ADVANTAGES)
+    if not cfg.temperature > 0:
+        raise ConfigError(f"--temperature must be positive, got {cfg.temperature}")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    if cfg.kl_beta < 0:
+        raise ConfigError(f"--kl-beta must be >= 0 (0: no reference model), got {cfg.kl_beta}")
+    if not 0 < cfg.clip_epsilon < 1:
+        raise ConfigError(f"--clip-epsilon must be in (0, 1), got {cfg.clip_epsilon}")
+    if cfg.clip_epsilon_high is not None and not cfg.clip_epsilon_high > 0:
+        raise ConfigError(f"--clip-epsilon-high must be positive, got {cfg.clip_epsilon_high}")
+    if cfg.reward_pattern is not None:
+        try:
+            re.compile(cfg.reward_pattern)
+        except re.error as exc:
+            raise ConfigError(f"--reward-pattern '{cfg.reward_pattern}' is not a regular expression ({exc})") from None
 
 
 def _check_reporting(cfg: LoggingConfig) -> None:

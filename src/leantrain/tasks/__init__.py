@@ -20,6 +20,7 @@ register("leantrain.tasks.text_classification:TextClassification", name="text-cl
 register("leantrain.tasks.image_classification:ImageClassification", name="image-classification")
 register("leantrain.tasks.audio_classification:AudioClassification", name="audio-classification")
 register("leantrain.tasks.causal_lm:CausalLM", name="causal-lm", aliases=("text-generation",))
+register("leantrain.tasks.grpo:GRPO", name="grpo")
 
 #: the task of a model whose config says nothing clearer
 FALLBACK = "text-classification"

@@ -9,7 +9,9 @@ are registered the same way) or passed to `leantrain.train(task=...)`.
 
 Loss normalisation is the trainer's, and exact: a task returns the loss *summed* over the units it counts
 (examples for sequence tasks, tokens for token tasks), and the trainer divides by the units of the whole
-optimizer step across micro-batches and processes, which the sampler knows before the step begins.
+optimizer step across micro-batches and processes, which the sampler knows before the step begins. A task that
+makes a step's examples itself while training (`makes_examples`: completions generated from the sampled prompts)
+gives their units with them, and the trainer adds those up across processes before the step's first backward.
 """
 
 from __future__ import annotations
@@ -57,6 +59,20 @@ class PredictionInputs:
     generation: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class TrainingContext:
+    """What a task's training hooks (`Task.before_training`, `Task.step_examples`) may use of the run."""
+
+    #: the run's Accelerator (process facts, `reduce`, `gather`, the device)
+    accelerator: Any
+    #: a context manager factory: the autocast the trainer runs the model's forward in
+    autocast: Callable[[], Any]
+    #: the run's precision, resolved: "fp32", "bf16" or "fp16"
+    precision: str
+    #: prints a line for the user (the main process's console)
+    say: Callable[[str], None]
+
+
 class Task(ABC):
     """One workload. Subclasses set `name` and `input_names` and implement the abstract methods."""
 
@@ -83,6 +99,9 @@ class Task(ABC):
 
     #: whether `prepare_data` can leave the training examples a stream (`--streaming`)
     streams: ClassVar[bool] = False
+    #: whether the task makes each optimizer step's examples from the sampled ones while training
+    #: (`step_examples`: completions generated from prompts), their loss units known only then
+    makes_examples: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -137,6 +156,41 @@ class Task(ABC):
         """FLOPs per row (forward + backward) of the part of the model that `forward` runs on `tail_rows` rows only;
         0: `forward` runs the whole model on every token."""
         return 0.0
+
+    def before_training(self, model: torch.nn.Module, data: TaskData, context: TrainingContext) -> None:  # noqa: B027
+        """Once the model is placed on its device (Accelerate's `prepare`), before a checkpoint is restored into it and
+        before the first step: what the task takes from the initial model (a reference model). Every process calls
+        it."""
+
+    def step_examples(
+        self, model: torch.nn.Module, batches: list[dict[str, Any]], step: int, context: TrainingContext
+    ) -> list[dict[str, Any]]:
+        """With `makes_examples`: the micro-batches this process trains on in optimizer step `step` (counting from 0),
+        made from the sampled ones (`batches`: all of the step's on this process, in order), as many and in the same
+        order, e.g. the prompts' generated completions. Each carries the batch keys `collator` documents, its `units`
+        those of the examples made; the trainer then sets every micro-batch's `step_units` to the step's units
+        summed across processes. Runs in the trainer's autocast, timed as generation; every process calls it at
+        every step."""
+        raise NotImplementedError(f"{type(self).__name__} sets makes_examples but has no step_examples")
+
+    def train_sums(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """What the task logs while training beside the loss, as sums over the batch (scalar tensors, the same keys
+        every batch): the trainer adds them up over the log window and across processes, and `train_metrics` turns
+        the totals into the logged values. None logged by default."""
+        return {}
+
+    def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """The metrics logged with the loss (metrics.jsonl) from `train_sums`' totals over the log window."""
+        return {}
+
+    def training_state(self) -> dict[str, Any] | None:
+        """What this process's task holds between optimizer steps that a resumed run needs to go on exactly as the run
+        would have (generations that later steps reuse): tensors, numbers, lists and dicts of them, saved in this
+        process's checkpoint file. None: nothing."""
+        return None
+
+    def load_training_state(self, state: dict[str, Any] | None) -> None:  # noqa: B027
+        """Restore what `training_state` returned (on resume, in the same process rank)."""
 
     def loss_units(self, data: TaskData) -> np.ndarray | None:
         """What `loss_sum` counts for each training example of `data.train` (counted tokens, or a class weight):

@@ -18,7 +18,9 @@ from leantrain.training.evaluator import prefixed
 
 
 class MetricsLogger:
-    def __init__(self, cfg, accelerator, *, log, flops, flop_peak, total_steps: int, steps_per_epoch: int, state):
+    def __init__(
+        self, cfg, accelerator, *, log, flops, flop_peak, total_steps: int, steps_per_epoch: int, state, task=None
+    ):
         from tqdm.auto import tqdm
 
         from leantrain.telemetry import Throughput
@@ -27,6 +29,7 @@ class MetricsLogger:
 
         self.cfg, self.accelerator, self.log, self.flops, self.flop_peak = cfg, accelerator, log, flops, flop_peak
         self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
+        self.task = task
         self.every = cfg.log_every
         self.meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
         self.memory = MemoryMeter(accelerator.device)
@@ -84,6 +87,27 @@ class MetricsLogger:
             self.flops.mark()
         self.bar.update(1)
 
+    def add_sums(self, state: TrainState, micro_batches: list[dict[str, torch.Tensor]]) -> None:
+        """A finished step's `Task.train_sums`, one dict per micro-batch, into the log window's totals."""
+        if not micro_batches:
+            return
+        keys = sorted(micro_batches[0])
+        totals = torch.stack([torch.stack([m[k].float() for k in keys]) for m in micro_batches]).sum(0)
+        for key, value in zip(keys, totals.tolist()):  # one device-to-host copy a step
+            state.logged_sums[key] = state.logged_sums.get(key, 0.0) + value
+
+    def _task_metrics(self, state: TrainState) -> dict[str, float]:
+        """The task's logged metrics over the window, its sums added up across processes."""
+        if self.task is None or not state.logged_sums:
+            return {}
+        keys = sorted(state.logged_sums)
+        sums = [state.logged_sums[k] for k in keys]
+        if self.accelerator.num_processes > 1:
+            t = torch.tensor(sums, dtype=torch.float64, device=self.accelerator.device)
+            sums = self.accelerator.reduce(t, reduction="sum").tolist()
+        state.logged_sums = {}
+        return self.task.train_metrics(dict(zip(keys, sums)))
+
     def maybe_log(self, state: TrainState, grad_norm: float, lr: float, amp) -> None:
         """Every --log-every steps (and at the last): a metrics.jsonl row for the global batch's mean loss."""
         if not (state.step % self.every == 0 or state.step == self.total_steps):
@@ -112,17 +136,26 @@ class MetricsLogger:
             **self.flops.metrics(self.meter.elapsed()),
             **self.timer.window_row(),
             "peak_memory_bytes": self.memory.report()["peak_memory_bytes"],
+            **self._task_metrics(state),
         }
         self.log.write(row)
         self.history.append(row)
         wall = row["time_wall_seconds"] or 1.0
-        self.bar.set_postfix(
-            loss=f"{row['loss'] or float('nan'):.4f}",
+        shown = dict(
+            loss=f"{row['loss'] if row['loss'] is not None else float('nan'):.4f}",
             lr=f"{row['lr']:.2e}",
             sps=f"{row['samples_per_second']:.1f}",
             mfu=f"{row['mfu']:.1%}" if row["mfu"] is not None else "-",
             data=f"{row['time_data_seconds'] / wall:.0%}",
         )
+        if row["time_generate_seconds"]:  # a task that generates its examples: generation against training
+            shown.update(
+                gen=f"{row['time_generate_seconds'] / wall:.0%}",
+                train=f"{row['time_forward_backward_seconds'] / wall:.0%}",
+            )
+        if "reward" in row:
+            shown["reward"] = f"{row['reward']:.3f}"
+        self.bar.set_postfix(**shown)
         state.logged_loss, state.logged_units = 0.0, 0.0
 
     def eval_row(self, step: int, metrics: dict[str, float]) -> None:
@@ -223,6 +256,7 @@ class MetricsLogger:
                 "MFU (steady)",
                 f"{metrics['steady_mfu']:.1%} of {peak:.3g} TFLOP/s" if metrics["steady_mfu"] is not None else "-",
             ),
+            *_generation_rows(metrics),
             ("peak memory over baseline", f"{over * mb:.0f} MB" if over is not None else "-"),
             ("optimizer state", f"{metrics['optimizer_state_bytes'] * mb:.1f} MB"),
             ("wall time", f"{metrics['wall_seconds']:.1f} s"),
@@ -235,3 +269,12 @@ def _compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def _generation_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """A run that generated its examples while training: generation's and training's shares of the loop's time."""
+    generate, train = metrics.get("time_generate_seconds") or 0.0, metrics.get("time_forward_backward_seconds") or 0.0
+    wall = metrics.get("time_wall_seconds") or 0.0
+    if not generate or not wall:
+        return []
+    return [("generate / train time", f"{generate:.1f} s ({generate / wall:.0%}) / {train:.1f} s ({train / wall:.0%})")]

@@ -8,7 +8,9 @@ wrong. `TrainState` (one object, mutated in place) holds every counter; a checkp
 Loss normalisation: each micro-batch contributes the task's summed loss / (units in the whole optimizer step,
 across micro-batches and processes), which the sampler knows before the step begins. Summed over the step that
 is exactly the mean loss of the global batch, however it was split; Accelerate's DDP averages gradients over N
-processes, so the local loss is scaled by N to turn that average back into the sum.
+processes, so the local loss is scaled by N to turn that average back into the sum. A task that makes the step's
+examples itself (`Task.makes_examples`: completions generated from the sampled prompts) hands them over with their
+units before the step's first forward, and the step's units are their sum across processes (one all-reduce).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
-from leantrain.tasks.base import Task, TaskData
+from leantrain.tasks.base import Task, TaskData, TrainingContext
 from leantrain.telemetry.profiler import StepProfiler
 from leantrain.training.checkpointer import Checkpointer
 from leantrain.training.early_stopping import EarlyStopping, resolve_metric, steps_every
@@ -200,6 +202,9 @@ class Trainer:
             self.model, self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
                 self.model, optimizer, self.train_loader, self.eval_loader, scheduler
             )
+        # what the task takes from the initial model (a reference): placed on its device, before a resume restores
+        self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
+        self.task.before_training(self.model, self.data, self.context)
         self.flops, self.flop_peak = self._flop_meter()
         self.compile_seconds = self._compile() if cfg.compile else None
         self.local_sgd = LocalSGD(
@@ -226,8 +231,9 @@ class Trainer:
         self.staging = self.run.begin() if acc.is_main_process else None
         log_path = self.staging / "metrics.jsonl" if self.staging else None
         trained = dict(
-            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, amp=self.amp, local_sgd=self.local_sgd
-        )
+            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, amp=self.amp,
+            local_sgd=self.local_sgd, task=self.task,
+        )  # fmt: skip
         self.checkpointer.attach(self._facts(self.data), log_path, self.data.processor, **trained)
         if self.staging is not None and self.plan is not None:
             self.plan.write(self.staging)  # plan.json and plan.md: what was predicted, and why this configuration
@@ -244,6 +250,7 @@ class Trainer:
             total_steps=self.total_steps,
             steps_per_epoch=self.steps_per_epoch or 0,
             state=self.state,
+            task=self.task,
         )
         self.logger.history.extend(history)
         self.profiler = StepProfiler(
@@ -405,7 +412,10 @@ class Trainer:
         state, timer = self.state, self.logger.timer
         rng, micro_step = checkpoint.rng_state(), state.micro_step  # what a NaN stop rolls back to
         loss_sum, units = 0.0, 0.0
+        self.step_sums: list[dict[str, torch.Tensor]] = []  # the task's `train_sums`, logged once the step counts
         self.logger.step_started()
+        if self.task.makes_examples:
+            batches = self._made_examples(batches)
         for i, batch in enumerate(batches):
             # Gradients are all-reduced once per optimizer step, never with local SGD.
             last = i == len(batches) - 1
@@ -435,6 +445,7 @@ class Trainer:
         if finite:
             state.logged_loss += loss_sum
             state.logged_units += units
+            self.logger.add_sums(state, self.step_sums)
         else:
             state.nan_skipped_steps += 1
             self.say.info(f"step {state.step}: non-finite loss or gradient norm; step skipped (--on-nan skip)")
@@ -447,7 +458,22 @@ class Trainer:
             outputs = self.task.forward(self.model, batch)
         loss_sum = self.task.loss_sum(outputs, batch)
         self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_units"])
+        sums = self.task.train_sums(outputs, batch)
+        if sums:
+            self.step_sums.append({k: v.detach() for k, v in sums.items()})
         return loss_sum.detach()
+
+    def _made_examples(self, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The task's own micro-batches of this step (`Task.step_examples`), each given the step's units: the sum of
+        their `units` on every process, known only now (one all-reduce)."""
+        with self.logger.timer.phase("generate"), self.amp.autocast():
+            made = self.task.step_examples(self.model, batches, self.state.step, self.context)
+        local = sum(float(b["units"]) for b in made)
+        if self.accelerator.num_processes > 1:
+            total = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
+            local = float(self.accelerator.reduce(total, reduction="sum"))
+        step_units = torch.tensor(local, dtype=torch.float32, device=self.accelerator.device)
+        return [{**b, "step_units": step_units} for b in made]
 
     def _no_sync_unless(self, last: bool):
         return contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
