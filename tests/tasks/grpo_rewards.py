@@ -20,3 +20,10 @@ def one_short(completions, **kwargs):
 
 def not_a_number(prompts, completions, **kwargs):
     return [math.nan if i == 2 else 1.0 for i in range(len(completions))]
+
+
+def chat_letters(prompts, completions, **kwargs):
+    """As `letters`, for chats: each prompt a list of messages, each completion the assistant's message."""
+    assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)
+    assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in completions)
+    return [len(c[0]["content"]) / 10 for c in completions]

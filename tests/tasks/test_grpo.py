@@ -312,3 +312,226 @@ def run_with(setup: Path, tmp_path: Path, data: Path, settings: dict):
     )  # fmt: skip
     result = train(TrainConfig(**cfg))
     return result, load_file(result.model_dir / "model.safetensors")
+
+
+# -- one big batch, however it is split; resume ------------------------------------------------------------------------
+def completions_of(recorder: Recorder) -> list[list[tuple[int, ...]]]:
+    """Each micro-batch's sequences (prompt + completion tokens), in order."""
+    out = []
+    for b in recorder.batches:
+        ids, owner = b["input_ids"], b["sequence_ids"]
+        out.append([tuple(ids[owner == s].tolist()) for s in range(int(owner.max()) + 1)])
+    return out
+
+
+def test_accumulated_micro_batches_equal_one_big_batch(run):
+    """Four prompts a step in one micro-batch, or two micro-batches of two: the same completions (each prompt's from
+    its own seed), the same loss per step and the same weights. Completions end at EOS or at 6 tokens, so
+    micro-batches hold different numbers of completion tokens."""
+    big_log, small_log = Recorder(), Recorder()
+    big, w_big = run(batch_size=4, grad_accum=1, max_steps=3, hooks=big_log)
+    small, w_small = run(batch_size=2, grad_accum=2, max_steps=3, hooks=small_log)
+    _, start = run(batch_size=4, max_steps=3, lr=1e-30)
+    assert small.metrics["micro_steps"] == 2 * big.metrics["micro_steps"] == 6
+    split = completions_of(small_log)
+    assert [sorted(a + b) for a, b in zip(split[::2], split[1::2])] == [sorted(x) for x in completions_of(big_log)]
+    assert_trained_alike(w_big, w_small, start, rel=1e-5)
+    assert [r["loss"] for r in log_rows(small)] == pytest.approx([r["loss"] for r in log_rows(big)], abs=1e-6)
+    assert [r["reward"] for r in log_rows(small)] == pytest.approx([r["reward"] for r in log_rows(big)], abs=1e-6)
+
+
+@pytest.mark.parametrize("reuse", [1, 2], ids=["one-step-a-generation", "two-steps-a-generation"])
+def test_a_resumed_run_equals_the_uninterrupted_one_bitwise(run, reuse):
+    """Checkpointed at step 3 and resumed: the same completions afterwards (sampled again from the same seeds, or,
+    two steps to a generation, the second step of generation 2 reusing what the checkpoint kept of it), the same
+    losses and bitwise the same weights."""
+    settings = dict(optimizer="adamw", lr=3e-3, max_steps=6, save_every=3, batch_size=2, iterations_per_generation=reuse)
+    whole_log, resumed_log = Recorder(), Recorder()
+    whole, w_whole = run(hooks=whole_log, **settings)
+    ckpt = whole.output_dir / "checkpoints" / "step-000003"
+    resumed, w_resumed = run(hooks=resumed_log, resume=str(ckpt), **settings)
+    assert resumed.metrics["resumed_from"] == str(ckpt) and resumed.metrics["optimizer_steps"] == 6
+    assert completions_of(resumed_log) == completions_of(whole_log)[3:]
+    different = [k for k in w_whole if not torch.equal(w_whole[k], w_resumed[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
+    assert [r["loss"] for r in log_rows(resumed)] == [r["loss"] for r in log_rows(whole)]
+    if reuse == 2:
+        saved = torch.load(ckpt / "rank-0.pt", weights_only=True)
+        assert saved["task"]["generation"] == 1  # steps 3 and 4 are generation 1's: its completions are kept
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(setup, tmp_path, run):
+    """Two processes (gloo), two prompts each, against one process with four: the same weights and logged metrics.
+    The reward is a module given by its file, as a user's would be. (about 60 s at load 2)"""
+    from tests.parallel.test_data_parallel import flags, run_job, weights
+
+    reward = f"{REWARDS}:letters"
+    one, w_one = run(batch_size=4, max_steps=3, reward=reward)
+    out = tmp_path / "two"
+    settings = job(setup, tmp_path, batch_size=2, max_steps=3, reward=reward, num_processes=2, output_dir=out)
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**settings)])
+    assert rc == 0, err[-3000:]
+    two = json.loads((out / "metrics.json").read_text())
+    assert two["num_processes"] == 2 and two["global_batch"] == 4
+    _, start = run(batch_size=4, max_steps=3, lr=1e-30, reward=reward)
+    assert_trained_alike(w_one, weights(out), start, rel=1e-5)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    for key in ("loss", "reward", "reward_std", "completions/mean_length", "frac_reward_zero_std"):
+        assert [r[key] for r in rows] == pytest.approx([r[key] for r in log_rows(one)], abs=1e-6), key
+    assert two["eval_reward"] == pytest.approx(one.metrics["eval_reward"], abs=1e-6)
+
+
+# -- what each row logs ------------------------------------------------------------------------------------------------
+def test_each_log_row_has_trls_metrics_and_the_report_plots_reward(run, tmp_path):
+    from leantrain.run.report import load_run, plot_reward
+
+    result, _ = run(max_steps=2, batch_size=2, kl_beta=0.1, reward="tests.tasks.grpo_rewards:letters,exact-match=0.5")
+    row = log_rows(result)[-1]
+    for key in (
+        "reward", "reward_std", "frac_reward_zero_std", "rewards/letters/mean", "rewards/letters/std",
+        "rewards/exact_match/mean", "completions/mean_length", "completions/clipped_ratio", "kl",
+        "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "time_generate_seconds",
+    ):  # fmt: skip
+        assert key in row, key
+    # the reward is the weighted sum of the functions' rewards (their means, weighted, the mean of the sums)
+    assert row["reward"] == pytest.approx(row["rewards/letters/mean"] + 0.5 * row["rewards/exact_match/mean"])
+    assert row["time_generate_seconds"] > 0 and result.metrics["time_generate_seconds"] > 0
+    assert set(result.metrics) >= {"eval_reward", "eval_rewards/letters/mean", "eval_completions/mean_length"}
+    assert plot_reward(load_run(result.output_dir)) is not None
+
+
+# -- bad input: one line, exit 2 ---------------------------------------------------------------------------------------
+def cli(capsys, setup: Path, tmp_path: Path, **changes) -> tuple[int, str, str]:
+    from tests.parallel.test_data_parallel import flags
+
+    settings = job(setup, tmp_path, max_steps=1, batch_size=2, output_dir=str(tmp_path / "cli"), overwrite=True)
+    settings.update(changes)
+    code = main(["train", *flags(**settings)])
+    out, err = capsys.readouterr()
+    return code, out, err.strip()
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("leantrain train: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def test_a_reward_module_that_does_not_import_is_one_line(capsys, setup, tmp_path):
+    broken = tmp_path / "broken_rewards.py"
+    broken.write_text("import a_module_nobody_has\n\ndef score(completions, **kw):\n    return [0.0] * len(completions)\n")
+    code, _, err = cli(capsys, setup, tmp_path, reward=f"{broken}:score")
+    assert code == 2
+    assert "does not import (ModuleNotFoundError: No module named 'a_module_nobody_has')" in one_line(err)
+    code, _, err = cli(capsys, setup, tmp_path, reward="tests.tasks.no_such_rewards:score")
+    assert code == 2 and "'tests.tasks.no_such_rewards' does not import" in one_line(err)
+    code, _, err = cli(capsys, setup, tmp_path, reward="tests.tasks.grpo_rewards:no_such_function")
+    assert code == 2 and "has no function 'no_such_function'" in one_line(err)
+
+
+def test_a_reward_with_the_wrong_number_of_values_or_a_non_finite_one_names_the_prompt(capsys, setup, tmp_path):
+    code, _, err = cli(capsys, setup, tmp_path, reward="tests.tasks.grpo_rewards:one_short")
+    assert code == 2
+    line = one_line(err)
+    assert "returned 7 values for 8 completions (of prompts from '" in line and "return one number per" in line
+    code, _, err = cli(capsys, setup, tmp_path, reward="tests.tasks.grpo_rewards:not_a_number")
+    assert code == 2
+    line = one_line(err)
+    assert "returned nan for the completion " in line and " of the prompt '" in line
+    prompts = [json.loads(x)["prompt"] for x in (setup / "prompts.jsonl").read_text().splitlines()]
+    assert any(f"of the prompt {p!r}" in line for p in prompts), line
+
+
+def test_one_generation_a_prompt_is_refused(capsys, setup, tmp_path):
+    code, _, err = cli(capsys, setup, tmp_path, num_generations=1)
+    assert code == 2 and "--num-generations 1: GRPO's advantages compare each completion" in one_line(err)
+    code, _, err = cli(capsys, setup, tmp_path, num_generations=1, advantage="rloo")
+    assert code == 2 and "--num-generations 1" in one_line(err)
+
+
+def test_prompts_longer_than_the_room_left_for_a_completion_are_counted_and_skipped(capsys, setup, tmp_path):
+    """With --max-length 12 and completions of up to 6 tokens, prompts of more than 6 tokens are skipped (and
+    counted); when no prompt is left, one line."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(setup / "model")
+    rows = [json.loads(x) for x in (setup / "prompts.jsonl").read_text().splitlines()]
+    lengths = [len(tokenizer(r["prompt"])["input_ids"]) for r in rows]
+    data = str(setup / "prompts.jsonl")
+    code, out, err = cli(capsys, setup, tmp_path, max_length=12, data=data, eval_data=data)
+    assert code == 0, err[-2000:]
+    too_long = sum(n > 6 for n in lengths)
+    assert 0 < too_long < len(rows)
+    said = f"skipped {too_long:,} training prompts longer than --max-length 12 minus --max-completion-length 6"
+    assert said in out + err
+    long = write_jsonl(tmp_path / "long.jsonl", [r for r, n in zip(rows, lengths) if n > 6])
+    code, _, err = cli(capsys, setup, tmp_path, max_length=12, data=str(long), eval_data=data)
+    assert code == 2 and "no training prompt fits in --max-length 12 minus --max-completion-length 6" in one_line(err)
+
+
+# -- the sampler of reused generations ----------------------------------------------------------------------------
+@pytest.mark.parametrize("processes,accumulation", [(1, 1), (2, 2)])
+def test_each_global_batch_comes_as_often_as_its_generation_is_reused_and_a_seek_lands_inside(processes, accumulation):
+    def sampler(times):
+        return grpo.RepeatedSampler(np.arange(23) % 5, 2, accumulation, processes, seed=1, times=times)
+
+    once, thrice = list(sampler(1)), list(sampler(3))
+    per_step = accumulation * processes
+    steps = [once[i : i + per_step] for i in range(0, len(once), per_step)]
+    assert thrice == [micro for step in steps for micro in step * 3]
+    assert sampler(3).steps_per_epoch() == 3 * sampler(1).steps_per_epoch() == 3 * len(steps)
+    assert len(sampler(3)) == len(thrice)
+    seeked = sampler(3)
+    seeked.start_at(0, 4)  # the second repeat of global batch 1
+    rest = list(seeked)
+    assert rest == thrice[4 * per_step :] and len(seeked) == len(rest)
+
+
+# -- chats, LoRA, evaluation ---------------------------------------------------------------------------------------
+def test_chat_prompts_render_as_the_policy_renders_them_and_rewards_see_messages(setup, tmp_path, run):
+    from transformers import AutoTokenizer
+
+    from leantrain.data.lm import CHAT_TEMPLATE
+    from leantrain.tasks import policy
+
+    rows = [json.loads(x) for x in (setup / "prompts.jsonl").read_text().splitlines()]
+    chats = [[{"role": "user", "content": r["prompt"]}] for r in rows]
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"prompt": c, "answer": r["answer"]} for c, r in zip(chats, rows)])
+    tokenizer = AutoTokenizer.from_pretrained(setup / "model")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    texts = [r["prompt"] for r in rows]
+    assert grpo.encode_prompts(tokenizer, chats) == [policy.encode_prompt(tokenizer, c) for c in chats]
+    assert grpo.encode_prompts(tokenizer, texts) == [policy.encode_prompt(tokenizer, t) for t in texts]
+    result, _ = run(data=str(data), chat_template=CHAT_TEMPLATE, reward="tests.tasks.grpo_rewards:chat_letters", max_steps=2)
+    assert log_rows(result)[-1]["rewards/chat_letters/mean"] > 0
+
+
+def test_lora_trains_the_adapters_with_the_base_as_reference(run, capfd):
+    result, _ = run(lora=True, kl_beta=0.5, max_steps=3, batch_size=2, lr=0.05, optimizer="adamw")
+    assert "the reference is the model with its LoRA adapters disabled" in capfd.readouterr().err
+    rows = log_rows(result)
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-7) and rows[-1]["kl"] > 0  # the adapters move the policy
+
+
+def test_evaluation_scores_each_prompts_greedy_completion(setup, tmp_path, run):
+    """Half the evaluation answers are the model's own greedy completions (by transformers' generate): the
+    evaluation's exact-match reward is 0.5, and `leantrain evaluate` gives the run's model the same score."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leantrain import evaluate
+
+    tokenizer = AutoTokenizer.from_pretrained(setup / "model")
+    model = AutoModelForCausalLM.from_pretrained(setup / "model").eval()
+    rows = [json.loads(x) for x in (setup / "prompts.jsonl").read_text().splitlines()][:10]
+    for i, r in enumerate(rows):
+        ids = tokenizer(r["prompt"], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        greedy = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        r["answer"] = greedy if i % 2 == 0 else greedy + " and more"
+    held = write_jsonl(tmp_path / "held.jsonl", rows)
+    result, _ = run(eval_data=str(held), reward="exact-match", max_steps=1, lr=1e-30)
+    assert result.metrics["eval_reward"] == 0.5 == result.metrics["eval_rewards/exact_match/mean"]
+    again = evaluate(str(result.output_dir), data=str(held))
+    assert again["reward"] == 0.5 and again["prompts"] == 10

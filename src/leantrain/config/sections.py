@@ -123,6 +123,20 @@ class ModelConfig:
     multi_label_threshold: float = _help(
         "Multi-label: a class is predicted when its probability reaches this.", default=0.5
     )
+    # --- online RL
+    reward: str | None = _help(
+        "GRPO: how completions are scored: exact-match (the completion is --reward-column's value), regex (it "
+        "matches --reward-pattern), number (its last number is the column's), or module:function (a Python function "
+        "as TRL's GRPOTrainer takes one; a file: path/to/rewards.py:function); several comma-separated, each "
+        "optionally weighted NAME=WEIGHT, the reward their weighted sum.",
+        default=None,
+    )
+    reward_pattern: str | None = _help(
+        "GRPO: the regular expression --reward regex looks for in each completion ('.' spans lines; anchor it with "
+        "^ and $).",
+        default=None,
+    )
+    # --- end online RL
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -133,6 +147,13 @@ class ModelConfig:
             self.task = tasks.canonical(self.task)  # an alias names its task; an unknown name is refused
         _check_lora(self)
         _check_problem(self)
+        if self.reward_pattern is not None:  # online RL
+            try:
+                re.compile(self.reward_pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"--reward-pattern '{self.reward_pattern}' is not a regular expression ({exc})"
+                ) from None
 
 
 @dataclass
@@ -251,13 +272,25 @@ class DataConfig:
         "(a JSON or Parquet list column needs none).",
         default=None,
     )
+    # --- online RL
+    reward_column: str | None = _help(
+        "GRPO: the column that exact-match and number compare completions with. Default: the first of answer, "
+        "solution, completion, label, target the data has.",
+        default=None,
+    )
+    max_completion_length: int = _help(
+        "GRPO: the most tokens a completion has (its EOS included); prompts longer than --max-length minus this "
+        "are skipped and counted.",
+        default=64,
+    )
+    # --- end online RL
 
     def __post_init__(self) -> None:
         _coerce_types(self)
         self._check()
 
     def _check(self) -> None:
-        _positive(self, "max_length")
+        _positive(self, "max_length", "max_completion_length")
         if self.dataloader_num_workers < 0:  # HF Trainer users
             raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
         _positive(self, "limit", optional=True)
@@ -329,32 +362,10 @@ class OptimizationConfig:
     )
     # --- end HF Trainer users
     # --- online RL
-    reward: str | None = _help(
-        "GRPO: how completions are scored: exact-match (the completion is --reward-column's value), regex (it "
-        "matches --reward-pattern), number (its last number is the column's), or module:function (a Python function "
-        "as TRL's GRPOTrainer takes one; a file: path/to/rewards.py:function); several comma-separated, each "
-        "optionally weighted NAME=WEIGHT, the reward their weighted sum.",
-        default=None,
-    )
-    reward_column: str | None = _help(
-        "GRPO: the column that exact-match and number compare completions with. Default: the first of answer, "
-        "solution, completion, label, target the data has.",
-        default=None,
-    )
-    reward_pattern: str | None = _help(
-        "GRPO: the regular expression --reward regex looks for in each completion ('.' spans lines; anchor it with "
-        "^ and $).",
-        default=None,
-    )
     num_generations: int = _help(
         "GRPO: completions sampled per prompt each step, the group whose rewards give each its advantage (2 or "
         "more). --batch-size counts prompts: a micro-batch trains on batch-size x num-generations completions.",
         default=8,
-    )
-    max_completion_length: int = _help(
-        "GRPO: the most tokens a completion has (its EOS included); prompts longer than --max-length minus this "
-        "are skipped and counted.",
-        default=64,
     )
     temperature: float = _help(
         "GRPO: the sampling temperature; the log-probabilities trained are those of logits / temperature.",
@@ -908,7 +919,7 @@ def _check_losses(cfg: OptimizationConfig) -> None:
 
 
 def _check_online_rl(cfg: OptimizationConfig) -> None:
-    _positive(cfg, "num_generations", "max_completion_length", "iterations_per_generation")
+    _positive(cfg, "num_generations", "iterations_per_generation")
     _choice(cfg, "advantage", ADVANTAGES)
     if not cfg.temperature > 0:
         raise ConfigError(f"--temperature must be positive, got {cfg.temperature}")
@@ -920,11 +931,6 @@ def _check_online_rl(cfg: OptimizationConfig) -> None:
         raise ConfigError(f"--clip-epsilon must be in (0, 1), got {cfg.clip_epsilon}")
     if cfg.clip_epsilon_high is not None and not cfg.clip_epsilon_high > 0:
         raise ConfigError(f"--clip-epsilon-high must be positive, got {cfg.clip_epsilon_high}")
-    if cfg.reward_pattern is not None:
-        try:
-            re.compile(cfg.reward_pattern)
-        except re.error as exc:
-            raise ConfigError(f"--reward-pattern '{cfg.reward_pattern}' is not a regular expression ({exc})") from None
 
 
 def _check_reporting(cfg: LoggingConfig) -> None:
