@@ -35,7 +35,9 @@ def test_greedy_completions_are_transformers_generate_and_ended_rows_leave_the_b
     assert any(len(c) == 10 for c in out)  # others ran to the limit after prompt 0's rows had left
     for i, p in enumerate(prompts):
         with torch.no_grad():
-            ids = model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=0)
+            ids = model.generate(
+                torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=0
+            )
         expected = ids[0, len(p) :].tolist()
         expected = expected[: expected.index(eos) + 1] if eos in expected else expected
         assert out[2 * i] == out[2 * i + 1] == expected, i

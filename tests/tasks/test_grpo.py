@@ -5,6 +5,7 @@ input refused in one line."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -18,7 +19,6 @@ from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
 from leantrain.commands.cli import main
-from leantrain.errors import ConfigError, DataError
 from leantrain.model import generation
 from leantrain.tasks import grpo
 from leantrain.tasks.causal_lm import IGNORE
@@ -39,7 +39,9 @@ def setup(tmp_path_factory) -> Path:
     tiny_llama(config).save_pretrained(root / "model")
     AutoTokenizer.from_pretrained(config).save_pretrained(root / "model")
     rng = random.Random(7)
-    rows = [{"prompt": " ".join(rng.choices(WORDS, k=rng.randint(1, 8))), "answer": rng.choice(WORDS)} for _ in range(24)]
+    rows = [
+        {"prompt": " ".join(rng.choices(WORDS, k=rng.randint(1, 8))), "answer": rng.choice(WORDS)} for _ in range(24)
+    ]
     write_jsonl(root / "prompts.jsonl", rows)
     return root
 
@@ -72,7 +74,9 @@ def run(setup, tmp_path):
     count = iter(range(100))
 
     def go(hooks=None, **changes):
-        result = train(TrainConfig(**job(setup, tmp_path, output_dir=str(tmp_path / f"run{next(count)}"), **changes)), hooks=hooks)
+        result = train(
+            TrainConfig(**job(setup, tmp_path, output_dir=str(tmp_path / f"run{next(count)}"), **changes)), hooks=hooks
+        )
         return result, load_file(result.model_dir / "model.safetensors")
 
     return go
@@ -93,7 +97,7 @@ class Recorder(Hooks):
         self.batches.append({k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()})
 
 
-# -- advantages ---------------------------------------------------------------------------------------------------------
+# -- advantages --------------------------------------------------------------------------------------------------------
 def test_advantages_are_their_formulas_and_equal_rewards_give_zero():
     rewards = torch.tensor([[1.0, 0.0, 0.5, 2.0], [3.0, 3.0, 3.0, 3.0], [0.0, 1.0, 0.0, 0.0]])
     got = grpo.advantages(rewards, "grpo")
@@ -195,7 +199,10 @@ def test_prompt_tokens_never_count(setup, tmp_path):
     """In the sequences a step trains on, the labels are the completions' tokens only; each micro-batch's units are
     its completion tokens and the step's their sum."""
     recorder = Recorder()
-    train(TrainConfig(**job(setup, tmp_path, max_steps=2, batch_size=2, grad_accum=2, output_dir=str(tmp_path / "r"))), hooks=recorder)
+    train(
+        TrainConfig(**job(setup, tmp_path, max_steps=2, batch_size=2, grad_accum=2, output_dir=str(tmp_path / "r"))),
+        hooks=recorder,
+    )
     assert len(recorder.batches) == 4
     for step in (recorder.batches[:2], recorder.batches[2:]):
         for b in step:
@@ -345,7 +352,9 @@ def test_a_resumed_run_equals_the_uninterrupted_one_bitwise(run, reuse):
     """Checkpointed at step 3 and resumed: the same completions afterwards (sampled again from the same seeds, or,
     two steps to a generation, the second step of generation 2 reusing what the checkpoint kept of it), the same
     losses and bitwise the same weights."""
-    settings = dict(optimizer="adamw", lr=3e-3, max_steps=6, save_every=3, batch_size=2, iterations_per_generation=reuse)
+    settings = dict(
+        optimizer="adamw", lr=3e-3, max_steps=6, save_every=3, batch_size=2, iterations_per_generation=reuse
+    )
     whole_log, resumed_log = Recorder(), Recorder()
     whole, w_whole = run(hooks=whole_log, **settings)
     ckpt = whole.output_dir / "checkpoints" / "step-000003"
@@ -420,7 +429,9 @@ def one_line(err: str) -> str:
 
 def test_a_reward_module_that_does_not_import_is_one_line(capsys, setup, tmp_path):
     broken = tmp_path / "broken_rewards.py"
-    broken.write_text("import a_module_nobody_has\n\ndef score(completions, **kw):\n    return [0.0] * len(completions)\n")
+    broken.write_text(
+        "import a_module_nobody_has\n\ndef score(completions, **kw):\n    return [0.0] * len(completions)\n"
+    )
     code, _, err = cli(capsys, setup, tmp_path, reward=f"{broken}:score")
     assert code == 2
     assert "does not import (ModuleNotFoundError: No module named 'a_module_nobody_has')" in one_line(err)
@@ -503,7 +514,9 @@ def test_chat_prompts_render_as_the_policy_renders_them_and_rewards_see_messages
     texts = [r["prompt"] for r in rows]
     assert grpo.encode_prompts(tokenizer, chats) == [policy.encode_prompt(tokenizer, c) for c in chats]
     assert grpo.encode_prompts(tokenizer, texts) == [policy.encode_prompt(tokenizer, t) for t in texts]
-    result, _ = run(data=str(data), chat_template=CHAT_TEMPLATE, reward="tests.tasks.grpo_rewards:chat_letters", max_steps=2)
+    result, _ = run(
+        data=str(data), chat_template=CHAT_TEMPLATE, reward="tests.tasks.grpo_rewards:chat_letters", max_steps=2
+    )
     assert log_rows(result)[-1]["rewards/chat_letters/mean"] > 0
 
 
@@ -535,3 +548,17 @@ def test_evaluation_scores_each_prompts_greedy_completion(setup, tmp_path, run):
     assert result.metrics["eval_reward"] == 0.5 == result.metrics["eval_rewards/exact_match/mean"]
     again = evaluate(str(result.output_dir), data=str(held))
     assert again["reward"] == 0.5 and again["prompts"] == 10
+
+
+@pytest.mark.parametrize("reuse", [1, 2])
+def test_each_generation_samples_anew_and_its_reusing_steps_train_on_it_again(run, reuse):
+    """Four prompts, all in every step, weights that cannot move: each generation's completions differ from the
+    last's (the generation is in the seed), and with two steps a generation, steps 1 and 2 train on the same."""
+    recorder = Recorder()
+    run(hooks=recorder, max_steps=4, batch_size=4, limit=4, lr=1e-30, iterations_per_generation=reuse)
+    steps = [sorted(c) for c in completions_of(recorder)]
+    assert len(steps) == 4
+    if reuse == 1:
+        assert all(a != b for a, b in itertools.pairwise(steps))
+    else:
+        assert steps[0] == steps[1] and steps[2] == steps[3] and steps[1] != steps[2]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -72,7 +73,7 @@ class _Rows:
         return self.mask, positions
 
 
-def cache_keyword(model: torch.nn.Module) -> str:
+def cache_keyword(model: Any) -> str:
     """What the model's forward calls its KV cache: transformers 5.24 renamed `past_key_values` to `cache`."""
     import inspect
 

@@ -28,6 +28,7 @@ REPORT_NAME = "report.html"
 ENVIRONMENT_NAME = "environment.json"
 PHASE_COLORS = {
     "data": "#e4a11b",
+    "generate": "#17a2b8",
     "forward_backward": "#3b7dd8",
     "optimizer": "#6aa84f",
     "eval": "#9b59b6",

@@ -102,6 +102,8 @@ class Task(ABC):
     #: whether the task makes each optimizer step's examples from the sampled ones while training
     #: (`step_examples`: completions generated from prompts), their loss units known only then
     makes_examples: ClassVar[bool] = False
+    #: metrics of `train_metrics` the progress bar shows beside the loss
+    shown_while_training: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

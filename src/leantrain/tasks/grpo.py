@@ -12,13 +12,14 @@ model at `--kl-beta` (the k3 estimator; 0 holds no reference):
 
     loss per token = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) + beta * ratio * (exp(d) - d - 1)
 
-where d = ref - logp and ratio = exp(logp - logp at generation) (1 in value with one iteration per generation,
-its gradient that of logp; the KL weighted by it is TRL's default, DeepSeek-V3.2's unbiased estimate). Summed over a micro-batch's completion tokens; `loss_units` are those tokens, so the trainer
-divides by the completion tokens of the whole optimizer step across micro-batches and processes (TRL's loss_type
-"dapo", its default). `--iterations-per-generation` reuses a step's generations for that many optimizer steps (the
-sampler repeats each global batch of prompts), the ratio then against the log-probabilities kept from generation;
-what a resumed run needs of them is saved in the checkpoint (`training_state`). Log-probabilities are those of
-the sampling distribution, logits / --temperature, as TRL computes them.
+where d = ref - logp and ratio = exp(logp - logp at generation): 1 in value with one iteration per generation,
+its gradient that of logp; the KL weighted by it is TRL's default (DeepSeek-V3.2's unbiased estimate). The loss is
+summed over a micro-batch's completion tokens, which are its units, so the trainer divides by the completion tokens
+of the whole optimizer step across micro-batches and processes (TRL's loss_type "dapo", its default).
+`--iterations-per-generation` reuses a step's generations for that many optimizer steps (the sampler repeats each
+global batch of prompts), the ratio then against the log-probabilities kept from generation; what a resumed run
+needs of them is saved in the checkpoint (`training_state`). Log-probabilities are those of the sampling
+distribution, logits / --temperature, as TRL computes them.
 """
 
 from __future__ import annotations
@@ -97,12 +98,12 @@ class PromptRows:
     ids: list[list[int]]
     columns: dict[str, list[Any]]
 
-    def subset(self, rows: Sequence[int]) -> PromptRows:
-        rows = list(rows)
+    def subset(self, rows: Sequence[int] | np.ndarray) -> PromptRows:
+        rows = [int(i) for i in rows]
         cols = {k: [v[i] for i in rows] for k, v in self.columns.items()}
         return PromptRows([self.prompts[i] for i in rows], [self.ids[i] for i in rows], cols)
 
-    def examples(self) -> Examples:
+    def examples(self) -> PromptExamples:
         from leantrain.data.tokenize import TokenizedText
 
         offsets = np.zeros(len(self.ids) + 1, dtype=np.int64)
@@ -192,6 +193,7 @@ class GRPO(Task):
     pipeline: ClassVar[str] = "text-generation"
     generates: ClassVar[bool] = True
     makes_examples: ClassVar[bool] = True
+    shown_while_training: ClassVar[tuple[str, ...]] = ("reward",)
     default_metric: ClassVar[str] = "reward"
 
     def __init__(self, cfg: Any):
@@ -225,6 +227,9 @@ class GRPO(Task):
                 f"--max-completion-length {cfg.max_completion_length} leaves no room for a prompt within --max-length "
                 f"{cfg.max_length} (prompt and completion together); raise --max-length or lower it"
             )
+        for flag, on in (("--compile", cfg.compile), ("--shard fsdp", cfg.shard != "none")):
+            if on:  # each step's examples are made by sampling from the model, which these do not support yet
+                raise ConfigError(f"{flag} with --task grpo is not supported yet; leave it out")
         if presets.is_preset(cfg.model):
             raise ConfigError(
                 f"--task grpo tunes a model that can already answer its prompts; give a trained model (an "
@@ -427,7 +432,7 @@ class GRPO(Task):
         from leantrain.tasks import policy
 
         rows = pack_rows([len(p) + len(c) for p, c in sequences], self.cfg.max_length) if self.cfg.packing else None
-        batch = policy.sequence_batch(sequences, self.tokenizer.pad_token_id, rows=rows)
+        batch = policy.sequence_batch(sequences, self.tokenizer.pad_token_id, rows=rows)  # type: ignore[arg-type]
         lengths = sum(len(p) + len(c) for p, c in sequences)
         batch = {k: v.to(device) for k, v in batch.items()}
         batch.update(num_tokens=torch.tensor(lengths), padded_tokens=torch.tensor(batch["input_ids"].numel()))
@@ -567,7 +572,7 @@ class GRPO(Task):
     # -- inference --------------------------------------------------------------------------------------------------
     def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
         """The config's `eval_data` prompts, each completed greedily and scored by the run's rewards."""
-        cfg, notes = self.cfg, []
+        cfg, notes = self.cfg, list[str]()
         self.tokenizer = self._tokenizer(model_path)
         held = self._fitting(self._read(cfg.eval_data, "eval", self.tokenizer), "evaluation", notes)
         self._load_rewards(held, notes)

@@ -16,7 +16,7 @@ import importlib.util
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,7 +167,7 @@ def score(
     prompts: Sequence[Any],
     completions: Sequence[Any],
     completion_ids: Sequence[Sequence[int]],
-    columns: dict[str, Sequence[Any]],
+    columns: Mapping[str, Sequence[Any]],
 ) -> np.ndarray:
     """(completions, rewards) float64: each function's reward of each completion, checked (one line naming the
     function and the prompt for a wrong number of values or a value that is not a finite number)."""

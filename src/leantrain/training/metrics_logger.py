@@ -153,8 +153,9 @@ class MetricsLogger:
                 gen=f"{row['time_generate_seconds'] / wall:.0%}",
                 train=f"{row['time_forward_backward_seconds'] / wall:.0%}",
             )
-        if "reward" in row:
-            shown["reward"] = f"{row['reward']:.3f}"
+        for key in getattr(self.task, "shown_while_training", ()):  # what the task's users watch go up
+            if isinstance(row.get(key), float):
+                shown[key] = f"{row[key]:.3f}"
         self.bar.set_postfix(**shown)
         state.logged_loss, state.logged_units = 0.0, 0.0
 
