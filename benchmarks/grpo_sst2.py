@@ -11,7 +11,7 @@ Both models are scored the same way on all 872 SST-2 dev prompts: the share whos
 (exact match, surrounding whitespace aside), by leantrain's own sampler. Goal: GRPO at least 5 points above the
 instruction-tuned model, within 20 minutes of GRPO on 2 cores. The page shows the reward curve.
 
-    python benchmarks/grpo_sst2.py                                  # the whole job (stage 1 took 4 minutes on a quiet 2 cores)
+    python benchmarks/grpo_sst2.py                                  # the whole job (stage 1: 4 minutes, quiet)
     python benchmarks/grpo_sst2.py --sft-model W/sft/model          # GRPO only, from an instruction-tuned model
     python benchmarks/grpo_sst2.py --pretrain-steps 0 --sft-steps 150 --sft-rows 4000 --grpo-steps 20  # smoke
 

@@ -69,7 +69,16 @@ HF_PROBLEM_TYPES = {"regression": "regression", "multi_label_classification": "m
 #: what `evaluate` and `predict` keep of the run's own config: how its model reads inputs and scores them
 #: (the model and data sections, the metrics, the precision and attention kernel); the rest stays at defaults
 _INFERENCE_SECTIONS = ("ModelConfig", "DataConfig")
-_INFERENCE_FIELDS = ("metrics", "precision", "attention", "pad_to_max_length", "seed", "eval_batch_size")
+_INFERENCE_FIELDS = (
+    "metrics",
+    "precision",
+    "attention",
+    "pad_to_max_length",
+    "seed",
+    "eval_batch_size",
+    "generation_max_new_tokens",
+    "generation_num_beams",
+)
 #: what a trained model never runs again at inference, whatever its run did
 _NOT_AT_INFERENCE = {"lora": False, "quantize": None, "save_adapter": False, "streaming": False, "limit": None}
 

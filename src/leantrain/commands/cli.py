@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from leantrain.config import DATA_FORMATS, SECTIONS, TrainConfig, field_base_type, to_flags
+from leantrain.data.tags import AGGREGATIONS
 from leantrain.errors import LeantrainError
 from leantrain.telemetry.console import Console
 
@@ -109,6 +110,11 @@ def _add_flag(parser, f) -> None:
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default})",
         )
+    elif f.metadata.get("sources"):  # --data, repeated for a mixture
+        parser.add_argument(
+            flag, dest=f.name, action="append", default=argparse.SUPPRESS, metavar="SOURCE",
+            help=f"{help_text} (default: {default})",
+        )  # fmt: skip
     else:
         parser.add_argument(
             flag,
@@ -256,9 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_column_flags(p, label=False)
     _add_threshold_flag(p)
     # --- causal LM
-    p.add_argument("--max-new-tokens", type=int, default=32, help="Language models: tokens to generate (default: 32).")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="Language models: tokens to generate (default: 32; seq2seq: the run's --generation-max-new-tokens).",
+    )
     p.add_argument("--temperature", type=float, help="Language models: sample at this temperature (default: greedy).")
     p.add_argument("--top-p", type=float, help="Language models: sample from the top-p probability mass.")
+    p.add_argument(
+        "--aggregation",
+        choices=AGGREGATIONS,
+        help="Token classifiers: how tokens' tags become entities, as the pipeline's aggregation_strategy (default: "
+        "the run's, first).",
+    )
     p.add_argument(
         "--chat",
         action="store_true",
@@ -299,10 +315,20 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
     p.add_argument("--text-pair-column")
     if label:
         p.add_argument("--label-column")
+    p.add_argument("--source-column", help="Seq2seq: the column of texts to transform (guessed when obvious).")
+    if label:
+        p.add_argument("--target-column", help="Seq2seq: the column of reference texts (guessed when obvious).")
     p.add_argument("--image-column", help="Images: the table column holding them (guessed when obvious).")
     p.add_argument("--audio-column", help="Audio: the table column holding it (guessed when obvious).")
+    p.add_argument("--tokens-column", help="Token classification: the column of each row's words (guessed: tokens).")
     if label:
         p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
+        p.add_argument("--tags-column", help="Token classification: the column of each row's tags (guessed: ner_tags).")
+        p.add_argument("--spans-column", help="Token classification: the column of each text's entity spans.")
+        p.add_argument(
+            "--tag-column", type=int, help="Token classification, CoNLL: the tag's column (from 1; -1: last)."
+        )
+        p.add_argument("--tag-scheme", help="Token classification: iob1|iob2|bioes|none (default: detected).")
     default = "the run's --max-length" + (
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
@@ -326,6 +352,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     from leantrain.config import hf_names
 
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    if isinstance(given.get("data"), list) and len(given["data"]) == 1:
+        given["data"] = given["data"][0]  # one --data: the path as it always was
     aliases = {k.removeprefix("hf__"): v for k, v in vars(args).items() if k.startswith("hf__")}
     given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names
     for name, value in given.items():
@@ -505,6 +533,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         threshold=args.multi_label_threshold,
         read=_read_options(args),
         precision=args.precision,
+        tokens_column=args.tokens_column,
+        tags_column=args.tags_column,
+        spans_column=args.spans_column,
+        tag_column=args.tag_column,
+        tag_scheme=args.tag_scheme,
+        source_column=args.source_column,
+        target_column=args.target_column,
     )
     if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
         from leantrain.tasks.scoring import format_report
@@ -536,6 +571,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         chat=args.chat,
         read=_read_options(args),
         precision=args.precision,
+        tokens_column=args.tokens_column,
+        aggregation=args.aggregation,
+        source_column=args.source_column,
     )
     write_predictions(rows, args.output, sys.stdout)
     return 0

@@ -18,7 +18,7 @@ from leantrain.errors import DataError
 from leantrain.model.loading import library_bars_off
 
 
-def _source(data: str, read: ReadOptions | None, **columns: str | None) -> dict[str, Any]:
+def _source(data: str, read: ReadOptions | None, **columns: Any) -> dict[str, Any]:
     """Config values that point the job at `data`, read as `read` says, with the columns given (else guessed): a
     new source is read on its own terms, not with the training data's columns or format."""
     read = read or ReadOptions()
@@ -31,8 +31,18 @@ def _source(data: str, read: ReadOptions | None, **columns: str | None) -> dict[
         "column_names": ",".join(read.column_names) if read.column_names else None,
         "format": read.format,
         "eval_pattern": None,
-        **columns,
+        # token classification: a new file's columns and tag scheme are its own
+        "tokens_column": None,
+        "tags_column": None,
+        "spans_column": None,
+        "tag_column": None,
+        "tag_scheme": "auto",
+        **{k: v for k, v in columns.items() if v is not None or k not in TOKEN_KEYS},
     }
+
+
+#: token classification's reading keys that a new source gets afresh unless given
+TOKEN_KEYS = ("tokens_column", "tags_column", "spans_column", "tag_column", "tag_scheme")
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -96,6 +106,13 @@ def evaluate(
     threshold: float | None = None,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    tokens_column: str | None = None,
+    tags_column: str | None = None,
+    spans_column: str | None = None,
+    tag_column: int | None = None,
+    tag_scheme: str | None = None,
+    source_column: str | None = None,
+    target_column: str | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -103,7 +120,12 @@ def evaluate(
     the order of `labels`); for a language model the loss per token and perplexity. `data` None: the run's own
     held-out rows, as it held them out. Multi-label models: `label_separator` and `threshold` default to the run's
     own. `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training.
-    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train)."""
+    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train). A token
+    classifier: entity F1, precision, recall (strict IOB2), token accuracy, loss and `per_type`; `data` a CoNLL file
+    (`tag_column`), a table of words and tags (`tokens_column`, `tags_column`) or of texts with entity spans
+    (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected).
+    A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
+    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples."""
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold
     )
@@ -111,6 +133,9 @@ def evaluate(
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
             image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
+            tokens_column=tokens_column, tags_column=tags_column, spans_column=spans_column, tag_column=tag_column,
+            tag_scheme=tag_scheme,
+            source_column=source_column, target_column=target_column,
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, cache_dir, precision)
@@ -119,8 +144,18 @@ def evaluate(
         prepared = task.evaluation_data(job.model_path, job.model_config)
     else:
         prepared = _held_out(job, run_or_model)
-    rows = _rows(job, _model(job), prepared, batch_size)
-    return {**task.scores(rows), **task.evaluation_report(rows, prepared)}
+    return _scores(task, _rows(job, _model(job), prepared, batch_size), prepared)
+
+
+def _scores(task, rows, prepared) -> dict[str, Any]:
+    """The task's scores and report of evaluated rows; of a mixture's held-out rows, each source's too."""
+    out = {**task.scores(rows), **task.evaluation_report(rows, prepared)}
+    spans = getattr(prepared.eval, "spans", ())
+    if spans:  # as its run reported them
+        from leantrain.tasks.evaluation import scores_by_source
+
+        out["sources"] = scores_by_source(task, rows, spans)
+    return out
 
 
 def _held_out(job, run_or_model: str):
@@ -151,35 +186,42 @@ def predict(
     files: list[str] | None = None,
     image_column: str | None = None,
     audio_column: str | None = None,
-    max_new_tokens: int = 32,
+    max_new_tokens: int | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     threshold: float | None = None,
     chat: bool = False,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    tokens_column: str | None = None,
+    aggregation: str | None = None,
+    source_column: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
     language model, the prompt and its generated completion (`chat`: each text is a user's message, rendered
-    with the model's chat template; a 'messages' column is read as chats); for a multi-label model, the labels
-    at or above `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for
-    training."""
+    with the model's chat template; a 'messages' column is read as chats); for a sequence-to-sequence model, the
+    source (`source_column` of `data`, guessed when not given) and its `generated_text`; for a multi-label model,
+    the labels at or above `threshold` (default: the run's --multi-label-threshold); for a token classifier, the
+    entities (type, score, text, character offsets) as `pipeline("token-classification",
+    aggregation_strategy=aggregation)` groups them (default: the run's --aggregation), of texts or of words
+    (`tokens_column`, a CoNLL file; each word's tag too). `max_new_tokens`: 32 for a language model, a
+    sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training."""
     from leantrain.tasks.base import PredictionInputs
 
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
-    overrides = _given(max_length=max_length, multi_label_threshold=threshold)
+    overrides = _given(max_length=max_length, multi_label_threshold=threshold, aggregation=aggregation)
     if data is not None:
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
-            audio_column=audio_column,
+            audio_column=audio_column, tokens_column=tokens_column, source_column=source_column,
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, None, precision)
     task = job.task
     if chat and not task.generates:
         raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task.name} model")
-    generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    generation = _given(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     inputs = PredictionInputs(texts=texts, files=files, chat=chat, generation=generation)
     prepared, shown = task.prediction_data(job.model_path, job.model_config, inputs)
     model = _model(job)

@@ -221,14 +221,21 @@ def count_parameters(model) -> ParamCounts:
 
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    emb = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
-    return ParamCounts(total, trainable, emb)
+    # each tensor once: an encoder-decoder's tied embeddings are one tensor in several modules (T5's three)
+    embedding = {id(p): p for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    return ParamCounts(total, trainable, sum(p.numel() for p in embedding.values()))
 
 
 def classification_head(model) -> str:
     """The modules after the encoder that map its output to the labels, as a short description."""
     import torch
 
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):  # its head: the output embeddings
+        head = model.get_output_embeddings()
+        name = next((n for n, m in model.named_modules() if m is head), "output embeddings")
+        if head is None:
+            return type(model).__name__
+        return f"{name}: Linear({head.in_features} -> {head.out_features})"
     base = getattr(model, "base_model_prefix", "")
     parts = []
     for name, module in model.named_children():

@@ -43,6 +43,7 @@ the resident size then runs 20-60% above live memory in ways no model of the ten
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import math
@@ -293,6 +294,7 @@ def model_facts(
             path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
         )
     kind = planner_kind(config, task, model)
+    config = _as_planned(config, kind)
     inventory = _inventory(config.to_json_string(), trust_remote_code)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
     return ModelFacts(
@@ -307,6 +309,26 @@ def model_facts(
         kind=kind,
         vocab=int(getattr(config, "vocab_size", 0) or 0),
     )
+
+
+#: a planner kind -> transformers' table of the class that trains it, for a config's `architectures`
+_KIND_MAPPINGS = {
+    "classifier": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "token-classifier": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+}
+
+
+def _as_planned(config, kind: str):
+    """`config` naming the architecture the run trains (a token classifier, a sequence classifier), so that the
+    proxies built from its JSON are that model whatever architecture the checkpoint was saved as."""
+    from transformers.models.auto import modeling_auto
+
+    table = getattr(modeling_auto, _KIND_MAPPINGS.get(kind, ""), {})
+    name = table.get(getattr(config, "model_type", None))
+    if name is not None:
+        config = copy.deepcopy(config)
+        config.architectures = [name]
+    return config
 
 
 def _config_from_json(config_json: str, **changes: Any):
@@ -332,11 +354,11 @@ def _quiet():
 
 
 def _build(config, device: str, trust_remote_code: bool = False):
-    """The model the run trains, from `config`: a sequence classifier, or a causal LM for a causal LM's config."""
+    """The model the run trains, from `config`: a sequence or token classifier, or a causal LM, as its kind says."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    import transformers
 
-    auto = AutoModelForCausalLM if is_causal_lm(config) else AutoModelForSequenceClassification
+    auto = getattr(transformers, _AUTO_CLASSES[planner_kind(config)])
     with _quiet(), torch.device(device):
         return auto.from_config(config, trust_remote_code=trust_remote_code)
 
@@ -353,6 +375,19 @@ def planner_kind(config, task: str | None = None, model: str | None = None) -> s
             f"'{getattr(config, 'model_type', '?')}' model ({chosen.name}) is planned by hand for now (leantrain bench)"
         )
     return chosen.planner
+
+
+#: a planner kind -> the transformers class that builds its proxies
+_AUTO_CLASSES = {
+    "classifier": "AutoModelForSequenceClassification",
+    "token-classifier": "AutoModelForTokenClassification",
+    "causal-lm": "AutoModelForCausalLM",
+}
+
+
+def is_token_classifier(config) -> bool:
+    """Whether `config` is a token classifier's: a head and a loss at every token."""
+    return planner_kind(config) == "token-classifier"
 
 
 def is_causal_lm(config) -> bool:
@@ -375,6 +410,8 @@ def proxy_batch(config, batch: int, seq_len: int, generator, counted: float = 1.
 
     vocab = int(getattr(config, "vocab_size", 100))
     ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq_len), generator=generator)
+    if is_token_classifier(config):  # a label at every position
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids)}
     if not is_causal_lm(config):
         labels = torch.zeros(batch, dtype=torch.long)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
@@ -399,6 +436,8 @@ def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool 
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     causal = is_causal_lm(net.config)
+    if is_token_classifier(net.config):
+        return _token_loss(net, batch, inputs, autocast, tail)
     cut: contextlib.AbstractContextManager = contextlib.nullcontext()
     if causal and counted_logits:
         from leantrain.tasks.causal_lm import IGNORE, head_loss, head_rows, next_token_targets
@@ -417,6 +456,20 @@ def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool 
 
         return token_losses(logits, batch["labels"]).sum()
     return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+
+
+def _token_loss(net, batch: dict, inputs: dict, autocast=None, tail=None):
+    """A token classifier's summed loss as its task computes it: with `tail`, the last layer after its attention and
+    the head at the tagged positions only (`tasks.token_classification`)."""
+    import torch.nn.functional as F
+
+    labels = batch["labels"]
+    keep = labels != -100
+    with autocast or contextlib.nullcontext(), tail.rows(keep) if tail is not None else contextlib.nullcontext():
+        logits = net(**inputs).logits
+    if tail is not None:
+        return F.cross_entropy(logits[0].float(), labels[keep], reduction="sum")
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
 
 
 @functools.lru_cache(maxsize=16)
@@ -472,9 +525,14 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
     net = _build(config, "cpu")
     net.train()
     causal = is_causal_lm(config)
-    # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed); a causal
-    # LM's output head only where a token counts
-    tail = None if causal or checkpointing else first_token_tail(net)
+    # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed), a token
+    # classifier's where a token is tagged; a causal LM's output head only where a token counts
+    if is_token_classifier(config):  # a token classifier's where a token is tagged
+        from leantrain.tasks.token_classification import labelled_rows_tail
+
+        tail = None if checkpointing else labelled_rows_tail(net)
+    else:
+        tail = None if causal or checkpointing else first_token_tail(net)
     counted_logits = causal and head_rows_work(net)
     fused = counted_logits and head_loss_works(net)
     if checkpointing:

@@ -366,7 +366,8 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
 
     config = _config_from_json(facts.config_json)
     if is_encoder_config(config):
-        flop = encoder_flop_model(config, request.num_labels)
+        head = "token" if facts.kind == "token-classifier" else "sequence"
+        flop = encoder_flop_model(config, request.num_labels, head=head)
     else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included
         meta = _build(config, "meta")
         flop = counted_flop_model(meta)

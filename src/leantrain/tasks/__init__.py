@@ -9,17 +9,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from leantrain.tasks.registry import TASKS, canonical, classes, names, register, spellings, task_class
+from leantrain.tasks.registry import TASKS, canonical, classes, implied, names, register, spellings, task_class
 
 if TYPE_CHECKING:
     from leantrain.tasks.base import Task, TaskData
 
-__all__ = ["TASKS", "Task", "TaskData", "canonical", "infer", "names", "register", "resolve", "spellings", "task_class"]
+__all__ = [
+    "TASKS",
+    "Task",
+    "TaskData",
+    "canonical",
+    "implied",
+    "infer",
+    "names",
+    "register",
+    "resolve",
+    "spellings",
+    "task_class",
+]
 
 register("leantrain.tasks.text_classification:TextClassification", name="text-classification")
 register("leantrain.tasks.image_classification:ImageClassification", name="image-classification")
 register("leantrain.tasks.audio_classification:AudioClassification", name="audio-classification")
 register("leantrain.tasks.causal_lm:CausalLM", name="causal-lm", aliases=("text-generation",))
+register("leantrain.tasks.token_classification:TokenClassification", name="token-classification", aliases=("ner",))
+register(
+    "leantrain.tasks.seq2seq:Seq2Seq",
+    name="seq2seq",
+    aliases=("text2text-generation", "summarization", "translation"),
+    implies={"translation": {"metrics": "bleu,chrf"}},
+)
 register("leantrain.tasks.grpo:GRPO", name="grpo")
 
 #: the task of a model whose config says nothing clearer
@@ -49,7 +68,7 @@ def infer(model_config: Any, requested: str | None = None) -> str:
     if requested is not None:
         requested = canonical(requested)
         if able and requested not in able and TASKS[requested].load().model_mapping:
-            raise ModelError(f"--task {requested}: a '{kind}' model cannot do it (it does {', '.join(able)})")
+            raise ModelError(TASKS[requested].load().cannot_train(model_config, able))
         return requested
     if len(able) == 1:
         return able[0]

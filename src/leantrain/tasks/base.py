@@ -43,6 +43,9 @@ class TaskData:
     model_config: Any = None
     #: what `leantrain evaluate` reports about the data beside the scores (examples, documents, rows skipped)
     facts: dict[str, Any] = field(default_factory=dict)
+    #: a mixture's sources by name: what was asked of each and found in it (rows, requested share, duplicates,
+    #: contaminated evaluation rows), for metrics.json; empty for one source
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,6 +120,12 @@ class Task(ABC):
         if problem != "single-label":
             raise ConfigError(f"--problem-type {problem} is for text classification, not the {cls.name} task")
         return cls(cfg)
+
+    @classmethod
+    def cannot_train(cls, model_config: Any, able: list[str]) -> str:
+        """Why `--task NAME` refuses a model whose type does only the tasks `able`: one line with the fix."""
+        kind = getattr(model_config, "model_type", None)
+        return f"--task {cls.name}: a '{kind}' model cannot do it (it does {', '.join(able)})"
 
     # -- data and model ----------------------------------------------------------------------------------
     @abstractmethod
@@ -202,6 +211,11 @@ class Task(ABC):
     @abstractmethod
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         """The batch's loss summed (not averaged) over the units it counts, in float32."""
+
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Each example's part of `loss_sum` (batch,), detached: a mixture's training loss per source. None: the task
+        cannot say (the log then holds each source's share of the examples, not its loss)."""
+        return None
 
     # -- evaluation ----------------------------------------------------------------------------------------
     @abstractmethod

@@ -54,3 +54,14 @@ def eval_loader(task: Task, data: Any, batch_size: int, workers: int = 0):
         generator=torch.Generator(),
         num_workers=workers,
     )
+
+
+def scores_by_source(task: Task, rows: dict[str, np.ndarray], spans) -> dict[str, dict[str, float]]:
+    """A mixture's evaluation (`spans`: where each source's rows sit among the examples): each source's scores on
+    its own rows, from the rows gathered for the pooled scores."""
+    out = {}
+    for span in spans:
+        own = (rows["index"] >= span.start) & (rows["index"] < span.stop)
+        if own.any():
+            out[span.name] = task.scores({k: v[own] for k, v in rows.items()})
+    return out

@@ -14,12 +14,18 @@ class MediaClassification(Classification):
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
         from leantrain.data import media
+        from leantrain.data.combine import SourceData, prepare_sources
 
         cfg = self.cfg
         processor = media.load_processor(model_path, model_config, self.name, cfg.max_seconds)
-        data = media.prepare_media_data(cfg, processor, Path(cfg.cache_dir))
+
+        def read(source_cfg: Any, codec: Any) -> SourceData:
+            data = media.prepare_media_data(source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed)
+            return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
+
+        data = prepare_sources(cfg, read, tokens=False, what=self.name)
         sized = media.model_config(model_path, model_config, processor, cfg.trust_remote_code)
-        return TaskData(data.train, data.eval, list(data.label_names), processor, list(data.notes), sized)
+        return TaskData(data.train, data.eval, data.label_names, processor, data.notes, sized, sources=data.facts())
 
     def build_model(self, model_path: str, data: TaskData):
         from leantrain.model import loading

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leantrain.errors import ConfigError
@@ -28,6 +28,9 @@ class TaskEntry:
     aliases: tuple[str, ...]
     #: the class, or "module:Class" until it is first needed
     target: Any
+    #: alias -> the config values that spelling implies where the config leaves them unset (`--task translation`:
+    #: BLEU and chrF, where the task's own default is ROUGE)
+    implies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def load(self) -> type[Task]:
         if isinstance(self.target, str):
@@ -43,16 +46,23 @@ class TaskEntry:
 TASKS: dict[str, TaskEntry] = {}
 
 
-def register(task: type[Task] | str, *, name: str | None = None, aliases: Sequence[str] = ()) -> None:
+def register(
+    task: type[Task] | str,
+    *,
+    name: str | None = None,
+    aliases: Sequence[str] = (),
+    implies: dict[str, dict[str, Any]] | None = None,
+) -> None:
     """Make a task known by its name and aliases: a `Task` subclass (`leantrain.tasks.register(MyTask)`: its `name`
     and `aliases` class attributes), or a "module:Class" path with `name` and `aliases`, imported when first used.
-    Registering a name again replaces the task it named."""
+    `implies`: alias -> config values that spelling sets where the config leaves them unset. Registering a name
+    again replaces the task it named."""
     if isinstance(task, str):
         if name is None:
             raise ConfigError(f"register({task!r}): a task given by its path needs name=")
-        entry = TaskEntry(name, tuple(aliases), task)
+        entry = TaskEntry(name, tuple(aliases), task, dict(implies or {}))
     else:
-        entry = TaskEntry(task.name, tuple(aliases) or tuple(getattr(task, "aliases", ())), task)
+        entry = TaskEntry(task.name, tuple(aliases) or tuple(getattr(task, "aliases", ())), task, dict(implies or {}))
     taken = {a: e.name for e in TASKS.values() for a in (e.name, *e.aliases) if e.name != entry.name}
     for spelling in (entry.name, *entry.aliases):
         if spelling in taken:
@@ -82,6 +92,11 @@ def canonical(spelling: str) -> str:
         f"--task must be one of {', '.join(spellings())} (or package.module:Class for a task of your own); "
         f"got '{spelling}'"
     )
+
+
+def implied(spelling: str) -> dict[str, Any]:
+    """The config values a `--task` spelling implies (an alias's `implies`), where the config leaves them unset."""
+    return next((dict(e.implies.get(spelling, {})) for e in TASKS.values() if spelling in e.aliases), {})
 
 
 def _import_task(path: str) -> str:

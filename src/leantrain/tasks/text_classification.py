@@ -31,13 +31,21 @@ class TextClassification(Classification):
         return TEXT_PROBLEMS[getattr(cfg, "problem_type", "single-label")](cfg)
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data.combine import SourceData, prepare_sources
         from leantrain.data.prepare import prepare_data
         from leantrain.model import loading
 
         tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
         self._check_length(model_config, tokenizer)
-        data = prepare_data(self.cfg, tokenizer, Path(self.cfg.cache_dir), self.label_codec())
-        return TaskData(data.train, data.eval, list(data.label_names), tokenizer, list(data.notes))
+        cache = Path(self.cfg.cache_dir)
+
+        def read(cfg: Any, codec: Any) -> SourceData:
+            data = prepare_data(cfg, tokenizer, cache, codec, seed=cfg.seed)
+            return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
+
+        codec = self.label_codec if self.label_codec() is not None else None
+        data = prepare_sources(self.cfg, read, codec=codec)
+        return TaskData(data.train, data.eval, data.label_names, tokenizer, data.notes, sources=data.facts())
 
     def label_codec(self) -> Any:
         """How labels become targets (`data.labels`); None: class ids (numbers, sets of classes)."""
@@ -223,6 +231,9 @@ class TextRegression(_FloatTargets):
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return F.mse_loss(outputs.logits.float().squeeze(-1), batch["labels"], reduction="sum")
 
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        return F.mse_loss(outputs.logits.detach().float().squeeze(-1), batch["labels"], reduction="none")
+
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {"preds": outputs.logits.float().squeeze(-1), "labels": batch["labels"]}
 
@@ -261,6 +272,10 @@ class TextMultiLabel(_FloatTargets):
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs.logits.float(), batch["labels"], reduction="sum")
+
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        logits = outputs.logits.detach().float()
+        return F.binary_cross_entropy_with_logits(logits, batch["labels"], reduction="none").sum(-1)
 
     def eval_rows(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         logits = outputs.logits.float()

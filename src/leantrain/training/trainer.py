@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from leantrain.config import TrainConfig
+from leantrain.data.mixture import source_rows
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
@@ -224,7 +225,8 @@ class Trainer:
 
         cfg, acc = self.cfg, self.accelerator
         eval_every = steps_every(cfg.eval_every, self.steps_per_epoch)
-        self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks)
+        spans = getattr(self.data.eval, "spans", ())  # a mixture's sources: each scored on its own rows too
+        self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks, spans)
         self.early_stopping = EarlyStopping(cfg.early_stopping_patience, cfg.early_stopping_threshold, self.state)
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
         self.checkpointer.schedule(self.steps_per_epoch)
@@ -251,8 +253,10 @@ class Trainer:
             total_steps=self.total_steps,
             steps_per_epoch=self.steps_per_epoch or 0,
             state=self.state,
+            sources=source_rows(self.data.train),
             task=self.task,
         )
+        self.checkpointer.before_save = self.logger.gather_partial_sums
         self.logger.history.extend(history)
         self.profiler = StepProfiler(
             cfg.profile_steps, self.staging, self.state.step + 1, say=self.say.info, shown_dir=self.run.path
@@ -442,7 +446,7 @@ class Trainer:
         state.steps_in_epoch += 1
         with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
             self.local_sgd.step()
-        self.logger.step_done()
+        self.logger.step_done(finite)
         if finite:
             state.logged_loss += loss_sum
             state.logged_units += units
@@ -458,6 +462,8 @@ class Trainer:
         with self.amp.autocast():
             outputs = self.task.forward(self.model, batch)
         loss_sum = self.task.loss_sum(outputs, batch)
+        if "source" in batch:  # a mixture's batch: the loss of each source's rows, for the log
+            self.logger.row_losses(self.task, outputs, batch)
         self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_units"])
         sums = self.task.train_sums(outputs, batch)
         if sums:
@@ -518,8 +524,10 @@ class Trainer:
             with logger.timer.phase("comm"):
                 self.local_sgd.sync()  # evaluate the averaged model, as the final one will be
             metrics = self.evaluator.evaluate(self.model)
-        logger.eval_row(state.step, metrics)
+        logger.eval_row(state.step, metrics, self.evaluator.by_source)
         self.say.info(f"step {state.step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
+        for name, scores in self.evaluator.by_source.items():
+            self.say.info(f"step {state.step}: {name}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in scores.items()))
         self.model.train()
         self.last_eval = (state.step, metrics)
         new_best = state.update_best(metrics, state.step)
@@ -556,6 +564,7 @@ class Trainer:
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
+            "sources": self._sources_of_run(),
             "best_and_stopping": {  # HF Trainer users; metrics.json stays flat
                 "best_metric": self.state.best_metric,
                 "best_value": self.state.best_value,
@@ -598,7 +607,7 @@ class Trainer:
         else:
             with logger.timer.phase("eval"):
                 metrics = self.evaluator.evaluate(self.model)
-            logger.eval_row(state.step, metrics)
+            logger.eval_row(state.step, metrics, self.evaluator.by_source)
             if self.cfg.load_best_at_end:
                 state.update_best(metrics, state.step)
         if not self.cfg.load_best_at_end or state.best_step in (None, state.step):
@@ -607,6 +616,11 @@ class Trainer:
         self.say.info(f"--load-best-at-end: publishing step {state.best_step}'s weights ({path})")
         with logger.timer.phase("eval"):
             return self.evaluator.evaluate(self.model), state.best_step
+
+    def _sources_of_run(self) -> dict[str, dict[str, Any]]:
+        """A mixture's sources as the data found them, each with its latest evaluation (`eval_` keys)."""
+        by_source = self.evaluator.by_source
+        return {name: {**facts, "eval": prefixed(by_source.get(name, {}))} for name, facts in self.data.sources.items()}
 
     def resolved_config(self) -> dict[str, Any]:
         """The config as it ran: `auto` precision as what it resolved to, the task's metric, the eval batch size."""
