@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from leantrain.config import TrainConfig
-from leantrain.errors import ConfigError
+from leantrain.errors import ConfigError, LeantrainError
 
 
 @dataclass
@@ -64,20 +64,27 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
     return Job(cfg, model_path, model_config, chosen, made, precision, why)
 
 
+def _compares_with_reference(saved: dict[str, Any]) -> bool:
+    """Whether a run's task (as config.yaml records it) compares its model with a reference model."""
+    from leantrain import tasks
+
+    try:
+        return bool(saved.get("task")) and tasks.task_class(str(saved["task"])).uses_reference
+    except LeantrainError:
+        return False
+
+
 #: transformers' config.problem_type -> leantrain's --problem-type
 HF_PROBLEM_TYPES = {"regression": "regression", "multi_label_classification": "multi-label"}
 #: what `evaluate` and `predict` keep of the run's own config: how its model reads inputs and scores them
 #: (the model and data sections, the metrics, the precision and attention kernel); the rest stays at defaults
 _INFERENCE_SECTIONS = ("ModelConfig", "DataConfig")
 _INFERENCE_FIELDS = (
-    "metrics",
-    "precision",
-    "attention",
-    "pad_to_max_length",
-    "seed",
-    "eval_batch_size",
-    "generation_max_new_tokens",
-    "generation_num_beams",
+    *("metrics", "precision", "attention", "pad_to_max_length", "seed", "eval_batch_size"),
+    # a sequence-to-sequence run's generation settings, which its evaluation generates with
+    *("generation_max_new_tokens", "generation_num_beams"),
+    # a preference run's loss, which its evaluation scores held-out pairs with
+    *("preference_loss", "beta", "simpo_gamma", "label_smoothing", "desirable_weight", "undesirable_weight"),
 )
 #: what a trained model never runs again at inference, whatever its run did
 _NOT_AT_INFERENCE = {"lora": False, "quantize": None, "save_adapter": False, "streaming": False, "limit": None}
@@ -104,6 +111,8 @@ def for_inference(
     keep = {f.name for s in sections.SECTIONS if s.__name__ in _INFERENCE_SECTIONS for f in fields(s)}
     keep |= set(_INFERENCE_FIELDS)
     values = {k: v for k, v in saved.items() if k in keep}
+    if from_run and _compares_with_reference({**saved, **overrides}):  # the model it was tuned from, not model/
+        values["reference_model"] = saved.get("reference_model") or saved.get("model")
     values.update(_NOT_AT_INFERENCE, model=path, cache_dir=cache_dir, **overrides)
     if precision is not None:
         values["precision"] = precision

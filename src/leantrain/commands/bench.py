@@ -37,6 +37,9 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "lora": {"lora": True},
     "qlora4bit": {"lora": True, "quantize": "4bit"},
     "qlora8bit": {"lora": True, "quantize": "8bit"},
+    # --- preference tuning (dpo, kto): the reference's forms; the baseline holds a frozen copy
+    "precompute_reference": {"precompute_reference": True},
+    "lora+precompute_reference": {"lora": True, "precompute_reference": True},
     # every registered optimizer but the baseline's, by its own name
     **{name: {"optimizer": name} for name in OPTIMIZERS if name != "adamw"},
 }
@@ -164,14 +167,18 @@ COLUMNS = [
     ("optim state MB", "optimizer_state_bytes", 2**-20, ".1f"),
     ("train loss", "train_loss", 1, ".4f"),
 ]
+#: a preference task's reference: the weights it holds beside the policy and the seconds it took to set up (a
+#: precomputation's passes over the data), shown when the job has one
+REFERENCE_COLUMNS = [("reference MB", "reference_bytes", 2**-20, ".1f"), ("reference s", "reference_seconds", 1, ".1f")]
 #: the held-out score, whichever the task reports: a classifier's accuracy, a language model's perplexity, a token
-#: classifier's entity F1, a sequence-to-sequence model's ROUGE-L or BLEU
-EVAL_COLUMNS = [
+#: classifier's entity F1, a sequence-to-sequence model's ROUGE-L or BLEU, a preference model's reward accuracy
+EVAL_COLUMNS: list[tuple[str, str, float, str]] = [
     ("eval acc", "eval_accuracy", 1, ".4f"),
     ("eval ppl", "eval_perplexity", 1, ".2f"),
     ("eval F1", "eval_f1", 1, ".4f"),
     ("eval ROUGE-L", "eval_rougeL", 1, ".2f"),
     ("eval BLEU", "eval_bleu", 1, ".2f"),
+    ("eval reward acc", "eval_rewards/accuracies", 1, ".4f"),
 ]
 
 
@@ -191,6 +198,7 @@ def _value(row: BenchRow, key: str) -> float | None:
 def table_rows(rows: list[BenchRow]) -> list[dict[str, Any]]:
     base = next((r for r in rows if r.name == "baseline" and r.metrics), None)
     scores = [c for c in EVAL_COLUMNS if any(_value(r, c[1]) is not None for r in rows)] or EVAL_COLUMNS[:1]
+    scores += [c for c in REFERENCE_COLUMNS if any(_value(r, c[1]) is not None for r in rows)]
     out = []
     for r in rows:
         rec: dict[str, Any] = {"technique": r.name, "error": r.error}
@@ -211,7 +219,7 @@ def render(records: list[dict[str, Any]]) -> str:
 
     table = Table(title="leantrain bench (relative to the fp32/AdamW baseline in brackets)")
     table.add_column("technique")
-    columns = COLUMNS + [c for c in EVAL_COLUMNS if records and c[0] in records[0]]
+    columns = COLUMNS + [c for c in EVAL_COLUMNS + REFERENCE_COLUMNS if records and c[0] in records[0]]
     for label, _, _, _ in columns:
         table.add_column(label, justify="right")
     for rec in records:

@@ -245,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics",
         help="Metrics to report, comma-separated, as `train --metrics` (default: the run's, else accuracy,macro_f1).",
     )
+    p.add_argument(
+        "--task",
+        help="Score as this task instead of the run's own: e.g. causal-lm for a preference-tuned (dpo, kto) model's "
+        "loss, perplexity and exact match on instruction rows.",
+    )
     _add_column_flags(p, label=True)
     p.add_argument(
         "--label-separator",
@@ -533,6 +538,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         threshold=args.multi_label_threshold,
         read=_read_options(args),
         precision=args.precision,
+        task=args.task,
         tokens_column=args.tokens_column,
         tags_column=args.tags_column,
         spans_column=args.spans_column,

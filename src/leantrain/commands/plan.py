@@ -9,7 +9,7 @@ from typing import Any
 from leantrain.commands.probe import ProbeConfig, probe
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
-from leantrain.planner.auto import fitted_to_data, request_for
+from leantrain.planner.auto import fitted_to_data, precompute_note, request_for
 from leantrain.planner.search import Plan, make_plan
 
 
@@ -53,14 +53,16 @@ def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=pr
             raise ConfigError(f"--global-batch must be a positive integer, got {options.global_batch}")
         request = _replace(request, global_batch=options.global_batch)
     notes = [f"budget: {source}"]
-    facts = None
+    facts, data = None, None
     if cfg.data is not None:
-        request, facts, fitted = fitted_to_data(cfg, request, prepared_data(cfg))
+        data = prepared_data(cfg)
+        request, facts, fitted = fitted_to_data(cfg, request, data)
         notes += fitted
     if facts is None and cfg.model and presets.is_preset(cfg.model) and presets.preset_task(cfg.model) == "causal-lm":
         notes.append("a preset's vocabulary is planned at its largest; the tokenizer a run trains may be smaller")
     plan = make_plan(request, facts=facts)
     plan.notes[:0] = notes
+    plan.notes += precompute_note(cfg, plan, data)
     paths: dict[str, Path] = {}
     if options.probe:
         import tempfile

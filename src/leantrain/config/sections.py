@@ -57,6 +57,7 @@ PROBLEM_TYPES = ("single-label", "regression", "multi-label")
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
 MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 QUANTIZE = ("4bit", "8bit")  # LoRA
+PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "orpo")
 ADVANTAGES = ("grpo", "rloo")  # online RL
 
 
@@ -85,6 +86,12 @@ class ModelConfig:
     chat_template: str | None = _help(
         "Causal LM: the Jinja chat template (or a file holding one) that renders a 'messages' column, for a "
         "tokenizer without one (or to replace its own). Saved with the model.",
+        default=None,
+    )
+    # --- preference tuning
+    reference_model: str | None = _help(
+        "Preference tuning (dpo, kto): the reference model the policy is compared with, a folder or hub name. "
+        "Default: --model, the model training starts from (with --lora: the model itself, its adapters disabled).",
         default=None,
     )
     # --- LoRA
@@ -439,6 +446,23 @@ class OptimizationConfig:
         "loss is its examples' weighted sum over their total weight. The eval loss stays unweighted.",
         default=None,
     )
+    # --- preference tuning
+    preference_loss: str = _help(
+        f"DPO: the preference loss: {'|'.join(PREFERENCE_LOSSES)}. sigmoid: DPO; ipo: IPO's squared loss on "
+        "per-token log-ratios; hinge: SLiC's; robust: label-smoothed DPO for noisy preferences (the flip rate is "
+        "--label-smoothing, below 0.5); simpo: reference-free, length-normalised, with --simpo-gamma; orpo: "
+        "reference-free odds ratio (weight --beta) plus the SFT loss on chosen.",
+        default="sigmoid",
+    )
+    beta: float = _help(
+        "DPO and KTO: the strength of the pull towards the reference (the rewards are beta x the log-ratio to it); "
+        "SimPO: its reward scale; ORPO: the odds-ratio term's weight.",
+        default=0.1,
+    )
+    simpo_gamma: float = _help("SimPO: the target reward margin between chosen and rejected.", default=0.5)
+    desirable_weight: float = _help("KTO: the weight of a desirable (label true) example's loss.", default=1.0)
+    undesirable_weight: float = _help("KTO: the weight of an undesirable (label false) example's loss.", default=1.0)
+    # --- end preference tuning
     # --- HF Trainer users
     eval_batch_size: int | None = _help(
         "Examples per evaluation batch on each device. Default: 2 x --batch-size (evaluation keeps no gradients).",
@@ -554,6 +578,12 @@ class EfficiencyConfig:
         "Memory budget per process for --auto and `leantrain plan`, e.g. 8GiB, 512MiB, 8GB. Default: the GPU's "
         "memory, or the memory available on this machine.",
         default=None,
+    )
+    precompute_reference: bool = _help(
+        "Preference tuning: compute the reference model's log-probabilities of every training and evaluation row "
+        "once, before training (cached with the tokenized data), and train with no reference model in memory. "
+        "Otherwise the reference is the model with its adapters disabled (--lora) or a frozen copy of it.",
+        default=False,
     )
 
     def __post_init__(self) -> None:
@@ -1047,6 +1077,17 @@ def _check_problem(cfg: ModelConfig) -> None:
 def _check_losses(cfg: OptimizationConfig) -> None:
     if not 0 <= cfg.label_smoothing < 1:
         raise ConfigError(f"--label-smoothing must be in [0, 1), got {cfg.label_smoothing}")
+    _choice(cfg, "preference_loss", PREFERENCE_LOSSES)
+    if not (cfg.beta > 0 and math.isfinite(cfg.beta)):
+        raise ConfigError(f"--beta must be a positive number, got {cfg.beta}")
+    for name in ("simpo_gamma", "desirable_weight", "undesirable_weight"):
+        if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
+            raise ConfigError(f"{_flag(name)} must be a number >= 0, got {getattr(cfg, name)}")
+    if cfg.preference_loss == "robust" and not cfg.label_smoothing < 0.5:
+        raise ConfigError(
+            f"--preference-loss robust: --label-smoothing is the share of flipped preferences and must be below 0.5, "
+            f"got {cfg.label_smoothing}"
+        )
     if cfg.class_weights is not None and cfg.class_weights.strip().lower() != "auto":
         from leantrain.model.losses import parse_class_weights
 

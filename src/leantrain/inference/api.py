@@ -106,6 +106,7 @@ def evaluate(
     threshold: float | None = None,
     read: ReadOptions | None = None,
     precision: str | None = None,
+    task: str | None = None,
     tokens_column: str | None = None,
     tags_column: str | None = None,
     spans_column: str | None = None,
@@ -125,10 +126,12 @@ def evaluate(
     (`tag_column`), a table of words and tags (`tokens_column`, `tags_column`) or of texts with entity spans
     (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected).
     A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
-    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples."""
+    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples.
+    `task`: score as this task, not the run's own (a preference-tuned model as a causal LM on instruction rows)."""
     overrides = _given(
-        max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold
-    )
+        max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold,
+        task=task,
+    )  # fmt: skip
     if data is not None:
         columns = dict(
             text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
@@ -139,12 +142,12 @@ def evaluate(
         )  # fmt: skip
         overrides.update(_source(data, read, **columns))
     job = _job(run_or_model, overrides, cache_dir, precision)
-    task = job.task
+    scoring = job.task
     if data is not None:
-        prepared = task.evaluation_data(job.model_path, job.model_config)
+        prepared = scoring.evaluation_data(job.model_path, job.model_config)
     else:
         prepared = _held_out(job, run_or_model)
-    return _scores(task, _rows(job, _model(job), prepared, batch_size), prepared)
+    return _scores(scoring, _rows(job, _model(job), prepared, batch_size), prepared)
 
 
 def _scores(task, rows, prepared) -> dict[str, Any]:

@@ -62,8 +62,20 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         precisions=None if cfg.precision == "auto" else (cfg.precision,),
         optimizers=("sgd",) if cfg.optimizer == "sgd" else available_optimizers(),
         lora=LoraSpec.of(cfg),  # LoRA
+        **reference_of(cfg),
     )
     return request, source
+
+
+def reference_of(cfg: TrainConfig) -> dict[str, Any]:
+    """What a preference task's reference adds to each step (`Task.planned_reference`): its forward passes and the
+    frozen copy of the weights, for the request."""
+    from leantrain import tasks
+
+    if cfg.task is None:
+        return {}
+    forward, copy = tasks.task_class(cfg.task).planned_reference(cfg)
+    return {"reference_forward": forward, "reference_copy": copy}
 
 
 def fitted_to_data(
@@ -75,7 +87,8 @@ def fitted_to_data(
     notes = []
     if not cfg.streaming and len(data.train):
         longest = int(max(data.train.lengths))
-        if longest < request.seq_len:
+        # (a preference pair's row holds both its sequences: up to twice --max-length)
+        if longest < request.seq_len or getattr(data.train.features, "parts", 1) > 1:
             notes.append(f"length {longest}: the longest example of --data (--max-length {cfg.max_length})")
             request = dataclasses.replace(request, seq_len=longest)
     # a causal LM's logits are computed where the next token counts (not under --compile, whose one graph keeps every
@@ -94,6 +107,18 @@ def fitted_to_data(
         facts = model_facts(cfg.model, config=data.model_config, task=cfg.task)
         notes.append(f"vocabulary {facts.vocab:,}: the tokenizer this run trains on --data")
     return request, facts, notes
+
+
+def precompute_note(cfg: TrainConfig, plan: Plan, data: Any) -> list[str]:
+    """--precompute-reference: what the one-off pass over the training rows costs, at the recommendation's speed."""
+    if not getattr(cfg, "precompute_reference", False) or plan.recommended is None or data is None:
+        return []
+    request = plan.request  # a row's forward is a third of its share of a step's work
+    seconds = len(data.train) / request.num_processes * plan.recommended.step_seconds / request.per_process_batch / 3
+    return [
+        f"--precompute-reference: one forward pass over the {len(data.train):,} training rows before training, "
+        f"about {seconds:,.1f} s at the recommendation's speed (none in the steps, and no reference in memory)"
+    ]
 
 
 def plan_run(cfg: TrainConfig, data: Any = None) -> tuple[TrainConfig, Plan]:
@@ -120,6 +145,7 @@ def plan_run(cfg: TrainConfig, data: Any = None) -> tuple[TrainConfig, Plan]:
     request = dataclasses.replace(request, budget=budget, optimizers=optimizers)
     plan = make_plan(request, facts=facts)
     plan.notes[:0] = [f"budget: {source}", *notes]
+    plan.notes += precompute_note(cfg, plan, data)
     if plan.recommended is None:
         raise LeantrainError("--auto: " + plan.no_fit_message())
     return cfg.replace(**plan.recommended.overrides()), plan

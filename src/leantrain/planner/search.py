@@ -10,7 +10,7 @@ over predicted ones); ties go to the one that needs less memory.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,11 @@ class PlanRequest:
     #: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
     #: completions only): the run computes logits there only, so their memory and FLOPs scale with it
     counted: float = 1.0
+    #: forward passes without gradients each step beyond training's own, in training's tokens: a preference task's
+    #: live reference (1: every sequence once more), 0 when its log-probabilities are precomputed
+    reference_forward: float = 0.0
+    #: a frozen copy of the weights beside the policy, in the run's precision (a preference task's reference)
+    reference_copy: bool = False
 
     @property
     def per_process_batch(self) -> int:
@@ -224,6 +229,9 @@ def enumerate_candidates(
                         ckpt,
                         opt,
                     )
+                    if request.reference_copy:  # held whole beside the policy, in the candidate's precision
+                        copy = facts.params * (4 if precision == "fp32" else 2)
+                        mem = replace(mem, weights=mem.weights + copy, peak=mem.peak + copy)
                     fits = mem.peak <= request.budget
                     label = request.lora.label() if request.lora else ""
                     out.append(Candidate(precision, ckpt, opt, micro, accum, mem, secs, fits=fits, lora=label))
@@ -378,17 +386,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
 
         uncounted = request.seq_len - counted_positions(request.seq_len, request.counted)
         per_seq -= uncounted * row_flops(meta.get_output_embeddings().parameters())
-    notes = [
-        f"speed model: {speed.source}",
-        "activations counted on 1- and 2-layer proxies of the model; workspace calibrated on CPU "
-        "(benchmarks/results/planner_accuracy.md)",
-    ]
-    if request.num_processes > 1:
-        notes.append("memory is per process: each holds a whole replica (no sharding)")
-    if facts.kind == "causal-lm":
-        notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
-        if request.counted < 1.0:
-            notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")
+    per_seq *= 1 + request.reference_forward / 3  # a forward without backward: a third of training's FLOPs
     plan = Plan(
         request=request,
         facts={
@@ -403,12 +401,34 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         },
         candidates=enumerate_candidates(request, facts, speed, per_seq),
         recommended=None,
-        notes=notes,
+        notes=_plan_notes(request, facts, speed),
     )
     choose(plan)
     if request.lora is None:
         plan.notes += lora_notes(request, facts)
     return plan
+
+
+def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> list[str]:
+    """What the plan's figures rest on: the speed model, the proxies, per-process memory, a reference, the LM head."""
+    notes = [
+        f"speed model: {speed.source}",
+        "activations counted on 1- and 2-layer proxies of the model; workspace calibrated on CPU "
+        "(benchmarks/results/planner_accuracy.md)",
+    ]
+    if request.num_processes > 1:
+        notes.append("memory is per process: each holds a whole replica (no sharding)")
+    if request.reference_forward:
+        notes.append(
+            f"reference model: {request.reference_forward:g} more forward pass(es) a step without gradients "
+            f"(+{request.reference_forward / 3:.0%} of the step's FLOPs)"
+            + ("; a frozen copy of the weights in each candidate's precision" if request.reference_copy else "")
+        )
+    if facts.kind == "causal-lm":
+        notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
+        if request.counted < 1.0:
+            notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")
+    return notes
 
 
 def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:

@@ -64,7 +64,8 @@ class PredictionInputs:
 
 @dataclass
 class TrainingContext:
-    """What a task's training hooks (`Task.before_training`, `Task.step_examples`) may use of the run."""
+    """What a task's training hooks (`Task.before_training`, `Task.begin_step`, `Task.step_examples`) may use of
+    the run."""
 
     #: the run's Accelerator (process facts, `reduce`, `gather`, the device)
     accelerator: Any
@@ -107,6 +108,8 @@ class Task(ABC):
     makes_examples: ClassVar[bool] = False
     #: metrics of `train_metrics` the progress bar shows beside the loss
     shown_while_training: ClassVar[tuple[str, ...]] = ()
+    #: whether it compares the model with a reference model (preference tuning: `--precompute-reference` applies)
+    uses_reference: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -119,6 +122,10 @@ class Task(ABC):
         problem = getattr(cfg, "problem_type", "single-label")
         if problem != "single-label":
             raise ConfigError(f"--problem-type {problem} is for text classification, not the {cls.name} task")
+        for flag in ("precompute_reference", "reference_model"):
+            if getattr(cfg, flag, None) and not cls.uses_reference:
+                name = "--" + flag.replace("_", "-")
+                raise ConfigError(f"{name}: the {cls.name} task has no reference model; leave it out")
         return cls(cfg)
 
     @classmethod
@@ -170,8 +177,13 @@ class Task(ABC):
 
     def before_training(self, model: torch.nn.Module, data: TaskData, context: TrainingContext) -> None:  # noqa: B027
         """Once the model is placed on its device (Accelerate's `prepare`), before a checkpoint is restored into it and
-        before the first step: what the task takes from the initial model (a reference model). Every process calls
-        it."""
+        before the first step: what the task takes from the initial model (a preference task's reference model, or
+        its log-probabilities precomputed over `data`). Every process calls it."""
+
+    def begin_step(self, model: torch.nn.Module, batches: list[dict[str, Any]], context: TrainingContext) -> None:  # noqa: B027
+        """Before an optimizer step's micro-batches on this process (`batches`: all of them, in order): what each
+        micro-batch's loss needs from the whole step (KTO's KL baseline, all-reduced across processes). Every process
+        calls it at every step."""
 
     def step_examples(
         self, model: torch.nn.Module, batches: list[dict[str, Any]], step: int, context: TrainingContext
@@ -183,6 +195,17 @@ class Task(ABC):
         summed across processes. Runs in the trainer's autocast, timed as generation; every process calls it at
         every step."""
         raise NotImplementedError(f"{type(self).__name__} sets makes_examples but has no step_examples")
+
+    @classmethod
+    def planned_reference(cls, cfg: Any) -> tuple[float, bool]:
+        """How the planner models the task's reference model: forward passes without gradients each step, in
+        training's tokens (1: every sequence once more), and whether a frozen copy of the weights is held."""
+        return 0.0, False
+
+    def training_facts(self) -> dict[str, Any]:
+        """What metrics.json reports of the task's own costs (a reference model's bytes, the seconds its
+        log-probabilities took to precompute)."""
+        return {}
 
     def train_sums(self, outputs: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """What the task logs while training beside the loss, as sums over the batch (scalar tensors, the same keys

@@ -2,11 +2,11 @@
 
 Four pieces, each small:
 
-- **Sequences** (`sequence_batch`): prompt + completion token sequences as one batch for one forward, each sequence
-  its own row (padded, with an attention mask) or several to a row (packed: position ids restart at each
-  sequence, no attention mask, so transformers' packed-sequence detection keeps them apart). `labels` count the
-  completion's tokens only (the prompt is masked, as instruction tuning masks it); `sequence_ids` say which
-  sequence each token belongs to.
+- **Sequences** (`sequence_batch`, from `data.preferences`): prompt + completion token sequences as one batch for
+  one forward, each sequence its own row (padded, with an attention mask) or several to a row (packed: position ids
+  restart at each sequence, no attention mask, so transformers' packed-sequence detection keeps them apart).
+  `labels` count the completion's tokens only (the prompt is masked, as instruction tuning masks it);
+  `sequence_ids` say which sequence each token belongs to.
 - **Log-probabilities** (`CompletionLogps`): a causal LM's log-probability of each sequence's completion, summed
   over its counted tokens (`SequenceLogps`: the sums, the token counts, and every counted token's own value). The
   output head runs only at the positions whose next token counts (never at the prompt, padding or a sequence's
@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from leantrain.data.instructions import encode_completion, encode_prompt, shared_prompt
+from leantrain.data.preferences import sequence_batch
 from leantrain.tasks.base import same_logits
 from leantrain.tasks.causal_lm import IGNORE, head_rows, head_rows_work, next_token_targets
 
@@ -55,40 +55,6 @@ __all__ = [
 
 #: the model inputs a sequence batch holds
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
-
-
-# -- sequences -------------------------------------------------------------------------------------------------
-def sequence_batch(
-    sequences: Sequence[tuple[np.ndarray, np.ndarray]], pad_token_id: int, rows: Sequence[Sequence[int]] | None = None
-) -> dict[str, torch.Tensor]:
-    """One batch of (prompt tokens, completion tokens) sequences. `rows`: which sequences share each row, in order
-    (packed); None: one sequence a row, padded, with an attention mask. Returns `input_ids`, `position_ids`,
-    `labels` (the completion's tokens; IGNORE elsewhere), `sequence_ids` (each token's sequence, -1 on padding) and,
-    padded, `attention_mask`."""
-    packed = rows is not None
-    layout = [list(r) for r in rows] if rows is not None else [[i] for i in range(len(sequences))]
-    lengths = [sum(len(sequences[i][0]) + len(sequences[i][1]) for i in r) for r in layout]
-    width = max(lengths)
-    shape = (len(layout), width)
-    ids = torch.full(shape, pad_token_id, dtype=torch.long)
-    labels = torch.full(shape, IGNORE, dtype=torch.long)
-    owner = torch.full(shape, -1, dtype=torch.long)
-    positions = torch.arange(width, dtype=torch.long).repeat(len(layout), 1)
-    for r, members in enumerate(layout):
-        at = 0
-        for i in members:
-            prompt, completion = (torch.from_numpy(np.asarray(x, dtype=np.int64)) for x in sequences[i])
-            n = len(prompt) + len(completion)
-            ids[r, at : at + n] = torch.cat([prompt, completion])
-            labels[r, at + len(prompt) : at + n] = completion
-            owner[r, at : at + n] = i
-            positions[r, at : at + n] = torch.arange(n)
-            at += n
-        positions[r, at:] = torch.arange(width - at)  # padding: one more segment, counted nowhere
-    batch = {"input_ids": ids, "position_ids": positions, "labels": labels, "sequence_ids": owner}
-    if not packed:
-        batch["attention_mask"] = (owner >= 0).long()
-    return batch
 
 
 # -- log-probabilities -----------------------------------------------------------------------------------------
@@ -271,7 +237,10 @@ class FrozenCopy(Reference):
         self.computer = CompletionLogps(self.model, compiled=compiled)
 
     def logps(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        with torch.no_grad():
+        device = next(self.model.parameters()).device.type
+        low = self.dtype in (torch.bfloat16, torch.float16)
+        # its weights are in the run's precision already; autocast runs its matmuls as the policy's run
+        with torch.no_grad(), torch.autocast(device, dtype=self.dtype) if low else contextlib.nullcontext():
             return self.computer(self.model, batch).total
 
     def describe(self) -> str:

@@ -28,6 +28,11 @@ class TextClassification(Classification):
     @classmethod
     def for_config(cls, cfg: Any):
         """--problem-type: single-label classification (this class), regression or multi-label (below)."""
+        for flag in ("precompute_reference", "reference_model"):
+            if getattr(cfg, flag, None):
+                raise ConfigError(
+                    f"--{flag.replace('_', '-')}: the {cls.name} task has no reference model; leave it out"
+                )
         return TEXT_PROBLEMS[getattr(cfg, "problem_type", "single-label")](cfg)
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:

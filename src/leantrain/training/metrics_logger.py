@@ -32,7 +32,8 @@ class MetricsLogger:
         sources: dict[str, int] | None = None,
         task=None,
     ):
-        """`sources`: a mixture's sources, each with its training rows (0: a stream's, unknown)."""
+        """`sources`: a mixture's sources, each with its training rows (0: a stream's, unknown); `task`: whose
+        `train_sums` are logged (`train_metrics`) and whose `training_facts` go to metrics.json."""
         from tqdm.auto import tqdm
 
         from leantrain.telemetry import Throughput
@@ -267,6 +268,7 @@ class MetricsLogger:
             **extra["oom"],
             "num_labels": extra["num_labels"],
             **extra.get("best_and_stopping", {}),  # best model, early stopping
+            **(self.task.training_facts() if self.task is not None else {}),  # the task's own costs
             **({"sources": self.source_metrics(state, extra["sources"])} if self.sources is not None else {}),
         }
 

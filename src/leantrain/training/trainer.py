@@ -421,6 +421,8 @@ class Trainer:
         self.logger.step_started()
         if self.task.makes_examples:
             batches = self._made_examples(batches)
+        with timer.phase("forward_backward"), self.amp.autocast():
+            self.task.begin_step(self.model, batches, self.context)
         for i, batch in enumerate(batches):
             # Gradients are all-reduced once per optimizer step, never with local SGD.
             last = i == len(batches) - 1

@@ -1,0 +1,119 @@
+"""`--task kto` on a tiny Llama in fp32: its loss is the KTO formula, its KL baseline is the whole step's (so
+accumulation is exact), and a label that is not boolean is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, train
+from leantrain.tasks.kto import kto_losses, mismatched
+from tests.conftest import EXACT_JOB, assert_trained_alike
+from tests.tasks.test_dpo import _cli, _one_line, llama_dir, pair_rows, write_jsonl  # noqa: F401 (a fixture)
+
+
+def judgement_rows(n: int, seed: int = 0) -> list[dict]:
+    """Each pair's prompt with its chosen completion (desirable) or its rejected one (undesirable), at random."""
+    rng = random.Random(seed)
+    out = []
+    for row in pair_rows(n, seed):
+        good = rng.random() < 0.6
+        out.append({"prompt": row["prompt"], "completion": row["chosen" if good else "rejected"], "label": good})
+    return out
+
+
+@pytest.fixture(scope="module")
+def judgements(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("kto") / "kto.jsonl", judgement_rows(96))
+
+
+@pytest.fixture()
+def run(llama_dir, judgements, tmp_path):  # noqa: F811
+    count = iter(range(100))
+
+    def go(**changes):
+        base = dict(
+            task="kto",
+            model=str(llama_dir),
+            data=str(judgements),
+            cache_dir=str(tmp_path / "cache"),
+            output_dir=str(tmp_path / f"run{next(count)}"),
+            max_length=32,
+            report=False,
+            **EXACT_JOB,
+        )
+        result = train(TrainConfig(**{**base, **changes}))
+        return result, load_file(result.model_dir / "model.safetensors")
+
+    return go
+
+
+def train_rows(result) -> list[dict]:
+    rows = [json.loads(x) for x in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r]
+
+
+def test_the_loss_is_ktos_formula():
+    ratios = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64)
+    desirable = torch.tensor([True, True, False, False])
+    beta, kl, weights = 0.3, 0.25, (1.5, 0.7)
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    expected = [
+        weights[0] * (1 - sig(beta * (r - kl))) if d else weights[1] * (1 - sig(beta * (kl - r)))
+        for r, d in zip(ratios.tolist(), desirable.tolist())
+    ]
+    assert kto_losses(ratios, desirable, kl, beta, weights).tolist() == pytest.approx(expected, rel=1e-9)
+
+
+def test_each_row_is_paired_with_another_rows_completion():
+    partner = mismatched(11, seed=3)
+    assert sorted(partner.tolist()) == list(range(11)) and (partner != np.arange(11)).all()
+
+
+def test_accumulation_equals_one_big_batch_with_the_steps_kl_baseline(run):
+    """z0 is the whole step's: four micro-batches of 4 give the weights of one of 16 (a per-micro-batch baseline,
+    as TRL takes it, would not)."""
+    big, w_big = run(batch_size=16, grad_accum=1, max_steps=3, beta=1.0)
+    small, w_small = run(batch_size=4, grad_accum=4, max_steps=3, beta=1.0)
+    _, start = run(batch_size=16, max_steps=3, lr=1e-30)
+    assert_trained_alike(w_big, w_small, start, rel=1e-5)
+    for key in ("loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen"):
+        assert [r[key] for r in train_rows(small)] == pytest.approx(
+            [r[key] for r in train_rows(big)], rel=1e-6, abs=1e-6
+        )
+    assert train_rows(big)[-1]["kl"] > 0  # the baseline is there to be wrong
+
+
+def test_a_precomputed_reference_trains_alike(run):
+    live, w_live = run(batch_size=16, max_steps=3, beta=1.0)
+    pre, w_pre = run(batch_size=16, max_steps=3, beta=1.0, precompute_reference=True)
+    _, start = run(batch_size=16, max_steps=3, lr=1e-30)
+    assert_trained_alike(w_live, w_pre, start, rel=1e-5)
+    assert [r["kl"] for r in train_rows(pre)] == pytest.approx([r["kl"] for r in train_rows(live)], abs=1e-6)
+
+
+@pytest.mark.parametrize("label", ["maybe", 2, None])
+def test_a_label_that_is_not_boolean_is_refused_in_one_line(capsys, llama_dir, tmp_path, label):  # noqa: F811
+    rows = judgement_rows(8)
+    rows[5]["label"] = label
+    code, err = _cli(capsys, llama_dir, write_jsonl(tmp_path / "k.jsonl", rows), tmp_path, "--task", "kto")
+    _one_line(code, err, "k.jsonl", "row 6", "true or false")
+
+
+def test_string_and_integer_booleans_are_read(llama_dir, tmp_path):  # noqa: F811
+    from leantrain.tasks.kto import KTO
+
+    rows = judgement_rows(10)
+    for i, r in enumerate(rows):
+        r["label"] = ["true", "False", 1, 0, True][i % 5]
+    cfg = TrainConfig(task="kto", model=str(llama_dir), data=str(write_jsonl(tmp_path / "b.jsonl", rows)),
+                      cache_dir=str(tmp_path / "cache"), eval_fraction=0.2, seed=0)  # fmt: skip
+    data = KTO(cfg).prepare_data(str(llama_dir), None)
+    assert int(data.train.labels.sum()) + int(data.eval.labels.sum()) == 6
