@@ -10,6 +10,7 @@ A command added to the docs and not handled here fails `test_every_documented_co
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -41,7 +42,15 @@ NOT_RUN = {
 }
 # python -c: a new interpreter importing transformers' pipeline (30 s at load 3.5-5, 16 s at load 2); the tiny Llama
 # run: 32 s and 10 s
-SLOW = ("--num-processes 2", "leantrain bench", "--probe", "--full-epoch", "python -c", "preset:tiny-llama")
+SLOW = (
+    "--num-processes 2",
+    "leantrain bench",
+    "--probe",
+    "--full-epoch",
+    "python -c",
+    "preset:tiny-llama",
+    "--task grpo",
+)
 HUB_MODELS = {"bert-base-uncased": "TINY", "google/vit-base-patch16-224": "preset:tiny-vit", "t5-small": "T5TINY"}
 
 
@@ -111,6 +120,14 @@ def workspace(tmp_path_factory, tiny_model_dir):
             (ws / name).symlink_to(ws / "fsdd")
         shutil.copy(SHARED_DATA / "fsdd" / "recordings" / "7_jackson_0.wav", ws / "7_jackson_0.wav")
     (ws / "job.yaml").write_text(f"model: {tiny_model_dir}\ndata: {ws / 'train.csv'}\nmax_steps: 2\n")
+    # docs/online-rl.md: SST-2-like prompt/completion rows and a reward module of one's own
+    names = {"pos": " positive", "neg": " negative"}
+    prompts = [{"prompt": f"Review: {t}\nSentiment:", "completion": names[y]} for t, y in rows]
+    (ws / "sst2_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    (ws / "my_rewards.py").write_text(
+        "def brevity(prompts, completions, completion_ids, **columns):\n"
+        "    return [-len(i) / 8 for i in completion_ids]\n"
+    )
     return ws
 
 
@@ -323,11 +340,13 @@ PREREQUISITES = {
     "runs/ner": "leantrain train --task ner --data train.conll --eval-data dev.conll --output-dir runs/ner",
     "runs/summaries": "leantrain train --model t5-small --task summarization --data news.csv --output-dir "
     "runs/summaries",
+    "runs/sst2-sft": "leantrain train --model preset:tiny-llama --data sst2_prompts.jsonl --output-dir runs/sst2-sft "
+    "--metric-for-best loss",
 }
 
 
 def _ensure_runs(command: str, ws: Path, tiny: Path, monkeypatch) -> None:
-    if command.startswith("leantrain train") and "--resume runs/a/" not in command:
+    if command.startswith("leantrain train") and not ("--resume runs/a/" in command or "--model runs/" in command):
         return
     for run, make in PREREQUISITES.items():
         if re.search(rf"{run}\b", command.replace("runs/<run>", _run_for(command))) and not (ws / run).is_dir():

@@ -222,10 +222,11 @@ def test_the_trainer_knows_tasks_only_through_their_interface():
             assert tasks <= TASK_INTERFACE, f"{name} imports {tasks - TASK_INTERFACE}"
 
 
-@pytest.mark.parametrize("module", ["leantrain.training.trainer"])
+@pytest.mark.parametrize("module", ["leantrain.training.trainer", "leantrain.training.metrics_logger"])
 def test_the_trainer_never_names_a_workload(module):
     source = modules()[module].read_text()
-    for word in ("text-classification", "image-classification", "audio-classification", "pixel_values", "tokenizer"):
+    words = ("text-classification", "image-classification", "audio-classification", "pixel_values", "tokenizer")
+    for word in (*words, "grpo", "reward", "completion"):
         assert word not in source, word
 
 

@@ -105,7 +105,7 @@ def synthetic_run(root: Path, finished: bool = True) -> Path:
             "precision": "bf16",
             "num_processes": 1,
             "wall_seconds": 300.0,
-            **{row_key(p): v for p, v in zip(PHASES, (10, 200, 30, 20, 0, 5, 5))},
+            **{row_key(p): v for p, v in zip(PHASES, (10, 0, 200, 30, 20, 0, 5, 5))},
         }
         (where / "metrics.json").write_text(json.dumps(metrics))
         (where / "environment.json").write_text(

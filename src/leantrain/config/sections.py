@@ -62,6 +62,7 @@ DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
 MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 QUANTIZE = ("4bit", "8bit")  # LoRA
 PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "orpo")
+ADVANTAGES = ("grpo", "rloo")  # online RL
 
 
 _Section = TypeVar("_Section")
@@ -135,6 +136,20 @@ class ModelConfig:
     multi_label_threshold: float = _help(
         "Multi-label: a class is predicted when its probability reaches this.", default=0.5
     )
+    # --- online RL
+    reward: str | None = _help(
+        "GRPO: how completions are scored: exact-match (the completion is --reward-column's value), regex (it "
+        "matches --reward-pattern), number (its last number is the column's), or module:function (a Python function "
+        "as TRL's GRPOTrainer takes one; a file: path/to/rewards.py:function); several comma-separated, each "
+        "optionally weighted NAME=WEIGHT, the reward their weighted sum.",
+        default=None,
+    )
+    reward_pattern: str | None = _help(
+        "GRPO: the regular expression --reward regex looks for in each completion ('.' spans lines; anchor it with "
+        "^ and $).",
+        default=None,
+    )
+    # --- end online RL
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -145,6 +160,13 @@ class ModelConfig:
             self.task = tasks.canonical(self.task)  # an alias names its task; an unknown name is refused
         _check_lora(self)
         _check_problem(self)
+        if self.reward_pattern is not None:  # online RL
+            try:
+                re.compile(self.reward_pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"--reward-pattern '{self.reward_pattern}' is not a regular expression ({exc})"
+                ) from None
 
 
 @dataclass
@@ -352,13 +374,25 @@ class DataConfig:
         "token; adjacent tokens of one type join).",
         default="first",
     )
+    # --- online RL
+    reward_column: str | None = _help(
+        "GRPO: the column that exact-match and number compare completions with. Default: the first of answer, "
+        "solution, completion, label, target the data has.",
+        default=None,
+    )
+    max_completion_length: int = _help(
+        "GRPO: the most tokens a completion has (its EOS included); prompts longer than --max-length minus this "
+        "are skipped and counted.",
+        default=64,
+    )
+    # --- end online RL
 
     def __post_init__(self) -> None:
         _coerce_types(self)
         self._check()
 
     def _check(self) -> None:
-        _positive(self, "max_length")
+        _positive(self, "max_length", "max_completion_length")
         _check_token_labels(self)
         if self.dataloader_num_workers < 0:  # HF Trainer users
             raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
@@ -449,6 +483,42 @@ class OptimizationConfig:
         default=None,
     )
     # --- end HF Trainer users
+    # --- online RL
+    num_generations: int = _help(
+        "GRPO: completions sampled per prompt each step, the group whose rewards give each its advantage (2 or "
+        "more). --batch-size counts prompts: a micro-batch trains on batch-size x num-generations completions.",
+        default=8,
+    )
+    temperature: float = _help(
+        "GRPO: the sampling temperature; the log-probabilities trained are those of logits / temperature.",
+        default=1.0,
+    )
+    top_p: float = _help(
+        "GRPO: sample from the smallest set of most likely tokens whose probability reaches top-p (1: all).",
+        default=1.0,
+    )
+    advantage: str = _help(
+        f"GRPO: {'|'.join(ADVANTAGES)}. grpo: each reward less its group's mean, over the group's standard "
+        "deviation + 1e-4; rloo: each reward less the mean of its group's other rewards.",
+        default="grpo",
+    )
+    kl_beta: float = _help(
+        "GRPO: weight of the KL penalty to the reference model (the initial model; with --lora the base with its "
+        "adapters off); 0 keeps no reference.",
+        default=0.0,
+    )
+    clip_epsilon: float = _help(
+        "GRPO: the policy ratio is clipped to [1 - clip-epsilon, 1 + clip-epsilon-high].", default=0.2
+    )
+    clip_epsilon_high: float | None = _help(
+        "GRPO: the upper clip (DAPO's clip-higher). Default: --clip-epsilon.", default=None
+    )
+    iterations_per_generation: int = _help(
+        "GRPO: optimizer steps that reuse each generation of completions (TRL's num_iterations), the policy ratio "
+        "then taken against their log-probabilities at generation.",
+        default=1,
+    )
+    # --- end online RL
 
     def __post_init__(self) -> None:
         _coerce_types(self)
@@ -470,6 +540,7 @@ class OptimizationConfig:
         optimizers.entry(self.optimizer)  # refused in one line when unknown
         _choice(self, "on_nan", ON_NAN)
         _check_losses(self)
+        _check_online_rl(self)
 
 
 @dataclass
@@ -1051,6 +1122,21 @@ def _check_losses(cfg: OptimizationConfig) -> None:
         from leantrain.model.losses import parse_class_weights
 
         parse_class_weights(cfg.class_weights)
+
+
+def _check_online_rl(cfg: OptimizationConfig) -> None:
+    _positive(cfg, "num_generations", "iterations_per_generation")
+    _choice(cfg, "advantage", ADVANTAGES)
+    if not cfg.temperature > 0:
+        raise ConfigError(f"--temperature must be positive, got {cfg.temperature}")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    if cfg.kl_beta < 0:
+        raise ConfigError(f"--kl-beta must be >= 0 (0: no reference model), got {cfg.kl_beta}")
+    if not 0 < cfg.clip_epsilon < 1:
+        raise ConfigError(f"--clip-epsilon must be in (0, 1), got {cfg.clip_epsilon}")
+    if cfg.clip_epsilon_high is not None and not cfg.clip_epsilon_high > 0:
+        raise ConfigError(f"--clip-epsilon-high must be positive, got {cfg.clip_epsilon_high}")
 
 
 def _check_reporting(cfg: LoggingConfig) -> None:

@@ -5,7 +5,8 @@ Layout of `OUTPUT_DIR/checkpoints/step-000123/` (one per save; the directory nam
     model.safetensors    the model's weights (safetensors: loading runs no code)
     optimizer.pt         optimizer.state_dict() (AdamW moments, bitsandbytes 8-bit blocks, Adafactor factors)
     training_state.pt    scheduler, loss scaler, local SGD counters and outer momentum
-    rank-0.pt ...        per process: every RNG (Python, NumPy, torch, CUDA); with local SGD its optimizer too
+    rank-0.pt ...        per process: every RNG (Python, NumPy, torch, CUDA); with local SGD its optimizer too;
+                         the task's own state between steps (`Task.training_state`: generations reused later)
     metrics.jsonl        the run's log so far, which a resumed run continues
     config.json ...      the model's config and its processor (tokenizer): with model.safetensors, the
                          save_pretrained layout, so `predict`, `evaluate` and `pipeline` load the folder
@@ -333,6 +334,7 @@ class CheckpointDir:
         reason: str,
         keep: int | None = None,
         processor=None,
+        task=None,
     ) -> Path:
         """Write checkpoint `step-{progress.step}` atomically, then prune to the newest `keep` (+ the best).
 
@@ -363,6 +365,8 @@ class CheckpointDir:
 
         def write_own():
             own = {"rng": rng, "optimizer": optimizer.state_dict() if per_rank_optimizer else None}
+            if task is not None and (task_state := task.training_state()) is not None:
+                own["task"] = task_state
             _write(tmp / f"rank-{rank}.pt", lambda f: torch.save(own, f))
             if main:
                 trained = dict(model=unwrapped_model, scheduler=scheduler, amp=amp, local_sgd=local_sgd)
@@ -551,13 +555,15 @@ def verify(path: Path) -> Checkpoint:
     return Checkpoint(path, manifest)
 
 
-def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator) -> dict:
-    """Load weights, optimizer, scheduler, scaler and local SGD state; returns this process's RNG state,
+def restore(ckpt: Checkpoint, *, model, optimizer, scheduler, amp, local_sgd, accelerator, task=None) -> dict:
+    """Load weights, optimizer, scheduler, scaler, local SGD and the task's state; returns this process's RNG state,
     to be set (with `set_rng_state`) just before the loop resumes. The caller checked the config matches."""
     from leantrain.parallel import sharding
 
     rank = accelerator.process_index
     own = _load(ckpt.path / f"rank-{rank}.pt", _torch_load)
+    if task is not None:
+        task.load_training_state(own.get("task"))
     unwrapped = accelerator.unwrap_model(model)
     if sharding.is_sharded(unwrapped):  # --shard fsdp: whole state on disk, each process takes its shards
         from safetensors.torch import load_file

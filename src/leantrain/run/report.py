@@ -29,6 +29,7 @@ ENVIRONMENT_NAME = "environment.json"
 EVALUATION_NAME = "evaluation.json"
 PHASE_COLORS = {
     "data": "#e4a11b",
+    "generate": "#17a2b8",
     "forward_backward": "#3b7dd8",
     "optimizer": "#6aa84f",
     "eval": "#9b59b6",
@@ -372,6 +373,26 @@ def plot_eval(run: RunData) -> bytes | None:
     return _png(fig)
 
 
+def plot_reward(run: RunData) -> bytes | None:
+    """A run that trains on rewards (online RL): the mean reward of each log window, each reward function's, and
+    the evaluations' (greedy completions)."""
+    train, evals = run.train_rows, run.eval_rows
+    if not _has(train, "reward"):
+        return None
+    fig, (ax,) = _figure(1, width=7)
+    ax.plot(*_series(train, "reward"), label="reward (sampled)", color="#3b7dd8")
+    functions = sorted({k for r in train for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    if len(functions) > 1:
+        for k in functions:
+            ax.plot(*_series(train, k), label=k.removeprefix("rewards/").removesuffix("/mean"), alpha=0.6, lw=1)
+    if _has(evals, "eval_reward"):
+        ax.plot(*_series(evals, "eval_reward"), "o-", label="eval reward (greedy)", color="#d9534f")
+    ax.set(xlabel="optimizer step", ylabel="reward", title="Reward")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
 def plot_throughput(run: RunData) -> bytes | None:
     train = run.train_rows
     has_rate = _has(train, "samples_per_second") or _has(train, "tokens_per_second")
@@ -562,6 +583,7 @@ def _percent(value: Any) -> str:
 PLOTS: list[tuple[str, str, Callable[[RunData], bytes | None]]] = [
     ("loss", "Loss and learning rate", plot_loss),
     ("sources", "Sources of the mixture", plot_sources),
+    ("reward", "Reward", plot_reward),
     ("eval", "Evaluation metrics", plot_eval),
     ("throughput", "Throughput and MFU", plot_throughput),
     ("time", "Time breakdown", plot_time),
@@ -576,6 +598,7 @@ METRIC_LABELS = {
     "eval_accuracy": "eval accuracy",
     "eval_macro_f1": "eval macro-F1",
     "eval_loss": "eval loss",
+    "eval_reward": "eval reward (greedy)",
     "train_loss": "train loss (last log)",
     "optimizer_steps": "optimizer steps",
     "epochs": "epochs",
@@ -599,7 +622,7 @@ METRIC_LABELS = {
 }
 
 HEADLINE = [
-    *("eval_accuracy", "eval_macro_f1", "eval_loss", "train_loss", "optimizer_steps"),
+    *("eval_accuracy", "eval_macro_f1", "eval_loss", "eval_reward", "train_loss", "optimizer_steps"),
     *("train_samples_per_second", "steady_samples_per_second", "train_tokens_per_second", "padding_fraction"),
     *("model_tflops_per_second", "steady_mfu", "mfu", "mfu_useful"),
     *("peak_memory_over_baseline_bytes", "optimizer_state_bytes", "precision", "num_processes", "wall_seconds"),

@@ -42,6 +42,7 @@ register(
 register("leantrain.tasks.preference:DPO", name="dpo")
 register("leantrain.tasks.kto:KTO", name="kto")
 register("leantrain.tasks.reward_model:RewardModel", name="reward-model", aliases=("reward",))
+register("leantrain.tasks.grpo:GRPO", name="grpo")
 
 #: the task of a model whose config says nothing clearer
 FALLBACK = "text-classification"

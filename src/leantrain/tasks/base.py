@@ -9,7 +9,9 @@ are registered the same way) or passed to `leantrain.train(task=...)`.
 
 Loss normalisation is the trainer's, and exact: a task returns the loss *summed* over the units it counts
 (examples for sequence tasks, tokens for token tasks), and the trainer divides by the units of the whole
-optimizer step across micro-batches and processes, which the sampler knows before the step begins.
+optimizer step across micro-batches and processes, which the sampler knows before the step begins. A task that
+makes a step's examples itself while training (`makes_examples`: completions generated from the sampled prompts)
+gives their units with them, and the trainer adds those up across processes before the step's first backward.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class PredictionInputs:
 
 @dataclass
 class TrainingContext:
-    """What a task's training hooks (`Task.before_training`, `Task.begin_step`) may use of the run."""
+    """What a task's training hooks (`Task.before_training`, `Task.begin_step`, `Task.step_examples`) may use of
+    the run."""
 
     #: the run's Accelerator (process facts, `reduce`, `gather`, the device)
     accelerator: Any
@@ -100,6 +103,11 @@ class Task(ABC):
 
     #: whether `prepare_data` can leave the training examples a stream (`--streaming`)
     streams: ClassVar[bool] = False
+    #: whether the task makes each optimizer step's examples from the sampled ones while training
+    #: (`step_examples`: completions generated from prompts), their loss units known only then
+    makes_examples: ClassVar[bool] = False
+    #: metrics of `train_metrics` the progress bar shows beside the loss
+    shown_while_training: ClassVar[tuple[str, ...]] = ()
     #: whether it compares the model with a reference model (preference tuning: `--precompute-reference` applies)
     uses_reference: ClassVar[bool] = False
 
@@ -177,6 +185,17 @@ class Task(ABC):
         micro-batch's loss needs from the whole step (KTO's KL baseline, all-reduced across processes). Every process
         calls it at every step."""
 
+    def step_examples(
+        self, model: torch.nn.Module, batches: list[dict[str, Any]], step: int, context: TrainingContext
+    ) -> list[dict[str, Any]]:
+        """With `makes_examples`: the micro-batches this process trains on in optimizer step `step` (counting from 0),
+        made from the sampled ones (`batches`: all of the step's on this process, in order), as many and in the same
+        order, e.g. the prompts' generated completions. Each carries the batch keys `collator` documents, its `units`
+        those of the examples made; the trainer then sets every micro-batch's `step_units` to the step's units
+        summed across processes. Runs in the trainer's autocast, timed as generation; every process calls it at
+        every step."""
+        raise NotImplementedError(f"{type(self).__name__} sets makes_examples but has no step_examples")
+
     @classmethod
     def planned_reference(cls, cfg: Any) -> tuple[float, bool]:
         """How the planner models the task's reference model: forward passes without gradients each step, in
@@ -197,6 +216,15 @@ class Task(ABC):
     def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """The metrics logged with the loss (metrics.jsonl) from `train_sums`' totals over the log window."""
         return {}
+
+    def training_state(self) -> dict[str, Any] | None:
+        """What this process's task holds between optimizer steps that a resumed run needs to go on exactly as the run
+        would have (generations that later steps reuse): tensors, numbers, lists and dicts of them, saved in this
+        process's checkpoint file. None: nothing."""
+        return None
+
+    def load_training_state(self, state: dict[str, Any] | None) -> None:  # noqa: B027
+        """Restore what `training_state` returned (on resume, in the same process rank)."""
 
     def loss_units(self, data: TaskData) -> np.ndarray | None:
         """What `loss_sum` counts for each training example of `data.train` (counted tokens, or a class weight):

@@ -78,14 +78,22 @@ class SequenceLogps:
 
 
 @contextlib.contextmanager
-def head_logps(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor) -> Iterator[None]:
+def head_logps(
+    model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> Iterator[None]:
     """Within: the model's output head returns the log-probability of `targets` at the positions `keep` marks
-    (row-major), fused with its log-softmax (`losses.head_token_logps`), in place of logits."""
+    (row-major), fused with its log-softmax (`losses.head_token_logps`), in place of logits; with `temperature`, of
+    softmax(logits / temperature) (the head's input and bias scaled: the same logits / temperature)."""
     from leantrain.model.losses import head_token_logps
     from leantrain.telemetry.flops import unwrap
 
     head = unwrap(model).get_output_embeddings()
-    head.forward = lambda hidden: head_token_logps(hidden[keep], head.weight, head.bias, targets)
+    if temperature == 1.0:
+        head.forward = lambda hidden: head_token_logps(hidden[keep], head.weight, head.bias, targets)
+    else:
+        head.forward = lambda hidden: head_token_logps(
+            hidden[keep] / temperature, head.weight, None if head.bias is None else head.bias / temperature, targets
+        )
     try:
         yield
     finally:
@@ -120,9 +128,11 @@ class CompletionLogps:
     """Computes `SequenceLogps` of sequence batches with one model (see the module doc); `mode` says how, chosen once
     from the model as it will run: "fused" (the head fused with its log-softmax at the counted positions), "rows"
     (the head at the counted positions only) or "full" (every position's logits). `compiled`: a compiled model keeps
-    one graph, so every position's logits."""
+    one graph, so every position's logits. `temperature`: the log-probabilities of softmax(logits / temperature), the
+    distribution completions are sampled from."""
 
-    def __init__(self, model: torch.nn.Module, compiled: bool = False):
+    def __init__(self, model: torch.nn.Module, compiled: bool = False, temperature: float = 1.0):
+        self.temperature = temperature
         if compiled or not head_rows_work(model):
             self.mode = "full"
         else:
@@ -135,14 +145,15 @@ class CompletionLogps:
         owner = next_token_targets(batch["sequence_ids"])[keep]
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         if self.mode == "fused":
-            with head_logps(model, keep, wanted):
+            with head_logps(model, keep, wanted, self.temperature):
                 per_token = model(**inputs, use_cache=False).logits
         else:
             with head_rows(model, keep) if self.mode == "rows" else contextlib.nullcontext():
                 logits = model(**inputs, use_cache=False).logits
             if self.mode == "full":
                 logits = logits[keep]
-            per_token = torch.log_softmax(logits.float(), -1).gather(1, wanted[:, None]).squeeze(1)
+            logits = logits.float() if self.temperature == 1.0 else logits.float() / self.temperature
+            per_token = torch.log_softmax(logits, -1).gather(1, wanted[:, None]).squeeze(1)
         count = int(batch["sequence_ids"].max()) + 1
         total = per_token.new_zeros(count).index_add(0, owner, per_token)
         tokens = torch.bincount(owner, minlength=count)
@@ -166,6 +177,11 @@ class Reference:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    def token_logps(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """Its log-probability of each counted token of the batch (`SequenceLogps.per_token`'s order), fp32, without
+        gradients: what a per-token penalty (online RL's KL) compares with."""
+        raise NotImplementedError(f"the {self.kind} reference keeps no per-token log-probabilities")
 
 
 @contextlib.contextmanager
@@ -199,6 +215,13 @@ class AdaptersOff(Reference):
     def describe(self) -> str:
         return "the reference is the model with its LoRA adapters disabled (no second copy of the weights)"
 
+    def token_logps(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        from leantrain.telemetry.flops import unwrap
+
+        peft_model = unwrap(model)
+        with evaluating(peft_model), peft_model.disable_adapter():
+            return self.computer(peft_model, batch).per_token
+
 
 class FrozenCopy(Reference):
     """A copy of the initial policy, frozen, in evaluation mode, its weights in `dtype` (the run's precision)."""
@@ -225,6 +248,10 @@ class FrozenCopy(Reference):
 
         size = tensor_bytes(self.model.parameters()) / 2**20
         return f"the reference is a frozen copy of the initial model ({size:,.1f} MiB of {str(self.dtype)[6:]} weights)"
+
+    def token_logps(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        with torch.no_grad():
+            return self.computer(self.model, batch).per_token
 
 
 class Precomputed(Reference):

@@ -1,4 +1,5 @@
-"""Where the wall time of a run goes: data wait, forward+backward, optimizer, evaluation, checkpoint, communication.
+"""Where the wall time of a run goes: data wait, generation, forward+backward, optimizer, evaluation, checkpoint,
+communication.
 
 `StepTimer` charges every interval between two clock readings to exactly one part: the phase open
 at the time (the innermost, when phases nest), or "other" when none is. The parts therefore add up
@@ -23,13 +24,15 @@ from contextlib import contextmanager
 from typing import Any
 
 DATA = "data"
+#: a task making the step's examples while training (`Task.step_examples`: sampling completions, scoring them)
+GENERATE = "generate"
 FORWARD_BACKWARD = "forward_backward"
 OPTIMIZER = "optimizer"
 EVAL = "eval"
 CHECKPOINT = "checkpoint"
 COMM = "comm"
 OTHER = "other"
-PHASES = (DATA, FORWARD_BACKWARD, OPTIMIZER, EVAL, CHECKPOINT, COMM, OTHER)
+PHASES = (DATA, GENERATE, FORWARD_BACKWARD, OPTIMIZER, EVAL, CHECKPOINT, COMM, OTHER)
 
 
 def row_key(phase: str) -> str:

@@ -169,13 +169,22 @@ class MetricsLogger:
         self.log.write(row)
         self.history.append(row)
         wall = row["time_wall_seconds"] or 1.0
-        self.bar.set_postfix(
-            loss=f"{row['loss'] or float('nan'):.4f}",
+        shown = dict(
+            loss=f"{row['loss'] if row['loss'] is not None else float('nan'):.4f}",
             lr=f"{row['lr']:.2e}",
             sps=f"{row['samples_per_second']:.1f}",
             mfu=f"{row['mfu']:.1%}" if row["mfu"] is not None else "-",
             data=f"{row['time_data_seconds'] / wall:.0%}",
         )
+        if row["time_generate_seconds"]:  # a task that generates its examples: generation against training
+            shown.update(
+                gen=f"{row['time_generate_seconds'] / wall:.0%}",
+                train=f"{row['time_forward_backward_seconds'] / wall:.0%}",
+            )
+        for key in getattr(self.task, "shown_while_training", ()):  # what the task's users watch go up
+            if isinstance(row.get(key), float):
+                shown[key] = f"{row[key]:.3f}"
+        self.bar.set_postfix(**shown)
         state.logged_loss, state.logged_units = 0.0, 0.0
 
     def eval_row(self, step: int, metrics: dict[str, float], by_source: dict[str, Any] | None = None) -> None:
@@ -308,6 +317,7 @@ class MetricsLogger:
                 "MFU (steady)",
                 f"{metrics['steady_mfu']:.1%} of {peak:.3g} TFLOP/s" if metrics["steady_mfu"] is not None else "-",
             ),
+            *_generation_rows(metrics),
             ("peak memory over baseline", f"{over * mb:.0f} MB" if over is not None else "-"),
             ("optimizer state", f"{metrics['optimizer_state_bytes'] * mb:.1f} MB"),
             ("wall time", f"{metrics['wall_seconds']:.1f} s"),
@@ -332,3 +342,12 @@ def _compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def _generation_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """A run that generated its examples while training: generation's and training's shares of the loop's time."""
+    generate, train = metrics.get("time_generate_seconds") or 0.0, metrics.get("time_forward_backward_seconds") or 0.0
+    wall = metrics.get("time_wall_seconds") or 0.0
+    if not generate or not wall:
+        return []
+    return [("generate / train time", f"{generate:.1f} s ({generate / wall:.0%}) / {train:.1f} s ({train / wall:.0%})")]
