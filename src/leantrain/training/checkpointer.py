@@ -77,7 +77,8 @@ class Checkpointer:
         if not (self.every or self.keep_best):
             return
         note = checkpoint.free_space_check(
-            self.run.path, checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer), self.cfg.save_total_limit
+            self.run.path, checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer, self.cfg),
+            self.cfg.save_total_limit,
         )
         if note:
             self.say.info(f"warning: {note}")
@@ -94,18 +95,23 @@ class Checkpointer:
         return self.save(state, reason, checkpoint.rng_state())
 
     def save(self, state: TrainState, reason: str, rng: dict, **rollback: Any) -> Path:
-        """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it."""
-        return self.dir.save(
-            dataclasses.replace(state, **rollback),
-            **self.trained,
-            rng=rng,
-            config=self.cfg.to_dict(),
-            facts=self.facts,
-            log_path=self.log_path,
-            reason=reason,
-            keep=self.cfg.save_total_limit,
-            processor=self.processor,
-        )
+        """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it.
+        The weights saved are those evaluated (schedule-free's average), with the optimizer state that goes with
+        them; the run trains on from its training weights."""
+        from leantrain.model.optimizers import evaluation_weights
+
+        with evaluation_weights(self.cfg.optimizer, self.trained["optimizer"]):
+            return self.dir.save(
+                dataclasses.replace(state, **rollback),
+                **self.trained,
+                rng=rng,
+                config=self.cfg.to_dict(),
+                facts=self.facts,
+                log_path=self.log_path,
+                reason=reason,
+                keep=self.cfg.save_total_limit,
+                processor=self.processor,
+            )
 
     def saved(self, step: int) -> Path:
         return self.dir.root / f"{checkpoint.PREFIX}{step:06d}"
