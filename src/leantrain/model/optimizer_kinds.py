@@ -125,12 +125,20 @@ class ProjectorsAsTensors:
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)  # type: ignore[misc]  # (casts the projection matrices to the device)
-        for s in self.state.values():  # type: ignore[attr-defined]
-            if isinstance(s.get("projector"), dict):
-                projector = self.projector_class.__new__(self.projector_class)
-                projector.__dict__.update(s["projector"])
-                s["projector"] = projector
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        params = [p for g in self.param_groups for p in g["params"]]  # type: ignore[attr-defined]
+        for index, saved in state_dict["state"].items():
+            if not isinstance(saved.get("projector"), dict):
+                continue
+            state = self.state[params[index]]  # type: ignore[attr-defined]
+            # the tensors as torch's load cast them (to the parameter's device); the rest as saved (its cast turns
+            # a string into a generator's repr)
+            cast = state["projector"]
+            projector = self.projector_class.__new__(self.projector_class)
+            projector.__dict__.update(
+                {k: cast[k] if isinstance(v, (torch.Tensor, tuple)) else v for k, v in saved["projector"].items()}
+            )
+            state["projector"] = projector
 
 
 def galore(hidden: list[dict], rest: list[dict], lr: float, rank: int, interval: int, scale: float):
