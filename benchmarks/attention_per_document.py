@@ -1,4 +1,4 @@
-"""Attention over packed rows: the block-diagonal SDPA leantrain runs against attention per document (issue #14).
+"""Attention over packed rows: the block-diagonal SDPA leantrain runs against attention per document.
 
 A packed row of 128 tokens holding documents of ~20 tokens computes every 128 x 128 block of attention under a
 block-diagonal causal mask; a trainer that pads short documents computes ~24 x 24 blocks. Per-document attention

@@ -1,4 +1,4 @@
-"""Training throughput beside a CPU-bound neighbour: OpenMP's wait policy and thread count (issue #16).
+"""Training throughput beside a CPU-bound neighbour: OpenMP's wait policy and thread count.
 
 Each setting trains the embedded MiniLM (AdamW, batch 16, length 48, random tokens) for --seconds in a fresh
 process (OpenMP reads its settings when torch loads), alone and then with a neighbour this script starts: one

@@ -1,4 +1,4 @@
-"""Issue #14's real-corpus run: `preset:tiny-llama` pretrained from scratch on offline text, then instruction-tuned.
+"""The causal LM's real-corpus run: `preset:tiny-llama` pretrained from scratch on offline text, then instruction-tuned.
 
 1. Pretraining corpus: the embedded tweet corpus's texts, SST-2 train's sentences and the SMS Spam Collection's
    texts, labels dropped, one document each (written as blank-line-separated blocks of one text file); 5% of the
@@ -215,7 +215,7 @@ def main() -> None:
     (RESULTS / "causal_lm_corpus.json").write_text(json.dumps(result, indent=2) + "\n")
     p, i = result["pretrain"], result["instruction_tuning"]
     (RESULTS / "causal_lm_corpus.md").write_text(
-        "# preset:tiny-llama on a real corpus (issue #14)\n\n"
+        "# preset:tiny-llama on a real corpus\n\n"
         f"Corpus: {sizes['documents']:,} documents, {sizes['words']:,} words (tweets, SST-2 train sentences, SMS "
         "texts; labels dropped), 5% of documents held out.\n\n"
         "| stage | steps | seconds | result | goal |\n|---|---|---|---|---|\n"

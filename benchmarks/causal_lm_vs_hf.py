@@ -1,5 +1,5 @@
 """The same causal-LM job through leantrain (packed rows) and through the HF Trainer (padded batches grouped by
-length), in one script: counted tokens per second, whole-process seconds and held-out perplexity (issue #14).
+length), in one script: counted tokens per second, whole-process seconds and held-out perplexity.
 
 The job: a 4-layer Llama (`preset:tiny-llama`'s architecture, about 5 M parameters) trained from scratch for one
 epoch on a seeded sample of real short documents (SST-2 train sentences, SMS texts and the embedded tweets; labels

@@ -1,5 +1,5 @@
 """The classifier's last layer at the first token only, against the same run computing every position, in one
-script (issue #16).
+script.
 
 The job: the embedded MiniLM fine-tuned on SST-2 `train_1k.tsv` (1,000 sentences), 1 epoch, batch 32, max length
 128 with dynamic padding, fp32, AdamW, evaluated on SST-2 dev (872 sentences) at the end; then the saved run

@@ -3,7 +3,7 @@
 Run through `benchmarks/gpu_check.sh` (which sets up the environment); this script does the work, most
 valuable first, and stops starting new work when its time budget (--budget) is spent:
 
-1. **Packed attention** (issue #14): a Llama (hidden 768, 12 layers, GQA 12/4 heads, vocab 32,000, random
+1. **Packed attention**: a Llama (hidden 768, 12 layers, GQA 12/4 heads, vocab 32,000, random
    weights) with each attention implementation transformers offers (eager, sdpa, flex_attention,
    flash_attention_2): three documents packed into one row of 2,048 tokens with restarting position ids must
    give each document the per-token losses it gets alone (fp32 and bf16), leantrain's own packing guard must
@@ -17,7 +17,7 @@ valuable first, and stops starting new work when its time budget (--budget) is s
 4. **Profiles** (`--profile-steps`) of BERT-base and the LM in bf16: where the GPU's time goes.
 5. The rest of the BERT technique matrix, while time is left.
 
-With `--lm-vs-hf`, first of all: **the causal LM against the HF Trainer** (issue #14) in bf16, the Llama of step 1
+With `--lm-vs-hf`, first of all: **the causal LM against the HF Trainer** in bf16, the Llama of step 1
 from scratch on the synthetic documents that fit 1,024 tokens, leantrain's 16 packed rows against the Trainer's
 padded batches with `group_by_length`, two alternating pairs (`benchmarks/causal_lm_vs_hf.py`, its page in
 --out/lm_vs_hf/).
@@ -295,7 +295,7 @@ def bert_techniques(smoke: bool) -> tuple[list[str], list[str]]:
 
 
 def lm_vs_hf(lm_dir: Path, text: Path, out: Path, smoke: bool, clock: Clock) -> None:
-    """`benchmarks/causal_lm_vs_hf.py` in bf16 on this machine's GPU (issue #14's tokens/s goal), within the budget."""
+    """`benchmarks/causal_lm_vs_hf.py` in bf16 on this machine's GPU (its tokens/s goal), within the budget."""
     import subprocess
 
     docs = 30 if smoke else 1500  # of the documents that fit LM_LEN tokens (about two thirds)

@@ -1,4 +1,4 @@
-"""How many rows `losses.head_cross_entropy_sum` should take at once (issue #14): the fused head and loss, forward
+"""How many rows `losses.head_cross_entropy_sum` should take at once: the fused head and loss, forward
 and backward, at several chunk sizes against the unfused `cross_entropy(hidden @ weight.T)` over every row, on two
 head shapes: tiny-llama's (1,900 counted rows of 256 -> 8,192) and a 125 M Llama's (2,048 rows of 768 -> 32,000).
 fp32, alternating rounds; each round's figure is the median of its calls, with the page faults of those calls (a

@@ -1,4 +1,4 @@
-"""A causal LM's output head in training, three ways in one script (issue #14): fused with the loss over chunks of
+"""A causal LM's output head in training, three ways in one script: fused with the loss over chunks of
 counted rows (leantrain's default: the logits never whole), its logits at the counted positions only, and every
 position's logits (what a trainer that cuts nothing computes).
 

@@ -1,4 +1,4 @@
-"""MRPC through examples/mrpc.yaml against the Hugging Face Trainer on the same job (issue #17): binary F1 of the
+"""MRPC through examples/mrpc.yaml against the Hugging Face Trainer on the same job: binary F1 of the
 paraphrase class and accuracy on dev.tsv, as GLUE scores MRPC; the two should agree within one point.
 
 The job (examples/mrpc.yaml, the embedded MiniLM): sentence pairs at max length 128, batch 32, 3 epochs, lr 5e-5,

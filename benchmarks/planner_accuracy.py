@@ -5,7 +5,7 @@
     python benchmarks/planner_accuracy.py --probe-only    # planted cases only (memory results kept)
     python benchmarks/planner_accuracy.py --models tiny   # the tiny BERT only
     python benchmarks/planner_accuracy.py --models tiny-llama,gpt2,gqa-llama --skip-probe \
-        --out benchmarks/results/planner_accuracy_lm      # causal LMs (issue #14)
+        --out benchmarks/results/planner_accuracy_lm      # causal LMs
 
 1. Memory: for MiniLM (all-MiniLM-L6-v2, 22.7 M parameters) and a tiny BERT (2 layers, width 64, 2.0 M),
    at several micro-batches and lengths, with and without activation checkpointing, for AdamW, Adafactor
@@ -64,7 +64,7 @@ def tiny_bert(path: Path) -> str:
 
 
 def tiny_causal_lms(work: Path) -> dict[str, str]:
-    """Causal LMs of three shapes (issue #14): the preset (tied embeddings, vocabulary 8,192), a GPT-2 (dropout,
+    """Causal LMs of three shapes: the preset (tied embeddings, vocabulary 8,192), a GPT-2 (dropout,
     learned positions, GELU) and a Llama with grouped-query attention and its own output layer."""
     from transformers import GPT2Config, LlamaConfig
 

@@ -1,4 +1,4 @@
-"""Reading a 100 MB CSV: the pyarrow fast path against the repairing reader (issue #18).
+"""Reading a 100 MB CSV: the pyarrow fast path against the repairing reader.
 
     python benchmarks/read_tables.py               # ~100 MB, 2 rounds; writes benchmarks/results/read_tables.{md,json}
     python benchmarks/read_tables.py --mb 20       # a quicker look

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib
     import torch
 
-    from leantrain.telemetry import report
+    from leantrain.run import report
 
     run_dir = args.run_dir or make_run(Path(tempfile.mkdtemp(prefix="report-plots-")), args.data)
     run = report.load_run(run_dir)

@@ -48,7 +48,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
 
 QUIET_CORES = 0.25  # a pair is "quiet" when other processes used at most this much CPU during both runs
-GOALS = {"fp32": 1.3, "bf16": 1.5}  # issue #16: leantrain / Trainer, for the loop and for the whole process
+GOALS = {"fp32": 1.3, "bf16": 1.5}  # leantrain / Trainer, for the loop and for the whole process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -577,7 +577,7 @@ def render_markdown(r: dict) -> str:
         "(its loop alone, from the train-begin to the train-end callback, in brackets). **Whole process**: wall "
         "seconds from starting the process to its exit (imports, tokenizing, loading, training, evaluating on dev, "
         "saving the model). Ratios are leantrain over the Trainer (the Trainer's seconds over leantrain's), per "
-        "back-to-back pair, medians over the quiet pairs; goal (issue #16): "
+        "back-to-back pair, medians over the quiet pairs; goal: "
         + ", ".join(f"{g}x in {p}" for p, g in GOALS.items())
         + " for both, dev accuracy within one point.",
         "",

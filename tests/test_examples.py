@@ -81,6 +81,9 @@ def _run(name, overrides, tmp_path):
         ("mrpc.yaml", "mrpc/train.tsv", "mrpc/dev.tsv"),
         ("memory_lean.yaml", None, None),
         ("two_processes.yaml", None, None),
+        # reads the whole tweet corpus (38k rows, repaired) and evaluates two sources: 85 s against sst2.yaml's 44 s
+        # at load 13-14 (2026-12-03, 07:55 UTC)
+        pytest.param("sentiment_mixture.yaml", None, None, marks=pytest.mark.slow),
     ],
 )
 def test_text_examples_run_offline_on_the_tiny_model(
@@ -93,10 +96,16 @@ def test_text_examples_run_offline_on_the_tiny_model(
         overrides |= {"data": str(shared_data / data), "eval_data": str(shared_data / eval_data)}
     if name == "two_processes.yaml":
         overrides["num_processes"] = None  # the API trains in this process; the launch is test_two_processes_*
+    if name == "sentiment_mixture.yaml":  # each source capped at 200 rows (its own limit is 20,000), and 1% of the
+        sources = TrainConfig.from_yaml(EXAMPLES_DIR / name).data  # tweets held out (382 rows, not 3,816)
+        overrides["data"] = [{**source, "limit": 200, "eval_fraction": 0.01} for source in sources]
     monkeypatch.chdir(REPO)  # the examples' paths are relative to the repository
     result = _run(name, overrides, tmp_path)
     assert result.metrics["optimizer_steps"] == 2
     assert 0.0 <= result.metrics["eval_accuracy"] <= 1.0
+    if name == "sentiment_mixture.yaml":  # one head of the union of classes; each source scored on its own rows
+        assert result.metrics["num_labels"] == 3 and set(result.metrics["sources"]) == {"sst2", "tweets"}
+        assert result.metrics["sources"]["sst2"]["eval_rows"] == 872
     if name == "mrpc.yaml":  # GLUE's MRPC scores: binary F1 of the paraphrase class, and accuracy
         assert 0.0 <= result.metrics["eval_f1"] <= 1.0 and "eval_macro_f1" not in result.metrics
 

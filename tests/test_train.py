@@ -138,6 +138,21 @@ def test_separate_eval_data_and_unseen_labels(job, tmp_path):
         train(job(eval_data=str(bad), output_dir=str(tmp_path / "other")))
 
 
+def test_evaluate_without_data_rescores_the_runs_own_held_out_rows_in_its_precision(job, tmp_path):
+    """`leantrain evaluate RUN`: the run's config rebuilt from config.yaml (its seed, split, --max-length and
+    precision), its held-out rows prepared as it prepared them: the run's own final evaluation, again."""
+    result = train(job(max_steps=3, max_length=24, precision="bf16"))
+    again = evaluate(str(result.output_dir), cache_dir=str(tmp_path / "c"))
+    assert again["examples"] == 24  # 10% of the 240 rows, as the run held them out
+    for name in ("loss", "accuracy", "macro_f1"):
+        assert again[name] == pytest.approx(result.metrics[f"eval_{name}"], abs=1e-6), name
+    # in fp32 the bf16 run's loss is another number: the run's precision is what evaluate used above
+    fp32 = evaluate(str(result.output_dir), cache_dir=str(tmp_path / "c"), precision="fp32")
+    assert fp32["loss"] != again["loss"]
+    with pytest.raises(DataError, match="not a leantrain run, so it has no held-out rows of its own; give --data"):
+        evaluate(job().model, cache_dir=str(tmp_path))
+
+
 def test_limit_takes_a_stratified_sample(job):
     result = train(job(limit=40, max_steps=1))
     assert result.metrics["optimizer_steps"] == 1

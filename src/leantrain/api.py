@@ -7,8 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from leantrain.config import TrainConfig
-from leantrain.errors import ConfigError
-from leantrain.tasks import Task, resolve
+from leantrain.tasks.base import Task
 from leantrain.training.hooks import Hooks
 from leantrain.training.trainer import Trainer, TrainResult
 
@@ -26,6 +25,7 @@ def train(
     instead of the one the config names or the model implies; `hooks` instruments the run (tests);
     `compute_metrics`, as the HF Trainer takes it (an `EvalPrediction` of logits and labels in, a dict of numbers
     out), adds its scores to every evaluation, and `metric_for_best` may name them."""
+    from leantrain.job import assemble
     from leantrain.model import loading
     from leantrain.parallel import device_type
     from leantrain.run import directory
@@ -37,25 +37,8 @@ def train(
         config = TrainConfig.from_dict(config)
     if overrides:
         config = config.replace(**overrides)
-    cfg = config.resolved()
-    if cfg.log == "tensorboard" or cfg.report_to:  # a missing tracker package is refused before any work
-        from leantrain.parallel.trackers import check_trackers, tracker_names
-
-        check_trackers(tracker_names(cfg.report_to, cfg.log))
-    model_path = loading.resolve_model(None if cfg.model == loading.EMBEDDED_MODEL else cfg.model)
-    model_config = loading.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
-    chosen = task(cfg) if task is not None else resolve(cfg, model_config)
-    if cfg.streaming and not chosen.streams:
-        raise ConfigError(f"--streaming: the {chosen.name} task reads its data whole; drop --streaming")
-    plan = None
-    if cfg.auto:  # --auto: the planner's recommendation sets precision, checkpointing, optimizer and the split
-        from leantrain.planner.auto import plan_run
-
-        assert cfg.output_dir is not None  # resolved() filled it
-        directory.RunDir(cfg.output_dir, overwrite=cfg.overwrite).refuse_early()  # before the data is prepared
-        # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
-        cfg, plan = plan_run(cfg, chosen.prepare_data(model_path, model_config))
-        chosen = task(cfg) if task is not None else resolve(cfg, model_config)
+    job = assemble(config, task, plan=True)
+    cfg, chosen = job.cfg, job.task
     if compute_metrics is not None:
         chosen.compute_metrics = compute_metrics
     # guarded: whatever ends the run, the output directory's lock is released, and what --overwrite set aside
@@ -67,6 +50,7 @@ def train(
         heap = freed_memory_returned() if cfg.auto else freed_memory_kept()
     with directory.guarded(), loading.library_bars_off(), heap:
         trainer = Trainer(
-            cfg, chosen, model_path, model_config, plan=plan, hooks=hooks, share_output_dir=config.output_dir is None
-        )
+            cfg, chosen, job.model_path, job.model_config, plan=job.plan, hooks=hooks,
+            share_output_dir=config.output_dir is None,
+        )  # fmt: skip
         return trainer.fit()

@@ -243,13 +243,14 @@ def test_idx_files_are_a_source_like_mnist(job, tmp_path):
 
 
 def test_task_is_inferred_from_the_model_and_a_wrong_task_is_refused(tmp_path, capsys):
-    from leantrain.model import loading, presets
+    from leantrain import tasks
+    from leantrain.model import presets
 
-    assert loading.infer_task(presets.preset_config("preset:tiny-vit")) == "image-classification"
-    assert loading.infer_task(presets.preset_config("preset:tiny-audio")) == "audio-classification"
+    assert tasks.infer(presets.preset_config("preset:tiny-vit")) == "image-classification"
+    assert tasks.infer(presets.preset_config("preset:tiny-audio")) == "audio-classification"
     from transformers import BertConfig
 
-    assert loading.infer_task(BertConfig()) == "text-classification"
+    assert tasks.infer(BertConfig()) == "text-classification"
     code = main(["train", "--model", "preset:tiny-vit", "--task", "audio-classification", "--data", str(tmp_path),
                  "--output-dir", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
     assert code == 2 and "cannot do it" in capsys.readouterr().err
@@ -314,3 +315,36 @@ def test_lora_trains_an_image_classifier_and_publishes_a_merged_model(job, image
     assert not torch.equal(trained["classifier.weight"], initial["classifier.weight"])
     clf = pipeline("image-classification", model=str(result.model_dir))
     assert clf(str(image_folder / "red" / "3.png"))[0]["label"] == "red"
+
+
+def test_image_folders_mix_by_examples_and_by_tokens_is_refused_in_one_line(image_folder, job, tmp_path, capsys):
+    import shutil
+
+    more = shutil.copytree(image_folder / "red", tmp_path / "more" / "red")  # one class: fine in a mixture
+    result = train(job(data=[f"{image_folder}@0.5", f"{more.parent}@0.5"], epochs=1))
+    drawn = result.metrics["sources"]
+    assert set(drawn) == {image_folder.name, "more"} and drawn["more"]["eval_accuracy"] is not None
+    assert drawn["more"]["share_examples"] == pytest.approx(0.5, abs=0.1)
+    argv = ["train", "--model", "preset:tiny-vit", "--data", str(image_folder), "--data", str(more.parent)]
+    capsys.readouterr()
+    code = main([*argv, "--mix-by", "tokens", "--output-dir", str(tmp_path / "r"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--mix-by tokens: image-classification has no tokens" in err[0], err
+
+
+@pytest.mark.parametrize("held_by", ["eval-data", "eval-pattern"])
+def test_evaluation_files_of_a_class_training_lacks_exit_2(image_folder, tmp_path, capsys, held_by):
+    rng = np.random.default_rng(4)
+    data = tmp_path / "train"
+    for colour in COLOURS:
+        for i in range(4):
+            make_image(data / colour / f"{i}.png", colour, rng)
+    held = tmp_path / "eval" if held_by == "eval-data" else data
+    make_image(held / "green" / "0.png", "blue", rng)
+    make_image(held / "red" / "9.png", "red", rng)
+    extra = ["--eval-data", str(held)] if held_by == "eval-data" else ["--eval-pattern", "^green/"]
+    args = ["train", "--model", "preset:tiny-vit", "--data", str(data), *extra, "--cache-dir", str(tmp_path / "c"),
+            "--output-dir", str(tmp_path / "r"), "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "labels ['green'] never occur in the training data" in err and "Traceback" not in err

@@ -92,10 +92,9 @@ def test_tokenized_documents_end_with_eos_and_are_cached(tmp_path):
 def test_the_task_is_inferred_from_a_causal_lm_config_and_text_generation_names_it():
     from transformers import BertConfig, GPT2Config, LlamaConfig
 
-    from leantrain import TrainConfig
-    from leantrain.model import loading
+    from leantrain import TrainConfig, tasks
 
-    assert loading.infer_task(LlamaConfig(architectures=["LlamaForCausalLM"])) == "causal-lm"
-    assert loading.infer_task(GPT2Config(architectures=["GPT2LMHeadModel"])) == "causal-lm"
-    assert loading.infer_task(BertConfig()) == "text-classification"
+    assert tasks.infer(LlamaConfig(architectures=["LlamaForCausalLM"])) == "causal-lm"
+    assert tasks.infer(GPT2Config(architectures=["GPT2LMHeadModel"])) == "causal-lm"
+    assert tasks.infer(BertConfig()) == "text-classification"
     assert TrainConfig(task="text-generation").task == "causal-lm"

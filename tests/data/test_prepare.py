@@ -28,7 +28,7 @@ def test_empty_labels_and_empty_text_are_dropped_and_counted(tmp_path, tokenizer
 def test_an_eval_file_with_other_column_names_is_read_by_its_own(tmp_path, tokenizer):
     train = write_csv(tmp_path / "train.csv", make_sentiment_rows(40))
     evaluation = write_csv(tmp_path / "eval.csv", make_sentiment_rows(10, seed=1), header=("sentence", "sentiment"))
-    data = prepare_data(TrainConfig(data=str(train), eval_data=str(evaluation)), tokenizer, tmp_path / "cache")
+    data = prepare_data(TrainConfig(data=str(train), eval_data=str(evaluation)), tokenizer, tmp_path / "cache", seed=0)
     assert len(data.eval) == 10 and data.label_names == ["neg", "pos"]
 
 
@@ -36,10 +36,10 @@ def test_an_eval_file_without_the_named_or_a_guessable_column_is_refused(tmp_pat
     train = write_csv(tmp_path / "train.csv", make_sentiment_rows(40))
     evaluation = write_csv(tmp_path / "eval.csv", make_sentiment_rows(10), header=("text", "stars"))
     with pytest.raises(DataError, match=r"eval\.csv: cannot tell which column holds the label"):
-        prepare_data(TrainConfig(data=str(train), eval_data=str(evaluation)), tokenizer, tmp_path / "cache")
+        prepare_data(TrainConfig(data=str(train), eval_data=str(evaluation)), tokenizer, tmp_path / "cache", seed=0)
     with pytest.raises(DataError, match=r"eval\.csv: no column 'label' \(given by --label-column\)"):
         cfg = TrainConfig(data=str(train), eval_data=str(evaluation), label_column="label")
-        prepare_data(cfg, tokenizer, tmp_path / "cache")
+        prepare_data(cfg, tokenizer, tmp_path / "cache", seed=0)
 
 
 def test_an_eval_file_of_sentence_pairs_for_a_single_text_model_is_refused(tmp_path, tokenizer):
@@ -47,7 +47,7 @@ def test_an_eval_file_of_sentence_pairs_for_a_single_text_model_is_refused(tmp_p
     pairs = [(a, a, label) for a, label in make_sentiment_rows(10)]
     evaluation = write_csv(tmp_path / "eval.csv", pairs, header=("sentence1", "sentence2", "label"))
     with pytest.raises(DataError, match=r"eval\.csv: evaluation text is column\(s\) 'sentence1' and 'sentence2' but"):
-        prepare_data(TrainConfig(data=str(train), eval_data=str(evaluation)), tokenizer, tmp_path / "cache")
+        prepare_data(TrainConfig(data=str(train), eval_data=str(evaluation)), tokenizer, tmp_path / "cache", seed=0)
 
 
 def test_config_fields_reach_the_reader(tmp_path, tokenizer, monkeypatch):
@@ -74,15 +74,17 @@ def test_config_fields_reach_the_reader(tmp_path, tokenizer, monkeypatch):
         + "---\n"
     )
     cfg = TrainConfig(data=str(root), data_config="sst2", eval_data=str(root))
-    data = prepare_data(cfg, tokenizer, tmp_path / "cache")
+    data = prepare_data(cfg, tokenizer, tmp_path / "cache", seed=0)
     assert (len(data.train), len(data.eval)) == (20, 10)
-    swapped = prepare_data(cfg.replace(data_split="validation", eval_split="train"), tokenizer, tmp_path / "cache")
+    swapped = prepare_data(
+        cfg.replace(data_split="validation", eval_split="train"), tokenizer, tmp_path / "cache", seed=0
+    )
     assert (len(swapped.train), len(swapped.eval)) == (10, 20)
 
     headerless = tmp_path / "sms"
     headerless.write_text("".join(f"{label}\t{text}\n" for text, label in rows))
     cfg = TrainConfig(data=str(headerless), format="tsv", column_names="label,text")
-    data = prepare_data(cfg, tokenizer, tmp_path / "cache")
+    data = prepare_data(cfg, tokenizer, tmp_path / "cache", seed=0)
     assert len(data.train) + len(data.eval) == 30
     assert "label='label'" in data.notes[0] and "30 rows" in data.notes[0]
 

@@ -24,7 +24,7 @@ def stream(tiny_model_dir, stream_csv):
 
     cfg = TrainConfig(data=str(stream_csv), streaming=True, max_steps=1, streaming_eval_rows=20, seed=4)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    train_stream, held_out, labels, _, _ = prepare_stream(cfg, tokenizer, str(stream_csv), ReadOptions())
+    train_stream, held_out, labels, _, _ = prepare_stream(cfg, tokenizer, str(stream_csv), ReadOptions(), seed=cfg.seed)
     return train_stream, Examples(*held_out), labels
 
 
@@ -142,7 +142,9 @@ def test_a_label_missing_from_the_head_is_named(tiny_model_dir, tmp_path, monkey
     rows = [*make_sentiment_rows(30), ("a late and odd text", "meh")]
     path = write_csv(tmp_path / "late.csv", rows)
     cfg = TrainConfig(data=str(path), streaming=True, max_steps=1, streaming_eval_rows=5)
-    s, _, _, _, _ = prepare_stream(cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(path), ReadOptions())
+    s, _, _, _, _ = prepare_stream(
+        cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(path), ReadOptions(), seed=cfg.seed
+    )
     with pytest.raises(
         DataError, match=r"label 'meh' \(column 'label'\) is not among the classes of its first 10 rows"
     ):
@@ -159,7 +161,7 @@ def test_the_class_ids_of_a_datasets_folder_are_kept(tiny_model_dir, tmp_path):
     ds.save_to_disk(str(tmp_path / "saved"))
     cfg = TrainConfig(data=str(tmp_path / "saved"), streaming=True, max_steps=1, streaming_eval_rows=5)
     s, (_, eval_labels), labels, _, _ = prepare_stream(
-        cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(tmp_path / "saved"), ReadOptions()
+        cfg, AutoTokenizer.from_pretrained(tiny_model_dir), str(tmp_path / "saved"), ReadOptions(), seed=cfg.seed
     )
     assert labels == ["neg", "pos"]
     assert [r[2] for r in s.rows(0)].count(1) == sum(r[1] == "pos" for r in rows[5:])
@@ -177,3 +179,72 @@ def test_a_resumed_streamed_run_equals_the_uninterrupted_one(run):
     resumed, w_resumed = run(batch_size=8, max_steps=40, save_every=30, resume=str(ckpt))
     assert resumed.metrics["resumed_from"] == str(ckpt) and resumed.metrics["epochs"] is None  # 280 rows: 35 steps
     assert all(bool((w_whole[k] == w_resumed[k]).all()) for k in w_whole)
+
+
+# -- several streams mixed (docs/mixtures.md) ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def streams(tiny_model_dir, stream_csv, tmp_path_factory):
+    """The 300-row stream at 0.75 beside a 60-row one (50 rows after 10 held out) that a long run uses up."""
+    from leantrain.model import loading
+    from leantrain.tasks.text_classification import TextClassification
+
+    small = write_csv(tmp_path_factory.mktemp("small-stream") / "small.csv", make_sentiment_rows(60, seed=6))
+    cfg = TrainConfig(
+        model=str(tiny_model_dir),
+        data=[f"{stream_csv}@0.75", f"{small}@0.25"],
+        streaming=True,
+        max_steps=1,
+        streaming_eval_rows=10,
+        seed=4,
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+    )
+    return TextClassification(cfg).prepare_data(str(tiny_model_dir), loading.load_config(str(tiny_model_dir)))
+
+
+def first_steps(sampler, count: int) -> list[list[tuple]]:
+    """The first `count` optimizer steps' examples (source, tokens, label), sorted: a mixture of streams never ends."""
+    n, out, current, ended = sampler.num_processes, [], [], 0
+    for micro in sampler:
+        current += [(s.source, *s.example["input_ids"].tolist(), s.example["label"]) for s in micro]
+        ended += micro[-1].step_end
+        if ended == n:
+            out.append(sorted(current))
+            current, ended = [], 0
+            if len(out) == count:
+                return out
+    return out
+
+
+@pytest.mark.parametrize("micro,accum,procs", [(4, 2, 1), (2, 2, 2), (1, 4, 2)])
+def test_mixed_streams_give_each_step_the_same_examples_however_split_and_seek(streams, micro, accum, procs):
+    from leantrain.data.stream_mixture import StreamingMixtureSampler
+
+    mixture = streams.train
+    reference = first_steps(StreamingMixtureSampler(mixture, 8, seed=1, window_batches=3), 40)
+    assert first_steps(StreamingMixtureSampler(mixture, micro, accum, procs, seed=1, window_batches=3), 40) == reference
+    seek = StreamingMixtureSampler(mixture, micro, accum, procs, seed=1, window_batches=3)
+    seek.start_at(0, 13)
+    assert first_steps(seek, 27) == reference[13:]
+    # each window of 24 rows holds 18 of the large stream's and 6 of the small one's; the small one (50 rows) is
+    # used up in its ninth window and starts a reshuffled pass
+    sources = [source for step in reference for source, *_ in step]
+    assert sources.count(1) == 40 * 8 // 4 and sources.count(0) == 40 * 8 * 3 // 4
+    small = [tuple(x[1:-1]) for step in reference for x in step if x[0] == 1]
+    stream = mixture.sources[1].stream
+    rows = {tuple(x["input_ids"].tolist()) for x in stream.tokenized(list(stream.rows(0)))}
+    assert len(small) == 80 and set(small) == rows  # every row of the first pass, then some of them again
+
+
+def test_mixed_streams_train_equal_to_their_big_batch_and_log_each_source(run, stream_csv, tmp_path):
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(60, seed=6))
+    job = dict(data=[f"{stream_csv}@0.75", f"{small}@0.25"], streaming_eval_rows=10, max_steps=6)
+    big, w_big = run(batch_size=16, **job)
+    accumulated, w_small = run(batch_size=4, grad_accum=4, **job)
+    _, start = run(batch_size=16, lr=1e-30, **job)
+    assert accumulated.metrics["micro_steps"] == 4 * big.metrics["micro_steps"]
+    assert_trained_alike(w_big, w_small, start)
+    drawn = big.metrics["sources"]
+    # a window of 50 steps holds 600 and 200 rows of each; its first 6 steps hold them near those shares
+    assert drawn["stream"]["examples"] + drawn["small"]["examples"] == 96
+    assert drawn["stream"]["share_examples"] == pytest.approx(0.75, abs=0.05)
+    assert drawn["small"]["eval_rows"] == 10 and drawn["small"]["eval_loss"] is not None

@@ -36,7 +36,10 @@ def flags(**values) -> list[str]:
     out = []
     for key, value in values.items():
         flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
+        if isinstance(value, list):  # several --data sources
+            for item in value:
+                out += [flag, str(item)]
+        elif isinstance(value, bool):
             out.append(flag if value else "--no-" + flag[2:])
         else:
             out += [flag, str(value)]
@@ -168,6 +171,41 @@ def test_two_processes_with_class_weights_equal_one_process(setup):
     alone = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in steps if "loss" in r]  # each step's weighted mean, logged every step
     assert len(losses) == 7 and losses == pytest.approx([r["loss"] for r in alone if "loss" in r], abs=1e-5)
+
+
+def test_a_mixture_on_two_processes_equals_one_process_and_resumes_mid_log_row_exactly(setup):
+    """Two sources at 0.7/0.3, the small one used up and restarted: two processes of 8 train what one of 16 does,
+    each source's logged loss and shares alike (summed across the ranks); resumed from step 4 of 9, mid log row (rows
+    every 3 steps), the two-process run logs and ends as the one left alone (the checkpoint holds the row's sums of
+    both ranks)."""
+    root, base = setup
+    small = write_csv(root / "small.csv", make_sentiment_rows(30, seed=13))
+    job = {k: v for k, v in base.items() if k != "eval_data"}  # each source holds out its own rows
+    job.update(data=[f"{base['data']}@0.7", f"{small}@0.3"], epochs=1, log_every=3)
+    one = train(TrainConfig(**job, batch_size=16, output_dir=str(root / "mix-one"))).output_dir
+    two, resumed = root / "mix-two", root / "mix-resumed"
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, batch_size=8, num_processes=2, save_every=4,
+                                                            output_dir=two)])  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert max_diff(weights(two), weights(one)) <= TOL
+
+    def logged(run_dir: Path) -> list[dict]:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{"step": r["step"], "loss": r.get("loss"), **r.get("sources", {})} for r in rows]
+
+    for a, b in zip(logged(two), logged(one), strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], dict):
+                assert a[key] == pytest.approx(b[key], abs=TOL), (a["step"], key)
+    passes = [r["small"]["epochs"] for r in logged(one) if r["loss"] is not None]
+    assert passes[-1] > 1  # the small source restarted
+    ckpt = two / "checkpoints" / "step-000004"
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, batch_size=8, num_processes=2, save_every=4,
+                                                            output_dir=resumed, resume=ckpt)])  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert logged(resumed) == logged(two)
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed).values(), weights(two).values()))
 
 
 @pytest.mark.parametrize("kind", ["ddp", "local-sgd", "fsdp"])
@@ -525,7 +563,7 @@ def test_muon_sharded_with_fsdp_orthogonalises_whole_matrices(tmp_path):
     matrix (DTensor gathers it), not on each shard: one step of two sharded processes is the unsharded step up to bf16
     rounding, 20x closer than orthogonalising the halves apart would be (tests/parallel/muon_shards.py)."""
     script = Path(__file__).with_name("muon_shards.py")
-    rc, out, err = run_job(
+    rc, _out, err = run_job(
         ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path / "r.json")]
     )
     assert rc == 0, err[-3000:]

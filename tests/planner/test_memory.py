@@ -91,7 +91,7 @@ def test_hidden_matrix_state_of_a_causal_lm_with_tied_embeddings_matches(optimiz
             p.grad = torch.ones_like(p)
         opt.step()
     facts = M.model_facts("tiny-llama", config=config)
-    assert facts.task == "causal-lm" and sum(facts.inventory.hidden) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
+    assert facts.task == "causal-lm" and sum(facts.inventory.hidden) == 2 * 7  # q k v o gate up down, 2 layers
     assert facts.inventory.state_bytes(optimizer, settings) == state_bytes(opt)
 
 
@@ -135,7 +135,7 @@ def test_a_classifiers_activations_are_planned_as_its_task_runs_it(tiny_model_di
 
     facts = M.model_facts(str(tiny_model_dir))
     planned = M.activation_profile(facts.config_json, 32, "fp32", False).saved(4, facts.layers, False)
-    model = loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"], task="text-classification")
+    model = loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"])
     model.train()
     task = TextClassification(TrainConfig(model=str(tiny_model_dir), data="unused.csv"))
     task.check_model(model)
@@ -285,7 +285,7 @@ def test_causal_lm_facts_and_plan_know_the_task():
     from leantrain.telemetry.flops import counted_flop_model
 
     facts = M.model_facts("preset:tiny-llama")
-    assert (facts.task, facts.vocab, facts.layers) == ("causal-lm", 8192, 4)
+    assert (facts.kind, facts.vocab, facts.layers) == ("causal-lm", 8192, 4)
     one = dict(precisions=("fp32",), optimizers=("adamw",), checkpointing=(False,))  # few proxies: 4 s, not 12
     plan = make_plan(PlanRequest(model="preset:tiny-llama", budget=2**30, global_batch=16, seq_len=256, **one))
     flops = counted_flop_model(M._build(M._config_from_json(facts.config_json), "meta")).batch_flops(1, 256)

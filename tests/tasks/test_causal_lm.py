@@ -167,6 +167,57 @@ def test_training_computes_logits_only_where_a_token_counts(llama_dir, corpus, f
     assert compiled.forward(model, batch).logits.shape == (3, 17, model.config.vocab_size)
 
 
+@pytest.mark.parametrize("mode", ["fused", "counted-logits", "all-logits"])
+def test_row_losses_are_each_rows_part_of_the_summed_loss(llama_dir, corpus, mode):
+    """A mixture's training loss per source adds each row's part: the fused head writes each counted token's loss
+    as it goes, which must be the row's loss from the full logits (and add up to `loss_sum`)."""
+    model = tiny_llama(llama_dir).train()
+    task = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False))
+    task.check_model(model)
+    task.fuses_head_loss, task.selects_logits = mode == "fused", mode != "all-logits"
+    batch = {**uneven_counted_batch(model.config.vocab_size), "source": torch.tensor([0, 1, 0])}
+    with torch.no_grad():
+        expected = token_losses(model(input_ids=batch["input_ids"]).logits, batch["labels"]).sum(-1)
+    out = task.forward(model, batch)
+    rows = task.row_losses(out, batch)
+    assert rows.shape == (3,) and torch.allclose(rows, expected, rtol=1e-5)
+    assert float(rows.sum()) == pytest.approx(float(task.loss_sum(out, batch)), rel=1e-5)
+
+
+def test_a_mixture_by_tokens_draws_its_weights_and_scores_each_source_as_evaluate_does(run, tmp_path):
+    """Unpacked rows of 2 to 60 words, one source long documents, the other short: by tokens, the epoch's training
+    tokens follow the weights (by examples they would not); each source's held-out loss is `evaluate`'s on it."""
+    from leantrain.inference import evaluate
+
+    sources = []
+    for name, seed, lengths in (("long", 11, [40, 60]), ("short", 12, [2, 3, 5])):
+        rng = random.Random(seed)
+        docs = [" ".join(rng.choices(WORDS, k=rng.choice(lengths))) for _ in range(60)]
+        (tmp_path / f"{name}.txt").write_text("\n\n".join(docs[:45]) + "\n")
+        (tmp_path / f"{name}-dev.txt").write_text("\n\n".join(docs[45:]) + "\n")
+        sources.append({"path": str(tmp_path / f"{name}.txt"), "eval_data": str(tmp_path / f"{name}-dev.txt")})
+    sources[0]["weight"], sources[1]["weight"] = 0.6, 0.4
+    result, _ = run(data=sources, mix_by="tokens", packing=False, batch_size=8, epochs=1, log_every=2)
+    drawn = result.metrics["sources"]
+    assert drawn["long"]["share_tokens"] == pytest.approx(0.6, abs=0.03)
+    assert drawn["short"]["share_examples"] > 0.75  # many short rows for as many tokens
+    for name in ("long", "short"):
+        alone = evaluate(str(result.output_dir), sources[name == "short"]["eval_data"])
+        assert drawn[name]["eval_loss"] == pytest.approx(alone["loss"], rel=1e-5)
+        assert drawn[name]["eval_perplexity"] == pytest.approx(alone["perplexity"], rel=1e-5)
+        assert drawn[name]["train_loss"] is not None
+    assert drawn["long"]["eval_loss"] != drawn["short"]["eval_loss"]
+
+
+def test_a_preset_learns_its_tokenizer_from_every_source_of_a_mixture(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("\n\n".join(documents(80, seed=1)) + "\n")
+    b.write_text("\n\n".join(["zebra quokka narwhal " * 3] * 40) + "\n")
+    cfg = TrainConfig(model="preset:tiny-llama", data=[f"{a}@0.9", f"{b}@0.1"], cache_dir=str(tmp_path), max_length=32)
+    tokenizer = CausalLM(cfg).prepare_data("preset:tiny-llama", None).processor
+    assert all(len(tokenizer.tokenize(f" {w}")) == 1 for w in ("quokka", "narwhal", "sun", "moon"))
+
+
 class ReshapingLM(torch.nn.Module):
     """A causal LM whose forward reshapes its logits to (batch, length, vocabulary), whatever its head gave."""
 

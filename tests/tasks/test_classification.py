@@ -13,7 +13,7 @@ from leantrain.tasks.text_classification import TextClassification
 def classifier(path, attention: str = "sdpa"):
     from leantrain.model import loading
 
-    model = loading.load_for_classification(str(path), ["neg", "pos"], task="text-classification")
+    model = loading.load_for_classification(str(path), ["neg", "pos"])
     model.set_attn_implementation(attention)
     return model.train()
 

@@ -1,16 +1,25 @@
 """A workload defined only here trains through `leantrain.train`: counting a word (regression), with its own
-data, model head, collator, loss and metrics, and no change to the package."""
+data, model head, collator, loss and metrics, and no change to the package; then `leantrain evaluate` and
+`leantrain predict`, in another process, score and predict with it (the run records where the task lives)."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import pytest
 import torch
 
 from leantrain import TrainConfig, train
 from leantrain.tasks import Task, TaskData
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def counting_rows(n: int, seed: int) -> tuple[list[str], np.ndarray]:
@@ -30,6 +39,7 @@ class WordCount(Task):
 
     name: ClassVar[str] = "word-count"
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
+    auto_model: ClassVar[str] = "AutoModelForSequenceClassification"
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
         from transformers import AutoTokenizer
@@ -71,9 +81,35 @@ class WordCount(Task):
         error = rows["prediction"] - rows["labels"]
         return {"loss": float((error**2).mean()), "rmse": float(np.sqrt((error**2).mean()))}
 
+    # inference: a CSV of text,count to score; texts to count in
+    def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
+        import pandas as pd
 
-def test_a_task_defined_in_a_test_trains_through_leantrain_train(tiny_model_dir, tmp_path):
-    cfg = TrainConfig(
+        df = pd.read_csv(self.cfg.eval_data)
+        return self._examples(model_path, df["text"].tolist(), df["count"].to_numpy(np.float32))
+
+    def prediction_data(self, model_path: str, model_config: Any, inputs) -> tuple[TaskData, list[dict]]:
+        data = self._examples(model_path, inputs.texts, np.zeros(len(inputs.texts), dtype=np.float32))
+        return data, [{"text": x} for x in inputs.texts]
+
+    def prediction_rows(self, rows: dict[str, np.ndarray], shown: list[dict]) -> list[dict]:
+        out: list[dict] = [{} for _ in shown]
+        for value, i in zip(rows["prediction"], rows["index"]):
+            out[i] = {**shown[i], "count": round(float(value), 3)}
+        return out
+
+    def _examples(self, model_path: str, texts: list[str], counts: np.ndarray) -> TaskData:
+        from transformers import AutoTokenizer
+
+        from leantrain.data.prepare import Examples
+        from leantrain.data.tokenize import tokenize
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        return TaskData(None, Examples(tokenize(tokenizer, texts, None, 32), counts), [], tokenizer)
+
+
+def job(tiny_model_dir, tmp_path: Path) -> TrainConfig:
+    return TrainConfig(
         model=str(tiny_model_dir),
         data="unused: the task reads its own",
         output_dir=str(tmp_path / "run"),
@@ -87,7 +123,16 @@ def test_a_task_defined_in_a_test_trains_through_leantrain_train(tiny_model_dir,
         progress=False,
         report=False,
     )
-    result = train(cfg, task=WordCount)
+
+
+@pytest.fixture(scope="module")
+def counted(tiny_model_dir, tmp_path_factory):
+    """A word-count run, trained once for the tests below."""
+    return train(job(tiny_model_dir, tmp_path_factory.mktemp("word-count")), task=WordCount)
+
+
+def test_a_task_defined_in_a_test_trains_through_leantrain_train(counted):
+    result = counted
     _, held_out = counting_rows(64, 1)
     mean_predictor = float(np.sqrt(((held_out - held_out.mean()) ** 2).mean()))
     m = result.metrics
@@ -95,3 +140,49 @@ def test_a_task_defined_in_a_test_trains_through_leantrain_train(tiny_model_dir,
     assert m["optimizer_steps"] == 6 * 12 and m["num_labels"] == 0
     assert m["eval_rmse"] < 0.7 * mean_predictor  # it learned to count, not just the mean
     assert (result.model_dir / "model.safetensors").is_file() and (result.model_dir / "tokenizer.json").is_file()
+
+
+def leantrain(*args: str) -> subprocess.CompletedProcess:
+    """The `leantrain` command in a fresh process that can import this test module (the repository's root on its
+    path), as a user's own package would be importable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "leantrain", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+@pytest.mark.slow  # two `leantrain` processes: about 20 s
+def test_evaluate_and_predict_in_another_process_find_the_task_the_run_recorded(counted, tmp_path):
+    import yaml
+
+    recorded = yaml.safe_load((counted.output_dir / "config.yaml").read_text())["task"]
+    assert recorded == "tests.tasks.test_custom_task:WordCount"
+    texts, counts = counting_rows(40, 7)
+    scored = tmp_path / "counts.csv"
+    scored.write_text("text,count\n" + "".join(f"{x},{int(c)}\n" for x, c in zip(texts, counts)))
+    done = leantrain("evaluate", str(counted.output_dir), "--data", str(scored))
+    assert done.returncode == 0, done.stderr
+    scores = json.loads(done.stdout)
+    mean_predictor = float(np.sqrt(((counts - counts.mean()) ** 2).mean()))
+    assert set(scores) == {"loss", "rmse"} and scores["rmse"] < 0.7 * mean_predictor
+    done = leantrain("predict", str(counted.output_dir), "--text", "great great great film", "--text", "a plot")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["text"] for r in rows] == ["great great great film", "a plot"]
+    assert rows[0]["count"] > rows[1]["count"] + 1.5  # it counts three against none
+
+
+def test_a_task_named_by_its_path_is_imported_and_registered():
+    from leantrain import tasks
+
+    assert TrainConfig(task="tests.tasks.test_custom_task:WordCount").task == "word-count"
+    assert tasks.task_class("word-count") is WordCount
+
+
+def test_an_unknown_task_path_is_refused_in_one_line():
+    from leantrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--task tests\.tasks\.nowhere:Nothing: cannot import it"):
+        TrainConfig(task="tests.tasks.nowhere:Nothing")
+    with pytest.raises(ConfigError, match=r"not a leantrain\.tasks\.Task subclass"):
+        TrainConfig(task="tests.tasks.test_custom_task:counting_rows")

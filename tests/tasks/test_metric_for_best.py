@@ -4,16 +4,16 @@ import pytest
 
 from leantrain import TrainConfig
 from leantrain.errors import ConfigError
-from leantrain.tasks import BUILTIN
-from leantrain.tasks.text_problems import TEXT_PROBLEMS
+from leantrain.tasks import task_class
+from leantrain.tasks.text_classification import TEXT_PROBLEMS
 
 
 @pytest.mark.parametrize(
     "task,default",
     [
-        (BUILTIN["text-classification"], "accuracy"),
-        (BUILTIN["image-classification"], "accuracy"),
-        (BUILTIN["causal-lm"], "loss"),
+        (task_class("text-classification"), "accuracy"),
+        (task_class("image-classification"), "accuracy"),
+        (task_class("causal-lm"), "loss"),
         (TEXT_PROBLEMS["regression"], "loss"),
         (TEXT_PROBLEMS["multi-label"], "micro_f1"),
     ],
@@ -25,9 +25,9 @@ def test_each_task_has_a_default_it_reports(task, default):
 
 
 def test_a_metric_the_task_reports_is_taken_and_one_it_does_not_is_refused():
-    classifier = BUILTIN["text-classification"](TrainConfig(metrics="accuracy,mcc"))
+    classifier = task_class("text-classification")(TrainConfig(metrics="accuracy,mcc"))
     assert classifier.metric_for_best("eval_mcc") == "mcc"
     with pytest.raises(ConfigError, match="--metric-for-best 'accuracy' is not an evaluation metric"):
-        BUILTIN["causal-lm"](TrainConfig()).metric_for_best("accuracy")
+        task_class("causal-lm")(TrainConfig()).metric_for_best("accuracy")
     with pytest.raises(ConfigError, match="roc_auc"):
         classifier.metric_for_best("roc_auc")  # not asked for with --metrics

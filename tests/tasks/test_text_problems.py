@@ -129,7 +129,7 @@ def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_doe
 
 
 def test_the_runs_multi_label_threshold_is_the_default_at_predict_time(job, tmp_path):
-    from leantrain.inference.api import run_threshold
+    from leantrain.job import for_inference
 
     rows = [(text, "|".join(labels)) for text, labels in tagged_rows(64, 3)]
     data = write_csv(tmp_path / "tags.csv", rows)
@@ -143,11 +143,12 @@ def test_the_runs_multi_label_threshold_is_the_default_at_predict_time(job, tmp_
             multi_label_threshold=0.7,
         )
     )
-    assert run_threshold(str(result.model_dir), None) == 0.7
-    assert run_threshold(str(result.output_dir / "checkpoints" / "step-000002"), None) == 0.7
-    assert run_threshold(str(result.model_dir), 0.2) == 0.2
-    with pytest.raises(DataError, match="--multi-label-threshold"):
-        run_threshold(str(result.model_dir), 1.5)
+    threshold = lambda path, **given: for_inference(str(path), given).cfg.multi_label_threshold  # noqa: E731
+    assert threshold(result.model_dir) == 0.7
+    assert threshold(result.output_dir / "checkpoints" / "step-000002") == 0.7
+    assert threshold(result.model_dir, multi_label_threshold=0.2) == 0.2
+    with pytest.raises(ConfigError, match="--multi-label-threshold"):
+        threshold(result.model_dir, multi_label_threshold=1.5)
 
 
 def test_multi_label_from_a_list_column(job, tmp_path):

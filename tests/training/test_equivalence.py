@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
-from tests.conftest import EXACT_JOB, assert_trained_alike
+from tests.conftest import EXACT_JOB, assert_trained_alike, make_sentiment_rows, write_csv
 
 TOL = 1e-5
 
@@ -97,6 +97,39 @@ def test_gradient_accumulation_with_clipping_and_adamw_stays_close(run):
     assert grad_norms(small) == pytest.approx(grad_norms(big), rel=1e-4)
     # Adam divides by sqrt(v): rounding differences near zero gradients are magnified, so not 1e-5
     assert max((w_big[k] - w_small[k]).abs().max().item() for k in w_big) <= 1e-3
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory) -> list[str]:
+    """Two sources at 0.7/0.3: 180 and 36 training rows, so that the small one is used up and restarts within the
+    first few steps."""
+    root = tmp_path_factory.mktemp("mixture")
+    big = write_csv(root / "big.csv", make_sentiment_rows(200, seed=21))
+    small = write_csv(root / "small.csv", make_sentiment_rows(40, seed=22))
+    return [f"{big}@0.7", f"{small}@0.3"]
+
+
+def source_log(result) -> list[dict]:
+    return [row["sources"] for row in log_rows(result) if "loss" in row]
+
+
+def test_a_mixture_accumulated_equals_its_big_batch(run, start, mixture):
+    # one epoch: 216 examples (the rows of both), 65 of them from the 36 rows of the small source
+    big, w_big = run(data=mixture, batch_size=24, epochs=1)
+    small, w_small = run(data=mixture, batch_size=6, grad_accum=4, epochs=1)
+    assert big.metrics["optimizer_steps"] == 9 and small.metrics["micro_steps"] == 4 * big.metrics["micro_steps"]
+    assert_trained_alike(w_big, w_small, start(data=mixture, batch_size=24, epochs=1))
+    assert loss_log(small) == pytest.approx(loss_log(big), abs=TOL)
+    # each source's rows, loss and realised shares, step by step, are the big batch's
+    for a, b in zip(source_log(small), source_log(big)):
+        assert a.keys() == b.keys() == {"big", "small"}
+        for name in a:
+            assert a[name].pop("loss") == pytest.approx(b[name].pop("loss"), abs=TOL)
+        assert a == b
+    drawn = big.metrics["sources"]["small"]
+    assert drawn["examples"] == drawn["epoch_examples"] == 65 and drawn["train_rows"] == 36
+    assert drawn["epochs"] == pytest.approx(65 / 36)  # the small source restarted inside the epoch
+    assert drawn["share_examples"] == 65 / 216 and drawn["weight"] == 0.3
 
 
 def test_activation_checkpointing_trains_identically(run, start):

@@ -164,8 +164,15 @@ COLUMNS = [
     ("optim state MB", "optimizer_state_bytes", 2**-20, ".1f"),
     ("train loss", "train_loss", 1, ".4f"),
 ]
-#: the held-out score, whichever the task reports: a classifier's accuracy, a language model's perplexity
-EVAL_COLUMNS = [("eval acc", "eval_accuracy", 1, ".4f"), ("eval ppl", "eval_perplexity", 1, ".2f")]
+#: the held-out score, whichever the task reports: a classifier's accuracy, a language model's perplexity, a token
+#: classifier's entity F1, a sequence-to-sequence model's ROUGE-L or BLEU
+EVAL_COLUMNS = [
+    ("eval acc", "eval_accuracy", 1, ".4f"),
+    ("eval ppl", "eval_perplexity", 1, ".2f"),
+    ("eval F1", "eval_f1", 1, ".4f"),
+    ("eval ROUGE-L", "eval_rougeL", 1, ".2f"),
+    ("eval BLEU", "eval_bleu", 1, ".2f"),
+]
 
 
 def _value(row: BenchRow, key: str) -> float | None:

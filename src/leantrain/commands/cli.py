@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from leantrain.config import DATA_FORMATS, SECTIONS, TrainConfig, field_base_type, to_flags
+from leantrain.data.tags import AGGREGATIONS
 from leantrain.errors import LeantrainError
 from leantrain.telemetry.console import Console
 
@@ -109,6 +110,11 @@ def _add_flag(parser, f) -> None:
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default})",
         )
+    elif f.metadata.get("sources"):  # --data, repeated for a mixture
+        parser.add_argument(
+            flag, dest=f.name, action="append", default=argparse.SUPPRESS, metavar="SOURCE",
+            help=f"{help_text} (default: {default})",
+        )  # fmt: skip
     else:
         parser.add_argument(
             flag,
@@ -231,12 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="RUN_OR_MODEL")
     p.add_argument(
         "--data",
-        required=True,
         help="Labelled file to score, or a folder of images or audio files; for a language model, text (a .txt "
-        "file, a folder of them, or a table; instruction rows add exact match).",
+        "file, a folder of them, or a table; instruction rows add exact match). Default: the run's own held-out "
+        "rows, held out as the run held them out.",
     )
     p.add_argument(
-        "--metrics", help="Metrics to report, comma-separated, as `train --metrics` (default: accuracy,macro_f1)."
+        "--metrics",
+        help="Metrics to report, comma-separated, as `train --metrics` (default: the run's, else accuracy,macro_f1).",
     )
     _add_column_flags(p, label=True)
     p.add_argument(
@@ -255,9 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_column_flags(p, label=False)
     _add_threshold_flag(p)
     # --- causal LM
-    p.add_argument("--max-new-tokens", type=int, default=32, help="Language models: tokens to generate (default: 32).")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="Language models: tokens to generate (default: 32; seq2seq: the run's --generation-max-new-tokens).",
+    )
     p.add_argument("--temperature", type=float, help="Language models: sample at this temperature (default: greedy).")
     p.add_argument("--top-p", type=float, help="Language models: sample from the top-p probability mass.")
+    p.add_argument(
+        "--aggregation",
+        choices=AGGREGATIONS,
+        help="Token classifiers: how tokens' tags become entities, as the pipeline's aggregation_strategy (default: "
+        "the run's, first).",
+    )
     p.add_argument(
         "--chat",
         action="store_true",
@@ -287,19 +304,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
+    from leantrain.config.sections import PRECISIONS
+
+    p.add_argument(
+        "--precision",
+        choices=[c for c in PRECISIONS if c != "auto"],
+        help="Compute in this precision (default: the run's own; fp32 for a model leantrain did not train).",
+    )
     p.add_argument("--text-column")
     p.add_argument("--text-pair-column")
     if label:
         p.add_argument("--label-column")
+    p.add_argument("--source-column", help="Seq2seq: the column of texts to transform (guessed when obvious).")
+    if label:
+        p.add_argument("--target-column", help="Seq2seq: the column of reference texts (guessed when obvious).")
     p.add_argument("--image-column", help="Images: the table column holding them (guessed when obvious).")
     p.add_argument("--audio-column", help="Audio: the table column holding it (guessed when obvious).")
+    p.add_argument("--tokens-column", help="Token classification: the column of each row's words (guessed: tokens).")
     if label:
         p.add_argument("--label-pattern", help="Images/audio: regular expression taking the label from each path.")
+        p.add_argument("--tags-column", help="Token classification: the column of each row's tags (guessed: ner_tags).")
+        p.add_argument("--spans-column", help="Token classification: the column of each text's entity spans.")
+        p.add_argument(
+            "--tag-column", type=int, help="Token classification, CoNLL: the tag's column (from 1; -1: last)."
+        )
+        p.add_argument("--tag-scheme", help="Token classification: iob1|iob2|bioes|none (default: detected).")
     default = "the run's --max-length" + (
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
     p.add_argument("--max-length", type=int, default=None, help=f"Cut inputs at this many tokens (default: {default}).")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, help="Examples per batch (default: the run's evaluation batch, else 64).")
     # how to read --data, as `train` reads it
     p.add_argument("--format", choices=DATA_FORMATS, help="Read --data in this format whatever its suffix.")
     p.add_argument("--column-names", help="Comma-separated column names for a CSV/TSV file without a header row.")
@@ -318,6 +352,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     from leantrain.config import hf_names
 
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    if isinstance(given.get("data"), list) and len(given["data"]) == 1:
+        given["data"] = given["data"][0]  # one --data: the path as it always was
     aliases = {k.removeprefix("hf__"): v for k, v in vars(args).items() if k.startswith("hf__")}
     given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names
     for name, value in given.items():
@@ -371,22 +407,19 @@ def _print_config(cfg: TrainConfig) -> int:
     """`train --print-config`: the config as the run would record it, without training."""
     import yaml
 
-    from leantrain import parallel
     from leantrain.config import resolved_values
-    from leantrain.model import loading
-    from leantrain.tasks import resolve
+    from leantrain.job import assemble
+    from leantrain.tasks.registry import recorded_name
     from leantrain.training.early_stopping import resolve_metric
 
-    cfg = cfg.resolved()
-    model_path = loading.resolve_model(None if cfg.model == loading.EMBEDDED_MODEL else cfg.model)
-    task = resolve(cfg, loading.load_config(model_path, trust_remote_code=cfg.trust_remote_code))
-    precision, why = parallel.choose_precision(cfg.precision)
-    processes = cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
+    job = assemble(cfg)
+    processes = job.cfg.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
     values = resolved_values(
-        cfg, precision=precision, metric_for_best=resolve_metric(cfg, task), num_processes=processes
-    )
-    print(f"# precision {precision}: {why}")
-    if cfg.auto:
+        job.cfg, precision=job.precision, metric_for_best=resolve_metric(job.cfg, job.task), num_processes=processes,
+        task=recorded_name(type(job.task)),
+    )  # fmt: skip
+    print(f"# precision {job.precision}: {job.precision_why}")
+    if job.cfg.auto:
         print("# --auto: the planner sets precision, activation checkpointing, optimizer and the batch split at start")
     print(yaml.safe_dump(values, sort_keys=False).rstrip())
     return 0
@@ -456,13 +489,15 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from leantrain import tasks
     from leantrain.model import loading
 
     if args.num_labels < 1:
         raise LeantrainError(f"--num-labels must be a positive integer, got {args.num_labels}")
     path = loading.resolve_model(args.model)
-    task = loading.infer_task(loading.load_config(path))
-    model = loading.load_for_classification(path, [f"LABEL_{i}" for i in range(args.num_labels)], task=task)
+    task = tasks.task_class(tasks.infer(loading.load_config(path)))
+    labels = [f"LABEL_{i}" for i in range(args.num_labels)]
+    model = loading.load_for_classification(path, labels, auto_model=task.auto_model)
     counts = loading.count_parameters(model)
     print(model.config)
     print(f"architecture     {type(model).__name__}")
@@ -497,6 +532,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         label_separator=args.label_separator,
         threshold=args.multi_label_threshold,
         read=_read_options(args),
+        precision=args.precision,
+        tokens_column=args.tokens_column,
+        tags_column=args.tags_column,
+        spans_column=args.spans_column,
+        tag_column=args.tag_column,
+        tag_scheme=args.tag_scheme,
+        source_column=args.source_column,
+        target_column=args.target_column,
     )
     if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
         from leantrain.tasks.scoring import format_report
@@ -527,6 +570,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         threshold=args.multi_label_threshold,
         chat=args.chat,
         read=_read_options(args),
+        precision=args.precision,
+        tokens_column=args.tokens_column,
+        aggregation=args.aggregation,
+        source_column=args.source_column,
     )
     write_predictions(rows, args.output, sys.stdout)
     return 0

@@ -120,11 +120,12 @@ def launch_command(
 ) -> tuple[list[str], dict[str, str]]:
     """The launcher command line that runs `python -m leantrain train` with `cfg` in every process,
     and the environment variables to add for it."""
+    from leantrain.parallel.threads import threads_are_users
+
     nproc = cfg.num_processes or 1
-    machines = cfg.num_machines
-    if machines > 1 and not cfg.main_process_ip:
+    if cfg.num_machines > 1 and not cfg.main_process_ip:
         raise ConfigError(
-            f"--num-machines {machines} needs --main-process-ip: the address of machine rank 0, "
+            f"--num-machines {cfg.num_machines} needs --main-process-ip: the address of machine rank 0, "
             "which every machine can reach"
         )
     if gpus and nproc > gpus:
@@ -132,67 +133,42 @@ def launch_command(
             f"--num-processes {nproc}, but this machine has {gpus} GPU(s): start at most one process per GPU"
         )
     env = {LAUNCHED_ENV: "1"}
-    from leantrain.parallel.threads import threads_are_users
-
     if not gpus and not threads_are_users():
         # CPU ranks share the cores: one rank per core beats oversubscribed thread pools
         env["OMP_NUM_THREADS"] = str(max(1, (cores or cpu_count()) // nproc))
     train = ["-m", "leantrain", "train", *cfg.to_argv()]
-    given_port = cfg.main_process_port
     if cfg.launcher == "torchrun":
-        cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-        if machines == 1 and not cfg.main_process_ip and given_port is None:
-            cmd.append("--standalone")  # a private rendezvous on a free local port
-        else:
-            cmd += [
-                "--nnodes",
-                str(machines),
-                "--node-rank",
-                str(cfg.machine_rank),
-                "--master-addr",
-                cfg.main_process_ip or "127.0.0.1",
-                "--master-port",
-                str(given_port or DEFAULT_PORT),
-            ]
-        cmd += ["--max-restarts", "0", "--monitor-interval", "0.5", *train]
-        return cmd, env
+        return [python, "-m", "torch.distributed.run", *_torchrun_flags(cfg, nproc), *train], env
     if cfg.launcher == "accelerate":
-        if machines == 1 and given_port is None:
-            given_port = port or free_port()  # accelerate would take 29500, which another job may hold
-        cmd = [
-            python,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            str(nproc * machines),
-            "--num_machines",
-            str(machines),
-            "--machine_rank",
-            str(cfg.machine_rank),
-            "--main_process_ip",
-            cfg.main_process_ip or "127.0.0.1",
-            "--main_process_port",
-            str(given_port or DEFAULT_PORT),
-            # static rendezvous: machine rank 0 holds global rank 0 (the one that writes)
-            "--same_network",
-            "--rdzv_backend",
-            "static",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",  # the loop chooses these itself
-            "--max_restarts",
-            "0",
-            "--monitor_interval",
-            "0.5",
-            *train,
-        ]
-        if gpus:
-            cmd.insert(cmd.index("--num_machines"), "--gpu_ids")
-            cmd.insert(cmd.index("--num_machines"), "all")
-        return cmd, env
+        return [python, "-m", "accelerate.commands.launch", *_accelerate_flags(cfg, nproc, gpus, port), *train], env
     raise ConfigError(f"--launcher {cfg.launcher} does not start processes with a command line")
+
+
+def _torchrun_flags(cfg: TrainConfig, nproc: int) -> list[str]:
+    flags = ["--nproc-per-node", str(nproc)]
+    if cfg.num_machines == 1 and not cfg.main_process_ip and cfg.main_process_port is None:
+        flags.append("--standalone")  # a private rendezvous on a free local port
+    else:
+        flags += ["--nnodes", str(cfg.num_machines), "--node-rank", str(cfg.machine_rank)]
+        flags += ["--master-addr", cfg.main_process_ip or "127.0.0.1"]
+        flags += ["--master-port", str(cfg.main_process_port or DEFAULT_PORT)]
+    return [*flags, "--max-restarts", "0", "--monitor-interval", "0.5"]
+
+
+def _accelerate_flags(cfg: TrainConfig, nproc: int, gpus: int, port: int | None) -> list[str]:
+    given_port = cfg.main_process_port
+    if cfg.num_machines == 1 and given_port is None:
+        given_port = port or free_port()  # accelerate would take 29500, which another job may hold
+    flags = ["--multi_gpu", "--num_processes", str(nproc * cfg.num_machines)]
+    if gpus:
+        flags += ["--gpu_ids", "all"]
+    flags += ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank)]
+    flags += ["--main_process_ip", cfg.main_process_ip or "127.0.0.1"]
+    flags += ["--main_process_port", str(given_port or DEFAULT_PORT)]
+    # static rendezvous: machine rank 0 holds global rank 0 (the one that writes)
+    flags += ["--same_network", "--rdzv_backend", "static"]
+    flags += ["--mixed_precision", "no", "--dynamo_backend", "no"]  # the loop chooses these itself
+    return [*flags, "--max_restarts", "0", "--monitor_interval", "0.5"]
 
 
 def launch(cfg: TrainConfig) -> int:

@@ -32,13 +32,10 @@ class PlanOptions:
 def prepared_data(cfg: TrainConfig):
     """cfg.data as the run's task prepares it (tokenized and cut at --max-length, a causal LM's documents packed),
     read through the cache."""
-    from leantrain import tasks
-    from leantrain.model import loading
+    from leantrain.job import assemble
 
-    resolved = cfg.resolved()
-    path = loading.resolve_model(cfg.model)
-    config = loading.load_config(path, trust_remote_code=cfg.trust_remote_code)
-    return tasks.resolve(resolved, config).prepare_data(path, config)
+    job = assemble(cfg)
+    return job.task.prepare_data(job.model_path, job.model_config)
 
 
 def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=print) -> tuple[Plan, dict[str, Path]]:

@@ -170,6 +170,27 @@ ROWS: tuple[Row, ...] = (
         lambda v: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v,
     ),
     Row("label_smoothing_factor", "label_smoothing", "exact under accumulation: smoothing is per example"),
+    # --- Seq2SeqTrainingArguments
+    Row(
+        "predict_with_generate",
+        None,
+        "seq2seq: evaluation always generates (--metrics loss evaluates without); accepted as true",
+        lambda v: _true("predict_with_generate", v),
+    ),
+    Row(
+        "generation_max_length",
+        "generation_max_new_tokens",
+        "seq2seq: the decoder's length with its start token, so generation_max_length - 1 new tokens",
+        lambda v: int(v) - 1,
+    ),
+    Row("generation_num_beams", "generation_num_beams", "seq2seq: 1 (the default) is greedy decoding"),
+    Row("sortish_sampler", None, "seq2seq: batches are always grouped by source length (see group_by_length)"),
+    Row(
+        "generation_config",
+        None,
+        "seq2seq: the model's own generation config is used, its length and beams set by --generation-max-new-tokens "
+        "and --generation-num-beams",
+    ),
 )
 
 #: names leantrain used to have, and what replaced them
@@ -182,7 +203,7 @@ BY_NAME = {r.hf: r for r in ROWS}
 #: the names that are aliases (different from the leantrain field they set), for the CLI's hidden flags
 ALIASES = tuple(r.hf for r in ROWS if r.field is not None and r.field != r.hf)
 #: accepted and ignored when true (no setting to change)
-_NO_OP = ("do_train", "do_eval")
+_NO_OP = ("do_train", "do_eval", "predict_with_generate")
 
 
 def _true(name: str, value: Any) -> None:
@@ -291,7 +312,7 @@ def hint(name: str, known: list[str]) -> str:
 
 def cli_kind(row: Row, field_kind: type | None) -> type:
     """The type a hidden alias flag parses its value as (bool: `--bf16` alone, or `--bf16 true`)."""
-    if row.hf in ("bf16", "fp16", "do_train", "do_eval"):
+    if row.hf in ("bf16", "fp16", "do_train", "do_eval", "predict_with_generate"):
         return bool
     if row.hf.endswith("_strategy") or (row.convert is not None and field_kind is not bool):
         return str

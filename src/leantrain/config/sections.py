@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import re
 import types
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from leantrain import tasks
 from leantrain.errors import ConfigError
 from leantrain.model import optimizers
 
@@ -52,10 +54,8 @@ ON_NAN = ("stop", "skip")
 LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
-TASKS = ("text-classification", "image-classification", "audio-classification", "causal-lm", "text-generation")
-#: --task spellings that name another task
-TASK_ALIASES = {"text-generation": "causal-lm"}
-DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
+DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
+MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 QUANTIZE = ("4bit", "8bit")  # LoRA
 
 
@@ -75,7 +75,8 @@ class ModelConfig:
         default=None,
     )
     task: str | None = _help(
-        f"What the model learns: {'|'.join(TASKS)}. Default: inferred from the model's config (text when unclear).",
+        f"What the model learns: {'|'.join(tasks.spellings())}. Default: inferred from the model's config (text "
+        "classification when unclear).",
         default=None,
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
@@ -130,8 +131,7 @@ class ModelConfig:
 
     def _check(self) -> None:
         if self.task is not None:
-            _choice(self, "task", TASKS)
-            self.task = TASK_ALIASES.get(self.task, self.task)
+            self.task = tasks.canonical(self.task)  # an alias names its task; an unknown name is refused
         _check_lora(self)
         _check_problem(self)
 
@@ -140,10 +140,28 @@ class ModelConfig:
 class DataConfig:
     """Where the examples come from, how they are cut, split and cached."""
 
-    data: str | None = _help(
+    data: str | list[Any] | None = _help(  # noqa: RUF009 - a field() whose default is None
         "Training data: a CSV/TSV/JSON/JSONL/Parquet file, a `save_to_disk` folder or a hub data set "
-        "name. Default: the embedded 3-class tweet sentiment corpus.",
+        "name. Several sources mix: repeat --data (in YAML a list), each PATH@WEIGHT or a mapping with its own "
+        "read options, e.g. --data '{path: sms.tsv, weight: 0.2, column_names: \"label,text\"}' "
+        "(docs/mixtures.md). Default: the embedded 3-class tweet sentiment corpus.",
         default=None,
+        metadata_extra={"sources": True},
+    )
+    mix_by: str = _help(
+        f"With several --data sources: what their weights share out, {'|'.join(MIX_BY)} (tokens: each source's "
+        "share of the training tokens, what language-model mixtures mean).",
+        default="examples",
+    )
+    dedupe: bool = _help(
+        "Drop training rows whose normalised text (case, spaces, Unicode forms aside) repeats an earlier row, within "
+        "a source or across sources; they are counted either way.",
+        default=False,
+    )
+    decontaminate: bool = _help(
+        "Drop training rows whose normalised text is also an evaluation row (of any source); they are counted and "
+        "named either way.",
+        default=False,
     )
     eval_data: str | None = _help(
         "Evaluation data in the same formats. Default: a stratified split of --data.", default=None
@@ -231,10 +249,11 @@ class DataConfig:
         "With --streaming and no --eval-data: hold out the stream's first N rows for evaluation.", default=1000
     )
     # --- causal LM
-    packing: bool = _help(
+    packing: bool | None = _help(
         "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
-        "attention never crosses documents); --no-packing gives each document its own padded row(s).",
-        default=True,
+        "attention never crosses documents); --no-packing gives each document its own padded row(s). Unset: on "
+        "for a causal LM; a sequence-to-sequence task refuses it (its examples are pairs).",
+        default=None,
     )
     text_glob: str = _help(
         "Causal LM: the files of a --data folder read as text, searched recursively (documents are separated "
@@ -246,11 +265,81 @@ class DataConfig:
         "loss too, not only the completion's.",
         default=False,
     )
+    # --- sequence-to-sequence
+    source_column: str | None = _help(
+        "Seq2seq: the column holding the text to transform (in a `translation` column of {language: text} "
+        "mappings: the source language, e.g. en). Guessed from source/target, document/summary, text/summary, "
+        "article/highlights, dialogue/summary, input/output, inputs/targets, src/tgt.",
+        default=None,
+    )
+    target_column: str | None = _help(
+        "Seq2seq: the column holding the text to generate (in a `translation` column: the target language, e.g. "
+        "fr). Guessed with the source column.",
+        default=None,
+    )
+    source_prefix: str | None = _help(
+        "Seq2seq: text put before every source, as T5 reads its task from a prompt, e.g. 'summarize: ' or "
+        "'translate English to German: ' (also at evaluate and predict).",
+        default=None,
+    )
+    max_source_length: int | None = _help(
+        "Seq2seq: longest tokenized source (prefix included); longer ones are cut. Default: --max-length.",
+        default=None,
+    )
+    max_target_length: int = _help(
+        "Seq2seq: longest tokenized target; longer ones are cut (the loss counts the target's tokens).", default=128
+    )
+    eval_limit: int | None = _help(
+        "Seq2seq: evaluate on a seeded random sample of this many evaluation rows, the same rows at every "
+        "evaluation (each one generates, which is what makes evaluation slow). Default: every row.",
+        default=None,
+    )
     # --- metrics and losses
     label_separator: str | None = _help(
         "Multi-label: the character that joins a text's labels in the label column, e.g. '|' for 'sport|politics' "
         "(a JSON or Parquet list column needs none).",
         default=None,
+    )
+    # --- token classification
+    tokens_column: str | None = _help(
+        "Token classification: the column holding each row's words (a list). Guessed: tokens, words.", default=None
+    )
+    tags_column: str | None = _help(
+        "Token classification: the column holding each row's tags, one per word (names, or ids of a `datasets` "
+        "ClassLabel). Guessed: ner_tags, tags.",
+        default=None,
+    )
+    spans_column: str | None = _help(
+        "Token classification: the column holding each text's entities as character spans ({start, end, label} or "
+        "[start, end, label]; the text in --text-column). Guessed: entities, spans.",
+        default=None,
+    )
+    tag_column: int | None = _help(
+        "Token classification, CoNLL files with more than two columns: the column holding the tag, counting from 1 "
+        "(the word's); -1 for the last.",
+        default=None,
+    )
+    tag_scheme: str = _help(
+        "Token classification: how the tags mark entities: auto|iob1|iob2 (bio)|bioes|none (tags that are not "
+        "entities, e.g. part of speech). auto tells from the training tags. Tags are converted to IOB2, the scheme "
+        "of the published model; tags the scheme does not allow where they stand are repaired and counted.",
+        default="auto",
+    )
+    label_all_tokens: bool = _help(
+        "Token classification: learn each word's tag on every one of its sub-word tokens (B- becoming I- after the "
+        "first), not on its first only. Evaluation scores each word at its first sub-word either way.",
+        default=False,
+    )
+    stride: int = _help(
+        "Token classification: sentences longer than --max-length are cut into windows that share this many "
+        "tokens; each word is trained on and scored once, in the window that holds it with the most context.",
+        default=32,
+    )
+    aggregation: str = _help(
+        "Token classification, predict: how tokens' tags become entities, as transformers' pipeline "
+        "aggregation_strategy: first (each word's first sub-word)|average|max (over its sub-words)|simple (each "
+        "token; adjacent tokens of one type join).",
+        default="first",
     )
 
     def __post_init__(self) -> None:
@@ -259,10 +348,13 @@ class DataConfig:
 
     def _check(self) -> None:
         _positive(self, "max_length")
+        _check_token_labels(self)
         if self.dataloader_num_workers < 0:  # HF Trainer users
             raise ConfigError(f"--dataloader-num-workers must be >= 0, got {self.dataloader_num_workers}")
         _positive(self, "limit", optional=True)
         _positive(self, "streaming_eval_rows")
+        _positive(self, "max_target_length")
+        _positive(self, "max_source_length", "eval_limit", optional=True)
         _check_data_sources(self)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
@@ -585,8 +677,17 @@ class LoggingConfig:
         "MRPC; macro otherwise), macro_f1, micro_f1, weighted_f1, precision, recall, mcc, roc_auc, "
         "balanced_accuracy; regression: rmse, mse, mae, pearson, spearman, r2; multi-label: micro_f1, macro_f1, "
         "subset_accuracy, hamming_loss, roc_auc. The loss is always reported. Default: accuracy,macro_f1 "
-        "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy).",
+        "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy). Seq2seq (scored "
+        "on generated text): rouge1, rouge2, rougeL, rougeLsum (rouge-score, stemmed; default) or bleu, chrf "
+        "(sacrebleu; --task translation's default).",
         default=None,
+    )
+    # --- sequence-to-sequence
+    generation_max_new_tokens: int | None = _help(
+        "Seq2seq: tokens an evaluation generates at most per example. Default: --max-target-length.", default=None
+    )
+    generation_num_beams: int = _help(
+        "Seq2seq: beams of the evaluation's (and predict's) beam search; 1 is greedy decoding.", default=1
     )
     report_to: str | None = _help(
         f"Experiment trackers, comma-separated, through Accelerate: {'|'.join(TRACKERS)} (all: every one "
@@ -603,6 +704,8 @@ class LoggingConfig:
         _positive(self, "log_every")
         _positive(self, "eval_every", optional=True)
         _positive(self, "profile_steps", optional=True)
+        _positive(self, "generation_num_beams")
+        _positive(self, "generation_max_new_tokens", optional=True)
         _choice(self, "log", LOGS)
         _check_reporting(self)
 
@@ -629,6 +732,10 @@ class TrainConfig(
     def __post_init__(self) -> None:
         _coerce_types(self)
         _check_finite(self)
+        if self.task is not None:  # an alias may say more than its task (--task translation: BLEU and chrF)
+            for key, value in tasks.implied(self.task).items():
+                if getattr(self, key) is None:
+                    setattr(self, key, value)
         for section in SECTIONS:
             section._check(self)
         # rules across sections
@@ -734,7 +841,10 @@ def to_flags(values: dict[str, Any]) -> list[str]:
     argv: list[str] = []
     for key, value in values.items():
         flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
+        if isinstance(value, list):  # several --data sources: a mapping as inline JSON, which is YAML too
+            for item in value:
+                argv += [flag, item if isinstance(item, str) else json.dumps(item, separators=(",", ":"))]
+        elif isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag[2:])
         elif value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
@@ -777,6 +887,8 @@ def _coerce_types(cfg: Any) -> None:
         want = field_base_type(f)
         if f.metadata.get("epoch_ok") and value == "epoch":
             continue  # --eval-every/--save-every epoch
+        if f.metadata.get("sources") and isinstance(value, (list, tuple, dict)):
+            continue  # several --data sources, or one with its own options: `_check_data_sources` reads them
         if want is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
@@ -816,7 +928,13 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
 
 
 def _check_data_sources(cfg: DataConfig) -> None:
-    """The data-source keys: a known format, usable column names, non-empty config and split names."""
+    """The data-source keys: the sources of --data (recorded as config.yaml keeps them), a known format, usable column
+    names, non-empty config and split names."""
+    if cfg.data is not None:
+        from leantrain.data.spec import parse_sources, recorded
+
+        cfg.data = recorded(parse_sources(cfg.data))
+    _choice(cfg, "mix_by", MIX_BY)
     if cfg.format is not None:
         cfg.format = cfg.format.lower().lstrip(".")
         _choice(cfg, "format", DATA_FORMATS)
@@ -835,6 +953,21 @@ def _check_data_sources(cfg: DataConfig) -> None:
             raise ConfigError(
                 f"{_flag('column_names')} is for CSV/TSV files without a header, not --format {cfg.format}"
             )
+
+
+def _check_token_labels(cfg: DataConfig) -> None:
+    """Token classification's keys: a known tag scheme and aggregation, a stride of zero or more, a tag column."""
+    from leantrain.data.tags import AGGREGATIONS, SCHEMES, canonical_scheme
+
+    cfg.tag_scheme = canonical_scheme(cfg.tag_scheme)
+    _choice(cfg, "tag_scheme", ("auto", *SCHEMES))
+    _choice(cfg, "aggregation", AGGREGATIONS)
+    if cfg.stride < 0:
+        raise ConfigError(f"--stride must be 0 or more (tokens consecutive windows share), got {cfg.stride}")
+    if cfg.tag_column in (0, 1):
+        raise ConfigError(
+            f"--tag-column {cfg.tag_column}: columns count from 1, the word's; the tag is in another (2, 3, ..., or -1)"
+        )
 
 
 def _check_finite(cfg: TrainConfig) -> None:
@@ -951,10 +1084,14 @@ def _check_schedule(cfg: OptimizationConfig) -> None:
     _positive(cfg, "eval_batch_size", optional=True)
 
 
-def resolved_values(cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int) -> dict[str, Any]:
-    """config.yaml's content: what ran, not what was asked (`precision: bf16`, not `auto`)."""
+def resolved_values(
+    cfg: TrainConfig, *, precision: str, metric_for_best: str, num_processes: int, task: str | None = None
+) -> dict[str, Any]:
+    """config.yaml's content: what ran, not what was asked (`precision: bf16`, not `auto`; the task that ran, as
+    `tasks.registry.recorded_name` finds it again)."""
     values = cfg.to_dict()
     values.update(
+        task=task or cfg.task,
         precision=precision,
         metric_for_best=metric_for_best,
         eval_batch_size=cfg.eval_batch_size or 2 * cfg.batch_size,

@@ -28,6 +28,8 @@ class Slot:
     step_end: bool  # the last micro-batch of the step on this process: step the optimizer after it
     units: float = 1.0  # this example's loss units
     example: dict | None = field(default=None, compare=False, repr=False)  # a streamed example travels here
+    source: int = -1  # a mixture's source of the example (data.mixture); -1: not a mixture
+    tokens: int = 0  # the example's tokens, for a mixture's realised shares
 
 
 class GlobalBatchSampler:
@@ -66,10 +68,22 @@ class GlobalBatchSampler:
     def _first_batch(self) -> int:
         return self.start[1] if self.start[0] == self.epoch else 0
 
+    @property
+    def epoch_size(self) -> int:
+        """Examples an epoch draws: every example once (a mixture draws its sources' shares)."""
+        return len(self.lengths)
+
+    def epoch_order(self, rng: np.random.Generator) -> np.ndarray:
+        """The epoch's examples in their shuffled order, before length grouping."""
+        return rng.permutation(len(self.lengths))
+
+    def slot(self, index: int, step_units: float, end: bool) -> Slot:
+        return Slot(index, step_units, end, float(self.units[index]))
+
     def global_batches(self) -> list[np.ndarray]:
         """This epoch's global batches, as example indices (each sorted longest first when grouping)."""
         rng = np.random.default_rng([self.seed, self.epoch])
-        order = rng.permutation(len(self.lengths))
+        order = self.epoch_order(rng)
         if self.group_by_length:
             # Sort within large random chunks, so a batch holds similar lengths while the epoch stays random.
             chunk = self.global_batch * self.chunk_batches
@@ -89,7 +103,7 @@ class GlobalBatchSampler:
     def steps_per_epoch(self) -> int:
         """Optimizer steps in an epoch: its global batches but a last one too small to give each process an example
         (iteration skips it)."""
-        return sum(size >= self.num_processes for size in _batch_sizes(len(self.lengths), self.global_batch))
+        return sum(size >= self.num_processes for size in _batch_sizes(self.epoch_size, self.global_batch))
 
     def micro_steps(self, batch: np.ndarray) -> int:
         """Accumulation steps that `batch` takes: fewer for the last, shorter batch of an epoch."""
@@ -106,11 +120,11 @@ class GlobalBatchSampler:
             parts = np.array_split(batch, k * n)
             for a in range(k):
                 for p in range(n):
-                    yield [Slot(int(i), step_units, a == k - 1, float(self.units[i])) for i in parts[a * n + p]]
+                    yield [self.slot(int(i), step_units, a == k - 1) for i in parts[a * n + p]]
 
     def __len__(self) -> int:
         total = 0
-        for size in _batch_sizes(len(self.lengths), self.global_batch)[self._first_batch() :]:
+        for size in _batch_sizes(self.epoch_size, self.global_batch)[self._first_batch() :]:
             if size >= self.num_processes:
                 total += min(self.accumulation, math.ceil(size / (self.micro_batch * self.num_processes)))
         return total * self.num_processes
@@ -142,13 +156,18 @@ def slot_fields(items: list[dict]) -> dict[str, torch.Tensor]:
     """The batch keys every collator adds from its items' slots: example ids and what loss normalisation
     needs (the step's units, this micro-batch's units, whether the step ends here)."""
     slots = [x["slot"] for x in items]
-    return {
+    out = {
         "index": torch.tensor([s.index for s in slots], dtype=torch.long),
         # float32: some devices (MPS) have no float64; exact for counts below 2**24
         "step_units": torch.tensor(slots[0].step_units, dtype=torch.float32),
         "units": torch.tensor(sum(s.units for s in slots), dtype=torch.float32),
         "step_end": torch.tensor(bool(slots[-1].step_end)),
     }
+    if slots[0].source >= 0:  # a mixture's batch: each row's source, loss units and tokens, for per-source figures
+        out["source"] = torch.tensor([s.source for s in slots], dtype=torch.long)
+        out["row_units"] = torch.tensor([s.units for s in slots], dtype=torch.float32)
+        out["row_tokens"] = torch.tensor([s.tokens for s in slots], dtype=torch.long)
+    return out
 
 
 class Collator:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadReport
 from leantrain.data.tokenize import TokenizedText
 from leantrain.errors import ConfigError, DataError
@@ -61,6 +62,7 @@ def tokenize_table(
         ]
         report.drop("without a completion", len(df) - len(pairs))
         encoded = [_prompt_completion(tokenizer, p, c) for p, c in pairs]
+        hashes = text_hashes((p for p, _ in pairs), (c for _, c in pairs))
     else:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(
@@ -69,6 +71,7 @@ def tokenize_table(
             )
         chats = [_chat(v, source, i) for i, v in enumerate(df[columns["messages"]])]
         encoded = [_chat_tokens(tokenizer, chat) for chat in chats]
+        hashes = text_hashes("\x1e".join(f"{m['role']}\x1d{m['content']}" for m in chat) for chat in chats)
     ids, masks = [], []
     for tokens, mask in encoded:
         ids.append(np.asarray(tokens, dtype=np.int32))
@@ -77,7 +80,7 @@ def tokenize_table(
     np.cumsum([len(x) for x in ids], out=offsets[1:])
     if not ids:
         raise DataError(f"{source}: no row has a non-empty completion")
-    return TokenizedText(np.concatenate(ids), offsets, np.concatenate(masks))
+    return TokenizedText(np.concatenate(ids), offsets, np.concatenate(masks), hashes)
 
 
 def _prompt_completion(tokenizer, prompt: str, completion: str) -> tuple[list[int], list[int]]:
@@ -162,5 +165,6 @@ def keep_completions(docs: TokenizedText, max_length: int) -> tuple[TokenizedTex
     offsets = np.zeros(len(keep_rows) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in take], out=offsets[1:])
     flat = np.concatenate(take) if take else np.zeros(0, dtype=np.int64)
-    kept = TokenizedText(docs.input_ids[flat], offsets, docs.token_type_ids[flat])
+    hashes = docs.hashes[keep_rows] if docs.hashes is not None else None
+    kept = TokenizedText(docs.input_ids[flat], offsets, docs.token_type_ids[flat], hashes)
     return kept, len(docs) - len(keep_rows)

@@ -97,3 +97,45 @@ class MultiLabels:
                     )
                 out[row, index[name]] = 1.0
         return out
+
+
+class SourceClassLabels:
+    """One source of a mixture, read for class ids: its own names and ids in the order a run of it alone would have
+    (so its held-out rows are that run's), without the checks that hold for the whole head only (a source may hold
+    one class; an evaluation row may hold a class only another source trains on). `rename`: the source's explicit id
+    map, the class names in id order (a label column of ids 0..k-1 means these; names pass through)."""
+
+    def __init__(self, rename: tuple[str, ...] | None = None, source: str = ""):
+        self.rename, self.source = rename, source
+        self.names: list[str] = []
+
+    def _named(self, labels: list[str]) -> list[str]:
+        if self.rename is None:
+            return list(labels)
+        known = set(self.rename)
+        out = []
+        for x in labels:
+            if x in known:
+                out.append(x)
+            elif x.isdigit() and int(x) < len(self.rename):
+                out.append(self.rename[int(x)])
+            else:
+                raise DataError(
+                    f"{self.source}: label {x!r} is neither an id of its labels {list(self.rename)} nor one of them"
+                )
+        return out
+
+    def fit(self, labels: list[str], source: str, column: str) -> list[str]:
+        names = sorted(set(self._named(labels)))
+        if names and all(n.lstrip("-").isdigit() for n in names):
+            names = sorted(names, key=int)  # as `build_label_map` orders them
+        self.names = names
+        return list(names)
+
+    def encode(self, labels: list[str], source: str, column: str, training: bool = True) -> np.ndarray:
+        named = self._named(labels)
+        for x in named:  # an evaluation row may hold a class this source does not train on
+            if x not in self.names:
+                self.names.append(x)
+        label_id = {name: i for i, name in enumerate(self.names)}
+        return np.array([label_id[x] for x in named], dtype=np.int64)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from leantrain.data.batching import slot_fields
+from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_table
 from leantrain.data.tokenize import (
     TokenizedText,
@@ -71,6 +72,18 @@ class TokenRows:
 
         offsets, take = subset_positions(self.offsets, rows)
         return TokenRows(self.input_ids[take], self.labels[take], self.position_ids[take], offsets)
+
+    @staticmethod
+    def concat(parts: list[TokenRows]) -> TokenRows:
+        """The rows of `parts`, end to end (a mixture's sources)."""
+        from leantrain.data.tokenize import concat_offsets
+
+        return TokenRows(
+            np.concatenate([p.input_ids for p in parts]),
+            np.concatenate([p.labels for p in parts]),
+            np.concatenate([p.position_ids for p in parts]),
+            concat_offsets([p.offsets for p in parts]),
+        )
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
@@ -186,6 +199,7 @@ def load_documents(
         if not docs:
             raise DataError(f"{source}: no non-empty text in {where}")
         tokens = tokenize_documents(tokenizer, docs)
+        tokens.hashes = text_hashes(docs)
     else:
         tokens, report, where = _read_table_documents(source, tokenizer, text_column, options, split, train_on_prompt)
     meta = {"columns": {"text": where}, "report": report.__dict__}
@@ -207,7 +221,9 @@ def _read_table_documents(
         docs, where = _table_texts(df, source, text_column, report)
         if not docs:
             raise DataError(f"{source}: no non-empty text in {where}")
-        return tokenize_documents(tokenizer, docs), report, where
+        tokens = tokenize_documents(tokenizer, docs)
+        tokens.hashes = text_hashes(docs)
+        return tokens, report, where
     tokens = instructions.tokenize_table(df, kind, tokenizer, source, train_on_prompt, report)
     return tokens, report, "columns 'prompt', 'completion'" if kind == "prompt" else "column 'messages'"
 
@@ -328,11 +344,21 @@ def run_tokenizer(
     source: str, glob: str, text_column: str | None, options: ReadOptions, vocab_size: int, cache_dir: Path
 ):
     """The BPE tokenizer trained on `source`'s documents, cached: a resumed run gets the very same one."""
+    return mixture_tokenizer([(source, glob, text_column, options)], vocab_size, cache_dir)
+
+
+def mixture_tokenizer(sources: list[tuple[str, str, str | None, ReadOptions]], vocab_size: int, cache_dir: Path):
+    """The BPE tokenizer trained on the documents of every source (source, glob, text column, read options), in
+    order, cached: a resumed run gets the very same one."""
     from transformers import PreTrainedTokenizerFast
 
-    key = cache_key(
-        kind="bpe", read=options.key(), source=source_fingerprint(source), text=text_column, glob=glob, vocab=vocab_size
-    )
+    parts = [
+        dict(read=options.key(), source=source_fingerprint(source), text=text_column, glob=glob)
+        for source, glob, text_column, options in sources
+    ]
+    key = cache_key(kind="bpe", **parts[0], vocab=vocab_size) if len(parts) == 1 else cache_key(
+        kind="bpe", sources=parts, vocab=vocab_size
+    )  # fmt: skip
     folder = cache_dir / "tokenizers" / key
     tokenizer = None
     if (folder / "tokenizer.json").is_file():
@@ -341,7 +367,8 @@ def run_tokenizer(
         except (OSError, ValueError) as exc:
             log.warning("cached tokenizer %s is damaged (%s); training it again", folder, exc)
     if tokenizer is None:
-        docs, _, _ = read_documents(source, glob, text_column, options, "train")
+        docs = [d for source, glob, column, options in sources for d in read_documents(
+            source, glob, column, options, "train")[0]]  # fmt: skip
         tokenizer = train_bpe_tokenizer(docs, vocab_size)
         try:
             tokenizer.save_pretrained(str(folder))

@@ -19,9 +19,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from leantrain.data import images as image_mod
 from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, ReadReport, read_options
 from leantrain.data.tokenize import cache_key, source_fingerprint
 from leantrain.errors import ConfigError, DataError, ModelError
+
+if TYPE_CHECKING:  # the config sits above the data layer: its sections are only named here
+    from leantrain.config.sections import DataConfig
 
 log = logging.getLogger("leantrain")
 
@@ -187,6 +191,15 @@ class MediaFeatures:
 
     def subset(self, rows: np.ndarray) -> MediaFeatures:
         return MediaFeatures({k: v[rows] for k, v in self.arrays.items()}, self.norm)
+
+    @staticmethod
+    def concat(parts: list[MediaFeatures]) -> MediaFeatures:
+        """The rows of `parts`, end to end (a mixture's sources): the same inputs, processed alike."""
+        first = parts[0]
+        for p in parts[1:]:
+            if p.arrays.keys() != first.arrays.keys() or p.norm != first.norm or p.input_shapes != first.input_shapes:
+                raise DataError("the sources of a mixture give inputs of different shapes; process them alike")
+        return MediaFeatures({k: np.concatenate([p.arrays[k] for p in parts]) for k in first.arrays}, first.norm)
 
     @property
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -378,27 +391,47 @@ def _list_table(
     split: str,
     options: ReadOptions | None = None,
 ) -> MediaListing:
-    from leantrain.data.columns import LABEL_NAMES
     from leantrain.data.sources import read_table
 
     df, report = read_table(source, split=split, options=options)
+    input_column = _input_column(df, source, task, input_column)
+    items, names, fingerprint = _table_items(df[input_column].tolist(), source)
+    labels: list[str] | None = None
+    label_from = "-"
+    if need_labels:
+        raw, label_from = _table_labels(df, source, names, label_column, label_pattern)
+        keep = [i for i, x in enumerate(raw) if x not in ("", "nan", "None")]
+        report.drop("without a label", len(raw) - len(keep))
+        items, names, labels = [items[i] for i in keep], [names[i] for i in keep], [raw[i] for i in keep]
+    return MediaListing(source, items, names, labels, label_from, f"column '{input_column}'", report, fingerprint)
+
+
+def _input_column(df, source: str, task: str, given: str | None) -> str:
+    """The table's column of images or audio: `given`, else a known name, else its only column of dicts."""
     cols = [str(c) for c in df.columns]
     flag = "--image-column" if task == IMAGE else "--audio-column"
-    if input_column is not None and input_column not in cols:
-        raise DataError(f"{source}: no column '{input_column}' (given by {flag}); columns are {cols}")
-    if input_column is None:
-        lower = {c.lower(): c for c in cols}
-        input_column = next((lower[n] for n in (IMAGE_COLUMNS if task == IMAGE else AUDIO_COLUMNS) if n in lower), None)
-    if input_column is None:
+    if given is not None:
+        if given not in cols:
+            raise DataError(f"{source}: no column '{given}' (given by {flag}); columns are {cols}")
+        return given
+    lower = {c.lower(): c for c in cols}
+    found = next((lower[n] for n in (IMAGE_COLUMNS if task == IMAGE else AUDIO_COLUMNS) if n in lower), None)
+    if found is None:
         dicts = [c for c in cols if len(df) and isinstance(df[c].iloc[0], dict)]
-        input_column = dicts[0] if len(dicts) == 1 else None
-    if input_column is None:
+        found = dicts[0] if len(dicts) == 1 else None
+    if found is None:
         raise DataError(f"{source}: cannot tell which column holds the {kind(task)}s among {cols}; name it with {flag}")
+    return found
+
+
+def _table_items(values: list[Any], source: str) -> tuple[list[Any], list[str], str]:
+    """(items, names, fingerprint) of a table's column: `datasets` Image/Audio dicts and bytes as they are, paths
+    resolved against the table's folder (their sizes and times in the fingerprint)."""
     base = Path(source) if Path(source).is_dir() else Path(source).parent
     items: list[Any] = []
     names: list[str] = []
     h = hashlib.sha256(source_fingerprint(source).encode())
-    for i, v in enumerate(df[input_column].tolist()):
+    for i, v in enumerate(values):
         if isinstance(v, dict):
             items.append(v)
             names.append(str(v.get("path") or f"row {i + 1}"))
@@ -415,32 +448,29 @@ def _list_table(
                 h.update(f"{full}:{st.st_size}:{st.st_mtime_ns}".encode())
             except OSError:
                 h.update(f"{full}:missing".encode())
-    labels: list[str] | None = None
-    label_from = "-"
-    if need_labels:
-        from leantrain.data.columns import normalise_labels
+    return items, names, h.hexdigest()
 
-        if label_column is not None and label_column not in cols:
-            raise DataError(f"{source}: no column '{label_column}' (given by --label-column); columns are {cols}")
-        if label_column is None and not label_pattern:
-            lower = {c.lower(): c for c in cols}
-            label_column = next((lower[n] for n in LABEL_NAMES if n in lower), None)
-            if label_column is None:
-                raise DataError(
-                    f"{source}: cannot tell which column holds the label among {cols}; name it with --label-column "
-                    "or take it from the paths with --label-pattern"
-                )
-        if label_column is not None:
-            raw = normalise_labels(df[label_column]).tolist()
-            label_from = f"column '{label_column}'"
-        else:
-            assert label_pattern is not None
-            raw = [_label_from_pattern(label_pattern, n) or "" for n in names]
-            label_from = f"pattern '{label_pattern}'"
-        keep = [i for i, x in enumerate(raw) if x not in ("", "nan", "None")]
-        report.drop("without a label", len(raw) - len(keep))
-        items, names, labels = [items[i] for i in keep], [names[i] for i in keep], [raw[i] for i in keep]
-    return MediaListing(source, items, names, labels, label_from, f"column '{input_column}'", report, h.hexdigest())
+
+def _table_labels(df, source: str, names: list[str], label_column: str | None, label_pattern: str | None):
+    """(each row's label as a string, where labels came from): --label-column, a known label column's name, or
+    --label-pattern on the rows' names."""
+    from leantrain.data.columns import LABEL_NAMES, normalise_labels
+
+    cols = [str(c) for c in df.columns]
+    if label_column is not None and label_column not in cols:
+        raise DataError(f"{source}: no column '{label_column}' (given by --label-column); columns are {cols}")
+    if label_column is None and not label_pattern:
+        lower = {c.lower(): c for c in cols}
+        label_column = next((lower[n] for n in LABEL_NAMES if n in lower), None)
+        if label_column is None:
+            raise DataError(
+                f"{source}: cannot tell which column holds the label among {cols}; name it with --label-column "
+                "or take it from the paths with --label-pattern"
+            )
+    if label_column is not None:
+        return normalise_labels(df[label_column]).tolist(), f"column '{label_column}'"
+    assert label_pattern is not None
+    return [_label_from_pattern(label_pattern, n) or "" for n in names], f"pattern '{label_pattern}'"
 
 
 # --- decoding and processing ------------------------------------------------------------------------
@@ -495,59 +525,20 @@ def _decode_all(listing: MediaListing, decode, strict: bool, what: str, failed: 
 def process_source(listing: MediaListing, mp: MediaProcessor, strict: bool = False) -> MediaSource:
     """Decode and process every item of `listing` with `mp`, in chunks (memory stays at one chunk of decoded files)."""
     what = kind(mp.task)
-    kept: list[int] = []
-    parts: dict[str, list[np.ndarray]] = {}
-    norm = None
-    chunk: list[Any] = []
-    chunk_idx: list[int] = []
     failed: list[str] = []
-    expected: Any = tuple(mp.image_size) if mp.image_size else None
-
-    if mp.task == AUDIO:
-        target = mp.sampling_rate
-        if mp.max_seconds is None:  # the longest clip decides (capped), read once more below from a list
-            decoded = list(_decode_all(listing, lambda it: _audio(it, target, listing), strict, what, failed))
-            longest = max((len(w) for _, w in decoded), default=0) / target
-            mp.max_seconds = round(min(max(longest, 0.01), MAX_AUTO_SECONDS), 3)
-            stream: Any = iter(decoded)
-        else:
-            stream = _decode_all(listing, lambda it: _audio(it, target, listing), strict, what, failed)
-        samples = round(mp.max_seconds * target)
-
-        def flush() -> None:
-            out = audio_mod.process_audio(mp.processor, [audio_mod.fit_length(w, samples) for w in chunk])
-            for k, v in out.items():
-                parts.setdefault(k, []).append(v)
-
-    else:
-        stream = _decode_all(listing, lambda it: image_mod.decode_image(it, mp.channels), strict, what, failed)
-
-        def flush() -> None:
-            nonlocal norm, expected
-            if not mp.resizes:
-                image_mod.check_sizes(chunk, expected, listing.source)
-                expected = chunk[0].shape[:2]
-            pixels, norm = image_mod.process_images(mp.processor, chunk)
-            parts.setdefault("pixel_values", []).append(pixels)
-
-    for i, value in stream:
-        chunk.append(value)
-        chunk_idx.append(i)
-        if len(chunk) == CHUNK:
-            flush()
-            kept += chunk_idx
-            chunk, chunk_idx = [], []
-    if chunk:
-        flush()
-        kept += chunk_idx
+    processed = _Processed(mp, listing.source)
+    kept: list[int] = []
+    for chunk in _chunks(_decoded(listing, mp, strict, failed), CHUNK):
+        processed.add([value for _, value in chunk])
+        kept += [i for i, _ in chunk]
     listing.report.drop(f"unreadable {what} files", len(failed))
     if not kept:
         raise DataError(f"{listing.source}: none of the {len(listing.items):,} {what} files could be read")
-    arrays = {k: np.concatenate(v) for k, v in parts.items()}
+    arrays = {k: np.concatenate(v) for k, v in processed.parts.items()}
     labels = [listing.labels[i] for i in kept] if listing.labels is not None else []
     return MediaSource(
         listing.source,
-        MediaFeatures(arrays, norm),
+        MediaFeatures(arrays, processed.norm),
         labels,
         [listing.names[i] for i in kept],
         listing.label_from,
@@ -556,6 +547,58 @@ def process_source(listing: MediaListing, mp: MediaProcessor, strict: bool = Fal
         failed[:5],
         mp.max_seconds,
     )
+
+
+def _decoded(listing: MediaListing, mp: MediaProcessor, strict: bool, failed: list[str]) -> Iterator[tuple[int, Any]]:
+    """(position, decoded value) of every readable item. Audio without a set length: the longest clip decides
+    (capped at MAX_AUTO_SECONDS), so the clips are decoded into a list first."""
+    what = kind(mp.task)
+    if mp.task != AUDIO:
+        return _decode_all(listing, lambda it: image_mod.decode_image(it, mp.channels), strict, what, failed)
+    target = mp.sampling_rate
+    stream = _decode_all(listing, lambda it: _audio(it, target, listing), strict, what, failed)
+    if mp.max_seconds is not None:
+        return stream
+    decoded = list(stream)
+    longest = max((len(w) for _, w in decoded), default=0) / target
+    mp.max_seconds = round(min(max(longest, 0.01), MAX_AUTO_SECONDS), 3)
+    return iter(decoded)
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Processed:
+    """The processor's output for a source, a chunk of decoded items at a time."""
+
+    def __init__(self, mp: MediaProcessor, source: str):
+        self.mp, self.source = mp, source
+        self.parts: dict[str, list[np.ndarray]] = {}
+        self.norm: dict[str, Any] | None = None
+        self.expected: Any = tuple(mp.image_size) if mp.image_size else None  # images the model does not resize
+
+    def add(self, chunk: list[Any]) -> None:
+        mp = self.mp
+        if mp.task == AUDIO:
+            assert mp.max_seconds is not None  # set by `_decoded`
+            samples = round(mp.max_seconds * mp.sampling_rate)
+            out = audio_mod.process_audio(mp.processor, [audio_mod.fit_length(w, samples) for w in chunk])
+        else:
+            if not mp.resizes:
+                image_mod.check_sizes(chunk, self.expected, self.source)
+                self.expected = chunk[0].shape[:2]
+            pixels, self.norm = image_mod.process_images(mp.processor, chunk)
+            out = {"pixel_values": pixels}
+        for k, v in out.items():
+            self.parts.setdefault(k, []).append(v)
 
 
 def _audio(item: Any, target: int, listing: MediaListing) -> np.ndarray:
@@ -650,85 +693,117 @@ def _load_cached(path: Path) -> MediaSource | None:
 # --- train and eval sets ----------------------------------------------------------------------------
 
 
-def prepare_media_data(cfg, mp: MediaProcessor, cache_dir: Path):
-    """Load (or reuse) the processed training and evaluation sets that `cfg` describes (a PreparedData)."""
-    import pandas as pd
+def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, codec=None, *, seed: int):
+    """Load (or reuse) the processed training and evaluation sets that the data section describes (a PreparedData);
+    `codec` turns labels into targets (`data.labels`; default: class ids, checked against the training labels);
+    `seed` draws the held-out files and the --limit sample."""
+    from leantrain.data.columns import Columns
+    from leantrain.data.prepare import PreparedData
 
-    from leantrain.data.columns import Columns, build_label_map
-    from leantrain.data.prepare import Examples, PreparedData
-    from leantrain.data.split import stratified_split
-
-    input_column = cfg.image_column if mp.task == IMAGE else cfg.audio_column
-    common = dict(
+    input_column = data.image_column if mp.task == IMAGE else data.audio_column
+    common: dict[str, Any] = dict(
         mp=mp,
         cache_dir=cache_dir,
         input_column=input_column,
-        label_column=cfg.label_column,
-        label_pattern=cfg.label_pattern,
-        strict=cfg.strict,
+        label_column=data.label_column,
+        label_pattern=data.label_pattern,
+        strict=data.strict,
     )
-    train_src = load_media_source(cfg.data, split="train", options=read_options(cfg, "train"), **common)
+    assert isinstance(data.data, str), "one source, resolved: data.combine reads a mixture's sources one at a time"
+    train_src = load_media_source(data.data, split="train", options=read_options(data, "train"), **common)
     notes = [train_src.describe()]
     eval_src = None
-    if cfg.eval_data:
-        eval_src = load_media_source(cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common)
+    if data.eval_data:
+        eval_src = load_media_source(data.eval_data, split="eval", options=read_options(data, "eval"), **common)
         notes.append(eval_src.describe())
-    pattern_rows = None
-    if cfg.eval_pattern and eval_src is None:
-        matches = np.array([re.search(cfg.eval_pattern, n) is not None for n in train_src.names])
-        if not matches.any() or matches.all():
-            raise ConfigError(
-                f"--eval-pattern '{cfg.eval_pattern}' matches {'none' if not matches.any() else 'all'} of the "
-                f"{len(matches):,} files of {cfg.data} (e.g. '{train_src.names[0]}'); it must pick the evaluation files"
-            )
-        pattern_rows = np.flatnonzero(matches)
+    pattern_rows = _pattern_rows(data, train_src) if data.eval_pattern and eval_src is None else None
     held = set(pattern_rows.tolist()) if pattern_rows is not None else set()
-    train_labels = [x for i, x in enumerate(train_src.labels) if i not in held]
-    label_names = build_label_map(pd.Series(train_labels), train_src.path, train_src.label_from)
-    label_id = {name: i for i, name in enumerate(label_names)}
-
-    def ids(labels: list[str], src: MediaSource) -> np.ndarray:
-        unseen = sorted(set(labels) - set(label_id))
-        if unseen:
-            raise DataError(
-                f"{src.path}: labels {unseen[:5]} never occur in the training data (which has {label_names[:10]}); "
-                "fix or drop those files"
-            )
-        return np.array([label_id[x] for x in labels], dtype=np.int64)
-
-    if pattern_rows is not None:
-        y = np.array([label_id.get(x, -1) for x in train_src.labels], dtype=np.int64)
-        all_data = Examples(train_src.features, y)
-        eval_set = all_data.subset(pattern_rows)
-        ids([train_src.labels[i] for i in pattern_rows], train_src)
-        train_rows = np.setdiff1d(np.arange(len(y)), pattern_rows)
-        notes.append(
-            f"{len(pattern_rows):,} files matching --eval-pattern '{cfg.eval_pattern}' held out for evaluation"
-        )
-    else:
-        all_data = Examples(train_src.features, ids(train_src.labels, train_src))
-        if eval_src is not None:
-            eval_set = Examples(eval_src.features, ids(eval_src.labels, eval_src))
-            train_rows = np.arange(len(all_data))
-        else:
-            train_rows, eval_rows = stratified_split(all_data.labels, cfg.eval_fraction, cfg.seed)
-            eval_set = all_data.subset(eval_rows)
-            notes.append(
-                f"held out {len(eval_rows):,} files ({cfg.eval_fraction:.0%}, stratified, seed {cfg.seed}) "
-                "for evaluation"
-            )
+    labels = _MediaLabels.fit([x for i, x in enumerate(train_src.labels) if i not in held], train_src, codec)
+    all_data, eval_set, train_rows = _held_out(data, train_src, eval_src, labels, pattern_rows, seed, notes)
     if len(train_rows) < 2:
         raise DataError(f"{train_src.path}: only {len(train_rows)} usable files; need at least two")
-    if cfg.limit is not None and cfg.limit < len(train_rows):
-        keep, _ = stratified_split(
-            all_data.labels[train_rows], 1 - cfg.limit / len(train_rows), cfg.seed + 1, exact_first=cfg.limit
-        )
-        train_rows = np.sort(train_rows[keep])
+    if data.limit is not None and data.limit < len(train_rows):
+        train_rows = _limited(all_data.labels, train_rows, data.limit, seed)
         notes.append(f"training on a stratified sample of {len(train_rows):,} files (--limit)")
     if mp.task == AUDIO:
         notes.append(f"audio resampled to {mp.sampling_rate} Hz, padded or cut to {mp.max_seconds:g} s")
     columns = Columns(text=input_column or kind(mp.task), label=train_src.label_from)
-    return PreparedData(all_data.subset(train_rows), eval_set, label_names, columns, notes)
+    return PreparedData(all_data.subset(train_rows), eval_set, labels.names, columns, notes)
+
+
+def _pattern_rows(data: DataConfig, train_src: MediaSource) -> np.ndarray:
+    """The training files that --eval-pattern holds out; refused when it picks none or all of them."""
+    assert data.eval_pattern is not None
+    matches = np.array([re.search(data.eval_pattern, n) is not None for n in train_src.names])
+    if not matches.any() or matches.all():
+        raise ConfigError(
+            f"--eval-pattern '{data.eval_pattern}' matches {'none' if not matches.any() else 'all'} of the "
+            f"{len(matches):,} files of {data.data} (e.g. '{train_src.names[0]}'); it must pick the evaluation files"
+        )
+    return np.flatnonzero(matches)
+
+
+@dataclass
+class _MediaLabels:
+    """The head's label names, fitted on the training files' labels, and how labels become targets."""
+
+    names: list[str]
+    codec: Any = None  # None: class ids, a label the training files lack refused
+
+    @classmethod
+    def fit(cls, labels: list[str], src: MediaSource, codec: Any) -> _MediaLabels:
+        if codec is not None:
+            return cls(codec.fit(labels, src.path, src.label_from), codec)
+        import pandas as pd
+
+        from leantrain.data.columns import build_label_map
+
+        return cls(build_label_map(pd.Series(labels), src.path, src.label_from))
+
+    def ids(self, labels: list[str], src: MediaSource, unseen_ok: bool = False) -> np.ndarray:
+        """`labels` as targets; without a codec an unseen label is refused (or, `unseen_ok`, becomes -1)."""
+        if self.codec is not None:
+            return self.codec.encode(labels, src.path, src.label_from)
+        label_id = {name: i for i, name in enumerate(self.names)}
+        unseen = sorted(set(labels) - set(label_id))
+        if unseen and not unseen_ok:
+            raise DataError(
+                f"{src.path}: labels {unseen[:5]} never occur in the training data (which has {self.names[:10]}); "
+                "fix or drop those files"
+            )
+        return np.array([label_id.get(x, -1) for x in labels], dtype=np.int64)
+
+
+def _held_out(data: DataConfig, train_src: MediaSource, eval_src: MediaSource | None, labels: _MediaLabels,
+              pattern_rows: np.ndarray | None, seed: int, notes: list[str]):  # fmt: skip
+    """(the training source's examples, the evaluation set, the training rows among those examples): the files
+    --eval-pattern picks, --eval-data's, or a stratified --eval-fraction of the training files."""
+    from leantrain.data.prepare import Examples
+    from leantrain.data.split import stratified_split
+
+    if pattern_rows is not None:  # held-out files may carry labels the training files lack: checked just below
+        all_data = Examples(train_src.features, labels.ids(train_src.labels, train_src, unseen_ok=True))
+        labels.ids([train_src.labels[i] for i in pattern_rows], train_src)
+        notes.append(
+            f"{len(pattern_rows):,} files matching --eval-pattern '{data.eval_pattern}' held out for evaluation"
+        )
+        return all_data, all_data.subset(pattern_rows), np.setdiff1d(np.arange(len(all_data)), pattern_rows)
+    all_data = Examples(train_src.features, labels.ids(train_src.labels, train_src))
+    if eval_src is not None:
+        return all_data, Examples(eval_src.features, labels.ids(eval_src.labels, eval_src)), np.arange(len(all_data))
+    train_rows, eval_rows = stratified_split(all_data.labels, data.eval_fraction, seed)
+    notes.append(
+        f"held out {len(eval_rows):,} files ({data.eval_fraction:.0%}, stratified, seed {seed}) for evaluation"
+    )
+    return all_data, all_data.subset(eval_rows), train_rows
+
+
+def _limited(labels: np.ndarray, train_rows: np.ndarray, limit: int, seed: int) -> np.ndarray:
+    """--limit: a stratified sample of `limit` of the training rows (seed + 1: apart from the held-out draw)."""
+    from leantrain.data.split import stratified_split
+
+    keep, _ = stratified_split(labels[train_rows], 1 - limit / len(train_rows), seed + 1, exact_first=limit)
+    return np.sort(train_rows[keep])
 
 
 def model_config(name: str, config, mp: MediaProcessor, trust_remote_code: bool = False):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from leantrain.data.columns import Columns, normalise_labels, resolve_columns
+from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
 from leantrain.data.split import stratified_split
 from leantrain.data.tokenize import (
@@ -24,6 +25,9 @@ from leantrain.data.tokenize import (
 )
 from leantrain.errors import DataError
 
+if TYPE_CHECKING:  # the config sits above the data layer: its sections are only named here
+    from leantrain.config.sections import DataConfig
+
 log = logging.getLogger("leantrain")
 
 
@@ -35,6 +39,8 @@ class Examples:
 
     features: Any
     labels: np.ndarray  # int64 class ids (a task of one's own may hold other labels)
+    #: a mixture's sources, where each one's rows sit (`data.mixture`); empty: one source
+    spans: tuple[Any, ...] = ()
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -42,6 +48,11 @@ class Examples:
     @property
     def lengths(self) -> np.ndarray:
         return self.features.lengths
+
+    @property
+    def hashes(self) -> np.ndarray | None:
+        """Each row's hash of its normalised text (`data.dedupe`); None for inputs without text."""
+        return getattr(self.features, "hashes", None)
 
     def subset(self, rows: np.ndarray) -> Examples:
         return Examples(self.features.subset(rows), self.labels[rows])
@@ -115,6 +126,7 @@ def load_source(
     texts = df[cols.text].astype(str).tolist()
     pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
     tokens = tokenize(tokenizer, texts, pairs, max_length)
+    tokens.hashes = text_hashes(texts, pairs)
     meta = {"columns": cols.__dict__, "report": report.__dict__}
     try:
         save_cached(path, tokens, labels, meta)
@@ -134,23 +146,25 @@ def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.Da
     return df[~(empty_text | no_label)].reset_index(drop=True)
 
 
-def prepare_data(cfg, tokenizer, cache_dir: Path, codec=None) -> PreparedData:
-    """Load (or reuse) the tokenized training and evaluation data that `cfg` describes; `codec` turns labels
-    into targets (`data.labels`: class ids by default, numbers or sets of classes)."""
+def prepare_data(data: DataConfig, tokenizer, cache_dir: Path, codec=None, *, seed: int) -> PreparedData:
+    """Load (or reuse) the tokenized training and evaluation data that the data section describes; `codec` turns
+    labels into targets (`data.labels`: class ids by default, numbers or sets of classes); `seed` draws the held-out
+    rows and the --limit sample."""
     from leantrain.data.labels import ClassLabels
 
     codec = codec or ClassLabels()
     common = dict(
         tokenizer=tokenizer,
-        max_length=cfg.max_length,
+        max_length=data.max_length,
         cache_dir=cache_dir,
-        text_column=cfg.text_column,
-        text_pair_column=cfg.text_pair_column,
-        label_column=cfg.label_column,
+        text_column=data.text_column,
+        text_pair_column=data.text_pair_column,
+        label_column=data.label_column,
     )
-    if getattr(cfg, "streaming", False):
-        return _prepare_streamed(cfg, common)
-    train_src = load_source(resolve_data_path(cfg.data), split="train", options=read_options(cfg, "train"), **common)
+    assert not isinstance(data.data, list), "one source: data.combine reads a mixture's sources one at a time"
+    if data.streaming:
+        return _prepare_streamed(data, common, seed)
+    train_src = load_source(resolve_data_path(data.data), split="train", options=read_options(data, "train"), **common)
     notes = [_describe(train_src)]
     assert train_src.columns.label is not None  # resolve_columns requires a label column by default
     label_names = codec.fit(train_src.labels, train_src.path, train_src.columns.label)
@@ -158,8 +172,8 @@ def prepare_data(cfg, tokenizer, cache_dir: Path, codec=None) -> PreparedData:
     if len(all_train) < 2:
         raise DataError(f"{train_src.path}: only {len(all_train)} usable rows; need at least two")
 
-    if cfg.eval_data:
-        eval_src = load_source(cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common)
+    if data.eval_data:
+        eval_src = load_source(data.eval_data, split="eval", options=read_options(data, "eval"), **common)
         notes.append(_describe(eval_src))
         check_same_inputs(train_src, eval_src)
         assert eval_src.columns.label is not None
@@ -168,31 +182,33 @@ def prepare_data(cfg, tokenizer, cache_dir: Path, codec=None) -> PreparedData:
         )
         train_rows = np.arange(len(all_train))
     else:
-        train_rows, eval_rows = stratified_split(all_train.labels, cfg.eval_fraction, cfg.seed)
+        train_rows, eval_rows = stratified_split(all_train.labels, data.eval_fraction, seed)
         eval_set = all_train.subset(eval_rows)
         notes.append(
-            f"held out {len(eval_rows):,} rows ({cfg.eval_fraction:.0%}, stratified, seed {cfg.seed}) for evaluation"
+            f"held out {len(eval_rows):,} rows ({data.eval_fraction:.0%}, stratified, seed {seed}) for evaluation"
         )
-    if cfg.limit is not None and cfg.limit < len(train_rows):
+    if data.limit is not None and data.limit < len(train_rows):
         keep, _ = stratified_split(
-            all_train.labels[train_rows], 1 - cfg.limit / len(train_rows), cfg.seed + 1, exact_first=cfg.limit
+            all_train.labels[train_rows], 1 - data.limit / len(train_rows), seed + 1, exact_first=data.limit
         )
         train_rows = np.sort(train_rows[keep])
         notes.append(f"training on a stratified sample of {len(train_rows):,} rows (--limit)")
     return PreparedData(all_train.subset(train_rows), eval_set, label_names, train_src.columns, notes)
 
 
-def _prepare_streamed(cfg, common: dict[str, Any]) -> PreparedData:
+def _prepare_streamed(data: DataConfig, common: dict[str, Any], seed: int) -> PreparedData:
     """--streaming: the training rows stay a stream (`data.streaming`); evaluation data is read whole."""
     from leantrain.data.streaming import prepare_stream
 
+    assert not isinstance(data.data, list)
     stream, held_out, label_names, columns, notes = prepare_stream(
-        cfg, common["tokenizer"], resolve_data_path(cfg.data), read_options(cfg, "train")
+        data, common["tokenizer"], resolve_data_path(data.data), read_options(data, "train"), seed=seed
     )
     if held_out is not None:
         evaluation = Examples(*held_out)
     else:
-        eval_src = load_source(cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common)
+        assert data.eval_data is not None  # prepare_stream holds rows out unless --eval-data is given
+        eval_src = load_source(data.eval_data, split="eval", options=read_options(data, "eval"), **common)
         notes.append(_describe(eval_src))
         unseen = sorted(set(eval_src.labels) - set(label_names))
         if unseen:
@@ -202,9 +218,9 @@ def _prepare_streamed(cfg, common: dict[str, Any]) -> PreparedData:
             )
         label_id = {name: i for i, name in enumerate(label_names)}
         evaluation = Examples(eval_src.tokens, np.array([label_id[x] for x in eval_src.labels], dtype=np.int64))
-    if cfg.limit is not None:
-        stream.dataset = stream.dataset.take(cfg.limit)
-        notes.append(f"training on the stream's first {cfg.limit:,} rows (--limit)")
+    if data.limit is not None:
+        stream.dataset = stream.dataset.take(data.limit)
+        notes.append(f"training on the stream's first {data.limit:,} rows (--limit)")
     return PreparedData(stream, evaluation, label_names, columns, notes)
 
 

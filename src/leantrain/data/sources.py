@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,8 @@ def read_table(
             f"{source}: unknown format '{path.suffix or '(no suffix)'}'; use one of {known}, "
             "or say how to read it with --format csv|tsv|json|jsonl|parquet"
         )
+    if fmt == "conll":
+        raise DataError(f"{source}: a CoNLL file (one word and its tag a line) is read by --task token-classification")
     if options.column_names and fmt not in ("csv", "tsv"):
         raise DataError(f"{source}: --column-names is for CSV/TSV files without a header, not {fmt.upper()}")
     try:
@@ -449,9 +452,27 @@ def _read_parquet(path: Path) -> pd.DataFrame:
     import pyarrow as pa
 
     try:
-        return pd.read_parquet(path)
+        df = pd.read_parquet(path)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({_short(exc)})") from None
+    df.attrs["class_names"] = _parquet_class_names(path)
+    return df
+
+
+def _parquet_class_names(path: Path) -> dict[str, list[str]]:
+    """The ClassLabel names a Parquet file written by `datasets` keeps in its schema's metadata (none otherwise)."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+        if b"huggingface" not in metadata:
+            return {}
+        import datasets
+
+        info = json.loads(metadata[b"huggingface"])
+        return class_names_of(datasets.Features.from_dict(info["info"]["features"]))
+    except (KeyError, TypeError, ValueError):  # metadata of another shape: no names, as for any other Parquet file
+        return {}
 
 
 # --- data sets: save_to_disk folders, `datasets` folders and hub data sets ---------------------------
@@ -470,7 +491,7 @@ def _read_saved_dataset(path: Path, split: str, options: ReadOptions) -> tuple[p
         ) from None
     if isinstance(ds, datasets.DatasetDict):
         ds = _pick_split(ds, split, str(path), options.split)
-    df = ds.to_pandas()
+    df = _to_pandas(ds)
     return df, ReadReport(source=str(path), rows_read=len(df))
 
 
@@ -502,8 +523,28 @@ def _read_dataset(name: str, config: str | None, split: str, options: ReadOption
         ) from None
     if isinstance(ds, datasets.DatasetDict):
         ds = _pick_split(ds, split, label, options.split)
-    df = ds.to_pandas()
+    df = _to_pandas(ds)
     return df, ReadReport(source=label, rows_read=len(df))
+
+
+def _to_pandas(ds) -> pd.DataFrame:
+    """The data set as a DataFrame whose `attrs["class_names"]` keeps each ClassLabel column's names (a column of
+    label ids, or of lists of them, such as a tagged corpus's `ner_tags`), which pandas has no place for."""
+    df = ds.to_pandas()
+    df.attrs["class_names"] = class_names_of(ds.features)
+    return df
+
+
+def class_names_of(features) -> dict[str, list[str]]:
+    """Column -> names of the `datasets` ClassLabel it holds, alone or in a list."""
+    import datasets
+
+    out = {}
+    for name, feature in features.items():
+        inner = getattr(feature, "feature", feature)  # Sequence / List of ClassLabel
+        if isinstance(inner, datasets.ClassLabel):
+            out[name] = list(inner.names)
+    return out
 
 
 def _config_names(name: str) -> list[str]:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,9 @@ from leantrain.data.columns import Columns, build_label_map, normalise_labels, r
 from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, split_config
 from leantrain.data.tokenize import source_fingerprint, tokenize
 from leantrain.errors import DataError
+
+if TYPE_CHECKING:  # the config sits above the data layer: its sections are only named here
+    from leantrain.config.sections import DataConfig
 
 log = logging.getLogger("leantrain")
 
@@ -91,6 +94,8 @@ class StreamingExamples:
     seed: int
     #: the label column holds class ids (a `datasets` ClassLabel), not names
     class_ids: bool = False
+    #: a mixture's head: this stream's label id i is the head's remap[i] (None: the stream's own ids)
+    remap: np.ndarray | None = None
     streaming: bool = field(default=True, init=False)
 
     def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
@@ -111,6 +116,14 @@ class StreamingExamples:
     def usable(self, raw: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str | None, int]]:
         """Rows with text and a label, as (text, pair, label id); the others are dropped, as the whole-file
         reader drops them."""
+        if self.remap is None:
+            yield from self._usable(raw)
+            return
+        remap = self.remap.tolist()
+        for text, pair, label in self._usable(raw):
+            yield text, pair, remap[label]
+
+    def _usable(self, raw: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str | None, int]]:
         label_id = {name: i for i, name in enumerate(self.label_names)}
         cols = self.columns
         named: dict[Any, str] = {}  # raw label -> normalised name: a data set holds few distinct labels
@@ -211,30 +224,30 @@ class StreamingDataset:
         return {**slot.example, "slot": slot}
 
 
-def prepare_stream(cfg, tokenizer, source: str, options: ReadOptions):
-    """The training stream, and the evaluation set when `--eval-data` gives none: the stream's first
-    `--streaming-eval-rows` rows, held out before shuffling, as (tokens, label ids)."""
+def prepare_stream(data: DataConfig, tokenizer, source: str, options: ReadOptions, *, seed: int):
+    """The training stream (shuffled from `seed`), and the evaluation set when `--eval-data` gives none: the
+    stream's first `--streaming-eval-rows` rows, held out before shuffling, as (tokens, label ids)."""
     ds = open_stream(source, "train", options)
-    head = pd.DataFrame(list(itertools.islice(iter(ds), max(HEAD_ROWS, cfg.streaming_eval_rows))))
+    head = pd.DataFrame(list(itertools.islice(iter(ds), max(HEAD_ROWS, data.streaming_eval_rows))))
     if head.empty:
         raise DataError(f"{source}: the stream holds no rows")
-    cols = resolve_columns(head, source, cfg.text_column, cfg.text_pair_column, cfg.label_column)
+    cols = resolve_columns(head, source, data.text_column, data.text_pair_column, data.label_column)
     assert cols.label is not None
     declared = getattr((ds.features or {}).get(cols.label), "names", None)
     usable = head[~head[cols.label].isna()]
     label_names = (
         list(declared) if declared else build_label_map(normalise_labels(usable[cols.label]), source, cols.label)
     )
-    stream = StreamingExamples(source, ds, cols, label_names, tokenizer, cfg.max_length, cfg.seed, bool(declared))
+    stream = StreamingExamples(source, ds, cols, label_names, tokenizer, data.max_length, seed, bool(declared))
     notes = [f"{source}: streamed (--streaming), columns text='{cols.text}', label='{cols.label}'"]
-    if cfg.eval_data:
+    if data.eval_data:
         return stream, None, label_names, cols, notes
-    held = head.iloc[: cfg.streaming_eval_rows]
+    held = head.iloc[: data.streaming_eval_rows]
     stream.dataset = ds.skip(len(held))
     rows = list(stream.usable(held.to_dict("records")))
     if not rows:
         raise DataError(f"{source}: the first {len(held):,} rows hold no usable example to evaluate on")
     pairs = [r[1] or "" for r in rows] if cols.text_pair else None
-    tokens = tokenize(tokenizer, [r[0] for r in rows], pairs, cfg.max_length)
+    tokens = tokenize(tokenizer, [r[0] for r in rows], pairs, data.max_length)
     notes.append(f"held out the stream's first {len(held):,} rows for evaluation (--streaming-eval-rows)")
     return stream, (tokens, np.array([r[2] for r in rows], dtype=np.int64)), label_names, cols, notes

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-CACHE_VERSION = 2  # bump when what is stored, or how text is repaired, changes (2: labels 1.0 -> 1, UTF-16)
+CACHE_VERSION = 3  # bump when what is stored, or how text is repaired, changes (2: labels 1.0 -> 1, UTF-16; 3: hashes)
 
 log = logging.getLogger("leantrain")
 
@@ -29,6 +29,8 @@ class TokenizedText:
     input_ids: np.ndarray
     offsets: np.ndarray
     token_type_ids: np.ndarray | None = None
+    #: each row's hash of its normalised text (`data.dedupe.text_hashes`), for duplicates and contamination
+    hashes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -47,7 +49,29 @@ class TokenizedText:
     def subset(self, rows: np.ndarray) -> TokenizedText:
         offsets, take = subset_positions(self.offsets, rows)
         tt = self.token_type_ids[take] if self.token_type_ids is not None else None
-        return TokenizedText(self.input_ids[take], offsets, tt)
+        hashes = self.hashes[rows] if self.hashes is not None else None
+        return TokenizedText(self.input_ids[take], offsets, tt, hashes)
+
+    @staticmethod
+    def concat(parts: list[TokenizedText]) -> TokenizedText:
+        """The rows of `parts`, end to end (a mixture's sources)."""
+        types = [p.token_type_ids for p in parts]
+        hashes = [p.hashes for p in parts]
+        return TokenizedText(
+            np.concatenate([p.input_ids for p in parts]),
+            concat_offsets([p.offsets for p in parts]),
+            np.concatenate(types) if all(t is not None for t in types) else None,  # type: ignore[arg-type]
+            np.concatenate(hashes) if all(h is not None for h in hashes) else None,  # type: ignore[arg-type]
+        )
+
+
+def concat_offsets(offsets: list[np.ndarray]) -> np.ndarray:
+    """The offsets of rows stored flat, for several such arrays laid end to end."""
+    out, base = [np.zeros(1, dtype=np.int64)], 0
+    for o in offsets:
+        out.append(np.asarray(o[1:], dtype=np.int64) + base)
+        base += int(o[-1])
+    return np.concatenate(out)
 
 
 def subset_positions(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -138,6 +162,8 @@ def save_cached(path: Path, tokens: TokenizedText, labels: list[str], meta: dict
     }
     if tokens.token_type_ids is not None:
         arrays["token_type_ids"] = tokens.token_type_ids
+    if tokens.hashes is not None:
+        arrays["hashes"] = tokens.hashes
     with tmp.open("wb") as f:
         np.savez(f, **arrays)
     os.replace(tmp, path)
@@ -149,7 +175,7 @@ def load_cached(path: Path, vocab_size: int | None = None) -> tuple[TokenizedTex
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            tokens = TokenizedText(z["input_ids"], z["offsets"], z.get("token_type_ids"))
+            tokens = TokenizedText(z["input_ids"], z["offsets"], z.get("token_type_ids"), z.get("hashes"))
             labels, meta = z["labels"].tolist(), json.loads(str(z["meta"]))
         problem = _inconsistency(tokens, labels, meta, vocab_size)
     except Exception as exc:  # unreadable: truncated, bad zip, bad JSON, missing arrays
@@ -171,6 +197,8 @@ def _inconsistency(tokens: TokenizedText, labels: list, meta: Any, vocab_size: i
         return "offsets do not fit the token ids"
     if tokens.token_type_ids is not None and tokens.token_type_ids.shape != ids.shape:
         return "token type ids do not fit the token ids"
+    if tokens.hashes is not None and tokens.hashes.shape != (len(offsets) - 1,):
+        return "text hashes do not fit the rows"
     if len(labels) != len(offsets) - 1:
         return f"{len(labels)} labels for {len(offsets) - 1} rows"
     if len(ids) and (ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size)):

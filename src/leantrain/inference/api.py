@@ -1,4 +1,11 @@
-"""Evaluate and predict with a trained run (or any sequence-classification model folder)."""
+"""`evaluate` and `predict`: a trained run's model (or any model folder a task can load) scored on labelled data, or
+applied to new inputs.
+
+Both rebuild the run's own config from what it recorded (`job.for_inference`), resolve its task from the registry,
+and run the model as the run's own evaluation runs it: the task's data preparation, the same eval loader and the
+same gathering (`tasks.evaluation`), in the run's precision and attention kernel. What differs between workloads
+is the task's: `Task.evaluation_data`, `evaluation_report`, `prediction_data`, `prediction_rows` and `predict`.
+"""
 
 from __future__ import annotations
 
@@ -6,164 +13,90 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from leantrain.data.sources import ReadOptions
 from leantrain.errors import DataError
-from leantrain.inference.problems import evaluate_problem, predict_problem, problem_of
 from leantrain.model.loading import library_bars_off
 
 
-def _load(run_or_model: str):
-    from leantrain.model import loading
-
-    path = loading.resolve_model(run_or_model)
-    tokenizer = loading.load_tokenizer(path)
-    model, names = loading.load_trained(path, "text-classification")
-    run_attention(path, model)
-    return path, model, tokenizer, names
-
-
-def _loader(tokens, labels: np.ndarray, tokenizer, batch_size: int):
-    from torch.utils.data import DataLoader
-
-    from leantrain.data.batching import Collator, ExamplesDataset, eval_batches
-    from leantrain.data.prepare import Examples
-
-    data = Examples(tokens, labels)
-    return DataLoader(
-        ExamplesDataset(data),
-        batch_sampler=eval_batches(data.lengths, batch_size),
-        collate_fn=Collator(tokenizer.pad_token_id or 0),
-    )
-
-
-def _task_of(run_or_model: str) -> tuple[str, Any, str]:
-    from leantrain.model import loading
-
-    path = loading.resolve_model(run_or_model)
-    config = loading.load_config(path)
-    return path, config, loading.infer_task(config)
+def _source(data: str, read: ReadOptions | None, **columns: Any) -> dict[str, Any]:
+    """Config values that point the job at `data`, read as `read` says, with the columns given (else guessed): a
+    new source is read on its own terms, not with the training data's columns or format."""
+    read = read or ReadOptions()
+    return {
+        "data": data,
+        "eval_data": data,
+        "data_config": read.config,
+        "eval_split": read.split,
+        "data_split": None,
+        "column_names": ",".join(read.column_names) if read.column_names else None,
+        "format": read.format,
+        "eval_pattern": None,
+        # token classification: a new file's columns and tag scheme are its own
+        "tokens_column": None,
+        "tags_column": None,
+        "spans_column": None,
+        "tag_column": None,
+        "tag_scheme": "auto",
+        **{k: v for k, v in columns.items() if v is not None or k not in TOKEN_KEYS},
+    }
 
 
-def _load_media(path: str, config, task: str):
-    """An image or audio classifier and the processor it was trained with (data/media.py)."""
-    from leantrain.data import media
-    from leantrain.model import loading
-
-    model, names = loading.load_trained(path, task)
-    run_attention(path, model)
-    return model, media.load_processor(path, model.config, task), names
+#: token classification's reading keys that a new source gets afresh unless given
+TOKEN_KEYS = ("tokens_column", "tags_column", "spans_column", "tag_column", "tag_scheme")
 
 
-def _media_loader(features, labels: np.ndarray, task: str, batch_size: int):
-    from torch.utils.data import DataLoader
-
-    from leantrain.data.batching import ExamplesDataset, eval_batches
-    from leantrain.data.media import MediaCollator
-    from leantrain.data.prepare import Examples
-
-    data = Examples(features, labels)
-    return DataLoader(
-        ExamplesDataset(data),
-        batch_sampler=eval_batches(data.lengths, batch_size),
-        collate_fn=MediaCollator(task, features.norm),
-    )
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
 
 
-def _evaluate_media(
-    path, config, task, data, label_column, label_pattern, input_column, batch_size, cache_dir, metrics=None, read=None
-):
-    from leantrain.data.media import load_media_source
-    from leantrain.data.tokenize import default_cache_dir
+def _job(run_or_model: str, overrides: dict[str, Any], cache_dir: str | None, precision: str | None):
+    from leantrain.job import for_inference
 
-    model, mp, names = _load_media(path, config, task)
-    src = load_media_source(
-        data,
-        mp,
-        Path(cache_dir) if cache_dir else default_cache_dir(),
-        "eval",
-        input_column=input_column,
-        label_column=label_column,
-        label_pattern=label_pattern,
-        options=read,
-    )
-    label_id = {n: i for i, n in enumerate(names)}
-    unseen = sorted(set(src.labels) - set(label_id))
-    if unseen:
-        raise DataError(f"{data}: labels {unseen[:5]} are unknown to the model (it knows {names})")
-    labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
-    probs, y, _ = _run(model, _media_loader(src.features, labels, task, batch_size), task)
-    return {**_scores(probs, y, names, metrics), "examples": len(y), "skipped": src.report.rows_dropped}
+    job = for_inference(run_or_model, overrides, cache_dir=cache_dir, precision=precision)
+    if not job.from_run and (defaults := job.task.inference_defaults(job.model_config)):
+        defaults = {k: v for k, v in defaults.items() if k not in overrides}
+        job = for_inference(run_or_model, {**defaults, **overrides}, cache_dir=cache_dir, precision=precision)
+    return job
 
 
-def _scores(probs: np.ndarray, labels: np.ndarray, names: list[str], metrics: str | None) -> dict[str, Any]:
-    """The requested metrics, the per-class report and the confusion matrix."""
-    from leantrain.tasks.classification import classification_metrics
-    from leantrain.tasks.scoring import classification_report, parse_metrics
+def _model(job):
+    """The trained model, in evaluation mode, with the attention kernel its run chose (the same choice, made the
+    same way: `--attention auto` picks by device and precision)."""
+    from leantrain.model.attention import set_up
+    from leantrain.parallel import device_type
 
-    wanted = tuple(parse_metrics(metrics))
-    return {**classification_metrics(probs, labels, wanted), **classification_report(probs, labels, names)}
-
-
-def _predict_media(path, config, task, files, data, input_column, batch_size, read=None) -> list[dict[str, Any]]:
-    from leantrain.data.media import MediaListing, list_source, process_source
-    from leantrain.data.sources import ReadReport
-
-    model, mp, names = _load_media(path, config, task)
-    if files is not None:
-        missing = [f for f in files if not Path(f).is_file()]
-        if missing:
-            raise DataError(f"{missing[0]}: no such file")
-        listing = MediaListing("--file", list(files), list(files), None, "-", "files", ReadReport("--file", len(files)))
-    else:
-        listing = list_source(data, task, need_labels=False, input_column=input_column, split="eval", options=read)
-    src = process_source(listing, mp, strict=files is not None)
-    if src.skipped:
-        import logging
-
-        logging.getLogger("leantrain").warning(
-            "%s: %d unreadable files skipped (%s)", data, src.report.rows_dropped, ", ".join(src.skipped)
-        )
-    probs, _, index = _run(
-        model, _media_loader(src.features, np.zeros(len(src.names), dtype=np.int64), task, batch_size), task
-    )
-    out: list[dict[str, Any]] = [{} for _ in src.names]
-    for p, i in zip(probs, index):
-        best = int(p.argmax())
-        out[i] = {
-            "file": src.names[i],
-            "label": names[best],
-            "score": float(p[best]),
-            "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)},
-        }
-    return out
+    model = job.task.load_trained(job.model_path)
+    set_up(model, job.cfg.attention, device_type(), job.precision)
+    return model
 
 
-def _run(model, loader, task: str = "text-classification", precision: str = "fp32"):
-    """Probabilities, labels and example ids of every example in `loader`, through the evaluator's gathering."""
+#: examples per batch when neither the call nor the run says
+DEFAULT_BATCH_SIZE = 64
+
+
+def _rows(job, model, data, batch_size: int | None) -> dict[str, Any]:
+    """The task's evaluation rows of every example of `data.eval`, as the run's evaluation gathers them (in its
+    evaluation batches, unless `batch_size` says otherwise: in bf16 the batches' padding moves the last bits)."""
     from leantrain import parallel
-    from leantrain.tasks import BUILTIN
-    from leantrain.tasks.evaluation import gather_rows
+    from leantrain.tasks.evaluation import eval_loader, gather_rows
 
-    accelerator = parallel.make_accelerator(precision)
-    model, loader = accelerator.prepare(model, loader)
-    runner = BUILTIN[task](None)
-    runner.check_model(model)  # what it may skip (a classifier's last layer beyond the first token)
-    rows = gather_rows(model, loader, accelerator, runner)
-    return rows["probs"], rows["labels"], rows["index"]
+    batch_size = batch_size or job.cfg.eval_batch_size or DEFAULT_BATCH_SIZE
+    accelerator = parallel.make_accelerator(job.precision)
+    model, loader = accelerator.prepare(model, eval_loader(job.task, data, batch_size))
+    job.task.check_model(model)  # what it may skip (a classifier's last layer beyond the first token)
+    return gather_rows(model, loader, accelerator, job.task)
 
 
 @library_bars_off()  # transformers' loading bars would interleave with the result
 def evaluate(
     run_or_model: str,
-    data: str,
+    data: str | None = None,
     *,
     text_column: str | None = None,
     text_pair_column: str | None = None,
     label_column: str | None = None,
     max_length: int | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     cache_dir: str | None = None,
     image_column: str | None = None,
     audio_column: str | None = None,
@@ -172,55 +105,72 @@ def evaluate(
     label_separator: str | None = None,
     threshold: float | None = None,
     read: ReadOptions | None = None,
+    precision: str | None = None,
+    tokens_column: str | None = None,
+    tags_column: str | None = None,
+    spans_column: str | None = None,
+    tag_column: int | None = None,
+    tag_scheme: str | None = None,
+    source_column: str | None = None,
+    target_column: str | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
-    as --metrics; default accuracy and macro-F1) and the loss, the per-class report (`per_class`) and the
-    confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in the order of `labels`).
-    Multi-label models: `label_separator` and `threshold` default to the run's own (--label-separator,
-    --multi-label-threshold). `read`: how to read `data` (--format, --column-names, --data-config, --split), as
-    for training."""
-    from leantrain.data.prepare import load_source
-    from leantrain.data.tokenize import default_cache_dir
-
-    path, config, task = _task_of(run_or_model)
-    if task == "causal-lm":  # --- causal LM: loss and perplexity
-        from leantrain.inference import language_model
-
-        cache = cache_dir or str(default_cache_dir())
-        return language_model.evaluate(
-            path, data, max_length=max_length or lm_max_length(path, config), batch_size=batch_size, cache_dir=cache,
-            text_column=text_column, read=read, run=lambda name: run_setting(path, name),
-        )  # fmt: skip
-    if task != "text-classification":
-        column = image_column if task == "image-classification" else audio_column
-        return _evaluate_media(
-            path, config, task, data, label_column, label_pattern, column, batch_size, cache_dir, metrics, read
-        )
-    _, model, tokenizer, names = _load(run_or_model)
-    src = load_source(
-        data,
-        tokenizer,
-        max_length or run_max_length(path),
-        Path(cache_dir) if cache_dir else default_cache_dir(),
-        "eval",
-        text_column,
-        text_pair_column,
-        label_column,
-        options=read,
+    as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
+    report (`per_class`) and the confusion matrix (`confusion_matrix`, rows: true class, columns: predicted, in
+    the order of `labels`); for a language model the loss per token and perplexity. `data` None: the run's own
+    held-out rows, as it held them out. Multi-label models: `label_separator` and `threshold` default to the run's
+    own. `read`: how to read `data` (--format, --column-names, --data-config, --split), as for training.
+    `precision` and `batch_size`: default the run's (fp32 and 64 for a model leantrain did not train). A token
+    classifier: entity F1, precision, recall (strict IOB2), token accuracy, loss and `per_type`; `data` a CoNLL file
+    (`tag_column`), a table of words and tags (`tokens_column`, `tags_column`) or of texts with entity spans
+    (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected).
+    A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
+    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples."""
+    overrides = _given(
+        max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold
     )
-    if (problem := problem_of(model)) is not None:  # regression and multi-label models
-        separator = label_separator if label_separator is not None else run_setting(path, "label_separator")
-        cut = run_threshold(path, threshold)
-        return evaluate_problem(problem, model, tokenizer, names, src, batch_size, metrics, separator, cut)
-    label_id = {n: i for i, n in enumerate(names)}
-    unseen = sorted(set(src.labels) - set(label_id))
-    if unseen:
+    if data is not None:
+        columns = dict(
+            text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
+            image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
+            tokens_column=tokens_column, tags_column=tags_column, spans_column=spans_column, tag_column=tag_column,
+            tag_scheme=tag_scheme,
+            source_column=source_column, target_column=target_column,
+        )  # fmt: skip
+        overrides.update(_source(data, read, **columns))
+    job = _job(run_or_model, overrides, cache_dir, precision)
+    task = job.task
+    if data is not None:
+        prepared = task.evaluation_data(job.model_path, job.model_config)
+    else:
+        prepared = _held_out(job, run_or_model)
+    return _scores(task, _rows(job, _model(job), prepared, batch_size), prepared)
+
+
+def _scores(task, rows, prepared) -> dict[str, Any]:
+    """The task's scores and report of evaluated rows; of a mixture's held-out rows, each source's too."""
+    out = {**task.scores(rows), **task.evaluation_report(rows, prepared)}
+    spans = getattr(prepared.eval, "spans", ())
+    if spans:  # as its run reported them
+        from leantrain.tasks.evaluation import scores_by_source
+
+        out["sources"] = scores_by_source(task, rows, spans)
+    return out
+
+
+def _held_out(job, run_or_model: str):
+    """The run's own evaluation rows: its data prepared as it prepared them (the same split, from its seed)."""
+    if not job.from_run:
+        raise DataError(f"{run_or_model}: not a leantrain run, so it has no held-out rows of its own; give --data")
+    prepared = job.task.prepare_data(job.model_path, job.model_config)
+    trained = list(getattr(job.model_config, "id2label", {}).values()) if prepared.label_names else []
+    if prepared.label_names and trained != list(prepared.label_names):
         raise DataError(
-            f"{data}: labels {unseen[:5]} in column '{src.columns.label}' are unknown to the model (it knows {names})"
+            f"{job.cfg.data}: its labels are now {prepared.label_names[:5]}, not the model's {trained[:5]}: the "
+            "data changed since the run; give --data"
         )
-    labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
-    probs, y, _ = _run(model, _loader(src.tokens, labels, tokenizer, batch_size))
-    return {**_scores(probs, y, names, metrics), "examples": len(y)}
+    prepared.facts.setdefault("examples", len(prepared.eval))
+    return prepared
 
 
 @library_bars_off()
@@ -232,165 +182,50 @@ def predict(
     text_column: str | None = None,
     text_pair_column: str | None = None,
     max_length: int | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     files: list[str] | None = None,
     image_column: str | None = None,
     audio_column: str | None = None,
-    max_new_tokens: int = 32,
+    max_new_tokens: int | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     threshold: float | None = None,
     chat: bool = False,
     read: ReadOptions | None = None,
+    precision: str | None = None,
+    tokens_column: str | None = None,
+    aggregation: str | None = None,
+    source_column: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per input: the text (or file), the predicted label, its probability and all probabilities; for a
     language model, the prompt and its generated completion (`chat`: each text is a user's message, rendered
-    with the model's chat template; a 'messages' column is read as chats); for a multi-label model, the labels
-    at or above `threshold` (default: the run's --multi-label-threshold). `read`: how to read `data`, as for
-    training."""
-    from leantrain.data.columns import resolve_columns
-    from leantrain.data.sources import read_table
-    from leantrain.data.tokenize import tokenize
+    with the model's chat template; a 'messages' column is read as chats); for a sequence-to-sequence model, the
+    source (`source_column` of `data`, guessed when not given) and its `generated_text`; for a multi-label model,
+    the labels at or above `threshold` (default: the run's --multi-label-threshold); for a token classifier, the
+    entities (type, score, text, character offsets) as `pipeline("token-classification",
+    aggregation_strategy=aggregation)` groups them (default: the run's --aggregation), of texts or of words
+    (`tokens_column`, a CoNLL file; each word's tag too). `max_new_tokens`: 32 for a language model, a
+    sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training."""
+    from leantrain.tasks.base import PredictionInputs
 
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
-    path, config, task = _task_of(run_or_model)
-    if chat and task != "causal-lm":
-        raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task} model")
-    if task == "causal-lm":  # --- causal LM
-        if files is not None:
-            raise DataError(f"{run_or_model}: a language model; give prompts with --text or a table with --data")
-        sampling: dict[str, Any] = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-        return _generate(path, texts, data, text_column, read, chat, batch_size, sampling)
-    if task != "text-classification":
-        if texts is not None:
-            what = task.split("-")[0]
-            raise DataError(f"{run_or_model}: an {what} classifier; give {what} files with --file or --data")
-        column = image_column if task == "image-classification" else audio_column
-        return _predict_media(path, config, task, files, data, column, batch_size, read)
-    if files is not None:
-        raise DataError(f"{run_or_model}: a text classifier; give texts with --text or a table with --data")
-    _, model, tokenizer, names = _load(run_or_model)
-    pairs = None
+    overrides = _given(max_length=max_length, multi_label_threshold=threshold, aggregation=aggregation)
     if data is not None:
-        df, _ = read_table(data, split="eval", options=read)
-        cols = resolve_columns(df, data, text_column, text_pair_column, None, require_label=False)
-        df = df[df[cols.text].astype(str).str.strip() != ""]
-        texts = df[cols.text].astype(str).tolist()
-        pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
-    assert texts is not None
-    if not texts:
-        raise DataError(f"{data or '--text'}: no text to predict")
-    tokens = tokenize(tokenizer, texts, pairs, max_length or run_max_length(path))
-    if (problem := problem_of(model)) is not None:  # regression and multi-label models
-        cut = run_threshold(path, threshold)
-        return predict_problem(problem, model, tokenizer, names, texts, pairs, tokens, batch_size, cut)
-    probs, _, index = _run(model, _loader(tokens, np.zeros(len(texts), dtype=np.int64), tokenizer, batch_size))
-    out: list[dict[str, Any]] = [{} for _ in texts]
-    for p, i in zip(probs, index):
-        best = int(p.argmax())
-        row: dict[str, Any] = {"text": texts[i]}
-        if pairs is not None:
-            row["text_pair"] = pairs[i]
-        row.update(
-            {
-                "label": names[best],
-                "score": float(p[best]),
-                "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)},
-            }
-        )
-        out[i] = row
-    return out
-
-
-def _generate(path: str, texts, data, text_column, read, chat: bool, batch_size: int, sampling: dict[str, Any]):
-    """A language model's completions of `texts` or of `data`'s prompts (`chat`: each a user's message)."""
-    from leantrain.inference.language_model import generate
-
-    prompts: list[Any] = texts if texts is not None else _prompts(data, text_column, read)
-    if chat:
-        prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
-    return generate(path, prompts, batch_size=batch_size, attention=run_setting(path, "attention"), **sampling)
-
-
-def _prompts(data: str | None, column: str | None, read: ReadOptions | None = None) -> list[Any]:
-    """The prompts of a table: --text-column, else its 'prompt' column, else the chats of its 'messages' column
-    (each up to its last assistant message, which the model is to write), else its one text column."""
-    from leantrain.data import instructions
-    from leantrain.data.columns import resolve_columns
-    from leantrain.data.sources import read_table
-
-    assert data is not None
-    df, _ = read_table(data, split="eval", options=read)
-    if column is None and instructions.kind_of(df) == "messages":
-        return instructions.chat_prompts(df, data)
-    if column is None and "prompt" in df.columns:
-        column = "prompt"
-    cols = resolve_columns(df, data, column, None, None, require_label=False)
-    return [str(t) for t in df[cols.text] if str(t).strip()]
-
-
-#: inputs are cut here when neither --max-length nor the run says otherwise
-DEFAULT_MAX_LENGTH = 128
-
-
-def run_setting(model_path: str, name: str) -> Any:
-    """A setting the model was trained with: a checkpoint's manifest, or the run's config.yaml beside model/;
-    None for a model leantrain did not train (or a setting its run did not record)."""
-    import yaml
-
-    path = Path(model_path)
-    try:
-        if (path / "checkpoint.json").is_file():
-            saved = json.loads((path / "checkpoint.json").read_text())["config"]
-        elif (path.parent / "config.yaml").is_file() and (path.parent / "metrics.json").is_file():
-            saved = yaml.safe_load((path.parent / "config.yaml").read_text())
-        else:
-            return None
-        return saved.get(name)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
-        return None
-
-
-def run_attention(model_path: str, model) -> None:
-    """The attention kernel the run forced with --attention; auto's runs keep the model's default."""
-    from leantrain.model import attention
-
-    attention.apply_forced(model, run_setting(model_path, "attention"))
-
-
-def run_max_length(model_path: str) -> int:
-    """The --max-length the model was trained with; DEFAULT_MAX_LENGTH for a model leantrain did not
-    train."""
-    try:
-        return int(run_setting(model_path, "max_length") or DEFAULT_MAX_LENGTH)
-    except (TypeError, ValueError):
-        return DEFAULT_MAX_LENGTH
-
-
-#: the longest rows a language model leantrain did not train is scored in (transformers' run_clm.py blocks text alike)
-LM_CONTEXT_CAP = 1024
-
-
-def lm_max_length(model_path: str, config: Any) -> int:
-    """A language model's rows in `evaluate`: the run's --max-length, else the model's context up to
-    LM_CONTEXT_CAP tokens (a pretrained base's perplexity depends on how much context each token has)."""
-    try:
-        trained = int(run_setting(model_path, "max_length") or 0)
-    except (TypeError, ValueError):
-        trained = 0
-    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    return trained or min(int(context or DEFAULT_MAX_LENGTH), LM_CONTEXT_CAP)
-
-
-def run_threshold(model_path: str, threshold: float | None) -> float:
-    """The multi-label threshold: the one given, else the run's --multi-label-threshold, else 0.5."""
-    if threshold is None:
-        threshold = run_setting(model_path, "multi_label_threshold")
-    value = 0.5 if threshold is None else float(threshold)
-    if not 0 < value < 1:
-        raise DataError(f"--multi-label-threshold must be between 0 and 1, got {value:g}")
-    return value
+        columns = dict(
+            text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
+            audio_column=audio_column, tokens_column=tokens_column, source_column=source_column,
+        )  # fmt: skip
+        overrides.update(_source(data, read, **columns))
+    job = _job(run_or_model, overrides, None, precision)
+    task = job.task
+    if chat and not task.generates:
+        raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task.name} model")
+    generation = _given(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    inputs = PredictionInputs(texts=texts, files=files, chat=chat, generation=generation)
+    prepared, shown = task.prediction_data(job.model_path, job.model_config, inputs)
+    model = _model(job)
+    return task.predict(model, prepared, shown, lambda: _rows(job, model, prepared, batch_size), inputs)
 
 
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:

@@ -77,7 +77,14 @@ def apply(model: Any, name: str, forced: bool = True) -> str:
     return name
 
 
-def apply_forced(model: Any, setting: str | None) -> None:
-    """At inference: the kernel a run forced with --attention (`setting`, from its config); auto keeps the default."""
-    if setting in CHOICES and setting != "auto":
-        apply(model, setting)
+def set_up(model: Any, setting: str, device_type: str, precision: str) -> tuple[str | None, str]:
+    """Choose (`choose`) and switch to (`apply`) the kernel `setting` asks for; returns the one that runs (None: the
+    model has no choice) and why. The trainer and `evaluate`/`predict` both call this, so a run's model is scored
+    with the kernel it was evaluated with in training."""
+    name, why = choose(setting, model, device_type, precision)
+    if name is None:
+        return None, why
+    running = apply(model, name, forced=setting != "auto")
+    if running != name:
+        why = f"{name} was chosen ({why}), but {type(model).__name__} cannot run it"
+    return running, why

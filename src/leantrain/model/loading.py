@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,36 +106,6 @@ def max_supported_length(config, tokenizer=None) -> int | None:
     return min(limits) if limits else None
 
 
-def infer_task(config, task: str | None = None) -> str:
-    """The task a model config does: `task` when given (checked), else from the model type; text when unclear."""
-    from transformers.models.auto import modeling_auto as auto
-
-    mappings: dict[str, typing.Any] = {
-        "text-classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-        "image-classification": auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
-        "audio-classification": auto.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES,
-        "causal-lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-    }
-    kind = getattr(config, "model_type", None)
-    able = [t for t, names in mappings.items() if kind in names]
-    if task is not None:
-        if able and task not in able:
-            raise ModelError(f"--task {task}: a '{kind}' model cannot do it (it does {', '.join(able)})")
-        return task
-    if len(able) == 1:
-        return able[0]
-    for arch in getattr(config, "architectures", None) or []:
-        for t, suffix in (
-            ("image-classification", "ImageClassification"),
-            ("audio-classification", "AudioClassification"),
-            ("causal-lm", "ForCausalLM"),
-            ("causal-lm", "LMHeadModel"),  # GPT-2's spelling
-        ):
-            if arch.endswith(suffix):
-                return t
-    return "text-classification"
-
-
 def has_weights(name: str) -> bool | None:
     """Whether a local model folder holds weights (None: a hub name, which from_pretrained fetches)."""
     from leantrain.model import presets
@@ -156,14 +125,16 @@ def load_for_classification(
     label_names: list[str],
     dropout: float | None = None,
     trust_remote_code: bool = False,
-    task: str = "text-classification",
+    auto_model: str = "AutoModelForSequenceClassification",
     config=None,
 ):
-    """A classifier with one output per label; the head is new when the checkpoint has none.
+    """A classifier with one output per label, built by transformers' `auto_model` class (a task's); the head is new
+    when the checkpoint has none.
 
     A preset, a bare config.json or a folder without weights gives a model initialised at random (from
     scratch). `config` replaces the one `name` holds (presets sized for the data, for instance).
     """
+    import transformers
     from transformers.utils import logging as hf_logging
 
     labels = dict(
@@ -190,10 +161,9 @@ def load_for_classification(
                 setattr(config, key, dropout)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
-    auto_class = auto_model_class(task)
-    what = _what(task)
+    what = auto_model.removeprefix("AutoModelFor")
     try:
-        return _weights_or_random(auto_class, name, config, trust_remote_code, f"{what} classifier")
+        return weights_or_random(getattr(transformers, auto_model), name, config, trust_remote_code, f"a {what} model")
     finally:
         hf_logging.set_verbosity(verbosity)
 
@@ -205,10 +175,10 @@ def load_for_causal_lm(name: str, config=None, trust_remote_code: bool = False):
 
     if config is None:
         config = load_config(name, trust_remote_code=trust_remote_code)
-    return _weights_or_random(AutoModelForCausalLM, name, config, trust_remote_code, "a causal language model")
+    return weights_or_random(AutoModelForCausalLM, name, config, trust_remote_code, "a causal language model")
 
 
-def _weights_or_random(auto_class, name: str, config, trust_remote_code: bool, what: str):
+def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, what: str):
     """`name`'s pretrained weights when it has them, else a model initialised at random from `config`."""
     from safetensors import SafetensorError
 
@@ -220,35 +190,6 @@ def _weights_or_random(auto_class, name: str, config, trust_remote_code: bool, w
         return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
         raise ModelError(f"{name}: cannot load as {what} ({str(exc).splitlines()[0][:200]})") from None
-
-
-def auto_model_class(task: str):
-    """The `AutoModelFor...` class that builds a model for `task`."""
-    import transformers
-
-    names = {
-        "text-classification": "AutoModelForSequenceClassification",
-        "image-classification": "AutoModelForImageClassification",
-        "audio-classification": "AutoModelForAudioClassification",
-        "causal-lm": "AutoModelForCausalLM",
-    }
-    return getattr(transformers, names[task])
-
-
-def _what(task: str) -> str:
-    return {"text-classification": "a sequence", "image-classification": "an image"}.get(task, "an audio")
-
-
-def load_trained(path: str, task: str):
-    """A trained classifier to evaluate or predict with (in eval mode), and its class names in id order."""
-    try:
-        model = auto_model_class(task).from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise ModelError(
-            f"{path}: cannot load as {_what(task)} classifier ({str(exc).splitlines()[0][:160]})"
-        ) from None
-    model.eval()
-    return model, [model.config.id2label[i] for i in range(model.config.num_labels)]
 
 
 def enable_activation_checkpointing(model) -> None:
@@ -280,14 +221,21 @@ def count_parameters(model) -> ParamCounts:
 
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    emb = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
-    return ParamCounts(total, trainable, emb)
+    # each tensor once: an encoder-decoder's tied embeddings are one tensor in several modules (T5's three)
+    embedding = {id(p): p for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    return ParamCounts(total, trainable, sum(p.numel() for p in embedding.values()))
 
 
 def classification_head(model) -> str:
     """The modules after the encoder that map its output to the labels, as a short description."""
     import torch
 
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):  # its head: the output embeddings
+        head = model.get_output_embeddings()
+        name = next((n for n, m in model.named_modules() if m is head), "output embeddings")
+        if head is None:
+            return type(model).__name__
+        return f"{name}: Linear({head.in_features} -> {head.out_features})"
     base = getattr(model, "base_model_prefix", "")
     parts = []
     for name, module in model.named_children():

@@ -31,7 +31,11 @@ ADAPTER_DIR = "adapter"
 
 
 def head_modules(model: Any) -> list[str]:
-    """The task head: top-level children outside the base model that hold parameters (see module doc)."""
+    """The task head: top-level children outside the base model that hold parameters (see module doc). An
+    encoder-decoder has none: its output is its pretrained output embeddings (T5's and bert2bert's children are
+    the embeddings, the encoder and the decoder, outside any base model)."""
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return []
     base = getattr(model, "base_model_prefix", "")
     output_embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return [

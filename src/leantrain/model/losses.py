@@ -61,18 +61,23 @@ HEAD_CHUNK_ROWS = 512
 
 
 def head_cross_entropy_sum(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    row_losses: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`cross_entropy(hidden @ weight.T + bias, targets, reduction="sum")`, in fp32, without the (rows, vocabulary)
     logits or their gradient ever existing whole: `HEAD_CHUNK_ROWS` rows at a time, each chunk's gradients taken
     at once (a cross-entropy's gradient is softmax - one-hot) and kept for the backward pass. The matmuls run in
-    the autocast dtype when autocast is on, as the head's own would; every target must be a class (no -100)."""
-    return _HeadCrossEntropy.apply(hidden, weight, bias, targets)
+    the autocast dtype when autocast is on, as the head's own would; every target must be a class (no -100).
+    `row_losses` (float32, one per row), when given, is filled with each row's cross-entropy (no gradient)."""
+    return _HeadCrossEntropy.apply(hidden, weight, bias, targets, row_losses)
 
 
 class _HeadCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, targets, row_losses=None):  # type: ignore[override]
         device = hidden.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         with torch.autocast(device, enabled=False):
@@ -100,7 +105,10 @@ class _HeadCrossEntropy(torch.autograd.Function):
                     logits = torch.addmm(b, rows, w.t(), out=logits_buffer[:n])
                 # one pass a row: 1.4-1.9x logsumexp's several
                 log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32, out=log_probs_buffer[:n])
-                total -= log_probs.gather(1, wanted[:, None]).sum()
+                picked = log_probs.gather(1, wanted[:, None])
+                total -= picked.sum()
+                if row_losses is not None:
+                    row_losses[start : start + n] = -picked[:, 0]
                 grad = log_probs.exp_()  # the softmax, in place
                 grad[torch.arange(len(wanted), device=grad.device), wanted] -= 1.0
                 grad = grad.to(grad_dtype)
@@ -123,4 +131,4 @@ class _HeadCrossEntropy(torch.autograd.Function):
         def scaled(grad, dtype):
             return None if grad is None else (grad.float() * grad_total).to(dtype)
 
-        return scaled(grad_h, hidden_dtype), scaled(grad_w, weight_dtype), scaled(grad_b, bias_dtype), None
+        return scaled(grad_h, hidden_dtype), scaled(grad_w, weight_dtype), scaled(grad_b, bias_dtype), None, None

@@ -114,7 +114,7 @@ class ProjectorsAsTensors:
     matrix, rank, refresh interval, seed) as a dict of its tensors and numbers, which `torch.load(weights_only=True)`
     reads back (it refuses a pickled object), and `load_state_dict` builds the projectors again."""
 
-    projector_class: type
+    projector_class: Any
 
     def state_dict(self) -> dict[str, Any]:
         saved = super().state_dict()  # type: ignore[misc]

@@ -194,7 +194,8 @@ def describe_split(model: torch.nn.Module, name: str) -> str:
     rest = [p for p in trainable if id(p) not in hidden]
     stacks = ", ".join(f"{n or 'the model'} ({len(b)} blocks)" for n, b in block_lists(model))
     return (
-        f"{name}: {chosen.hidden_rule} on {len(hidden)} hidden matrices ({inside / 1e6:.2f} M parameters) in {stacks}; AdamW on "
+        f"{name}: {chosen.hidden_rule} on {len(hidden)} hidden matrices ({inside / 1e6:.2f} M parameters) "
+        f"in {stacks}; AdamW on "
         f"the other {len(rest)} tensors (embeddings, head, norms, biases: {sum(p.numel() for p in rest) / 1e6:.2f} M)"
     )
 
@@ -537,7 +538,7 @@ def _projected_bytes(extra: int = 0):
     return count
 
 
-_HIDDEN_REFUSALS = dict(
+_HIDDEN_REFUSALS: dict[str, Any] = dict(
     no_fsdp="its projection works on each whole gradient matrix (an SVD or a random projection), which FSDP "
     "shards across processes",
     no_lora="it keeps low-rank optimizer state for full fine-tuning; LoRA's adapters are low-rank already (use "

@@ -77,14 +77,7 @@ class LocalSGD:
         sync_frozen: bool = False,
         bucket_bytes: int = 64 << 20,
     ):
-        if local_sgd_steps < 1:
-            raise ValueError(f"local_sgd_steps must be at least 1, got {local_sgd_steps}")
-        if outer_lr is None and outer_momentum:
-            raise ValueError("outer_momentum needs outer_lr (the outer optimizer is off without it)")
-        if outer_lr is not None and outer_lr <= 0:
-            raise ValueError(f"outer_lr must be positive, got {outer_lr}")
-        if not 0.0 <= outer_momentum < 1.0:
-            raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum}")
+        _check_settings(local_sgd_steps, outer_lr, outer_momentum)
         self.model = model
         self.local_sgd_steps = local_sgd_steps
         self.outer_lr = outer_lr
@@ -97,26 +90,19 @@ class LocalSGD:
         self.bytes_communicated = 0  # payload handed to all_reduce by this process
         self.sync_seconds = 0.0
         self.module, self._ddp = _unwrap(model)
-
-        world = dist.get_world_size(process_group) if dist.is_available() and dist.is_initialized() else 1
-        self.world_size = world
+        grouped = dist.is_available() and dist.is_initialized()
+        self.world_size = world = dist.get_world_size(process_group) if grouped else 1
         if not enabled:
             self.enabled, self.reason = False, "local SGD off: disabled by configuration"
-        elif not (dist.is_available() and dist.is_initialized()):
+        elif not grouped:
             self.enabled, self.reason = False, "local SGD off: single process (no process group), nothing to average"
         elif world == 1:
             self.enabled, self.reason = False, "local SGD off: world size is 1, nothing to average"
         else:
             self.enabled = True
-            outer = (
-                "plain averaging"
-                if outer_lr is None
-                else f"outer Nesterov SGD lr={outer_lr} momentum={outer_momentum}"
-                if outer_momentum
-                else f"outer SGD lr={outer_lr}"
-            )
             self.reason = (
-                f"local SGD on: averaging every {local_sgd_steps} optimizer steps across {world} processes ({outer})"
+                f"local SGD on: averaging every {local_sgd_steps} optimizer steps across {world} processes "
+                f"({_describe_outer(outer_lr, outer_momentum)})"
             )
         if self.enabled and _is_sharded(self.module):
             raise NotImplementedError("LocalSGD needs whole replicas on every process (no FSDP / sharding)")
@@ -237,3 +223,22 @@ class LocalSGD:
         for t in bucket:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def _check_settings(local_sgd_steps: int, outer_lr: float | None, outer_momentum: float) -> None:
+    if local_sgd_steps < 1:
+        raise ValueError(f"local_sgd_steps must be at least 1, got {local_sgd_steps}")
+    if outer_lr is None and outer_momentum:
+        raise ValueError("outer_momentum needs outer_lr (the outer optimizer is off without it)")
+    if outer_lr is not None and outer_lr <= 0:
+        raise ValueError(f"outer_lr must be positive, got {outer_lr}")
+    if not 0.0 <= outer_momentum < 1.0:
+        raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum}")
+
+
+def _describe_outer(outer_lr: float | None, outer_momentum: float) -> str:
+    if outer_lr is None:
+        return "plain averaging"
+    if outer_momentum:
+        return f"outer Nesterov SGD lr={outer_lr} momentum={outer_momentum}"
+    return f"outer SGD lr={outer_lr}"

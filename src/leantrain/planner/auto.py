@@ -94,7 +94,7 @@ def fitted_to_data(
     if data.model_config is not None:  # a preset trained from scratch: its vocabulary is the run's tokenizer's
         from leantrain.planner.memory import model_facts
 
-        facts = model_facts(cfg.model, config=data.model_config)
+        facts = model_facts(cfg.model, config=data.model_config, task=cfg.task)
         notes.append(f"vocabulary {facts.vocab:,}: the tokenizer this run trains on --data")
     return request, facts, notes
 

@@ -43,6 +43,7 @@ the resident size then runs 20-60% above live memory in ways no model of the ten
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import math
@@ -194,8 +195,9 @@ class ModelFacts:
     inventory: ParamInventory
     #: the config as a JSON string (to build proxies, and a hashable cache key)
     config_json: str
-    #: "text-classification" or "causal-lm": which head the proxies get and which loss they run
-    task: str = "text-classification"
+    #: how the planner models it (its task's `planner`): "classifier" or "causal-lm": which head the proxies get and
+    #: which loss they run
+    kind: str = "classifier"
     #: vocabulary size: a causal LM's logits hold one score per token and vocabulary entry
     vocab: int = 0
 
@@ -302,13 +304,11 @@ def _layers_attr(config) -> str:
     raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs a transformer")
 
 
-#: the tasks the planner models: a text encoder with a classification head, a causal language model
-PLANNED_TASKS = ("text-classification", "causal-lm")
-
-
-def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None) -> ModelFacts:
+def model_facts(
+    model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None, task: str | None = None
+) -> ModelFacts:
     """Read the model's config (or take `config`: a preset's, sized to the run's tokenizer) and count its
-    parameters on the meta device (nothing is allocated)."""
+    parameters on the meta device (nothing is allocated). `task`: the run's --task (else the model's own)."""
     from leantrain.model import loading
 
     if config is None:
@@ -316,12 +316,8 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         config = loading.load_config(
             path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
         )
-    task = loading.infer_task(config)
-    if task not in PLANNED_TASKS:
-        raise ConfigError(
-            f"{model}: the planner models text encoders and causal language models; "
-            f"a '{getattr(config, 'model_type', '?')}' model ({task}) is planned by hand for now (leantrain bench)"
-        )
+    kind = planner_kind(config, task, model)
+    config = _as_planned(config, kind)
     inventory = _inventory(config.to_json_string(), trust_remote_code)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
     return ModelFacts(
@@ -333,9 +329,29 @@ def model_facts(model: str | None, num_labels: int = 2, trust_remote_code: bool 
         layers=int(getattr(config, _layers_attr(config))),
         inventory=inventory,
         config_json=config.to_json_string(),
-        task=task,
+        kind=kind,
         vocab=int(getattr(config, "vocab_size", 0) or 0),
     )
+
+
+#: a planner kind -> transformers' table of the class that trains it, for a config's `architectures`
+_KIND_MAPPINGS = {
+    "classifier": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "token-classifier": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+}
+
+
+def _as_planned(config, kind: str):
+    """`config` naming the architecture the run trains (a token classifier, a sequence classifier), so that the
+    proxies built from its JSON are that model whatever architecture the checkpoint was saved as."""
+    from transformers.models.auto import modeling_auto
+
+    table = getattr(modeling_auto, _KIND_MAPPINGS.get(kind, ""), {})
+    name = table.get(getattr(config, "model_type", None))
+    if name is not None:
+        config = copy.deepcopy(config)
+        config.architectures = [name]
+    return config
 
 
 def _config_from_json(config_json: str, **changes: Any):
@@ -361,20 +377,45 @@ def _quiet():
 
 
 def _build(config, device: str, trust_remote_code: bool = False):
-    """The model the run trains, from `config`: a sequence classifier, or a causal LM for a causal LM's config."""
+    """The model the run trains, from `config`: a sequence or token classifier, or a causal LM, as its kind says."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    import transformers
 
-    auto = AutoModelForCausalLM if is_causal_lm(config) else AutoModelForSequenceClassification
+    auto = getattr(transformers, _AUTO_CLASSES[planner_kind(config)])
     with _quiet(), torch.device(device):
         return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
+def planner_kind(config, task: str | None = None, model: str | None = None) -> str:
+    """How the planner models a model of `config` doing `task` (else its own): the task's `planner`, "classifier"
+    or "causal-lm"; refused in one line for a task the planner does not model."""
+    from leantrain import tasks
+
+    chosen = tasks.task_class(tasks.infer(config, task))
+    if chosen.planner is None:
+        raise ConfigError(
+            f"{model or 'the model'}: the planner models text encoders and causal language models; a "
+            f"'{getattr(config, 'model_type', '?')}' model ({chosen.name}) is planned by hand for now (leantrain bench)"
+        )
+    return chosen.planner
+
+
+#: a planner kind -> the transformers class that builds its proxies
+_AUTO_CLASSES = {
+    "classifier": "AutoModelForSequenceClassification",
+    "token-classifier": "AutoModelForTokenClassification",
+    "causal-lm": "AutoModelForCausalLM",
+}
+
+
+def is_token_classifier(config) -> bool:
+    """Whether `config` is a token classifier's: a head and a loss at every token."""
+    return planner_kind(config) == "token-classifier"
+
+
 def is_causal_lm(config) -> bool:
     """Whether `config` is a causal LM's: its proxies then get the LM head and the per-token loss."""
-    from leantrain.model import loading
-
-    return loading.infer_task(config) == "causal-lm"
+    return planner_kind(config) == "causal-lm"
 
 
 def counted_positions(seq_len: int, counted: float) -> int:
@@ -392,6 +433,8 @@ def proxy_batch(config, batch: int, seq_len: int, generator, counted: float = 1.
 
     vocab = int(getattr(config, "vocab_size", 100))
     ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq_len), generator=generator)
+    if is_token_classifier(config):  # a label at every position
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids)}
     if not is_causal_lm(config):
         labels = torch.zeros(batch, dtype=torch.long)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
@@ -416,6 +459,8 @@ def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool 
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     causal = is_causal_lm(net.config)
+    if is_token_classifier(net.config):
+        return _token_loss(net, batch, inputs, autocast, tail)
     cut: contextlib.AbstractContextManager = contextlib.nullcontext()
     if causal and counted_logits:
         from leantrain.tasks.causal_lm import IGNORE, head_loss, head_rows, next_token_targets
@@ -434,6 +479,20 @@ def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool 
 
         return token_losses(logits, batch["labels"]).sum()
     return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+
+
+def _token_loss(net, batch: dict, inputs: dict, autocast=None, tail=None):
+    """A token classifier's summed loss as its task computes it: with `tail`, the last layer after its attention and
+    the head at the tagged positions only (`tasks.token_classification`)."""
+    import torch.nn.functional as F
+
+    labels = batch["labels"]
+    keep = labels != -100
+    with autocast or contextlib.nullcontext(), tail.rows(keep) if tail is not None else contextlib.nullcontext():
+        logits = net(**inputs).logits
+    if tail is not None:
+        return F.cross_entropy(logits[0].float(), labels[keep], reduction="sum")
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
 
 
 @functools.lru_cache(maxsize=16)
@@ -488,9 +547,14 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
     net = _build(config, "cpu")
     net.train()
     causal = is_causal_lm(config)
-    # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed); a causal
-    # LM's output head only where a token counts
-    tail = None if causal or checkpointing else first_token_tail(net)
+    # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed), a token
+    # classifier's where a token is tagged; a causal LM's output head only where a token counts
+    if is_token_classifier(config):  # a token classifier's where a token is tagged
+        from leantrain.tasks.token_classification import labelled_rows_tail
+
+        tail = None if checkpointing else labelled_rows_tail(net)
+    else:
+        tail = None if causal or checkpointing else first_token_tail(net)
     counted_logits = causal and head_rows_work(net)
     fused = counted_logits and head_loss_works(net)
     if checkpointing:
@@ -512,16 +576,44 @@ def activation_profile(
 ) -> ActivationProfile:
     """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc).
     `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only."""
-    import torch
-
     base_config = _config_from_json(config_json)
-    layers_name = _layers_attr(base_config)
     # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
     # changes; a causal LM's logits (one score per token and vocabulary entry) grow with it, so its proxies run at
     # two vocabularies and that share is carried over to the real one, linearly.
     vocab = int(getattr(base_config, "vocab_size", 512) or 512)
     small = min(vocab, 512)
     causal = is_causal_lm(base_config)
+    counts, fused_head = _proxy_counts(config_json, seq_len, precision, checkpointing, lora, counted, small, causal)
+    base, layer, copies_base, copies_layer = _split_counts(counts, small, checkpointing)
+    full = _split_counts(counts, small, False)[1] if checkpointing else 0.0
+    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
+        c = checkpointing
+        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
+        per_entry = (more[4] - more[2]) / 2 / small
+        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
+        base += per_entry * (vocab - small)
+        copies_base += fixed_per_entry * (vocab - small)
+    return ActivationProfile(
+        per_layer=layer,
+        base=base,
+        copies_per_layer=copies_layer,
+        copies_base=copies_base,
+        layer_full=full,
+        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
+        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
+        fused_head=fused_head,
+    )
+
+
+def _proxy_counts(
+    config_json: str, seq_len: int, precision: str, checkpointing: bool, lora, counted: float, small: int, causal: bool
+) -> tuple[dict[tuple[int, int, bool, int], float], bool]:
+    """Saved bytes of proxies with 1 and 2 layers, at batches 2 and 4, with and without checkpointing (as planned),
+    at the small vocabulary (and, for a causal LM, one layer at twice it): {(layers, batch, ckpt, vocab): bytes},
+    and whether the proxies fused the head and the loss."""
+    import torch
+
+    layers_name = _layers_attr(_config_from_json(config_json))
     counts: dict[tuple[int, int, bool, int], float] = {}
     fused_head = False
 
@@ -547,34 +639,17 @@ def activation_profile(
                 count(1, checkpointing, 2 * small)
     finally:
         torch.set_num_threads(threads)
+    return counts, fused_head
 
-    def split(ckpt: bool) -> tuple[float, float, float, float]:
-        # total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer
-        per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
-        fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
-        layer = per_seq[2] - per_seq[1]
-        copies_layer = max(fixed[2] - fixed[1], 0.0)
-        return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
-    base, layer, copies_base, copies_layer = split(checkpointing)
-    full = split(False)[1] if checkpointing else 0.0
-    if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
-        c = checkpointing
-        more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
-        per_entry = (more[4] - more[2]) / 2 / small
-        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
-        base += per_entry * (vocab - small)
-        copies_base += fixed_per_entry * (vocab - small)
-    return ActivationProfile(
-        per_layer=layer,
-        base=base,
-        copies_per_layer=copies_layer,
-        copies_base=copies_base,
-        layer_full=full,
-        source=f"saved tensors counted on 1- and 2-layer proxies at length {seq_len}, {precision}"
-        + (f", logits carried from vocabularies {small} and {2 * small} to {vocab}" if causal else ""),
-        fused_head=fused_head,
-    )
+def _split_counts(counts: dict, small: int, ckpt: bool) -> tuple[float, float, float, float]:
+    """(base, per layer, fixed copies outside the layers, fixed copies per layer) per sequence, from
+    total(L, B) = B * (base + L * layer) + copies_base + L * copies_layer."""
+    per_seq = {n: (counts[(n, 4, ckpt, small)] - counts[(n, 2, ckpt, small)]) / 2 for n in (1, 2)}
+    fixed = {n: counts[(n, 2, ckpt, small)] - 2 * per_seq[n] for n in (1, 2)}
+    layer = per_seq[2] - per_seq[1]
+    copies_layer = max(fixed[2] - fixed[1], 0.0)
+    return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
 
 def estimate(
@@ -610,7 +685,7 @@ def estimate(
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
-    if facts.task == "causal-lm":
+    if facts.kind == "causal-lm":
         # A causal LM's logits dominate the part outside the layers, and backward meets them first: its peak is at
         # the loss (everything saved, no layer recomputed yet, the logits' gradients in flight) or later in the
         # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever

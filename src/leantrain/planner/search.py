@@ -375,12 +375,13 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
 
     config = _config_from_json(facts.config_json)
     if is_encoder_config(config):
-        flop = encoder_flop_model(config, request.num_labels)
+        head = "token" if facts.kind == "token-classifier" else "sequence"
+        flop = encoder_flop_model(config, request.num_labels, head=head)
     else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included
         meta = _build(config, "meta")
         flop = counted_flop_model(meta)
     per_seq = flop.batch_flops(1, request.seq_len)
-    if facts.task == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
+    if facts.kind == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
         from leantrain.planner.memory import counted_positions
         from leantrain.telemetry.flops import row_flops
 
@@ -393,7 +394,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     ]
     if request.num_processes > 1:
         notes.append("memory is per process: each holds a whole replica (no sharding)")
-    if facts.task == "causal-lm":
+    if facts.kind == "causal-lm":
         notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
         if request.counted < 1.0:
             notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")
@@ -428,7 +429,7 @@ def optimizer_note(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) 
     inv = lora_inventory(facts.config_json, request.lora).trainable if request.lora else facts.inventory
     adamw = inv.state_bytes("adamw")
     parts = []
-    for name, e in OPTIMIZERS.items():
+    for name in OPTIMIZERS:
         state = inv.state_bytes(name, request.settings)
         step_ms = 1e3 * speed.optimizer_seconds_per_param.get(name, 0.0) * inv.numel
         parts.append(f"{name} {format_bytes(state)} ({state / max(adamw, 1):.2f}x), step ~{step_ms:.0f} ms")

@@ -71,51 +71,17 @@ def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceS
     from leantrain.parallel import precision_support
 
     if device == "cuda":
-        import torch
-
-        if torch.cuda.is_available():
-            support = precision_support("cuda")
-            if peak_fp32 is None:
-                from leantrain.telemetry.peak import device_peak
-
-                peak_fp32 = device_peak("cuda", "fp32").flops_per_second
-            name = torch.cuda.get_device_name(0)
-        else:  # planning for a GPU from a machine without one: an A100-like device
-            from leantrain.parallel import PrecisionSupport
-
-            support = {
-                "bf16": PrecisionSupport(True, True, "assumed Ampere"),
-                "fp16": PrecisionSupport(True, True, "assumed Ampere"),
-            }
-            peak_fp32 = peak_fp32 or 156e12  # A100 tf32
-            name = "a CUDA GPU (none here: A100-like figures assumed)"
-        speed = {
-            "fp32": 1.0,
-            "bf16": 2.0 if support["bf16"].fast else 0.8,
-            "fp16": 2.0 if support["fp16"].fast else 0.8,
-        }
-        return DeviceSpeed(
-            "cuda",
-            peak_fp32,
-            speed,
-            utilisation=0.4,
-            checkpointing_factor=0.75,
-            optimizer_seconds_per_param=optimizer_seconds("gpu"),
-            half_tokens=4096.0,
-            micro_step_overhead_per_layer=0.0005,
-            source=f"{name}; bf16 {support['bf16'].why}",
-        )
+        return _gpu_speed(peak_fp32)
     support = precision_support("cpu")
     if peak_fp32 is None:
         from leantrain.telemetry.peak import device_peak
 
         peak_fp32 = device_peak("cpu", "fp32").flops_per_second
-    amx_fp16 = support["fp16"].fast
     speed = {
         # matmuls alone: AMX-BF16 2.8x fp32 (docs/measurements.md); emulated bf16 is far slower than fp32
         "fp32": 1.0,
         "bf16": 2.8 if support["bf16"].fast else 0.5,
-        "fp16": 2.8 if amx_fp16 else 0.9,
+        "fp16": 2.8 if support["fp16"].fast else 0.9,  # fp16 fast only with AMX-FP16
     }
     return DeviceSpeed(
         "cpu",
@@ -129,6 +95,38 @@ def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceS
         half_tokens=256.0,
         micro_step_overhead_per_layer=0.001,
         source=f"CPU; bf16: {support['bf16'].why}; fp16: {support['fp16'].why}",
+    )
+
+
+def _gpu_speed(peak_fp32: float | None) -> DeviceSpeed:
+    """This machine's GPU, or, planning for a GPU from a machine without one, an A100-like device."""
+    import torch
+
+    from leantrain.parallel import PrecisionSupport, precision_support
+
+    if torch.cuda.is_available():
+        support = precision_support("cuda")
+        if peak_fp32 is None:
+            from leantrain.telemetry.peak import device_peak
+
+            peak_fp32 = device_peak("cuda", "fp32").flops_per_second
+        name = torch.cuda.get_device_name(0)
+    else:
+        assumed = PrecisionSupport(True, True, "assumed Ampere")
+        support = {"bf16": assumed, "fp16": assumed}
+        peak_fp32 = peak_fp32 or 156e12  # A100 tf32
+        name = "a CUDA GPU (none here: A100-like figures assumed)"
+    speed = {"fp32": 1.0, "bf16": 2.0 if support["bf16"].fast else 0.8, "fp16": 2.0 if support["fp16"].fast else 0.8}
+    return DeviceSpeed(
+        "cuda",
+        peak_fp32,
+        speed,
+        utilisation=0.4,
+        checkpointing_factor=0.75,
+        optimizer_seconds_per_param=optimizer_seconds("gpu"),
+        half_tokens=4096.0,
+        micro_step_overhead_per_layer=0.0005,
+        source=f"{name}; bf16 {support['bf16'].why}",
     )
 
 

@@ -117,6 +117,11 @@ class TrainState:
     # early stopping: the value the last counted improvement reached, and evaluations since it
     stopping_reference: float | None = None
     evals_without_improvement: int = 0
+    # a mixture (training/sources.py): each source's [loss, units, examples, tokens] since the last log row, flat;
+    # and the examples and tokens drawn from each since the run began
+    source_window: list[float] = field(default_factory=list)
+    source_examples: list[float] = field(default_factory=list)
+    source_tokens: list[float] = field(default_factory=list)
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> TrainState:

@@ -38,6 +38,12 @@ _HUB_METRICS = {
     "pearson": "pearsonr",
     "spearman": "spearmanr",
     "mse": "mse",
+    "rouge1": "rouge",
+    "rouge2": "rouge",
+    "rougeL": "rouge",
+    "rougeLsum": "rouge",
+    "bleu": "bleu",
+    "chrf": "chrf",
     "mae": "mae",
     "perplexity": "perplexity",
 }
@@ -55,7 +61,7 @@ def write_model_card(
     model_dir: str | Path,
     *,
     base_model: str | None,
-    data: str | Mapping[str, str | None] | None,
+    data: Any,
     metrics: Mapping[str, Any],
     config: Mapping[str, Any],
     task: str,
@@ -63,7 +69,8 @@ def write_model_card(
     """Write `model_dir/README.md` and return its path.
 
     base_model: the model the run started from (a Hub id, a folder, a preset or the embedded default).
-    data: the training source, or {"train": ..., "eval": ...} (None values are left out).
+    data: the training source, or {"train": ..., "eval": ...} (None values are left out); a mixture's train is the
+    list of its sources (config.yaml's `data`), described with their shares from `metrics["sources"]`.
     metrics: the run's metrics.json; config: the resolved config (config.yaml's content); task: the pipeline task.
     """
     from huggingface_hub import ModelCard, ModelCardData
@@ -71,10 +78,13 @@ def write_model_card(
     from leantrain._version import __version__
 
     model_dir = Path(model_dir)
-    given = {"train": data} if isinstance(data, str) or data is None else dict(data)
-    sources: dict[str, str] = {split: src for split, src in given.items() if src}
+    given = {"train": data} if isinstance(data, (str, list)) or data is None else dict(data)
+    train = given.get("train")
+    mixture: list[Any] | None = train if isinstance(train, list) else None
+    sources: dict[str, str] = {split: src for split, src in given.items() if src and isinstance(src, str)}
+    paths = [*sources.values(), *(_source_path(x) for x in mixture or [])]
     base_id = _hub_model_id(base_model)
-    hub_data = sorted({name for src in sources.values() if (name := _hub_dataset_id(src))})
+    hub_data = sorted({name for src in paths if (name := _hub_dataset_id(src))})
     shown = _scores(metrics, config.get("metric_for_best"))
 
     card_data = ModelCardData(
@@ -90,28 +100,45 @@ def write_model_card(
         f"# {name}",
         "",
         f"A {task} model fine-tuned with leantrain {__version__} from {_describe_model(base_model, base_id)}.",
+        *_data_section(sources, config, mixture, metrics),
+    ]
+    labels = _labels(model_dir)
+    if labels:
+        parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
+    parts += _evaluation_section(shown, metrics) + _source_scores(metrics, shown)
+    parts += _use_section(task, config, __version__)
+    card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(parts))
+    path = model_dir / "README.md"
+    card.save(path)
+    return path
+
+
+def _data_section(
+    sources: dict[str, str], config: Mapping[str, Any], mixture: list[Any] | None, metrics: Mapping[str, Any]
+) -> list[str]:
+    lines = [
         "",
         "## Data",
         "",
         *(
             [f"- {split}: {_describe_data(src, config.get('data_config'))}" for split, src in sources.items()]
-            or ["- not recorded"]
+            or ([] if mixture else ["- not recorded"])
         ),
+        *_mixture_lines(mixture, metrics, config),
     ]
     if "eval" not in sources and config.get("eval_fraction"):
-        parts.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
-    labels = _labels(model_dir)
-    if labels:
-        parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
-    parts += _evaluation_section(shown, metrics)
-    parts += [
+        lines.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
+    return lines
+
+
+def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str]:
+    """How to load the model, the config that trained it, the versions."""
+    return [
         "",
         "## Use",
         "",
         "```python",
-        "from transformers import pipeline",
-        "",
-        f'classify = pipeline("{task}", model="path/to/this/folder")',
+        *_usage(task),
         "```",
         "",
         "## Training configuration",
@@ -124,13 +151,24 @@ def write_model_card(
         "",
         "## Versions",
         "",
-        *(f"- {lib}: {version}" for lib, version in _versions(__version__)),
+        *(f"- {lib}: {version}" for lib, version in _versions(version)),
         "",
     ]
-    card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(parts))
-    path = model_dir / "README.md"
-    card.save(path)
-    return path
+
+
+def _usage(task: str) -> list[str]:
+    """How to load the model: its `pipeline`; a sequence-to-sequence model through its AutoModel class and
+    `generate` (transformers 5 removed the text2text-generation pipeline)."""
+    if task == "text2text-generation":
+        return [
+            "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+            "",
+            'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+            'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/folder")',
+            'inputs = tokenizer(["a text to transform"], return_tensors="pt", return_token_type_ids=False)',
+            "print(tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True))",
+        ]
+    return ["from transformers import pipeline", "", f'model = pipeline("{task}", model="path/to/this/folder")']
 
 
 def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:
@@ -166,6 +204,41 @@ def _evaluation_section(shown: Mapping[str, float], metrics: Mapping[str, Any]) 
     if facts:
         parts += ["", "| training | |", "|---|---|", *facts]
     return parts
+
+
+def _source_path(item: Any) -> str:
+    return item if isinstance(item, str) else str(item.get("path", ""))
+
+
+def _mixture_lines(mixture: list[Any] | None, metrics: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """A mixture's sources, each with the share asked of it and the shares it was drawn in."""
+    if not mixture:
+        return []
+    by = config.get("mix_by") or "examples"
+    lines = [f"- train: a mixture of {len(mixture)} sources, weighted by {by}:"]
+    drawn = metrics.get("sources") or {}
+    for item, (name, row) in zip(mixture, drawn.items() or [(None, {})] * len(mixture)):
+        path = _source_path(item)
+        text = f"  - `{name or path}`: {_describe_data(path, config.get('data_config'))}"
+        if row.get("weight") is not None:
+            text += f"; asked {row['weight']:.1%}, drew {row['share_examples']:.1%} of the examples"
+            text += f" and {row['share_tokens']:.1%} of the tokens"
+        lines.append(text)
+    return lines
+
+
+def _source_scores(metrics: Mapping[str, Any], shown: Mapping[str, float]) -> list[str]:
+    """The evaluation of each source of a mixture on its own held-out rows."""
+    sources = metrics.get("sources") or {}
+    keys = [k for k in shown if any(f"eval_{k}" in row for row in sources.values())]
+    if not sources or not keys:
+        return []
+    head = ["", "Each source on its own evaluation rows:", "", "| source | " + " | ".join(keys) + " |"]
+    head.append("|---|" + "---|" * len(keys))
+    for name, row in sources.items():
+        cells = [f"{row[f'eval_{k}']:.4f}" if isinstance(row.get(f"eval_{k}"), (int, float)) else "-" for k in keys]
+        head.append(f"| {name} | " + " | ".join(cells) + " |")
+    return head
 
 
 def _hub_model_id(name: str | None) -> str | None:

@@ -426,8 +426,64 @@ def plot_memory(run: RunData) -> bytes | None:
     return _png(fig)
 
 
+def _source_series(rows: list[dict[str, Any]], name: str, key: str) -> tuple[list[float], list[float]]:
+    return _series([{"step": r["step"], **(r.get("sources") or {}).get(name, {})} for r in rows if "step" in r], key)
+
+
+def plot_sources(run: RunData) -> bytes | None:
+    """A mixture: each source's training and evaluation loss (a curve a source), and the share of the training
+    tokens each was drawn in so far beside the share asked of it."""
+    sources = run.metrics.get("sources") or {}
+    names = list(sources) or sorted({n for r in run.rows for n in (r.get("sources") or {})})
+    if not names:
+        return None
+    fig, (ax, ax_share) = _figure(2)
+    colors = ["#3b7dd8", "#d9534f", "#6aa84f", "#e4a11b", "#9b59b6", "#8e6c4a", "#17becf", "#aaaaaa"]
+    for i, name in enumerate(names):
+        color = colors[i % len(colors)]
+        if _source_series(run.train_rows, name, "loss")[0]:
+            ax.plot(*_source_series(run.train_rows, name, "loss"), color=color, alpha=0.8, label=f"{name} train")
+        if _source_series(run.eval_rows, name, "eval_loss")[0]:
+            ax.plot(*_source_series(run.eval_rows, name, "eval_loss"), "o--", color=color, label=f"{name} eval")
+        ax_share.plot(*_source_series(run.train_rows, name, "share_tokens"), color=color, label=f"{name} drawn")
+        weight = sources.get(name, {}).get("weight")
+        if isinstance(weight, (int, float)):
+            ax_share.axhline(weight, color=color, linestyle=":", label=f"{name} asked")
+    ax.set(xlabel="optimizer step", ylabel="loss", title="Loss by source")
+    ax_share.set(xlabel="optimizer step", ylabel="share of training tokens", title="Shares drawn so far")
+    for a in (ax, ax_share):
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+    return _png(fig)
+
+
+def source_table(run: RunData) -> str:
+    """A mixture's sources: the share asked, the shares drawn, passes over each one's rows and its evaluation."""
+    sources = run.metrics.get("sources") or {}
+    if not sources:
+        return ""
+    keys = sorted({k for row in sources.values() for k in row if k.startswith("eval_")})
+    head = ["source", "asked", "drawn (examples)", "drawn (tokens)", "passes", *(k.removeprefix("eval_") for k in keys)]
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    for name, row in sources.items():
+        cells = [
+            _percent(row.get("weight")),
+            _percent(row.get("share_examples")),
+            _percent(row.get("share_tokens")),
+            fmt_value("epochs", row.get("epochs")),
+            *(fmt_value(k, row.get(k)) for k in keys),
+        ]
+        out.append(f"<tr><th>{html.escape(name)}</th>" + "".join(f"<td class='num'>{c}</td>" for c in cells) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+def _percent(value: Any) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) else "-"
+
+
 PLOTS: list[tuple[str, str, Callable[[RunData], bytes | None]]] = [
     ("loss", "Loss and learning rate", plot_loss),
+    ("sources", "Sources of the mixture", plot_sources),
     ("eval", "Evaluation metrics", plot_eval),
     ("throughput", "Throughput and MFU", plot_throughput),
     ("time", "Time breakdown", plot_time),
@@ -513,6 +569,9 @@ def render_report(run: RunData) -> str:
     )
     model = run.config.get("model") or "?"
     data = run.config.get("data") or "?"
+    if isinstance(data, list):  # a mixture
+        names = (x if isinstance(x, str) else x.get("name") or x.get("path") for x in data)
+        data = "a mixture of " + ", ".join(str(n) for n in names)
     parts = [
         f"<h1>{html.escape(title)} {status}</h1>",
         f"<p class='sub'>{html.escape(str(model))} on {html.escape(str(data))} &middot; "
@@ -527,15 +586,7 @@ def render_report(run: RunData) -> str:
     peak_note = _peak_note(run)
     if peak_note:
         parts.append(f"<p class='sub'>{html.escape(peak_note)}</p>")
-    for anchor, heading, plot in PLOTS:
-        png = plot(run)
-        if png is None:
-            continue
-        data_uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-        parts.append(
-            f"<h2 id='{anchor}'>{html.escape(heading)}</h2>"
-            f"<img src='{data_uri}' alt='{html.escape(heading)}' data-plot='{anchor}'>"
-        )
+    parts += _plot_sections(run)
     totals = time_totals(run)
     if totals:
         wall = sum(totals.values()) or 1.0
@@ -543,7 +594,7 @@ def render_report(run: RunData) -> str:
     if m:
         parts.append(
             "<h2>All final metrics</h2><details><summary>metrics.json</summary>"
-            + _table([(k, fmt_value(k, v)) for k, v in m.items()])
+            + _table([(k, fmt_value(k, v)) for k, v in m.items() if k != "sources"])
             + "</details>"
         )
     if run.config_text:
@@ -562,6 +613,23 @@ def render_report(run: RunData) -> str:
         f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n<body>\n{body}\n</body></html>\n"
     )
+
+
+def _plot_sections(run: RunData) -> list[str]:
+    """Each plot the run has data for, under its heading (a mixture's sources with their table)."""
+    parts = []
+    for anchor, heading, plot in PLOTS:
+        png = plot(run)
+        if png is None:
+            continue
+        data_uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+        parts.append(
+            f"<h2 id='{anchor}'>{html.escape(heading)}</h2>"
+            f"<img src='{data_uri}' alt='{html.escape(heading)}' data-plot='{anchor}'>"
+        )
+        if anchor == "sources":
+            parts.append(source_table(run))
+    return parts
 
 
 def _peak_note(run: RunData) -> str:

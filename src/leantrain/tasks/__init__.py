@@ -1,38 +1,83 @@
-"""Workloads, one module each, behind one interface (`tasks.base.Task`).
+"""Workloads, one module each, behind one interface (`tasks.base.Task`), known through one registry.
 
-`resolve(cfg, model_config)` picks the task: `--task` when given, else what the model's config does. A task
-defined elsewhere (a user's own, or a test's) is a `Task` subclass passed to `leantrain.train(task=...)`.
+`register(MyTask)` makes a task known to `--task`, `leantrain evaluate`/`predict` and the planner; the built-ins
+below are registered the same way, by path, so that reading the names imports none of them. `resolve(cfg,
+model_config)` picks the task of a run: `--task` when given, else what the model's config does.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leantrain.tasks.audio_classification import AudioClassification
-from leantrain.tasks.base import Task, TaskData
-from leantrain.tasks.causal_lm import CausalLM
-from leantrain.tasks.image_classification import ImageClassification
-from leantrain.tasks.text_classification import TextClassification
+from leantrain.tasks.registry import TASKS, canonical, classes, implied, names, register, spellings, task_class
 
-__all__ = ["BUILTIN", "Task", "TaskData", "resolve"]
+if TYPE_CHECKING:
+    from leantrain.tasks.base import Task, TaskData
 
-#: `--task` name -> task
-BUILTIN: dict[str, type[Task]] = {
-    t.name: t for t in (TextClassification, ImageClassification, AudioClassification, CausalLM)
-}
+__all__ = [
+    "TASKS",
+    "Task",
+    "TaskData",
+    "canonical",
+    "implied",
+    "infer",
+    "names",
+    "register",
+    "resolve",
+    "spellings",
+    "task_class",
+]
+
+register("leantrain.tasks.text_classification:TextClassification", name="text-classification")
+register("leantrain.tasks.image_classification:ImageClassification", name="image-classification")
+register("leantrain.tasks.audio_classification:AudioClassification", name="audio-classification")
+register("leantrain.tasks.causal_lm:CausalLM", name="causal-lm", aliases=("text-generation",))
+register("leantrain.tasks.token_classification:TokenClassification", name="token-classification", aliases=("ner",))
+register(
+    "leantrain.tasks.seq2seq:Seq2Seq",
+    name="seq2seq",
+    aliases=("text2text-generation", "summarization", "translation"),
+    implies={"translation": {"metrics": "bleu,chrf"}},
+)
+
+#: the task of a model whose config says nothing clearer
+FALLBACK = "text-classification"
+
+
+def __getattr__(name: str) -> Any:
+    # the interface, importable from the package as the docs show (`from leantrain.tasks import Task`), without
+    # importing torch when only the registry is read
+    if name in ("Task", "TaskData", "PredictionInputs"):
+        from leantrain.tasks import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'leantrain.tasks' has no attribute {name!r}")
+
+
+def infer(model_config: Any, requested: str | None = None) -> str:
+    """The task a model config does: `requested` (--task) when given, checked against what the model type can do;
+    else the one registered task whose transformers table holds the model type, else the first whose architecture
+    names match, else text classification."""
+    from transformers.models.auto import modeling_auto
+
+    from leantrain.errors import ModelError
+
+    kind = getattr(model_config, "model_type", None)
+    able = [t.name for t in classes() if t.model_mapping and kind in getattr(modeling_auto, t.model_mapping, {})]
+    if requested is not None:
+        requested = canonical(requested)
+        if able and requested not in able and TASKS[requested].load().model_mapping:
+            raise ModelError(TASKS[requested].load().cannot_train(model_config, able))
+        return requested
+    if len(able) == 1:
+        return able[0]
+    for arch in getattr(model_config, "architectures", None) or []:
+        for t in classes():
+            if any(arch.endswith(suffix) for suffix in t.architectures):
+                return t.name
+    return FALLBACK
 
 
 def resolve(cfg: Any, model_config: Any) -> Task:
     """The task `cfg` asks for (`--task`), checked against the model; else the one its config does."""
-    from leantrain.model import loading
-
-    name = loading.infer_task(model_config, cfg.task)
-    problem = getattr(cfg, "problem_type", "single-label")
-    if problem != "single-label":  # regression and multi-label text tasks
-        from leantrain.errors import ConfigError
-        from leantrain.tasks.text_problems import TEXT_PROBLEMS
-
-        if name != "text-classification":
-            raise ConfigError(f"--problem-type {problem} is for text models; {cfg.model or 'the model'} is {name}")
-        return TEXT_PROBLEMS[problem](cfg)
-    return BUILTIN[name](cfg)
+    return task_class(infer(model_config, cfg.task)).for_config(cfg)

@@ -1,8 +1,11 @@
 """The task interface: everything that differs between workloads, so the trainer never branches on one.
 
-A task turns a config into data and a model, batches examples, computes the loss and scores predictions.
-The trainer (leantrain.training) imports this module and nothing else from `tasks/`: a new workload is a
-new `Task` subclass, registered with `leantrain.tasks.register` or passed to `leantrain.train(task=...)`.
+A task turns a config into data and a model, batches examples, computes the loss and scores predictions; it also
+says what the rest of leantrain needs to know of it (its names, its `AutoModelFor...` class, the `pipeline` its
+model serves, whether the planner models it) and how `leantrain evaluate` and `predict` prepare inputs and turn
+outputs into rows. The trainer (leantrain.training) imports this module and nothing else from `tasks/` but the
+shared parts: a new workload is a new `Task` subclass, registered with `leantrain.tasks.register` (the built-ins
+are registered the same way) or passed to `leantrain.train(task=...)`.
 
 Loss normalisation is the trainer's, and exact: a task returns the loss *summed* over the units it counts
 (examples for sequence tasks, tokens for token tasks), and the trainer divides by the units of the whole
@@ -36,6 +39,25 @@ class TaskData:
     notes: list[str] = field(default_factory=list)
     #: a model config sized to the data (a preset's audio length, say); None: the model's own
     model_config: Any = None
+    #: what `leantrain evaluate` reports about the data beside the scores (examples, documents, rows skipped)
+    facts: dict[str, Any] = field(default_factory=dict)
+    #: a mixture's sources by name: what was asked of each and found in it (rows, requested share, duplicates,
+    #: contaminated evaluation rows), for metrics.json; empty for one source
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class PredictionInputs:
+    """What `leantrain predict` was given besides a table (a table is the config's `eval_data`)."""
+
+    #: --text: texts (or prompts) to predict on
+    texts: list[str] | None = None
+    #: --file: files (images, audio)
+    files: list[str] | None = None
+    #: --chat: each text is a user's message, rendered with the model's chat template
+    chat: bool = False
+    #: a generating task's settings: max_new_tokens, temperature, top_p
+    generation: dict[str, Any] = field(default_factory=dict)
 
 
 class Task(ABC):
@@ -43,14 +65,46 @@ class Task(ABC):
 
     #: the `--task` name
     name: ClassVar[str]
+    #: other spellings `--task` accepts (`leantrain.tasks.register` reads them)
+    aliases: ClassVar[tuple[str, ...]] = ()
     #: the batch keys the model takes as keyword arguments
     input_names: ClassVar[tuple[str, ...]]
+    #: the transformers `AutoModelFor...` class that builds its model and loads a trained one
+    auto_model: ClassVar[str] = "AutoModel"
+    #: transformers' table of the model types that can do it (a name in `transformers.models.auto.modeling_auto`),
+    #: for telling the task from a model's config when `--task` is not given; "" for none
+    model_mapping: ClassVar[str] = ""
+    #: endings of architecture names (a config's `architectures`) that mean this task
+    architectures: ClassVar[tuple[str, ...]] = ()
+    #: the `transformers.pipeline` task that the published model/ serves
+    pipeline: ClassVar[str] = ""
+    #: how the planner models its memory and speed: "classifier" (an encoder with a head) or "causal-lm"; None: not
+    #: modelled (`leantrain plan` and `--auto` refuse it in one line)
+    planner: ClassVar[str | None] = None
+    #: whether `predict` generates text (and takes --chat and the sampling settings)
+    generates: ClassVar[bool] = False
 
     #: whether `prepare_data` can leave the training examples a stream (`--streaming`)
     streams: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
+
+    @classmethod
+    def for_config(cls, cfg: Any) -> Task:
+        """The task object for `cfg`; a task with variants (text classification's --problem-type) picks one."""
+        from leantrain.errors import ConfigError
+
+        problem = getattr(cfg, "problem_type", "single-label")
+        if problem != "single-label":
+            raise ConfigError(f"--problem-type {problem} is for text classification, not the {cls.name} task")
+        return cls(cfg)
+
+    @classmethod
+    def cannot_train(cls, model_config: Any, able: list[str]) -> str:
+        """Why `--task NAME` refuses a model whose type does only the tasks `able`: one line with the fix."""
+        kind = getattr(model_config, "model_type", None)
+        return f"--task {cls.name}: a '{kind}' model cannot do it (it does {', '.join(able)})"
 
     # -- data and model ----------------------------------------------------------------------------------
     @abstractmethod
@@ -101,6 +155,11 @@ class Task(ABC):
     @abstractmethod
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         """The batch's loss summed (not averaged) over the units it counts, in float32."""
+
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Each example's part of `loss_sum` (batch,), detached: a mixture's training loss per source. None: the task
+        cannot say (the log then holds each source's share of the examples, not its loss)."""
+        return None
 
     # -- evaluation ----------------------------------------------------------------------------------------
     @abstractmethod
@@ -174,6 +233,64 @@ class Task(ABC):
             "label_names": list(data.label_names),
             "data_fingerprint": zlib.crc32(labels + lengths),
         }
+
+    # -- inference: `leantrain evaluate` and `predict` ----------------------------------------------------------
+    @classmethod
+    def inference_defaults(cls, model_config: Any) -> dict[str, Any]:
+        """Config values for scoring a model leantrain did not train (no run config to read them from)."""
+        return {}
+
+    def load_trained(self, model_path: str) -> torch.nn.Module:
+        """The model a run published (or any model folder this task can load), in evaluation mode."""
+        import transformers
+
+        from leantrain.errors import ModelError
+
+        try:
+            model = getattr(transformers, self.auto_model).from_pretrained(
+                model_path, trust_remote_code=getattr(self.cfg, "trust_remote_code", False)
+            )
+        except (OSError, ValueError) as exc:
+            raise ModelError(
+                f"{model_path}: cannot load as a {self.name} model ({str(exc).splitlines()[0][:160]})"
+            ) from None
+        return model.eval()
+
+    def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
+        """The config's `eval_data` as labelled evaluation examples (`TaskData.eval`), prepared as training prepares
+        them, their labels those of the trained model (`model_config`); `facts` says what `evaluate` reports."""
+        from leantrain.errors import ConfigError
+
+        raise ConfigError(f"leantrain evaluate does not score {self.name} models yet")
+
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        """What `evaluate` reports beside `scores`: a per-class table, counts."""
+        return dict(data.facts)
+
+    def prediction_data(
+        self, model_path: str, model_config: Any, inputs: PredictionInputs
+    ) -> tuple[TaskData, list[dict[str, Any]]]:
+        """The inputs (`inputs`, or the config's `eval_data` table) as examples (`TaskData.eval`), and what each
+        prediction row shows of its input (its text, its file), in input order."""
+        from leantrain.errors import ConfigError
+
+        raise ConfigError(f"leantrain predict does not predict with {self.name} models yet")
+
+    def prediction_rows(self, rows: dict[str, np.ndarray], shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One output row per input, in input order, from the evaluation rows (`eval_rows`, gathered)."""
+        raise NotImplementedError
+
+    def predict(
+        self,
+        model: torch.nn.Module,
+        data: TaskData,
+        shown: list[dict[str, Any]],
+        rows_of: Callable[[], dict[str, np.ndarray]],
+        inputs: PredictionInputs,
+    ) -> list[dict[str, Any]]:
+        """`predict`'s rows: by default `prediction_rows` of one evaluation pass (`rows_of()`); a generating task
+        generates instead."""
+        return self.prediction_rows(rows_of(), shown)
 
 
 def same_logits(model: torch.nn.Module, whole: Callable[[], torch.Tensor], cut: Callable[[], torch.Tensor]) -> bool:

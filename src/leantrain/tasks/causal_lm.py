@@ -25,11 +25,20 @@ from leantrain.tasks.base import Task, TaskData, same_logits
 PRESET_VOCAB_SIZE = 8192
 #: the label of a position that counts for nothing (PyTorch's and transformers' convention)
 IGNORE = -100
+#: the longest rows a language model leantrain did not train is scored in (transformers' run_clm.py blocks text alike)
+LM_CONTEXT_CAP = 1024
 
 
 class CausalLM(Task):
     name: ClassVar[str] = "causal-lm"
+    aliases: ClassVar[tuple[str, ...]] = ("text-generation",)
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
+    auto_model: ClassVar[str] = "AutoModelForCausalLM"
+    model_mapping: ClassVar[str] = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+    architectures: ClassVar[tuple[str, ...]] = ("ForCausalLM", "LMHeadModel")  # LMHeadModel: GPT-2's spelling
+    pipeline: ClassVar[str] = "text-generation"
+    planner: ClassVar[str | None] = "causal-lm"
+    generates: ClassVar[bool] = True
     metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them
     #: --metric-for-best when not given: lower loss is better
     default_metric: ClassVar[str] = "loss"
@@ -38,32 +47,62 @@ class CausalLM(Task):
     #: whether training runs the output head and the loss in one chunked pass (`forward`); set by `check_model`
     fuses_head_loss: bool = False
 
+    @property
+    def packing(self) -> bool:
+        """--packing: on unless --no-packing."""
+        return self.cfg.packing is not False
+
     # -- data and model ------------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
-        from leantrain.data.lm import is_text_source, load_documents, pack
-        from leantrain.data.prepare import Examples
-        from leantrain.data.sources import read_options, resolve_data_path
+        from leantrain.data.combine import prepare_sources
         from leantrain.model import presets
 
         cfg = self.cfg
         cache = Path(cfg.cache_dir)
-        source = resolve_data_path(cfg.data)
-        tokenizer = self._tokenizer(model_path, source, cache)
-        common = dict(
-            tokenizer=tokenizer,
-            cache_dir=cache,
-            glob=cfg.text_glob,
-            text_column=cfg.text_column,
-            train_on_prompt=cfg.train_on_prompt,
+        tokenizer = self._tokenizer(model_path, cache)
+        notes: list[str] = []
+        self.instruction = False
+        data = prepare_sources(
+            cfg,
+            lambda source_cfg, _codec: self._documents(source_cfg, tokenizer, cache),
+            finish=lambda docs, eval_docs: self._rows(docs, eval_docs, notes),
         )
-        docs, note = load_documents(source, split="train", options=read_options(cfg, "train"), **common)
-        notes = [note]
-        if cfg.eval_data:
-            eval_docs, eval_note = load_documents(
-                cfg.eval_data, split="eval", options=read_options(cfg, "eval"), **common
-            )
-            notes.append(eval_note)
-        else:
+        how = "packed into" if self.packing else "one document per row (padded),"
+        train_rows = data.train.features
+        notes.append(
+            f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
+            f"most {cfg.max_length} tokens"
+        )
+        config = None
+        if presets.is_preset(model_path):
+            config = presets.preset_config(model_path, vocab_size=len(tokenizer))
+        return TaskData(
+            data.train, data.eval, [], tokenizer, data.notes + notes, model_config=config, sources=data.facts()
+        )
+
+    def _documents(self, cfg: Any, tokenizer: Any, cache: Path) -> Any:
+        """One source's training and held-out documents (`cfg`: the run's config as the source sees it)."""
+        from leantrain.data.combine import SourceData
+        from leantrain.data.instructions import set_chat_template
+        from leantrain.data.lm import is_text_source, load_documents
+        from leantrain.data.sources import read_options, resolve_data_path
+
+        source = resolve_data_path(cfg.data)
+        template = tokenizer.chat_template
+        if cfg.chat_template != self.cfg.chat_template:  # the source's own chat template renders its messages
+            set_chat_template(tokenizer, cfg.chat_template)
+        common = dict(tokenizer=tokenizer, cache_dir=cache, glob=cfg.text_glob, text_column=cfg.text_column,
+                      train_on_prompt=cfg.train_on_prompt)  # fmt: skip
+        try:
+            docs, note = load_documents(source, split="train", options=read_options(cfg, "train"), **common)
+            notes = [note]
+            if cfg.eval_data:
+                options = read_options(cfg, "eval")
+                eval_docs, eval_note = load_documents(cfg.eval_data, split="eval", options=options, **common)
+                notes.append(eval_note)
+        finally:
+            tokenizer.chat_template = template
+        if not cfg.eval_data:
             if len(docs) < 2:
                 where = " (in text files a blank line ends a document)" if is_text_source(source) else ""
                 raise DataError(
@@ -77,66 +116,30 @@ class CausalLM(Task):
             keep = np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(docs))[: cfg.limit])
             docs = docs.subset(keep)
             notes.append(f"training on a random sample of {cfg.limit:,} documents (--limit)")
-        self.instruction = docs.token_type_ids is not None
-        if self.instruction:
+        return SourceData(docs, eval_docs, notes)
+
+    def _rows(self, docs: Any, eval_docs: Any, notes: list[str]) -> tuple[Any, Any]:
+        """A source's documents packed into training rows, and its evaluation rows (instruction data: whole documents
+        a row; evaluation one a row, so that exact match is per example)."""
+        from leantrain.data.lm import pack
+        from leantrain.data.prepare import Examples
+
+        instruction = docs.token_type_ids is not None
+        self.instruction = self.instruction or instruction
+        if instruction:
             docs, eval_docs = self._keep_completions(docs, eval_docs, notes)
-            # whole documents per row; evaluation one per row, so that exact match is per example
-            train_rows = pack(docs, cfg.max_length, cfg.packing, whole=True)
-        else:
-            train_rows = pack(docs, cfg.max_length, cfg.packing)
-        eval_rows = self._eval_rows(eval_docs)
-        how = "packed into" if cfg.packing else "one document per row (padded),"
-        notes.append(
-            f"{int(train_rows.counted.sum()):,} training tokens counted, {how} {len(train_rows):,} rows of at "
-            f"most {cfg.max_length} tokens"
-        )
-        config = None
-        if presets.is_preset(model_path):
-            config = presets.preset_config(model_path, vocab_size=len(tokenizer))
-        return TaskData(
+        train_rows = pack(docs, self.cfg.max_length, self.packing, whole=instruction)
+        eval_rows = pack(eval_docs, self.cfg.max_length, packing=self.packing and not instruction)
+        return (
             Examples(train_rows, train_rows.counted.astype(np.int64)),
             Examples(eval_rows, eval_rows.counted.astype(np.int64)),
-            [],
-            tokenizer,
-            notes,
-            model_config=config,
         )
 
     def _eval_rows(self, docs):
         """Instruction data one document per row (exact match is per example); plain text as training packs it."""
         from leantrain.data.lm import pack
 
-        return pack(docs, self.cfg.max_length, packing=self.cfg.packing and not self.instruction)
-
-    def evaluation_data(self, model_path: str, source: str, options: Any) -> tuple[Any, int]:
-        """`source`'s documents as the run's evaluation rows (`Examples`, for `leantrain evaluate`), with the model's
-        tokenizer (kept as `self.tokenizer`), and how many documents they hold."""
-        from leantrain.data.instructions import keep_completions
-        from leantrain.data.lm import load_documents
-        from leantrain.data.prepare import Examples
-
-        cfg = self.cfg
-        self.tokenizer = tokenizer = self._tokenizer(model_path, source, Path(cfg.cache_dir))
-        docs, _ = load_documents(
-            source,
-            tokenizer,
-            Path(cfg.cache_dir),
-            "eval",
-            options=options,
-            glob=cfg.text_glob,
-            text_column=cfg.text_column,
-            train_on_prompt=cfg.train_on_prompt,
-        )
-        self.instruction = docs.token_type_ids is not None
-        if self.instruction:
-            docs, _ = keep_completions(docs, cfg.max_length)
-            if len(docs) == 0:
-                raise DataError(
-                    f"{source}: no row keeps a completion token within --max-length {cfg.max_length}; raise "
-                    "--max-length or shorten the prompts"
-                )
-        rows = self._eval_rows(docs)
-        return Examples(rows, rows.counted.astype(np.int64)), len(docs)
+        return pack(docs, self.cfg.max_length, packing=self.packing and not self.instruction)
 
     def _keep_completions(self, docs, eval_docs, notes: list[str]):
         """Instruction rows cut to --max-length; rows left without a completion token are skipped and counted."""
@@ -156,22 +159,31 @@ class CausalLM(Task):
             out.append(kept)
         return out
 
-    def _tokenizer(self, model_path: str, source: str, cache: Path):
+    def _tokenizer(self, model_path: str, cache: Path):
         from leantrain.data.instructions import set_chat_template
-        from leantrain.data.lm import run_tokenizer
-        from leantrain.data.sources import read_options
         from leantrain.model import loading, presets
 
         cfg = self.cfg
         if presets.is_preset(model_path):  # from scratch: a BPE trained on this run's training text
-            options = read_options(cfg, "train")
-            tokenizer = run_tokenizer(source, cfg.text_glob, cfg.text_column, options, PRESET_VOCAB_SIZE, cache)
+            tokenizer = self._preset_tokenizer(cache)
         else:
             tokenizer = loading.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
         if tokenizer.pad_token_id is None:  # GPT-2, Llama: padding is never counted, EOS serves
             tokenizer.pad_token = tokenizer.eos_token
         set_chat_template(tokenizer, cfg.chat_template)
         return tokenizer
+
+    def _preset_tokenizer(self, cache: Path):
+        """The BPE trained on the training text of every source of --data, each read its own way."""
+        from leantrain.data.combine import source_config, sources_of
+        from leantrain.data.lm import mixture_tokenizer
+        from leantrain.data.sources import read_options, resolve_data_path
+        from leantrain.data.spec import is_mixture
+
+        specs = sources_of(self.cfg)
+        configs = [source_config(self.cfg, s) if is_mixture(specs) else self.cfg for s in specs]
+        sources = [(resolve_data_path(c.data), c.text_glob, c.text_column, read_options(c, "train")) for c in configs]
+        return mixture_tokenizer(sources, PRESET_VOCAB_SIZE, cache)
 
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
         from leantrain.model import loading
@@ -186,7 +198,7 @@ class CausalLM(Task):
         return model
 
     def check_model(self, model: torch.nn.Module) -> None:
-        if self.cfg.packing:  # after the attention choice: the kernel that will run must keep documents apart
+        if self.packing:  # after the attention choice: the kernel that will run must keep documents apart
             check_packing_separates(model)
         # A compiled model keeps the full logits: a data-dependent row count would give it a graph per batch.
         self.selects_logits = not self.cfg.compile and head_rows_work(model)
@@ -195,7 +207,7 @@ class CausalLM(Task):
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator
 
-        return LMCollator(data.processor.pad_token_id, packing=self.cfg.packing)
+        return LMCollator(data.processor.pad_token_id, packing=self.packing)
 
     # -- a step --------------------------------------------------------------------------------------------------
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +226,14 @@ class CausalLM(Task):
         # Training needs only the loss: the head and the cross-entropy run in one pass over chunks of rows, so the
         # (counted tokens, vocabulary) logits and their gradient never exist whole; the "logits" are the loss sum.
         fused = self.fuses_head_loss and torch.is_grad_enabled()
-        with head_loss(model, keep, targets[keep]) if fused else head_rows(model, keep):
+        if not fused:
+            with head_rows(model, keep):
+                return model(**self.model_inputs(batch))
+        wanted = targets[keep]
+        # a mixture's batch: each counted token's loss too, for each source's training loss (`row_losses`)
+        self._token_losses = torch.empty(wanted.shape, dtype=torch.float32, device=wanted.device) if (
+            "source" in batch) else None  # fmt: skip
+        with head_loss(model, keep, wanted, self._token_losses):
             return model(**self.model_inputs(batch))
 
     def tail_rows(self, batch: dict[str, Any]) -> int | None:
@@ -227,6 +246,22 @@ class CausalLM(Task):
 
     def loss_units(self, data: TaskData) -> np.ndarray:
         return data.train.features.counted.astype(np.float64)
+
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Each row's summed loss over its counted tokens."""
+        logits = outputs.logits.detach()
+        if logits.dim() == 3:
+            return token_losses(logits, batch["labels"]).sum(-1)
+        targets = next_token_targets(batch["labels"])
+        keep = targets != IGNORE
+        if logits.dim() == 0:  # the fused head wrote each counted token's loss (`forward`)
+            per_token = getattr(self, "_token_losses", None)
+            if per_token is None:
+                return None
+        else:
+            per_token = F.cross_entropy(logits.float(), targets[keep], reduction="none")
+        rows = keep.nonzero(as_tuple=True)[0]
+        return torch.zeros(keep.shape[0], dtype=torch.float32, device=keep.device).index_add_(0, rows, per_token)
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         if outputs.logits.dim() == 0:  # `forward` computed the loss with the head (`head_loss`)
@@ -269,6 +304,63 @@ class CausalLM(Task):
             rows.append(("eval exact match (greedy)", f"{metrics['exact_match']:.4f}"))
         return rows
 
+    # -- inference -------------------------------------------------------------------------------------------------
+    @classmethod
+    def inference_defaults(cls, model_config: Any) -> dict[str, Any]:
+        """A model leantrain did not train: one document per row (no probe of its attention), in rows of its
+        context up to LM_CONTEXT_CAP tokens (a pretrained base's perplexity depends on how much context each
+        token has)."""
+        context = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
+        return {"packing": False, "train_on_prompt": False, "max_length": min(int(context or 128), LM_CONTEXT_CAP)}
+
+    def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
+        """The config's `eval_data` as the run's evaluation rows, with the model's tokenizer: loss per counted token
+        and perplexity (instruction rows: their completions, and exact match), as the run's evaluation computes them."""
+        from leantrain.data.instructions import keep_completions
+        from leantrain.data.lm import load_documents
+        from leantrain.data.prepare import Examples
+        from leantrain.data.sources import read_options
+
+        cfg, source = self.cfg, self.cfg.eval_data
+        tokenizer = self._tokenizer(model_path, Path(cfg.cache_dir))
+        docs, _ = load_documents(
+            source, tokenizer, Path(cfg.cache_dir), "eval", options=read_options(cfg, "eval"), glob=cfg.text_glob,
+            text_column=cfg.text_column, train_on_prompt=cfg.train_on_prompt,
+        )  # fmt: skip
+        self.instruction = docs.token_type_ids is not None
+        if self.instruction:
+            docs, _ = keep_completions(docs, cfg.max_length)
+            if len(docs) == 0:
+                raise DataError(
+                    f"{source}: no row keeps a completion token within --max-length {cfg.max_length}; raise "
+                    "--max-length or shorten the prompts"
+                )
+        rows = self._eval_rows(docs)
+        examples = Examples(rows, rows.counted.astype(np.int64))
+        return TaskData(None, examples, [], tokenizer, facts={"documents": len(docs)})
+
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        return {**data.facts, "tokens": int(rows["tokens"].sum())}
+
+    def prediction_data(self, model_path: str, model_config: Any, inputs: Any) -> tuple[TaskData, list[dict]]:
+        """The prompts: --text, else the table's (`prompts_of`); with --chat each a user's message."""
+        from leantrain.model import loading
+
+        if inputs.files is not None:
+            raise DataError(f"{model_path}: a language model; give prompts with --text or a table with --data")
+        prompts: list[Any] = inputs.texts if inputs.texts is not None else prompts_of(self.cfg)
+        if inputs.chat:
+            prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+        if not prompts:
+            raise DataError("predict: no prompt to complete")
+        tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
+        return TaskData(None, None, [], tokenizer), [{"prompt": p} for p in prompts]
+
+    def predict(self, model, data: TaskData, shown, rows_of, inputs) -> list[dict[str, Any]]:
+        """Completions of the prompts, greedy or sampled (`generate`)."""
+        prompts = [s["prompt"] for s in shown]
+        return generate(model, data.processor, prompts, **inputs.generation)
+
     def data_facts(self, data: TaskData) -> dict[str, Any]:
         rows = data.train.features
         crc = zlib.crc32(np.ascontiguousarray(rows.input_ids).tobytes())
@@ -290,59 +382,67 @@ def head_rows(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def head_loss(model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor) -> Iterator[None]:
+def head_loss(
+    model: torch.nn.Module, keep: torch.Tensor, targets: torch.Tensor, row_losses: torch.Tensor | None = None
+) -> Iterator[None]:
     """Within: the model's output head returns the summed cross-entropy of the positions `keep` marks (row-major)
     against `targets`, with its own weight (`losses.head_cross_entropy_sum`), in place of logits."""
     from leantrain.model.losses import head_cross_entropy_sum
     from leantrain.telemetry.flops import unwrap
 
     head = unwrap(model).get_output_embeddings()
-    head.forward = lambda hidden: head_cross_entropy_sum(hidden[keep], head.weight, head.bias, targets)
+    head.forward = lambda hidden: head_cross_entropy_sum(hidden[keep], head.weight, head.bias, targets, row_losses)
     try:
         yield
     finally:
         del head.forward
 
 
-def head_loss_works(model: Any) -> bool:
+def _probe_inputs(model: Any, decoder: bool) -> dict[str, Any]:
+    """One short row of valid ids for the checks below (with `decoder`: the decoder's too, an encoder-decoder's)."""
+    vocab = int(getattr(model.config, "vocab_size", None) or 16)  # any valid ids will do
+    device = next(model.parameters()).device
+    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(device)
+    return {"input_ids": ids, **({"decoder_input_ids": ids} if decoder else {}), "use_cache": False}
+
+
+def head_loss_works(model: Any, decoder: bool = False) -> bool:
     """Whether `head_loss` gives the loss of the chosen positions' logits: the head must be a plain linear layer
     (not an adapter's or a quantized one, whose weight is not the whole map) and the model must hand its output on
-    unchanged (no scaling or capping of the logits). One short row, fused against the model's own logits."""
+    unchanged (no scaling or capping of the logits). One short row, fused against the model's own logits (with
+    `decoder`: the positions are the decoder's)."""
     head = getattr(model, "get_output_embeddings", lambda: None)()
     if type(head) is not torch.nn.Linear:
         return False
-    vocab = int(model.config.vocab_size)
-    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(head.weight.device)
-    keep = torch.tensor([[False, True, True, False, True, False]], device=ids.device)
-    targets = ids[keep].flip(0)
+    inputs = _probe_inputs(model, decoder)
+    keep = torch.tensor([[False, True, True, False, True, False]], device=head.weight.device)
+    targets = inputs["input_ids"][keep].flip(0)
 
     def fused() -> torch.Tensor:
         with head_loss(model, keep, targets):
-            return model(input_ids=ids, use_cache=False).logits
+            return model(**inputs).logits
 
     def whole() -> torch.Tensor:
-        logits = model(input_ids=ids, use_cache=False).logits[keep]
+        logits = model(**inputs).logits[keep]
         return F.cross_entropy(logits.float(), targets, reduction="sum")
 
     return same_logits(model, whole, fused)
 
 
-def head_rows_work(model: Any) -> bool:
+def head_rows_work(model: Any, decoder: bool = False) -> bool:
     """Whether `head_rows` gives the chosen positions' logits: the model's logits must be its output embeddings'
     output, row for row (not so for a model without them, or one that reshapes or recomputes its logits). One
-    short row through the model, with and without the cut."""
+    short row through the model, with and without the cut (with `decoder`: the positions are the decoder's)."""
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
         return False
-    vocab = int(getattr(model.config, "vocab_size", None) or 16)  # any valid ids will do
-    device = next(model.parameters()).device
-    ids = ((torch.arange(6) * 7 + 3) % vocab).unsqueeze(0).to(device)
-    keep = torch.tensor([[False, True, True, False, True, False]], device=device)
+    inputs = _probe_inputs(model, decoder)
+    keep = torch.tensor([[False, True, True, False, True, False]], device=inputs["input_ids"].device)
 
     def cut() -> torch.Tensor:
         with head_rows(model, keep):
-            return model(input_ids=ids, use_cache=False).logits
+            return model(**inputs).logits
 
-    return same_logits(model, lambda: model(input_ids=ids, use_cache=False).logits[keep], cut)
+    return same_logits(model, lambda: model(**inputs).logits[keep], cut)
 
 
 def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
@@ -389,3 +489,83 @@ def check_packing_separates(model: Any) -> None:
             f"--packing: {type(model).__name__} with {impl} attention lets packed documents attend to each other "
             "(its attention ignores restarting position ids); use --no-packing"
         )
+
+
+def prompts_of(cfg: Any) -> list[Any]:
+    """The prompts of the config's `eval_data` table: --text-column, else its 'prompt' column, else the chats of its
+    'messages' column (each up to its last assistant message, which the model is to write), else its one text
+    column."""
+    from leantrain.data import instructions
+    from leantrain.data.columns import resolve_columns
+    from leantrain.data.sources import read_options, read_table
+
+    df, _ = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
+    column = cfg.text_column
+    if column is None and instructions.kind_of(df) == "messages":
+        return instructions.chat_prompts(df, cfg.eval_data)
+    if column is None and "prompt" in df.columns:
+        column = "prompt"
+    cols = resolve_columns(df, cfg.eval_data, column, None, None, require_label=False)
+    return [str(t) for t in df[cols.text] if str(t).strip()]
+
+
+#: a chat: role/content messages, as in a 'messages' column
+Chat = list[dict[str, str]]
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str] | list[Chat],
+    *,
+    max_new_tokens: int = 32,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """One row per prompt: the prompt and its completion (greedy without `temperature`; sampled, from `seed`, with
+    it, optionally from the smallest set of tokens whose probability reaches `top_p`). A prompt that is a chat is
+    rendered with the tokenizer's chat template and its generation prompt (the row has `messages`, not
+    `prompt`)."""
+    from leantrain.errors import LeantrainError
+
+    if max_new_tokens <= 0:
+        raise LeantrainError(f"--max-new-tokens must be a positive integer, got {max_new_tokens}")
+    if temperature is not None and temperature <= 0:
+        raise LeantrainError(f"--temperature must be positive (leave it out for greedy decoding), got {temperature}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise LeantrainError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_p is not None and temperature is None:
+        raise LeantrainError("--top-p samples: give --temperature too (e.g. 1.0), or leave both out for greedy")
+    chats = not isinstance(prompts[0], str)
+    path = getattr(model.config, "_name_or_path", "the model")
+    texts = [p if isinstance(p, str) else render_chat(tokenizer, p, path) for p in prompts]
+    tokenizer.padding_side = "left"  # generation continues each prompt from its last token
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    sampling: dict[str, Any] = {"do_sample": False}
+    if temperature is not None:
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p or 1.0, "top_k": 0}
+    torch.manual_seed(seed)
+    out = []
+    key = "messages" if chats else "prompt"
+    for start in range(0, len(prompts), batch_size):
+        # a rendered chat holds its special tokens already, as in training (`data.instructions`)
+        chunk = texts[start : start + batch_size]
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chats)
+        with torch.no_grad():
+            ids = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
+        completions = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        out += [{key: p, "completion": c} for p, c in zip(prompts[start : start + batch_size], completions)]
+    return out
+
+
+def render_chat(tokenizer: Any, chat: Chat, path: str) -> str:
+    """A chat as the model saw chats in training, ending with the template's prompt for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"{path}: the model's tokenizer has no chat template to render a chat with; give plain prompts "
+            "(--text without --chat, or a 'prompt' column)"
+        )
+    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

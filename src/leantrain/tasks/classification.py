@@ -4,7 +4,7 @@ optional), softmax rows, and the scores `--metrics` names (leantrain.tasks.scori
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,6 +31,8 @@ class Classification(Task):
         self.weight_spec: str | None = getattr(cfg, "class_weights", None)
         self.class_weights: np.ndarray | None = None  # per class id, from the training data (loss_units)
         self._weights_tensor: torch.Tensor | None = None
+        #: at inference, the trained model's class names (set by `prediction_data`)
+        self.class_names: list[str] = []
 
     #: the encoder's last layer after its attention, run at the first token only (`forward`); set by `check_model`
     tail: FirstTokenTail | None = None
@@ -79,6 +81,14 @@ class Classification(Task):
         logits = outputs.logits
         return weighted_cross_entropy_sum(logits, batch["labels"], self._weights(logits), self.label_smoothing)
 
+    def row_losses(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
+        """Each example's weighted cross-entropy: what `loss_sum` adds up."""
+        logits = outputs.logits.detach()
+        return F.cross_entropy(
+            logits.float(), batch["labels"], weight=self._weights(logits), label_smoothing=self.label_smoothing,
+            reduction="none",
+        )  # fmt: skip
+
     def _weights(self, logits: torch.Tensor) -> torch.Tensor | None:
         if self.class_weights is None:
             return None
@@ -99,6 +109,27 @@ class Classification(Task):
         names = {"accuracy": "eval accuracy", "macro_f1": "eval macro-F1", "f1": "eval F1", "loss": "eval loss"}
         return [(names.get(k, f"eval {k.replace('_', ' ')}"), f"{v:.4f}") for k, v in metrics.items()]
 
+    # -- inference -------------------------------------------------------------------------------------------------
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        """The per-class table and the confusion matrix (rows: true class, columns: predicted), and the counts."""
+        from leantrain.tasks.scoring import classification_report
+
+        return {**classification_report(rows["probs"], rows["labels"], data.label_names), **data.facts}
+
+    def prediction_rows(self, rows: dict[str, np.ndarray], shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each input with its most probable class, that class's probability and every class's."""
+        names = self.class_names
+        out: list[dict[str, Any]] = [{} for _ in shown]
+        for p, i in zip(rows["probs"], rows["index"]):
+            best = int(p.argmax())
+            out[i] = {
+                **shown[i],
+                "label": names[best],
+                "score": float(p[best]),
+                "probabilities": {n: round(float(q), 6) for n, q in zip(names, p)},
+            }
+        return out
+
 
 @dataclass
 class FirstTokenTail:
@@ -114,13 +145,26 @@ class FirstTokenTail:
     @contextlib.contextmanager
     def cut(self) -> Iterator[None]:
         """Within: the layer's output is its first position's, (batch, 1, hidden)."""
+        with self._select(lambda x: x[:, :1]):
+            yield
 
-        def first_context(_module, _args, out):
-            return (out[0][:, :1], *out[1:]) if isinstance(out, tuple) else out[:, :1]
+    @contextlib.contextmanager
+    def rows(self, keep: torch.Tensor) -> Iterator[None]:
+        """Within: the layer's output is the positions `keep` (batch, length) marks, row-major, as (1, rows,
+        hidden): a token classifier's rows that carry a label or a score."""
+        with self._select(lambda x: x[keep].unsqueeze(0)):
+            yield
+
+    @contextlib.contextmanager
+    def _select(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+        """Within: the rest of the layer after its self-attention runs on `pick` of every position's rows."""
+
+        def picked_context(_module, _args, out):
+            return (pick(out[0]), *out[1:]) if isinstance(out, tuple) else pick(out)
 
         hooks = [
-            self.attention.register_forward_hook(first_context),
-            self.residual.register_forward_pre_hook(lambda _module, args: (args[0], args[1][:, :1], *args[2:])),
+            self.attention.register_forward_hook(picked_context),
+            self.residual.register_forward_pre_hook(lambda _module, args: (args[0], pick(args[1]), *args[2:])),
         ]
         try:
             yield
@@ -134,9 +178,9 @@ class FirstTokenTail:
         return [p for p in self.layer.parameters() if id(p) not in skipped]
 
 
-def first_token_tail(model: torch.nn.Module) -> FirstTokenTail | None:
-    """The model's `FirstTokenTail`, or None when it has none or its logits read more than the first token (mean
-    pooling, the last token): two short rows, one padded, through the model with and without the cut."""
+def last_layer_tail(model: torch.nn.Module) -> FirstTokenTail | None:
+    """The last layer of a BERT-shaped encoder, split at its self-attention (None for another shape); unchecked:
+    `first_token_tail` and a token classifier's check it on the model."""
     from leantrain.telemetry.flops import unwrap
 
     model = unwrap(model)
@@ -147,7 +191,18 @@ def first_token_tail(model: torch.nn.Module) -> FirstTokenTail | None:
     attention = layer.get_submodule("attention")
     if not isinstance(getattr(attention, "output", None), torch.nn.Module):
         return None
-    tail = FirstTokenTail(layer, attention.get_submodule("self"), attention.get_submodule("output"))
+    return FirstTokenTail(layer, attention.get_submodule("self"), attention.get_submodule("output"))
+
+
+def first_token_tail(model: torch.nn.Module) -> FirstTokenTail | None:
+    """The model's `FirstTokenTail`, or None when it has none or its logits read more than the first token (mean
+    pooling, the last token): two short rows, one padded, through the model with and without the cut."""
+    from leantrain.telemetry.flops import unwrap
+
+    model = unwrap(model)
+    tail = last_layer_tail(model)
+    if tail is None:
+        return None
     vocab = int(getattr(model.config, "vocab_size", None) or 16)  # any valid ids will do
     device = next(model.parameters()).device
     ids = ((torch.arange(12) * 7 + 3) % vocab).view(2, 6).to(device)

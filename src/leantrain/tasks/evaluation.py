@@ -38,3 +38,30 @@ def gather_rows(model, loader, accelerator, task: Task, hooks: Any = None) -> di
         first.sort()  # each example once, in the order it was first seen
         out = {k: v[first] for k, v in out.items()}
     return out
+
+
+def eval_loader(task: Task, data: Any, batch_size: int, workers: int = 0):
+    """The evaluation loader of `data.eval`: length-sorted batches of at most `batch_size`, the task's collator. The
+    trainer's evaluations and `leantrain evaluate` use this one."""
+    from torch.utils.data import DataLoader
+
+    from leantrain.data.batching import ExamplesDataset, eval_batches
+
+    return DataLoader(
+        ExamplesDataset(data.eval),
+        batch_sampler=eval_batches(data.eval.lengths, batch_size),
+        collate_fn=task.collator(data, train=False),
+        generator=torch.Generator(),
+        num_workers=workers,
+    )
+
+
+def scores_by_source(task: Task, rows: dict[str, np.ndarray], spans) -> dict[str, dict[str, float]]:
+    """A mixture's evaluation (`spans`: where each source's rows sit among the examples): each source's scores on
+    its own rows, from the rows gathered for the pooled scores."""
+    out = {}
+    for span in spans:
+        own = (rows["index"] >= span.start) & (rows["index"] < span.stop)
+        if own.any():
+            out[span.name] = task.scores({k: v[own] for k, v in rows.items()})
+    return out

@@ -10,3 +10,7 @@ from leantrain.tasks.media_classification import MediaClassification
 class ImageClassification(MediaClassification):
     name: ClassVar[str] = "image-classification"
     input_names: ClassVar[tuple[str, ...]] = ("pixel_values",)
+    auto_model: ClassVar[str] = "AutoModelForImageClassification"
+    model_mapping: ClassVar[str] = "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"
+    architectures: ClassVar[tuple[str, ...]] = ("ImageClassification",)
+    pipeline: ClassVar[str] = "image-classification"

@@ -14,12 +14,18 @@ class MediaClassification(Classification):
 
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
         from leantrain.data import media
+        from leantrain.data.combine import SourceData, prepare_sources
 
         cfg = self.cfg
         processor = media.load_processor(model_path, model_config, self.name, cfg.max_seconds)
-        data = media.prepare_media_data(cfg, processor, Path(cfg.cache_dir))
+
+        def read(source_cfg: Any, codec: Any) -> SourceData:
+            data = media.prepare_media_data(source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed)
+            return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
+
+        data = prepare_sources(cfg, read, tokens=False, what=self.name)
         sized = media.model_config(model_path, model_config, processor, cfg.trust_remote_code)
-        return TaskData(data.train, data.eval, list(data.label_names), processor, list(data.notes), sized)
+        return TaskData(data.train, data.eval, data.label_names, processor, data.notes, sized, sources=data.facts())
 
     def build_model(self, model_path: str, data: TaskData):
         from leantrain.model import loading
@@ -28,17 +34,90 @@ class MediaClassification(Classification):
             model_path,
             data.label_names,
             trust_remote_code=self.cfg.trust_remote_code,
-            task=self.name,
+            auto_model=self.auto_model,
             config=data.model_config,
         )
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.media import MediaCollator
 
-        norm = getattr(data.train.features, "norm", None)  # uint8 pixels: normalised per batch
+        examples = data.train if data.train is not None else data.eval  # at inference there is no training data
+        norm = getattr(examples.features, "norm", None)  # uint8 pixels: normalised per batch
         if train:
             return MediaCollator(self.name, norm, augment=self.cfg.augment, seed=self.cfg.seed)
         return MediaCollator(self.name, norm)
 
     def flop_input_shapes(self, data: TaskData) -> dict[str, tuple[int, ...]] | None:
         return data.train.features.input_shapes
+
+    # -- inference -------------------------------------------------------------------------------------------------
+    @property
+    def input_column(self) -> str | None:
+        """--image-column or --audio-column, whichever is this task's."""
+        return self.cfg.image_column if self.name == "image-classification" else self.cfg.audio_column
+
+    def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
+        import numpy as np
+
+        from leantrain.data import media
+        from leantrain.data.prepare import Examples
+        from leantrain.data.sources import read_options
+        from leantrain.errors import DataError
+        from leantrain.tasks.text_classification import class_names
+
+        cfg = self.cfg
+        processor = media.load_processor(model_path, model_config, self.name)
+        src = media.load_media_source(
+            cfg.eval_data,
+            processor,
+            Path(cfg.cache_dir),
+            "eval",
+            input_column=self.input_column,
+            label_column=cfg.label_column,
+            label_pattern=cfg.label_pattern,
+            options=read_options(cfg, "eval"),
+        )
+        names = class_names(model_config)
+        label_id = {n: i for i, n in enumerate(names)}
+        unseen = sorted(set(src.labels) - set(label_id))
+        if unseen:
+            raise DataError(f"{cfg.eval_data}: labels {unseen[:5]} are unknown to the model (it knows {names})")
+        labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
+        facts = {"examples": len(labels), "skipped": src.report.rows_dropped}
+        return TaskData(None, Examples(src.features, labels), names, processor, facts=facts)
+
+    def prediction_data(self, model_path: str, model_config: Any, inputs: Any) -> tuple[TaskData, list[dict]]:
+        import numpy as np
+
+        from leantrain.data import media
+        from leantrain.data.prepare import Examples
+        from leantrain.data.sources import ReadReport, read_options
+        from leantrain.errors import DataError
+        from leantrain.tasks.text_classification import class_names
+
+        cfg, files = self.cfg, inputs.files
+        if inputs.texts is not None:
+            what = self.name.split("-")[0]
+            raise DataError(f"{model_path}: an {what} classifier; give {what} files with --file or --data")
+        processor = media.load_processor(model_path, model_config, self.name)
+        if files is not None:
+            missing = [f for f in files if not Path(f).is_file()]
+            if missing:
+                raise DataError(f"{missing[0]}: no such file")
+            report = ReadReport("--file", len(files))
+            listing = media.MediaListing("--file", list(files), list(files), None, "-", "files", report)
+        else:
+            listing = media.list_source(
+                cfg.eval_data, self.name, need_labels=False, input_column=self.input_column, split="eval",
+                options=read_options(cfg, "eval"),
+            )  # fmt: skip
+        src = media.process_source(listing, processor, strict=files is not None)
+        if src.skipped:
+            import logging
+
+            logging.getLogger("leantrain").warning(
+                "%s: %d unreadable files skipped (%s)", cfg.eval_data, src.report.rows_dropped, ", ".join(src.skipped)
+            )
+        self.class_names = names = class_names(model_config)
+        data = TaskData(None, Examples(src.features, np.zeros(len(src.names), dtype=np.int64)), names, processor)
+        return data, [{"file": name} for name in src.names]

@@ -218,24 +218,72 @@ MULTI_LABEL: dict[str, Callable[[np.ndarray, np.ndarray, float], float]] = {
     "loss": _binary_cross_entropy,
 }
 
+# -- generated text: predictions and references, lists of strings (a sequence-to-sequence model's) --------------
+
+
+def _rouge(kind: str) -> Callable[[Sequence[str], Sequence[str]], float]:
+    return lambda preds, refs: generation_scores((kind,), preds, refs)[kind]
+
+
+#: scores of generated text against references, 0-100 as they are published: ROUGE (rouge-score, Porter-stemmed,
+#: the mean of each example's F-measure; rougeLsum splits summaries at newlines), BLEU and chrF (sacrebleu's corpus
+#: scores, one reference each)
+GENERATION: dict[str, Callable[[Sequence[str], Sequence[str]], float]] = {
+    "rouge1": _rouge("rouge1"),
+    "rouge2": _rouge("rouge2"),
+    "rougeL": _rouge("rougeL"),
+    "rougeLsum": _rouge("rougeLsum"),
+    "bleu": lambda preds, refs: generation_scores(("bleu",), preds, refs)["bleu"],
+    "chrf": lambda preds, refs: generation_scores(("chrf",), preds, refs)["chrf"],
+}
+ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def generation_scores(names: Sequence[str], preds: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
+    """The named scores of `preds` against `refs` (one reference per prediction), every ROUGE kind in one pass."""
+    out: dict[str, float] = {}
+    rouge = [n for n in names if n in ROUGE]
+    if rouge:
+        from rouge_score import rouge_scorer
+
+        scorer = rouge_scorer.RougeScorer(rouge, use_stemmer=True)
+        totals = dict.fromkeys(rouge, 0.0)
+        for pred, ref in zip(preds, refs):
+            for kind, value in scorer.score(ref, pred).items():  # (target, prediction)
+                totals[kind] += value.fmeasure
+        out.update({k: 100 * v / max(len(preds), 1) for k, v in totals.items()})
+    if "bleu" in names or "chrf" in names:
+        import sacrebleu
+
+        if "bleu" in names:
+            out["bleu"] = float(sacrebleu.corpus_bleu(list(preds), [list(refs)]).score)
+        if "chrf" in names:
+            out["chrf"] = float(sacrebleu.corpus_chrf(list(preds), [list(refs)]).score)
+    return {n: out[n] for n in names}
+
+
 #: what each kind of problem reports without --metrics (loss always comes last)
 DEFAULTS = {
     "single-label": ("accuracy", "macro_f1"),
     "regression": ("rmse", "pearson", "spearman"),
     "multi-label": ("micro_f1", "macro_f1", "subset_accuracy"),
+    "generation": ROUGE,
 }
 TABLES: dict[str, dict[str, Any]] = {
     "single-label": CLASSIFICATION,
     "regression": REGRESSION,
     "multi-label": MULTI_LABEL,
+    "generation": GENERATION,
 }
 
 
 def parse_metrics(text: str | None) -> list[str]:
-    """`--metrics accuracy, f1` -> ['accuracy', 'f1'] (names as written; checked against a problem type later)."""
+    """`--metrics accuracy, f1` -> ['accuracy', 'f1'] (names as written, in lower case but for ROUGE's own
+    spellings, rougeL and rougeLsum; checked against a problem type later)."""
     if text is None:
         return []
-    names = [n.strip().lower().removeprefix("eval_") for n in text.split(",")]
+    spelled = {n.lower(): n for n in ROUGE}
+    names = [spelled.get(n, n) for n in (n.strip().lower().removeprefix("eval_") for n in text.split(","))]
     if not all(names):
         raise ConfigError(f"--metrics '{text}' has an empty name; write e.g. accuracy,f1")
     return list(dict.fromkeys(names))
@@ -259,10 +307,13 @@ def metric_names(problem_type: str, requested: Sequence[str] = ()) -> tuple[str,
 
 
 def score(
-    problem_type: str, names: Sequence[str], outputs: np.ndarray, labels: np.ndarray, threshold: float = 0.5
+    problem_type: str, names: Sequence[str], outputs: Any, labels: Any, threshold: float = 0.5
 ) -> dict[str, float]:
-    """Each named metric of the evaluation's outputs (probabilities, or predicted values for regression)."""
+    """Each named metric of the evaluation's outputs (probabilities, or predicted values for regression; generated
+    texts, against reference texts)."""
     table = TABLES[problem_type]
+    if problem_type == "generation":
+        return generation_scores(names, outputs, labels)
     if problem_type == "multi-label":
         return {n: float(table[n](outputs, labels, threshold)) for n in names}
     return {n: float(table[n](outputs, labels)) for n in names}

@@ -39,6 +39,8 @@ Embeddings are table look-ups (no FLOPs); their backward is a scatter-add (not c
 position and type embeddings and the embedding LayerNorm are left out with them. ELECTRA-style
 models whose embedding width e differs from h add a projection: 6 * (e*h + h) per token.
 
+A token classifier's head is a h x C layer at every token: 6 * (hC + C) more per token, nothing per sequence.
+
 The classification head acts on one vector per sequence (BERT's pooler on [CLS], RoBERTa's and
 ELECTRA's dense layer on <s>, DistilBERT's pre-classifier): a dense h x h layer then h x C to the
 C labels, 6 * (h^2 + h + h*C + C) per sequence.
@@ -51,6 +53,17 @@ For MiniLM-L6 (h 384, i 1536, L 6): 63.9 MFLOP per token, plus 27.6 kFLOP * s of
 Frozen weights (LoRA, a frozen encoder) get no weight gradient: a frozen layer's backward is the input
 gradient alone (4 FLOPs per weight per token, not 6), or nothing where its input needs no gradient either. The
 closed form assumes every weight trains, so such models are counted instead (below), which follows autograd.
+
+Encoder-decoders: counted in two lengths (`pair_flop_model`)
+-----------------------------------------------------------
+A sequence-to-sequence example has a source of s tokens (the encoder's) and a target of t (the decoder's): the
+encoder's layers cost in s and s**2, the decoder's self-attention and feed-forward in t and t**2, its
+cross-attention's keys and values in s and its scores in s * t. So
+
+    FLOPs(s, t) = per_sequence + per_token * s + per_token_sq * s**2
+                  + per_target_token * t + per_target_token_sq * t**2 + per_token_pair * s * t
+
+six coefficients, which six FlopCounterMode counts fix exactly.
 
 Any other model: counted (`counted_flop_model`)
 ------------------------------------------------
@@ -82,6 +95,16 @@ class FlopModel:
     #: the share of `per_token` of the model's tail (a language model's output head, an encoder's last layer after
     #: its attention), for tasks that run the tail on fewer rows than tokens (`Task.tail_rows`)
     tail_per_row: float = 0.0
+    #: an encoder-decoder's terms in its target length t (and source length s, cross-attention): per_target_token *
+    #: t + per_target_token_sq * t**2 + per_token_pair * s * t; 0 for a model of one sequence
+    per_target_token: float = 0.0
+    per_target_token_sq: float = 0.0
+    per_token_pair: float = 0.0
+
+    def target_flops(self, seq_len: int, target_len: int) -> float:
+        """An encoder-decoder example's FLOPs in its target (and cross-attention), beyond its source's."""
+        t = target_len
+        return self.per_target_token * t + self.per_target_token_sq * t * t + self.per_token_pair * seq_len * t
 
     def sequence_flops(self, lengths: Sequence[int]) -> float:
         """FLOPs for sequences of the given lengths (padded or real)."""
@@ -95,8 +118,12 @@ class FlopModel:
         return batch_size * (self.per_sequence + self.per_token * seq_len + self.per_token_sq * seq_len * seq_len)
 
     def per_padded_token(self, seq_len: int) -> float:
-        """FLOPs per token at this padded length (for messages: 'N MFLOP per token')."""
-        return self.per_sequence / seq_len + self.per_token + self.per_token_sq * seq_len
+        """FLOPs per token at this padded length (for messages: 'N MFLOP per token'); an encoder-decoder's per
+        token of a source and a target of this length each."""
+        single = self.per_sequence / seq_len + self.per_token + self.per_token_sq * seq_len
+        if not self.per_target_token:
+            return single
+        return (single * seq_len + self.target_flops(seq_len, seq_len)) / (2 * seq_len)
 
 
 def _get(config: Any, *names: str) -> Any:
@@ -111,8 +138,10 @@ def is_encoder_config(config: Any) -> bool:
     return getattr(config, "model_type", None) in ENCODER_TYPES
 
 
-def encoder_flop_model(config: Any, num_labels: int | None = None) -> FlopModel:
-    """The closed form above, from a BERT-like config (hidden size, layers, feed-forward width)."""
+def encoder_flop_model(config: Any, num_labels: int | None = None, head: str = "sequence") -> FlopModel:
+    """The closed form above, from a BERT-like config (hidden size, layers, feed-forward width). `head`: "sequence"
+    (one vector per sequence: a dense layer, then the labels) or "token" (the labels at every token, no dense
+    layer: a token classifier's)."""
     h = int(_get(config, "hidden_size", "dim"))
     layers = int(_get(config, "num_hidden_layers", "n_layers"))
     i = int(_get(config, "intermediate_size", "hidden_dim"))
@@ -124,6 +153,9 @@ def encoder_flop_model(config: Any, num_labels: int | None = None) -> FlopModel:
         per_token += 6 * (int(embedding) * h + h)
     per_token_sq = 12 * layers * h
     per_sequence = 6 * (h * h + h + h * labels + labels)
+    if head == "token":
+        per_token += 6 * (h * labels + labels)
+        per_sequence = 0
     kind = getattr(config, "model_type", "encoder")
     return FlopModel(
         per_sequence=float(per_sequence),
@@ -211,6 +243,49 @@ def counted_flop_model(model, lengths: tuple[int, int, int] = (16, 32, 64)) -> F
     )
 
 
+def count_pair_flops(model, seq_len: int, target_len: int) -> int:
+    """FlopCounterMode's count of one forward and backward pass of an encoder-decoder (a meta-device copy) on a
+    source of `seq_len` and a target of `target_len` tokens."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    source = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    target = torch.zeros(1, target_len, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        out = model(input_ids=source, decoder_input_ids=target, use_cache=False)
+        out.logits.float().sum().backward()
+    return counter.get_total_flops()
+
+
+#: (source, target) lengths whose counts fix the six coefficients of an encoder-decoder
+PAIR_LENGTHS = ((16, 16), (32, 16), (64, 16), (16, 32), (16, 64), (32, 32))
+
+
+def pair_flop_model(model) -> FlopModel:
+    """Fit an encoder-decoder's two-length polynomial (module doc) to FlopCounterMode counts at PAIR_LENGTHS; a
+    model that cannot run on the meta device (a quantized base) gets a zero model, said in `source`."""
+    import numpy as np
+
+    try:
+        clone = _meta_copy(model)
+        counts = [float(count_pair_flops(clone, s, t)) for s, t in PAIR_LENGTHS]
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
+        return FlopModel(0.0, 0.0, 0.0, source=f"not counted ({type(exc).__name__} on the meta device)")
+    a = np.array([[1.0, s, s * s, t, t * t, s * t] for s, t in PAIR_LENGTHS])
+    c = np.linalg.solve(a, np.array(counts))
+    frozen = "; frozen weights get no gradients" if has_frozen_weights(model) else ""
+    return FlopModel(
+        per_sequence=max(float(c[0]), 0.0),
+        per_token=float(c[1]),
+        per_token_sq=max(float(c[2]), 0.0),
+        per_target_token=float(c[3]),
+        per_target_token_sq=max(float(c[4]), 0.0),
+        per_token_pair=max(float(c[5]), 0.0),
+        source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), source and target lengths "
+        f"{', '.join(f'{s}/{t}' for s, t in PAIR_LENGTHS)}{frozen}",
+    )
+
+
 def unwrap(model):
     """The model inside torch.compile's and DDP's wrappers."""
     while True:
@@ -256,10 +331,12 @@ def flop_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
     if input_shapes:
         return example_flop_model(model, input_shapes)
     config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return pair_flop_model(model)
     if has_frozen_weights(model):
         return _frozen_flop_model(model)
     if config is not None and is_encoder_config(config):
-        return encoder_flop_model(config)
+        return encoder_flop_model(config, head=_head_of(model))
     return counted_flop_model(model)
 
 
@@ -282,6 +359,11 @@ def _frozen_flop_model(model) -> FlopModel:
     return replace(counted, source=counted.source + note)
 
 
+def _head_of(model) -> str:
+    """The closed form's head: "token" for a token classifier (labels at every token), else "sequence"."""
+    return "token" if type(model).__name__.endswith("ForTokenClassification") else "sequence"
+
+
 def _architecture_flop_model(model) -> FlopModel:
     """The FLOPs of training every weight of `model`'s architecture (a peft model's base), from its config."""
     import torch
@@ -289,7 +371,7 @@ def _architecture_flop_model(model) -> FlopModel:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
     if is_encoder_config(config):
-        return encoder_flop_model(config)
+        return encoder_flop_model(config, head=_head_of(base))
     with torch.device("meta"):
         clone = type(base)(config)
     return counted_flop_model(clone)
@@ -323,15 +405,22 @@ class FlopMeter:
         self._lengths: Any = 0  # Python ints, or device tensors until read (then a float)
         self._squares: Any = 0
         self._untailed: Any = 0  # real tokens whose row of the model's tail was not computed (`add`'s tail_rows)
+        self._targets: Any = 0  # an encoder-decoder's real target tokens, their squares, and source x target
+        self._target_squares: Any = 0
+        self._pairs: Any = 0
         self._mark = 0.0  # padded FLOPs when the warm-up steps ended
 
-    def add(self, input_ids, attention_mask=None, position_ids=None, tail_rows: int | None = None) -> float:
+    def add(
+        self, input_ids, attention_mask=None, position_ids=None, tail_rows: int | None = None, target_mask=None
+    ) -> float:
         """Count one micro-batch; returns its padded FLOPs. Packed rows (position ids restarting at each document,
         no attention mask) count attention's square term per document, as the model's work is per document.
-        `tail_rows`: the model's tail ran on that many rows only (`FlopModel.tail_per_row`)."""
+        `tail_rows`: the model's tail ran on that many rows only (`FlopModel.tail_per_row`). `target_mask`: an
+        encoder-decoder's targets (batch, target length), True at real tokens; its tail runs on target rows."""
         batch, seq = int(input_ids.shape[0]), int(input_ids.shape[-1])
         padded = self.model.batch_flops(batch, seq)
         real: Any = batch * seq
+        lengths: Any = seq
         self.sequences += batch
         if attention_mask is None and position_ids is not None:
             # a document of n tokens has positions 0..n-1, and the sum of 2p+1 over them is n**2: no device sync
@@ -343,27 +432,40 @@ class FlopMeter:
             real = lengths.sum()
             self._squares = self._squares + (lengths * lengths).sum()
         self._lengths = self._lengths + real
+        rows, real_rows = batch * seq, real  # where the tail could run, and where a real token is
+        if target_mask is not None:
+            padded += batch * self.model.target_flops(seq, int(target_mask.shape[-1]))
+            targets = target_mask.sum(dim=-1).long()
+            self._targets = self._targets + targets.sum()
+            self._target_squares = self._target_squares + (targets * targets).sum()
+            self._pairs = self._pairs + (lengths * targets).sum()
+            rows, real_rows = target_mask.numel(), targets.sum()
         if tail_rows is not None:
-            padded -= self.model.tail_per_row * (batch * seq - tail_rows)
-            self._untailed = self._untailed + real - tail_rows
+            padded -= self.model.tail_per_row * (rows - tail_rows)
+            self._untailed = self._untailed + real_rows - tail_rows
         self.flops += padded
         return padded
 
     @property
     def useful_flops(self) -> float:
-        lengths, squares, untailed = float(self._lengths), float(self._squares), float(self._untailed)
-        self._lengths, self._squares, self._untailed = lengths, squares, untailed
+        sums = [float(x) for x in self.snapshot()[2:]]  # read back from the device once
+        self._lengths, self._squares, self._untailed, self._targets, self._target_squares, self._pairs = sums
+        lengths, squares, untailed, targets, target_squares, pairs = sums
         m = self.model
+        single = self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
+        pair = m.per_target_token * targets + m.per_target_token_sq * target_squares + m.per_token_pair * pairs
+        return single + pair - m.tail_per_row * untailed
+
+    def snapshot(self) -> tuple[Any, ...]:
         return (
-            self.sequences * m.per_sequence + m.per_token * lengths + m.per_token_sq * squares
-        ) - m.tail_per_row * untailed
+            self.flops, self.sequences, self._lengths, self._squares, self._untailed, self._targets,
+            self._target_squares, self._pairs,
+        )  # fmt: skip
 
-    def snapshot(self) -> tuple[float, int, Any, Any, Any]:
-        return self.flops, self.sequences, self._lengths, self._squares, self._untailed
-
-    def discard(self, since: tuple[float, int, Any, Any, Any]) -> None:
+    def discard(self, since: tuple[Any, ...]) -> None:
         """Leave out the batches counted since `since` (a step whose time is compile time)."""
-        self.flops, self.sequences, self._lengths, self._squares, self._untailed = since
+        self.flops, self.sequences, self._lengths, self._squares, self._untailed = since[:5]
+        self._targets, self._target_squares, self._pairs = since[5:]
 
     def mark(self) -> None:
         """Call when the warm-up steps end: `steady_metrics` counts the FLOPs done after this."""

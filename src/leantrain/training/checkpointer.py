@@ -62,6 +62,9 @@ class Checkpointer:
         best = state.best_metric
         for f in dataclasses.fields(TrainState):
             setattr(state, f.name, getattr(ckpt.progress, f.name))
+        if not self.accelerator.is_main_process:  # the checkpoint holds the whole job's sums of the row in progress
+            state.logged_loss, state.logged_units = 0.0, 0.0
+            state.source_window = [0.0] * len(state.source_window)
         if state.best_metric != best:  # another yardstick: its best is yet to be seen
             state.best_metric, state.best_value, state.best_step = best, None, None
             state.stopping_reference, state.evals_without_improvement = None, 0  # early stopping's too
@@ -77,7 +80,8 @@ class Checkpointer:
         if not (self.every or self.keep_best):
             return
         note = checkpoint.free_space_check(
-            self.run.path, checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer, self.cfg),
+            self.run.path,
+            checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer, self.cfg),
             self.cfg.save_total_limit,
         )
         if note:
@@ -94,12 +98,17 @@ class Checkpointer:
         reason = f"every {self.every} steps" if periodic else f"best eval {state.best_metric}"
         return self.save(state, reason, checkpoint.rng_state())
 
+    #: called with the state before every save, on every process (the metrics logger gathers the log row's sums)
+    before_save: Any = None
+
     def save(self, state: TrainState, reason: str, rng: dict, **rollback: Any) -> Path:
         """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it.
         The weights saved are those evaluated (schedule-free's average), with the optimizer state that goes with
         them; the run trains on from its training weights."""
         from leantrain.model.optimizers import evaluation_weights
 
+        if self.before_save is not None:
+            self.before_save(state)
         with evaluation_weights(self.cfg.optimizer, self.trained["optimizer"]):
             return self.dir.save(
                 dataclasses.replace(state, **rollback),

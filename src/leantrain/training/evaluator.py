@@ -5,16 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from leantrain.tasks.base import Task
-from leantrain.tasks.evaluation import gather_rows
+from leantrain.tasks.evaluation import gather_rows, scores_by_source
 from leantrain.training.hooks import Hooks
 
 
 class Evaluator:
-    """Owns the evaluation policy (every `every` optimizer steps, and once at the end) and the eval loader."""
+    """Owns the evaluation policy (every `every` optimizer steps, and once at the end) and the eval loader. With a
+    mixture's `spans` (where each source's evaluation rows sit) it also scores each source on its own rows."""
 
-    def __init__(self, task: Task, loader, accelerator, every: int | None, hooks: Hooks | None = None):
+    def __init__(self, task: Task, loader, accelerator, every: int | None, hooks: Hooks | None = None, spans=()):
         self.task, self.loader, self.accelerator, self.every = task, loader, accelerator, every
         self.hooks = hooks or Hooks()
+        self.spans = tuple(spans)
+        #: the latest evaluation's scores of each source's rows (empty: one source)
+        self.by_source: dict[str, dict[str, float]] = {}
 
     def should_evaluate(self, step: int, total_steps: int) -> bool:
         """Mid-run evaluations; the final one is the caller's (`evaluate()` after the loop)."""
@@ -23,6 +27,7 @@ class Evaluator:
     def evaluate(self, model) -> dict[str, float]:
         rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks)
         self.hooks.on_evaluated(rows)
+        self.by_source = scores_by_source(self.task, rows, self.spans)  # each source's own eval loss, perplexity...
         return self.task.scores(rows)
 
 

@@ -18,12 +18,26 @@ from leantrain.training.evaluator import prefixed
 
 
 class MetricsLogger:
-    def __init__(self, cfg, accelerator, *, log, flops, flop_peak, total_steps: int, steps_per_epoch: int, state):
+    def __init__(
+        self,
+        cfg,
+        accelerator,
+        *,
+        log,
+        flops,
+        flop_peak,
+        total_steps: int,
+        steps_per_epoch: int,
+        state,
+        sources: dict[str, int] | None = None,
+    ):
+        """`sources`: a mixture's sources, each with its training rows (0: a stream's, unknown)."""
         from tqdm.auto import tqdm
 
         from leantrain.telemetry import Throughput
         from leantrain.telemetry.memory import MemoryMeter
         from leantrain.telemetry.timing import StepTimer
+        from leantrain.training.sources import SourceMeter
 
         self.cfg, self.accelerator, self.log, self.flops, self.flop_peak = cfg, accelerator, log, flops, flop_peak
         self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
@@ -44,6 +58,7 @@ class MetricsLogger:
             dynamic_ncols=True,
         )
         self.started = time.perf_counter() - state.elapsed_seconds
+        self.sources = SourceMeter(list(sources), list(sources.values()), accelerator, state) if sources else None
 
     def start(self, model) -> None:
         self.memory.start(resident=model.parameters())  # weights paged in first: the peak over it is training's
@@ -67,14 +82,25 @@ class MetricsLogger:
         self.meter.add(len(batch["index"]), int(batch["num_tokens"]), int(batch["padded_tokens"]))
         inputs = task.model_inputs(batch)
         main = next(v for k, v in inputs.items() if k != "attention_mask")
-        # packed rows: attention per document; tail rows: the model's tail only where `task.forward` ran it
-        self.flops.add(main, batch.get("attention_mask"), batch.get("position_ids"), task.tail_rows(batch))
+        # packed rows: attention per document; tail rows: the model's tail only where `task.forward` ran it; an
+        # encoder-decoder's targets (`target_mask`)
+        mask, positions, targets = (batch.get(k) for k in ("attention_mask", "position_ids", "target_mask"))
+        self.flops.add(main, mask, positions, task.tail_rows(batch), targets)
+
+    def row_losses(self, task: Task, outputs: Any, batch: dict[str, Any]) -> None:
+        """A mixture's micro-batch: its rows' losses, units and tokens, by source."""
+        if self.sources is not None:
+            self.sources.add(task.row_losses(outputs, batch), batch)
 
     def step_started(self) -> None:
+        if self.sources is not None:
+            self.sources.step_started()
         if self.cfg.compile:
             self._step_start = (self.meter.snapshot(), self.flops.snapshot(), _compiled_graphs())
 
-    def step_done(self) -> None:
+    def step_done(self, finite: bool = True) -> None:
+        if self.sources is not None:
+            self.sources.step_done(finite)
         if self._step_start is not None and _compiled_graphs() > self._step_start[2]:
             self.recompiles += 1
             self.recompile_seconds += self.meter.discard(self._step_start[0])
@@ -113,6 +139,8 @@ class MetricsLogger:
             **self.timer.window_row(),
             "peak_memory_bytes": self.memory.report()["peak_memory_bytes"],
         }
+        if self.sources is not None:
+            row["sources"] = self.sources.log_row(state)
         self.log.write(row)
         self.history.append(row)
         wall = row["time_wall_seconds"] or 1.0
@@ -125,8 +153,24 @@ class MetricsLogger:
         )
         state.logged_loss, state.logged_units = 0.0, 0.0
 
-    def eval_row(self, step: int, metrics: dict[str, float]) -> None:
-        self.log.write({"step": step, **prefixed(metrics)})
+    def eval_row(self, step: int, metrics: dict[str, float], by_source: dict[str, Any] | None = None) -> None:
+        row: dict[str, Any] = {"step": step, **prefixed(metrics)}
+        if by_source:
+            row["sources"] = {name: prefixed(m) for name, m in by_source.items()}
+        self.log.write(row)
+
+    def gather_partial_sums(self, state: TrainState) -> None:
+        """Before a checkpoint, on every process: the sums of the log row in progress, the whole job's, held by the
+        main process (the others hold none), so that a resumed run's next row is the one left alone."""
+        sums = [state.logged_loss, state.logged_units, *(self.sources.partial_sums() if self.sources else [])]
+        acc = self.accelerator
+        if acc.num_processes > 1:
+            total = acc.reduce(torch.tensor(sums, dtype=torch.float64, device=acc.device), reduction="sum").tolist()
+            sums = total if acc.is_main_process else [0.0] * len(sums)
+        state.logged_loss, state.logged_units = sums[0], sums[1]
+        if self.sources is not None:
+            self.sources.set_partial_sums(sums[2:])
+            state.source_window = sums[2:]
 
     def close(self) -> None:
         self.bar.close()
@@ -190,7 +234,22 @@ class MetricsLogger:
             **extra["oom"],
             "num_labels": extra["num_labels"],
             **extra.get("best_and_stopping", {}),  # best model, early stopping
+            **({"sources": self.source_metrics(state, extra["sources"])} if self.sources is not None else {}),
         }
+
+    def source_metrics(self, state: TrainState, given: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """metrics.json's `sources.<name>`: what was asked of each source and found in it, the examples and tokens
+        drawn (realised shares), its last logged training loss and its evaluation (`eval_` keys)."""
+        assert self.sources is not None
+        last: dict[str, Any] = {}  # each source's latest logged loss (a window may have held none of its rows)
+        for r in self.history:
+            last.update({n: v["loss"] for n, v in (r.get("sources") or {}).items() if v.get("loss") is not None})
+        out = {}
+        for name, realised in self.sources.totals(state).items():
+            row = {**given.get(name, {}), **realised, "train_loss": last.get(name)}
+            out[name] = {**row, **given.get(name, {}).get("eval", {})}
+            out[name].pop("eval", None)
+        return out
 
     def summary(self, metrics: dict[str, Any], eval_rows: list[tuple[str, str]], resumed_step: int | None) -> str:
         from leantrain.telemetry import summary_table
@@ -226,8 +285,20 @@ class MetricsLogger:
             ("peak memory over baseline", f"{over * mb:.0f} MB" if over is not None else "-"),
             ("optimizer state", f"{metrics['optimizer_state_bytes'] * mb:.1f} MB"),
             ("wall time", f"{metrics['wall_seconds']:.1f} s"),
+            *source_rows(metrics.get("sources") or {}),
         ]
         return summary_table("leantrain run", rows).rstrip()
+
+
+def source_rows(sources: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """The end-of-run table's row per source: the share asked beside the shares drawn, and its evaluation."""
+    rows = []
+    for name, row in sources.items():
+        asked = f"asked {row['weight']:.1%}" if row.get("weight") is not None else "asked -"
+        drawn = f"drew {row['share_examples']:.1%} of examples, {row['share_tokens']:.1%} of tokens"
+        loss = row.get("eval_loss")
+        rows.append((f"source {name}", f"{asked}, {drawn}" + (f"; eval loss {loss:.4f}" if loss is not None else "")))
+    return rows
 
 
 def _compiled_graphs() -> int:

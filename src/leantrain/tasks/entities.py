@@ -1,0 +1,134 @@
+"""Token classification's scores and predicted entities.
+
+Scores: entity-level precision, recall and F1 with `seqeval` in strict IOB2 mode (an entity counts when its type and
+both ends are right; an I- that continues nothing opens no entity), micro-averaged and per entity type, and token
+accuracy, over every word of every evaluation sentence (a word the tokenizer gives no token is predicted O). Tags
+without a scheme (part of speech) are scored per tag instead: macro precision, recall and F1 over the tags.
+
+Entities: transformers' `TokenClassificationPipeline` rules. "simple": each token's most probable tag; "first",
+"average", "max": each word's tag from its first token's probabilities, their mean, or its most confident token's;
+then adjacent tokens (words) of one type form an entity unless the later one is B-, its score the mean of theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from leantrain.data.tags import AGGREGATIONS
+
+__all__ = ["AGGREGATIONS", "entity_report", "entity_scores", "group", "pieces"]
+
+
+def entity_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str) -> dict[str, float]:
+    """f1, precision, recall (entities, micro; tags: macro), accuracy and each entity type's f1 (`f1_TYPE`)."""
+    from seqeval.metrics import accuracy_score
+
+    out = {"accuracy": float(accuracy_score(gold, predicted)) if gold else 0.0}
+    if scheme == "none":
+        return {**_tag_scores(gold, predicted), **out}
+    report = entity_report(gold, predicted)
+    micro = report.pop("micro avg")
+    out = {"f1": micro["f1-score"], "precision": micro["precision"], "recall": micro["recall"], **out}
+    for kind, row in report.items():
+        if kind not in ("macro avg", "weighted avg"):
+            out[f"f1_{kind}"] = row["f1-score"]
+    return {k: float(v) for k, v in out.items()}
+
+
+def entity_report(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, dict[str, float]]:
+    """seqeval's report, strict IOB2: per type and 'micro avg', each precision, recall, f1-score and support."""
+    import warnings
+
+    from seqeval.metrics import classification_report
+    from seqeval.scheme import IOB2
+
+    with warnings.catch_warnings():  # seqeval warns when a type is never predicted; its score is then 0, as intended
+        warnings.simplefilter("ignore")
+        report = classification_report(gold, predicted, mode="strict", scheme=IOB2, output_dict=True, zero_division=0)
+    if "micro avg" not in report:  # no entity at all in either
+        report["micro avg"] = {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0}
+    return report
+
+
+def _tag_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:
+    """Macro precision, recall and F1 over the tags that occur in `gold` or `predicted` (scikit-learn's macro)."""
+    y = [t for seq in gold for t in seq]
+    p = [t for seq in predicted for t in seq]
+    names = sorted(set(y) | set(p))
+    index = {n: i for i, n in enumerate(names)}
+    k = len(names)
+    counts = np.bincount(
+        np.array([index[a] * k + index[b] for a, b in zip(y, p)], dtype=np.int64), minlength=k * k
+    ).reshape(k, k)
+    tp, predicted_n, true_n = np.diag(counts), counts.sum(0), counts.sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(predicted_n > 0, tp / np.maximum(predicted_n, 1), 0.0)
+        recall = np.where(true_n > 0, tp / np.maximum(true_n, 1), 0.0)
+        f1 = np.where(true_n + predicted_n > 0, 2 * tp / np.maximum(true_n + predicted_n, 1), 0.0)
+    return {"f1": float(f1.mean()), "precision": float(precision.mean()), "recall": float(recall.mean())}
+
+
+# -- entities of one sentence, as the pipeline groups them -----------------------------------------------------------
+
+
+def split_tag(name: str) -> tuple[str, str]:
+    """("B", "PER") for B-PER, ("I", "PER") for I-PER, else ("I", name): the pipeline's `get_tag`."""
+    if name.startswith(("B-", "I-")):
+        return name[0], name[2:]
+    return "I", name
+
+
+def pieces(
+    probs: np.ndarray, token_words: np.ndarray, token_chars: np.ndarray, names: Sequence[str], aggregation: str
+) -> list[dict[str, Any]]:
+    """The units the pipeline groups: each token ("simple") or each word (the others), with its tag, score and
+    character span."""
+    if aggregation == "simple":
+        best = probs.argmax(-1)
+        return [
+            {
+                "entity": names[b],
+                "score": float(probs[t, b]),
+                "start": int(token_chars[t, 0]),
+                "end": int(token_chars[t, 1]),
+            }
+            for t, b in enumerate(best)
+        ]
+    out = []
+    bounds = np.flatnonzero(np.diff(token_words)) + 1
+    for group in np.split(np.arange(len(token_words)), bounds):
+        if not len(group):
+            continue
+        if aggregation == "first":
+            scores = probs[group[0]]
+        elif aggregation == "max":
+            scores = probs[group[probs[group].max(-1).argmax()]]
+        else:
+            scores = np.nanmean(probs[group], axis=0)
+        best = int(scores.argmax())
+        start, end = int(token_chars[group[0], 0]), int(token_chars[group[-1], 1])
+        out.append({"entity": names[best], "score": float(scores[best]), "start": start, "end": end})
+    return out
+
+
+def group(units: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """Adjacent units of one type joined (a B- starts anew), O dropped: the pipeline's `group_entities`."""
+    groups: list[list[dict[str, Any]]] = []
+    for unit in units:
+        bi, kind = split_tag(unit["entity"])
+        if groups and bi != "B" and split_tag(groups[-1][-1]["entity"])[1] == kind:
+            groups[-1].append(unit)
+        else:
+            groups.append([unit])
+    out = []
+    for members in groups:
+        kind = split_tag(members[0]["entity"])[1]
+        if kind == "O":
+            continue
+        start, end = members[0]["start"], members[-1]["end"]
+        score = float(np.mean([m["score"] for m in members]))
+        out.append({"entity_group": kind, "score": score, "word": text[start:end], "start": start, "end": end})
+    return out

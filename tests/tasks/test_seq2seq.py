@@ -1,0 +1,435 @@
+"""The sequence-to-sequence task on tiny random encoder-decoders built from configs (a T5 and a bert2bert
+EncoderDecoderModel, both with MiniLM's real tokenizer, fp32): the loss per target token is exact under
+accumulation, processes and resume with very uneven targets; target padding never counts; generated text is scored
+as rouge-score and sacrebleu score it; bad input is one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, train
+from leantrain.commands.cli import main
+from leantrain.data.batching import Slot
+from leantrain.data.seq2seq import IGNORE, PairCollator, resolve_pair_columns
+from leantrain.training import Hooks
+from tests.conftest import EXACT_JOB, assert_trained_alike
+
+WORDS = [
+    "the",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "a",
+    "mat",
+    "log",
+    "big",
+    "small",
+    "red",
+    "blue",
+    "house",
+    "tree",
+    "river",
+]
+
+
+def write_pairs(path: Path, n: int, seed: int, header=("source", "target")) -> Path:
+    """Sources of 2-10 words; targets of 1, 2 or 30 words (the source reversed, cycled), whatever the source's
+    length: batches grouped by source length hold very different numbers of target tokens."""
+    rng = random.Random(seed)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for _ in range(n):
+            src = rng.choices(WORDS, k=rng.randint(2, 10))
+            backwards = src[::-1]
+            w.writerow([" ".join(src), " ".join(backwards[i % len(src)] for i in range(rng.choice((1, 2, 30))))])
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(minilm_dir, tmp_path_factory) -> dict[str, Path]:
+    """A 2-layer, 32-wide T5 and bert2bert, random weights, no dropout; and the T5 with dropout 0.1."""
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertLMHeadModel,
+        BertModel,
+        EncoderDecoderModel,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+
+    root = tmp_path_factory.mktemp("seq2seq-models")
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    t5 = dict(vocab_size=30522, d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16)
+    t5 |= dict(pad_token_id=0, eos_token_id=102, decoder_start_token_id=0)  # BERT's [PAD] and [SEP]
+    bert = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    bert |= dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=128)
+    torch.manual_seed(0)
+    built = {
+        "t5": T5ForConditionalGeneration(T5Config(**t5, dropout_rate=0.0)),
+        "t5-dropout": T5ForConditionalGeneration(T5Config(**t5, dropout_rate=0.1)),
+        # no pooler: a bert2bert never uses it (a warm-started one has it, untrained)
+        "bert2bert": EncoderDecoderModel(
+            encoder=BertModel(BertConfig(**bert), add_pooling_layer=False),
+            decoder=BertLMHeadModel(BertConfig(**bert, is_decoder=True, add_cross_attention=True)),
+        ),
+    }
+    out = {}
+    for name, model in built.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        out[name] = root / name
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> tuple[Path, Path]:
+    """109 training pairs (six steps of 16, then 13), 27 held out."""
+    root = tmp_path_factory.mktemp("pairs")
+    return write_pairs(root / "train.csv", 109, seed=1), write_pairs(root / "eval.csv", 27, seed=2)
+
+
+def job(models, pairs, tmp_path, name: str, model: str = "t5", **changes) -> TrainConfig:
+    base = dict(
+        model=str(models[model]),
+        data=str(pairs[0]),
+        eval_data=str(pairs[1]),
+        cache_dir=str(tmp_path / "cache"),
+        output_dir=str(tmp_path / name),
+        report=False,
+        generation_max_new_tokens=8,
+        **EXACT_JOB,
+    )
+    return TrainConfig(**{**base, **changes})
+
+
+def loss_log(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+class Units(Hooks):
+    """Each training micro-batch's target tokens."""
+
+    def __init__(self):
+        self.units: list[float] = []
+
+    def on_micro_batch(self, model, batch) -> None:
+        self.units.append(float(batch["units"]))
+
+
+# -- the loss per target token is exact ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # three runs that generate at their end: 104 s (t5) and 121 s (bert2bert) at load 12
+@pytest.mark.parametrize("model", ["t5", "bert2bert"])
+def test_accumulation_equals_the_big_batch_with_very_uneven_targets(models, pairs, tmp_path, model):
+    """Four micro-batches of 4 equal one batch of 16 (<= 1e-5), though the micro-batches' target tokens differ
+    fivefold and more: the loss is divided by the whole step's target tokens, not averaged per micro-batch."""
+    units = Units()
+    big = train(job(models, pairs, tmp_path, "big", model, batch_size=16, max_steps=6))
+    small = train(job(models, pairs, tmp_path, "small", model, batch_size=4, grad_accum=4, max_steps=6), hooks=units)
+    start = train(job(models, pairs, tmp_path, "start", model, batch_size=16, max_steps=6, lr=1e-30))
+    assert max(units.units) >= 5 * min(units.units)  # very uneven target tokens per micro-batch
+    # a bert2bert's encoder has a pooler that nothing reads (transformers builds one whatever was saved): no gradient
+    weights = [
+        {k: v for k, v in load_file(r.model_dir / "model.safetensors").items() if ".pooler." not in k}
+        for r in (big, small, start)
+    ]
+    assert_trained_alike(weights[0], weights[1], weights[2])
+    assert loss_log(small.output_dir) == pytest.approx(loss_log(big.output_dir), abs=1e-5)
+    for key in ("eval_loss", "eval_rouge1", "eval_rougeL"):  # the same model scores the same
+        assert small.metrics[key] == pytest.approx(big.metrics[key], abs=1e-4), key
+
+
+@pytest.mark.slow  # launches a 2-process job: 122 s at load 12
+def test_two_processes_equal_one_process_with_twice_the_batch(models, pairs, tmp_path):
+    from tests.parallel.test_data_parallel import flags, run_job
+
+    config = job(models, pairs, tmp_path, "one", "t5", batch_size=16, epochs=1)
+    one = train(config)
+    two = tmp_path / "two"
+    given = {
+        k: v for k, v in config.to_dict().items() if v is not None and k not in ("output_dir", "batch_size", "progress")
+    }
+    rc, _, err = run_job(
+        ["-m", "leantrain", "train", *flags(**given, batch_size=8, num_processes=2, output_dir=two, progress=False)]
+    )
+    assert rc == 0, err[-3000:]
+    metrics = json.loads((two / "metrics.json").read_text())
+    assert metrics["num_processes"] == 2 and metrics["optimizer_steps"] == one.metrics["optimizer_steps"] == 7
+    ours, theirs = load_file(two / "model" / "model.safetensors"), load_file(one.model_dir / "model.safetensors")
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) <= 1e-5
+    # evaluation generates on each process and gathers every example once: the same scores
+    for key in ("eval_loss", "eval_rouge1", "eval_rouge2", "eval_rougeL", "eval_rougeLsum"):
+        assert metrics[key] == pytest.approx(one.metrics[key], abs=1e-5), key
+
+
+def test_resuming_a_checkpoint_gives_bitwise_the_same_run(models, pairs, tmp_path):
+    """With dropout and AdamW, resumed at step 4 of 8: the same weights and losses, bit for bit."""
+    from tests.test_checkpoint import assert_same_weights, step_dir
+
+    common = dict(model="t5-dropout", optimizer="adamw", lr=3e-3, batch_size=12, max_steps=8, save_every=2)
+    whole = train(job(models, pairs, tmp_path, "whole", **common, eval_every=3))
+    ckpt = step_dir(whole.output_dir, 4)
+    resumed = train(job(models, pairs, tmp_path, "resumed", **common, eval_every=3, resume=str(ckpt)))
+    assert resumed.metrics["resumed_from"] == str(ckpt) and resumed.metrics["train_examples"] == 4 * 12
+    assert_same_weights(whole.output_dir, resumed.output_dir)
+    assert loss_log(resumed.output_dir) == loss_log(whole.output_dir)
+    assert resumed.metrics["eval_rougeL"] == whole.metrics["eval_rougeL"]
+
+
+def batch_of(task, rows: list[tuple[list[int], list[int]]]) -> dict:
+    """A collated batch of (source ids, target ids) pairs."""
+    assert task.ids is not None
+    items = [
+        {"input_ids": np.array(s), "target_ids": np.array(t), "slot": Slot(i, 1.0, True)}
+        for i, (s, t) in enumerate(rows)
+    ]
+    return PairCollator(task.ids.pad, task.ids.start)(items)
+
+
+def prepared_task(models, pairs, tmp_path, model: str):
+    from leantrain.model.loading import load_config
+    from leantrain.tasks.seq2seq import Seq2Seq
+
+    cfg = job(models, pairs, tmp_path, "unused", model).resolved()
+    task = Seq2Seq(cfg)
+    data = task.prepare_data(cfg.model, load_config(cfg.model))
+    built = task.build_model(cfg.model, data).train()
+    task.check_model(built)
+    return task, built, data
+
+
+@pytest.mark.parametrize("model", ["t5", "bert2bert"])
+def test_target_padding_is_never_in_the_loss(models, pairs, tmp_path, model):
+    """Labels (and decoder inputs) at padded target positions set to real token ids change neither the loss nor any
+    gradient: what counts is each target's own tokens. And the loss over those tokens is transformers' own."""
+    task, built, _ = prepared_task(models, pairs, tmp_path, model)
+    assert task.fuses_head_loss  # the fused head and loss is what training runs
+    batch = batch_of(
+        task, [([101, 7, 8, 9, 102], [11, 12, 13, 102]), ([101, 5, 102], [14, 102]), ([101, 6, 102], [102])]
+    )
+    assert int(batch["target_mask"].sum()) == 7 and batch["labels"].shape == (3, 4)
+
+    def loss_and_grads(b):
+        built.zero_grad()
+        loss = task.loss_sum(task.forward(built, b), b)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in built.named_parameters() if p.grad is not None}
+
+    loss, grads = loss_and_grads(batch)
+    changed = {**batch, "labels": batch["labels"].clone(), "decoder_input_ids": batch["decoder_input_ids"].clone()}
+    pad = ~batch["target_mask"]
+    changed["labels"][pad] = torch.tensor([2000, 2001, 2002, 2003, 2004])
+    changed["decoder_input_ids"][pad] = torch.tensor([3000, 3001, 3002, 3003, 3004])
+    loss2, grads2 = loss_and_grads(changed)
+    assert torch.equal(loss, loss2)
+    assert grads.keys() == grads2.keys() and all(torch.allclose(grads[k], grads2[k], atol=1e-7) for k in grads)
+    with torch.no_grad():  # transformers' own loss: the mean cross-entropy of the labels that are not -100
+        theirs = built(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    assert float(loss) / 7 == pytest.approx(float(theirs.loss), rel=1e-5)
+
+
+def test_the_decoder_input_is_the_target_shifted_behind_the_start_token(models, pairs, tmp_path):
+    task, _, data = prepared_task(models, pairs, tmp_path, "bert2bert")
+    assert task.ids.start == 101  # a bert2bert decoder starts from [CLS] ...
+    targets = data.train.features.target
+    firsts = targets.input_ids[targets.offsets[:-1]]
+    assert 101 not in firsts and (targets.input_ids[targets.offsets[1:] - 1] == 102).all()  # ... so it is no target
+    batch = batch_of(task, [([101, 7, 102], [11, 12, 102]), ([101, 5, 102], [14, 102])])
+    assert batch["decoder_input_ids"].tolist() == [[101, 11, 12], [101, 14, 0]]
+    assert batch["labels"].tolist() == [[11, 12, 102], [14, 102, IGNORE]]
+
+
+# -- evaluation generates -------------------------------------------------------------------------------------------
+
+
+def test_rouge_of_a_known_prediction_set_is_rouge_scores(models, pairs, tmp_path):
+    """The task's ROUGE of generated ids (decoded, special tokens left out, gathered in any order) is rouge-score's
+    mean F-measure x 100 of the texts against the references of the same examples; BLEU and chrF are sacrebleu's."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    from leantrain.tasks.seq2seq import Seq2Seq
+
+    task, _, _ = prepared_task(models, pairs, tmp_path, "t5")
+    predictions = ["the cat sat", "a red house\nby the river", "dogs running", "", "blue blue blue"]
+    task.references = ["the cat sat on the mat", "a red house\nnear a river", "the dog ran", "nothing", "blue"]
+    width = 12
+    ids = np.full((5, width), task.ids.pad)
+    for i, text in enumerate(predictions):
+        tokens = task.tokenizer(text, add_special_tokens=False)["input_ids"] + [task.ids.eos]
+        ids[i, : len(tokens)] = tokens
+    order = np.array([3, 0, 4, 2, 1])  # as gathered from processes: rows in any order, with their example ids
+    rows = {"preds": ids[order], "index": order, "loss_sum": np.ones(5), "tokens": np.ones(5)}
+    scores = task.metrics(rows)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)
+    expected = [scorer.score(ref, pred) for pred, ref in zip(predictions, task.references)]
+    for kind in ("rouge1", "rouge2", "rougeL", "rougeLsum"):
+        assert scores[kind] == pytest.approx(100 * np.mean([e[kind].fmeasure for e in expected]), abs=1e-9), kind
+    assert expected[0]["rouge1"].fmeasure == pytest.approx(2 / 3)  # P 1, R 1/2 (a hand check of the oracle)
+    assert scores["mean_generated_tokens"] == pytest.approx(np.mean([(r != task.ids.pad).sum() for r in ids]))
+    translation = Seq2Seq(job(models, pairs, tmp_path, "bleu", metrics="bleu,chrf"))
+    translation.tokenizer, translation.ids, translation.references = task.tokenizer, task.ids, task.references
+    scores = translation.metrics(rows)
+    references = [task.references]
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(predictions, references).score, abs=1e-9)
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(predictions, references).score, abs=1e-9)
+
+
+@pytest.mark.parametrize("model", ["t5", "bert2bert"])
+def test_batched_generation_equals_generating_each_source_alone(models, pairs, tmp_path, model):
+    """Padding a source to its batch's longest (the attention mask hides it) changes no generated token."""
+    from leantrain.tasks.seq2seq import generate_ids, pad_sources
+
+    task, built, data = prepared_task(models, pairs, tmp_path, model)
+    built.eval()
+    sources = [data.eval.features.source.row(i)["input_ids"] for i in range(6)]
+    assert len({len(s) for s in sources}) > 2
+    ids, mask = pad_sources(sources, task.ids.pad)
+    together = generate_ids(built, ids, mask, task.ids, max_new_tokens=6)
+    for i, s in enumerate(sources):
+        alone = generate_ids(built, *pad_sources([s], task.ids.pad), task.ids, max_new_tokens=6)
+        assert torch.equal(together[i], alone[0]), i
+
+
+def write_animals(path: Path, n: int, seed: int) -> Path:
+    """The target names the first animal the source mentions (cat, dog), else says none: a task a tiny model learns
+    in a hundred steps, and only if the decoder learns to write what comes after its start token."""
+    rng = random.Random(seed)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["document", "summary"])
+        for _ in range(n):
+            src = rng.choices(WORDS, k=rng.randint(2, 10))
+            w.writerow([" ".join(src), next((x for x in src if x in ("cat", "dog")), "none")])
+    return path
+
+
+@pytest.mark.slow  # 120 optimizer steps, evaluate and predict: 200 s at load 12
+def test_a_run_learns_and_its_model_serves_evaluate_predict_and_automodel(models, tmp_path):
+    """A tiny T5 learns which animal a text names (chance scores about 40): its final ROUGE is what `evaluate`
+    gives on the same held-out rows (the --eval-limit sample), its `predict` is what the published model/ generates
+    through transformers alone, and its card says how to load it."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from leantrain.inference import evaluate, predict
+
+    data = (write_animals(tmp_path / "train.csv", 240, seed=3), write_animals(tmp_path / "eval.csv", 40, seed=4))
+    result = train(
+        job(models, data, tmp_path, "learn", optimizer="adamw", lr=1e-2, batch_size=8, epochs=4, eval_limit=30)
+    )
+    m = result.metrics
+    assert m["eval_rouge1"] > 90 and m["eval_loss"] < 0.5, m  # the random start: ROUGE 0, loss 10.3
+    again = evaluate(str(result.output_dir))  # the run's own held-out rows: the same 30 of the 40
+    assert again["examples"] == 30 and again["rouge1"] == pytest.approx(m["eval_rouge1"], abs=1e-9)
+    assert len(again["examples_shown"]) == 3 and set(again["examples_shown"][0]) == {"source", "reference", "generated"}
+    texts = ["the red cat sat on a mat", "big house", "a dog ran"]
+    ours = [r["generated_text"] for r in predict(str(result.output_dir), texts=texts)]
+    tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(result.model_dir).eval()
+    for text, generated in zip(texts, ours):
+        enc = tokenizer([text], return_tensors="pt", return_token_type_ids=False)
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False)
+        assert tokenizer.decode(out[0], skip_special_tokens=True).strip() == generated
+    card = (result.model_dir / "README.md").read_text()
+    assert "AutoModelForSeq2SeqLM" in card and "pipeline_tag: text2text-generation" in card
+
+
+def test_translation_pairs_and_the_task_aliases(models, tmp_path):
+    """A `translation` column of {language: text} read with --source-column/--target-column naming languages;
+    --task translation scores BLEU and chrF, summarization ROUGE."""
+    import pandas as pd
+
+    from leantrain.model.loading import load_config
+    from leantrain.tasks import resolve
+
+    df = pd.DataFrame({"translation": [{"en": "the cat", "fr": "le chat"}, {"en": "a dog", "fr": "un chien"}]})
+    cols = resolve_pair_columns(df, "wmt", "en", "fr")
+    assert (cols.source, cols.target, cols.translation) == ("en", "fr", "translation")
+    with pytest.raises(Exception, match="say which way with --source-column en --target-column fr"):
+        resolve_pair_columns(df, "wmt", None, None)
+    assert resolve_pair_columns(pd.DataFrame({"document": [], "summary": []}), "x", None, None).target == "summary"
+    config = load_config(str(models["t5"]))
+    for spelling, names in (("translation", ("bleu", "chrf", "loss")), ("summarization", None)):
+        task = resolve(TrainConfig(model=str(models["t5"]), task=spelling), config)
+        assert task.name == "seq2seq"
+        assert task.metric_names == (names or ("rouge1", "rouge2", "rougeL", "rougeLsum", "loss"))
+    assert TrainConfig(task="translation").metrics == "bleu,chrf"
+    assert TrainConfig(task="translation", metrics="rougeL").metrics == "rougeL"  # what the user said stands
+
+
+# -- bad input: one line, exit 2 ------------------------------------------------------------------------------------
+
+
+def _one_line_error(capsys, argv, *needles) -> None:
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_bad_input_is_one_line_naming_the_fix(models, pairs, tmp_path, capsys):
+    base = ["train", "--output-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    t5 = ["--model", str(models["t5"])]
+    only_sources = tmp_path / "sources.csv"
+    only_sources.write_text("source\nthe cat\na dog\n")
+    _one_line_error(capsys, [*base, *t5, "--data", str(only_sources)], "sources.csv", "--target-column")
+    _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--target-column", "summary"], "no column 'summary'")
+    decoder_only = ["--model", "preset:tiny-llama", "--task", "seq2seq", "--data", str(pairs[0])]
+    _one_line_error(capsys, [*base, *decoder_only], "decoder-only", "--task causal-lm")
+    _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--packing"], "--packing", "drop --packing")
+    _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--metrics", "accuracy"], "--metrics", "rouge1")
+    # the planner does not model encoder-decoders: `plan` and `--auto` say so
+    _one_line_error(capsys, ["plan", *t5, "--data", str(pairs[0])], "planner", "'t5' model (seq2seq)")
+    _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--auto"], "planner", "'t5' model (seq2seq)")
+
+
+# -- telemetry and LoRA ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["t5", "bert2bert"])
+def test_flops_of_a_training_micro_batch_are_what_it_computes(models, pairs, tmp_path, model):
+    """The FLOP meter's count of an encoder-decoder's micro-batch (the head at target tokens only, fused with the
+    loss) equals torch's FlopCounterMode count of that forward and backward."""
+    from dataclasses import replace
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from leantrain.model.attention import set_up
+    from leantrain.telemetry.flops import FlopMeter, flop_model
+
+    task, built, _ = prepared_task(models, pairs, tmp_path, model)
+    set_up(built, "eager", "cpu", "fp32")  # FlopCounterMode does not count CPU SDPA kernels
+    task.check_model(built)
+    batch = batch_of(task, [([101, 7, 8, 9, 102], [11, 12, 13, 102]), ([101, 5, 102], [14, 102])])
+    in_place = {torch.ops.aten.addmm_: lambda _c, a, b, out_shape=None: 2 * a[0] * a[1] * b[1]}
+    with FlopCounterMode(display=False, custom_mapping=in_place) as counter:
+        task.loss_sum(task.forward(built, batch), batch).backward()
+    meter = FlopMeter(replace(flop_model(built), tail_per_row=task.tail_flops(built)))
+    counted = meter.add(batch["input_ids"], None, None, task.tail_rows(batch), batch["target_mask"])
+    assert counted == pytest.approx(counter.get_total_flops(), rel=1e-6)
+
+
+def test_lora_trains_adapters_only_and_publishes_a_plain_model(models, pairs, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    result = train(job(models, pairs, tmp_path, "lora", "bert2bert", lora=True, lora_r=4, max_steps=3, batch_size=8))
+    m = result.metrics
+    assert 0 < m["gradients_bytes"] < 0.2 * m["weights_bytes"]  # adapters only: no encoder, decoder or embedding "head"
+    model = AutoModelForSeq2SeqLM.from_pretrained(result.model_dir)
+    assert type(model).__name__ == "EncoderDecoderModel" and not any("lora" in n for n, _ in model.named_parameters())
