@@ -91,7 +91,7 @@ def test_hidden_matrix_state_of_a_causal_lm_with_tied_embeddings_matches(optimiz
             p.grad = torch.ones_like(p)
         opt.step()
     facts = M.model_facts("tiny-llama", config=config)
-    assert facts.task == "causal-lm" and sum(facts.inventory.hidden) == 2 * 7  # q k v o gate up down, 2 layers
+    assert facts.kind == "causal-lm" and sum(facts.inventory.hidden) == 2 * 7  # q k v o gate up down, 2 layers
     assert facts.inventory.state_bytes(optimizer, settings) == state_bytes(opt)
 
 
