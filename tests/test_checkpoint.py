@@ -113,9 +113,21 @@ def test_sampler_starts_at_a_global_batch_without_building_the_skipped_ones(monk
         dict(optimizer="adamw8bit"),
         # the loss scaler's state; fp16 is emulated (slow) on CPUs without AVX-512 FP16
         pytest.param(dict(optimizer="adamw", precision="fp16", grad_accum=2, batch_size=12), marks=pytest.mark.slow),
+        # a warm-up of 6 steps spans the resumption at step 4; GaLore's SVD refreshes at steps 6 and APOLLO's random
+        # projection at 4 and 7 (every 3), inside the resumed span; schedule-free switches to its average at each
+        # evaluation (3, 6) and save (2, 4, 6, 8) and back
+        dict(optimizer="muon", warmup_steps=6),
+        dict(optimizer="schedule-free-adamw", scheduler="constant", warmup_steps=6),
+        # (elementwise state like AdamW's; 14-18 s each at load 10)
+        pytest.param(dict(optimizer="schedule-free-sgd", scheduler="constant", warmup_steps=6, lr=0.05),
+                     marks=pytest.mark.slow),
+        pytest.param(dict(optimizer="lion", warmup_steps=6, lr=5e-4), marks=pytest.mark.slow),
+        dict(optimizer="galore-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3),
+        dict(optimizer="apollo-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3),
     ],
-    ids=["adamw", "adafactor", "adamw8bit", "fp16-accum"],
-)
+    ids=["adamw", "adafactor", "adamw8bit", "fp16-accum", "muon", "schedule-free-adamw", "schedule-free-sgd", "lion",
+         "galore", "apollo"],
+)  # fmt: skip
 def test_resuming_a_checkpoint_gives_bitwise_the_same_run(job, changes):
     if changes["optimizer"] == "adamw8bit":
         pytest.importorskip("bitsandbytes")
@@ -130,6 +142,11 @@ def test_resuming_a_checkpoint_gives_bitwise_the_same_run(job, changes):
     assert_same_weights(whole.output_dir, resumed.output_dir)
     assert loss_log(resumed.output_dir) == loss_log(whole.output_dir)
     assert [s for s, _ in loss_log(resumed.output_dir)] == list(range(1, 9))
+    # and the resumed span trained: every weight matrix moved from the checkpoint's (a run whose optimizer never
+    # stepped, such as one whose learning rate stayed at the warm-up's 0, would also resume "exactly")
+    at4, end = load_file(ckpt / "model.safetensors"), weights(resumed.output_dir)
+    still = [k for k, v in end.items() if v.ndim == 2 and torch.equal(v, at4[k])]
+    assert not still, f"{len(still)} matrices never moved after step 4, e.g. {still[0]}"
 
 
 def test_a_resumed_mixture_equals_the_run_left_alone_across_a_sources_restart(job, tmp_path):

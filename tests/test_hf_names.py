@@ -93,7 +93,7 @@ def test_strategies_follow_training_arguments():
         (["--eval_strategy", "epoch", "--eval_steps", "10"], "--eval-steps needs eval_strategy steps, not epoch"),
         (["--num-workers", "4"], "--ray-workers N sets Ray Train workers"),
         (["--num_workers", "4"], "--dataloader-num-workers N data-loader worker processes"),
-        (["--optim", "lion_32bit"], "optim 'lion_32bit' has no leantrain optimizer"),
+        (["--optim", "lion_8bit"], "optim 'lion_8bit' has no leantrain optimizer"),
         (["--save_strategy", "best"], "save_strategy best: use --load-best-at-end"),
     ],
 )

@@ -497,3 +497,80 @@ def test_fsdp_on_two_gpus_trains_close_to_ddp(setup, tmp_path):  # pragma: no co
         assert rc == 0, err[-3000:]
         runs[shard] = weights(out_dir)
     assert max_diff(runs["none"], runs["fsdp"]) <= 1e-4
+
+
+# -- every optimizer across processes ------------------------------------------------------------------------------
+
+#: learning rates at which each moves the tiny BERT in a few steps (schedule-free SGD's is SGD's)
+OPTIMIZER_LR = {"muon": 3e-3, "schedule-free-adamw": 3e-3, "galore-adamw": 3e-3, "apollo-adamw": 3e-3}
+
+
+def optimizer_job(base: dict, optimizer: str) -> dict:
+    job = dict(base, optimizer=optimizer, lr=OPTIMIZER_LR[optimizer], epochs=1)
+    job.update(projection_rank=8, projection_update_interval=3)  # refreshed at steps 3 and 6 of the 7
+    if optimizer.startswith("schedule-free"):
+        job.update(scheduler="constant")
+    return job
+
+
+# two 2-process runs and two 1-process runs each: 60-90 s at load 12
+@pytest.mark.parametrize("optimizer", list(OPTIMIZER_LR))
+def test_two_processes_compute_exactly_what_one_does_on_the_same_micro_batches(setup, optimizer):
+    """Two processes of 8 examples a step equal, bitwise, one process that accumulates the same two micro-batches of
+    8 (the same forward passes; the all-reduce sums the same two gradients): the processes split the data, sum the
+    gradients, and step (Muon's orthogonalisation, GaLore's SVD, APOLLO's seeded random projections, schedule-free's
+    average) as one process does, and they agree (each evaluates half the held-out rows with its own weights). Against
+    one micro-batch of 16, elementwise rules stay within 1e-5 (a tensor whose gradient is zero but for rounding
+    excepted: Adam's division turns its noise into steps); Muon's bf16 Newton-Schulz and GaLore's SVD magnify the
+    rounding of summing the batch in two parts (7.7e-4 and 4.0e-4 on this job), which is why the exact comparison is
+    the one of the same micro-batches."""
+    root, base = setup
+    job = optimizer_job(base, optimizer)
+    runs = {}
+    for name, shape in {"accumulated": dict(batch_size=8, grad_accum=2), "two": dict(batch_size=8, num_processes=2),
+                        "one": dict(batch_size=16)}.items():  # fmt: skip
+        out_dir = root / f"{optimizer}-{name}"
+        rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, **shape, output_dir=out_dir)])
+        assert rc == 0, err[-3000:]
+        runs[name] = (weights(out_dir), json.loads((out_dir / "metrics.json").read_text()))
+    (acc, acc_metrics), (two, two_metrics), (one, _) = runs["accumulated"], runs["two"], runs["one"]
+    assert two_metrics["num_processes"] == 2 and acc_metrics["optimizer_steps"] == two_metrics["optimizer_steps"] == 7
+    different = [k for k in acc if not torch.equal(acc[k], two[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
+    assert two_metrics["eval_loss"] == pytest.approx(acc_metrics["eval_loss"], abs=1e-6)
+    if optimizer in ("schedule-free-adamw", "apollo-adamw"):
+        diffs = {k: (one[k] - two[k]).abs().max().item() for k in one if not k.endswith("key.bias")}
+        assert max(diffs.values()) <= TOL, max(diffs.items(), key=lambda kv: kv[1])
+
+
+# one 2-process run and one in-process run: about 40 s at load 12
+def test_schedule_free_sharded_with_fsdp_equals_one_process(setup):
+    """--shard fsdp with schedule-free AdamW: each process switches its shards to the averaged weights and back
+    around the evaluations and saves; model/ (gathered whole) is one process's within 1e-5 (the zero-gradient key
+    biases excepted, as above)."""
+    root, base = setup
+    job = dict(optimizer_job(base, "schedule-free-adamw"), eval_every=3, save_every=3)
+    one = train(TrainConfig(**job, batch_size=16, output_dir=str(root / "sf-fsdp-one"))).output_dir
+    out_dir = root / "sf-fsdp-two"
+    rc, _, err = run_job(
+        ["-m", "leantrain", "train", *flags(**job, batch_size=8, output_dir=out_dir, num_processes=2, shard="fsdp")]
+    )
+    assert rc == 0, err[-3000:]
+    a, b = weights(one), weights(out_dir)
+    diffs = {k: (a[k] - b[k]).abs().max().item() for k in a if not k.endswith("key.bias")}
+    assert max(diffs.values()) <= TOL, max(diffs.items(), key=lambda kv: kv[1])
+    metrics = [json.loads((d / "metrics.json").read_text())["eval_loss"] for d in (one, out_dir)]
+    assert metrics[0] == pytest.approx(metrics[1], abs=1e-5)
+
+
+def test_muon_sharded_with_fsdp_orthogonalises_whole_matrices(tmp_path):
+    """Under --shard fsdp each process holds rows of a matrix; Muon's Newton-Schulz iteration must run on the whole
+    matrix (DTensor gathers it), not on each shard: one step of two sharded processes is the unsharded step up to bf16
+    rounding, 20x closer than orthogonalising the halves apart would be (tests/parallel/muon_shards.py)."""
+    script = Path(__file__).with_name("muon_shards.py")
+    rc, _out, err = run_job(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path / "r.json")]
+    )
+    assert rc == 0, err[-3000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["sharded_vs_whole"] < result["per_shard_vs_whole"] / 10, result

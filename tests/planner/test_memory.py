@@ -15,6 +15,7 @@ from benchmarks.planner_measure import Trial, measure_trials
 
 from leantrain.config.units import parse_memory
 from leantrain.errors import ConfigError
+from leantrain.model.optimizers import OPTIMIZERS
 from leantrain.planner import memory as M
 
 TOLERANCE = 0.15
@@ -43,20 +44,55 @@ def test_config_checks_memory():
         TrainConfig(memory="eight")
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adamw8bit", "sgd"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer):
+    """The planner's count of each optimizer's state (from the model's config, on the meta device, its hidden
+    matrices picked there) is what the real optimizer holds after a step, byte for byte (rank 8 of the tiny BERT's
+    64-wide matrices; the default rank 128 is larger than them)."""
+    from types import SimpleNamespace
+
     from benchmarks.planner_measure import build_model
 
-    from leantrain.model.optimizers import build_optimizer, predicted_state_bytes, state_bytes
+    from leantrain.model.optimizers import build_optimizer, state_bytes, use_weights
 
+    if optimizer == "adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    settings = SimpleNamespace(projection_rank=8)
     model = build_model(str(tiny_model_dir))
-    opt = build_optimizer(model, optimizer, lr=1e-3, weight_decay=0.01)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    opt.step()
+    opt = build_optimizer(model, optimizer, lr=1e-3, weight_decay=0.01, settings=settings)
+    use_weights(optimizer, opt, "train")
+    for _ in range(2):  # (APOLLO's limiter keeps its last norm from the first step on)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
     facts = M.model_facts(str(tiny_model_dir))
     assert facts.params == sum(p.numel() for p in model.parameters())
-    assert predicted_state_bytes(facts.inventory.shapes, optimizer) == state_bytes(opt)
+    assert facts.inventory.state_bytes(optimizer, settings) == state_bytes(opt)
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "galore-adamw", "apollo-adamw"])
+def test_hidden_matrix_state_of_a_causal_lm_with_tied_embeddings_matches(optimizer):
+    """A Llama whose embedding is its output layer: the planner, on the meta device, picks the same hidden matrices
+    as the builder (the tied tensor counted once, under AdamW)."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from leantrain.model.optimizers import build_optimizer, state_bytes
+
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         architectures=["LlamaForCausalLM"])  # fmt: skip
+    model = LlamaForCausalLM(config)
+    settings = SimpleNamespace(projection_rank=4)
+    opt = build_optimizer(model, optimizer, lr=1e-3, settings=settings)
+    for _ in range(2):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+    facts = M.model_facts("tiny-llama", config=config)
+    assert facts.kind == "causal-lm" and sum(facts.inventory.hidden) == 2 * 7  # q k v o gate up down, 2 layers
+    assert facts.inventory.state_bytes(optimizer, settings) == state_bytes(opt)
 
 
 def test_activation_profile_separates_layers_batch_and_copies(tiny_model_dir):

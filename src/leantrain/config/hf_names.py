@@ -88,7 +88,25 @@ ROWS: tuple[Row, ...] = (
     Row("max_grad_norm", "max_grad_norm"),
     Row("lr_scheduler_type", "scheduler", "every get_scheduler schedule run per step; leantrain's constant warms up"),
     Row("lr_scheduler_kwargs", "scheduler_kwargs", "a mapping in YAML, JSON on the command line", _kwargs_json),
-    Row("optim", "optimizer", "adamw_torch(_fused), adafactor, adamw_bnb_8bit and sgd", _optim),
+    Row(
+        "optim",
+        "optimizer",
+        "adamw_torch(_fused), adafactor, adamw_bnb_8bit, sgd, schedule_free_adamw, schedule_free_sgd, lion_32bit, "
+        "galore_adamw, apollo_adamw (and --optimizer muon, which the Trainer lacks)",
+        _optim,
+    ),
+    Row(
+        "optim_args",
+        None,
+        "use --projection-rank, --projection-update-interval, --projection-scale (GaLore, APOLLO) or --muon-lr, "
+        "--muon-momentum (Muon)",
+    ),
+    Row(
+        "optim_target_modules",
+        None,
+        "GaLore, APOLLO and Muon take every 2-D weight of the model's repeated blocks (printed at start); the "
+        "embeddings and head step with AdamW",
+    ),
     Row("seed", "seed", "also seeds the data order, splits and head initialisation"),
     Row("output_dir", "output_dir", "default: runs/<timestamp>"),
     Row("overwrite_output_dir", "overwrite", "replaces a finished run only once the new one succeeds"),

@@ -430,9 +430,40 @@ class OptimizationConfig:
     scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
     max_grad_norm: float = _help("Clip the global gradient norm to this (0 disables clipping).", default=1.0)
     optimizer: str = _help(
-        f"Optimizer: {'|'.join(optimizers.names())}. adafactor and adamw8bit keep far less state than adamw "
-        "(`leantrain plan` lists each one's state and step cost).",
+        f"Optimizer: {'|'.join(optimizers.names())}. adafactor, adamw8bit, galore-adamw and apollo-adamw keep far "
+        "less state than adamw; muon and the schedule-free ones aim at fewer steps to a good model "
+        "(`leantrain plan` lists each one's state and step cost; docs/techniques/optimizers.md when to use which).",
         default="adamw",
+    )
+    # --- per-optimizer settings (model/optimizers.py SETTINGS holds their defaults)
+    muon_lr: float | None = _help(
+        "--optimizer muon: learning rate of the hidden matrices (default: --lr, which the update-size rule makes a "
+        "sensible start); the embeddings, head, norms and biases step with AdamW at --lr.",
+        default=optimizers.SETTINGS["muon_lr"],
+    )
+    muon_momentum: float = _help(
+        "--optimizer muon: Nesterov momentum of the hidden matrices.", default=optimizers.SETTINGS["muon_momentum"]
+    )
+    muon_lr_rule: str = _help(
+        f"--optimizer muon: how each matrix's update is sized, {'|'.join(optimizers.MUON_LR_RULES)}: match_rms_adamw "
+        "scales it to AdamW's update RMS (0.2 sqrt(max side)), so AdamW's learning rate carries over; original is "
+        "Keller Jordan's sqrt(max(1, rows/cols)), for learning rates near 0.02.",
+        default=optimizers.SETTINGS["muon_lr_rule"],
+    )
+    projection_rank: int = _help(
+        "--optimizer galore-adamw|apollo-adamw: rank of each hidden matrix's gradient projection (at most its "
+        "smaller side); lower keeps less state.",
+        default=optimizers.SETTINGS["projection_rank"],
+    )
+    projection_update_interval: int = _help(
+        "--optimizer galore-adamw|apollo-adamw: optimizer steps between refreshes of the projection (GaLore's SVD, "
+        "APOLLO's new random matrix).",
+        default=optimizers.SETTINGS["projection_update_interval"],
+    )
+    projection_scale: float | None = _help(
+        "--optimizer galore-adamw|apollo-adamw: scale of the projected update (default: GaLore 0.25, APOLLO 1.0, "
+        "as the HF Trainer).",
+        default=optimizers.SETTINGS["projection_scale"],
     )
     seed: int = _help("Seed for data order, splits, head initialisation and dropout.", default=42)
     on_nan: str = _help(
@@ -538,6 +569,7 @@ class OptimizationConfig:
                 raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
         _check_schedule(self)  # HF Trainer users
         optimizers.entry(self.optimizer)  # refused in one line when unknown
+        _check_optimizer_settings(self)
         _choice(self, "on_nan", ON_NAN)
         _check_losses(self)
         _check_online_rl(self)
@@ -584,7 +616,7 @@ class EfficiencyConfig:
     )
     auto_optimizer: bool = _help(
         "With --auto: the planner may also replace --optimizer by adamw, adafactor or adamw8bit (that changes the "
-        "results, not only the cost; --optimizer sgd is always kept).",
+        "results, not only the cost; any other --optimizer, such as sgd or muon, is always kept).",
         default=False,
     )
     memory: str | None = _help(
@@ -835,6 +867,7 @@ class TrainConfig(
                 "--auto measures the whole data set's lengths; with --streaming choose the batch yourself"
             )
         _check_best_and_stopping(self)  # HF Trainer users
+        optimizers.check(self.optimizer, self)  # what the optimizer refuses: a schedule, --shard fsdp, --lora
 
     def section(self, cls: type[_Section]) -> _Section:
         """This config's values of one section, e.g. `cfg.section(CheckpointConfig)`."""
@@ -1095,6 +1128,17 @@ def _check_lora(cfg: ModelConfig) -> None:
     for name in ("quantize", "save_adapter"):
         if getattr(cfg, name) and not cfg.lora:
             raise ConfigError(f"{_flag(name)} needs --lora (it trains adapters over a frozen base); add --lora")
+
+
+def _check_optimizer_settings(cfg: OptimizationConfig) -> None:
+    _positive(cfg, "projection_rank", "projection_update_interval")
+    for name in ("muon_lr", "projection_scale"):
+        value = getattr(cfg, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{_flag(name)} must be positive, got {value}")
+    if not 0 <= cfg.muon_momentum < 1:
+        raise ConfigError(f"{_flag('muon_momentum')} must be in [0, 1), got {cfg.muon_momentum}")
+    _choice(cfg, "muon_lr_rule", optimizers.MUON_LR_RULES)
 
 
 # --- metrics and losses

@@ -13,6 +13,7 @@ import numpy as np
 from leantrain.config import TrainConfig
 from leantrain.config.units import format_bytes
 from leantrain.errors import LeantrainError
+from leantrain.model import optimizers
 from leantrain.planner.memory import LoraSpec, ModelFacts
 from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
 
@@ -58,11 +59,13 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         seq_len=cfg.max_length,
         device=device,
         num_processes=num_processes,
-        # an explicit precision is kept (auto lets the planner choose); so is sgd, which nothing replaces
+        # an explicit precision is kept (auto lets the planner choose); so is an optimizer the planner does not
+        # choose among (sgd, muon, schedule-free, ...: their results differ, not only their cost)
         precisions=None if cfg.precision == "auto" else (cfg.precision,),
-        optimizers=("sgd",) if cfg.optimizer == "sgd" else available_optimizers(),
+        optimizers=available_optimizers() if optimizers.entry(cfg.optimizer).planned else (cfg.optimizer,),
         lora=LoraSpec.of(cfg),  # LoRA
         **reference_of(cfg),
+        optimizer_settings={name: getattr(cfg, name) for name in optimizers.SETTINGS},
     )
     return request, source
 
@@ -141,8 +144,8 @@ def plan_run(cfg: TrainConfig, data: Any = None) -> tuple[TrainConfig, Plan]:
     # keeps a margin below the budget
     budget = int(request.budget * AUTO_BUDGET_SHARE)
     source += f", planned within {AUTO_BUDGET_SHARE:.0%} of it ({format_bytes(budget)})"
-    optimizers = request.optimizers if cfg.auto_optimizer else (cfg.optimizer,)
-    request = dataclasses.replace(request, budget=budget, optimizers=optimizers)
+    candidates = request.optimizers if cfg.auto_optimizer else (cfg.optimizer,)
+    request = dataclasses.replace(request, budget=budget, optimizers=candidates)
     plan = make_plan(request, facts=facts)
     plan.notes[:0] = [f"budget: {source}", *notes]
     plan.notes += precompute_note(cfg, plan, data)

@@ -65,6 +65,9 @@ class ParamInventory:
     linear_shapes: tuple[tuple[int, ...], ...]
     #: numel of the buffers (position ids etc.): weights the optimizer does not touch
     buffer_bytes: int = 0
+    #: per shape, whether it is a hidden matrix (a 2-D weight in the repeated blocks: Muon's, GaLore's; see
+    #: `model.optimizers.hidden_matrices`); empty: none is
+    hidden: tuple[bool, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -73,6 +76,19 @@ class ParamInventory:
     @property
     def largest(self) -> int:
         return max((math.prod(s) for s in self.shapes), default=0)
+
+    @property
+    def largest_hidden(self) -> int:
+        return max((math.prod(s) for s, h in zip(self.shapes, self.hidden) if h), default=0)
+
+    def state_bytes(self, optimizer: str, settings: Any = None) -> int:
+        """The optimizer's state for these parameters (the registry's count)."""
+        hidden = self.hidden or (False,) * len(self.shapes)
+        return optimizers.predicted_state_bytes(self.shapes, optimizer, hidden, settings)
+
+    def temporaries(self, optimizer: str) -> int:
+        """The optimizer step's temporaries (the registry's fitted copies)."""
+        return optimizers.predicted_temporaries(self.largest, self.largest_hidden, self.numel, optimizer)
 
 
 @dataclass(frozen=True)
@@ -267,8 +283,15 @@ def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = F
         if isinstance(module, torch.nn.Linear) and name.split(".")[0] not in head:
             largest = max(largest, module.weight.numel())
     peft_model = _with_adapters(net, spec)
-    shapes = tuple(tuple(p.shape) for p in peft_model.parameters() if p.requires_grad)
-    return LoraInventory(ParamInventory(shapes, ()), frozen, largest)
+    return LoraInventory(_trainable(peft_model, ()), frozen, largest)
+
+
+def _trainable(net, linear: tuple[tuple[int, ...], ...], buffers: int = 0) -> ParamInventory:
+    """The trainable parameters of `net` by shape, with which are hidden matrices."""
+    hidden = optimizers.hidden_matrices(net)
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    shapes = tuple(tuple(p.shape) for p in trainable)
+    return ParamInventory(shapes, linear, buffers, tuple(id(p) in hidden for p in trainable))
 
 
 # --- end LoRA
@@ -477,10 +500,9 @@ def _inventory(config_json: str, trust_remote_code: bool = False) -> ParamInvent
     import torch
 
     net = _build(_config_from_json(config_json), "meta", trust_remote_code)
-    shapes = tuple(tuple(p.shape) for p in net.parameters() if p.requires_grad)
     linear = tuple(tuple(m.weight.shape) for m in net.modules() if isinstance(m, torch.nn.Linear))
     buffers = sum(b.numel() * b.element_size() for b in net.buffers())
-    return ParamInventory(shapes, linear, buffers)
+    return _trainable(net, linear, buffers)
 
 
 def _saved_bytes(
@@ -642,11 +664,13 @@ def estimate(
     workspace: WorkspaceModel = DEFAULT_WORKSPACE,
     lora: LoraSpec | None = None,
     counted: float = 1.0,
+    settings: Any = None,
 ) -> MemoryEstimate:
     """Predicted peak training memory of one configuration (see the module docstring). With `lora`, gradients and
     optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized).
     `counted`: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
-    completions only): its logits, their copies and gradients are that share of every position's."""
+    completions only): its logits, their copies and gradients are that share of every position's. `settings`: the
+    optimizer's (e.g. a projection rank), any object with the config's fields."""
     inv = facts.inventory
     weights = 4 * inv.numel + inv.buffer_bytes
     dequantized = 0
@@ -656,7 +680,7 @@ def estimate(
         weights = lora_inv.frozen_bytes + 4 * inv.numel + facts.inventory.buffer_bytes
         dequantized = 4 * lora_inv.largest_linear if lora.quantize else 0  # one layer's weight, in each forward
     grads = 4 * inv.numel
-    state = optimizers.predicted_state_bytes(inv.shapes, optimizer)
+    state = inv.state_bytes(optimizer, settings)
     profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora, counted=counted)
     act = profile.saved(micro_batch, facts.layers, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
@@ -681,7 +705,7 @@ def estimate(
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else 0
     backward = act + bwd_ws + grads_in_backward + dequantized
-    opt_ws = optimizers.entry(optimizer).temporaries * 4 * inv.largest  # the registry's fitted temporaries
+    opt_ws = inv.temporaries(optimizer)  # the registry's fitted temporaries
     step = grads + opt_ws
     runtime = workspace.runtime_bytes(device, precision)
     return MemoryEstimate(

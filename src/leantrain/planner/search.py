@@ -58,6 +58,15 @@ class PlanRequest:
     reference_forward: float = 0.0
     #: a frozen copy of the weights beside the policy, in the run's precision (a preference task's reference)
     reference_copy: bool = False
+    #: the run's per-optimizer settings (`model.optimizers.SETTINGS`' names: a projection rank sizes GaLore's state)
+    optimizer_settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Any:
+        """The optimizer settings as the registry reads them (attributes)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(**self.optimizer_settings)
 
     @property
     def per_process_batch(self) -> int:
@@ -214,7 +223,7 @@ def enumerate_candidates(
                     accum = request.per_process_batch // micro
                     mem = estimate(
                         facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device,
-                        lora=request.lora, counted=request.counted,
+                        lora=request.lora, counted=request.counted, settings=request.settings,
                     )  # fmt: skip
                     secs = step_seconds(
                         speed,
@@ -406,6 +415,7 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     choose(plan)
     if request.lora is None:
         plan.notes += lora_notes(request, facts)
+    plan.notes.append(optimizer_note(request, facts, speed))
     return plan
 
 
@@ -429,6 +439,23 @@ def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> 
         if request.counted < 1.0:
             notes.append(f"logits at {request.counted:.0%} of a row's positions at most: those whose next token counts")
     return notes
+
+
+def optimizer_note(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> str:
+    """Every registered optimizer's state for this model (with the run's settings, e.g. a projection rank) and its
+    predicted step, beside AdamW's: what --optimizer would change (the candidates keep the planned ones)."""
+    from leantrain.planner.memory import lora_inventory
+
+    inv = lora_inventory(facts.config_json, request.lora).trainable if request.lora else facts.inventory
+    adamw = inv.state_bytes("adamw")
+    parts = []
+    for name in OPTIMIZERS:
+        state = inv.state_bytes(name, request.settings)
+        step_ms = 1e3 * speed.optimizer_seconds_per_param.get(name, 0.0) * inv.numel
+        parts.append(f"{name} {format_bytes(state)} ({state / max(adamw, 1):.2f}x), step ~{step_ms:.0f} ms")
+    return "optimizer state and step for this model (--optimizer NAME; see `leantrain train --help`): " + "; ".join(
+        parts
+    )
 
 
 def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:

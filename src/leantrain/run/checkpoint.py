@@ -662,14 +662,14 @@ def free_space_check(path: Path, checkpoint_bytes: int, keep: int | None, model_
     return None
 
 
-def estimate_checkpoint_bytes(model, optimizer_name: str) -> int:
+def estimate_checkpoint_bytes(model, optimizer_name: str, settings: Any = None) -> int:
     """Weights plus optimizer state, before the optimizer has made its (lazy) state: the state counted as the
-    planner counts it (one count of optimizer-state bytes in the package), plus 1 MiB of the rest."""
-    from leantrain.model.optimizers import predicted_state_bytes
+    planner counts it (one count of optimizer-state bytes in the package; `settings`: the run's, e.g. a projection
+    rank), plus 1 MiB of the rest."""
+    from leantrain.model.optimizers import model_state_bytes
 
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
-    return weights + predicted_state_bytes(shapes, optimizer_name) + (1 << 20)
+    return weights + model_state_bytes(model, optimizer_name, settings) + (1 << 20)
 
 
 # -- helpers --------------------------------------------------------------------------------------------------

@@ -79,7 +79,8 @@ class Checkpointer:
     def warn_if_short_of_space(self, model, model_bytes: int) -> None:
         """Before training: refuse a disk that cannot hold the final model (`model_bytes`: its weights and processor)
         or one checkpoint; warn when the checkpoints to keep and the model may not fit together."""
-        ckpt = checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer) if (self.every or self.keep_best) else 0
+        saves = self.every or self.keep_best
+        ckpt = checkpoint.estimate_checkpoint_bytes(model, self.cfg.optimizer, self.cfg) if saves else 0
         note = checkpoint.free_space_check(self.run.path, ckpt, self.cfg.save_total_limit, model_bytes)
         if note:
             self.say.info(f"warning: {note}")
@@ -122,20 +123,25 @@ class Checkpointer:
     before_save: Any = None
 
     def save(self, state: TrainState, reason: str, rng: dict, **rollback: Any) -> Path:
-        """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it."""
+        """Checkpoint the run as it stands (or as it stood, with `rollback` counters); every process calls it.
+        The weights saved are those evaluated (schedule-free's average), with the optimizer state that goes with
+        them; the run trains on from its training weights."""
+        from leantrain.model.optimizers import evaluation_weights
+
         if self.before_save is not None:
             self.before_save(state)
-        return self.dir.save(
-            dataclasses.replace(state, **rollback),
-            **self.trained,
-            rng=rng,
-            config=self.cfg.to_dict(),
-            facts=self.facts,
-            log_path=self.log_path,
-            reason=reason,
-            keep=self.cfg.save_total_limit,
-            processor=self.processor,
-        )
+        with evaluation_weights(self.cfg.optimizer, self.trained["optimizer"]):
+            return self.dir.save(
+                dataclasses.replace(state, **rollback),
+                **self.trained,
+                rng=rng,
+                config=self.cfg.to_dict(),
+                facts=self.facts,
+                log_path=self.log_path,
+                reason=reason,
+                keep=self.cfg.save_total_limit,
+                processor=self.processor,
+            )
 
     def saved(self, step: int) -> Path:
         return self.dir.root / f"{checkpoint.PREFIX}{step:06d}"

@@ -193,12 +193,14 @@ class Trainer:
 
     def _build_optimization(self) -> None:
         """Optimizer and schedule, Accelerate's placement, FLOP counting, compile and local SGD."""
-        from leantrain.model.optimizers import build_optimizer
+        from leantrain.model.optimizers import build_optimizer, describe_split
         from leantrain.model.schedules import build_scheduler
         from leantrain.parallel.local_sgd import LocalSGD
 
         cfg = self.cfg
-        optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
+        optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg)
+        if split := describe_split(self.model, cfg.optimizer):  # Muon's, GaLore's: which parameters get its rule
+            self.say.info(split)
         scheduler = build_scheduler(
             optimizer, cfg.scheduler, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
         )
@@ -383,8 +385,11 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------------------
     def fit(self) -> TrainResult:
         """Train to the last step, evaluating and saving as the components decide; then publish the run."""
+        from leantrain.model.optimizers import use_weights
+
         state, logger = self.state, self.logger
         self.model.train()
+        use_weights(self.cfg.optimizer, self.optimizer, "train")  # schedule-free: its training weights, also on resume
         logger.start(self.model)
         if self.resume_rng is not None:
             checkpoint.set_rng_state(self.resume_rng)  # last, so that nothing above moves it
@@ -589,10 +594,13 @@ class Trainer:
         state, logger = self.state, self.logger
         if not self.evaluator.should_evaluate(state.step, self.total_steps):
             return False
+        from leantrain.model.optimizers import evaluation_weights
+
         with logger.paused(), logger.timer.phase("eval"):
             with logger.timer.phase("comm"):
                 self.local_sgd.sync()  # evaluate the averaged model, as the final one will be
-            metrics = self._evaluate()
+            with evaluation_weights(self.cfg.optimizer, self.optimizer):  # schedule-free: its averaged weights
+                metrics = self._evaluate()
         logger.eval_row(state.step, metrics, self.evaluator.by_source)
         self.say.info(f"step {state.step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
         for name, scores in self.evaluator.by_source.items():
@@ -611,9 +619,11 @@ class Trainer:
     # -- the end -----------------------------------------------------------------------------------------------
     def _finish(self) -> TrainResult:
         """The final evaluation, metrics.json, the model and its processor, the report; then publish atomically."""
+        from leantrain.model.optimizers import use_weights
         from leantrain.telemetry.peak import distrust
 
         logger, acc = self.logger, self.accelerator
+        use_weights(self.cfg.optimizer, self.optimizer, "eval")  # schedule-free: its average is evaluated and published
         peak = logger.memory.report()
         eval_metrics, model_step = self._final_evaluation()
         logger.close()
