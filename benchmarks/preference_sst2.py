@@ -149,6 +149,7 @@ def main() -> None:
     parser.add_argument("--dpo-steps", type=int, default=300)
     parser.add_argument("--dpo-lr", type=float, default=1e-4)
     parser.add_argument("--beta", type=float, default=0.1)
+    parser.add_argument("--sft-weight", type=float, default=0.0, help="DPO's --sft-weight (the chosen's NLL term)")
     parser.add_argument("--rm-steps", type=int, default=600)
     parser.add_argument("--rm-lr", type=float, default=3e-4)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -173,7 +174,8 @@ def main() -> None:
 
     started = time.perf_counter()
     pairs = dict(common, model=str(sft_model), data=str(pairs_train), eval_data=str(pairs_dev))
-    dpo_job = dict(pairs, task="dpo", lr=args.dpo_lr, beta=args.beta, max_steps=args.dpo_steps)
+    dpo_job = dict(pairs, task="dpo", lr=args.dpo_lr, beta=args.beta, sft_weight=args.sft_weight)
+    dpo_job.update(max_steps=args.dpo_steps)
     dpo = train(TrainConfig(**dpo_job, precompute_reference=True, output_dir=str(work / "dpo")))
     dpo_seconds = time.perf_counter() - started
     after = {"dev": generated_label_accuracy(dpo.model_dir, sft_dev, cache),
@@ -192,7 +194,8 @@ def report(args, env, sft_facts, before, after, dpo, dpo_seconds, rm, rm_seconds
     gain = after["dev"] - before["dev"]
     data = {
         "sft": {**{k: v for k, v in sft_facts.items() if not isinstance(v, dict) or k == "corpus"}, "accuracy": before},
-        "dpo": {"steps": args.dpo_steps, "lr": args.dpo_lr, "beta": args.beta, "seconds": round(dpo_seconds, 1),
+        "dpo": {"steps": args.dpo_steps, "lr": args.dpo_lr, "beta": args.beta, "sft_weight": args.sft_weight,
+                "seconds": round(dpo_seconds, 1),
                 "accuracy": after, "dev_gain_points": 100 * gain, "goal_gain_points": 5.0,
                 **{k: dpo[k] for k in dpo if k.startswith("eval_") or k in ("reference", "reference_seconds",
                                                                           "steady_samples_per_second")}},
@@ -211,7 +214,8 @@ def report(args, env, sft_facts, before, after, dpo, dpo_seconds, rm, rm_seconds
         "|---|---|---|---|---|---|",
         f"| instruction-tuned (SFT) | {sft_facts.get('sft_steps', sft_facts.get('optimizer_steps'))} | "
         f"{sft_facts.get('seconds', '-')} | generated-label accuracy {before['dev']:.4f} | {before['test']:.4f} | |",
-        f"| DPO (--precompute-reference) | {d['steps']} | {d['seconds']} | generated-label accuracy "
+        f"| DPO (--precompute-reference, lr {d['lr']:g}, beta {d['beta']:g}, --sft-weight {d['sft_weight']:g}) | "
+        f"{d['steps']} | {d['seconds']} | generated-label accuracy "
         f"{after['dev']:.4f} ({d['dev_gain_points']:+.1f} points) | {after['test']:.4f} | +5 points |",
         f"| reward model | {r['steps']} | {r['seconds']} | pairwise accuracy {r['dev_pairwise_accuracy']:.4f} | "
         f"{r['test_pairwise_accuracy']:.4f} | >= 0.85 |",

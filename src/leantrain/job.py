@@ -103,7 +103,8 @@ _INFERENCE_FIELDS = (
     # a sequence-to-sequence run's generation settings, which its evaluation generates with
     *("generation_max_new_tokens", "generation_num_beams"),
     # a preference run's loss, which its evaluation scores held-out pairs with
-    *("preference_loss", "beta", "simpo_gamma", "label_smoothing", "desirable_weight", "undesirable_weight"),
+    *("preference_loss", "beta", "simpo_gamma", "sft_weight", "label_smoothing"),
+    *("desirable_weight", "undesirable_weight"),
 )
 #: what a trained model never runs again at inference, whatever its run did
 _NOT_AT_INFERENCE = {"lora": False, "quantize": None, "save_adapter": False, "streaming": False, "limit": None}

@@ -130,15 +130,27 @@ def test_each_loss_is_its_formula(kind):
     assert torch.allclose(rewards, expected)
 
 
+@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "simpo"])
+def test_the_sft_weight_adds_each_pairs_mean_nll_of_its_chosen(kind):
+    reference = None if kind == "simpo" else REFERENCE
+    plain, rewards = pair_losses(kind, LOGPS, reference, TOKENS, 0.7, 0.0, 0.3)
+    losses, same_rewards = pair_losses(kind, LOGPS, reference, TOKENS, 0.7, 0.0, 0.3, sft_weight=0.4)
+    nll = [-pc / nc for (pc, _), (nc, _) in zip(LOGPS.tolist(), TOKENS.tolist())]
+    assert losses.tolist() == pytest.approx([p + 0.4 * n for p, n in zip(plain.tolist(), nll)], rel=1e-9)
+    assert torch.equal(rewards, same_rewards)  # the rewards (and so the logged margins) are DPO's own
+
+
 def test_robust_without_flips_is_dpo():
     robust, _ = pair_losses("robust", LOGPS, REFERENCE, TOKENS, 0.5, 0.0)
     assert torch.allclose(robust, pair_losses("sigmoid", LOGPS, REFERENCE, TOKENS, 0.5)[0])
 
 
 # -- against TRL's DPOTrainer ------------------------------------------------------------------------------------
-def trl_first_step(llama_dir: Path, rows: list[dict], tmp_path: Path, kind: str, beta: float, smoothing: float):
+def trl_first_step(
+    llama_dir: Path, rows: list[dict], tmp_path: Path, kind: str, beta: float, smoothing: float, sft: float = 0.0
+):
     """TRL's DPOTrainer, one SGD step (lr 1, no clipping) over all `rows` in one batch: its loss and the weights
-    after the step (the initial weights minus the gradient)."""
+    after the step (the initial weights minus the gradient). `sft`: the weight of TRL's "sft" loss beside `kind`."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
@@ -155,7 +167,8 @@ def trl_first_step(llama_dir: Path, rows: list[dict], tmp_path: Path, kind: str,
         weight_decay=0.0,
         max_grad_norm=0.0,
         beta=beta,
-        loss_type=[kind],
+        loss_type=[kind, "sft"] if sft else [kind],
+        loss_weights=[1.0, sft] if sft else None,
         label_smoothing=smoothing,
         max_length=32,
         logging_steps=1,
@@ -171,14 +184,19 @@ def trl_first_step(llama_dir: Path, rows: list[dict], tmp_path: Path, kind: str,
 
 
 @pytest.mark.slow  # TRL's import and two trainings: 20-25 s (load 2)
-@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge", "robust"])
+@pytest.mark.parametrize("kind", ["sigmoid", "ipo", "hinge", "robust", "sigmoid+sft"])
 def test_the_first_step_is_trls_dpo_trainers(run, llama_dir, tmp_path, kind):
     """The same model, rows and beta: the first step's loss and every weight after one SGD step of lr 1 (so the
-    gradient itself) within 1e-5; and the logged metrics under TRL's names equal TRL's."""
+    gradient itself) within 1e-5; and the logged metrics under TRL's names equal TRL's. (With the sft term every
+    chosen is " moon", one length: TRL's sft term, a token mean over the batch, is then each pair's mean.)"""
+    kind, _, sft = kind.partition("+")
     rows = pair_rows(8, seed=5)
+    if sft:
+        rows = [{**r, "chosen": " moon", "rejected": r["rejected"].replace("moon", "sun")} for r in rows]
     data = write_jsonl(tmp_path / "eight.jsonl", rows)
-    logged, trl_weights = trl_first_step(llama_dir, rows, tmp_path, kind, beta=0.5, smoothing=0.2)
-    job = dict(data=str(data), eval_data=str(data), batch_size=8, max_steps=1, lr=1.0, beta=0.5)
+    weight = 0.4 if sft else 0.0
+    logged, trl_weights = trl_first_step(llama_dir, rows, tmp_path, kind, beta=0.5, smoothing=0.2, sft=weight)
+    job = dict(data=str(data), eval_data=str(data), batch_size=8, max_steps=1, lr=1.0, beta=0.5, sft_weight=weight)
     result, weights = run(preference_loss=kind, label_smoothing=0.2, **job)
     _, start = run(preference_loss=kind, label_smoothing=0.2, **{**job, "lr": 1e-30})
     ours = log_rows(result)[0]

@@ -495,6 +495,12 @@ class OptimizationConfig:
         default=0.1,
     )
     simpo_gamma: float = _help("SimPO: the target reward margin between chosen and rejected.", default=0.5)
+    sft_weight: float = _help(
+        "DPO: add this weight x the chosen completion's mean negative log-likelihood per token to each pair's loss "
+        '(RPO; TRL\'s loss_type [..., "sft"] with loss_weights), so the chosen stays likely while the margin '
+        "grows: without it DPO can push probability off both completions. 0: off.",
+        default=0.0,
+    )
     desirable_weight: float = _help("KTO: the weight of a desirable (label true) example's loss.", default=1.0)
     undesirable_weight: float = _help("KTO: the weight of an undesirable (label false) example's loss.", default=1.0)
     # --- end preference tuning
@@ -1154,7 +1160,7 @@ def _check_losses(cfg: OptimizationConfig) -> None:
     _choice(cfg, "preference_loss", PREFERENCE_LOSSES)
     if not (cfg.beta > 0 and math.isfinite(cfg.beta)):
         raise ConfigError(f"--beta must be a positive number, got {cfg.beta}")
-    for name in ("simpo_gamma", "desirable_weight", "undesirable_weight"):
+    for name in ("simpo_gamma", "sft_weight", "desirable_weight", "undesirable_weight"):
         if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
             raise ConfigError(f"{_flag(name)} must be a number >= 0, got {getattr(cfg, name)}")
     if cfg.preference_loss == "robust" and not cfg.label_smoothing < 0.5:

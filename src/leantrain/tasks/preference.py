@@ -49,6 +49,7 @@ def pair_losses(
     beta: float,
     label_smoothing: float = 0.0,
     simpo_gamma: float = 0.5,
+    sft_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each pair's loss (pairs,) and its rewards (pairs, 2: chosen, rejected), from the summed log-probabilities of
     the completions (pairs, 2) under the policy and the reference (None for simpo and orpo) and their token counts.
@@ -59,7 +60,26 @@ def pair_losses(
     robust   (-(1-ε) log σ(β Δ) + ε log σ(-β Δ)) / (1 - 2ε): DPO robust to a share ε of flipped labels
     simpo    -log σ(β (π_c/n_c - π_r/n_r) - γ): SimPO, reference-free
     orpo     -π_c/n_c - β log σ(log odds(π_c/n_c) - log odds(π_r/n_r)), odds(p) = p/(1-p): ORPO
+
+    `sft_weight` w adds w (-π_c/n_c) to any of them (RPO): each pair's own mean NLL of its chosen tokens, where
+    TRL's "sft" term is the batch's token mean (equal when the chosen completions have equal lengths), so that
+    accumulation and processes stay exact.
     """
+    losses, rewards = _pair_losses(kind, policy_logps, reference_logps, tokens, beta, label_smoothing, simpo_gamma)
+    if sft_weight:
+        losses = losses - sft_weight * policy_logps[:, 0] / tokens[:, 0].float().clamp(min=1)
+    return losses, rewards
+
+
+def _pair_losses(
+    kind: str,
+    policy_logps: torch.Tensor,
+    reference_logps: torch.Tensor | None,
+    tokens: torch.Tensor,
+    beta: float,
+    label_smoothing: float,
+    simpo_gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = tokens.float().clamp(min=1)
     if kind in REFERENCE_FREE:
         mean = policy_logps / tokens
@@ -456,8 +476,9 @@ class DPO(PolicyTask):
         cfg = self.cfg
         logps, reference, tokens = self.pairs(outputs)
         return pair_losses(
-            cfg.preference_loss, logps, reference, tokens, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma
-        )
+            cfg.preference_loss, logps, reference, tokens, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma,
+            cfg.sft_weight,
+        )  # fmt: skip
 
     def loss_sum(self, outputs: PolicyOutputs, batch: dict[str, Any]) -> torch.Tensor:
         return self.losses(outputs)[0].sum()
