@@ -12,7 +12,7 @@ Every run's model is then scored on both held-out files (`leantrain.inference.ev
 show: the SMS perplexity close to the SMS-alone run's while the tweets' perplexity approaches the tweets-alone run's,
 where each single-source run is far off on the other corpus; and realised token shares at the weights.
 
-    python benchmarks/mixture_lm.py                     # 3 x 300 steps of 16 x 128 tokens (about 45 min on 2 cores)
+    python benchmarks/mixture_lm.py                     # 3 x 300 steps of 16 x 128 tokens (about 6 min on 2 cores)
     python benchmarks/mixture_lm.py --steps 20 --max-length 64 --batch-size 8   # a smoke test
 
 Writes benchmarks/results/mixture_lm.{json,md}.
