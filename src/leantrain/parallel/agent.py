@@ -50,6 +50,7 @@ def main() -> int:
         if logs is None:
             raise
         try:
+            logs.mkdir(parents=True, exist_ok=True)  # made on the first line written: none may have been yet
             with (logs / AGENT_LOG).open("a") as f:
                 f.write(f"{exc}\n")  # torch elastic's own report: every failure, its exit code, signal and pid
         except OSError:
@@ -73,6 +74,14 @@ def _world(module: str) -> int | None:
     return None
 
 
+class _FolderOnFirstLine(logging.FileHandler):
+    """A file handler that makes its folder when it first writes: a job without failures leaves no logs/."""
+
+    def _open(self):
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
 def _log_to_file(path: Path) -> None:
     """The elastic agent's own log lines ("Sending process 123 closing signal SIGTERM", "failed (exitcode: -9)")
     into `path`: the job's failure is told once, in leantrain's words."""
@@ -80,14 +89,7 @@ def _log_to_file(path: Path) -> None:
     import torch.distributed.elastic.multiprocessing.api
     import torch.distributed.run  # noqa: F401
 
-    class FolderOnFirstLine(logging.FileHandler):
-        """A file handler that makes its folder when it first writes: a job without failures leaves no logs/."""
-
-        def _open(self):
-            Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
-            return super()._open()
-
-    handler: logging.Handler = FolderOnFirstLine(path, delay=True)
+    handler: logging.Handler = _FolderOnFirstLine(path, delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
