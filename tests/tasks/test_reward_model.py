@@ -89,3 +89,25 @@ def test_the_model_scores_in_a_pipeline_as_predict_and_evaluate_do(run, pairs, t
 def test_a_reward_model_learns_which_completion_is_preferred(run):
     result, _ = run(optimizer="adamw", lr=3e-3, batch_size=16, max_steps=40, warmup_ratio=0.1)
     assert result.metrics["eval_accuracy"] >= 0.8 and result.metrics["eval_margin"] > 0
+
+
+def test_an_encoder_reward_model_reads_bert_sentence_pairs(tiny_model_dir, pairs, tmp_path):
+    """A BERT tokenizer has no EOS: each sequence is `[CLS] prompt [SEP] completion [SEP]`, BERT's own pair form, so
+    the published model scores (prompt, completion) in a pipeline as predict does."""
+    from transformers import AutoTokenizer, pipeline
+
+    job = dict(EXACT_JOB, optimizer="adamw", lr=1e-3, max_steps=4, batch_size=16)
+    result = train(TrainConfig(task="reward-model", model=str(tiny_model_dir), data=str(pairs), max_length=32,
+                               cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "run"), report=False,
+                               **job))  # fmt: skip
+    assert math.isfinite(result.metrics["eval_loss"])
+    tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
+    from leantrain.data.instructions import encode_completion
+
+    prompt_ids, completion_ids = encode_completion(tokenizer, "the cat is", " sun")
+    assert prompt_ids + completion_ids == tokenizer("the cat is", " sun")["input_ids"]
+    piped = pipeline("text-classification", model=str(result.model_dir))({"text": "the cat is", "text_pair": " sun"})
+    rows = [{"prompt": "the cat is", "chosen": " sun", "rejected": " moon"}]
+    one = write_jsonl(tmp_path / "one.jsonl", rows)
+    ours = predict(str(result.output_dir), data=str(one))
+    assert ours[0]["score"] == pytest.approx(piped["score"], abs=1e-5)

@@ -198,13 +198,16 @@ def encode_completion(tokenizer, prompt: Turn, completion: Turn) -> tuple[list[i
     """(prompt tokens, completion tokens): the prompt's as `encode_prompt` gives them, then the completion's, ending
     with EOS, tokenized apart so that the prompt's tokens are exactly those a model generating from it continues.
     Plain text: the completion's text. A chat: what the template renders after the prompt's cue for the assistant
-    (the completion's messages and the template's own tokens around them)."""
-    eos = tokenizer.eos_token_id
+    (the completion's messages and the template's own tokens around them). An encoder's tokenizer has no EOS: its
+    separator ends the completion, so a BERT reward model reads `[CLS] prompt [SEP] completion [SEP]`, its own
+    sentence-pair form."""
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    end = [] if eos is None else [eos]
     if isinstance(prompt, str) != isinstance(completion, str):
         raise DataError("a prompt and its completion must both be text or both be chat messages")
     if isinstance(completion, str):
         tokens = tokenizer(completion, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        return encode_prompt(tokenizer, prompt), [*tokens, eos]
+        return encode_prompt(tokenizer, prompt), [*tokens, *end]
     assert not isinstance(prompt, str)
     cue = render_chat(tokenizer, prompt, prompt=True)
     whole = render_chat(tokenizer, [*prompt, *completion], prompt=False)
@@ -213,7 +216,7 @@ def encode_completion(tokenizer, prompt: Turn, completion: Turn) -> tuple[list[i
         cue = cue[:cut]
     encode = lambda text: list(tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"])  # noqa: E731
     tokens = encode(whole[len(cue) :])
-    return encode(cue), tokens if tokens[-1:] == [eos] else [*tokens, eos]
+    return encode(cue), tokens if tokens[-1:] == end else [*tokens, *end]
 
 
 def as_turn(value: Any, source: str, column: str, row: int) -> Turn:

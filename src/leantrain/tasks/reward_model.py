@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from leantrain.data.lm import IGNORE
 from leantrain.errors import DataError
 from leantrain.tasks.base import PredictionInputs, TaskData, TrainingContext
 from leantrain.tasks.preference import PolicyTask
@@ -62,6 +63,8 @@ class RewardModel(PolicyTask):
         )
         model.config.problem_type = "regression"  # the pipeline returns the reward itself, no sigmoid
         model.config.pad_token_id = data.processor.pad_token_id  # where each row's last token is
+        # an encoder with sentence pairs (BERT) reads prompt and completion as its segments A and B
+        self.segments = getattr(model.config, "type_vocab_size", 0) > 1
         for module in model.modules():  # dropout off, as TRL's RewardTrainer turns it off
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
@@ -79,6 +82,12 @@ class RewardModel(PolicyTask):
         return SequencesCollator(data.processor.pad_token_id, packing=False)  # a classifier reads each row's end
 
     # -- a step ----------------------------------------------------------------------------------------------------
+    def model_inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        inputs = super().model_inputs(batch)
+        if getattr(self, "segments", False):  # the completion's tokens (the labelled ones) are segment B
+            inputs["token_type_ids"] = (batch["labels"] != IGNORE).long()
+        return inputs
+
     def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
         """Every sequence's reward (sequences,), fp32."""
         return model(**self.model_inputs(batch)).logits[:, 0].float()
@@ -125,7 +134,9 @@ class RewardModel(PolicyTask):
 
     # -- inference -------------------------------------------------------------------------------------------------
     def load_trained(self, model_path: str) -> torch.nn.Module:
-        return super(PolicyTask, self).load_trained(model_path)
+        model = super(PolicyTask, self).load_trained(model_path)
+        self.segments = getattr(model.config, "type_vocab_size", 0) > 1
+        return model
 
     def prediction_data(
         self, model_path: str, model_config: Any, inputs: PredictionInputs
