@@ -152,7 +152,12 @@ def main() -> None:
     parser.add_argument("--sft-weight", type=float, default=0.0, help="DPO's --sft-weight (the chosen's NLL term)")
     parser.add_argument("--rm-steps", type=int, default=600)
     parser.add_argument("--rm-lr", type=float, default=3e-4)
+    parser.add_argument("--rm-model", default=None, help="The reward model's base (default: the SFT model)")
+    parser.add_argument(
+        "--reward-only", action="store_true", help="Only the reward model: writes preference_sst2_reward.{json,md}"
+    )
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--precision", default="auto", help="--reward-only: the reward model's precision")
     parser.add_argument("--results", default=str(RESULTS), help="Folder for preference_sst2.{json,md}")
     args = parser.parse_args()
 
@@ -163,6 +168,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     common = dict(max_length=128, batch_size=args.batch_size, warmup_ratio=0.05, scheduler="cosine",
                   cache_dir=str(work / "cache"), overwrite=True, progress=False, report=False)  # fmt: skip
+    if args.reward_only:
+        return stage_reward(args, env, work, common)
     sft_model, sft_facts = stage_sft(args, work, common)
     sft_dev = instruction_file(work / "sft_dev.jsonl", sst2_rows("dev"))
     sft_test = instruction_file(work / "sft_test.jsonl", sst2_rows("test-labeled"))
@@ -180,14 +187,52 @@ def main() -> None:
     dpo_seconds = time.perf_counter() - started
     after = {"dev": generated_label_accuracy(dpo.model_dir, sft_dev, cache),
              "test": generated_label_accuracy(dpo.model_dir, sft_test, cache)}  # fmt: skip
-    started = time.perf_counter()
-    rm_job = dict(pairs, task="reward-model", lr=args.rm_lr, max_steps=args.rm_steps)
-    rm = train(TrainConfig(**rm_job, output_dir=str(work / "reward")))
-    rm_seconds = time.perf_counter() - started
+    rm, rm_seconds, rm_test = reward_model(args, dict(pairs, model=args.rm_model or str(sft_model)), work)
+    report(args, env, sft_facts, before, after, dpo.metrics, dpo_seconds, rm.metrics, rm_seconds, rm_test)
+
+
+def reward_model(args, job: dict[str, Any], work: Path):
+    """The reward model on the pairs: its run, seconds, and its pairwise accuracy on SST-2's labelled test pairs."""
+    from leantrain import TrainConfig, train
     from leantrain.inference.api import evaluate
 
-    rm_test = evaluate(str(work / "reward"), data=str(pair_file(work / "pairs_test.jsonl", sst2_rows("test-labeled"))))
-    report(args, env, sft_facts, before, after, dpo.metrics, dpo_seconds, rm.metrics, rm_seconds, rm_test)
+    started = time.perf_counter()
+    rm = train(TrainConfig(**job, task="reward-model", lr=args.rm_lr, max_steps=args.rm_steps,
+                           output_dir=str(work / "reward")))  # fmt: skip
+    seconds = time.perf_counter() - started
+    test = evaluate(str(work / "reward"), data=str(pair_file(work / "pairs_test.jsonl", sst2_rows("test-labeled"))))
+    return rm, seconds, test
+
+
+def stage_reward(args, env, work: Path, common: dict[str, Any]) -> None:
+    """`--reward-only`: the reward model on its own base (`--rm-model`), on the pairs the full run makes."""
+    pairs_train = pair_file(work / "pairs_train.jsonl", sst2_rows("train", args.pair_rows, seed=1))
+    pairs_dev = pair_file(work / "pairs_dev.jsonl", sst2_rows("dev"))
+    model = args.rm_model or "embedded:all-MiniLM-L6-v2"
+    job = dict(common, model=model, data=str(pairs_train), eval_data=str(pairs_dev), precision=args.precision)
+    rm, seconds, test = reward_model(args, job, work)
+    m = rm.metrics
+    data = {"reward_model": {"model": model, "steps": args.rm_steps, "lr": args.rm_lr, "seconds": round(seconds, 1),
+                             "pair_rows": args.pair_rows or "all", "batch_size": args.batch_size,
+                             "precision": m.get("precision"), "dev_pairwise_accuracy": m["eval_accuracy"],
+                             "dev_mean_margin": m["eval_margin"], "test_pairwise_accuracy": test["accuracy"],
+                             "goal": 0.85}}  # fmt: skip
+    r = data["reward_model"]
+    page = [
+        "# A reward model on SST-2 preference pairs",
+        "",
+        f"`python benchmarks/preference_sst2.py --reward-only --rm-model {model} --rm-lr {args.rm_lr:g} "
+        f"--rm-steps {args.rm_steps} --batch-size {args.batch_size} --pair-rows {args.pair_rows} "
+        f"--precision {args.precision} --work W`: pairs built from "
+        "SST-2 train (chosen: the right label, rejected: the wrong one), scored on every dev and labelled test pair.",
+        "",
+        "| base model | steps | pairs per step | seconds | dev pairwise accuracy | dev mean margin | test pairwise "
+        "accuracy | goal |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {model} | {r['steps']} | {args.batch_size} | {r['seconds']} | {r['dev_pairwise_accuracy']:.4f} | "
+        f"{r['dev_mean_margin']:.3f} | {r['test_pairwise_accuracy']:.4f} | >= 0.85 |",
+    ]
+    print(write_results(Path(args.results), "preference_sst2_reward", page, env, data))
 
 
 def report(args, env, sft_facts, before, after, dpo, dpo_seconds, rm, rm_seconds, rm_test) -> None:

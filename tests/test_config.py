@@ -62,7 +62,7 @@ def test_missing_yaml_file(tmp_path):
 def test_the_default_job_is_sized_for_the_cpu_and_an_explicit_limit_wins(monkeypatch):
     """About four minutes of training on 2 cores either way: AVX-512 trains MiniLM 2.5x faster than AVX2."""
     from leantrain import parallel
-    from leantrain.config.sections import DEFAULT_JOB_ROWS
+    from leantrain.config.sections import DEFAULT_JOB_LR, DEFAULT_JOB_ROWS
 
     monkeypatch.setattr(parallel, "device_type", lambda: "cpu")
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
@@ -71,6 +71,8 @@ def test_the_default_job_is_sized_for_the_cpu_and_an_explicit_limit_wins(monkeyp
     assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx512"]
     assert TrainConfig(limit=500).resolved().limit == 500
     assert TrainConfig(data="mine.csv").resolved().limit is None  # your own data: every row
+    assert TrainConfig().resolved().lr == DEFAULT_JOB_LR != TrainConfig().lr  # the default job's own rate
+    assert TrainConfig(lr=3e-5).resolved().lr == 3e-5 and TrainConfig(data="mine.csv").resolved().lr == 5e-5
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # torch held to AVX2 in this process
     assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx2"]
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")

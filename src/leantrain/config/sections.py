@@ -30,6 +30,9 @@ from leantrain.model import optimizers
 DEFAULT_JOB_ROWS = {"avx512": 24_000, "avx2": 6_000}
 #: the default job's rows on a CPU with AVX-512 (or a GPU)
 DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["avx512"]
+#: the default job's peak learning rate when --lr is left at its default: one short epoch of MiniLM on tweets
+#: learns more at twice the usual fine-tuning rate (benchmarks/results/quickstart.md)
+DEFAULT_JOB_LR = 1e-4
 
 #: every per-step schedule of transformers' get_scheduler (leantrain's `constant` keeps the warm-up, as
 #: constant_with_warmup; reduce_lr_on_plateau and greedy need a metric at every step and are refused)
@@ -424,7 +427,7 @@ class OptimizationConfig:
     )
     epochs: float = _help("Passes over the training data (fractions allowed).", default=1.0)
     max_steps: int | None = _help("Stop after this many optimizer steps (overrides --epochs).", default=None)
-    lr: float = _help("Peak learning rate.", default=5e-5)
+    lr: float = _help(f"Peak learning rate (the default job: {DEFAULT_JOB_LR:g}).", default=5e-5)
     weight_decay: float = _help("AdamW weight decay; never applied to biases and LayerNorm weights.", default=0.01)
     warmup_ratio: float = _help("Share of the optimizer steps spent warming up the learning rate.", default=0.06)
     scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
@@ -943,6 +946,8 @@ class TrainConfig(
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
                 changes["limit"] = default_job_rows()[0]
+            if self.lr == TrainConfig.__dataclass_fields__["lr"].default:
+                changes["lr"] = DEFAULT_JOB_LR
         if self.model is None:
             changes["model"] = EMBEDDED_MODEL
         if self.output_dir is None:
