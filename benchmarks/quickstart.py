@@ -54,9 +54,11 @@ def run(name: str, env_extra: dict[str, str], flags: list[str], work: Path) -> d
     m = json.loads((out / "metrics.json").read_text())
     config = (out / "config.yaml").read_text()
     limit = next(int(x.split(":")[1]) for x in config.splitlines() if x.startswith("limit:"))
+    lr = next(float(x.split(":")[1]) for x in config.splitlines() if x.startswith("lr:"))
     return {
         "job": name,
         "rows": limit,
+        "lr": lr,
         "precision": m["precision"],
         "accuracy": m["eval_accuracy"],
         "macro_f1": m["eval_macro_f1"],
@@ -86,13 +88,14 @@ def page(rows: list[dict]) -> list[str]:
         "line that announces training; others: cores' worth of other processes' CPU during the run (of 2); load: the "
         "1-minute load average before and after.",
         "",
-        "| job | rows | precision | accuracy | macro-F1 | samples/s | start s | training s | evaluation s | whole s | "
-        "others | load before, after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| job | rows | lr | precision | accuracy | macro-F1 | samples/s | start s | training s | evaluation s | "
+        "whole s | others | load before, after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['job']} | {r['rows']:,} | {r['precision']} | {r['accuracy']:.4f} | {r['macro_f1']:.4f} | "
+            f"| {r['job']} | {r['rows']:,} | {r['lr']:g} | {r['precision']} | {r['accuracy']:.4f} | "
+            f"{r['macro_f1']:.4f} | "
             f"{r['samples_per_second']:.1f} | {r['start_seconds']:.1f} | {r['training_seconds']:.1f} | "
             f"{r['evaluation_seconds']:.1f} | {r['whole_seconds']:.1f} | {r['others']:.2f} | "
             f"{r['load_before']}, {r['load_after']} |"
