@@ -205,3 +205,47 @@ def eval_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
     """Length-sorted, fixed-order batches for evaluation and prediction (least padding, no shuffling)."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
     return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """What the training loop reads of a micro-batch on the host, read from its CPU tensors while collating: a
+    dataclass, so the loader's move to the device leaves it where it is, and the loop never waits on the device
+    for a count it knew before the batch left the CPU."""
+
+    rows: int
+    units: float
+    step_end: bool
+    num_tokens: int
+    padded_tokens: int
+    tail_rows: int | None = None  # `Task.tail_rows`: where the model's tail ran, for counting FLOPs
+
+    @classmethod
+    def of(cls, batch: dict, tail_rows=None) -> BatchFacts:
+        """Read from the batch's tensors: on the host while collating; a sync for a batch already on a device."""
+        return cls(
+            rows=len(batch["index"]),
+            units=float(batch["units"]),
+            step_end=bool(batch["step_end"]),
+            num_tokens=int(batch["num_tokens"]),
+            padded_tokens=int(batch["padded_tokens"]),
+            tail_rows=tail_rows(batch) if tail_rows is not None else None,
+        )
+
+
+class WithFacts:
+    """A collator whose batches also carry their `BatchFacts` under "host"."""
+
+    def __init__(self, collate, tail_rows=None):
+        self.collate, self.tail_rows = collate, tail_rows
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch = self.collate(items)
+        batch["host"] = BatchFacts.of(batch, self.tail_rows)
+        return batch
+
+
+def facts(batch: dict, tail_rows=None) -> BatchFacts:
+    """The batch's facts: as collated, or read now (a task's own batches, made on the device: a sync)."""
+    known = batch.get("host")
+    return known if isinstance(known, BatchFacts) else BatchFacts.of(batch, tail_rows)

@@ -166,6 +166,7 @@ class Trainer:
     def _build_batches(self) -> None:
         from torch.utils.data import DataLoader
 
+        from leantrain.data.batching import WithFacts
         from leantrain.tasks.evaluation import eval_loader
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
@@ -178,9 +179,11 @@ class Trainer:
         self.train_loader: Any = DataLoader(  # after prepare(), Accelerate's loader (it has set_epoch)
             train_set,
             batch_sampler=self.sampler,
-            collate_fn=self.task.collator(data, train=True),
+            # each batch's counts read on the CPU as it is collated, so the loop never reads them off the device
+            collate_fn=WithFacts(self.task.collator(data, train=True), self.task.tail_rows),
             generator=torch.Generator(),
             num_workers=cfg.dataloader_num_workers,
+            pin_memory=acc.device.type == "cuda",  # copied to the GPU without the host waiting
         )
         self.eval_loader = eval_loader(
             self.task, data, cfg.eval_batch_size or cfg.batch_size * 2, cfg.dataloader_num_workers
@@ -238,7 +241,7 @@ class Trainer:
         self.early_stopping = EarlyStopping(cfg.early_stopping_patience, cfg.early_stopping_threshold, self.state)
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
         self.checkpointer.schedule(self.steps_per_epoch)
-        self.nan_guard = NanGuard(acc, cfg.on_nan, self.amp.scales_loss)
+        self.nan_guard = NanGuard(acc, cfg.on_nan, self.amp.scales_loss, self.optimizer)
         self.staging = self.run.begin() if acc.is_main_process else None
         log_path = self.staging / "metrics.jsonl" if self.staging else None
         trained = dict(
@@ -262,6 +265,7 @@ class Trainer:
             state=self.state,
             sources=source_rows(self.data.train),
             task=self.task,
+            say=self.say.info,
         )
         self.checkpointer.before_save = self.logger.gather_partial_sums
         self.logger.history.extend(history)
@@ -453,6 +457,7 @@ class Trainer:
         """Ctrl-C or SIGTERM (noted by the CLI's handlers): every process stops here, after a checkpoint."""
         signum = interrupt.requested(self.accelerator)
         if signum is not None:
+            self._read_nan_guard()  # a bad step since the last read is stopped on, its state saved, not this one's
             state, cp = self.state, self.checkpointer
             save = lambda why: cp.save(self._now(), why, checkpoint.rng_state())  # noqa: E731
             raise interrupt.stop(signum, self.cfg, state.step, self.total_steps, cp.dir, saved_now, save, during)
@@ -476,19 +481,29 @@ class Trainer:
 
     def _optimizer_steps(self):
         """The micro-batches of each optimizer step on this process (the last one carries `step_end`)."""
+        from leantrain.data.batching import facts
+
         batches: list[dict[str, Any]] = []
         for batch in self.logger.timer.timed(self.oom.batches(self.train_loader)):  # the wait for each is "data"
             batches.append(batch)
-            if bool(batch["step_end"]):
+            if facts(batch).step_end:
                 yield batches
                 batches = []
 
     def train_step(self, batches: list[dict[str, Any]]) -> bool:
         """One optimizer step: forward and backward each micro-batch, then check, clip, step and schedule.
-        Returns False when a micro-batch ran out of memory (--auto) and the step must be redone."""
+        Returns False when a micro-batch ran out of memory (--auto) and the step must be redone.
+
+        Nothing here reads a device value on the host (a sync: the host would wait for the device): the loss and its
+        sums stay on the device, the counts come from the batches' `BatchFacts`, and the NaN guard's verdict is read
+        only where the run shows or keeps its state (`_must_read`)."""
+        from leantrain.data.batching import facts
+
         state, timer = self.state, self.logger.timer
-        rng, micro_step = checkpoint.rng_state(), state.micro_step  # what a NaN stop rolls back to
-        loss_sum, units = 0.0, 0.0
+        self.nan_guard.before_step(state, self.scheduler, self.optimizer)
+        micro_step = state.micro_step
+        loss_sum: Any = 0.0
+        units = 0.0
         self.step_sums: list[dict[str, torch.Tensor]] = []  # the task's `train_sums`, logged once the step counts
         self.logger.step_started()
         if self.task.makes_examples:
@@ -505,31 +520,54 @@ class Trainer:
             if loss is None:  # out of memory on some process: redo this step, micro-batch halved
                 event = self.oom.recut(self.optimizer, state.epoch, state.steps_in_epoch, state.step)
                 state.micro_step = micro_step
+                self.nan_guard.pending.pop()
                 self.say.info(f"step {state.step + 1}: out of memory; {self.oom.describe(event)}")
                 return False
             state.micro_step += 1
-            loss_sum += float(loss)
-            units += float(batch["units"])
-            self.logger.micro_batch(batch, self.task)
+            loss_sum = loss_sum + loss.double()
+            batch_facts = facts(batch, self.task.tail_rows)
+            units += batch_facts.units
+            self.logger.micro_batch(batch, self.task, batch_facts)
         self.hooks.before_optimizer_step(state.step + 1)
         with timer.phase("optimizer"):
-            grad_norm, finite = self._close_step(loss_sum / units)
-        if not finite and self.cfg.on_nan == "stop":
-            self._stop_on_nan(loss_sum / units, grad_norm, rng, micro_step)
+            grad_norm, took = self._close_step(loss_sum)
         state.step += 1
         state.steps_in_epoch += 1
+        if (took is False and self.cfg.on_nan == "stop") or self._must_read():
+            self._read_nan_guard()
         with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
             self.local_sgd.step()
-        self.logger.step_done(finite)
-        if finite:
-            state.logged_loss += loss_sum
-            state.logged_units += units
-            self.logger.add_sums(state, self.step_sums)
-        else:
-            state.nan_skipped_steps += 1
-            self.say.info(f"step {state.step}: non-finite loss or gradient norm; step skipped (--on-nan skip)")
+        taken = took if took is not None else self.nan_guard.last_take
+        self.logger.step_done(taken)
+        self.logger.add_step(loss_sum, units, taken, self.step_sums, skip=self.cfg.on_nan == "skip")
         self.logger.maybe_log(state, grad_norm, self.scheduler.get_last_lr()[0], self.amp)
         return True
+
+    def _must_read(self) -> bool:
+        """Whether this step shows or keeps the run's state (a log row, an evaluation, a checkpoint, local SGD's
+        averaging, the end), so that --on-nan stop must know now whether a step went bad. A task that makes its
+        examples keeps state of its own between steps: read every step."""
+        step, sgd = self.state.step, self.local_sgd
+        return (
+            self.task.makes_examples
+            or self.logger.logs_at(step)
+            or self.evaluator.should_evaluate(step, self.total_steps)
+            or self.checkpointer.should_save(step, self.evaluator.should_evaluate(step, self.total_steps))
+            or (sgd.enabled and sgd.steps_since_sync + 1 >= sgd.local_sgd_steps)
+        )
+
+    def _read_nan_guard(self) -> None:
+        """--on-nan stop: if a step since the last read was not finite, put the host back as it was before the first
+        such step (the weights never moved), save that state and stop."""
+        if self.cfg.on_nan != "stop":
+            return
+        found = self.nan_guard.read()
+        if found is None:
+            return
+        back, loss, grad_norm = found
+        rng = self.nan_guard.restore(back, self.state, self.scheduler, self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stop_on_nan(loss, grad_norm, rng, self.state.micro_step)
 
     def forward_backward_step(self, batch: dict[str, Any]) -> torch.Tensor:
         """One micro-batch: forward, the step-normalised loss, backward. Returns the summed loss (detached)."""
@@ -559,24 +597,22 @@ class Trainer:
     def _no_sync_unless(self, last: bool):
         return contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
 
-    def _close_step(self, step_loss: float) -> tuple[float, bool]:
-        """Unscale and clip, check (the NaN guard), step, schedule, clear. Returns (pre-clip norm, finite).
-        A non-finite step is dropped under --on-nan skip (the schedule moves on) and left untouched under stop,
-        so that the state before it can be saved."""
+    def _close_step(self, loss_sum: torch.Tensor) -> tuple[torch.Tensor, bool | None]:
+        """Unscale and clip, check (the NaN guard), step, schedule, clear. Returns (pre-clip norm, taken): taken is
+        None when only the device knows (`NanGuard.step`). A non-finite step is dropped under --on-nan skip (the
+        schedule moves on) and never taken under stop, so that the state before it can be saved."""
         grad_norm = self.amp.unscale_and_clip(self.model, self.optimizer, self.cfg.max_grad_norm)
-        finite = self.nan_guard.finite(step_loss, grad_norm)
-        if not finite and self.cfg.on_nan == "stop":
+        take = self.nan_guard.verdict(loss_sum, grad_norm)
+        took = self.nan_guard.step(self.amp, self.optimizer, take)
+        self.nan_guard.last_take = take
+        if took is False and self.cfg.on_nan == "stop":
             return grad_norm, False
-        if finite:
-            self.amp.step(self.optimizer)
-        else:
-            self.amp.drop_step(self.optimizer)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, finite
+        return grad_norm, took
 
     def _stop_on_nan(self, loss: float, grad_norm: float, rng: dict, micro_step: int) -> None:
-        """Nothing has moved yet: save the state before this step (unless saved already), then stop."""
+        """Nothing has moved since the state before the bad step: save it (unless saved already), then stop."""
         state = self.state
         saved = self.checkpointer.saved(state.step)
         if state.step > 0 and not saved.is_dir():
@@ -625,6 +661,7 @@ class Trainer:
         logger, acc = self.logger, self.accelerator
         use_weights(self.cfg.optimizer, self.optimizer, "eval")  # schedule-free: its average is evaluated and published
         peak = logger.memory.report()
+        logger.fold(self.state)  # the steps since the last log row (an early stop, an interrupt)
         eval_metrics, model_step = self._final_evaluation()
         logger.close()
         unwrapped = acc.unwrap_model(self.model)
