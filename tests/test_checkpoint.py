@@ -124,9 +124,10 @@ def test_sampler_starts_at_a_global_batch_without_building_the_skipped_ones(monk
         pytest.param(dict(optimizer="lion", warmup_steps=6, lr=5e-4), marks=pytest.mark.slow),
         dict(optimizer="galore-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3),
         dict(optimizer="apollo-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3),
+        dict(optimizer="adamw", static_shapes="on"),  # lengths padded up to buckets
     ],
     ids=["adamw", "adafactor", "adamw8bit", "fp16-accum", "muon", "schedule-free-adamw", "schedule-free-sgd", "lion",
-         "galore", "apollo"],
+         "galore", "apollo", "static-shapes"],
 )  # fmt: skip
 def test_resuming_a_checkpoint_gives_bitwise_the_same_run(job, changes):
     if changes["optimizer"] == "adamw8bit":

@@ -376,7 +376,8 @@ def _sgd(model, groups: list[dict], lr: float, settings) -> torch.optim.Optimize
 
     # Plain SGD (no momentum): the equivalence tests rely on its update being exactly p -= lr * g, which the fused
     # kernel computes too; fused, a non-finite step is skipped on the device (training.guards)
-    fused = fused_supported(groups[0]["params"][0].device)
+    first = groups[0]["params"][0]
+    fused = fused_supported(first.device) and not hasattr(first, "to_local")  # sharded (DTensor): no fused SGD
     return torch.optim.SGD(groups, lr=lr, momentum=0.0, fused=fused or None)
 
 

@@ -21,6 +21,10 @@ class Before:
     lrs: list[float]
 
 
+#: the most steps the flag goes unread under --on-nan stop (each keeps a copy of the host's state)
+KEEP = 64
+
+
 class NanGuard:
     """`--on-nan stop` (save the last good state, then stop with the likely cause) or `skip` (drop the step).
 
@@ -41,8 +45,11 @@ class NanGuard:
     def __init__(self, accelerator, policy: str, scales_loss: bool, optimizer=None):
         self.accelerator, self.policy, self.scales_loss = accelerator, policy, scales_loss
         inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds torch's
-        fused = inner is not None and all(g.get("fused") for g in getattr(inner, "param_groups", [{}]))
-        self.inner = inner if fused and not scales_loss else None
+        groups = getattr(inner, "param_groups", [])
+        fused = bool(groups) and all(g.get("fused") for g in groups)
+        # sharded parameters (DTensors) take no plain-tensor flag: they read it
+        sharded = any(hasattr(p, "to_local") for g in groups for p in g["params"][:1])
+        self.inner = inner if fused and not scales_loss and not sharded else None
         self.halted: torch.Tensor | None = None  # stop: a bad step since the last read (device)
         self.first: torch.Tensor | None = None  # stop: the first bad step's loss and gradient norm (device)
         self.back: torch.Tensor | None = None  # stop: steps since the first bad one, counting it (device)
@@ -60,6 +67,15 @@ class NanGuard:
 
             lrs = [g["lr"] for g in optimizer.param_groups]
             self.pending.append(Before(copy.deepcopy(state), checkpoint.rng_state(), scheduler.state_dict(), lrs))
+
+    def forget_step(self) -> None:
+        """The step is redone (out of memory): what was kept before it is kept again when it starts over."""
+        if self.pending:
+            self.pending.pop()
+
+    def full(self) -> bool:
+        """Whether as many states are kept as the guard will keep (`KEEP`): the flag must be read now."""
+        return len(self.pending) >= KEEP
 
     def verdict(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         """Whether the step may move the weights: a device bool, the same on every process."""

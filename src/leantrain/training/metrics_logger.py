@@ -32,10 +32,11 @@ class MetricsLogger:
         sources: dict[str, int] | None = None,
         task=None,
         say=None,
+        graphs_before: int = 0,
     ):
         """`sources`: a mixture's sources, each with its training rows (0: a stream's, unknown); `task`: whose
         `train_sums` are logged (`train_metrics`) and whose `training_facts` go to metrics.json; `say`: where a
-        line for the user goes."""
+        line for the user goes; `graphs_before`: the graphs dynamo had compiled in this process before the run's."""
         from tqdm.auto import tqdm
 
         from leantrain.telemetry import Throughput
@@ -53,6 +54,7 @@ class MetricsLogger:
         # the GPU wait for the host each step; the phases then hold the host's time of launching their work
         self.timer = StepTimer(accelerator.device, sync=False, sync_on_read=True)
         self.say = say or (lambda line: None)
+        self.graphs_before = graphs_before
         # the log window on the device, added to without a host read: [loss, units, non-finite steps skipped]
         dtype = torch.float32 if accelerator.device.type == "mps" else torch.float64  # MPS has no float64
         self.window = torch.zeros(3, dtype=dtype, device=accelerator.device)
@@ -112,13 +114,13 @@ class MetricsLogger:
         if self.sources is not None:
             self.sources.step_started()
         if self.cfg.compile:
-            self._step_start = (self.meter.snapshot(), self.flops.snapshot(), _compiled_graphs())
+            self._step_start = (self.meter.snapshot(), self.flops.snapshot(), compiled_graphs())
 
     def step_done(self, taken: Any = True) -> None:
         """`taken`: whether the step moved the weights (a device bool the host does not read, or a bool)."""
         if self.sources is not None:
             self.sources.step_done(taken, counted=None if self.cfg.on_nan == "skip" else taken)
-        if self._step_start is not None and _compiled_graphs() > self._step_start[2]:
+        if self._step_start is not None and compiled_graphs() > self._step_start[2]:
             self.recompiles += 1
             self.recompile_seconds += self.meter.discard(self._step_start[0])
             self.flops.discard(self._step_start[1])
@@ -175,9 +177,17 @@ class MetricsLogger:
     def logs_at(self, step: int) -> bool:
         return step % self.every == 0 or step == self.total_steps
 
+    def _compile_facts(self, compiled: bool) -> dict[str, int | None]:
+        """metrics.json: steps that compiled a new graph after the warm-up, and the graphs compiled in all."""
+        return (
+            {"recompiles": self.recompiles, **self._compile_row()}
+            if compiled
+            else dict.fromkeys(("recompiles", "compiled_graphs"))
+        )
+
     def _compile_row(self) -> dict[str, int]:
         """--compile: the graphs dynamo has compiled so far (a new one mid-run is a recompile)."""
-        return {"compiled_graphs": _compiled_graphs()} if self.cfg.compile else {}
+        return {"compiled_graphs": compiled_graphs() - self.graphs_before} if self.cfg.compile else {}
 
     def maybe_log(self, state: TrainState, grad_norm: Any, lr: float, amp) -> None:
         """Every --log-every steps (and at the last): a metrics.jsonl row for the global batch's mean loss."""
@@ -294,7 +304,7 @@ class MetricsLogger:
             "compile_seconds": None
             if extra["compile_seconds"] is None
             else extra["compile_seconds"] + self.recompile_seconds,
-            "recompiles": self.recompiles if extra["compile_seconds"] is not None else None,
+            **self._compile_facts(extra["compile_seconds"] is not None),
             **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
             **flops.steady_metrics(meter.steady_seconds),  # the same after the warm-up steps: the headline MFU
             "flops_per_padded_token": flops.flops / padded * n if padded else None,
@@ -385,7 +395,7 @@ def source_rows(sources: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
-def _compiled_graphs() -> int:
+def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far."""
     from torch._dynamo.utils import counters
 

@@ -39,7 +39,7 @@ from leantrain.training.early_stopping import EarlyStopping, resolve_metric, ste
 from leantrain.training.evaluator import Evaluator, prefixed
 from leantrain.training.guards import NanGuard
 from leantrain.training.hooks import Hooks
-from leantrain.training.metrics_logger import MetricsLogger
+from leantrain.training.metrics_logger import MetricsLogger, compiled_graphs
 
 
 @dataclass
@@ -75,6 +75,9 @@ class Trainer:
         self.task, self.plan, self.hooks = task, plan, hooks or Hooks()
         self.precision, self.precision_why = parallel.choose_precision(cfg.precision)
         self.accelerator = accelerator = parallel.make_accelerator(self.precision, cfg.shard, self._trackers(cfg))
+        from leantrain.model import kernels
+
+        kernels.check(cfg.kernels, accelerator.device.type, model_config)  # before any work
         if share_output_dir:  # a timestamped default: every process writes under rank 0's
             cfg = cfg.replace(output_dir=parallel.broadcast_from_main(cfg.output_dir))
         best_metric = resolve_metric(cfg, task)  # the task's default when not given; refused if not reported
@@ -124,6 +127,10 @@ class Trainer:
         if self.resume_from is not None:
             self.resume_from.check_matches({}, self.task.data_facts(self.data))
         self.model = self.task.build_model(model_path, self.data)
+        from leantrain.model import kernels
+
+        if done := kernels.apply(self.model, self.cfg.kernels):
+            self.say.info(done)
         self._choose_attention()
         if self.cfg.activation_checkpointing:
             loading.enable_activation_checkpointing(self.model)
@@ -180,7 +187,7 @@ class Trainer:
             train_set,
             batch_sampler=self.sampler,
             # each batch's counts read on the CPU as it is collated, so the loop never reads them off the device
-            collate_fn=WithFacts(self.task.collator(data, train=True), self.task.tail_rows),
+            collate_fn=WithFacts(self._static_shapes(self.task.collator(data, train=True)), self.task.tail_rows),
             generator=torch.Generator(),
             num_workers=cfg.dataloader_num_workers,
             pin_memory=acc.device.type == "cuda",  # copied to the GPU without the host waiting
@@ -193,6 +200,21 @@ class Trainer:
             raise ConfigError(f"--data: {len(data.train)} training rows cannot feed {acc.num_processes} processes")
         # (a stream has no steps per epoch; the config requires --max-steps with --streaming)
         self.total_steps = cfg.max_steps or max(1, math.ceil((self.steps_per_epoch or 0) * cfg.epochs))
+
+    def _static_shapes(self, collate):
+        """--static-shapes (on with --compile): lengths padded up to buckets, the ragged micro-batch filled with
+        masked rows; for the collators whose every key it knows how to pad."""
+        from leantrain.data.batching import Collator, StaticShapes
+        from leantrain.data.lm import LMCollator
+
+        cfg = self.cfg
+        on = cfg.static_shapes == "on" or (cfg.static_shapes == "auto" and cfg.compile)
+        self.static_shapes = (
+            on and isinstance(collate, (Collator, LMCollator)) and not getattr(collate, "fixed_length", None)
+        )
+        if not self.static_shapes:
+            return collate
+        return StaticShapes(collate, collate.pad_token_id, cfg.max_length, self.sampler)
 
     def _build_optimization(self) -> None:
         """Optimizer and schedule, Accelerate's placement, FLOP counting, compile and local SGD."""
@@ -219,6 +241,7 @@ class Trainer:
         self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
         self.task.before_training(self.model, self.data, self.context)
         self.flops, self.flop_peak = self._flop_meter()
+        self.graphs_before = 0  # dynamo's count before this run's compiling (`_compile`)
         self.compile_seconds = self._compile() if cfg.compile else None
         self.local_sgd = LocalSGD(
             self.model,
@@ -266,6 +289,7 @@ class Trainer:
             sources=source_rows(self.data.train),
             task=self.task,
             say=self.say.info,
+            graphs_before=self.graphs_before,
         )
         self.checkpointer.before_save = self.logger.gather_partial_sums
         self.logger.history.extend(history)
@@ -374,8 +398,17 @@ class Trainer:
         the gradients are dropped, so the run trains exactly as it would have without this warm-up."""
         self.say.info("compiling the model (torch.compile) on one batch, forward and backward")
         started = time.perf_counter()
-        compiled = torch.compile(self.model)
+        # CUDA graphs on a GPU: one launch replays the step's kernels, the host's cost per kernel gone
+        mode = "reduce-overhead" if self.accelerator.device.type == "cuda" else None
+        self.graphs_before = compiled_graphs()
+        compiled = torch.compile(self.model, mode=mode)
         batch = next(iter(self.train_loader))
+        if self.static_shapes:
+            # lengths come in a few buckets: one graph for all of them (a length dynamo would otherwise compile
+            # again, as dynamic, at the second bucket, mid-run); the batch's rows are fixed
+            for t in self.task.model_inputs(batch).values():
+                if isinstance(t, torch.Tensor) and t.dim() >= 2:
+                    torch._dynamo.mark_dynamic(t, 1)
         self.model.train()  # the training graph (dropout on) is the one to compile; from_pretrained gives eval mode
         devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -480,15 +513,20 @@ class Trainer:
         return interrupt.requested(self.accelerator) is not None
 
     def _optimizer_steps(self):
-        """The micro-batches of each optimizer step on this process (the last one carries `step_end`)."""
+        """The micro-batches of each optimizer step on this process (the last one carries `step_end`); their
+        `BatchFacts`, taken out of the batches (which hooks and tasks see as collated), in `self.step_facts`."""
         from leantrain.data.batching import facts
 
         batches: list[dict[str, Any]] = []
+        self.step_facts: list[Any] = []
         for batch in self.logger.timer.timed(self.oom.batches(self.train_loader)):  # the wait for each is "data"
+            known = facts(batch, self.task.tail_rows)
+            batch.pop("host", None)
             batches.append(batch)
-            if facts(batch).step_end:
+            self.step_facts.append(known)
+            if known.step_end:
                 yield batches
-                batches = []
+                batches, self.step_facts = [], []
 
     def train_step(self, batches: list[dict[str, Any]]) -> bool:
         """One optimizer step: forward and backward each micro-batch, then check, clip, step and schedule.
@@ -520,12 +558,13 @@ class Trainer:
             if loss is None:  # out of memory on some process: redo this step, micro-batch halved
                 event = self.oom.recut(self.optimizer, state.epoch, state.steps_in_epoch, state.step)
                 state.micro_step = micro_step
-                self.nan_guard.pending.pop()
+                self.nan_guard.forget_step()
                 self.say.info(f"step {state.step + 1}: out of memory; {self.oom.describe(event)}")
                 return False
             state.micro_step += 1
             loss_sum = loss_sum + loss.double()
-            batch_facts = facts(batch, self.task.tail_rows)
+            # a task's own batches (made on the device) are read now: a sync, as making them is
+            batch_facts = facts(batch, self.task.tail_rows) if self.task.makes_examples else self.step_facts[i]
             units += batch_facts.units
             self.logger.micro_batch(batch, self.task, batch_facts)
         self.hooks.before_optimizer_step(state.step + 1)
@@ -545,11 +584,13 @@ class Trainer:
 
     def _must_read(self) -> bool:
         """Whether this step shows or keeps the run's state (a log row, an evaluation, a checkpoint, local SGD's
-        averaging, the end), so that --on-nan stop must know now whether a step went bad. A task that makes its
-        examples keeps state of its own between steps: read every step."""
+        averaging, the end), so that --on-nan stop must know now whether a step went bad; or the guard keeps as many
+        states as it will (a read every 64 steps costs nothing). A task that makes its examples keeps state of its
+        own between steps: read every step."""
         step, sgd = self.state.step, self.local_sgd
         return (
             self.task.makes_examples
+            or self.nan_guard.full()
             or self.logger.logs_at(step)
             or self.evaluator.should_evaluate(step, self.total_steps)
             or self.checkpointer.should_save(step, self.evaluator.should_evaluate(step, self.total_steps))
@@ -571,6 +612,8 @@ class Trainer:
 
     def forward_backward_step(self, batch: dict[str, Any]) -> torch.Tensor:
         """One micro-batch: forward, the step-normalised loss, backward. Returns the summed loss (detached)."""
+        if self.cfg.compile and self.accelerator.device.type == "cuda":  # CUDA graphs: this batch's outputs are new
+            torch.compiler.cudagraph_mark_step_begin()
         with self.amp.autocast():
             outputs = self.task.forward(self.model, batch)
         loss_sum = self.task.loss_sum(outputs, batch)
