@@ -56,10 +56,6 @@ class NanGuard:
         self.pending: list[Before] = []
         self.last_take: Any = True  # the latest step's verdict
 
-    @property
-    def on_device(self) -> bool:
-        return self.inner is not None
-
     def before_step(self, state, scheduler, optimizer) -> None:
         """Under stop: remember what the step is about to change on the host."""
         if self.policy == "stop":
