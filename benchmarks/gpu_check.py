@@ -22,6 +22,11 @@ from scratch on the synthetic documents that fit 1,024 tokens, leantrain's 16 pa
 padded batches with `group_by_length`, two alternating pairs (`benchmarks/causal_lm_vs_hf.py`, its page in
 --out/lm_vs_hf/).
 
+With `--host` (first) or `--host-only` (alone, in at most 8 minutes): **the host's cost**
+(`benchmarks/gpu_host.py`): host syncs per quiet step, BERT-base and the Llama eager, compiled (CUDA graphs),
+compiled on dynamic lengths with static shapes (graphs, padding), the Llama with Liger's kernels, and the HF
+Trainer on the same jobs.
+
 Outputs in --out: gpu_check.md (everything in one page), then with --pack (the device call) results.tar.gz
 (the bench tables, charts, JSON and profile summaries) and traces.tar.gz (the profiler traces), so that the
 call's few returned files carry all of it.
@@ -100,8 +105,11 @@ def write_bert(folder: Path, smoke: bool) -> str:
     if smoke:
         config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
     else:
-        config = BertConfig()  # bert-base: 12 layers, hidden 768, 12 heads, intermediate 3072, vocab 30522
+        config = BertConfig()  # bert-base: 12 layers, hidden 768, 12 heads, intermediate 3072
     config.num_labels = 2
+    config.vocab_size = len(SPECIALS) + len(
+        WORDS
+    )  # the word tokenizer's: leantrain refuses a tokenizer that is not the model's
     model = BertForSequenceClassification(config)
     model.save_pretrained(folder)
     word_tokenizer(lm=False).save_pretrained(folder)
@@ -309,6 +317,26 @@ def lm_vs_hf(lm_dir: Path, text: Path, out: Path, smoke: bool, clock: Clock) -> 
         say("lm_vs_hf: stopped at the time budget")
 
 
+def host_overhead(args, bert_dir: Path, bert_data: Path, lm_dir: Path, lm_data: Path, clock: Clock) -> list[str]:
+    """benchmarks/gpu_host.py's section: syncs per step, compile with buckets and CUDA graphs, Liger, the HF
+    Trainer on the same jobs; host.json and its lines of the page."""
+    import gpu_host
+
+    work = args.work / "host"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    bases = gpu_host.base_jobs(bert_dir, bert_data, lm_dir, lm_data, args.work / "cache", args.smoke)
+    rows = gpu_host.section(bases, 3 if args.smoke else 30, work, clock, say)
+    (args.out / "host.json").write_text(json.dumps(rows, indent=2) + "\n")
+    steps = 3 if args.smoke else 30
+    return [
+        f"## The host's cost: leantrain against the HF Trainer, bf16, {steps} steps a run (benchmarks/gpu_host.py)",
+        "",
+        *gpu_host.render(rows),
+        "",
+    ]
+
+
 def run_jobs(names, base, steps, folder: Path, clock: Clock, reserve: float):
     """Each technique as its own `leantrain train` process, while more than `reserve` seconds are left."""
     from leantrain.commands import bench
@@ -392,9 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention-from", type=Path, help="packed_attention.json of an earlier call: not measured again")
     p.add_argument("--pack", action="store_true", help="pack the results into two archives (the device call)")
     p.add_argument("--lm-vs-hf", action="store_true", help="first, the causal LM against the HF Trainer in bf16")
+    p.add_argument("--host", action="store_true", help="first, the host-overhead section (benchmarks/gpu_host.py)")
+    p.add_argument("--host-only", action="store_true", help="the host-overhead section alone (budget 380 s)")
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.rows = 4, 400
+    if args.host_only and args.budget == p.get_default("budget"):
+        args.budget = 380  # the section alone, in a call of at most 8 minutes (set-up and packing around it)
 
     from leantrain.commands import bench
 
@@ -412,6 +444,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     say(f"gpu_check: {bert_name}; {lm_name}; {context['device']}")
 
+    if args.host or args.host_only:
+        host_page = host_overhead(args, bert_dir, bert_data, lm_dir, lm_data, clock)
+        if args.host_only:
+            (args.out / "gpu_check.md").write_text("\n".join([f"# GPU check: the host's cost ({context['device']})",
+                                                              "", *host_page, ""]))  # fmt: skip
+            say("\n".join(host_page))
+            if args.pack:
+                pack(args.out, args.work / "host")
+            return 0
     if args.lm_vs_hf:
         lm_vs_hf(lm_dir, lm_data, args.out / "lm_vs_hf", args.smoke, clock)
     if args.attention_from:  # measured by an earlier call: the device time goes to the rest

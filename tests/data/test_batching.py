@@ -2,6 +2,7 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
 from leantrain.data.batching import Collator, GlobalBatchSampler, Slot, eval_batches
 
@@ -159,3 +160,66 @@ def test_step_units_sum_the_units_of_the_whole_global_batch(micro, accum, procs)
         [{"input_ids": np.array([1, 2]), "label": 0, "slot": s} for s in next(iter(sampler))]
     )
     assert batch["units"].item() == pytest.approx(sum(units[batch["index"].numpy()]))
+
+
+# -- static shapes (--static-shapes, on with --compile) -------------------------------------------------------------
+
+
+def test_length_buckets_add_at_most_a_third_of_padding_and_end_at_max_length():
+    from leantrain.data.batching import length_buckets
+
+    assert length_buckets(128) == [16, 24, 32, 48, 64, 96, 128]
+    assert length_buckets(100)[-2:] == [96, 100] and length_buckets(16) == [16]
+    buckets = length_buckets(512)
+    assert all(b / a <= 1.5 for a, b in itertools.pairwise(buckets))
+
+
+def _items(lengths, step_end=True):
+    from leantrain.data.batching import Slot
+
+    return [
+        {"input_ids": np.arange(1, n + 1), "label": i % 2, "slot": Slot(i, 10.0, step_end and i == len(lengths) - 1)}
+        for i, n in enumerate(lengths)
+    ]
+
+
+class _Sampler:
+    micro_batch = 4
+
+
+def test_a_short_micro_batch_is_filled_with_masked_rows_and_padded_to_its_bucket():
+    from leantrain.data.batching import BatchFacts, Collator, StaticShapes
+
+    batch = StaticShapes(Collator(pad_token_id=0), 0, 128, _Sampler())(_items([20, 7, 3]))
+    assert batch["input_ids"].shape == (4, 24) and batch["attention_mask"].shape == (4, 24)
+    assert batch["labels"].tolist() == [0, 1, 0, -100]  # the masked row's loss is ignored
+    assert batch["attention_mask"][3].tolist() == [1] + [0] * 23  # one token, or its attention would be NaN
+    assert batch["attention_mask"][:3].sum(1).tolist() == [20, 7, 3]  # the real rows as collated
+    facts = BatchFacts.of(batch)
+    assert (facts.rows, facts.units, facts.num_tokens, facts.padded_tokens) == (3, 3.0, 30, 96)  # counted once
+
+
+def test_the_masked_row_adds_no_loss_and_no_gradient():
+    import torch.nn.functional as F
+
+    from leantrain.data.batching import Collator, StaticShapes
+
+    plain = Collator(pad_token_id=0)(_items([5, 2, 3]))
+    static = StaticShapes(Collator(pad_token_id=0), 0, 128, _Sampler())(_items([5, 2, 3]))
+    logits = torch.randn(4, 2, requires_grad=True)
+    F.cross_entropy(logits, static["labels"], reduction="sum").backward()
+    assert logits.grad is not None and logits.grad[3].abs().sum() == 0
+    loss = F.cross_entropy(logits[:3], plain["labels"], reduction="sum")
+    assert F.cross_entropy(logits, static["labels"], reduction="sum") == loss
+
+
+def test_a_batch_with_keys_it_cannot_pad_is_left_as_collated():
+    from leantrain.data.batching import Collator, StaticShapes
+
+    def with_sources(items):
+        batch = Collator(pad_token_id=0)(items)
+        batch["source"] = torch.zeros(len(items), dtype=torch.long)  # a mixture's per-row source
+        return batch
+
+    batch = StaticShapes(with_sources, 0, 128, _Sampler())(_items([5, 2, 3]))
+    assert batch["input_ids"].shape == (3, 5)

@@ -156,6 +156,22 @@ def test_two_processes_equal_one_process_with_twice_the_batch(setup, baseline, l
     assert_one_writer(out_dir, baseline, out, err)
 
 
+def test_two_processes_with_static_shapes_equal_one_process(setup, baseline):
+    """Static shapes (on with --compile): the last step's 13 examples, split 7 and 6 across the processes, come in
+    micro-batches of 4, 3, 3 and 3, filled with masked rows to 4; lengths are padded to buckets. Nothing changes."""
+    root, base = setup
+    out_dir = root / "two-static"
+    rc, _, err = run_job(
+        ["-m", "leantrain", "train",
+         *flags(**base, batch_size=4, grad_accum=2, epochs=1, output_dir=out_dir, num_processes=2, static_shapes="on")]
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["optimizer_steps"] == 7 and metrics["train_examples"] == 109  # no example counted twice
+    assert metrics["padding_fraction"] > json.loads((baseline / "metrics.json").read_text())["padding_fraction"]
+    assert max_diff(weights(out_dir), weights(baseline)) <= TOL
+
+
 def test_two_processes_with_class_weights_equal_one_process(setup):
     """A weighted step divides by the total class weight of the whole step across both ranks (issue #17): with
     weights 1 and 3 and label smoothing, two processes of 8 equal one of 16; dividing by each rank's own weight

@@ -1,5 +1,7 @@
 """--compile: the model is really compiled, trains as the eager one does, and compiling is timed apart."""
 
+import json
+
 import pytest
 import torch
 
@@ -38,7 +40,8 @@ def _trains_like_the_eager_one(run):
 
     torch._dynamo.reset()
     counters.clear()
-    eager, w_eager = run("eager", batch_size=16, max_steps=3)
+    # static shapes are on with --compile: the eager run pads alike, or dropout would draw over other shapes
+    eager, w_eager = run("eager", batch_size=16, max_steps=3, static_shapes="on")
     assert not counters["stats"]["unique_graphs"]  # nothing compiled in an eager run
     compiled, w_compiled = run("compiled", batch_size=16, max_steps=3, compile=True)
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured and compiled the model
@@ -57,10 +60,27 @@ def test_a_step_that_recompiles_is_compile_time_not_training_time(run):
     throughput is the compiled model's (the GPU check's bf16+compile at micro-batch 256 read 233 samples/s against
     3,188 without compile when a recompile fell inside its window)."""
     torch._dynamo.reset()
-    result, _ = run("recompiled", batch_size=16, max_steps=6, compile=True, log_every=1)
+    # without static shapes (on with --compile), each new length recompiles
+    result, _ = run("recompiled", batch_size=16, max_steps=6, compile=True, log_every=1, static_shapes="off")
     m = result.metrics
     assert m["recompiles"] >= 1
     # a recompile takes seconds; six steps of the tiny model take a fraction of one: had the recompiling steps
     # stayed in the training time, it would hold at least one recompile's worth
     assert m["train_seconds"] < m["compile_seconds"] / (m["recompiles"] + 1)
     assert m["train_samples_per_second"] > 0
+
+
+@pytest.mark.slow  # compiles the tiny model's graphs once or twice: about 60 s here
+def test_a_compiled_run_with_dynamic_lengths_compiles_a_few_graphs_and_none_after_the_first_steps(run):
+    """Lengths vary from batch to batch and the epoch's last micro-batch is short (216 training rows, batch 40: five
+    full steps and one of 16): static shapes (on with --compile) pad lengths up to buckets and fill the short batch
+    with masked rows, and the length is compiled dynamic at once, so the run meets one training graph, compiled in
+    the warm-up. Without them, new lengths and the short batch recompile mid-run."""
+    torch._dynamo.reset()
+    result, _ = run("buckets", batch_size=40, max_steps=9, compile=True, log_every=1)
+    rows = [json.loads(x) for x in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    graphs = [r["compiled_graphs"] for r in rows if "compiled_graphs" in r]
+    assert len(graphs) == 9 and graphs[-1] <= 4 and result.metrics["compiled_graphs"] <= 4  # (+ evaluation's)
+    assert graphs[2:] == [graphs[-1]] * 7, graphs  # none after the first two steps (step 6 is the short one)
+    assert result.metrics["recompiles"] == 0
+    assert result.metrics["train_examples"] == 216 + 3 * 40  # the masked rows are no examples

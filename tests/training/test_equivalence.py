@@ -58,22 +58,30 @@ def grad_norms(result) -> list[float]:
     return [r["grad_norm"] for r in log_rows(result) if "grad_norm" in r]
 
 
-def test_gradient_accumulation_equals_the_big_batch(run, start):
-    big, w_big = run(batch_size=24, grad_accum=1, max_steps=6)
-    small, w_small = run(batch_size=6, grad_accum=4, max_steps=6)
+#: static shapes (on with --compile): lengths padded to buckets, short micro-batches filled with masked rows
+STATIC = pytest.mark.parametrize("static_shapes", ["off", "on"])
+
+
+@STATIC
+def test_gradient_accumulation_equals_the_big_batch(run, start, static_shapes):
+    big, w_big = run(batch_size=24, grad_accum=1, max_steps=6, static_shapes=static_shapes)
+    small, w_small = run(batch_size=6, grad_accum=4, max_steps=6, static_shapes=static_shapes)
     assert small.metrics["micro_steps"] == 4 * big.metrics["micro_steps"]
     assert_trained_alike(w_big, w_small, start(batch_size=24, max_steps=6))
     assert loss_log(small) == pytest.approx(loss_log(big), abs=TOL)
     assert grad_norms(small) == pytest.approx(grad_norms(big), rel=1e-4)
 
 
-def test_uneven_micro_batches_and_the_short_last_step_are_exact(run, start):
+@STATIC
+def test_uneven_micro_batches_and_the_short_last_step_are_exact(run, start, static_shapes):
     # 216 training rows, global batch 28: seven full steps, then a step of 20 examples that the split
-    # run takes as three micro-batches of 7, 7 and 6 (not four)
-    big, w_big = run(batch_size=28, grad_accum=1, epochs=1)
-    small, w_small = run(batch_size=7, grad_accum=4, epochs=1)
+    # run takes as three micro-batches of 7, 7 and 6 (not four); with static shapes the 20 and the 6 are filled
+    # with masked rows to 28 and 7, which must change nothing
+    big, w_big = run(batch_size=28, grad_accum=1, epochs=1, static_shapes=static_shapes)
+    small, w_small = run(batch_size=7, grad_accum=4, epochs=1, static_shapes=static_shapes)
     assert big.metrics["optimizer_steps"] == small.metrics["optimizer_steps"] == 8
     assert small.metrics["micro_steps"] == 7 * 4 + 3
+    assert big.metrics["train_examples"] == small.metrics["train_examples"] == 216  # no example counted twice
     assert_trained_alike(w_big, w_small, start(batch_size=28, epochs=1))
 
 

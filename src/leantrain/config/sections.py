@@ -58,6 +58,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 LAUNCHERS = ("accelerate", "torchrun", "ray")
 SHARDING = ("none", "fsdp")
 ON_NAN = ("stop", "skip")
+STATIC_SHAPES = ("auto", "on", "off")
 LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
@@ -595,7 +596,22 @@ class EfficiencyConfig:
     activation_checkpointing: bool = _help(
         "Recompute activations in the backward pass: less memory, about a third more compute.", default=False
     )
-    compile: bool = _help("torch.compile the model (compile time is reported apart from throughput).", default=False)
+    compile: bool = _help(
+        "torch.compile the model (compile time is reported apart from throughput; on CUDA mode reduce-overhead, "
+        "CUDA graphs).",
+        default=False,
+    )
+    kernels: str = _help(
+        "Fused kernels in place of the model's own: none|liger (Liger's RMSNorm, RoPE and SwiGLU for Llama-family "
+        "models on CUDA; needs `pip install liger-kernel`).",
+        default="none",
+    )
+    static_shapes: str = _help(
+        f"Few batch shapes for a compiled model: {'|'.join(STATIC_SHAPES)}. on pads lengths up to 16, 24, 32, 48, "
+        "64, 96, ... (at most a third more padding) and the short last micro-batch of an epoch with masked rows "
+        "(zero loss, zero units); auto: on with --compile. Text classification and causal LM batches.",
+        default="auto",
+    )
     pad_to_max_length: bool = _help(
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )
@@ -646,6 +662,10 @@ class EfficiencyConfig:
 
     def _check(self) -> None:
         _choice(self, "precision", PRECISIONS)
+        _choice(self, "static_shapes", STATIC_SHAPES)
+        from leantrain.model.kernels import KERNELS
+
+        _choice(self, "kernels", KERNELS)
         from leantrain.model.attention import ALIASES, CHOICES
 
         self.attention = ALIASES.get(self.attention, self.attention)

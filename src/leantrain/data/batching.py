@@ -205,3 +205,104 @@ def eval_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
     """Length-sorted, fixed-order batches for evaluation and prediction (least padding, no shuffling)."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
     return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """What the training loop reads of a micro-batch on the host, read from its CPU tensors while collating: a
+    dataclass, so the loader's move to the device leaves it where it is, and the loop never waits on the device
+    for a count it knew before the batch left the CPU."""
+
+    rows: int
+    units: float
+    step_end: bool
+    num_tokens: int
+    padded_tokens: int
+    tail_rows: int | None = None  # `Task.tail_rows`: where the model's tail ran, for counting FLOPs
+
+    @classmethod
+    def of(cls, batch: dict, tail_rows=None) -> BatchFacts:
+        """Read from the batch's tensors: on the host while collating; a sync for a batch already on a device."""
+        return cls(
+            rows=len(batch["index"]),
+            units=float(batch["units"]),
+            step_end=bool(batch["step_end"]),
+            num_tokens=int(batch["num_tokens"]),
+            padded_tokens=int(batch["padded_tokens"]),
+            tail_rows=tail_rows(batch) if tail_rows is not None else None,
+        )
+
+
+class WithFacts:
+    """A collator whose batches also carry their `BatchFacts` under "host"."""
+
+    def __init__(self, collate, tail_rows=None):
+        self.collate, self.tail_rows = collate, tail_rows
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch = self.collate(items)
+        batch["host"] = BatchFacts.of(batch, self.tail_rows)
+        return batch
+
+
+def facts(batch: dict, tail_rows=None) -> BatchFacts:
+    """The batch's facts: as collated, or read now (a task's own batches, made on the device: a sync)."""
+    known = batch.get("host")
+    return known if isinstance(known, BatchFacts) else BatchFacts.of(batch, tail_rows)
+
+
+IGNORE_LABEL = -100
+#: what padding puts in each key a static-shape batch may hold; `index`, the slot fields and the counts stay
+#: the real rows' (a padded row is in no step's units: its loss and units are zero, no example counted twice)
+_PAD_VALUES = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_LABEL, "position_ids": 0}
+_LEFT_ALONE = {"index", "step_units", "units", "step_end", "num_tokens", "padded_tokens"}
+
+
+def length_buckets(max_length: int, smallest: int = 16) -> list[int]:
+    """The lengths a batch is padded up to under static shapes: 16, 24, 32, 48, 64, 96, 128, ... (each step half a
+    power of two, so a row gains at most a third of padding; a power-of-two ladder would allow a half), and
+    `max_length`. Few enough that a compiled model meets each once."""
+    out, size = [], smallest
+    while size < max_length:
+        out.append(size)
+        half = size // 2 if size & (size - 1) == 0 else size // 3  # 16 -> 24 -> 32 -> 48 -> 64
+        size += half
+    return [*out, max_length]
+
+
+class StaticShapes:
+    """A collator whose batches have few shapes, for a compiled model: lengths padded up to `length_buckets`, and a
+    short micro-batch (the ragged last of an epoch) filled to `rows` with padding rows that attend to one token and
+    whose labels are ignored, so that their loss, gradient and units are zero. Batches holding keys it does not know
+    how to pad (a mixture's per-row sources, a task's own fields) are left as collated."""
+
+    def __init__(self, collate, pad_token_id: int, max_length: int, sampler):
+        """`sampler`: whose `micro_batch` is the rows to fill to (read each batch: --auto may halve it)."""
+        self.collate, self.pad_token_id, self.sampler = collate, pad_token_id, sampler
+        self.buckets = length_buckets(max_length)
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch = self.collate(items)
+        if not set(batch) <= set(_PAD_VALUES) | _LEFT_ALONE or "input_ids" not in batch:
+            return batch
+        n, width = batch["input_ids"].shape
+        to = next((b for b in self.buckets if b >= width), width)
+        rows = max(n, self.sampler.micro_batch)
+        for key, value in _PAD_VALUES.items():
+            if key in batch:
+                batch[key] = self._pad(key, batch[key], rows, width, to, value)
+        batch["padded_tokens"] = torch.tensor(rows * to, dtype=torch.long)
+        return batch
+
+    def _pad(self, key: str, t: torch.Tensor, rows: int, width: int, to: int, value) -> torch.Tensor:
+        value = self.pad_token_id if value is None else value
+        if t.dim() == 1:  # one label a row
+            return torch.cat([t, t.new_full((rows - len(t),), value)])
+        out = t.new_full((rows, to), value)
+        out[: len(t), :width] = t
+        if key == "position_ids":  # padding: one more segment from 0, as the collators make it
+            out[: len(t), width:] = torch.arange(to - width)
+            out[len(t) :] = torch.arange(to)
+        elif key == "attention_mask":
+            out[len(t) :, 0] = 1  # a padding row attends to one token: a row of nothing would give NaN
+        return out

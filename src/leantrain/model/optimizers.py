@@ -372,8 +372,13 @@ def _adamw(model, groups: list[dict], lr: float, settings) -> torch.optim.Optimi
 def _sgd(model, groups: list[dict], lr: float, settings) -> torch.optim.Optimizer:
     import torch
 
-    # Plain SGD (no momentum): the equivalence tests rely on its update being exactly p -= lr * g.
-    return torch.optim.SGD(groups, lr=lr, momentum=0.0)
+    from leantrain.model.optimizer_kinds import fused_supported
+
+    # Plain SGD (no momentum): the equivalence tests rely on its update being exactly p -= lr * g, which the fused
+    # kernel computes too; fused, a non-finite step is skipped on the device (training.guards)
+    first = groups[0]["params"][0]
+    fused = fused_supported(first.device) and not hasattr(first, "to_local")  # sharded (DTensor): no fused SGD
+    return torch.optim.SGD(groups, lr=lr, momentum=0.0, fused=fused or None)
 
 
 def _adafactor(model, groups: list[dict], lr: float, settings) -> torch.optim.Optimizer:

@@ -144,6 +144,10 @@ def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | 
     # and leaves the model unwrapped, though torch.distributed runs with several ranks.
     if log_with:  # trackers write under the run's folder, set when they start (a placeholder now)
         kwargs.update(log_with=log_with, project_dir=os.getcwd())
+    if not cpu:  # batches copied from pinned memory without the host waiting for the device
+        from accelerate import DataLoaderConfiguration
+
+        kwargs["dataloader_config"] = DataLoaderConfiguration(non_blocking=True)
     return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=cpu, **kwargs)
 
 

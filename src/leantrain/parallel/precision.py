@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from leantrain.parallel.sharding import to_float
+from leantrain.parallel.sharding import local_tensor
 
 
 class MixedPrecision:
@@ -42,14 +42,16 @@ class MixedPrecision:
         """fp16 loss scaling is on: non-finite gradients are then routine overflow, skipped by the scaler."""
         return self.manual or getattr(self.accelerator, "scaler", None) is not None
 
-    def unscale_and_clip(self, model, optimizer, max_grad_norm: float) -> float:
-        """Unscale (fp16) and clip the gradients (max_grad_norm 0: no clipping); returns their pre-clip norm."""
+    def unscale_and_clip(self, model, optimizer, max_grad_norm: float):
+        """Unscale (fp16) and clip the gradients (max_grad_norm 0: no clipping); returns their pre-clip norm, a
+        tensor on the device (read it only when it is shown: reading it waits for the device)."""
         if self.manual:
             assert self.scaler is not None  # made whenever self.manual
             self.scaler.unscale_(optimizer)
         # An infinite bound measures without clipping: the gradients are multiplied by exactly 1.
         bound = max_grad_norm if max_grad_norm > 0 else float("inf")
-        return to_float(self.accelerator.clip_grad_norm_(model.parameters(), bound))  # sharded: a DTensor
+        # torch clips with foreach kernels and a device-side factor: no read of the norm
+        return local_tensor(self.accelerator.clip_grad_norm_(model.parameters(), bound))  # sharded: a DTensor
 
     def step(self, optimizer) -> bool:
         """Step the optimizer (through the scaler for fp16); returns whether it was skipped for inf/NaN."""

@@ -61,10 +61,10 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def to_float(value: Any) -> float:
-    """A scalar that may be a DTensor (the gradient norm of sharded parameters): its full value."""
+def local_tensor(value: Any) -> torch.Tensor:
+    """A scalar that may be a DTensor (the gradient norm of sharded parameters): its full value, on the device."""
     full = getattr(value, "full_tensor", None)
-    return float(full() if full is not None else value)
+    return full() if full is not None else torch.as_tensor(value)
 
 
 # -- checkpoints: a sharded run's state gathered whole, in the layout of an unsharded checkpoint -----------------

@@ -154,7 +154,9 @@ class CompletionLogps:
                 logits = logits[keep]
             logits = logits.float() if self.temperature == 1.0 else logits.float() / self.temperature
             per_token = torch.log_softmax(logits, -1).gather(1, wanted[:, None]).squeeze(1)
-        count = int(batch["sequence_ids"].max()) + 1
+        # the batch's sequences: one `sequence_index` each, a shape the host knows (reading the ids' max is a sync)
+        index = batch.get("sequence_index")
+        count = int(index.shape[0]) if index is not None else int(batch["sequence_ids"].max()) + 1
         total = per_token.new_zeros(count).index_add(0, owner, per_token)
         tokens = torch.bincount(owner, minlength=count)
         return SequenceLogps(total, tokens, per_token, owner)

@@ -41,14 +41,19 @@ def row_key(phase: str) -> str:
 
 
 class StepTimer:
-    def __init__(self, device: Any = None, sync: bool | None = None, clock=time.perf_counter):
-        self._sync_fn = None
+    def __init__(self, device: Any = None, sync: bool | None = None, clock=time.perf_counter, sync_on_read=False):
+        """`sync_on_read`: with `sync` off, synchronise CUDA only when the parts are read (the window's total is then
+        the device's, its split between phases the host's)."""
+        self._sync_fn = self._read_sync = None
         device_type = getattr(device, "type", None) or (str(device).split(":")[0] if device is not None else "cpu")
-        if (sync if sync is not None else device_type == "cuda") and device_type == "cuda":
+        if device_type == "cuda":
             import torch
 
             dev = device if not isinstance(device, str) else torch.device(device)
-            self._sync_fn = lambda: torch.cuda.synchronize(dev)
+            if sync if sync is not None else True:
+                self._sync_fn = lambda: torch.cuda.synchronize(dev)
+            elif sync_on_read:
+                self._read_sync = lambda: torch.cuda.synchronize(dev)
         self._clock = clock
         self.totals: dict[str, float] = {p: 0.0 for p in PHASES}
         self._window_mark: dict[str, float] = dict(self.totals)
@@ -100,6 +105,8 @@ class StepTimer:
     # -- readings -----------------------------------------------------------------------------------
     def read(self) -> dict[str, float]:
         """Seconds per part since start() (the open phase included up to now) and their sum as 'wall'."""
+        if self._read_sync is not None:
+            self._read_sync()
         if self._last is not None:
             self._charge()
         out = dict(self.totals)

@@ -38,3 +38,30 @@ class StartupOver(Hooks):
         if not gc.isenabled():
             gc.freeze()
             gc.enable()
+
+
+class SyncsPerStep(Hooks):
+    """Host syncs of each optimizer step (`telemetry.syncs.HostSyncs`, entered by the caller around the run): a step's
+    window runs from its first micro-batch to the next step's first, so it holds its close, log, evaluation and save.
+    `steps` maps each optimizer step (from 1) to a Counter of what was read; `finish()` closes the last window."""
+
+    def __init__(self, syncs: Any):
+        from collections import Counter
+
+        self.syncs = syncs
+        self.steps: dict[int, Counter[str]] = {}
+        self._mark: Counter[str] | None = None
+        self._step, self._new = 0, True
+
+    def on_micro_batch(self, model: Any, batch: dict[str, Any]) -> None:
+        if self._new:
+            self.finish()
+            self._mark, self._new = self.syncs.kinds.copy(), False
+
+    def before_optimizer_step(self, step: int) -> None:
+        self._step, self._new = step, True
+
+    def finish(self) -> None:
+        if self._mark is not None:
+            self.steps[self._step] = self.syncs.kinds - self._mark
+            self._mark = None

@@ -31,9 +31,12 @@ class MetricsLogger:
         state,
         sources: dict[str, int] | None = None,
         task=None,
+        say=None,
+        graphs_before: int = 0,
     ):
         """`sources`: a mixture's sources, each with its training rows (0: a stream's, unknown); `task`: whose
-        `train_sums` are logged (`train_metrics`) and whose `training_facts` go to metrics.json."""
+        `train_sums` are logged (`train_metrics`) and whose `training_facts` go to metrics.json; `say`: where a
+        line for the user goes; `graphs_before`: the graphs dynamo had compiled in this process before the run's."""
         from tqdm.auto import tqdm
 
         from leantrain.telemetry import Throughput
@@ -47,7 +50,15 @@ class MetricsLogger:
         self.every = cfg.log_every
         self.meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
         self.memory = MemoryMeter(accelerator.device)
-        self.timer = StepTimer(accelerator.device)  # synchronises CUDA at phase boundaries
+        # CUDA is synchronised only when the timer is read (a log row): a sync at every phase boundary would make
+        # the GPU wait for the host each step; the phases then hold the host's time of launching their work
+        self.timer = StepTimer(accelerator.device, sync=False, sync_on_read=True)
+        self.say = say or (lambda line: None)
+        self.graphs_before = graphs_before
+        # the log window on the device, added to without a host read: [loss, units, non-finite steps skipped]
+        dtype = torch.float32 if accelerator.device.type == "mps" else torch.float64  # MPS has no float64
+        self.window = torch.zeros(3, dtype=dtype, device=accelerator.device)
+        self.task_window: dict[tuple[str, ...], torch.Tensor] = {}
         self.history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
         # --compile: a step in which dynamo compiles a new graph (a new batch shape) is compile time, not training
         self.recompiles, self.recompile_seconds = 0, 0.0
@@ -81,14 +92,18 @@ class MetricsLogger:
         return time.perf_counter() - self.started
 
     # -- as training goes -------------------------------------------------------------------------------------
-    def micro_batch(self, batch: dict[str, Any], task: Task) -> None:
-        self.meter.add(len(batch["index"]), int(batch["num_tokens"]), int(batch["padded_tokens"]))
+    def micro_batch(self, batch: dict[str, Any], task: Task, facts=None) -> None:
+        """Count a micro-batch from its `BatchFacts` (read on the host while collating: no sync)."""
+        from leantrain.data.batching import facts as facts_of
+
+        facts = facts or facts_of(batch, task.tail_rows)
+        self.meter.add(facts.rows, facts.num_tokens, facts.padded_tokens)
         inputs = task.model_inputs(batch)
         main = next(v for k, v in inputs.items() if k != "attention_mask")
         # packed rows: attention per document; tail rows: the model's tail only where `task.forward` ran it; an
         # encoder-decoder's targets (`target_mask`)
         mask, positions, targets = (batch.get(k) for k in ("attention_mask", "position_ids", "target_mask"))
-        self.flops.add(main, mask, positions, task.tail_rows(batch), targets)
+        self.flops.add(main, mask, positions, facts.tail_rows, targets)
 
     def row_losses(self, task: Task, outputs: Any, batch: dict[str, Any]) -> None:
         """A mixture's micro-batch: its rows' losses, units and tokens, by source."""
@@ -99,12 +114,13 @@ class MetricsLogger:
         if self.sources is not None:
             self.sources.step_started()
         if self.cfg.compile:
-            self._step_start = (self.meter.snapshot(), self.flops.snapshot(), _compiled_graphs())
+            self._step_start = (self.meter.snapshot(), self.flops.snapshot(), compiled_graphs())
 
-    def step_done(self, finite: bool = True) -> None:
+    def step_done(self, taken: Any = True) -> None:
+        """`taken`: whether the step moved the weights (a device bool the host does not read, or a bool)."""
         if self.sources is not None:
-            self.sources.step_done(finite)
-        if self._step_start is not None and _compiled_graphs() > self._step_start[2]:
+            self.sources.step_done(taken, counted=None if self.cfg.on_nan == "skip" else taken)
+        if self._step_start is not None and compiled_graphs() > self._step_start[2]:
             self.recompiles += 1
             self.recompile_seconds += self.meter.discard(self._step_start[0])
             self.flops.discard(self._step_start[1])
@@ -113,14 +129,38 @@ class MetricsLogger:
             self.flops.mark()
         self.bar.update(1)
 
-    def add_sums(self, state: TrainState, micro_batches: list[dict[str, torch.Tensor]]) -> None:
-        """A finished step's `Task.train_sums`, one dict per micro-batch, into the log window's totals."""
-        if not micro_batches:
-            return
-        keys = sorted(micro_batches[0])
-        totals = torch.stack([torch.stack([m[k].float() for k in keys]) for m in micro_batches]).sum(0)
-        for key, value in zip(keys, totals.tolist()):  # one device-to-host copy a step
-            state.logged_sums[key] = state.logged_sums.get(key, 0.0) + value
+    def add_step(self, loss: Any, units: float, taken: Any, sums: list[dict[str, torch.Tensor]], skip: bool) -> None:
+        """A finished step's summed loss, its units and the task's `train_sums` (one dict per micro-batch) into the
+        log window, on the device: a step not taken adds nothing but, under --on-nan skip, its count."""
+        taken = torch.as_tensor(taken, device=self.window.device)
+        step = torch.stack([torch.as_tensor(loss, dtype=self.window.dtype, device=self.window.device).reshape(()),
+                            torch.tensor(units, dtype=self.window.dtype, device=self.window.device)])  # fmt: skip
+        self.window[:2] += torch.where(taken, step, torch.zeros_like(step))
+        if skip:
+            self.window[2] += (~taken).to(self.window.dtype)
+        if sums:
+            keys = sorted(sums[0])
+            totals = torch.stack([torch.stack([m[k].to(self.window.dtype) for k in keys]) for m in sums]).sum(0)
+            totals = torch.where(taken, totals, torch.zeros_like(totals))
+            self.task_window[tuple(keys)] = self.task_window.get(tuple(keys), 0) + totals
+
+    def fold(self, state: TrainState) -> None:
+        """The device window into the state's sums (one host read): at log rows, before saving, at the end."""
+        keys = list(self.task_window)
+        values = torch.cat([self.window, *(self.task_window[k] for k in keys)]).tolist()
+        loss, units, skipped = values[:3]
+        state.logged_loss += loss
+        state.logged_units += units
+        if skipped:
+            state.nan_skipped_steps += int(skipped)
+            self.say(f"step {state.step}: {int(skipped)} non-finite step(s) skipped since the last log (--on-nan skip)")
+        at = 3
+        for names in keys:
+            for name in names:
+                state.logged_sums[name] = state.logged_sums.get(name, 0.0) + values[at]
+                at += 1
+        self.window.zero_()
+        self.task_window.clear()
 
     def _task_metrics(self, state: TrainState) -> dict[str, float]:
         """The task's logged metrics over the window, its sums added up across processes."""
@@ -134,10 +174,26 @@ class MetricsLogger:
         state.logged_sums = {}
         return self.task.train_metrics(dict(zip(keys, sums)))
 
-    def maybe_log(self, state: TrainState, grad_norm: float, lr: float, amp) -> None:
+    def logs_at(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.total_steps
+
+    def _compile_facts(self, compiled: bool) -> dict[str, int | None]:
+        """metrics.json: steps that compiled a new graph after the warm-up, and the graphs compiled in all."""
+        return (
+            {"recompiles": self.recompiles, **self._compile_row()}
+            if compiled
+            else dict.fromkeys(("recompiles", "compiled_graphs"))
+        )
+
+    def _compile_row(self) -> dict[str, int]:
+        """--compile: the graphs dynamo has compiled so far (a new one mid-run is a recompile)."""
+        return {"compiled_graphs": compiled_graphs() - self.graphs_before} if self.cfg.compile else {}
+
+    def maybe_log(self, state: TrainState, grad_norm: Any, lr: float, amp) -> None:
         """Every --log-every steps (and at the last): a metrics.jsonl row for the global batch's mean loss."""
-        if not (state.step % self.every == 0 or state.step == self.total_steps):
+        if not self.logs_at(state.step):
             return
+        self.fold(state)
         loss, units = state.logged_loss, state.logged_units
         if self.accelerator.num_processes > 1:  # the global batch's loss, not this process's share
             sums = torch.tensor([loss, units], dtype=torch.float64, device=self.accelerator.device)
@@ -152,7 +208,7 @@ class MetricsLogger:
             "epoch": state.epoch + done,
             "loss": loss / units if units else None,
             "lr": lr,
-            "grad_norm": grad_norm,
+            "grad_norm": float(grad_norm),
             "skipped_steps": amp.skipped_steps,
             "loss_scale": amp.loss_scale,  # fp16 only (None otherwise)
             "nan_skipped_steps": state.nan_skipped_steps,
@@ -163,6 +219,7 @@ class MetricsLogger:
             **self.timer.window_row(),
             "peak_memory_bytes": self.memory.report()["peak_memory_bytes"],
             **self._task_metrics(state),
+            **self._compile_row(),
         }
         if self.sources is not None:
             row["sources"] = self.sources.log_row(state)
@@ -196,6 +253,7 @@ class MetricsLogger:
     def gather_partial_sums(self, state: TrainState) -> None:
         """Before a checkpoint, on every process: the sums of the log row in progress, the whole job's, held by the
         main process (the others hold none), so that a resumed run's next row is the one left alone."""
+        self.fold(state)
         sums = [state.logged_loss, state.logged_units, *(self.sources.partial_sums() if self.sources else [])]
         acc = self.accelerator
         if acc.num_processes > 1:
@@ -246,7 +304,7 @@ class MetricsLogger:
             "compile_seconds": None
             if extra["compile_seconds"] is None
             else extra["compile_seconds"] + self.recompile_seconds,
-            "recompiles": self.recompiles if extra["compile_seconds"] is not None else None,
+            **self._compile_facts(extra["compile_seconds"] is not None),
             **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
             **flops.steady_metrics(meter.steady_seconds),  # the same after the warm-up steps: the headline MFU
             "flops_per_padded_token": flops.flops / padded * n if padded else None,
@@ -337,7 +395,7 @@ def source_rows(sources: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
-def _compiled_graphs() -> int:
+def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far."""
     from torch._dynamo.utils import counters
 

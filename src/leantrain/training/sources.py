@@ -51,10 +51,15 @@ class SourceMeter:
         self.step.index_add_(1, source, rows)
         self.has_loss = self.has_loss and row_losses is not None
 
-    def step_done(self, finite: bool) -> None:
-        if not finite:  # the run's loss leaves a skipped step out; its examples were still drawn
-            self.step[LOSS] = 0
-            self.step[UNITS] = 0
+    def step_done(self, finite, counted=None) -> None:
+        """`finite`: whether the step's loss counts (a device bool, never read here); `counted`: whether the step
+        counts at all (--on-nan stop: a step after a bad one is undone), None: it does."""
+        # the run's loss leaves a skipped step out; its examples were still drawn
+        keep = torch.as_tensor(finite, device=self.step.device).to(self.dtype)
+        self.step[LOSS] *= keep
+        self.step[UNITS] *= keep
+        if counted is not None:
+            self.step *= torch.as_tensor(counted, device=self.step.device).to(self.dtype)
         self.window += self.step
 
     def log_row(self, state: TrainState) -> dict[str, dict[str, float | None]]:

@@ -39,7 +39,7 @@ from leantrain.training.early_stopping import EarlyStopping, resolve_metric, ste
 from leantrain.training.evaluator import Evaluator, prefixed
 from leantrain.training.guards import NanGuard
 from leantrain.training.hooks import Hooks
-from leantrain.training.metrics_logger import MetricsLogger
+from leantrain.training.metrics_logger import MetricsLogger, compiled_graphs
 
 
 @dataclass
@@ -75,6 +75,9 @@ class Trainer:
         self.task, self.plan, self.hooks = task, plan, hooks or Hooks()
         self.precision, self.precision_why = parallel.choose_precision(cfg.precision)
         self.accelerator = accelerator = parallel.make_accelerator(self.precision, cfg.shard, self._trackers(cfg))
+        from leantrain.model import kernels
+
+        kernels.check(cfg.kernels, accelerator.device.type, model_config)  # before any work
         if share_output_dir:  # a timestamped default: every process writes under rank 0's
             cfg = cfg.replace(output_dir=parallel.broadcast_from_main(cfg.output_dir))
         best_metric = resolve_metric(cfg, task)  # the task's default when not given; refused if not reported
@@ -124,6 +127,10 @@ class Trainer:
         if self.resume_from is not None:
             self.resume_from.check_matches({}, self.task.data_facts(self.data))
         self.model = self.task.build_model(model_path, self.data)
+        from leantrain.model import kernels
+
+        if done := kernels.apply(self.model, self.cfg.kernels):
+            self.say.info(done)
         self._choose_attention()
         if self.cfg.activation_checkpointing:
             loading.enable_activation_checkpointing(self.model)
@@ -166,6 +173,7 @@ class Trainer:
     def _build_batches(self) -> None:
         from torch.utils.data import DataLoader
 
+        from leantrain.data.batching import WithFacts
         from leantrain.tasks.evaluation import eval_loader
 
         cfg, acc, data = self.cfg, self.accelerator, self.data
@@ -178,9 +186,11 @@ class Trainer:
         self.train_loader: Any = DataLoader(  # after prepare(), Accelerate's loader (it has set_epoch)
             train_set,
             batch_sampler=self.sampler,
-            collate_fn=self.task.collator(data, train=True),
+            # each batch's counts read on the CPU as it is collated, so the loop never reads them off the device
+            collate_fn=WithFacts(self._static_shapes(self.task.collator(data, train=True)), self.task.tail_rows),
             generator=torch.Generator(),
             num_workers=cfg.dataloader_num_workers,
+            pin_memory=acc.device.type == "cuda",  # copied to the GPU without the host waiting
         )
         self.eval_loader = eval_loader(
             self.task, data, cfg.eval_batch_size or cfg.batch_size * 2, cfg.dataloader_num_workers
@@ -190,6 +200,21 @@ class Trainer:
             raise ConfigError(f"--data: {len(data.train)} training rows cannot feed {acc.num_processes} processes")
         # (a stream has no steps per epoch; the config requires --max-steps with --streaming)
         self.total_steps = cfg.max_steps or max(1, math.ceil((self.steps_per_epoch or 0) * cfg.epochs))
+
+    def _static_shapes(self, collate):
+        """--static-shapes (on with --compile): lengths padded up to buckets, the ragged micro-batch filled with
+        masked rows; for the collators whose every key it knows how to pad."""
+        from leantrain.data.batching import Collator, StaticShapes
+        from leantrain.data.lm import LMCollator
+
+        cfg = self.cfg
+        on = cfg.static_shapes == "on" or (cfg.static_shapes == "auto" and cfg.compile)
+        self.static_shapes = (
+            on and isinstance(collate, (Collator, LMCollator)) and not getattr(collate, "fixed_length", None)
+        )
+        if not self.static_shapes:
+            return collate
+        return StaticShapes(collate, collate.pad_token_id, cfg.max_length, self.sampler)
 
     def _build_optimization(self) -> None:
         """Optimizer and schedule, Accelerate's placement, FLOP counting, compile and local SGD."""
@@ -216,6 +241,7 @@ class Trainer:
         self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
         self.task.before_training(self.model, self.data, self.context)
         self.flops, self.flop_peak = self._flop_meter()
+        self.graphs_before = 0  # dynamo's count before this run's compiling (`_compile`)
         self.compile_seconds = self._compile() if cfg.compile else None
         self.local_sgd = LocalSGD(
             self.model,
@@ -238,7 +264,7 @@ class Trainer:
         self.early_stopping = EarlyStopping(cfg.early_stopping_patience, cfg.early_stopping_threshold, self.state)
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
         self.checkpointer.schedule(self.steps_per_epoch)
-        self.nan_guard = NanGuard(acc, cfg.on_nan, self.amp.scales_loss)
+        self.nan_guard = NanGuard(acc, cfg.on_nan, self.amp.scales_loss, self.optimizer)
         self.staging = self.run.begin() if acc.is_main_process else None
         log_path = self.staging / "metrics.jsonl" if self.staging else None
         trained = dict(
@@ -262,6 +288,8 @@ class Trainer:
             state=self.state,
             sources=source_rows(self.data.train),
             task=self.task,
+            say=self.say.info,
+            graphs_before=self.graphs_before,
         )
         self.checkpointer.before_save = self.logger.gather_partial_sums
         self.logger.history.extend(history)
@@ -370,8 +398,17 @@ class Trainer:
         the gradients are dropped, so the run trains exactly as it would have without this warm-up."""
         self.say.info("compiling the model (torch.compile) on one batch, forward and backward")
         started = time.perf_counter()
-        compiled = torch.compile(self.model)
+        # CUDA graphs on a GPU: one launch replays the step's kernels, the host's cost per kernel gone
+        mode = "reduce-overhead" if self.accelerator.device.type == "cuda" else None
+        self.graphs_before = compiled_graphs()
+        compiled = torch.compile(self.model, mode=mode)
         batch = next(iter(self.train_loader))
+        if self.static_shapes:
+            # lengths come in a few buckets: one graph for all of them (a length dynamo would otherwise compile
+            # again, as dynamic, at the second bucket, mid-run); the batch's rows are fixed
+            for t in self.task.model_inputs(batch).values():
+                if isinstance(t, torch.Tensor) and t.dim() >= 2:
+                    torch._dynamo.mark_dynamic(t, 1)
         self.model.train()  # the training graph (dropout on) is the one to compile; from_pretrained gives eval mode
         devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -453,6 +490,7 @@ class Trainer:
         """Ctrl-C or SIGTERM (noted by the CLI's handlers): every process stops here, after a checkpoint."""
         signum = interrupt.requested(self.accelerator)
         if signum is not None:
+            self._read_nan_guard()  # a bad step since the last read is stopped on, its state saved, not this one's
             state, cp = self.state, self.checkpointer
             save = lambda why: cp.save(self._now(), why, checkpoint.rng_state())  # noqa: E731
             raise interrupt.stop(signum, self.cfg, state.step, self.total_steps, cp.dir, saved_now, save, during)
@@ -475,20 +513,35 @@ class Trainer:
         return interrupt.requested(self.accelerator) is not None
 
     def _optimizer_steps(self):
-        """The micro-batches of each optimizer step on this process (the last one carries `step_end`)."""
+        """The micro-batches of each optimizer step on this process (the last one carries `step_end`); their
+        `BatchFacts`, taken out of the batches (which hooks and tasks see as collated), in `self.step_facts`."""
+        from leantrain.data.batching import facts
+
         batches: list[dict[str, Any]] = []
+        self.step_facts: list[Any] = []
         for batch in self.logger.timer.timed(self.oom.batches(self.train_loader)):  # the wait for each is "data"
+            known = facts(batch, self.task.tail_rows)
+            batch.pop("host", None)
             batches.append(batch)
-            if bool(batch["step_end"]):
+            self.step_facts.append(known)
+            if known.step_end:
                 yield batches
-                batches = []
+                batches, self.step_facts = [], []
 
     def train_step(self, batches: list[dict[str, Any]]) -> bool:
         """One optimizer step: forward and backward each micro-batch, then check, clip, step and schedule.
-        Returns False when a micro-batch ran out of memory (--auto) and the step must be redone."""
+        Returns False when a micro-batch ran out of memory (--auto) and the step must be redone.
+
+        Nothing here reads a device value on the host (a sync: the host would wait for the device): the loss and its
+        sums stay on the device, the counts come from the batches' `BatchFacts`, and the NaN guard's verdict is read
+        only where the run shows or keeps its state (`_must_read`)."""
+        from leantrain.data.batching import facts
+
         state, timer = self.state, self.logger.timer
-        rng, micro_step = checkpoint.rng_state(), state.micro_step  # what a NaN stop rolls back to
-        loss_sum, units = 0.0, 0.0
+        self.nan_guard.before_step(state, self.scheduler, self.optimizer)
+        micro_step = state.micro_step
+        loss_sum: Any = 0.0
+        units = 0.0
         self.step_sums: list[dict[str, torch.Tensor]] = []  # the task's `train_sums`, logged once the step counts
         self.logger.step_started()
         if self.task.makes_examples:
@@ -505,34 +558,62 @@ class Trainer:
             if loss is None:  # out of memory on some process: redo this step, micro-batch halved
                 event = self.oom.recut(self.optimizer, state.epoch, state.steps_in_epoch, state.step)
                 state.micro_step = micro_step
+                self.nan_guard.forget_step()
                 self.say.info(f"step {state.step + 1}: out of memory; {self.oom.describe(event)}")
                 return False
             state.micro_step += 1
-            loss_sum += float(loss)
-            units += float(batch["units"])
-            self.logger.micro_batch(batch, self.task)
+            loss_sum = loss_sum + loss.double()
+            # a task's own batches (made on the device) are read now: a sync, as making them is
+            batch_facts = facts(batch, self.task.tail_rows) if self.task.makes_examples else self.step_facts[i]
+            units += batch_facts.units
+            self.logger.micro_batch(batch, self.task, batch_facts)
         self.hooks.before_optimizer_step(state.step + 1)
         with timer.phase("optimizer"):
-            grad_norm, finite = self._close_step(loss_sum / units)
-        if not finite and self.cfg.on_nan == "stop":
-            self._stop_on_nan(loss_sum / units, grad_norm, rng, micro_step)
+            grad_norm, took = self._close_step(loss_sum)
         state.step += 1
         state.steps_in_epoch += 1
+        if (took is False and self.cfg.on_nan == "stop") or self._must_read():
+            self._read_nan_guard()
         with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
             self.local_sgd.step()
-        self.logger.step_done(finite)
-        if finite:
-            state.logged_loss += loss_sum
-            state.logged_units += units
-            self.logger.add_sums(state, self.step_sums)
-        else:
-            state.nan_skipped_steps += 1
-            self.say.info(f"step {state.step}: non-finite loss or gradient norm; step skipped (--on-nan skip)")
+        taken = took if took is not None else self.nan_guard.last_take
+        self.logger.step_done(taken)
+        self.logger.add_step(loss_sum, units, taken, self.step_sums, skip=self.cfg.on_nan == "skip")
         self.logger.maybe_log(state, grad_norm, self.scheduler.get_last_lr()[0], self.amp)
         return True
 
+    def _must_read(self) -> bool:
+        """Whether this step shows or keeps the run's state (a log row, an evaluation, a checkpoint, local SGD's
+        averaging, the end), so that --on-nan stop must know now whether a step went bad; or the guard keeps as many
+        states as it will (a read every 64 steps costs nothing). A task that makes its examples keeps state of its
+        own between steps: read every step."""
+        step, sgd = self.state.step, self.local_sgd
+        return (
+            self.task.makes_examples
+            or self.nan_guard.full()
+            or self.logger.logs_at(step)
+            or self.evaluator.should_evaluate(step, self.total_steps)
+            or self.checkpointer.should_save(step, self.evaluator.should_evaluate(step, self.total_steps))
+            or (sgd.enabled and sgd.steps_since_sync + 1 >= sgd.local_sgd_steps)
+        )
+
+    def _read_nan_guard(self) -> None:
+        """--on-nan stop: if a step since the last read was not finite, put the host back as it was before the first
+        such step (the weights never moved), save that state and stop."""
+        if self.cfg.on_nan != "stop":
+            return
+        found = self.nan_guard.read()
+        if found is None:
+            return
+        back, loss, grad_norm = found
+        rng = self.nan_guard.restore(back, self.state, self.scheduler, self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stop_on_nan(loss, grad_norm, rng, self.state.micro_step)
+
     def forward_backward_step(self, batch: dict[str, Any]) -> torch.Tensor:
         """One micro-batch: forward, the step-normalised loss, backward. Returns the summed loss (detached)."""
+        if self.cfg.compile and self.accelerator.device.type == "cuda":  # CUDA graphs: this batch's outputs are new
+            torch.compiler.cudagraph_mark_step_begin()
         with self.amp.autocast():
             outputs = self.task.forward(self.model, batch)
         loss_sum = self.task.loss_sum(outputs, batch)
@@ -559,24 +640,22 @@ class Trainer:
     def _no_sync_unless(self, last: bool):
         return contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
 
-    def _close_step(self, step_loss: float) -> tuple[float, bool]:
-        """Unscale and clip, check (the NaN guard), step, schedule, clear. Returns (pre-clip norm, finite).
-        A non-finite step is dropped under --on-nan skip (the schedule moves on) and left untouched under stop,
-        so that the state before it can be saved."""
+    def _close_step(self, loss_sum: torch.Tensor) -> tuple[torch.Tensor, bool | None]:
+        """Unscale and clip, check (the NaN guard), step, schedule, clear. Returns (pre-clip norm, taken): taken is
+        None when only the device knows (`NanGuard.step`). A non-finite step is dropped under --on-nan skip (the
+        schedule moves on) and never taken under stop, so that the state before it can be saved."""
         grad_norm = self.amp.unscale_and_clip(self.model, self.optimizer, self.cfg.max_grad_norm)
-        finite = self.nan_guard.finite(step_loss, grad_norm)
-        if not finite and self.cfg.on_nan == "stop":
+        take = self.nan_guard.verdict(loss_sum, grad_norm)
+        took = self.nan_guard.step(self.amp, self.optimizer, take)
+        self.nan_guard.last_take = take
+        if took is False and self.cfg.on_nan == "stop":
             return grad_norm, False
-        if finite:
-            self.amp.step(self.optimizer)
-        else:
-            self.amp.drop_step(self.optimizer)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, finite
+        return grad_norm, took
 
     def _stop_on_nan(self, loss: float, grad_norm: float, rng: dict, micro_step: int) -> None:
-        """Nothing has moved yet: save the state before this step (unless saved already), then stop."""
+        """Nothing has moved since the state before the bad step: save it (unless saved already), then stop."""
         state = self.state
         saved = self.checkpointer.saved(state.step)
         if state.step > 0 and not saved.is_dir():
@@ -625,6 +704,7 @@ class Trainer:
         logger, acc = self.logger, self.accelerator
         use_weights(self.cfg.optimizer, self.optimizer, "eval")  # schedule-free: its average is evaluated and published
         peak = logger.memory.report()
+        logger.fold(self.state)  # the steps since the last log row (an early stop, an interrupt)
         eval_metrics, model_step = self._final_evaluation()
         logger.close()
         unwrapped = acc.unwrap_model(self.model)
