@@ -45,6 +45,8 @@ class RewardModel(PolicyTask):
     metric_names: tuple[str, ...] = ("loss", *REWARD_METRICS)
     default_metric: ClassVar[str] = "accuracy"
     uses_reference: ClassVar[bool] = False
+    #: whether the model reads prompt and completion as two segments (set when the model is built or loaded)
+    segments: bool = False
 
     @property
     def reference_free(self) -> bool:
@@ -84,7 +86,7 @@ class RewardModel(PolicyTask):
     # -- a step ----------------------------------------------------------------------------------------------------
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         inputs = super().model_inputs(batch)
-        if getattr(self, "segments", False):  # the completion's tokens (the labelled ones) are segment B
+        if self.segments:  # the completion's tokens (the labelled ones) are segment B
             inputs["token_type_ids"] = (batch["labels"] != IGNORE).long()
         return inputs
 
