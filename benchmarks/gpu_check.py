@@ -75,11 +75,15 @@ def say(message: str) -> None:
 
 
 # -- models and data ------------------------------------------------------------------------------------------
-def word_tokenizer(lm: bool):
+def word_tokenizer(lm: bool, size: int = 0):
+    """A word-level tokenizer over WORDS; `size` fills it with unused tokens up to the model's embedding rows
+    (leantrain refuses a tokenizer with under half the model's rows: another model's)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
+    tokens = SPECIALS + WORDS
+    tokens += [f"unused{i}" for i in range(size - len(tokens))]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     if lm:  # a causal LM's tokenizer adds nothing; leantrain ends each document with EOS
@@ -145,7 +149,7 @@ def write_lm(folder: Path, smoke: bool) -> str:
     torch.manual_seed(0)
     model = LlamaForCausalLM(lm_config(smoke))
     model.save_pretrained(folder)
-    word_tokenizer(lm=True).save_pretrained(folder)
+    word_tokenizer(lm=True, size=model.config.vocab_size).save_pretrained(folder)
     params = sum(p.numel() for p in model.parameters())
     return f"Llama {'tiny' if smoke else '12x768, GQA 12/4, vocab 32,000'} ({params / 1e6:.1f} M parameters)"
 
@@ -326,7 +330,9 @@ def host_overhead(args, bert_dir: Path, bert_data: Path, lm_dir: Path, lm_data: 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     bases = gpu_host.base_jobs(bert_dir, bert_data, lm_dir, lm_data, args.work / "cache", args.smoke)
-    rows = gpu_host.section(bases, 3 if args.smoke else 30, work, clock, say)
+    bases = {model: job for model, job in bases.items() if model in args.host_models.split(",")}
+    runs = args.host_runs.split(",") if args.host_runs else None
+    rows = gpu_host.section(bases, 3 if args.smoke else 30, work, clock, say, runs)
     (args.out / "host.json").write_text(json.dumps(rows, indent=2) + "\n")
     steps = 3 if args.smoke else 30
     return [
@@ -422,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lm-vs-hf", action="store_true", help="first, the causal LM against the HF Trainer in bf16")
     p.add_argument("--host", action="store_true", help="first, the host-overhead section (benchmarks/gpu_host.py)")
     p.add_argument("--host-only", action="store_true", help="the host-overhead section alone (budget 380 s)")
+    p.add_argument("--host-models", default="bert,llama", help="the host section's models (comma-separated)")
+    p.add_argument("--host-runs", help="only these runs of the host section (names, comma-separated; default all)")
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.rows = 4, 400

@@ -46,10 +46,12 @@ def base_jobs(bert_dir: Path, bert_data: Path, lm_dir: Path, lm_data: Path, cach
     return {"bert": bert, "llama": lm}
 
 
-def section(bases: dict, steps: int, work: Path, clock, say) -> list[dict[str, Any]]:
+def section(bases: dict, steps: int, work: Path, clock, say, runs: list[str] | None = None) -> list[dict[str, Any]]:
     """Every job while the budget lasts (each given what is left, at least 60 s)."""
     rows = []
     for name, model, over in JOBS:
+        if model not in bases or (runs is not None and name not in runs):
+            continue
         if clock.left() < 60:  # a job takes 20-90 s on an H200: none is started that would overrun much
             say(f"host: {name} on {model} skipped (time budget)")
             continue

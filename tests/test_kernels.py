@@ -41,3 +41,35 @@ def test_an_unknown_kernel_set_is_refused():
 
     with pytest.raises(ConfigError, match="--kernels must be one of none, liger"):
         TrainConfig(kernels="fast")
+
+
+def test_the_kernels_go_in_after_the_checks_that_run_the_model_on_the_cpu(tmp_path, monkeypatch):
+    """Liger's Triton kernels cannot run on CPU tensors, and the causal LM's checks (packing keeps documents apart,
+    the head's rows) run a few tokens through the model on the CPU before it is placed: with the kernels put in
+    first, a GPU run with --kernels liger failed while setting up ("cannot be accessed from Triton (cpu tensor?)")."""
+    import torch
+
+    from leantrain import train
+    from leantrain.training.trainer import Trainer
+    from tests.tasks.test_causal_lm import documents, write_tiny_llama
+
+    def triton_like(model, name):  # what Liger's kernels do with a tensor on the CPU
+        def refuse(self, hidden_states):
+            raise ValueError("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)")
+
+        for module in model.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                module.forward = refuse.__get__(module)
+        return "kernels: Triton-like norms"
+
+    monkeypatch.setattr(kernels, "check", lambda *args: None)
+    monkeypatch.setattr(kernels, "apply", triton_like)
+    built = []
+    monkeypatch.setattr(Trainer, "fit", lambda self: built.append(self))  # set up, not trained (no GPU here)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(documents(40, seed=0)) + "\n")
+    model = write_tiny_llama(tmp_path / "llama")
+    train(model=str(model), data=str(corpus), kernels="liger", packing=True, max_length=32, report=False,
+          output_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    assert built and isinstance(built[0].model, torch.nn.Module)
+    assert all(type(m).__name__ != "LlamaRMSNorm" or "refuse" in str(m.forward) for m in built[0].model.modules())

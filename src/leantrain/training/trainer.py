@@ -127,11 +127,13 @@ class Trainer:
         if self.resume_from is not None:
             self.resume_from.check_matches({}, self.task.data_facts(self.data))
         self.model = self.task.build_model(model_path, self.data)
+        self._choose_attention()
         from leantrain.model import kernels
 
+        # After the task's checks: they run a few tokens through the model on the CPU, where Triton kernels cannot
+        # run. What they test still holds: Liger's kernels work per token or from the position ids the checks use.
         if done := kernels.apply(self.model, self.cfg.kernels):
             self.say.info(done)
-        self._choose_attention()
         if self.cfg.activation_checkpointing:
             loading.enable_activation_checkpointing(self.model)
         self.say.info(loading.describe(self.model))
