@@ -9,7 +9,8 @@
 #   device run:  bash benchmarks/gpu_check.sh --pack [--lm-vs-hf] [--attention-from FILE]   (timeout_s 540)
 #   the host's cost alone (syncs per step, compile with buckets and CUDA graphs, Liger, the HF Trainer on the
 #   same jobs; benchmarks/gpu_host.py), under eight minutes:  bash benchmarks/gpu_check.sh --host-only --pack
-#   (timeout_s 480; carry Liger's wheel in .whl/ when the image lacks it: pip download liger-kernel --no-deps -d .whl)
+#   (timeout_s 480; carry Liger's wheel in .whl/ when the image lacks it: pip download liger-kernel --no-deps -d .whl);
+#   BERT-base's rows alone fill most of it: a second call with --host-models llama (or --host-runs NAME,NAME) does the rest
 #   here (tests the script on tiny models, CPU):  OUT=/tmp/gpu bash benchmarks/gpu_check.sh --smoke --pack
 #
 # The GPU image has torch, transformers, accelerate, peft, tokenizers, pandas, scikit-learn, rich, matplotlib and

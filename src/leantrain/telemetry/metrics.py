@@ -6,6 +6,7 @@ import io
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,11 @@ class TeeLog:
 class Throughput:
     """Counts examples and tokens over training time only (evaluation and saving are paused out)."""
 
-    def __init__(self, warmup_steps: int = 0) -> None:
+    def __init__(self, warmup_steps: int = 0, sync: Callable[[], None] | None = None) -> None:
         self.warmup_steps = warmup_steps  # the first steps pay one-off costs; "steady" figures skip them
+        # A GPU runs behind the host: its clock is read after the device drains, at the steady mark and at each
+        # pause (evaluation, saving, the end), so the window holds the device's time, not the host's launches.
+        self._sync = sync or (lambda: None)
         self.steps = 0
         self._steady_mark: tuple[int, int, float] | None = None
         self.examples = 0
@@ -61,6 +65,7 @@ class Throughput:
 
     def pause(self) -> None:
         if self._started is not None:
+            self._sync()
             self.seconds += time.perf_counter() - self._started
             self._started = None
 
@@ -87,6 +92,7 @@ class Throughput:
     def step_done(self) -> None:
         self.steps += 1
         if self.steps == self.warmup_steps:
+            self._sync()
             self._steady_mark = (self.examples, self.tokens, self.elapsed())
 
     def _steady(self, count_index: int) -> float:

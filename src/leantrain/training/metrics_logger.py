@@ -48,7 +48,8 @@ class MetricsLogger:
         self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
         self.task = task
         self.every = cfg.log_every
-        self.meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)))
+        sync = (lambda: torch.cuda.synchronize(accelerator.device)) if accelerator.device.type == "cuda" else None
+        self.meter = Throughput(warmup_steps=min(10, max(1, total_steps // 10)), sync=sync)
         self.memory = MemoryMeter(accelerator.device)
         # CUDA is synchronised only when the timer is read (a log row): a sync at every phase boundary would make
         # the GPU wait for the host each step; the phases then hold the host's time of launching their work
