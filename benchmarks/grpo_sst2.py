@@ -139,14 +139,26 @@ def grpo(args, model_dir: Path, work: Path) -> tuple[dict, Path]:
     from leantrain import TrainConfig, train
 
     train_jsonl, dev_jsonl = lm.sft_files(work, None)  # every SST-2 train prompt; all of dev
+    if args.grpo_min_words:  # SST-2 train is mostly phrases, dev whole sentences: train on the sentence-like rows
+        rows = [
+            r for r in train_jsonl.read_text().splitlines() if words(json.loads(r)["prompt"]) >= args.grpo_min_words
+        ]
+        train_jsonl = work / f"sst2_train_min{args.grpo_min_words}.jsonl"
+        train_jsonl.write_text("\n".join(rows) + "\n")
     cfg = TrainConfig(
-        **GRPO, model=str(model_dir), data=str(train_jsonl), eval_data=str(dev_jsonl), max_steps=args.grpo_steps,
+        **{**GRPO, **json.loads(args.grpo_settings)}, model=str(model_dir), data=str(train_jsonl),
+        eval_data=str(dev_jsonl), max_steps=args.grpo_steps,
         eval_every=args.eval_every, cache_dir=str(work / "cache"), output_dir=str(work / "grpo"), overwrite=True,
         progress=False,
     )  # fmt: skip
     started = time.perf_counter()
     result = train(cfg)
     return {"seconds": round(time.perf_counter() - started, 1), **result.metrics}, result.output_dir
+
+
+def words(prompt: str) -> int:
+    """The review's words in a prompt of `sft_files`."""
+    return len(prompt.removeprefix("Review: ").removesuffix("\nSentiment:").split())
 
 
 def plot_reward(run_dir: Path, png: Path) -> None:
@@ -174,6 +186,8 @@ def main() -> None:
     parser.add_argument("--sft-rows", type=int, default=None, help="SST-2 train rows for instruction tuning")
     parser.add_argument("--grpo-steps", type=int, default=300)
     parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--grpo-min-words", type=int, default=0, help="GRPO on train reviews of at least N words")
+    parser.add_argument("--grpo-settings", default="{}", help='GRPO settings over the defaults, JSON: {"lr": 1e-4}')
     parser.add_argument("--sft-only", action="store_true", help="stop after stage 1 (its model: WORK/sft/model)")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -206,7 +220,12 @@ def main() -> None:
         "grpo_dev_accuracy": grpo_accuracy,
         "gain_points": 100 * (grpo_accuracy - sft_accuracy),
         "grpo": {k: stage2.get(k) for k in KEPT},
-        "grpo_settings": {**GRPO, "max_steps": args.grpo_steps},
+        "grpo_settings": {
+            **GRPO,
+            **json.loads(args.grpo_settings),
+            "max_steps": args.grpo_steps,
+            "min_words": args.grpo_min_words,
+        },
         "hardware_before": before,
         "hardware_after": hardware(),
         "versions": versions(),
