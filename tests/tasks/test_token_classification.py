@@ -284,6 +284,21 @@ def test_accumulated_micro_batches_equal_one_big_batch_per_token(run, changes):
     assert small.metrics["eval_f1"] == pytest.approx(big.metrics["eval_f1"], abs=1e-6)
 
 
+def test_static_shapes_bucket_lengths_and_fill_the_short_micro_batch_without_changing_training(run):
+    """--static-shapes (on with --compile): lengths padded up to buckets, and the epoch's short last micro-batch (96
+    sentences in steps of 4 x 7: the last step's 12 are 7 + 5) filled with masked rows that score no word and own no
+    token; training is the same as without, step for step."""
+    job = dict(batch_size=7, grad_accum=4, epochs=1)
+    off, w_off = run(**job, static_shapes="off")
+    on, w_on = run(**job, static_shapes="on")
+    _, start = run(**job, lr=1e-30)
+    assert on.metrics["padding_fraction"] > off.metrics["padding_fraction"]  # the buckets' and the filled rows'
+    assert on.metrics["train_examples"] == off.metrics["train_examples"] == 96  # filled rows are not examples
+    assert_trained_alike(w_off, w_on, start, rel=1e-5)
+    assert loss_log(on) == pytest.approx(loss_log(off), abs=1e-5)
+    assert on.metrics["eval_f1"] == pytest.approx(off.metrics["eval_f1"], abs=1e-6)
+
+
 def test_a_resumed_run_equals_the_uninterrupted_one_bitwise(run, dropout_model_dir):
     job = dict(model=dropout_model_dir, optimizer="adamw", lr=3e-3, max_steps=6, save_every=2, batch_size=8)
     whole, w_whole = run(**job, eval_every=3)

@@ -273,25 +273,28 @@ def length_buckets(max_length: int, smallest: int = 16) -> list[int]:
 class StaticShapes:
     """A collator whose batches have few shapes, for a compiled model: lengths padded up to `length_buckets`, and a
     short micro-batch (the ragged last of an epoch) filled to `rows` with padding rows that attend to one token and
-    whose labels are ignored, so that their loss, gradient and units are zero. Batches holding keys it does not know
-    how to pad (a mixture's per-row sources, a task's own fields) are left as collated."""
+    whose labels are ignored, so that their loss, gradient and units are zero. A collator's `pad_values` name its
+    own fields' padding (a token classifier's word and token indexes); batches holding keys it does not know how to
+    pad (a mixture's per-row sources) are left as collated."""
 
     def __init__(self, collate, pad_token_id: int, max_length: int, sampler):
         """`sampler`: whose `micro_batch` is the rows to fill to (read each batch: --auto may halve it)."""
         self.collate, self.pad_token_id, self.sampler = collate, pad_token_id, sampler
         self.buckets = length_buckets(max_length)
+        self.pad_values = {**_PAD_VALUES, **getattr(collate, "pad_values", {})}
 
     def __call__(self, items: list[dict]) -> dict:
         batch = self.collate(items)
-        if not set(batch) <= set(_PAD_VALUES) | _LEFT_ALONE or "input_ids" not in batch:
+        if not set(batch) <= set(self.pad_values) | _LEFT_ALONE or "input_ids" not in batch:
             return batch
-        n, width = batch["input_ids"].shape
-        to = next((b for b in self.buckets if b >= width), width)
-        rows = max(n, self.sampler.micro_batch)
-        for key, value in _PAD_VALUES.items():
-            if key in batch:
+        rows = max(len(batch["input_ids"]), self.sampler.micro_batch)
+        for key, value in self.pad_values.items():
+            if key in batch:  # each its own width's bucket: an encoder-decoder's sources and targets differ
+                width = batch[key].shape[1] if batch[key].dim() > 1 else 0
+                to = next((b for b in self.buckets if b >= width), width)
                 batch[key] = self._pad(key, batch[key], rows, width, to, value)
-        batch["padded_tokens"] = torch.tensor(rows * to, dtype=torch.long)
+        padded = getattr(self.collate, "padded_keys", ("input_ids",))  # what the model computes on
+        batch["padded_tokens"] = torch.tensor(sum(batch[k].numel() for k in padded), dtype=torch.long)
         return batch
 
     def _pad(self, key: str, t: torch.Tensor, rows: int, width: int, to: int, value) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -294,8 +294,14 @@ class PairCollator:
     """Pads each micro-batch's sources and targets to their own longest (dynamic padding); the decoder's input is
     the target shifted right behind the start token, as transformers' models shift labels themselves."""
 
+    #: static shapes' padding of the decoder's fields (a filled row's labels are ignored, its targets masked)
+    pad_values: ClassVar[dict[str, Any]] = {"decoder_input_ids": None, "target_mask": False}
+    #: the tokens the model computes on: the sources' and the targets'
+    padded_keys = ("input_ids", "labels")
+
     def __init__(self, pad_token_id: int, decoder_start_token_id: int):
         self.pad, self.start = pad_token_id, decoder_start_token_id
+        self.pad_token_id = pad_token_id
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         sources = [x["input_ids"] for x in items]

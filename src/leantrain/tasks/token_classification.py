@@ -525,6 +525,9 @@ class TokenCollator:
     """Pads a micro-batch to its longest window (or a fixed length): token ids, the attention mask, each position's
     label (IGNORE past the end), scored word and owned token (-1), each window's sentence."""
 
+    #: static shapes' padding of this collator's own fields: no word scored, no token owned, no sentence
+    pad_values: ClassVar[dict[str, Any]] = {"word_index": -1, "token_index": -1, "sentence": -1}
+
     def __init__(self, pad_token_id: int, fixed_length: int | None = None):
         self.pad_token_id, self.fixed_length = pad_token_id, fixed_length
 

@@ -205,14 +205,16 @@ class Trainer:
 
     def _static_shapes(self, collate):
         """--static-shapes (on with --compile): lengths padded up to buckets, the ragged micro-batch filled with
-        masked rows; for the collators whose every key it knows how to pad."""
+        masked rows; for the collators whose every key it knows how to pad (or that name their own: `pad_values`)."""
         from leantrain.data.batching import Collator, StaticShapes
         from leantrain.data.lm import LMCollator
 
         cfg = self.cfg
         on = cfg.static_shapes == "on" or (cfg.static_shapes == "auto" and cfg.compile)
         self.static_shapes = (
-            on and isinstance(collate, (Collator, LMCollator)) and not getattr(collate, "fixed_length", None)
+            on
+            and (isinstance(collate, (Collator, LMCollator)) or hasattr(collate, "pad_values"))
+            and not getattr(collate, "fixed_length", None)
         )
         if not self.static_shapes:
             return collate
