@@ -172,11 +172,13 @@ def side_hf(work: Path, out: Path) -> dict:
     train_rows, _ = build("train")
     eval_rows, references = build("eval")
 
+    order: list[int] = []  # the evaluation's row order: with group_by_length the Trainer evaluates length-grouped
+
     def compute_metrics(prediction) -> dict[str, float]:
         ids = prediction.predictions
         ids = [[t for t in row if t >= 0] for row in ids]  # the Trainer pads generated ids with -100
         texts = [t.strip() for t in tok.batch_decode(ids, skip_special_tokens=True)]
-        return rouge(texts, references)
+        return rouge(texts, [references[i] for i in order])
 
     args = Seq2SeqTrainingArguments(
         output_dir=str(out),
@@ -210,6 +212,7 @@ def side_hf(work: Path, out: Path) -> dict:
         compute_metrics=compute_metrics,
     )
     trained = trainer.train()
+    order[:] = list(trainer._get_eval_sampler(eval_rows) or range(len(eval_rows)))
     metrics = trainer.evaluate(max_new_tokens=JOB["max_new_tokens"], num_beams=1)
     trainer.save_model(str(out / "model"))
     return {
