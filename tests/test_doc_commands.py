@@ -23,6 +23,7 @@ import yaml
 
 from leantrain.commands.cli import main
 from tests.conftest import REPO, SHARED_DATA, make_sentiment_rows, write_csv
+from tests.test_gguf import write_tiny_llama_gguf
 
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 SKIP_DOCS = {"reference/cli.md", "reference/api.md"}  # generated: no commands of their own
@@ -124,6 +125,9 @@ def workspace(tmp_path_factory, tiny_model_dir):
     names = {"pos": " positive", "neg": " negative"}
     prompts = [{"prompt": f"Review: {t}\nSentiment:", "completion": names[y]} for t, y in rows]
     (ws / "sst2_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    # docs/language-models.md: a GGUF file as the model (a tiny one of the same name) and instruction rows
+    shutil.copy(ws / "sst2_prompts.jsonl", ws / "instructions.jsonl")
+    write_tiny_llama_gguf(ws / "SmolLM2-135M-Instruct.Q4_1.gguf")
     (ws / "my_rewards.py").write_text(
         "def brevity(prompts, completions, completion_ids, **columns):\n"
         "    return [-len(i) / 8 for i in completion_ids]\n"

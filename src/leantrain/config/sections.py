@@ -81,7 +81,7 @@ class ModelConfig:
     """Which model, and what it learns."""
 
     model: str | None = _help(
-        "Hugging Face model: a local folder or a hub name. Default: the embedded all-MiniLM-L6-v2.",
+        "Hugging Face model: a local folder, a hub name or a .gguf file. Default: the embedded all-MiniLM-L6-v2.",
         default=None,
     )
     task: str | None = _help(

@@ -29,8 +29,9 @@ def embedded_model_path() -> Path:
 
 
 def resolve_model(name: str | None) -> str:
-    """A local folder (checked to hold a model), a config.json file, a preset or a hub id; None: the default."""
-    from leantrain.model import presets
+    """A local folder (checked to hold a model), a config.json file, a GGUF file (converted once to a folder), a
+    preset or a hub id; None: the default."""
+    from leantrain.model import gguf, presets
 
     if name in (None, EMBEDDED_MODEL):
         return str(embedded_model_path())
@@ -40,13 +41,15 @@ def resolve_model(name: str | None) -> str:
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".json":  # a bare config: the model is trained from scratch
         return str(path)
+    if gguf.is_gguf(path):
+        return str(gguf.as_model_folder(path))
     if path.exists():
         if (path / "model" / "config.json").is_file():  # a leantrain run directory
             return str(path / "model")
         if not (path / "config.json").is_file():
             raise ModelError(
-                f"{name}: holds no model (no config.json); give a Hugging Face model folder "
-                "or a leantrain run directory"
+                f"{name}: holds no model (no config.json); give a Hugging Face model folder, "
+                "a leantrain run directory or a .gguf file"
             )
         return str(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:

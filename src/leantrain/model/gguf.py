@@ -1,0 +1,67 @@
+"""GGUF files (llama.cpp's format) as Hugging Face model folders, so every model path of leantrain reads them.
+
+transformers reads a GGUF file's weights (dequantized: training needs real tensors, not 4-bit blocks), its config
+and its tokenizer. Reading dequantizes every tensor, seconds for a small model and minutes for a large one, so the
+result is written once, as an ordinary folder (safetensors, config, tokenizer), under leantrain's cache and keyed
+by the file's path, size and modification time. The trained model is saved as a Hugging Face folder too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from leantrain.errors import ModelError
+from leantrain.paths import leantrain_cache
+from leantrain.telemetry.console import Console
+
+
+def is_gguf(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf" and path.is_file()
+
+
+def folder_for(path: Path, cache: Path | None = None) -> Path:
+    """Where `path`'s converted folder lives: one per file version (a replaced file converts again)."""
+    path = path.expanduser().resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return (cache or leantrain_cache()) / "gguf" / f"{path.stem}-{key}"
+
+
+def as_model_folder(path: Path, cache: Path | None = None) -> Path:
+    """`path` (a .gguf file) as a model folder: converted on first use, then read from the cache."""
+    folder = folder_for(path, cache)
+    if (folder / "config.json").is_file():
+        return folder
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF through it)
+    except ImportError:
+        raise ModelError(f"{path}: reading a GGUF file needs the gguf package: pip install gguf") from None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    Console().info(f"{path.name}: converting GGUF to a model folder once (weights dequantized to fp32): {folder}")
+    parent, name = str(path.parent), path.name
+    try:
+        config = AutoConfig.from_pretrained(parent, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelError(f"{path}: cannot read as a GGUF model ({str(exc).splitlines()[0][:200]})") from None
+    # The weights are plain fp32 tensors now; the quantization marks only stop save_pretrained.
+    model.hf_quantizer = None  # type: ignore[assignment]
+    for holder in (model.config, config):
+        if hasattr(holder, "quantization_config"):
+            del holder.quantization_config
+    model.config.architectures = [type(model).__name__]
+    staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(folder)  # whole or absent: a reader never sees half a folder
+    except OSError:  # another process converted it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
