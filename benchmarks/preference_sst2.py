@@ -103,30 +103,30 @@ def pair_file(path: Path, rows: list[tuple[str, str]]) -> Path:
 
 
 def stage_sft(args, work: Path, common: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
-    """The language-model job: pretraining from scratch on the offline corpus, then instruction tuning on SST-2."""
+    """The language-model job: `preset:tiny-llama` pretrained from scratch on the offline corpus (a pretrained
+    `--base` skips this), then instruction tuning on SST-2."""
     from leantrain import TrainConfig, train
 
     if args.sft:
         run = Path(args.sft)
         return run / "model", {"reused": str(run), **json.loads((run / "metrics.json").read_text())}
-    corpus = work / "corpus.txt"
-    sizes = write_corpus(corpus_texts(), corpus)
     started = time.perf_counter()
-    pretrain = dict(common, model="preset:tiny-llama", data=str(corpus), eval_fraction=0.05, lr=3e-3)
-    pretrain.update(max_steps=args.pretrain_steps, output_dir=str(work / "pretrain"), metric_for_best="loss")
-    pre = train(TrainConfig(**pretrain))
+    facts: dict[str, Any] = {"base": args.base}
+    base = args.base
+    if base == "preset:tiny-llama":
+        corpus = work / "corpus.txt"
+        facts["corpus"] = write_corpus(corpus_texts(), corpus)
+        pretrain = dict(common, model=base, data=str(corpus), eval_fraction=0.05, lr=3e-3)
+        pretrain.update(max_steps=args.pretrain_steps, output_dir=str(work / "pretrain"), metric_for_best="loss")
+        pre = train(TrainConfig(**pretrain))
+        facts.update(pretrain_steps=args.pretrain_steps, pretrain_perplexity=pre.metrics["eval_perplexity"])
+        base = str(pre.model_dir)
     sft_train = instruction_file(work / "sft_train.jsonl", sst2_rows("train", args.sft_rows))
     sft_dev = instruction_file(work / "sft_dev.jsonl", sst2_rows("dev"))
-    sft = dict(common, model=str(pre.model_dir), data=str(sft_train), eval_data=str(sft_dev), lr=1e-3)
+    sft = dict(common, model=base, data=str(sft_train), eval_data=str(sft_dev), lr=args.sft_lr)
     sft.update(max_steps=args.sft_steps, output_dir=str(work / "sft"), metric_for_best="loss")
     tuned = train(TrainConfig(**sft))
-    facts = {
-        "corpus": sizes,
-        "pretrain_steps": args.pretrain_steps,
-        "pretrain_perplexity": pre.metrics["eval_perplexity"],
-        "sft_steps": args.sft_steps,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    facts.update(sft_steps=args.sft_steps, sft_lr=args.sft_lr, seconds=round(time.perf_counter() - started, 1))
     return tuned.model_dir, facts
 
 
@@ -142,23 +142,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", required=True, help="Working folder (runs, data files, the cache)")
     parser.add_argument("--sft", default=None, help="Stage 1's instruction-tuned run (its --work folder's sft/)")
+    parser.add_argument(
+        "--base",
+        default="preset:tiny-llama",
+        help="The model instruction tuning starts from: preset:tiny-llama (pretrained here first) or a pretrained "
+        "causal LM (a folder or a .gguf file: SmolLM2-135M-Instruct, docs/language-models.md)",
+    )
     parser.add_argument("--pretrain-steps", type=int, default=500)
     parser.add_argument("--sft-steps", type=int, default=420)
+    parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--sft-rows", type=int, default=None, help="SST-2 train rows for instruction tuning")
     parser.add_argument("--pair-rows", type=int, default=None, help="SST-2 train rows made into pairs")
     parser.add_argument("--dpo-steps", type=int, default=300)
     parser.add_argument("--dpo-lr", type=float, default=1e-4)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--sft-weight", type=float, default=0.0, help="DPO's --sft-weight (the chosen's NLL term)")
-    parser.add_argument("--rm-steps", type=int, default=600)
+    parser.add_argument("--rm-steps", type=int, default=600, help="The reward model's steps (0: no reward model)")
     parser.add_argument("--rm-lr", type=float, default=3e-4)
     parser.add_argument("--rm-model", default=None, help="The reward model's base (default: the SFT model)")
     parser.add_argument(
         "--reward-only", action="store_true", help="Only the reward model: writes preference_sst2_reward.{json,md}"
     )
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--precision", default="auto", help="--reward-only: the reward model's precision")
-    parser.add_argument("--results", default=str(RESULTS), help="Folder for preference_sst2.{json,md}")
+    parser.add_argument("--precision", default="auto", help="Every stage's precision (evaluation runs in fp32)")
+    parser.add_argument("--results", default=str(RESULTS), help="Folder for the results page")
+    parser.add_argument("--name", default="preference_sst2", help="The results page's name (NAME.md, NAME.json)")
     args = parser.parse_args()
 
     from leantrain import TrainConfig, train
@@ -167,7 +175,8 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     common = dict(max_length=128, batch_size=args.batch_size, warmup_ratio=0.05, scheduler="cosine",
-                  cache_dir=str(work / "cache"), overwrite=True, progress=False, report=False)  # fmt: skip
+                  cache_dir=str(work / "cache"), overwrite=True, progress=False, report=False,
+                  precision=args.precision)  # fmt: skip
     if args.reward_only:
         return stage_reward(args, env, work, common)
     sft_model, sft_facts = stage_sft(args, work, common)
@@ -187,8 +196,13 @@ def main() -> None:
     dpo_seconds = time.perf_counter() - started
     after = {"dev": generated_label_accuracy(dpo.model_dir, sft_dev, cache),
              "test": generated_label_accuracy(dpo.model_dir, sft_test, cache)}  # fmt: skip
-    rm, rm_seconds, rm_test = reward_model(args, dict(pairs, model=args.rm_model or str(sft_model)), work)
-    report(args, env, sft_facts, before, after, dpo.metrics, dpo_seconds, rm.metrics, rm_seconds, rm_test)
+    reward = None
+    if args.rm_steps:
+        rm, rm_seconds, rm_test = reward_model(args, dict(pairs, model=args.rm_model or str(sft_model)), work)
+        reward = {"steps": args.rm_steps, "lr": args.rm_lr, "seconds": round(rm_seconds, 1),
+                  "dev_pairwise_accuracy": rm.metrics["eval_accuracy"], "dev_mean_margin": rm.metrics["eval_margin"],
+                  "test_pairwise_accuracy": rm_test["accuracy"], "goal": 0.85}  # fmt: skip
+    report(args, env, sft_facts, before, after, dpo.metrics, dpo_seconds, reward)
 
 
 def reward_model(args, job: dict[str, Any], work: Path):
@@ -209,7 +223,7 @@ def stage_reward(args, env, work: Path, common: dict[str, Any]) -> None:
     pairs_train = pair_file(work / "pairs_train.jsonl", sst2_rows("train", args.pair_rows, seed=1))
     pairs_dev = pair_file(work / "pairs_dev.jsonl", sst2_rows("dev"))
     model = args.rm_model or "embedded:all-MiniLM-L6-v2"
-    job = dict(common, model=model, data=str(pairs_train), eval_data=str(pairs_dev), precision=args.precision)
+    job = dict(common, model=model, data=str(pairs_train), eval_data=str(pairs_dev))
     rm, seconds, test = reward_model(args, job, work)
     m = rm.metrics
     data = {"reward_model": {"model": model, "steps": args.rm_steps, "lr": args.rm_lr, "seconds": round(seconds, 1),
@@ -235,7 +249,7 @@ def stage_reward(args, env, work: Path, common: dict[str, Any]) -> None:
     print(write_results(Path(args.results), "preference_sst2_reward", page, env, data))
 
 
-def report(args, env, sft_facts, before, after, dpo, dpo_seconds, rm, rm_seconds, rm_test) -> None:
+def report(args, env, sft_facts, before, after, dpo, dpo_seconds, reward: dict[str, Any] | None) -> None:
     gain = after["dev"] - before["dev"]
     data = {
         "sft": {**{k: v for k, v in sft_facts.items() if not isinstance(v, dict) or k == "corpus"}, "accuracy": before},
@@ -244,12 +258,11 @@ def report(args, env, sft_facts, before, after, dpo, dpo_seconds, rm, rm_seconds
                 "accuracy": after, "dev_gain_points": 100 * gain, "goal_gain_points": 5.0,
                 **{k: dpo[k] for k in dpo if k.startswith("eval_") or k in ("reference", "reference_seconds",
                                                                           "steady_samples_per_second")}},
-        "reward_model": {"steps": args.rm_steps, "lr": args.rm_lr, "seconds": round(rm_seconds, 1),
-                         "dev_pairwise_accuracy": rm["eval_accuracy"], "dev_mean_margin": rm["eval_margin"],
-                         "test_pairwise_accuracy": rm_test["accuracy"], "goal": 0.85},
-        "settings": {"batch_size": args.batch_size, "pair_rows": args.pair_rows or "all", "sft_rows": args.sft_rows},
+        "reward_model": reward,
+        "settings": {"base": args.base, "batch_size": args.batch_size, "pair_rows": args.pair_rows or "all",
+                     "sft_rows": args.sft_rows, "precision": args.precision},
     }  # fmt: skip
-    d, r = data["dpo"], data["reward_model"]
+    d, r = data["dpo"], reward
     page = [
         "# Preference tuning on SST-2: DPO and a reward model after instruction tuning",
         "",
@@ -257,15 +270,19 @@ def report(args, env, sft_facts, before, after, dpo, dpo_seconds, rm, rm_seconds
         "",
         "| stage | steps | seconds | dev | test | goal |",
         "|---|---|---|---|---|---|",
-        f"| instruction-tuned (SFT) | {sft_facts.get('sft_steps', sft_facts.get('optimizer_steps'))} | "
+        f"| instruction-tuned (SFT) from {sft_facts.get('base', args.base)} | "
+        f"{sft_facts.get('sft_steps', sft_facts.get('optimizer_steps'))} | "
         f"{sft_facts.get('seconds', '-')} | generated-label accuracy {before['dev']:.4f} | {before['test']:.4f} | |",
         f"| DPO (--precompute-reference, lr {d['lr']:g}, beta {d['beta']:g}, --sft-weight {d['sft_weight']:g}) | "
         f"{d['steps']} | {d['seconds']} | generated-label accuracy "
         f"{after['dev']:.4f} ({d['dev_gain_points']:+.1f} points) | {after['test']:.4f} | +5 points |",
-        f"| reward model | {r['steps']} | {r['seconds']} | pairwise accuracy {r['dev_pairwise_accuracy']:.4f} | "
-        f"{r['test_pairwise_accuracy']:.4f} | >= 0.85 |",
     ]
-    print(write_results(Path(args.results), "preference_sst2", page, env, data))
+    if r:
+        page.append(
+            f"| reward model | {r['steps']} | {r['seconds']} | pairwise accuracy {r['dev_pairwise_accuracy']:.4f} | "
+            f"{r['test_pairwise_accuracy']:.4f} | >= 0.85 |"
+        )
+    print(write_results(Path(args.results), args.name, page, env, data))
 
 
 if __name__ == "__main__":
