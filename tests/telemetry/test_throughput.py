@@ -29,12 +29,23 @@ def test_the_steady_window_holds_the_devices_time_not_the_hosts_launches(monkeyp
     assert meter.samples_per_second == 80 / 30.0
 
 
-def test_with_nothing_to_drain_the_meter_reads_the_clock_as_is():
+def test_with_nothing_to_drain_the_meter_reads_the_clock_as_is(monkeypatch):
+    """A CPU (no device queue): the warm-up step is left out of the steady window, a pause stops the clock, and the
+    time paused out (an evaluation) counts nowhere."""
+    now = [0.0]
+    monkeypatch.setattr("leantrain.telemetry.metrics.time.perf_counter", lambda: now[0])
     meter = Throughput(warmup_steps=1)
     meter.start()
-    meter.add(4, 10, 10)
-    meter.step_done()
-    meter.add(4, 10, 10)
-    meter.step_done()
+    for seconds, rows, tokens in ((5.0, 4, 40), (2.0, 4, 30), (2.0, 8, 50)):
+        now[0] += seconds
+        meter.add(rows, tokens, tokens)
+        meter.step_done()
+        if rows == 4 and tokens == 30:  # an evaluation of 100 s after the second step
+            meter.pause()
+            now[0] += 100.0
+            meter.start()
     meter.pause()
-    assert meter.examples == 8 and meter.steady_samples_per_second > 0
+    assert meter.examples == 16 and meter.elapsed() == 9.0
+    assert meter.steady_samples_per_second == 12 / 4.0  # the two steps after the warm-up
+    assert meter.steady_tokens_per_second == 80 / 4.0
+    assert meter.samples_per_second == 16 / 9.0
