@@ -191,6 +191,7 @@ def main() -> None:
     parser.add_argument("--sft-only", action="store_true", help="stop after stage 1 (its model: WORK/sft/model)")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="grpo_sst2", help="The results' names (NAME.md, NAME.json, NAME_reward.png)")
     args = parser.parse_args()
 
     before = hardware()
@@ -213,8 +214,9 @@ def main() -> None:
     stage2, run_dir = grpo(args, model_dir, work)
     grpo_accuracy = greedy_accuracy(run_dir / "model", dev_jsonl)
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_reward(run_dir, args.out / "grpo_sst2_reward.png")
+    plot_reward(run_dir, args.out / f"{args.name}_reward.png")
     result = {
+        "name": args.name,
         "instruction_tuning": stage1,
         "sft_dev_accuracy": sft_accuracy,
         "grpo_dev_accuracy": grpo_accuracy,
@@ -230,8 +232,8 @@ def main() -> None:
         "hardware_after": hardware(),
         "versions": versions(),
     }
-    (args.out / "grpo_sst2.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "grpo_sst2.md").write_text(page(result))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(page(result))
     print(json.dumps(result, indent=2))
 
 
@@ -244,6 +246,8 @@ KEPT = (
 
 def page(r: dict) -> str:
     g, s = r["grpo"], r["instruction_tuning"]
+    # stage 1 made here is the tiny Llama's; a given --sft-model is named by its folder
+    tuned = f"`{s['model']}`" if set(s) == {"model"} else "`preset:tiny-llama`, stage 1"
     minutes = g["wall_seconds"] / 60
     return "\n".join(
         [
@@ -251,7 +255,7 @@ def page(r: dict) -> str:
             "",
             "| model | dev generated-label accuracy (872 prompts, greedy) |",
             "|---|---|",
-            f"| instruction-tuned (`preset:tiny-llama`, stage 1) | {r['sft_dev_accuracy']:.4f} |",
+            f"| instruction-tuned ({tuned}) | {r['sft_dev_accuracy']:.4f} |",
             f"| + GRPO, exact-match reward, {g['optimizer_steps']} steps | {r['grpo_dev_accuracy']:.4f} |",
             "",
             f"Gain: **{r['gain_points']:+.1f} points** (goal +5). GRPO took {minutes:.1f} minutes of wall time "
@@ -259,7 +263,7 @@ def page(r: dict) -> str:
             f"{g['time_forward_backward_seconds']:.0f} s, optimizer {g['time_optimizer_seconds']:.0f} s, "
             f"evaluation {g['time_eval_seconds']:.0f} s; {g['train_samples_per_second']:.1f} completions/s.",
             "",
-            "![reward over steps](grpo_sst2_reward.png)",
+            f"![reward over steps]({r['name']}_reward.png)",
             "",
             f"Stage 1: {json.dumps(s)}",
             "",
