@@ -40,21 +40,19 @@ def as_model_folder(path: Path, cache: Path | None = None) -> Path:
     except ImportError:
         raise ModelError(f"{path}: reading a GGUF file needs the gguf package: pip install gguf") from None
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     Console().info(f"{path.name}: converting GGUF to a model folder once (weights dequantized to fp32): {folder}")
     parent, name = str(path.parent), path.name
     try:
-        config = AutoConfig.from_pretrained(parent, gguf_file=name)
         tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelError(f"{path}: cannot read as a GGUF model ({str(exc).splitlines()[0][:200]})") from None
     # The weights are plain fp32 tensors now; the quantization marks only stop save_pretrained.
     model.hf_quantizer = None  # type: ignore[assignment]
-    for holder in (model.config, config):
-        if hasattr(holder, "quantization_config"):
-            del holder.quantization_config
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.config.architectures = [type(model).__name__]
     staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
