@@ -11,7 +11,8 @@ from typing import IO
 
 
 def leantrain_cache() -> Path:
-    """leantrain's own cache (tokenized data, the CPU peak probe): $LEANTRAIN_CACHE, else ~/.cache/leantrain."""
+    """leantrain's own cache (tokenized data, the CPU peak probe, converted GGUF models): $LEANTRAIN_CACHE, else
+    ~/.cache/leantrain."""
     return Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
 
 
@@ -25,7 +26,7 @@ def cache_paths() -> list[tuple[str, str]]:
     from huggingface_hub import constants
 
     rows = [
-        ("leantrain cache", f"{leantrain_cache()}  (tokenized data, CPU peak probe; $LEANTRAIN_CACHE)"),
+        ("leantrain cache", f"{leantrain_cache()}  (tokenized data, CPU peak probe, GGUF models; $LEANTRAIN_CACHE)"),
         ("hub cache", f"{constants.HF_HUB_CACHE}  (downloaded models; $HF_HUB_CACHE or $HF_HOME)"),
     ]
     try:
