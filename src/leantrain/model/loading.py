@@ -42,7 +42,8 @@ def resolve_model(name: str | None) -> str:
     if path.is_file() and path.suffix == ".json":  # a bare config: the model is trained from scratch
         return str(path)
     if gguf.is_gguf(path):
-        return str(gguf.as_model_folder(path))
+        with library_bars_off():  # the conversion says what it does in one line
+            return str(gguf.as_model_folder(path))
     if path.exists():
         if (path / "model" / "config.json").is_file():  # a leantrain run directory
             return str(path / "model")
