@@ -43,7 +43,14 @@ if not SHARED.is_dir():
     SHARED = Path("/work/shared/data")
 RESULTS = REPO / "benchmarks" / "results"
 
-OPTIMIZERS = ("adamw", "muon", "schedule-free-adamw", "schedule-free-sgd", "lion", "galore-adamw", "apollo-adamw")
+#: variants the sweeps treat as optimizers of their own: name -> (the --optimizer, its settings); job 2 only (the
+#: embeddings are half of MiniLM's weights; tiny-llama's are tied to its output layer)
+VARIANTS = {
+    "galore-adamw+embeddings": ("galore-adamw", {"projection_embeddings": True}),
+    "apollo-adamw+embeddings": ("apollo-adamw", {"projection_embeddings": True}),
+}
+OPTIMIZERS = ("adamw", "muon", "schedule-free-adamw", "schedule-free-sgd", "lion", "galore-adamw", "apollo-adamw",
+              *VARIANTS)  # fmt: skip
 #: each optimizer's learning rate relative to AdamW's, as its authors advise (the sweep's centre)
 LR_RATIO = {"lion": 0.2, "schedule-free-sgd": 100.0}
 SWEEP = (1 / 3, 1.0, 3.0)
@@ -72,8 +79,13 @@ class Job:
         return value <= self.target if self.lower else value >= self.target
 
 
+def base_of(name: str) -> tuple[str, dict[str, Any]]:
+    """The --optimizer behind a sweep's name and the settings of its variant."""
+    return VARIANTS.get(name, (name, {}))
+
+
 def lr_grid(optimizer: str, centre: float) -> list[float]:
-    c = centre * LR_RATIO.get(optimizer, 1.0)
+    c = centre * LR_RATIO.get(base_of(optimizer)[0], 1.0)
     return [float(f"{c * s:.3g}") for s in SWEEP]
 
 
@@ -177,8 +189,9 @@ def leantrain_run(job: Job, optimizer: str, lr: float, work: Path, model: str | 
 
     out = work / job.name / f"{optimizer}-lr{lr:g}"
     if not (out / "metrics.json").is_file():
-        values = dict(job.flags, model=model, optimizer=optimizer, lr=lr, output_dir=str(out), overwrite=True,
-                      cache_dir=str(work / "cache"), **schedule_flags(optimizer))  # fmt: skip
+        base, settings = base_of(optimizer)
+        values = dict(job.flags, model=model, optimizer=base, lr=lr, output_dir=str(out), overwrite=True,
+                      cache_dir=str(work / "cache"), **schedule_flags(base), **settings)  # fmt: skip
         before = os.getloadavg()[0]
         try:
             with OtherLoad() as others:
@@ -419,7 +432,7 @@ def goals(jobs: dict[str, Job], results: dict[str, dict[str, list]]) -> list[str
                 f"{fa:.4f}: {100 * (max(fs) - fa):+.2f} points (goal: within 0.5 points)"
             )
         adamw_state = min(r["optimizer_state_bytes"] for r in sst.get("adamw", []) if "failed" not in r)
-        for name in ("galore-adamw", "apollo-adamw"):
+        for name in ("galore-adamw", "apollo-adamw", *VARIANTS):
             ok = [r for r in sst.get(name, []) if "failed" not in r]
             if ok:
                 best = max(ok, key=lambda r: final(r, job) or 0)
@@ -556,7 +569,7 @@ def main(argv=None) -> int:
     results: dict[str, dict[str, list]] = {}
     for key in args.jobs:
         job = jobs[key]
-        names = [o for o in args.optimizers if key != "hf" or o in HF_OPTIM]
+        names = [o for o in args.optimizers if (key != "hf" or o in HF_OPTIM) and (key == "sst2" or o not in VARIANTS)]
         model = str(pretrain_lm(args, job, args.work)) if key == "lm" else None
         runs: dict[str, list] = {n: [] for n in names}
         for index in (1, 0, 2):  # the centres first, round-robin over the optimizers

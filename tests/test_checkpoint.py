@@ -122,7 +122,8 @@ def test_sampler_starts_at_a_global_batch_without_building_the_skipped_ones(monk
         pytest.param(dict(optimizer="schedule-free-sgd", scheduler="constant", warmup_steps=6, lr=0.05),
                      marks=pytest.mark.slow),
         pytest.param(dict(optimizer="lion", warmup_steps=6, lr=5e-4), marks=pytest.mark.slow),
-        dict(optimizer="galore-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3),
+        dict(optimizer="galore-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3,
+             projection_embeddings=True),  # the input embeddings' projector too
         dict(optimizer="apollo-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3),
         dict(optimizer="adamw", static_shapes="on"),  # lengths padded up to buckets
     ],

@@ -270,6 +270,9 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
         if "--model" not in out and "model" not in given:
             out += ["--model", str(tiny)]
         out += ["--cache-dir", str(ws / "cache")]
+        projecting = "--optimizer" in out and out[out.index("--optimizer") + 1] in ("galore-adamw", "apollo-adamw")
+        if projecting and "--projection-rank" not in out:  # the default 128 is wider than the tiny BERT's 64
+            out += ["--projection-rank", "8"]
         if "--max-steps" not in out and sub == "train":
             out += ["--max-steps", "2"]
         if "--save-every" in out:  # checkpoints every step, so that the 2 steps leave some to resume

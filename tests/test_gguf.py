@@ -144,3 +144,41 @@ def test_a_damaged_gguf_file_is_one_line(tmp_path):
     bad.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(ModelError, match=r"broken\.gguf: cannot read as a GGUF model"):
         resolve_model(str(bad))
+
+
+def test_a_killed_conversions_staging_is_cleared_and_a_full_disk_is_one_line(gguf_file, tmp_path, monkeypatch):
+    """A conversion killed before its rename leaves `<folder>.tmp-PID`: the next conversion removes it (its process
+    is gone) and spares a live process's. A disk without room for the fp32 weights is refused in one line before
+    anything is written, and a write that fails midway leaves no staging folder."""
+    import shutil
+    import subprocess
+    from collections import namedtuple
+
+    from leantrain.errors import ModelError
+    from leantrain.model import gguf as gguf_folders
+
+    folder = gguf_folders.folder_for(gguf_file, tmp_path)
+    folder.parent.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = folder.with_name(f"{folder.name}.tmp-{gone.stdout.strip()}")
+    alive = folder.with_name(f"{folder.name}.tmp-1")  # init: never this test's to remove
+    for left in (dead, alive):
+        (left / "model.safetensors").parent.mkdir()
+        (left / "model.safetensors").write_bytes(b"partial")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, (1 << 30) - (1 << 20), 1 << 20))
+    with pytest.raises(ModelError, match=r"tiny-llama\.Q8_0\.gguf: no room to convert it in .*\(1 MB free, about "
+                                         r"\d+ MB needed .*set LEANTRAIN_CACHE"):  # fmt: skip
+        gguf_folders.as_model_folder(gguf_file, cache=tmp_path)
+    assert not dead.exists() and alive.exists() and not folder.exists()
+    monkeypatch.undo()
+
+    def full(self, *a, **kw):
+        (Path(a[0]) / "model.safetensors").parent.mkdir(parents=True, exist_ok=True)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("transformers.PreTrainedModel.save_pretrained", full)
+    with pytest.raises(ModelError, match="no room to convert it"):
+        gguf_folders.as_model_folder(gguf_file, cache=tmp_path)
+    assert sorted(p.name for p in folder.parent.iterdir() if p.is_dir()) == [alive.name]

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from leantrain import TrainConfig, evaluate, train
 from leantrain.commands.cli import main
+from leantrain.errors import ConfigError
 from leantrain.model import optimizers
 from leantrain.model.optimizers import OPTIMIZERS, OptimizerEntry, build_optimizer, hidden_matrices, register
 from leantrain.training import Hooks
@@ -149,6 +150,40 @@ def test_muon_prints_its_split_and_trains_with_its_own_learning_rate(job, capsys
     assert math.isfinite(result.metrics["eval_loss"])
     config = (result.output_dir / "config.yaml").read_text()
     assert "muon_lr: 0.02" in config and "muon_lr_rule: original" in config
+
+
+@pytest.mark.parametrize("name", ["galore-adamw", "apollo-adamw"])
+def test_projection_embeddings_adds_the_input_embeddings_and_nothing_else(name, tiny_model_dir):
+    from types import SimpleNamespace
+
+    from leantrain.model.optimizers import describe_split, model_state_bytes
+
+    model = tiny_bert_classifier(tiny_model_dir)
+    embedding = model.get_input_embeddings().weight
+    sizes = {}
+    for on in (False, True):
+        settings = SimpleNamespace(projection_rank=8, projection_embeddings=on)
+        opt = build_optimizer(model, name, lr=1e-3, weight_decay=0.01, settings=settings)
+        projected = {id(p) for g in opt.param_groups if "rank" in g for p in g["params"]}
+        assert projected == set(hidden_matrices(model)) | ({id(embedding)} if on else set())
+        held = [id(p) for g in opt.param_groups for p in g["params"]]
+        assert sorted(held) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
+        split = describe_split(model, name, settings)
+        assert ("and the input embeddings bert.embeddings.word_embeddings.weight" in split) == on, split
+        sizes[on] = model_state_bytes(model, name, settings)
+    assert sizes[True] < sizes[False]
+
+
+def test_projection_embeddings_is_refused_where_it_means_nothing(tiny_model_dir):
+    from types import SimpleNamespace
+
+    with pytest.raises(ConfigError, match="--projection-embeddings is for --optimizer galore-adamw or apollo-adamw"):
+        TrainConfig(optimizer="muon", projection_embeddings=True)
+    settings = SimpleNamespace(projection_rank=8, projection_embeddings=True)
+    model = tiny_bert_classifier(tiny_model_dir)
+    model.get_input_embeddings().weight.requires_grad_(False)
+    with pytest.raises(ConfigError, match="no trainable input embedding matrix to project; drop the flag"):
+        build_optimizer(model, "galore-adamw", lr=1e-3, settings=settings)
 
 
 # -- schedule-free: the averaged weights are what is evaluated, saved and published ---------------------------------

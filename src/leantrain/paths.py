@@ -50,3 +50,21 @@ def written_atomically(path: Path, mode: str = "wb") -> Iterator[IO]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def left_by_dead_run(name: str) -> bool:
+    """Whether a staging, set-aside or temporary name (`...-PID`) belongs to a process that is gone.
+
+    Belt and braces with the lock: where a file system cannot lock, a live run's files are still spared (on
+    one machine; a name without a pid is an older leantrain's, and taken as dead). This process's own names
+    count as left over: the callers pass over the current run's, and an earlier run in this process is over."""
+    tail = name.rsplit("-", 1)[-1]
+    if not tail.isdigit() or int(tail) == os.getpid():
+        return True
+    try:
+        os.kill(int(tail), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    return False

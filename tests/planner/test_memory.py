@@ -44,11 +44,15 @@ def test_config_checks_memory():
         TrainConfig(memory="eight")
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer):
+@pytest.mark.parametrize(
+    "optimizer, embeddings",
+    [(name, False) for name in OPTIMIZERS] + [("galore-adamw", True), ("apollo-adamw", True)],
+)
+def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer, embeddings):
     """The planner's count of each optimizer's state (from the model's config, on the meta device, its hidden
-    matrices picked there) is what the real optimizer holds after a step, byte for byte (rank 8 of the tiny BERT's
-    64-wide matrices; the default rank 128 is larger than them)."""
+    matrices picked there, and with --projection-embeddings the input embeddings) is what the real optimizer holds
+    after a step, byte for byte (rank 8 of the tiny BERT's 64-wide matrices; the default rank 128 is larger than
+    them)."""
     from types import SimpleNamespace
 
     from benchmarks.planner_measure import build_model
@@ -57,7 +61,7 @@ def test_optimizer_state_matches_real_optimizers(tiny_model_dir, optimizer):
 
     if optimizer == "adamw8bit":
         pytest.importorskip("bitsandbytes")
-    settings = SimpleNamespace(projection_rank=8)
+    settings = SimpleNamespace(projection_rank=8, projection_embeddings=embeddings)
     model = build_model(str(tiny_model_dir))
     opt = build_optimizer(model, optimizer, lr=1e-3, weight_decay=0.01, settings=settings)
     use_weights(optimizer, opt, "train")

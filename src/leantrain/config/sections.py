@@ -469,6 +469,12 @@ class OptimizationConfig:
         "as the HF Trainer).",
         default=optimizers.SETTINGS["projection_scale"],
     )
+    projection_embeddings: bool = _help(
+        "--optimizer galore-adamw|apollo-adamw: project the input embedding matrix's gradient too (off: it keeps "
+        "AdamW's state, as in the papers). For small encoders whose embeddings hold much of the model (MiniLM: half): "
+        "what takes their optimizer state below half AdamW's.",
+        default=optimizers.SETTINGS["projection_embeddings"],
+    )
     seed: int = _help("Seed for data order, splits, head initialisation and dropout.", default=42)
     on_nan: str = _help(
         f"On a non-finite loss or gradient norm: {'|'.join(ON_NAN)} (stop saves the last good state first).",

@@ -8,13 +8,14 @@ by the file's path, size and modification time. The trained model is saved as a 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 from pathlib import Path
 
 from leantrain.errors import ModelError
-from leantrain.paths import leantrain_cache
+from leantrain.paths import leantrain_cache, left_by_dead_run
 from leantrain.telemetry.console import Console
 
 
@@ -40,26 +41,51 @@ def as_model_folder(path: Path, cache: Path | None = None) -> Path:
     except ImportError:
         raise ModelError(f"{path}: reading a GGUF file needs the gguf package: pip install gguf") from None
     import torch
+    from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    Console().info(f"{path.name}: converting GGUF to a model folder once (weights dequantized to fp32): {folder}")
-    parent, name = str(path.parent), path.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelError(f"{path}: cannot read as a GGUF model ({str(exc).splitlines()[0][:200]})") from None
-    # The weights are plain fp32 tensors now; the quantization marks only stop save_pretrained.
-    model.hf_quantizer = None  # type: ignore[assignment]
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.architectures = [type(model).__name__]
-    staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(folder)  # whole or absent: a reader never sees half a folder
-    except OSError:  # another process converted it meanwhile
-        shutil.rmtree(staging, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # one process converts (the others of a multi-process run wait here, then read its folder)
+    with FileLock(str(folder) + ".lock"):
+        if (folder / "config.json").is_file():
+            return folder
+        for left in folder.parent.glob(f"{folder.name}.tmp-*"):  # a conversion killed before its rename
+            if left_by_dead_run(left.name):
+                shutil.rmtree(left, ignore_errors=True)
+        Console().info(f"{path.name}: converting GGUF to a model folder once (weights dequantized to fp32): {folder}")
+        parent, name = str(path.parent), path.name
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelError(f"{path}: cannot read as a GGUF model ({str(exc).splitlines()[0][:200]})") from None
+        # The weights are plain fp32 tensors now; the quantization marks only stop save_pretrained.
+        model.hf_quantizer = None  # type: ignore[assignment]
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config.architectures = [type(model).__name__]
+        need = 4 * sum(p.numel() for p in model.state_dict().values()) + (64 << 20)  # and the tokenizer's files
+        free = shutil.disk_usage(folder.parent).free
+        if free < need:
+            raise ModelError(_no_room(path, folder, free, need))
+        staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            staging.rename(folder)  # whole or absent: a reader never sees half a folder
+        except BaseException as exc:  # an error, a full disk, Ctrl-C: no half-written folder stays
+            shutil.rmtree(staging, ignore_errors=True)
+            full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if full or "os error 28" in str(exc):  # (safetensors reports a full disk as its own error)
+                raise ModelError(_no_room(path, folder, shutil.disk_usage(folder.parent).free, need)) from None
+            if isinstance(exc, OSError):
+                raise ModelError(f"{path}: cannot write its model folder {folder} ({exc.strerror or exc})") from None
+            raise
     return folder
+
+
+def _no_room(path: Path, folder: Path, free: int, need: int) -> str:
+    return (
+        f"{path}: no room to convert it in {folder.parent} ({free / 2**20:,.0f} MB free, about {need / 2**20:,.0f} "
+        "MB needed for its fp32 weights); free some space or set LEANTRAIN_CACHE to a folder on a bigger disk"
+    )

@@ -109,6 +109,7 @@ SETTINGS: dict[str, Any] = {
     "projection_rank": 128,
     "projection_update_interval": 200,
     "projection_scale": None,  # None: the optimizer's own (GaLore 0.25, APOLLO 1.0)
+    "projection_embeddings": False,  # the papers' rule: the embeddings keep AdamW's state
 }
 MUON_LR_RULES = ("match_rms_adamw", "original")
 
@@ -174,6 +175,30 @@ def hidden_matrices(model: torch.nn.Module) -> dict[int, str]:
     return out
 
 
+def input_embedding(model: torch.nn.Module) -> dict[int, str]:
+    """The input embedding matrix, by id: its name (empty when the model has none trainable)."""
+    module = getattr(model, "get_input_embeddings", lambda: None)()
+    weight = getattr(module, "weight", None) if module is not None else None
+    if weight is None or weight.ndim != 2 or not weight.requires_grad:
+        return {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {id(weight): names.get(id(weight), "input embeddings")}
+
+
+def projected_matrices(model: torch.nn.Module, settings: Any = None) -> dict[int, str]:
+    """What GaLore and APOLLO project, by id: the hidden matrices, and with --projection-embeddings the input
+    embedding matrix too (a small encoder's largest tensor: MiniLM's is half its weights)."""
+    apart = hidden_matrices(model)
+    if setting(settings, "projection_embeddings"):
+        apart.update(input_embedding(model))
+    return apart
+
+
+def treated_apart(model: torch.nn.Module, name: str, settings: Any = None) -> dict[int, str]:
+    """The parameters the optimizer `name` gives its own rule, by id (the rest step with AdamW)."""
+    return projected_matrices(model, settings) if entry(name).rank_setting is not None else hidden_matrices(model)
+
+
 def split_hidden(groups: list[dict], hidden: dict[int, str]) -> tuple[list[dict], list[dict]]:
     """(the groups of the hidden matrices, the groups of the rest), each keeping its weight decay; empty ones
     dropped."""
@@ -182,21 +207,24 @@ def split_hidden(groups: list[dict], hidden: dict[int, str]) -> tuple[list[dict]
     return [g for g in inside if g["params"]], [g for g in outside if g["params"]]
 
 
-def describe_split(model: torch.nn.Module, name: str) -> str:
+def describe_split(model: torch.nn.Module, name: str, settings: Any = None) -> str:
     """One line for the run's start: which parameters an optimizer that treats hidden matrices apart gives its own
     rule, and which step with AdamW ("" for the others)."""
     chosen = entry(name)
     if not chosen.hidden_rule:
         return ""
     hidden = hidden_matrices(model)
+    apart = treated_apart(model, name, settings)
+    embedding = [n for i, n in apart.items() if i not in hidden]
     trainable = [p for p in model.parameters() if p.requires_grad]
-    inside = sum(p.numel() for p in trainable if id(p) in hidden)
-    rest = [p for p in trainable if id(p) not in hidden]
+    inside = sum(p.numel() for p in trainable if id(p) in apart)
+    rest = [p for p in trainable if id(p) not in apart]
     stacks = ", ".join(f"{n or 'the model'} ({len(b)} blocks)" for n, b in block_lists(model))
+    also = f" and the input embeddings {embedding[0]}" if embedding else ""
+    others = "other embeddings, head, norms, biases" if embedding else "embeddings, head, norms, biases"
     return (
-        f"{name}: {chosen.hidden_rule} on {len(hidden)} hidden matrices ({inside / 1e6:.2f} M parameters) "
-        f"in {stacks}; AdamW on "
-        f"the other {len(rest)} tensors (embeddings, head, norms, biases: {sum(p.numel() for p in rest) / 1e6:.2f} M)"
+        f"{name}: {chosen.hidden_rule} on {len(hidden)} hidden matrices in {stacks}{also} ({inside / 1e6:.2f} M "
+        f"parameters); AdamW on the other {len(rest)} tensors ({others}: {sum(p.numel() for p in rest) / 1e6:.2f} M)"
     )
 
 
@@ -217,6 +245,9 @@ def check(name: str, settings: Any, model: torch.nn.Module | None = None) -> Non
         raise ConfigError(f"--optimizer {name} with --shard fsdp: {chosen.no_fsdp}; use --shard none")
     if chosen.no_lora and getattr(settings, "lora", False):
         raise ConfigError(f"--optimizer {name} with --lora: {chosen.no_lora}")
+    if getattr(settings, "projection_embeddings", False) and chosen.rank_setting is None:
+        projecting = " or ".join(n for n, e in OPTIMIZERS.items() if e.rank_setting is not None)
+        raise ConfigError(f"--projection-embeddings is for --optimizer {projecting}; drop it for --optimizer {name}")
     if model is not None:
         _check_model(chosen, settings, model)
 
@@ -236,10 +267,17 @@ def _check_model(chosen: OptimizerEntry, settings: Any, model: torch.nn.Module) 
     flag = "--" + chosen.rank_setting.replace("_", "-")
     if not (isinstance(rank, int) and rank > 0):
         raise ConfigError(f"{flag} must be a positive integer, got {rank!r}")
+    apart = treated_apart(model, chosen.name, settings)
+    if setting(settings, "projection_embeddings") and len(apart) == len(hidden):
+        raise ConfigError(
+            f"--projection-embeddings: {type(model).__name__} has no trainable input embedding matrix to project; "
+            "drop the flag"
+        )
     for p in model.parameters():
-        if id(p) in hidden and rank > min(p.shape):
+        if id(p) in apart and rank > min(p.shape):
+            kind = "hidden matrix" if id(p) in hidden else "input embedding matrix"
             raise ConfigError(
-                f"{flag} {rank} is larger than the hidden matrix {hidden[id(p)]} ({p.shape[0]} x {p.shape[1]}); "
+                f"{flag} {rank} is larger than the {kind} {apart[id(p)]} ({p.shape[0]} x {p.shape[1]}); "
                 f"give at most {min(p.shape)}"
             )
 
@@ -315,7 +353,7 @@ def predicted_temporaries(largest: int, largest_hidden: int, numel: int, name: s
 
 def model_state_bytes(model: Any, name: str, settings: Any = None) -> int:
     """`predicted_state_bytes` of a model's trainable parameters (its hidden matrices picked as the builders do)."""
-    hidden = hidden_matrices(model)
+    hidden = treated_apart(model, name, settings)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return predicted_state_bytes(
         [tuple(p.shape) for p in trainable], name, [id(p) in hidden for p in trainable], settings
@@ -526,7 +564,7 @@ def _projected(kind: str):
     def build(model, groups: list[dict], lr: float, settings) -> torch.optim.Optimizer:
         from leantrain.model import optimizer_kinds
 
-        hidden, rest = split_hidden(groups, hidden_matrices(model))
+        hidden, rest = split_hidden(groups, projected_matrices(model, settings))
         rank, interval = setting(settings, "projection_rank"), setting(settings, "projection_update_interval")
         scale = setting(settings, "projection_scale") or PROJECTION_SCALE[kind]
         return getattr(optimizer_kinds, kind)(hidden, rest, lr, rank, interval, scale)

@@ -68,6 +68,8 @@ class ParamInventory:
     #: per shape, whether it is a hidden matrix (a 2-D weight in the repeated blocks: Muon's, GaLore's; see
     #: `model.optimizers.hidden_matrices`); empty: none is
     hidden: tuple[bool, ...] = ()
+    #: per shape, whether it is the input embedding matrix (projected too with --projection-embeddings)
+    embedding: tuple[bool, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -77,18 +79,25 @@ class ParamInventory:
     def largest(self) -> int:
         return max((math.prod(s) for s in self.shapes), default=0)
 
-    @property
-    def largest_hidden(self) -> int:
-        return max((math.prod(s) for s, h in zip(self.shapes, self.hidden) if h), default=0)
+    def apart(self, optimizer: str, settings: Any = None) -> tuple[bool, ...]:
+        """Per shape, whether the optimizer gives it its own rule (`model.optimizers.treated_apart`)."""
+        hidden = self.hidden or (False,) * len(self.shapes)
+        projected = optimizers.entry(optimizer).rank_setting is not None
+        if not (self.embedding and projected and optimizers.setting(settings, "projection_embeddings")):
+            return hidden
+        return tuple(h or e for h, e in zip(hidden, self.embedding, strict=True))
+
+    def largest_apart(self, optimizer: str, settings: Any = None) -> int:
+        return max((math.prod(s) for s, h in zip(self.shapes, self.apart(optimizer, settings)) if h), default=0)
 
     def state_bytes(self, optimizer: str, settings: Any = None) -> int:
         """The optimizer's state for these parameters (the registry's count)."""
-        hidden = self.hidden or (False,) * len(self.shapes)
-        return optimizers.predicted_state_bytes(self.shapes, optimizer, hidden, settings)
+        return optimizers.predicted_state_bytes(self.shapes, optimizer, self.apart(optimizer, settings), settings)
 
-    def temporaries(self, optimizer: str) -> int:
+    def temporaries(self, optimizer: str, settings: Any = None) -> int:
         """The optimizer step's temporaries (the registry's fitted copies)."""
-        return optimizers.predicted_temporaries(self.largest, self.largest_hidden, self.numel, optimizer)
+        largest_apart = self.largest_apart(optimizer, settings)
+        return optimizers.predicted_temporaries(self.largest, largest_apart, self.numel, optimizer)
 
 
 @dataclass(frozen=True)
@@ -288,10 +297,11 @@ def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = F
 
 def _trainable(net, linear: tuple[tuple[int, ...], ...], buffers: int = 0) -> ParamInventory:
     """The trainable parameters of `net` by shape, with which are hidden matrices."""
-    hidden = optimizers.hidden_matrices(net)
+    hidden, embedding = optimizers.hidden_matrices(net), optimizers.input_embedding(net)
     trainable = [p for p in net.parameters() if p.requires_grad]
     shapes = tuple(tuple(p.shape) for p in trainable)
-    return ParamInventory(shapes, linear, buffers, tuple(id(p) in hidden for p in trainable))
+    flags = (tuple(id(p) in hidden for p in trainable), tuple(id(p) in embedding for p in trainable))
+    return ParamInventory(shapes, linear, buffers, *flags)
 
 
 # --- end LoRA
@@ -705,7 +715,7 @@ def estimate(
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else 0
     backward = act + bwd_ws + grads_in_backward + dequantized
-    opt_ws = inv.temporaries(optimizer)  # the registry's fitted temporaries
+    opt_ws = inv.temporaries(optimizer, settings)  # the registry's fitted temporaries
     step = grads + opt_ws
     runtime = workspace.runtime_bytes(device, precision)
     return MemoryEstimate(

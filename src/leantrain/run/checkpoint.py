@@ -294,7 +294,7 @@ class CheckpointDir:
         partial saves (`.step-*.tmp*`) and prunes (`.step-*.deleting*`) are deleted."""
         if not self.root.is_dir():
             return
-        from leantrain.run.directory import left_by_dead_run
+        from leantrain.paths import left_by_dead_run
 
         for p in sorted(self.root.iterdir()):
             if not p.name.startswith(f".{PREFIX}") or not left_by_dead_run(p.name):

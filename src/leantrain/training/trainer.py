@@ -228,7 +228,7 @@ class Trainer:
 
         cfg = self.cfg
         optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg)
-        if split := describe_split(self.model, cfg.optimizer):  # Muon's, GaLore's: which parameters get its rule
+        if split := describe_split(self.model, cfg.optimizer, cfg):  # Muon's, GaLore's: which parameters get its rule
             self.say.info(split)
         scheduler = build_scheduler(
             optimizer, cfg.scheduler, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
