@@ -129,7 +129,7 @@ def make_jobs(args: argparse.Namespace, work: Path) -> dict[str, Job]:
         train, dev = lm_files(work, args.lm_heldout)
         jobs["lm"] = Job(
             "lm",
-            dict(common, data=str(train), eval_data=str(dev), max_length=128, batch_size=16,
+            dict(common, data=str(train), eval_data=str(dev), max_length=128, batch_size=args.lm_batch_size,
                  max_steps=args.lm_steps, eval_every=args.lm_eval_every, metric_for_best="loss", seed=2),
             "eval_perplexity", True, args.lm_lr,
         )  # fmt: skip
@@ -519,9 +519,10 @@ def write_page(jobs, results, context, path_stem: Path) -> None:
     for key, runs in results.items():
         job = jobs[key]
         target = f"target {job.target:.4g}" if job.target is not None else "no target"
-        page += [f"## {titles[key]}", "", f"{target}; {job.flags['max_steps']} steps, evaluated every "
-                 f"{job.flags['eval_every']}.", "", *sweep_table(job, runs, "optimizer"), ""]  # fmt: skip
-    page += ["![held-out loss against training seconds](time_to_target.png)", ""]
+        page += [f"## {titles[key]}", "", f"{target}; {job.flags['max_steps']} steps of {job.flags['batch_size']} "
+                 f"rows of up to {job.flags['max_length']} tokens, evaluated every {job.flags['eval_every']}.", "",
+                 *sweep_table(job, runs, "optimizer"), ""]  # fmt: skip
+    page += [f"![held-out loss against training seconds]({path_stem.name}.png)", ""]
     data = {"results": results, "targets": {k: j.target for k, j in jobs.items()},
             "flags": {k: j.flags for k, j in jobs.items()}}  # fmt: skip
     write_results(path_stem.parent, path_stem.name, page, context, data)
@@ -540,6 +541,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lm-eval-every", type=int, default=10)
     p.add_argument("--lm-heldout", type=int, default=600, help="held-out documents of the corpus")
     p.add_argument("--lm-lr", type=float, default=1e-3, help="AdamW's centre of the sweep, job 1")
+    p.add_argument("--lm-batch-size", type=int, default=16,
+                   help="job 1's rows of 128 tokens a step (the pretraining before it keeps 16: copy or link "
+                        "another --work's lm/pretrain to start every batch size from the same model)")  # fmt: skip
     p.add_argument("--sst2-steps", type=int, default=150)
     p.add_argument("--sst2-eval-every", type=int, default=25)
     p.add_argument("--sst2-lr", type=float, default=1.5e-4, help="AdamW's centre of the sweep, jobs 2 and 3")
