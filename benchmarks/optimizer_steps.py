@@ -1,5 +1,6 @@
 """What one optimizer step costs, per registered optimizer: its time, the state it holds against the registry's count
-(which the planner and checkpoint sizing use), and the temporaries of its step (the planner's optimizer workspace).
+(which the planner and checkpoint sizing use), and the temporaries of its step (the planner's optimizer workspace),
+for each optimizer and for GaLore and APOLLO with --projection-embeddings.
 
 On the embedded MiniLM (22.7 M parameters, its 36 hidden matrices 384 x 384 and 384 x 1,536) and on
 `preset:tiny-llama`'s model (5 M, tied embeddings), with fixed random gradients: steps are timed after one untimed
@@ -21,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -69,16 +71,23 @@ def step_peak(opt) -> int:
     return max((_status_kib("VmHWM") or 0) * 1024 - before, 0)
 
 
-def measure(kind: str, name: str, steps: int) -> dict:
+def measure(kind: str, label: str, steps: int) -> dict:
+    """`label`: an optimizer, or a variant of one (time_to_target.VARIANTS: galore-adamw+embeddings, ...)."""
+    from benchmarks.time_to_target import base_of
     from leantrain.model import optimizers as O
 
+    name, values = base_of(label)
+    settings = SimpleNamespace(**values)
     model = build_model(kind)
-    opt = O.build_optimizer(model, name, lr=1e-4, weight_decay=0.01)
+    opt = O.build_optimizer(model, name, lr=1e-4, weight_decay=0.01, settings=settings)
     O.use_weights(name, opt, "train")
     set_grads(model, 0)
     started = time.perf_counter()
-    opt.step()  # the state is made here (and GaLore's first SVD, APOLLO's first projection)
+    # the state is made here (and GaLore's first SVD, APOLLO's first projection): its temporaries are what the
+    # step took beyond the state it made
+    first_peak = step_peak(opt)
     first = time.perf_counter() - started
+    first_temporaries = max(first_peak - O.state_bytes(opt), 0)
     times = []
     for i in range(steps):
         set_grads(model, i + 1)
@@ -87,7 +96,7 @@ def measure(kind: str, name: str, steps: int) -> dict:
         times.append(time.perf_counter() - t)
     set_grads(model, 99)
     temporaries = step_peak(opt)
-    hidden = O.hidden_matrices(model)
+    hidden = O.treated_apart(model, name, settings)
     trainable = [p for p in model.parameters() if p.requires_grad]
     numel = sum(p.numel() for p in trainable)
     largest = max(p.numel() for p in trainable)
@@ -98,7 +107,7 @@ def measure(kind: str, name: str, steps: int) -> dict:
     amortised = steady + refresh / O.SETTINGS["projection_update_interval"]
     return {
         "model": kind,
-        "optimizer": name,
+        "optimizer": label,
         "parameters": numel,
         "step_ms": 1e3 * steady,
         "first_step_ms": 1e3 * first,
@@ -106,9 +115,10 @@ def measure(kind: str, name: str, steps: int) -> dict:
         "seconds_per_param": amortised / numel,
         "registry_seconds_per_param": entry.cpu_seconds_per_param,
         "state_bytes": O.state_bytes(opt),
-        "predicted_state_bytes": O.model_state_bytes(model, name),
+        "predicted_state_bytes": O.model_state_bytes(model, name, settings),
         "adamw_state_bytes": O.model_state_bytes(model, "adamw"),
         "temporaries_bytes": temporaries,
+        "first_temporaries_bytes": first_temporaries,
         "predicted_temporaries_bytes": O.predicted_temporaries(largest, largest_hidden, numel, name),
         "largest": largest,
         "largest_hidden": largest_hidden,
@@ -124,15 +134,16 @@ def page(rows: list[dict]) -> list[str]:
         "first steps; amortised: with GaLore's SVD refresh spread over its 200-step interval.",
         "",
         "| model | optimizer | step ms | first step ms | amortised ms | state MB | predicted | of AdamW's | "
-        "temporaries MB | predicted |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "temporaries MB: a step | the first | predicted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = r["state_bytes"] / r["adamw_state_bytes"]
         lines.append(
             f"| {r['model']} | {r['optimizer']} | {r['step_ms']:.0f} | {r['first_step_ms']:.0f} | "
             f"{r['amortised_ms']:.0f} | {r['state_bytes'] / mb:.1f} | {r['predicted_state_bytes'] / mb:.1f} | "
-            f"{ratio:.2f}x | {r['temporaries_bytes'] / mb:.1f} | {r['predicted_temporaries_bytes'] / mb:.1f} |"
+            f"{ratio:.2f}x | {r['temporaries_bytes'] / mb:.1f} | {r['first_temporaries_bytes'] / mb:.1f} | "
+            f"{r['predicted_temporaries_bytes'] / mb:.1f} |"
         )
     return lines
 
@@ -151,13 +162,13 @@ def main(argv=None) -> int:
     import torch
 
     from benchmarks._results import write_results
-    from benchmarks.time_to_target import hardware
+    from benchmarks.time_to_target import VARIANTS, hardware
     from leantrain.model.optimizers import OPTIMIZERS
     from leantrain.telemetry.memory import return_freed_memory
 
     return_freed_memory()
     torch.set_num_threads(os.cpu_count() or 1)
-    names = args.optimizers.split(",") if args.optimizers else list(OPTIMIZERS)
+    names = args.optimizers.split(",") if args.optimizers else [*OPTIMIZERS, *VARIANTS]
     if importlib.util.find_spec("bitsandbytes") is None and "adamw8bit" in names:
         names.remove("adamw8bit")
     load = [os.getloadavg()[0]]

@@ -588,7 +588,8 @@ _HIDDEN_REFUSALS: dict[str, Any] = dict(
     "--optimizer adamw with --lora, or drop --lora)",
 )
 
-# Step costs and temporaries: benchmarks/optimizer_steps.py (MiniLM's 22.7 M parameters on this machine's 2 cores,
+# Step costs: the optimizer's seconds a step inside MiniLM's training (time_to_target.md, 2 cores); temporaries:
+# benchmarks/optimizer_steps.py (MiniLM's 22.7 M parameters and tiny-llama's on this machine's 2 cores,
 # benchmarks/results/optimizer_steps.md); on a GPU the elementwise ones as AdamW, Muon's and GaLore's matmuls more.
 register(
     OptimizerEntry(
@@ -599,7 +600,7 @@ register(
         "and biases: 4 bytes of state a hidden weight; often fewer steps to a given loss",
         hidden_state_bytes=lambda shape, settings: 4 * math.prod(shape),  # the momentum buffer
         hidden_temporaries=3.0,
-        cpu_seconds_per_param=1.0 / 22.7e6,
+        cpu_seconds_per_param=0.36 / 22.7e6,
         gpu_seconds_per_param=6e-11,
         resume_state="momentum_buffer per hidden matrix; step, exp_avg, exp_avg_sq per other parameter",
         hidden_rule="Muon",
@@ -613,7 +614,7 @@ register(
         "schedule-free AdamW (Meta's schedulefree): no schedule and no end fixed in advance; evaluations and the "
         "saved model use its averaged weights; AdamW's 8 bytes a parameter",
         all_temporaries=1.0,
-        cpu_seconds_per_param=0.30 / 22.7e6,
+        cpu_seconds_per_param=0.068 / 22.7e6,
         gpu_seconds_per_param=3e-11,
         hf_names=("schedule_free_adamw",),
         resume_state="z, exp_avg_sq per parameter; k, weight_sum, lr_max, train_mode per group",
@@ -628,7 +629,7 @@ register(
         _schedule_free("schedule_free_sgd"),
         lambda shape: 4 * math.prod(shape),  # z
         "schedule-free SGD with momentum 0.9: no schedule; 4 bytes a parameter (its learning rate is SGD's, large)",
-        cpu_seconds_per_param=0.05 / 22.7e6,
+        cpu_seconds_per_param=0.03 / 22.7e6,
         gpu_seconds_per_param=2e-11,
         hf_names=("schedule_free_sgd",),
         resume_state="z per parameter; k, weight_sum, lr_max, train_mode per group",
@@ -645,7 +646,7 @@ register(
         "Lion (pytorch-optimizer's): the sign of an interpolated momentum, 4 bytes of state a parameter; use a "
         "learning rate 3-10x smaller than AdamW's",
         all_temporaries=1.0,
-        cpu_seconds_per_param=0.15 / 22.7e6,
+        cpu_seconds_per_param=0.06 / 22.7e6,
         gpu_seconds_per_param=2e-11,
         hf_names=("lion_32bit",),
         resume_state="exp_avg per parameter; step per group",
@@ -659,9 +660,9 @@ register(
         "GaLore (pytorch-optimizer's): AdamW with each hidden matrix's moments in a rank --projection-rank "
         "subspace of its gradient, refreshed by SVD every --projection-update-interval steps",
         hidden_state_bytes=_projected_bytes(),
-        hidden_temporaries=4.0,
-        all_temporaries=2.0,
-        cpu_seconds_per_param=0.70 / 22.7e6,
+        hidden_temporaries=2.0,  # the SVD of the largest projected matrix at a refresh
+        all_temporaries=1.0,
+        cpu_seconds_per_param=0.10 / 22.7e6,
         gpu_seconds_per_param=5e-11,
         hf_names=("galore_adamw",),
         resume_state="exp_avg, exp_avg_sq (projected) and the projector (ortho_matrix, last_svd_step) per hidden "
@@ -679,8 +680,9 @@ register(
         "APOLLO (apollo-torch, the authors'): AdamW's moments of each hidden matrix in a random rank "
         "--projection-rank space, only to scale its full gradient channel by channel; SGD-like memory",
         hidden_state_bytes=_projected_bytes(extra=4),  # and the norm-growth limiter's last norm
-        hidden_temporaries=3.0,
-        cpu_seconds_per_param=0.80 / 22.7e6,
+        temporaries=2.0,  # its AdamW path's per-tensor intermediates
+        hidden_temporaries=1.0,
+        cpu_seconds_per_param=0.095 / 22.7e6,
         gpu_seconds_per_param=5e-11,
         hf_names=("apollo_adamw",),
         resume_state="exp_avg, exp_avg_sq (projected), scaled_grad and the projector (ortho_matrix, seed) per "
