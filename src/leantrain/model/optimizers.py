@@ -9,8 +9,9 @@ inside the builders, so reading the table (`--help`, the config's checks) costs 
 
 Some optimizers treat the *hidden matrices* apart: the 2-D weights inside the model's repeated blocks (attention
 and feed-forward projections), never the embeddings, the head, norms or biases. Muon orthogonalises their updates,
-GaLore and APOLLO project their gradients to a low rank; everything else steps with AdamW inside the same
-optimizer. `hidden_matrices` picks them by the model's structure, the same way for the builders and the planner.
+GaLore and APOLLO project their gradients to a low rank (with --projection-embeddings the input embedding matrix's
+too); everything else steps with AdamW inside the same optimizer. `hidden_matrices` picks them by the model's
+structure and `treated_apart` adds what the settings add, the same way for the builders and the planner.
 """
 
 from __future__ import annotations
@@ -329,9 +330,9 @@ def use_weights(name: str, optimizer: Any, mode: str) -> None:
 def predicted_state_bytes(
     shapes: Iterable[tuple[int, ...]], name: str, hidden: Iterable[bool] | None = None, settings: Any = None
 ) -> int:
-    """Bytes of optimizer state for trainable parameters of these shapes (`hidden`: which are hidden matrices; none
-    when not given), once the first step has run: the registry's count, which `state_bytes` of a real optimizer
-    equals (tests/planner checks it)."""
+    """Bytes of optimizer state for trainable parameters of these shapes (`hidden`: which the optimizer treats apart,
+    `treated_apart`; none when not given), once the first step has run: the registry's count, which `state_bytes` of
+    a real optimizer equals (tests/planner checks it)."""
     opt = entry(name)
     shapes = [tuple(s) for s in shapes]
     flags = list(hidden) if hidden is not None else [False] * len(shapes)
@@ -352,7 +353,7 @@ def predicted_temporaries(largest: int, largest_hidden: int, numel: int, name: s
 
 
 def model_state_bytes(model: Any, name: str, settings: Any = None) -> int:
-    """`predicted_state_bytes` of a model's trainable parameters (its hidden matrices picked as the builders do)."""
+    """`predicted_state_bytes` of a model's trainable parameters (what is treated apart picked as the builders do)."""
     hidden = treated_apart(model, name, settings)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return predicted_state_bytes(
