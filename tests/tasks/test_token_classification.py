@@ -654,3 +654,61 @@ def test_a_token_classifiers_activations_are_planned_as_its_task_runs_it(tiny_mo
     assert planned == pytest.approx(measured, rel=0.03)
     sequence = M.model_facts(str(tiny_model_dir))
     assert M.activation_profile(sequence.config_json, 32, "fp32", False).saved(4, facts.layers, False) < 0.9 * planned
+
+
+def test_eight_steps_equal_the_hf_trainers_with_run_ners_collator(run, tiny_model_dir, corpus, tmp_path):
+    """The same head, data and settings through transformers' Trainer (`DataCollatorForTokenClassification`, labels on
+    first sub-words, as examples/pytorch/token-classification/run_ner.py makes them): one full batch a step, so the
+    order of examples cannot differ; AdamW with weight decay, warm-up and linear decay, clipping at 1. The losses of
+    every step and the final weights agree: what leantrain computes is what the Trainer computes."""
+    import datasets
+    from benchmarks.token_classification_vs_hf import read_sentences
+    from transformers import (
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+        DataCollatorForTokenClassification,
+        Trainer,
+        TrainingArguments,
+    )
+
+    words, tags = read_sentences(corpus[0])
+    names = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+    label_id = {n: i for i, n in enumerate(names)}
+    torch.manual_seed(0)
+    init = tmp_path / "init"
+    AutoModelForTokenClassification.from_pretrained(
+        str(tiny_model_dir), num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_id
+    ).save_pretrained(init)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    tokenizer.save_pretrained(init)
+    settings = dict(lr=1e-3, weight_decay=0.01, max_grad_norm=1.0, steps=8)
+
+    def encode(batch):
+        enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=128)
+        enc["labels"] = [
+            [-100 if w is None or w == p else label_id[t[w]] for p, w in zip([None, *enc.word_ids(i)], enc.word_ids(i))]
+            for i, t in enumerate(batch["tags"])
+        ]
+        return enc
+
+    rows = datasets.Dataset.from_dict({"tokens": words, "tags": tags})
+    rows = rows.map(encode, batched=True, remove_columns=["tokens", "tags"])
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=len(words), max_steps=settings["steps"],
+        learning_rate=settings["lr"], weight_decay=settings["weight_decay"], warmup_steps=0.25,
+        lr_scheduler_type="linear", max_grad_norm=settings["max_grad_norm"], use_cpu=True, report_to=[],
+        save_strategy="no", logging_steps=1, disable_tqdm=True, seed=1,
+    )  # fmt: skip
+    model = AutoModelForTokenClassification.from_pretrained(init)
+    trainer = Trainer(
+        model=model, args=args, train_dataset=rows, data_collator=DataCollatorForTokenClassification(tokenizer)
+    )
+    trainer.train()
+    theirs = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    result, ours = run(model=init, optimizer="adamw", lr=settings["lr"], weight_decay=settings["weight_decay"],
+                       max_grad_norm=settings["max_grad_norm"], warmup_ratio=0.25, scheduler="linear",
+                       batch_size=len(words), max_steps=settings["steps"], max_length=128)  # fmt: skip
+    assert loss_log(result) == pytest.approx(theirs, rel=1e-5)
+    for name, value in model.state_dict().items():
+        assert torch.allclose(ours[name], value, atol=1e-5), name
