@@ -186,18 +186,19 @@ def input_embedding(model: torch.nn.Module) -> dict[int, str]:
     return {id(weight): names.get(id(weight), "input embeddings")}
 
 
-def projected_matrices(model: torch.nn.Module, settings: Any = None) -> dict[int, str]:
-    """What GaLore and APOLLO project, by id: the hidden matrices, and with --projection-embeddings the input
-    embedding matrix too (a small encoder's largest tensor: MiniLM's is half its weights)."""
-    apart = hidden_matrices(model)
-    if setting(settings, "projection_embeddings"):
-        apart.update(input_embedding(model))
-    return apart
+def projects_embeddings(name: str, settings: Any = None) -> bool:
+    """Whether the optimizer `name` projects the input embedding matrix too (GaLore and APOLLO with
+    --projection-embeddings: a small encoder's largest tensor, MiniLM's half its weights)."""
+    return entry(name).rank_setting is not None and bool(setting(settings, "projection_embeddings"))
 
 
 def treated_apart(model: torch.nn.Module, name: str, settings: Any = None) -> dict[int, str]:
-    """The parameters the optimizer `name` gives its own rule, by id (the rest step with AdamW)."""
-    return projected_matrices(model, settings) if entry(name).rank_setting is not None else hidden_matrices(model)
+    """The parameters the optimizer `name` gives its own rule, by id: the hidden matrices, and the input embedding
+    matrix where it `projects_embeddings` (the rest step with AdamW)."""
+    apart = hidden_matrices(model)
+    if projects_embeddings(name, settings):
+        apart.update(input_embedding(model))
+    return apart
 
 
 def split_hidden(groups: list[dict], hidden: dict[int, str]) -> tuple[list[dict], list[dict]]:
@@ -561,11 +562,11 @@ def _lion(model, groups: list[dict], lr: float, settings) -> torch.optim.Optimiz
 PROJECTION_SCALE = {"galore": 0.25, "apollo": 1.0}
 
 
-def _projected(kind: str):
+def _projected(kind: str, name: str):
     def build(model, groups: list[dict], lr: float, settings) -> torch.optim.Optimizer:
         from leantrain.model import optimizer_kinds
 
-        hidden, rest = split_hidden(groups, projected_matrices(model, settings))
+        hidden, rest = split_hidden(groups, treated_apart(model, name, settings))
         rank, interval = setting(settings, "projection_rank"), setting(settings, "projection_update_interval")
         scale = setting(settings, "projection_scale") or PROJECTION_SCALE[kind]
         return getattr(optimizer_kinds, kind)(hidden, rest, lr, rank, interval, scale)
@@ -656,7 +657,7 @@ register(
 register(
     OptimizerEntry(
         "galore-adamw",
-        _projected("galore"),
+        _projected("galore", "galore-adamw"),
         lambda shape: 8 * math.prod(shape),  # exp_avg, exp_avg_sq (no step tensor)
         "GaLore (pytorch-optimizer's): AdamW with each hidden matrix's moments in a rank --projection-rank "
         "subspace of its gradient, refreshed by SVD every --projection-update-interval steps",
@@ -676,7 +677,7 @@ register(
 register(
     OptimizerEntry(
         "apollo-adamw",
-        _projected("apollo"),
+        _projected("apollo", "apollo-adamw"),
         lambda shape: 8 * math.prod(shape),
         "APOLLO (apollo-torch, the authors'): AdamW's moments of each hidden matrix in a random rank "
         "--projection-rank space, only to scale its full gradient channel by channel; SGD-like memory",

@@ -82,8 +82,7 @@ class ParamInventory:
     def apart(self, optimizer: str, settings: Any = None) -> tuple[bool, ...]:
         """Per shape, whether the optimizer gives it its own rule (`model.optimizers.treated_apart`)."""
         hidden = self.hidden or (False,) * len(self.shapes)
-        projected = optimizers.entry(optimizer).rank_setting is not None
-        if not (self.embedding and projected and optimizers.setting(settings, "projection_embeddings")):
+        if not (self.embedding and optimizers.projects_embeddings(optimizer, settings)):
             return hidden
         return tuple(h or e for h, e in zip(hidden, self.embedding, strict=True))
 
