@@ -463,3 +463,38 @@ def test_another_reference_model_is_compared_with_live_or_precomputed(run, llama
     assert losses_of(pre) == pytest.approx(losses_of(live), abs=1e-6)
     assert max((w_live[k] - w_pre[k]).abs().max().item() for k in w_live) < 1e-5
     assert live.metrics["reference"] == "frozen-copy" and pre.metrics["reference"] == "precomputed"
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_static_shapes_pad_pairs_to_a_few_widths_and_change_nothing(run, packing):
+    """--static-shapes pads each batch's rows up to a bucket (16, 24, 32, 48, ...): more padding, counted nowhere,
+    the same losses and weights."""
+    from leantrain.data.batching import length_buckets
+    from leantrain.data.preferences import SequencesCollator, sequence_batch
+
+    off, w_off = run(batch_size=8, max_steps=3, packing=packing, static_shapes="off")
+    on, w_on = run(batch_size=8, max_steps=3, packing=packing, static_shapes="on")
+    assert on.metrics["padding_fraction"] > off.metrics["padding_fraction"]
+    assert losses_of(on) == pytest.approx(losses_of(off), abs=1e-6)
+    for key in ("rewards/margins", "logps/chosen"):
+        assert [r[key] for r in log_rows(on)] == pytest.approx([r[key] for r in log_rows(off)], abs=1e-5)
+    for name, value in w_off.items():
+        assert torch.allclose(w_on[name], value, atol=1e-6), name
+
+    sequences = [(np.arange(1, 6), np.arange(6, 6 + n)) for n in (3, 9, 14)]  # rows of 8, 14 and 19 tokens
+    buckets = length_buckets(64)
+    assert sequence_batch(sequences, 0, None, buckets)["input_ids"].shape == (3, 24)
+    assert sequence_batch(sequences, 0, None)["input_ids"].shape == (3, 19)
+    assert SequencesCollator(0, packing=packing, buckets=buckets).buckets == tuple(buckets)
+
+
+@pytest.mark.slow  # compiles the tiny Llama's graphs: about a minute here
+def test_a_compiled_dpo_run_meets_a_few_widths_and_recompiles_at_most_for_the_short_batch(run):
+    """With --compile, pairs of every length train on a few bucketed widths, compiled dynamic at once: no new graph
+    for a new length after the warm-up (the epoch's short last batch, whose rows are not filled, may add one)."""
+    torch._dynamo.reset()
+    result, _ = run(batch_size=20, max_steps=6, compile=True, log_every=1)  # 96 pairs: 4 steps of 20 and one of 16
+    rows = log_rows(result)
+    graphs = [r["compiled_graphs"] for r in rows if "compiled_graphs" in r]
+    assert len(graphs) == 6 and result.metrics["recompiles"] <= 1, (graphs, result.metrics["recompiles"])
+    assert graphs[-1] <= 4, graphs

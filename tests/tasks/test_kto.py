@@ -117,3 +117,13 @@ def test_string_and_integer_booleans_are_read(llama_dir, tmp_path):  # noqa: F81
                       cache_dir=str(tmp_path / "cache"), eval_fraction=0.2, seed=0)  # fmt: skip
     data = KTO(cfg).prepare_data(str(llama_dir), None)
     assert int(data.train.labels.sum()) + int(data.eval.labels.sum()) == 6
+
+
+def test_static_shapes_pad_judgements_and_their_mismatched_completions_and_change_nothing(run):
+    off, w_off = run(batch_size=8, max_steps=3, beta=1.0, static_shapes="off")
+    on, w_on = run(batch_size=8, max_steps=3, beta=1.0, static_shapes="on")
+    assert on.metrics["padding_fraction"] > off.metrics["padding_fraction"]
+    for key in ("loss", "kl", "rewards/chosen"):
+        assert [r[key] for r in train_rows(on)] == pytest.approx([r[key] for r in train_rows(off)], abs=1e-6)
+    for name, value in w_off.items():
+        assert torch.allclose(w_on[name], value, atol=1e-6), name

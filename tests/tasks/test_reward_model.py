@@ -111,3 +111,13 @@ def test_an_encoder_reward_model_reads_bert_sentence_pairs(tiny_model_dir, pairs
     one = write_jsonl(tmp_path / "one.jsonl", rows)
     ours = predict(str(result.output_dir), data=str(one))
     assert ours[0]["score"] == pytest.approx(piped["score"], abs=1e-5)
+
+
+def test_static_shapes_pad_pairs_to_a_few_widths_and_change_nothing(run):
+    """The reward is read at each row's last real token, however much padding --static-shapes adds after it."""
+    off, w_off = run(batch_size=8, max_steps=3, static_shapes="off")
+    on, w_on = run(batch_size=8, max_steps=3, static_shapes="on")
+    assert on.metrics["padding_fraction"] > off.metrics["padding_fraction"]
+    assert on.metrics["train_loss"] == pytest.approx(off.metrics["train_loss"], abs=1e-6)
+    for name, value in w_off.items():
+        assert torch.allclose(w_on[name], value, atol=1e-6), name

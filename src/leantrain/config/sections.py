@@ -616,7 +616,7 @@ class EfficiencyConfig:
         f"Few batch shapes for a compiled model: {'|'.join(STATIC_SHAPES)}. on pads lengths up to 16, 24, 32, 48, "
         "64, 96, ... (at most a third more padding) and the short last micro-batch of an epoch with masked rows "
         "(zero loss, zero units); auto: on with --compile. Classification, token classification, seq2seq (sources and "
-        "targets bucketed apart) and causal LM batches.",
+        "targets bucketed apart) and causal LM batches; preference pairs and reward models: lengths only.",
         default="auto",
     )
     pad_to_max_length: bool = _help(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -256,6 +257,11 @@ IGNORE_LABEL = -100
 #: the real rows' (a padded row is in no step's units: its loss and units are zero, no example counted twice)
 _PAD_VALUES = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_LABEL, "position_ids": 0}
 _LEFT_ALONE = {"index", "step_units", "units", "step_end", "num_tokens", "padded_tokens"}
+
+
+def static_shapes_on(cfg: Any) -> bool:
+    """--static-shapes: on, or auto with --compile."""
+    return cfg.static_shapes == "on" or (cfg.static_shapes == "auto" and bool(cfg.compile))
 
 
 def length_buckets(max_length: int, smallest: int = 16) -> list[int]:

@@ -295,16 +295,19 @@ def cut_to_length(examples: SequenceSet, max_length: int, pairs: bool) -> tuple[
 
 # -- one batch of sequences ------------------------------------------------------------------------------------
 def sequence_batch(
-    sequences: Sequence[tuple[np.ndarray, np.ndarray]], pad_token_id: int, rows: Sequence[Sequence[int]] | None = None
+    sequences: Sequence[tuple[np.ndarray, np.ndarray]],
+    pad_token_id: int,
+    rows: Sequence[Sequence[int]] | None = None,
+    buckets: Sequence[int] = (),
 ) -> dict[str, torch.Tensor]:
     """One batch of (prompt tokens, completion tokens) sequences. `rows`: which sequences share each row, in order
-    (packed); None: one sequence a row, padded, with an attention mask. Returns `input_ids`, `position_ids`,
-    `labels` (the completion's tokens; IGNORE elsewhere), `sequence_ids` (each token's sequence, -1 on padding) and,
-    padded, `attention_mask`."""
+    (packed); None: one sequence a row, padded, with an attention mask. `buckets`: widths the batch is padded up to
+    (--static-shapes), else its longest row's. Returns `input_ids`, `position_ids`, `labels` (the completion's
+    tokens; IGNORE elsewhere), `sequence_ids` (each token's sequence, -1 on padding) and, padded, `attention_mask`."""
     packed = rows is not None
     layout = [list(r) for r in rows] if rows is not None else [[i] for i in range(len(sequences))]
     lengths = [sum(len(sequences[i][0]) + len(sequences[i][1]) for i in r) for r in layout]
-    width = max(lengths)
+    width = next((b for b in buckets if b >= max(lengths)), max(lengths))
     shape = (len(layout), width)
     ids = torch.full(shape, pad_token_id, dtype=torch.long)
     labels = torch.full(shape, IGNORE, dtype=torch.long)
@@ -338,15 +341,16 @@ class SequencesCollator:
     holds the reference's, and each example's other values (a margin, a label) under their names.
 
     `aside`: completions batched apart, under the key "aside" (KTO's mismatched completions, which its loss needs
-    without gradients before the step)."""
+    without gradients before the step). `buckets`: the widths rows are padded up to (--static-shapes: a compiled
+    step meets a few shapes); the padding is counted nowhere, so training is unchanged."""
 
-    def __init__(self, pad_token_id: int, packing: bool, aside: int = 0):
-        self.pad_token_id, self.packing, self.aside = pad_token_id, packing, aside
+    def __init__(self, pad_token_id: int, packing: bool, aside: int = 0, buckets: Sequence[int] = ()):
+        self.pad_token_id, self.packing, self.aside, self.buckets = pad_token_id, packing, aside, tuple(buckets)
 
     def sequences(self, items: list[dict], first: int, count: int) -> dict[str, Any]:
         sequences = [(x["parts"][0], x["parts"][1 + first + k]) for x in items for k in range(count)]
         rows = [list(range(count * i, count * (i + 1))) for i in range(len(items))] if self.packing else None
-        batch: dict[str, Any] = sequence_batch(sequences, self.pad_token_id, rows)
+        batch: dict[str, Any] = sequence_batch(sequences, self.pad_token_id, rows, self.buckets)
         index = torch.tensor([x["slot"].index for x in items], dtype=torch.long)
         batch["sequence_index"] = (index[:, None] * count + torch.arange(count)).reshape(-1)
         if "reference" in items[0]:  # (examples, completions): the main ones first, then those aside

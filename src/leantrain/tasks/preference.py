@@ -236,9 +236,13 @@ class PolicyTask(CausalLM):
         return np.zeros(len(examples), dtype=np.int64)
 
     def collator(self, data: TaskData, *, train: bool):
+        from leantrain.data.batching import length_buckets, static_shapes_on
         from leantrain.data.preferences import SequencesCollator
 
-        return SequencesCollator(data.processor.pad_token_id, packing=self.packing, aside=self.aside)
+        # --static-shapes: a packed row holds an example's sequences, each up to --max-length
+        longest = self.cfg.max_length * (2 if self.packing else 1)
+        buckets = length_buckets(longest) if train and static_shapes_on(self.cfg) else []
+        return SequencesCollator(data.processor.pad_token_id, packing=self.packing, aside=self.aside, buckets=buckets)
 
     def loss_units(self, data: TaskData) -> np.ndarray:
         return np.ones(len(data.train))  # one unit a row: the loss is the mean over the step's pairs (or judgements)

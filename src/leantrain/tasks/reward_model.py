@@ -79,9 +79,12 @@ class RewardModel(PolicyTask):
         context.say("reward model: the Bradley-Terry loss of each pair's two rewards (no reference model)")
 
     def collator(self, data: TaskData, *, train: bool):
+        from leantrain.data.batching import length_buckets, static_shapes_on
         from leantrain.data.preferences import SequencesCollator
 
-        return SequencesCollator(data.processor.pad_token_id, packing=False)  # a classifier reads each row's end
+        buckets = length_buckets(self.cfg.max_length) if train and static_shapes_on(self.cfg) else []
+        # a classifier reads each row's last real token (its attention mask says where), padding or not
+        return SequencesCollator(data.processor.pad_token_id, packing=False, buckets=buckets)
 
     # -- a step ----------------------------------------------------------------------------------------------------
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:

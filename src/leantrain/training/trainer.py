@@ -205,12 +205,17 @@ class Trainer:
 
     def _static_shapes(self, collate):
         """--static-shapes (on with --compile): lengths padded up to buckets, the ragged micro-batch filled with
-        masked rows; for the collators whose every key it knows how to pad (or that name their own: `pad_values`)."""
-        from leantrain.data.batching import Collator, StaticShapes
+        masked rows; for the collators whose every key it knows how to pad (or that name their own: `pad_values`).
+        A collator that pads its widths to buckets itself (`buckets`: preference pairs) is left as it is; its ragged
+        micro-batch keeps its rows (a pair's loss has no mask for a filled row)."""
+        from leantrain.data.batching import Collator, StaticShapes, static_shapes_on
         from leantrain.data.lm import LMCollator
 
         cfg = self.cfg
-        on = cfg.static_shapes == "on" or (cfg.static_shapes == "auto" and cfg.compile)
+        on = static_shapes_on(cfg)
+        if on and getattr(collate, "buckets", None):
+            self.static_shapes = True
+            return collate
         self.static_shapes = (
             on
             and (isinstance(collate, (Collator, LMCollator)) or hasattr(collate, "pad_values"))
@@ -416,8 +421,8 @@ class Trainer:
         self.model.train()  # the training graph (dropout on) is the one to compile; from_pretrained gives eval mode
         devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            with self.amp.autocast():
-                loss = self.task.loss_sum(compiled(**self.task.model_inputs(batch)), batch)
+            with self.amp.autocast():  # the task's own forward (a preference pair's reads log-probabilities)
+                loss = self.task.loss_sum(self.task.forward(compiled, batch), batch)  # type: ignore[arg-type]
             loss.backward()
         self.model.zero_grad(set_to_none=True)
         self.model = compiled  # type: ignore[assignment]  # an OptimizedModule behaves as the module
