@@ -42,6 +42,7 @@ JOB = dict(
     scheduler="linear",
     max_grad_norm=1.0,
     seed=42,
+    hf_order="trainer",  # the Trainer's batches: its own LengthGroupedSampler's, or "leantrain"'s order
 )
 HELD_OUT = 0.1
 SIDES = {"leantrain": "leantrain", "hf": "HF Trainer (DataCollatorForTokenClassification, group_by_length)"}
@@ -185,7 +186,8 @@ def side_hf(work: Path, precision: str, epochs: float) -> dict:
         disable_tqdm=True,
     )
     eval_set = dataset(eval_words, eval_tags)
-    trainer = Trainer(
+    trainer_class = Trainer if JOB["hf_order"] == "trainer" else _in_leantrains_order(Trainer)
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=dataset(train_words, train_tags),
@@ -212,6 +214,35 @@ def side_hf(work: Path, precision: str, epochs: float) -> dict:
     }
 
 
+def _in_leantrains_order(trainer_class):
+    """The Trainer drawing its batches as leantrain does (length-sorted within chunks of 50 batches, then the full
+    batches shuffled), where its LengthGroupedSampler takes each chunk's batches longest first, unshuffled."""
+    import numpy as np
+    import torch
+
+    from leantrain.data.batching import GlobalBatchSampler
+
+    class InLeantrainsOrder(torch.utils.data.Sampler):
+        def __init__(self, lengths, batch_size: int, seed: int):
+            self.batches, self.epoch = GlobalBatchSampler(np.asarray(lengths), batch_size, seed=seed), 0
+
+        def __len__(self) -> int:
+            return len(self.batches.lengths)
+
+        def __iter__(self):
+            self.batches.set_epoch(self.epoch)
+            self.epoch += 1
+            return iter([int(i) for batch in self.batches.global_batches() for i in batch])
+
+    class Reordered(trainer_class):
+        def _get_train_sampler(self, train_dataset=None):
+            rows = train_dataset if train_dataset is not None else self.train_dataset
+            lengths = [len(ids) for ids in rows["input_ids"]]
+            return InLeantrainsOrder(lengths, self.args.per_device_train_batch_size, self.args.seed)
+
+    return Reordered
+
+
 def run_side(side: str, work: Path, precision: str, epochs: float, seed: int) -> dict:
     """One side in its own process: its result and its whole-process seconds (start to exit)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -232,6 +263,8 @@ def run_side(side: str, work: Path, precision: str, epochs: float, seed: int) ->
         str(JOB["lr"]),
         "--seed",
         str(seed),
+        "--hf-order",
+        JOB["hf_order"],
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -341,8 +374,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--name", default="token_classification_vs_hf", help="the result files' name in --out")
     parser.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)
+    parser.add_argument("--hf-order", choices=["trainer", "leantrain"], default="trainer",
+                        help="the Trainer's batch order: its own (group_by_length), or leantrain's (to tell the "
+                             "order's effect on F1)")  # fmt: skip
     args = parser.parse_args()
-    JOB.update(batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    JOB.update(batch_size=args.batch_size, lr=args.lr, seed=args.seed, hf_order=args.hf_order)
     if args.side:
         side = side_leantrain if args.side == "leantrain" else side_hf
         print(json.dumps(side(args.work, args.precisions, args.epochs)))
