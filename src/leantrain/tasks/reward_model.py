@@ -83,7 +83,7 @@ class RewardModel(PolicyTask):
         from leantrain.data.preferences import SequencesCollator
 
         buckets = length_buckets(self.cfg.max_length) if train and static_shapes_on(self.cfg) else []
-        # a classifier reads each row's last real token (its attention mask says where), padding or not
+        # a classifier reads each row's last real token (an encoder's: its first), however much padding follows
         return SequencesCollator(data.processor.pad_token_id, packing=False, buckets=buckets)
 
     # -- a step ----------------------------------------------------------------------------------------------------
