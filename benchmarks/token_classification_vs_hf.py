@@ -42,6 +42,7 @@ JOB = dict(
     scheduler="linear",
     max_grad_norm=1.0,
     seed=42,
+    batch_order="shuffled",  # leantrain's --batch-order (longest-first: the Trainer's group_by_length order)
     hf_order="trainer",  # the Trainer's batches: its own LengthGroupedSampler's, or "leantrain"'s order
 )
 HELD_OUT = 0.1
@@ -91,7 +92,7 @@ def side_leantrain(work: Path, precision: str, epochs: float) -> dict:
             cache_dir=str(work / "cache"),
             overwrite=True,
             progress=False,
-            **JOB,
+            **{k: v for k, v in JOB.items() if k != "hf_order"},
         )
     )
     m = result.metrics
@@ -265,6 +266,8 @@ def run_side(side: str, work: Path, precision: str, epochs: float, seed: int) ->
         str(seed),
         "--hf-order",
         JOB["hf_order"],
+        "--leantrain-order",
+        JOB["batch_order"],
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -377,8 +380,12 @@ def main() -> None:
     parser.add_argument("--hf-order", choices=["trainer", "leantrain"], default="trainer",
                         help="the Trainer's batch order: its own (group_by_length), or leantrain's (to tell the "
                              "order's effect on F1)")  # fmt: skip
+    parser.add_argument("--leantrain-order", choices=["shuffled", "longest-first"], default="shuffled",
+                        help="leantrain's --batch-order (longest-first: the Trainer's order)")  # fmt: skip
     args = parser.parse_args()
-    JOB.update(batch_size=args.batch_size, lr=args.lr, seed=args.seed, hf_order=args.hf_order)
+    JOB.update(
+        batch_size=args.batch_size, lr=args.lr, seed=args.seed, hf_order=args.hf_order, batch_order=args.leantrain_order
+    )
     if args.side:
         side = side_leantrain if args.side == "leantrain" else side_hf
         print(json.dumps(side(args.work, args.precisions, args.epochs)))

@@ -244,3 +244,15 @@ def test_every_refused_name_is_named_at_once(tmp_path):
     assert len(message.splitlines()) == 1 and message.startswith(f"{path}: 4 names refused: ")
     for name in ("deepspeed (TrainingArguments)", "adam_beta1", "unknown key 'num_epoch'", "push_to_hub"):
         assert name in message, name
+
+
+def test_group_by_length_is_its_batch_order_and_false_is_refused(capsys):
+    assert flags_config().batch_order == "shuffled"
+    assert flags_config("--group_by_length").batch_order == "longest-first"
+    assert TrainConfig.from_dict({"train_sampling_strategy": "group_by_length"}).batch_order == "longest-first"
+    assert "group_by_length: leantrain always groups batches by length" in refused(capsys, "--group-by-length", "false")
+    with pytest.raises(ConfigError, match=r"train_sampling_strategy: leantrain always groups"):
+        TrainConfig.from_dict({"train_sampling_strategy": "random"})
+    assert "--batch-order must be one of shuffled, longest-first; got 'random'" in refused(
+        capsys, "--batch-order", "random"
+    )

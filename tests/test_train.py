@@ -267,3 +267,24 @@ def test_data_the_tokenizer_reads_mostly_as_unknown_tokens_is_refused(job, tmp_p
     data = write_csv(tmp_path / "unreadable.csv", rows)
     with pytest.raises(DataError, match=r"unreadable.csv: the tokenizer maps 80% of the tokens .* to its unknown"):
         train(job(data=str(data)))
+
+
+def test_batch_order_longest_first_runs_each_chunk_from_its_longest_batch(job):
+    """--batch-order reaches the loader: longest-first's micro-batches get no wider within a chunk (12 steps stay in
+    the first: 13 of the epoch's 54 batches); shuffled's do."""
+    from leantrain.training import Hooks
+
+    class Widths(Hooks):
+        def __init__(self):
+            self.widths = []
+
+        def on_micro_batch(self, model, batch):
+            self.widths.append(int(batch["attention_mask"].sum(-1).max()))
+
+    orders = {}
+    for order in ("longest-first", "shuffled"):
+        seen = Widths()
+        train(job(batch_order=order, batch_size=4, max_steps=12, output_dir=job().output_dir + order), hooks=seen)
+        orders[order] = seen.widths
+    assert orders["longest-first"] == sorted(orders["longest-first"], reverse=True)
+    assert orders["shuffled"] != sorted(orders["shuffled"], reverse=True)

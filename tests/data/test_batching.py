@@ -62,6 +62,32 @@ def test_length_grouping_sorts_within_chunks_so_batches_mix_differently_each_epo
     assert len(members[0] & members[1]) <= 2, "the same batches came back in the next epoch"
 
 
+@pytest.mark.parametrize("rows", [1000, 150])  # chunks of 50 batches; a small epoch's four chunks of 9
+def test_longest_first_is_the_hf_trainers_group_by_length_order(rows, monkeypatch):
+    """--batch-order longest-first yields the HF Trainer's LengthGroupedSampler order given the same shuffle: chunks
+    of min(50, epoch / 4) batches, each longest first, the longest example first of all. Shuffled draws the same
+    chunks' batches in another order."""
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    lengths = np.random.default_rng(3).integers(1, 90, size=rows)  # ties included: both keep the shuffle's order
+    lengths[7] = 500  # one longest example, outside the first chunk in some epoch: it moves to the front
+    sampler = GlobalBatchSampler(lengths, micro_batch=4, seed=11, longest_first=True)
+    moved = False
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        shuffle = sampler.epoch_order(np.random.default_rng([11, epoch]))
+        moved |= shuffle.tolist().index(7) >= 4 * sampler._chunk_batches(rows)
+        monkeypatch.setattr(torch, "randperm", lambda n, generator=None, order=shuffle: torch.as_tensor(order))
+        want = get_length_grouped_indices(lengths.tolist(), 4)
+        ours = np.concatenate(sampler.global_batches()).tolist()
+        assert ours == want
+        assert ours[0] == 7
+    assert moved
+    shuffled = GlobalBatchSampler(lengths, micro_batch=4, seed=11)
+    longest = [lengths[b].max() for b in shuffled.global_batches()[:-1]]
+    assert longest != sorted(longest, reverse=True)
+
+
 def test_ties_in_length_keep_the_seeded_shuffles_order():
     """Equal lengths are ordered by the epoch's seeded permutation, not by the sort algorithm: an unstable sort
     breaks ties by its own internals, which differ between numpy builds and CPUs (SIMD sorts), so a run resumed

@@ -238,3 +238,37 @@ def test_speed_model_predicts_the_measured_ratios(monkeypatch, minilm_dir):
     # benchmarks/results/planner_accuracy.md); and smaller micro-batches cost time
     assert secs(64, 1, "fp32", False, "adamw", hidden=64) / secs(64, 1, "bf16", False, "adamw", hidden=64) < 1.05
     assert secs(16, 4, "fp32", False, "adamw") > baseline
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (48, 160), (160, 48)])
+def test_muons_step_flops_are_torchs_newton_schulz(shape):
+    """The registry's count of Muon's orthogonalisation is the FLOPs torch's own Newton-Schulz performs (torch's
+    FLOP counter on the function its Muon calls), for square, wide and tall matrices."""
+    import torch
+    from torch.optim._muon import DEFAULT_NS_STEPS, _zeropower_via_newtonschulz
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from leantrain.model.optimizers import OPTIMIZERS
+
+    muon = OPTIMIZERS["muon"]
+    assert muon.hidden_flops is not None
+    with FlopCounterMode(display=False) as counter:
+        _zeropower_via_newtonschulz(torch.randn(shape), (3.4445, -4.7750, 2.0315), DEFAULT_NS_STEPS, 1e-7)
+    assert muon.hidden_flops(shape) == counter.get_total_flops()
+
+
+def test_muons_predicted_step_grows_with_the_width_not_the_size():
+    """Two models of the same parameter count: one 1024-wide hidden matrix costs Muon twice four 512-wide ones
+    (its orthogonalisation grows with width x size); AdamW's step is the same for both."""
+    from leantrain.planner.memory import ParamInventory
+    from leantrain.planner.speed import optimizer_step_seconds
+
+    narrow = ParamInventory(shapes=((512, 512),) * 4, linear_shapes=(), hidden=(True,) * 4)
+    wide = ParamInventory(shapes=((1024, 1024),), linear_shapes=(), hidden=(True,))
+    assert narrow.numel == wide.numel
+
+    def step(inv, name):
+        return optimizer_step_seconds(SPEED, name, inv.numel, inv.step_flops(name))
+
+    assert step(wide, "adamw") == step(narrow, "adamw")
+    assert step(wide, "muon") / step(narrow, "muon") == pytest.approx(2.0, rel=0.05)

@@ -145,8 +145,18 @@ ROWS: tuple[Row, ...] = (
     Row("dataloader_num_workers", "dataloader_num_workers", "batches stay identical to 0 workers"),
     Row("fsdp", None, "use --shard fsdp (FSDP2, one transformer layer per unit)"),
     Row("deepspeed", None, "not supported: use --shard fsdp, or --auto to fit memory"),
-    Row("group_by_length", None, "always on: batches are drawn from random chunks sorted by length, as it does"),
-    Row("train_sampling_strategy", None, "transformers 5's name for group_by_length: always on (see group_by_length)"),
+    Row(
+        "group_by_length",
+        "batch_order",
+        "true: --batch-order longest-first, its order (leantrain always groups by length: false has no setting)",
+        lambda v: _length_grouped("group_by_length", to_bool("group_by_length", v)),
+    ),
+    Row(
+        "train_sampling_strategy",
+        "batch_order",
+        "transformers 5's name for group_by_length: group_by_length is --batch-order longest-first",
+        lambda v: _length_grouped("train_sampling_strategy", v == "group_by_length"),
+    ),
     Row("auto_find_batch_size", None, "use --auto: the planner picks the split and halves it on out-of-memory"),
     Row("push_to_hub", None, "model/ is a save_pretrained folder with a model card: push it with `hf upload`"),
     Row("hub_model_id", None, "see push_to_hub"),
@@ -223,6 +233,15 @@ _CHECKED = ("greater_is_better", "logging_strategy")
 def _true(name: str, value: Any) -> None:
     if not to_bool(name, value):
         raise ConfigError(f"{name}: false has no leantrain meaning (`leantrain train` trains and evaluates)")
+
+
+def _length_grouped(name: str, grouped: bool) -> str:
+    if not grouped:
+        raise ConfigError(
+            f"{name}: leantrain always groups batches by length (--batch-order shuffled or longest-first); "
+            "ungrouped random batches have no setting"
+        )
+    return "longest-first"
 
 
 def flag(name: str) -> str:
@@ -370,7 +389,15 @@ def hint(name: str, known: list[str]) -> str:
 
 def cli_kind(row: Row, field_kind: type | None) -> type:
     """The type a hidden alias flag parses its value as (bool: `--bf16` alone, or `--bf16 true`)."""
-    if row.hf in ("bf16", "fp16", "do_train", "do_eval", "predict_with_generate", "greater_is_better"):
+    if row.hf in (
+        "bf16",
+        "fp16",
+        "do_train",
+        "do_eval",
+        "predict_with_generate",
+        "greater_is_better",
+        "group_by_length",
+    ):
         return bool
     if row.hf.endswith("_strategy") or (row.convert is not None and field_kind is not bool):
         return str

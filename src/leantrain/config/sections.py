@@ -64,6 +64,7 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Acc
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
 MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
+BATCH_ORDERS = ("shuffled", "longest-first")  # data.batching.GlobalBatchSampler
 QUANTIZE = ("4bit", "8bit")  # LoRA
 PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "orpo")
 ADVANTAGES = ("grpo", "rloo")  # online RL
@@ -189,6 +190,13 @@ class DataConfig:
         f"With several --data sources: what their weights share out, {'|'.join(MIX_BY)} (tokens: each source's "
         "share of the training tokens, what language-model mixtures mean).",
         default="examples",
+    )
+    batch_order: str = _help(
+        f"The order of an epoch's length-grouped batches, {'|'.join(BATCH_ORDERS)}. Batches are cut from random "
+        "chunks of 50 global batches sorted by length; shuffled draws them in random order, longest-first runs "
+        "each chunk longest to shortest, as the HF Trainer's group_by_length does (its order, for matching its "
+        "results).",
+        default="shuffled",
     )
     dedupe: bool = _help(
         "Drop training rows whose normalised text (case, spaces, Unicode forms aside) repeats an earlier row, within "
@@ -405,6 +413,7 @@ class DataConfig:
         _positive(self, "max_target_length")
         _positive(self, "max_source_length", "eval_limit", optional=True)
         _check_data_sources(self)
+        _choice(self, "batch_order", BATCH_ORDERS)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
         for name in ("label_pattern", "eval_pattern"):

@@ -46,6 +46,7 @@ class GlobalBatchSampler:
         group_by_length: bool = True,
         chunk_batches: int = 50,
         units: np.ndarray | None = None,
+        longest_first: bool = False,
     ):
         self.lengths = np.asarray(lengths)
         # What each example's summed loss counts (`Task.loss_units`): 1 per example unless the task says.
@@ -53,6 +54,8 @@ class GlobalBatchSampler:
         self.micro_batch, self.accumulation, self.num_processes = micro_batch, accumulation, num_processes
         self.global_batch = micro_batch * accumulation * num_processes
         self.seed, self.group_by_length, self.chunk_batches = seed, group_by_length, chunk_batches
+        # --batch-order longest-first: each chunk's batches longest to shortest, as the HF Trainer's group_by_length
+        self.longest_first = longest_first
         self.epoch = 0
         self.start = (0, 0)  # (epoch, global batch): where iteration of that epoch begins
 
@@ -87,19 +90,27 @@ class GlobalBatchSampler:
         order = self.epoch_order(rng)
         if self.group_by_length:
             # Sort within large random chunks, so a batch holds similar lengths while the epoch stays random.
-            chunk = self.global_batch * self.chunk_batches
-            order = np.concatenate(
-                [
-                    c[np.argsort(-self.lengths[c], kind="stable")]
-                    for c in np.split(order, range(chunk, len(order), chunk))
-                ]
-            )
+            chunk = self.global_batch * self._chunk_batches(len(order))
+            chunks = [
+                c[np.argsort(-self.lengths[c], kind="stable")] for c in np.split(order, range(chunk, len(order), chunk))
+            ]
+            if self.longest_first:  # as the Trainer: the longest example first, so that memory runs out at once
+                top = int(np.argmax([self.lengths[c[0]] for c in chunks]))
+                chunks[0][0], chunks[top][0] = chunks[top][0], chunks[0][0]
+            order = np.concatenate(chunks)
         batches = np.split(order, range(self.global_batch, len(order), self.global_batch))
-        if self.group_by_length and len(batches) > 1:
+        if self.group_by_length and not self.longest_first and len(batches) > 1:
             # Shuffle full batches; keep the short remainder last so every other step is full-size.
             full, last = batches[:-1], batches[-1]
             batches = [full[i] for i in rng.permutation(len(full))] + [last]
         return batches
+
+    def _chunk_batches(self, examples: int) -> int:
+        """Global batches a length-sorted chunk holds; longest-first takes the Trainer's rule (at most 50, and at
+        least four chunks an epoch), which its order depends on."""
+        if not self.longest_first:
+            return self.chunk_batches
+        return max(1, min(examples // (4 * self.global_batch), self.chunk_batches))
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps in an epoch: its global batches but a last one too small to give each process an example

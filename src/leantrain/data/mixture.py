@@ -63,10 +63,14 @@ class Mixture(Examples):
     def epoch_size(self) -> int:
         return sum(s.quota for s in self.sources)
 
-    def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
+    def batches(
+        self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None, longest_first=False
+    ):
         from leantrain.data.batching import ExamplesDataset
 
-        sampler = MixtureSampler(self, micro_batch, accumulation, num_processes, seed, units=units)
+        sampler = MixtureSampler(
+            self, micro_batch, accumulation, num_processes, seed, units=units, longest_first=longest_first
+        )
         return sampler, ExamplesDataset(self)
 
     def requested(self) -> dict[str, float]:
@@ -144,9 +148,9 @@ class MixtureSampler(GlobalBatchSampler):
 
     def __init__(self, mixture: Mixture, micro_batch: int, accumulation: int = 1, num_processes: int = 1,
                  seed: int = 0, units: np.ndarray | None = None, group_by_length: bool = True,
-                 chunk_batches: int = 50):  # fmt: skip
+                 chunk_batches: int = 50, longest_first: bool = False):  # fmt: skip
         super().__init__(mixture.lengths, micro_batch, accumulation, num_processes, seed, group_by_length,
-                         chunk_batches, units)  # fmt: skip
+                         chunk_batches, units, longest_first)  # fmt: skip
         self.mixture = mixture
         self._stops = np.array([s.span.stop for s in mixture.sources])
         self._streams = [source_seed(seed, s.name) for s in mixture.sources]

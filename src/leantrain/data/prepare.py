@@ -58,11 +58,15 @@ class Examples:
     def subset(self, rows: np.ndarray) -> Examples:
         return Examples(self.features.subset(rows), self.labels[rows])
 
-    def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
+    def batches(
+        self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None, longest_first=False
+    ):
         """The batch sampler and dataset that train on these examples (`data.batching`)."""
         from leantrain.data.batching import ExamplesDataset, GlobalBatchSampler
 
-        sampler = GlobalBatchSampler(self.lengths, micro_batch, accumulation, num_processes, seed, units=units)
+        sampler = GlobalBatchSampler(
+            self.lengths, micro_batch, accumulation, num_processes, seed, units=units, longest_first=longest_first
+        )
         return sampler, ExamplesDataset(self)
 
 

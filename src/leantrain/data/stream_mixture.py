@@ -41,10 +41,15 @@ class StreamingMixture:
     mix_by: str = "examples"
     streaming: bool = field(default=True, init=False)
 
-    def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
+    def batches(
+        self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None, longest_first=False
+    ):
         if units is not None:
             raise ValueError("streamed examples count one loss unit each")
-        return StreamingMixtureSampler(self, micro_batch, accumulation, num_processes, seed), StreamingDataset()
+        sampler = StreamingMixtureSampler(
+            self, micro_batch, accumulation, num_processes, seed, longest_first=longest_first
+        )
+        return sampler, StreamingDataset()
 
     def fingerprint(self) -> str:
         parts = [f"{s.name}:{s.stream.fingerprint()}:{s.share!r}" for s in self.sources]
@@ -80,10 +85,10 @@ class StreamingMixtureSampler:
     """Yields micro-batches of `Slot`s carrying their tokenized example and its source, window by window."""
 
     def __init__(self, mixture: StreamingMixture, micro_batch: int, accumulation: int = 1, num_processes: int = 1,
-                 seed: int = 0, window_batches: int = 50):  # fmt: skip
+                 seed: int = 0, window_batches: int = 50, longest_first: bool = False):  # fmt: skip
         self.mixture = mixture
         self.micro_batch, self.accumulation, self.num_processes = micro_batch, accumulation, num_processes
-        self.seed, self.window_batches = seed, window_batches
+        self.seed, self.window_batches, self.longest_first = seed, window_batches, longest_first
         self.epoch = 0
         self.start = (0, 0)
 
@@ -127,6 +132,7 @@ class StreamingMixtureSampler:
             self.num_processes,
             seed=int(np.random.SeedSequence([self.seed, self.epoch, w]).generate_state(1)[0]),
             chunk_batches=self.window_batches,
+            longest_first=self.longest_first,
         )
         window.start_at(0, max(0, first - w * self.window_batches))
         offset = w * len(examples)

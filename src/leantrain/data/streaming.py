@@ -105,11 +105,16 @@ class StreamingExamples:
     remap: np.ndarray | None = None
     streaming: bool = field(default=True, init=False)
 
-    def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
+    def batches(
+        self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None, longest_first=False
+    ):
         """The batch sampler and dataset that train on this stream (one loss unit per example)."""
         if units is not None:
             raise ValueError("streamed examples count one loss unit each")
-        return StreamingBatchSampler(self, micro_batch, accumulation, num_processes, seed), StreamingDataset()
+        sampler = StreamingBatchSampler(
+            self, micro_batch, accumulation, num_processes, seed, longest_first=longest_first
+        )
+        return sampler, StreamingDataset()
 
     def fingerprint(self) -> str:
         return source_fingerprint(self.source)
@@ -177,10 +182,11 @@ class StreamingBatchSampler:
         num_processes: int = 1,
         seed: int = 0,
         window_batches: int = 50,
+        longest_first: bool = False,
     ):
         self.stream = stream
         self.micro_batch, self.accumulation, self.num_processes = micro_batch, accumulation, num_processes
-        self.seed, self.window_batches = seed, window_batches
+        self.seed, self.window_batches, self.longest_first = seed, window_batches, longest_first
         self.epoch = 0
         self.start = (0, 0)
 
@@ -216,6 +222,7 @@ class StreamingBatchSampler:
                 self.num_processes,
                 seed=int(np.random.SeedSequence([self.seed, self.epoch, w]).generate_state(1)[0]),
                 chunk_batches=self.window_batches,
+                longest_first=self.longest_first,
             )
             window.start_at(0, max(0, first - w * self.window_batches))
             offset = w * window_rows

@@ -54,6 +54,9 @@ class OptimizerEntry:
     #: seconds a step takes per parameter on a CPU core pair and on a GPU (the planner's speed model)
     cpu_seconds_per_param: float = 0.0
     gpu_seconds_per_param: float = 0.0
+    #: and the bf16 matmul FLOPs its step spends on a hidden matrix of this shape (Muon's orthogonalisation, which
+    #: grows with a matrix's width, not its size: the planner times it at the device's bf16 matmul speed)
+    hidden_flops: Callable[[tuple[int, ...]], float] | None = None
     #: TrainingArguments `optim=` values that mean this optimizer
     hf_names: tuple[str, ...] = ()
     #: whether `--auto --auto-optimizer` may pick it (it changes results, so only the usual memory-savers)
@@ -353,6 +356,22 @@ def predicted_temporaries(largest: int, largest_hidden: int, numel: int, name: s
     return int(4 * (opt.temporaries * largest + opt.hidden_temporaries * largest_hidden + opt.all_temporaries * numel))
 
 
+def predicted_step_flops(shapes: Iterable[tuple[int, ...]], name: str, hidden: Iterable[bool]) -> float:
+    """The matmul FLOPs of the optimizer's step on the hidden matrices among these shapes (`hidden`: which it treats
+    apart); 0 for an optimizer whose step is per parameter alone."""
+    opt = entry(name)
+    if opt.hidden_flops is None:
+        return 0.0
+    return sum(opt.hidden_flops(tuple(s)) for s, h in zip(shapes, hidden, strict=True) if h)
+
+
+def newton_schulz_flops(shape: tuple[int, ...], steps: int = 5) -> float:
+    """torch's Muon: each of its 5 quintic Newton-Schulz steps on an m x n matrix (m the smaller side) multiplies
+    X X^T (2m²n), that square by itself (2m³) and the result by X (2m²n)."""
+    m, n = sorted(shape[-2:])
+    return steps * (4 * m * m * n + 2 * m**3)
+
+
 def model_state_bytes(model: Any, name: str, settings: Any = None) -> int:
     """`predicted_state_bytes` of a model's trainable parameters (what is treated apart picked as the builders do)."""
     hidden = treated_apart(model, name, settings)
@@ -602,8 +621,11 @@ register(
         "and biases: 4 bytes of state a hidden weight; often fewer steps to a given loss",
         hidden_state_bytes=lambda shape, settings: 4 * math.prod(shape),  # the momentum buffer
         hidden_temporaries=3.0,
-        cpu_seconds_per_param=0.36 / 22.7e6,
+        # the elementwise part as AdamW's; the orthogonalisation from its FLOPs: MiniLM's 36 matrices, 102 GFLOP,
+        # took 410 ms (0.25 TFLOP/s in bf16 on 2 EPYC cores), tiny-llama's 28, 21 GFLOP, 97 ms
+        cpu_seconds_per_param=0.025 / 22.7e6,
         gpu_seconds_per_param=6e-11,
+        hidden_flops=newton_schulz_flops,
         resume_state="momentum_buffer per hidden matrix; step, exp_avg, exp_avg_sq per other parameter",
         hidden_rule="Muon",
     )

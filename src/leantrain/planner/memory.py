@@ -93,6 +93,10 @@ class ParamInventory:
         """The optimizer's state for these parameters (the registry's count)."""
         return optimizers.predicted_state_bytes(self.shapes, optimizer, self.apart(optimizer, settings), settings)
 
+    def step_flops(self, optimizer: str, settings: Any = None) -> float:
+        """The optimizer step's matmul FLOPs on the matrices it treats apart (Muon's orthogonalisation)."""
+        return optimizers.predicted_step_flops(self.shapes, optimizer, self.apart(optimizer, settings))
+
     def temporaries(self, optimizer: str, settings: Any = None) -> int:
         """The optimizer step's temporaries (the registry's fitted copies)."""
         largest_apart = self.largest_apart(optimizer, settings)

@@ -17,8 +17,8 @@ from typing import Any
 from leantrain.config.units import format_bytes
 from leantrain.errors import ConfigError
 from leantrain.model.optimizers import OPTIMIZERS
-from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate
-from leantrain.planner.speed import DeviceSpeed, step_seconds
+from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate, lora_inventory
+from leantrain.planner.speed import DeviceSpeed, optimizer_step_seconds, step_seconds
 
 #: the optimizers `--auto-optimizer` may choose among: the registry's planned ones
 DEFAULT_OPTIMIZERS = tuple(n for n, e in OPTIMIZERS.items() if e.planned)
@@ -215,6 +215,7 @@ def enumerate_candidates(
     if request.global_batch % request.num_processes:
         raise ConfigError(f"global batch {request.global_batch} is not divisible by {request.num_processes} processes")
     precisions = request.precisions or supported_precisions(request.device)
+    inventory = lora_inventory(facts.config_json, request.lora).trainable if request.lora else facts.inventory
     out = []
     for precision in precisions:
         for ckpt in request.checkpointing:
@@ -237,6 +238,7 @@ def enumerate_candidates(
                         precision,
                         ckpt,
                         opt,
+                        inventory.step_flops(opt, request.settings),
                     )
                     if request.reference_copy:  # held whole beside the policy, in the candidate's precision
                         copy = facts.params * (4 if precision == "fp32" else 2)
@@ -444,14 +446,12 @@ def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> 
 def optimizer_note(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> str:
     """Every registered optimizer's state for this model (with the run's settings, e.g. a projection rank) and its
     predicted step, beside AdamW's: what --optimizer would change (the candidates keep the planned ones)."""
-    from leantrain.planner.memory import lora_inventory
-
     inv = lora_inventory(facts.config_json, request.lora).trainable if request.lora else facts.inventory
     adamw = inv.state_bytes("adamw")
     parts = []
     for name in OPTIMIZERS:
         state = inv.state_bytes(name, request.settings)
-        step_ms = 1e3 * speed.optimizer_seconds_per_param.get(name, 0.0) * inv.numel
+        step_ms = 1e3 * optimizer_step_seconds(speed, name, inv.numel, inv.step_flops(name, request.settings))
         parts.append(f"{name} {format_bytes(state)} ({state / max(adamw, 1):.2f}x), step ~{step_ms:.0f} ms")
     return "optimizer state and step for this model (--optimizer NAME; see `leantrain train --help`): " + "; ".join(
         parts

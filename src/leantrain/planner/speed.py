@@ -19,7 +19,8 @@ the factors that decide the ranking are measured (benchmarks/results/bench_minil
 - Activation checkpointing: one more forward per step; measured 0.62x throughput on CPU (the forward
   of a CPU step is relatively dearer than on GPU), 0.75x is the usual GPU figure.
 - Optimizer steps per parameter (CPU, 22.7 M params): fused AdamW 25 ms, Adafactor 150 ms,
-  bitsandbytes AdamW8bit 500 ms; on GPU the 8-bit step costs about what AdamW's does.
+  bitsandbytes AdamW8bit 500 ms; on GPU the 8-bit step costs about what AdamW's does. Muon's orthogonalisation
+  is counted in bf16 matmul FLOPs (`OptimizerEntry.hidden_flops`): it grows with each matrix's width.
 - Smaller micro-batches use the device less well: a half-saturation of `half_tokens` tokens, and a fixed
   cost per micro-step (kernel launches and Python per layer).
 """
@@ -142,8 +143,10 @@ def step_seconds(
     precision: str,
     checkpointing: bool,
     optimizer: str,
+    optimizer_flops: float = 0.0,
 ) -> float:
-    """Predicted seconds of one optimizer step on one process (its share of the global batch)."""
+    """Predicted seconds of one optimizer step on one process (its share of the global batch); `optimizer_flops`:
+    the optimizer step's own matmuls (`ParamInventory.step_flops`)."""
     tokens = micro_batch * seq_len
     efficiency = tokens / (tokens + speed.half_tokens)
     micro = micro_batch * flops_per_sequence / (speed.peak_fp32 * speed.utilisation * efficiency)  # fp32
@@ -154,5 +157,13 @@ def step_seconds(
     if checkpointing:
         micro /= speed.checkpointing_factor
     micro += speed.micro_step_overhead_per_layer * layers
-    opt = speed.optimizer_seconds_per_param.get(optimizer, 0.0) * params
-    return grad_accum * micro + opt
+    return grad_accum * micro + optimizer_step_seconds(speed, optimizer, params, optimizer_flops)
+
+
+def optimizer_step_seconds(speed: DeviceSpeed, optimizer: str, params: int, flops: float = 0.0) -> float:
+    """The optimizer's step: its per-parameter cost, and its own matmuls (`flops`, in bf16 whatever the training
+    precision: torch's Muon orthogonalises in bf16) at the device's bf16 matmul speed."""
+    per_param = speed.optimizer_seconds_per_param.get(optimizer, 0.0) * params
+    if not flops:
+        return per_param
+    return per_param + flops / (speed.peak_fp32 * speed.precision_speedup.get("bf16", 1.0) * speed.utilisation)

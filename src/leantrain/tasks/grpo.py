@@ -157,11 +157,20 @@ class PromptExamples(Examples):
     def subset(self, rows: np.ndarray) -> PromptExamples:
         return PromptExamples(self.features.subset(rows), self.labels[rows])
 
-    def batches(self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None):
+    def batches(
+        self, micro_batch: int, accumulation: int, num_processes: int, seed: int, units=None, longest_first=False
+    ):
         from leantrain.data.batching import ExamplesDataset
 
         sampler = RepeatedSampler(
-            self.lengths, micro_batch, accumulation, num_processes, seed, units=units, times=self.times
+            self.lengths,
+            micro_batch,
+            accumulation,
+            num_processes,
+            seed,
+            units=units,
+            longest_first=longest_first,
+            times=self.times,
         )
         return sampler, ExamplesDataset(self)
 

@@ -181,7 +181,12 @@ class Trainer:
         cfg, acc, data = self.cfg, self.accelerator, self.data
         # whole examples (GlobalBatchSampler) or a stream (--streaming): the same global batches either way
         self.sampler, train_set = data.train.batches(
-            cfg.batch_size, cfg.grad_accum, acc.num_processes, cfg.seed, units=self.task.loss_units(data)
+            cfg.batch_size,
+            cfg.grad_accum,
+            acc.num_processes,
+            cfg.seed,
+            units=self.task.loss_units(data),
+            longest_first=cfg.batch_order == "longest-first",
         )
         # Each loader has its own generator: iterating one then draws nothing from the global RNG, so dropout
         # does not depend on when epochs begin or evaluations run, and a resumed run's RNG lines up exactly.
