@@ -665,6 +665,34 @@ def _split_counts(counts: dict, small: int, ckpt: bool) -> tuple[float, float, f
     return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
 
+def _causal_lm_backward_peak(
+    facts: ModelFacts,
+    profile: Any,
+    workspace: WorkspaceModel,
+    micro_batch: int,
+    seq_len: int,
+    counted: float,
+    checkpointing: bool,
+    act: float,
+    bwd_ws: float,
+) -> tuple[float, float]:
+    """(activations, transients) at a causal LM's backward peak. Its logits dominate the part outside the layers,
+    and backward meets them first: the peak is at the loss (everything saved, no layer recomputed yet, the logits'
+    gradients in flight) or later in the layers (the logits' tensors freed; a checkpointed layer recomputed, the
+    layers' own transients), whichever is larger."""
+    recompute = micro_batch * profile.layer_full + profile.copies_per_layer if checkpointing else 0.0
+    rows = micro_batch * counted_positions(seq_len, counted)
+    transient = workspace.transient_logits
+    if profile.fused_head:  # the head and loss fused: a chunk of rows at a time, in the forward pass
+        from leantrain.model.losses import HEAD_CHUNK_ROWS
+
+        rows, transient = min(rows, HEAD_CHUNK_ROWS), workspace.transient_fused_logits
+    logits = rows * facts.vocab * 4  # one fp32 copy
+    at_loss = (act - recompute, transient * logits)
+    in_layers = (act - micro_batch * profile.base, bwd_ws)
+    return max(at_loss, in_layers, key=sum)
+
+
 def estimate(
     facts: ModelFacts,
     micro_batch: int,
@@ -699,21 +727,9 @@ def estimate(
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
     if facts.kind == "causal-lm":
-        # A causal LM's logits dominate the part outside the layers, and backward meets them first: its peak is at
-        # the loss (everything saved, no layer recomputed yet, the logits' gradients in flight) or later in the
-        # layers (the logits' tensors freed; a checkpointed layer recomputed, the layers' own transients), whichever
-        # is larger.
-        recompute = micro_batch * profile.layer_full + profile.copies_per_layer if checkpointing else 0.0
-        rows = micro_batch * counted_positions(seq_len, counted)
-        transient = workspace.transient_logits
-        if profile.fused_head:  # the head and loss fused: a chunk of rows at a time, in the forward pass
-            from leantrain.model.losses import HEAD_CHUNK_ROWS
-
-            rows, transient = min(rows, HEAD_CHUNK_ROWS), workspace.transient_fused_logits
-        logits = rows * facts.vocab * 4  # one fp32 copy
-        at_loss = (act - recompute, transient * logits)
-        in_layers = (act - micro_batch * profile.base, bwd_ws)
-        act, bwd_ws = max(at_loss, in_layers, key=sum)
+        act, bwd_ws = _causal_lm_backward_peak(
+            facts, profile, workspace, micro_batch, seq_len, counted, checkpointing, act, bwd_ws
+        )
     # With accumulation, the gradients of earlier micro-batches are alive through the whole backward;
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else 0
