@@ -193,9 +193,9 @@ class DataConfig:
     )
     batch_order: str = _help(
         f"The order of an epoch's length-grouped batches, {'|'.join(BATCH_ORDERS)}. Batches are cut from random "
-        "chunks of 50 global batches sorted by length; shuffled draws them in random order, longest-first runs "
-        "each chunk longest to shortest, as the HF Trainer's group_by_length does (its order, for matching its "
-        "results).",
+        "chunks of global batches sorted by length; shuffled: chunks of 50, their batches drawn in random order; "
+        "longest-first: the HF Trainer's group_by_length order (chunks of 50, or a quarter of a smaller epoch, "
+        "each run longest to shortest), for matching its results.",
         default="shuffled",
     )
     dedupe: bool = _help(
