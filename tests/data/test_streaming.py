@@ -248,3 +248,16 @@ def test_mixed_streams_train_equal_to_their_big_batch_and_log_each_source(run, s
     assert drawn["stream"]["examples"] + drawn["small"]["examples"] == 96
     assert drawn["stream"]["share_examples"] == pytest.approx(0.75, abs=0.05)
     assert drawn["small"]["eval_rows"] == 10 and drawn["small"]["eval_loss"] is not None
+
+
+def test_longest_first_runs_each_window_from_its_longest_batch(stream):
+    """--batch-order longest-first reaches a stream's windows: within each, batches get no wider (windows of 8
+    global batches make chunks of 2, a quarter of the window); shuffled's do somewhere."""
+
+    def widths(sampler):
+        return [max(len(s.example["input_ids"]) for s in micro) for micro in sampler]
+
+    ordered = widths(StreamingBatchSampler(stream[0], 4, seed=1, window_batches=8, longest_first=True))
+    chunks = [ordered[i : i + 2] for i in range(0, 64, 2)]  # the first four windows' chunks
+    assert all(a >= b for a, b in chunks)
+    assert widths(StreamingBatchSampler(stream[0], 4, seed=1, window_batches=8)) != ordered
