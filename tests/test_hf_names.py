@@ -250,8 +250,10 @@ def test_group_by_length_is_its_batch_order_and_false_is_refused(capsys):
     assert flags_config().batch_order == "shuffled"
     assert flags_config("--group_by_length").batch_order == "longest-first"
     assert TrainConfig.from_dict({"train_sampling_strategy": "group_by_length"}).batch_order == "longest-first"
-    assert "group_by_length: leantrain always groups batches by length" in refused(capsys, "--group-by-length", "false")
-    with pytest.raises(ConfigError, match=r"train_sampling_strategy: leantrain always groups"):
+    assert "group_by_length false: leantrain always groups batches by length" in refused(
+        capsys, "--group-by-length", "false"
+    )
+    with pytest.raises(ConfigError, match=r"train_sampling_strategy random: leantrain always groups"):
         TrainConfig.from_dict({"train_sampling_strategy": "random"})
     assert "--batch-order must be one of shuffled, longest-first; got 'random'" in refused(
         capsys, "--batch-order", "random"

@@ -149,13 +149,13 @@ ROWS: tuple[Row, ...] = (
         "group_by_length",
         "batch_order",
         "true: --batch-order longest-first, its order (leantrain always groups by length: false has no setting)",
-        lambda v: _length_grouped("group_by_length", to_bool("group_by_length", v)),
+        lambda v: _length_grouped("group_by_length", "false", to_bool("group_by_length", v)),
     ),
     Row(
         "train_sampling_strategy",
         "batch_order",
         "transformers 5's name for group_by_length: group_by_length is --batch-order longest-first",
-        lambda v: _length_grouped("train_sampling_strategy", v == "group_by_length"),
+        lambda v: _length_grouped("train_sampling_strategy", v, v == "group_by_length"),
     ),
     Row("auto_find_batch_size", None, "use --auto: the planner picks the split and halves it on out-of-memory"),
     Row("push_to_hub", None, "model/ is a save_pretrained folder with a model card: push it with `hf upload`"),
@@ -235,11 +235,11 @@ def _true(name: str, value: Any) -> None:
         raise ConfigError(f"{name}: false has no leantrain meaning (`leantrain train` trains and evaluates)")
 
 
-def _length_grouped(name: str, grouped: bool) -> str:
+def _length_grouped(name: str, value: Any, grouped: bool) -> str:
     if not grouped:
         raise ConfigError(
-            f"{name}: leantrain always groups batches by length (--batch-order shuffled or longest-first); "
-            "ungrouped random batches have no setting"
+            f"{name} {value}: leantrain always groups batches by length (--batch-order shuffled, or longest-first "
+            "for the Trainer's group_by_length order); other samplers have no setting"
         )
     return "longest-first"
 
