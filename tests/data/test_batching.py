@@ -20,11 +20,14 @@ def _steps(sampler):
     return steps
 
 
+@pytest.mark.parametrize("longest_first", [False, True], ids=["shuffled", "longest-first"])
 @pytest.mark.parametrize("micro,accum,procs", [(8, 1, 1), (4, 2, 1), (2, 2, 2), (1, 8, 1), (4, 1, 2)])
-def test_each_step_holds_the_same_examples_however_the_batch_is_split(micro, accum, procs):
+def test_each_step_holds_the_same_examples_however_the_batch_is_split(micro, accum, procs, longest_first):
     lengths = np.random.default_rng(0).integers(3, 60, size=203)
-    reference = GlobalBatchSampler(lengths, micro_batch=8, seed=7)
-    split = GlobalBatchSampler(lengths, micro_batch=micro, accumulation=accum, num_processes=procs, seed=7)
+    reference = GlobalBatchSampler(lengths, micro_batch=8, seed=7, longest_first=longest_first)
+    split = GlobalBatchSampler(
+        lengths, micro_batch=micro, accumulation=accum, num_processes=procs, seed=7, longest_first=longest_first
+    )
     for epoch in (0, 1):
         reference.set_epoch(epoch)
         split.set_epoch(epoch)
