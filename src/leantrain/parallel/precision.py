@@ -8,6 +8,7 @@ and `GradScaler("cpu")`, so the loop has one way to run a step whatever the devi
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -23,6 +24,8 @@ class MixedPrecision:
         self.own_autocast = not model_autocasts and precision == "bf16"
         self.scaler = torch.amp.GradScaler("cpu") if self.manual else None
         self.skipped_steps = 0
+        self._clipped: tuple[Any, list[torch.Tensor], Any] | None = None  # (model, its parameters, fused optimizer)
+        self._grad_scale: torch.Tensor | None = None  # the clip, for the fused optimizer's next step
 
     def autocast(self):
         if self.manual:
@@ -44,14 +47,46 @@ class MixedPrecision:
 
     def unscale_and_clip(self, model, optimizer, max_grad_norm: float):
         """Unscale (fp16) and clip the gradients (max_grad_norm 0: no clipping); returns their pre-clip norm, a
-        tensor on the device (read it only when it is shown: reading it waits for the device)."""
+        tensor on the device (read it only when it is shown: reading it waits for the device).
+
+        With a fused torch optimizer the clip costs one pass over the gradients, not two: the norm is measured here
+        and the clip factor handed to the optimizer's kernel as its `grad_scale` (the divisor torch's loss scaler
+        hands it), which divides each gradient as it reads it, so the gradients are never rewritten in a pass of
+        their own. The update equals a clip then a step to within a rounding of the factor (a division for a
+        multiplication); an unclipped step is exactly the same. Elsewhere (fp16 loss scaling, sharded parameters,
+        an optimizer without a fused kernel) Accelerate's clip rewrites the gradients first."""
         if self.manual:
             assert self.scaler is not None  # made whenever self.manual
             self.scaler.unscale_(optimizer)
+        lean = self._lean_clip(model, optimizer)
+        if lean is not None:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in lean if p.grad is not None], foreach=True)
+            if max_grad_norm > 0:  # torch's clip multiplies by min(1, bound / (norm + 1e-6)); the kernel divides
+                self._grad_scale = torch.clamp((norm + 1e-6) / max_grad_norm, min=1.0)
+            return norm
         # An infinite bound measures without clipping: the gradients are multiplied by exactly 1.
         bound = max_grad_norm if max_grad_norm > 0 else float("inf")
         # torch clips with foreach kernels and a device-side factor: no read of the norm
         return local_tensor(self.accelerator.clip_grad_norm_(model.parameters(), bound))  # sharded: a DTensor
+
+    def _lean_clip(self, model, optimizer) -> list[torch.Tensor] | None:
+        """The model's parameters when the clip can be handed to the optimizer's fused kernel, else None. Walking the
+        model for its parameters costs as much as measuring a small model's norm: done once."""
+        if self._clipped is not None and self._clipped[0] is model:
+            return self._clipped[1] if self._clipped[2] is not None else None
+        inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds torch's
+        groups = getattr(inner, "param_groups", [])
+        params = [p for p in model.parameters() if p.requires_grad]
+        fused = (
+            bool(groups)
+            and all(g.get("fused") for g in groups)
+            and getattr(inner, "_step_supports_amp_scaling", False)
+            and not self.scales_loss
+            and not any(hasattr(p, "to_local") for p in params)  # sharded parameters: Accelerate's clip
+            and self.accelerator.distributed_type.value in ("NO", "MULTI_CPU", "MULTI_GPU")
+        )
+        self._clipped = (model, params, inner if fused else None)
+        return params if fused else None
 
     def step(self, optimizer) -> bool:
         """Step the optimizer (through the scaler for fp16); returns whether it was skipped for inf/NaN."""
@@ -63,13 +98,22 @@ class MixedPrecision:
             self.scaler.update()
             skipped = self.scaler.get_scale() < scale
         else:
-            optimizer.step()
+            grad_scale, self._grad_scale = self._grad_scale, None
+            inner = self._clipped[2] if self._clipped is not None else None
+            if grad_scale is not None and inner is not None:
+                inner.grad_scale = grad_scale  # the clip (unscale_and_clip)
+            try:
+                optimizer.step()
+            finally:
+                if grad_scale is not None and inner is not None:
+                    del inner.grad_scale
             skipped = bool(acc.optimizer_step_was_skipped)
         self.skipped_steps += int(skipped)
         return skipped
 
     def drop_step(self, optimizer) -> None:
         """Do not step: clear the gradients, keeping the loss scaler's books (the NaN guard's --on-nan skip)."""
+        self._grad_scale = None
         scaler = self.scaler if self.manual else getattr(self.accelerator, "scaler", None)
         if scaler is not None:
             with contextlib.suppress(AssertionError):  # raised when nothing was unscaled this step
