@@ -665,7 +665,7 @@ class Trainer:
         if took is False and self.cfg.on_nan == "stop":
             return grad_norm, False
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.amp.zero_grad(self.optimizer)
         return grad_norm, took
 
     def _stop_on_nan(self, loss: float, grad_norm: float, rng: dict, micro_step: int) -> None:
