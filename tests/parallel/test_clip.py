@@ -77,3 +77,21 @@ def test_with_a_fused_optimizer_the_gradients_are_not_rewritten_before_the_step(
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))  # not yet clipped ...
     amp.step(optimizer)
     assert not hasattr(optimizer, "grad_scale")  # ... the factor was the step's, and only that step's
+
+
+def test_only_accelerates_pass_through_wrapper_is_skipped():
+    """The step goes to torch's optimizer past Accelerate's plain wrapper; a subclass (DeepSpeed's, Megatron's,
+    whose step is their engine's) is always called itself."""
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 2)
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), fused=True))
+    amp = MixedPrecision(accelerator, "fp32")
+    assert type(optimizer) is AcceleratedOptimizer and amp._unwrapped(optimizer) is optimizer.optimizer
+
+    class EngineWrapper(AcceleratedOptimizer):
+        pass
+
+    engine = EngineWrapper(torch.optim.AdamW(model.parameters()))
+    assert amp._unwrapped(engine) is engine

@@ -119,11 +119,15 @@ class MixedPrecision:
         """Torch's optimizer inside Accelerate's wrapper where the wrapper would only pass the call on (no loss
         scaler, no XLA, gradients in sync: always so in leantrain's loop, which accumulates on its own). The wrapper
         looks for an optional package twice a step and inspects `zero_grad`'s signature once, about a tenth of a
-        millisecond each time: a few percent of a small model's step on a CPU."""
+        millisecond each time: a few percent of a small model's step on a CPU. Only Accelerate's plain wrapper: its
+        subclasses (DeepSpeed's, Megatron's) hand the step to their engines."""
+        from accelerate.optimizer import AcceleratedOptimizer
+
         inner = getattr(optimizer, "optimizer", None)
         acc = self.accelerator
         if (
-            inner is None
+            type(optimizer) is not AcceleratedOptimizer
+            or inner is None
             or getattr(optimizer, "scaler", None) is not None
             or acc.distributed_type.value == "XLA"
             or not acc.sync_gradients
