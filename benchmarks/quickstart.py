@@ -5,9 +5,9 @@ empty cache (reading, repairing and tokenizing the corpus, the CPU's GEMM probe 
 "whole s" is the process from start to exit as this script saw it; "training s" the run's own training time
 (`train_seconds`), "evaluation s" its final evaluation, "start s" from the process's start to the line that
 announces training. `--avx2` also runs the job as a CPU with AVX2 only would: torch's kernels, oneDNN and MKL held
-to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS), in fp32 (bf16 would be emulated there),
-and the default job takes the AVX2 size. Other processes' load is measured during each run (cores of 2) and the
-load average before and after; quick-start times are only meaningful on a quiet machine.
+to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS), in fp32 (bf16 would be emulated there);
+each job sizes its rows from the speed it measures. Other processes' load is measured during each run (cores of 2)
+and the load average before and after; quick-start times are only meaningful on a quiet machine.
 
     python benchmarks/quickstart.py --avx2          # -> benchmarks/results/quickstart.md and .json
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,13 +40,15 @@ def run(name: str, env_extra: dict[str, str], flags: list[str], work: Path) -> d
     command = [sys.executable, "-m", "leantrain", "train", "--no-progress", "--output-dir", str(out), *flags]
     load_before = os.getloadavg()
     started = time.perf_counter()
-    training_at = None
+    training_at, measured = None, None
     with OtherLoad() as others, (work / f"{name}.log").open("w") as log:
         proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             if training_at is None and line.startswith("leantrain: training "):
                 training_at = time.perf_counter()
+            if measured is None and (found := re.search(r"trains ([0-9.]+) samples/s", line)):
+                measured = float(found[1])
             log.write(line)
         code = proc.wait()
     whole = time.perf_counter() - started
@@ -62,6 +65,7 @@ def run(name: str, env_extra: dict[str, str], flags: list[str], work: Path) -> d
         "precision": m["precision"],
         "accuracy": m["eval_accuracy"],
         "macro_f1": m["eval_macro_f1"],
+        "measured_samples_per_second": measured,
         "samples_per_second": m["train_samples_per_second"],
         "start_seconds": (training_at or started) - started,
         "training_seconds": m["train_seconds"],
@@ -86,16 +90,16 @@ def page(rows: list[dict]) -> list[str]:
         "`leantrain train` with no arguments, as `scripts/quickstart.sh` runs it after installing: a fresh process, an "
         "empty cache (`python benchmarks/quickstart.py --avx2`). whole: the process from start to exit; start: to the "
         "line that announces training; others: cores' worth of other processes' CPU during the run (of 2); load: the "
-        "1-minute load average before and after.",
+        "1-minute load average before and after; measured: the speed the job measured to size its rows.",
         "",
-        "| job | rows | lr | precision | accuracy | macro-F1 | samples/s | start s | training s | evaluation s | "
-        "whole s | others | load before, after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| job | rows | lr | precision | accuracy | macro-F1 | measured samples/s | samples/s | start s | training s | "
+        "evaluation s | whole s | others | load before, after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['job']} | {r['rows']:,} | {r['lr']:g} | {r['precision']} | {r['accuracy']:.4f} | "
-            f"{r['macro_f1']:.4f} | "
+            f"{r['macro_f1']:.4f} | {r['measured_samples_per_second'] or 0:.0f} | "
             f"{r['samples_per_second']:.1f} | {r['start_seconds']:.1f} | {r['training_seconds']:.1f} | "
             f"{r['evaluation_seconds']:.1f} | {r['whole_seconds']:.1f} | {r['others']:.2f} | "
             f"{r['load_before']}, {r['load_after']} |"

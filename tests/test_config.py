@@ -59,22 +59,88 @@ def test_missing_yaml_file(tmp_path):
         TrainConfig.from_yaml(tmp_path / "nope.yaml")
 
 
-def test_the_default_job_is_sized_for_the_cpu_and_an_explicit_limit_wins(monkeypatch):
-    """About four minutes of training on 2 cores either way: AVX-512 trains MiniLM 2.5x faster than AVX2."""
+@pytest.fixture
+def measured(monkeypatch, tmp_path):
+    """The default job's speed measurement replaced by a figure the test sets (`measured.speed`), counted."""
     from leantrain import parallel
-    from leantrain.config.sections import DEFAULT_JOB_LR, DEFAULT_JOB_ROWS
+    from leantrain.telemetry import training_speed
 
+    class Measured:
+        speed, calls = 100.0, []
+
+    def fake(model_path, precision, batch, length, steps=3):
+        Measured.calls.append((precision, batch, length))
+        return Measured.speed
+
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    monkeypatch.setattr(training_speed, "_MEASURED", {})
+    monkeypatch.setattr(training_speed, "measure_training_speed", fake)
     monkeypatch.setattr(parallel, "device_type", lambda: "cpu")
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.setattr(parallel, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "amx_bf16"}))
-    assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx512"]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    return Measured
+
+
+def test_the_default_job_trains_what_this_machine_trains_in_four_minutes(measured):
+    from leantrain.config.sections import DEFAULT_JOB_LENGTH, DEFAULT_JOB_LR, DEFAULT_JOB_ROWS, DEFAULT_JOB_SECONDS
+
+    measured.speed = 50.9  # 240 s at 50.9 samples/s: 12,216 training rows, rounded down to a thousand
+    assert TrainConfig(precision="fp32").resolved().limit == 12_000
+    assert measured.calls == [("fp32", 32, DEFAULT_JOB_LENGTH)] and DEFAULT_JOB_SECONDS == 240
+    measured.speed = 99.0
+    assert TrainConfig(precision="fp32").resolved().limit == 12_000  # the same shape: the speed measured before
+    assert TrainConfig(precision="bf16", batch_size=8).resolved().limit == 23_000  # measured for its own shape
+    assert measured.calls[-1] == ("bf16", 8, DEFAULT_JOB_LENGTH)
+    measured.speed = 1000.0
+    assert TrainConfig(precision="fp16").resolved().limit == DEFAULT_JOB_ROWS["max"]
+    measured.speed = 0.5
+    assert TrainConfig(precision="fp16", batch_size=4).resolved().limit == DEFAULT_JOB_ROWS["min"]
+    calls = len(measured.calls)
     assert TrainConfig(limit=500).resolved().limit == 500
     assert TrainConfig(data="mine.csv").resolved().limit is None  # your own data: every row
-    assert TrainConfig().resolved().lr == DEFAULT_JOB_LR != TrainConfig().lr  # the default job's own rate
-    assert TrainConfig(lr=3e-5).resolved().lr == 3e-5 and TrainConfig(data="mine.csv").resolved().lr == 5e-5
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # torch held to AVX2 in this process
-    assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx2"]
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    monkeypatch.setattr(parallel, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    assert TrainConfig().resolved().limit == DEFAULT_JOB_ROWS["avx2"] < DEFAULT_JOB_ROWS["avx512"]
+    assert len(measured.calls) == calls  # neither measures
+    assert TrainConfig(limit=500).resolved().lr == DEFAULT_JOB_LR != TrainConfig().lr  # the default job's own rate
+    assert TrainConfig(lr=3e-5, limit=9).resolved().lr == 3e-5 and TrainConfig(data="mine.csv").resolved().lr == 5e-5
+
+
+def test_the_default_jobs_measured_speed_is_kept_so_the_job_stays_the_same(measured):
+    from leantrain.telemetry import training_speed
+
+    measured.speed = 50.0
+    assert TrainConfig(precision="fp32").resolved().limit == 12_000
+    training_speed._MEASURED.clear()  # a later process: only the file remembers
+    measured.speed = 80.0
+    assert TrainConfig(precision="fp32").resolved().limit == 12_000
+    assert len(measured.calls) == 1
+    training_speed.cache_file().unlink()  # deleted: measured again
+    assert TrainConfig(precision="fp32").resolved().limit == 19_000
+    training_speed.cache_file().unlink()  # a cache that cannot be written: measured once in this process all the same
+    training_speed.cache_file().mkdir()
+    training_speed._MEASURED.clear()
+    measured.speed = 20.0
+    assert [TrainConfig(precision="fp32").resolved().limit for _ in range(2)] == [4_000, 4_000]
+    assert len(measured.calls) == 3
+
+
+def test_the_default_job_is_not_measured_where_the_measurement_would_not_fit(measured, monkeypatch):
+    from leantrain import parallel
+    from leantrain.config.sections import DEFAULT_JOB_LIMIT
+
+    assert TrainConfig(model="bert-base-uncased").resolved().limit == DEFAULT_JOB_LIMIT  # not the measured model
+    assert TrainConfig(task="causal-lm").resolved().limit == DEFAULT_JOB_LIMIT
+    assert TrainConfig(num_machines=2).resolved().limit == DEFAULT_JOB_LIMIT  # each machine would measure its own
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert TrainConfig().resolved().limit == DEFAULT_JOB_LIMIT
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(parallel, "device_type", lambda: "cuda")
+    assert TrainConfig().resolved().limit == DEFAULT_JOB_LIMIT
+    assert measured.calls == []
+
+
+def test_the_default_job_says_the_speed_it_measured_and_the_time_that_buys(measured, capsys):
+    from leantrain.commands import cli
+
+    measured.speed = 50.0
+    assert cli.main(["train", "--print-config", "--precision", "fp32"]) == 0
+    said = capsys.readouterr()
+    line = next(x for x in (said.out + said.err).splitlines() if "the default job" in x)
+    assert "12,000 rows" in line and "50 samples/s in fp32" in line and "about 240 s of training" in line, line

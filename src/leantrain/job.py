@@ -41,7 +41,7 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
         from leantrain.data.sources import embedded_data_path
 
         embedded_data_path()  # without the demo extra: its one-line error, not a note before it
-        _say_the_default_job(cfg.limit)
+        _say_the_default_job(cfg)
     if cfg.log == "tensorboard" or cfg.report_to:  # a missing tracker package is refused before any work
         from leantrain.parallel.trackers import check_trackers, tracker_names
 
@@ -69,17 +69,17 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
     return Job(cfg, model_path, model_config, chosen, made, precision, why)
 
 
-def _say_the_default_job(rows: int | None) -> None:
+def _say_the_default_job(cfg: TrainConfig) -> None:
     import os
 
     from leantrain.config.sections import default_job_rows
     from leantrain.telemetry.console import Console
 
-    _, why = default_job_rows()
+    _, why = default_job_rows(cfg)  # the speed measured while resolving: cached, in this process too
     if int(os.environ.get("RANK", "0")) == 0:
         Console().info(
-            f"the default job: MiniLM on {rows:,} rows of the embedded tweet corpus, the size for {why} (about four "
-            "minutes of training on 2 cores: benchmarks/results/quickstart.md); --limit N trains on another"
+            f"the default job: MiniLM on {cfg.limit:,} rows of the embedded tweet corpus; {why}; --limit N trains "
+            "on another"
         )
 
 

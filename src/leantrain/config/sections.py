@@ -24,12 +24,16 @@ from leantrain import tasks
 from leantrain.errors import ConfigError
 from leantrain.model import optimizers
 
-#: rows of the embedded tweet corpus the default job trains on, by the machine: 24,000 trained in 261 s to 0.8045 on
-#: a 2-core AVX512_BF16 EPYC; 6,000 take about four minutes on an AVX2 EPYC at its 25 samples/s
-#: (benchmarks/results/quickstart.md; `default_job_rows`)
-DEFAULT_JOB_ROWS = {"avx512": 24_000, "avx2": 6_000}
-#: the default job's rows on a CPU with AVX-512 (or a GPU)
-DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["avx512"]
+#: seconds of training the default job is sized for: its rows are what this machine trains in that time at the speed
+#: it measured (`default_job_rows`), a margin under the quick start's five minutes for a busier moment
+DEFAULT_JOB_SECONDS = 240
+#: the default job's rows at most (24,000 trained in 163-261 s to accuracy 0.80 on 2-core CPUs with AVX-512:
+#: benchmarks/results/quickstart.md) and at least
+DEFAULT_JOB_ROWS = {"max": 24_000, "min": 2_000}
+#: the default job's rows where its speed is not measured (a GPU, several processes or machines)
+DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["max"]
+#: tokens in the embedded tweet corpus's mean row (30.5 with MiniLM's tokenizer): the measured steps' length
+DEFAULT_JOB_LENGTH = 31
 #: the default job's peak learning rate when --lr is left at its default: one short epoch of MiniLM on tweets
 #: learns more at twice the usual fine-tuning rate (benchmarks/results/quickstart.md)
 DEFAULT_JOB_LR = 1e-4
@@ -257,8 +261,9 @@ class DataConfig:
     )
     max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
     limit: int | None = _help(
-        "Train on a stratified sample of this many training rows. The default job uses "
-        f"{DEFAULT_JOB_ROWS['avx512']:,} ({DEFAULT_JOB_ROWS['avx2']:,} on a CPU without AVX-512); otherwise all rows.",
+        "Train on a stratified sample of this many training rows. The default job uses what this "
+        f"machine trains in about {DEFAULT_JOB_SECONDS // 60} minutes at its measured speed, at most "
+        f"{DEFAULT_JOB_ROWS['max']:,}; otherwise all rows.",
         default=None,
     )
     eval_fraction: float = _help(
@@ -981,7 +986,7 @@ class TrainConfig(
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
-                changes["limit"] = default_job_rows()[0]
+                changes["limit"] = default_job_rows(self)[0]
             if self.lr == TrainConfig.__dataclass_fields__["lr"].default:
                 changes["lr"] = DEFAULT_JOB_LR
         if self.model is None:
@@ -996,22 +1001,30 @@ class TrainConfig(
         return dataclasses.asdict(self)
 
 
-def default_job_rows() -> tuple[int, str]:
-    """The default job's training rows on this machine, and the class that sized them: a CPU's widest vector
-    instructions set its MiniLM training speed (an AVX2 EPYC about 25 samples/s in fp32, an AVX512_BF16 one 93 in bf16);
-    a process whose torch is held to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) counts as AVX2."""
+def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
+    """The default job's rows on this machine, and a clause that says why: what it trains in `DEFAULT_JOB_SECONDS`
+    at the samples/s it measured for the job's batch size and precision (once, then cached:
+    `telemetry.training_speed`), rounded down to a thousand. CPUs of one kind differ too much for a size per kind
+    (AVX2 EPYCs trained MiniLM at 25 and at 65-75 samples/s). Not measured on a GPU, for another model or task, or
+    where several processes or machines would each measure their own."""
     import os
 
-    from leantrain.parallel import cpu_flags, device_type
+    from leantrain.model.loading import EMBEDDED_MODEL, embedded_model_path
+    from leantrain.parallel import choose_precision, device_type
+    from leantrain.telemetry.training_speed import training_speed
 
     if device_type() == "cuda":
-        return DEFAULT_JOB_ROWS["avx512"], "a GPU"
-    held = os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default") or os.environ.get(
-        "ONEDNN_MAX_CPU_ISA", ""
-    ).upper().startswith(("AVX2", "SSE"))
-    if "avx512f" in cpu_flags() and not held:
-        return DEFAULT_JOB_ROWS["avx512"], "a CPU with AVX-512"
-    return DEFAULT_JOB_ROWS["avx2"], "a CPU without AVX-512"
+        return DEFAULT_JOB_LIMIT, "the most rows, on a GPU"
+    if cfg.num_machines > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return DEFAULT_JOB_LIMIT, "the most rows: several processes would each measure a speed of their own"
+    if cfg.model not in (None, EMBEDDED_MODEL) or cfg.task is not None:
+        return DEFAULT_JOB_LIMIT, "the most rows: the speed is measured for the embedded model's classifier only"
+    precision = choose_precision(cfg.precision)[0]
+    speed, when = training_speed(str(embedded_model_path()), precision, cfg.batch_size, DEFAULT_JOB_LENGTH)
+    rows = int(speed * DEFAULT_JOB_SECONDS) // 1000 * 1000
+    rows = min(max(rows, DEFAULT_JOB_ROWS["min"]), DEFAULT_JOB_ROWS["max"])
+    seconds = rows / speed
+    return rows, f"this machine trains {speed:.0f} samples/s in {precision} ({when}): about {seconds:.0f} s of training"
 
 
 def to_flags(values: dict[str, Any]) -> list[str]:

@@ -149,7 +149,7 @@ def _cache_key(device_name: str, threads: int, dtype: str) -> str:
     return f"{device_name} | {threads} threads | torch {torch.__version__} | {dtype}"
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
+def read_cache(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -157,10 +157,10 @@ def _read_cache(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
+def write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = _read_cache(path)
+        data = read_cache(path)
         data[key] = entry
         from leantrain.paths import written_atomically
 
@@ -195,7 +195,7 @@ def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = Non
     key = _cache_key(device_name, threads, dtype)
     path = cache_file()
     size = probe_size(torch.device(device).type, dtype)
-    entry = _read_cache(path).get(key)
+    entry = read_cache(path).get(key)
     if not isinstance(entry, dict) or entry.get("size") != size or float(entry.get("flops_per_second", 0)) <= 0:
         entry = None
     probes = int(entry.get("probes", PROBES_TO_TRUST)) if entry else 0  # entries from before the count: trusted
@@ -214,7 +214,7 @@ def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = Non
         # a peak is the best the device has shown: a probe slowed by a busy neighbour does not lower it
         flops, stamp = float(entry["flops_per_second"]), entry.get("measured", stamp)
     probes += 1
-    _write_cache(path, key, {"flops_per_second": flops, "size": size, "measured": stamp, "probes": probes})
+    write_cache(path, key, {"flops_per_second": flops, "size": size, "measured": stamp, "probes": probes})
     return Peak(
         flops,
         dtype,
@@ -232,10 +232,10 @@ def distrust(found: Peak, achieved_flops_per_second: float) -> bool:
     if found.cache_key is None or achieved_flops_per_second <= found.flops_per_second:
         return False
     path = cache_file()
-    entry = _read_cache(path).get(found.cache_key)
+    entry = read_cache(path).get(found.cache_key)
     if not isinstance(entry, dict):
         return False
-    _write_cache(path, found.cache_key, {**entry, "probes": 0})
+    write_cache(path, found.cache_key, {**entry, "probes": 0})
     return True
 
 

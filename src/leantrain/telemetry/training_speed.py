@@ -1,0 +1,97 @@
+"""How fast this machine trains a sequence classifier: a few optimizer steps timed once and cached.
+
+The default job sizes its rows from this figure, so its training takes about the same few minutes on any machine
+instead of a size chosen per CPU class (CPUs of one class differ by 2-3x: an AVX2 EPYC trained MiniLM at 25 and
+another at 65-75 samples/s). The steps run the model as the job does (its precision, batches of its size and the
+corpus's typical length, AdamW) on random token ids; on a Sapphire Rapids it read 158 samples/s where the default
+job then ran 138 in bf16 (its batches vary in length and its step carries the logger and the guards), and 70 where
+it ran 70.0 held to AVX2 in fp32 (benchmarks/results/quickstart.md).
+
+The first measurement is cached in `~/.cache/leantrain/training_speed.json` (`$LEANTRAIN_CACHE` moves it), keyed by
+CPU, the instruction sets torch is held to, thread count, torch version, precision, model and shape, and is kept: a
+job sized from it is sized the same in every later run on this machine (re-measured when the file is deleted).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+from leantrain.telemetry.peak import read_cache, write_cache
+
+#: environment variables that hold torch's kernels to narrower instructions than the CPU has
+HELD_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+#: this process's measurements by key, for a cache file that could not be written
+_MEASURED: dict[str, float] = {}
+
+
+def cache_file() -> Path:
+    from leantrain.paths import leantrain_cache
+
+    return leantrain_cache() / "training_speed.json"
+
+
+def measure_training_speed(model_path: str, precision: str, batch: int, length: int, steps: int = 3) -> float:
+    """Samples/s of a sequence classifier's optimizer steps (forward, backward, fused AdamW) on CPU: the median of
+    `steps` after one warm-up. The caller's random state is left as it was."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the fresh head's "newly initialized" notice is not the run's
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        vocab = model.config.vocab_size
+        ids = torch.randint(min(1000, vocab - 1), vocab, (batch, length))
+        mask = torch.ones_like(ids)
+        labels = torch.randint(0, 2, (batch,))
+        seconds = []
+        for _ in range(steps + 1):
+            started = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            seconds.append(time.perf_counter() - started)
+    return batch / statistics.median(seconds[1:])
+
+
+def training_speed(model_path: str, precision: str, batch: int, length: int) -> tuple[float, str]:
+    """This machine's samples/s for the job's shape (cached after the first measurement), and when it was
+    measured."""
+    import torch
+
+    from leantrain.parallel import cpu_name
+
+    held = ",".join(f"{k}={os.environ[k]}" for k in HELD_ISA_ENV if os.environ.get(k))
+    key = " | ".join(
+        [
+            cpu_name(),
+            held or "all instructions",
+            f"{torch.get_num_threads()} threads",
+            f"torch {torch.__version__}",
+            precision,
+            str(model_path),
+            f"{batch}x{length}",
+        ]
+    )
+    path = cache_file()
+    entry = read_cache(path).get(key)
+    if isinstance(entry, dict) and float(entry.get("samples_per_second", 0)) > 0:
+        return float(entry["samples_per_second"]), f"measured {entry.get('measured', '?')}, cached in {path}"
+    if key in _MEASURED:
+        return _MEASURED[key], "measured now"
+    speed = _MEASURED[key] = measure_training_speed(model_path, precision, batch, length)
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    write_cache(path, key, {"samples_per_second": speed, "measured": stamp})
+    return speed, "measured now"
