@@ -63,7 +63,7 @@ def test_missing_yaml_file(tmp_path):
 def measured(monkeypatch, tmp_path):
     """The default job's speed measurement replaced by a figure the test sets (`measured.speed`), counted."""
     from leantrain import parallel
-    from leantrain.telemetry import training_speed
+    from leantrain.model import training_speed
 
     class Measured:
         speed, calls = 100.0, []
@@ -103,7 +103,7 @@ def test_the_default_job_trains_what_this_machine_trains_in_four_minutes(measure
 
 
 def test_the_default_jobs_measured_speed_is_kept_so_the_job_stays_the_same(measured):
-    from leantrain.telemetry import training_speed
+    from leantrain.model import training_speed
 
     measured.speed = 50.0
     assert TrainConfig(precision="fp32").resolved().limit == 12_000

@@ -1004,14 +1004,14 @@ class TrainConfig(
 def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
     """The default job's rows on this machine, and a clause that says why: what it trains in `DEFAULT_JOB_SECONDS`
     at the samples/s it measured for the job's batch size and precision (once, then cached:
-    `telemetry.training_speed`), rounded down to a thousand. CPUs of one kind differ too much for a size per kind
+    `model.training_speed`), rounded down to a thousand. CPUs of one kind differ too much for a size per kind
     (AVX2 EPYCs trained MiniLM at 25 and at 65-75 samples/s). Not measured on a GPU, for another model or task, or
     where several processes or machines would each measure their own."""
     import os
 
     from leantrain.model.loading import EMBEDDED_MODEL, embedded_model_path
+    from leantrain.model.training_speed import training_speed
     from leantrain.parallel import choose_precision, device_type
-    from leantrain.telemetry.training_speed import training_speed
 
     if device_type() == "cuda":
         return DEFAULT_JOB_LIMIT, "the most rows, on a GPU"

@@ -37,17 +37,13 @@ def measure_training_speed(model_path: str, precision: str, batch: int, length: 
     """Samples/s of a sequence classifier's optimizer steps (forward, backward, fused AdamW) on CPU: the median of
     `steps` after one warm-up. The caller's random state is left as it was."""
     import torch
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
+
+    from leantrain.model.loading import library_bars_off, load_for_classification
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the fresh head's "newly initialized" notice is not the run's
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2)
-        finally:
-            hf_logging.set_verbosity(verbosity)
+        with library_bars_off():
+            model = load_for_classification(model_path, ["a", "b"])
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         vocab = model.config.vocab_size

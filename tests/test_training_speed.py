@@ -1,6 +1,6 @@
 import torch
 
-from leantrain.telemetry.training_speed import measure_training_speed
+from leantrain.model.training_speed import measure_training_speed
 
 
 def test_a_real_measurement_of_the_embedded_classifier_leaves_the_random_state_alone(minilm_dir):
