@@ -50,10 +50,11 @@ def measure_training_speed(model_path: str, precision: str, batch: int, length: 
         ids = torch.randint(min(1000, vocab - 1), vocab, (batch, length))
         mask = torch.ones_like(ids)
         labels = torch.randint(0, 2, (batch,))
+        half = torch.float16 if precision == "fp16" else torch.bfloat16
         seconds = []
         for _ in range(steps + 1):
             started = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            with torch.autocast("cpu", dtype=half, enabled=precision in ("bf16", "fp16")):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
             optimizer.step()
