@@ -338,12 +338,38 @@ def test_two_processes_equal_one_at_the_token_level(run, tiny_model_dir, corpus,
         assert two[key] == pytest.approx(one.metrics[key], abs=1e-6), key
 
 
+def test_the_cut_is_left_out_where_it_costs_or_cannot_run(tiny_model_dir, corpus, monkeypatch):
+    """On a CPU in bf16 or fp16 the cut's gathers cost more than the rows save; a compiled graph or a checkpointed
+    layer would not run its hooks."""
+    from leantrain import parallel
+    from leantrain.model import loading
+
+    job = dict(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64)
+    data = TokenClassification(TrainConfig(**job)).prepare_data(str(tiny_model_dir), None)
+    model = loading.load_for_classification(
+        str(tiny_model_dir), data.label_names, auto_model="AutoModelForTokenClassification"
+    )
+
+    def cut(device: str, **changes) -> bool:
+        monkeypatch.setattr(parallel, "device_type", lambda: device)
+        task = TokenClassification(TrainConfig(**job, **changes))
+        task.check_model(model)
+        return task.tail is not None
+
+    assert cut("cpu", precision="fp32") and cut("cuda", precision="bf16")
+    assert not cut("cpu", precision="bf16") and not cut("cpu", precision="fp16")
+    assert not cut("cpu", precision="fp32", compile=True)
+    assert not cut("cpu", precision="fp32", activation_checkpointing=True)
+
+
 def test_training_runs_the_last_layer_and_head_where_a_token_counts_only(tiny_model_dir, corpus):
     """The cut (`forward`) gives the whole model's loss and every gradient, on fewer rows than tokens."""
     from leantrain.data.batching import Slot
     from leantrain.model import loading
 
-    task = TokenClassification(TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64))
+    task = TokenClassification(
+        TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64, precision="fp32")
+    )
     data = task.prepare_data(str(tiny_model_dir), None)
     model = loading.load_for_classification(str(tiny_model_dir), data.label_names, auto_model=task.auto_model)
     task.check_model(model)
@@ -602,7 +628,9 @@ def tagged_batch(tiny_model_dir, corpus, attention: str = "sdpa"):
     from leantrain.data.batching import Slot
     from leantrain.model import loading
 
-    task = TokenClassification(TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64))
+    task = TokenClassification(
+        TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64, precision="fp32")
+    )
     data = task.prepare_data(str(tiny_model_dir), None)
     model = loading.load_for_classification(str(tiny_model_dir), data.label_names, auto_model=task.auto_model)
     model.set_attn_implementation(attention)

@@ -251,9 +251,14 @@ class TokenClassification(Task):
     tail: Any = None
 
     def check_model(self, model: torch.nn.Module) -> None:
-        # A compiled graph would not see the hooks, and a checkpointed layer recomputes without them.
+        # A compiled graph would not see the hooks, and a checkpointed layer recomputes without them. On a CPU in
+        # bf16 or fp16 the cut's gathers cost more than the rows save (WNUT-16 on MiniLM: 27% slower on a Sapphire
+        # Rapids, level on an EPYC; in fp32 4-5% faster on both): benchmarks/results/token_classification_vs_hf_spr.md
+        from leantrain import parallel
+
+        half_on_cpu = parallel.device_type() == "cpu" and parallel.choose_precision(self.cfg.precision)[0] != "fp32"
         cut = not (getattr(self.cfg, "compile", False) or getattr(self.cfg, "activation_checkpointing", False))
-        self.tail = labelled_rows_tail(model) if cut else None
+        self.tail = labelled_rows_tail(model) if cut and not half_on_cpu else None
 
     def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
         """The model's logits at the positions that carry a label (training) or a score (evaluation), as (rows,
