@@ -8,6 +8,8 @@ loop of host_overhead.py. Prints milliseconds per optimizer step for each; parts
 and `amp.backward`; `close` holds the clip, `nan.step(opt)` and the clearing).
 
     python benchmarks/step_parts.py bert 400
+    python benchmarks/step_parts.py bert 400 --no-hand   # leantrain's parts only; time the hand loop in a process
+                                                         # of its own (after leantrain, in one process, it ran slower)
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ def main() -> int:
     print(f"leantrain: median step {1000 * median:.2f} ms; mean per step by part:")
     for label, seconds in sorted(TOTALS.items(), key=lambda kv: -kv[1]):
         print(f"  {label:18s} {1000 * seconds / steps:.3f} ms")
+    if "--no-hand" in sys.argv:
+        return 0
     median, parts = hand_parts(kind, model_dir, steps)
     shares = ", ".join(f"{k} {1000 * v:.3f}" for k, v in parts.items())
     print(f"hand loop: median step {1000 * median:.2f} ms; {shares}")

@@ -12,4 +12,7 @@ class Console:
 
     def info(self, message: str) -> None:
         if self.enabled:
-            print(f"leantrain: {message}", file=self.stream, flush=True)
+            from tqdm import tqdm  # a line in the middle of a progress bar: the bar is cleared, then drawn below it
+
+            tqdm.write(f"leantrain: {message}", file=self.stream)
+            self.stream.flush()

@@ -64,18 +64,19 @@ class MetricsLogger:
         # --compile: a step in which dynamo compiles a new graph (a new batch shape) is compile time, not training
         self.recompiles, self.recompile_seconds = 0, 0.0
         self._step_start: tuple[Any, Any, int] | None = None
-        self.bar = tqdm(
-            total=total_steps,
-            initial=min(state.step, total_steps),
-            desc="train",
-            unit="step",
-            disable=not (cfg.progress and accelerator.is_main_process),
-            dynamic_ncols=True,
-        )
+        self.bar = tqdm(disable=True)  # the real bar from `start`, below the lines that announce the run
+        self._shows_bar = cfg.progress and accelerator.is_main_process
+        self._first_step = min(state.step, total_steps)
         self.started = time.perf_counter() - state.elapsed_seconds
         self.sources = SourceMeter(list(sources), list(sources.values()), accelerator, state) if sources else None
 
     def start(self, model) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(
+            total=self.total_steps, initial=self._first_step, desc="train", unit="step", disable=not self._shows_bar,
+            dynamic_ncols=True,
+        )  # fmt: skip
         self.memory.start(resident=model.parameters())  # weights paged in first: the peak over it is training's
         self.meter.start()
         self.timer.start()
