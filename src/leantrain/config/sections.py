@@ -66,6 +66,7 @@ STATIC_SHAPES = ("auto", "on", "off")
 LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
+POOLER = ("auto", "keep", "identity")  # --pooler: what a BERT-style pooler starts as
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
 MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 BATCH_ORDERS = ("shuffled", "longest-first")  # data.batching.GlobalBatchSampler
@@ -95,6 +96,13 @@ class ModelConfig:
         default=None,
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
+    pooler: str = _help(
+        "Text classification with a BERT-style pooler (the dense layer over the first token that the head reads): "
+        "auto|keep|identity. identity starts it as the identity (weight I, bias 0), so the head first reads the "
+        "first token's hidden state; auto does that for a sentence-transformers checkpoint (a modules.json beside "
+        "the weights), whose training never used its pooler, and keeps every other model's.",
+        default="auto",
+    )
     # --- causal LM
     chat_template: str | None = _help(
         "Causal LM: the Jinja chat template (or a file holding one) that renders a 'messages' column, for a "
@@ -167,6 +175,7 @@ class ModelConfig:
     def _check(self) -> None:
         if self.task is not None:
             self.task = tasks.canonical(self.task)  # an alias names its task; an unknown name is refused
+        _choice(self, "pooler", POOLER)
         _check_lora(self)
         _check_problem(self)
         if self.reward_pattern is not None:  # online RL

@@ -200,6 +200,62 @@ def load_for_classification(
         hf_logging.set_verbosity(verbosity)
 
 
+def pooler_dense(model):
+    """The square dense layer of a BERT-style pooler (BERT's `pooler.dense`, ALBERT's `pooler`), through which a
+    sequence classifier's head reads the first token; None when the model has none."""
+    import torch
+
+    base = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
+    pooler = getattr(base, "pooler", None)
+    dense = getattr(pooler, "dense", pooler)
+    if isinstance(dense, torch.nn.Linear) and dense.in_features == dense.out_features:
+        return dense
+    return None
+
+
+def is_sentence_transformers(name: str) -> bool:
+    """Whether `name` (a folder or a hub name) is a sentence-transformers checkpoint: a modules.json beside the
+    weights. A hub name is asked of the hub's cache (and the hub, when online): one small file."""
+    if Path(name).is_dir():
+        return (Path(name) / "modules.json").is_file()
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(name, "modules.json")).is_file()
+    except Exception:  # not on the hub, no such file, offline without it cached: not one
+        return False
+
+
+def start_pooler(model, name: str, setting: str) -> str | None:
+    """--pooler: start a BERT-style pooler as the identity (weight I, bias 0) when asked, or (auto) when `name` is a
+    sentence-transformers checkpoint: those pool the tokens' hidden states themselves and never run the pooler, so
+    its weights are whatever they started as (the embedded MiniLM's: a random matrix, std 0.009, bias 0). Through a
+    random pooler the new head sees a random projection of the first token; through the identity, the token itself
+    (after BERT's tanh). Returns a line for the user when the pooler was changed."""
+    import torch
+
+    from leantrain.errors import ConfigError
+
+    if setting == "keep":
+        return None
+    dense = pooler_dense(model)
+    if dense is None:
+        if setting == "identity":
+            raise ConfigError(
+                f"--pooler identity: {type(model).__name__} has no BERT-style pooler (a square dense layer over the "
+                "first token) to start; use --pooler auto"
+            )
+        return None
+    if setting == "auto" and not is_sentence_transformers(name):
+        return None
+    with torch.no_grad():
+        dense.weight.copy_(torch.eye(dense.in_features, dtype=dense.weight.dtype, device=dense.weight.device))
+        if dense.bias is not None:
+            dense.bias.zero_()
+    why = "--pooler identity" if setting == "identity" else "auto: a sentence-transformers checkpoint never trains it"
+    return f"pooler: starts as the identity, the head reading the first token's hidden state ({why}; --pooler keep)"
+
+
 def load_for_causal_lm(name: str, config=None, trust_remote_code: bool = False):
     """A causal language model: pretrained weights when `name` has them, else initialised at random from its
     config (or from `config`, a preset's sized to the run's tokenizer)."""

@@ -143,6 +143,10 @@ class Task(ABC):
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
         """The model to train, its head sized from the data."""
 
+    def model_notes(self) -> list[str]:
+        """Lines for the user on what `build_model` changed in the model it loaded, shown after its description."""
+        return []
+
     def check_model(self, model: torch.nn.Module) -> None:  # noqa: B027 (most tasks have nothing to check)
         """Refuse (ConfigError) a model that cannot train as configured, once its attention kernel is chosen."""
 

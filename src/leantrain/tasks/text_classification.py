@@ -24,6 +24,7 @@ class TextClassification(Classification):
     model_mapping: ClassVar[str] = "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
     pipeline: ClassVar[str] = "text-classification"
     planner: ClassVar[str | None] = "classifier"
+    _pooler_note: str | None = None  # what `build_model` did to the pooler (`model_notes`)
 
     @classmethod
     def for_config(cls, cfg: Any):
@@ -71,9 +72,14 @@ class TextClassification(Classification):
     def build_model(self, model_path: str, data: TaskData):
         from leantrain.model import loading
 
-        return loading.load_for_classification(
+        model = loading.load_for_classification(
             model_path, data.label_names, trust_remote_code=self.cfg.trust_remote_code, auto_model=self.auto_model
         )
+        self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler)
+        return model
+
+    def model_notes(self) -> list[str]:
+        return [self._pooler_note] if self._pooler_note else []
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.batching import Collator

@@ -137,6 +137,8 @@ class Trainer:
         if self.cfg.activation_checkpointing:
             loading.enable_activation_checkpointing(self.model)
         self.say.info(loading.describe(self.model))
+        for note in self.task.model_notes():
+            self.say.info(note)
         if self.cfg.lora:  # adapters (and the head) train, the rest is frozen
             from leantrain.model import lora
 
