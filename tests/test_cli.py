@@ -63,6 +63,7 @@ def _one_line_error(code, err, *needles):
         (["--eval-fraction", "1.5"], ["--eval-fraction"]),
         (["--batch-size", "abc"], ["--batch-size", "integer"]),
         (["--batch-sise", "8"], ["unknown flag --batch-sise", "did you mean --batch-size"]),
+        (["--progress", "off"], ["--progress takes no value (got 'off'): use --progress or --no-progress"]),
         (["--config", "{tmp}/bad.yaml"], ["bad.yaml", "unknown key 'lrate'"]),
         # mixtures (docs/mixtures.md): weights, sources that hold nothing
         (["--data", "{data}@0", "--data", "{tmp}/other.csv@1"], ["sentiment.csv@0", "weight must be a positive"]),

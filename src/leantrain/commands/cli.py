@@ -21,12 +21,30 @@ from leantrain.telemetry.console import Console
 class _Parser(argparse.ArgumentParser):
     """argparse that fails in one line, naming the flag and suggesting the closest known one."""
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)  # for `_value_after_a_switch`
+        return super().parse_known_args(args, namespace)
+
+    def _value_after_a_switch(self, value: str) -> str | None:
+        """`--progress off`: the value was meant for the switch before it, which takes none; name the switch."""
+        argv: list[str] = getattr(self, "_argv", [])
+        if value not in argv or argv.index(value) == 0:
+            return None
+        before = argv[argv.index(value) - 1]
+        for parser in _all_parsers(self):
+            for action in parser._actions:
+                if before in action.option_strings and action.nargs == 0:
+                    return f"{before} takes no value (got '{value}'): use {' or '.join(action.option_strings)}"
+        return None
+
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments"):
             bad = message.split(":", 1)[1].split()
             flag = next((b for b in bad if b.startswith("-")), None)
             if flag is None:
-                message = f"unexpected argument '{bad[0] if bad else ''}'; see `{self.prog} --help`"
+                message = self._value_after_a_switch(bad[0] if bad else "") or (
+                    f"unexpected argument '{bad[0] if bad else ''}'; see `{self.prog} --help`"
+                )
             else:
                 from leantrain.config import hf_names
 
