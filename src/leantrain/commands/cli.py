@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import sys
 from dataclasses import MISSING, fields
@@ -28,13 +29,10 @@ class _Parser(argparse.ArgumentParser):
     def _value_after_a_switch(self, value: str) -> str | None:
         """`--progress off`: the value was meant for the switch before it, which takes none; name the switch."""
         argv: list[str] = getattr(self, "_argv", [])
-        if value not in argv or argv.index(value) == 0:
-            return None
-        before = argv[argv.index(value) - 1]
-        for parser in _all_parsers(self):
-            for action in parser._actions:
-                if before in action.option_strings and action.nargs == 0:
-                    return f"{before} takes no value (got '{value}'): use {' or '.join(action.option_strings)}"
+        switches = {o: a for p in _all_parsers(self) for a in p._actions if a.nargs == 0 for o in a.option_strings}
+        for before, token in itertools.pairwise(argv):
+            if token == value and before in switches:
+                return f"{before} takes no value (got '{value}'): use {' or '.join(switches[before].option_strings)}"
         return None
 
     def error(self, message: str) -> None:  # type: ignore[override]
