@@ -52,3 +52,29 @@ def test_a_list_column_is_refused_naming_multi_label():
     assert '["sports", "tech"]' in message  # the example shown is a set, not the empty one
     # a name that reads as a list, among other names, stays a class
     assert build_label_map(pd.Series(['["draft"]', "final"]), "f", "label") == ['["draft"]', "final"]
+
+
+@pytest.mark.parametrize(
+    "lines,names",
+    [
+        ("ham\tGo until jurong point, crazy.. Available only\nspam\tFree entry in 2 a wkly comp\n", "label,text"),
+        ("great movie\t1\nawful plot and acting\t0\nfine\t1\n", "text,label"),
+    ],
+)  # fmt: skip
+def test_a_file_without_a_header_is_told_to_name_its_columns(tmp_path, lines, names):
+    from leantrain.data.columns import resolve_columns
+    from leantrain.data.sources import read_table
+
+    path = tmp_path / "sms.tsv"
+    path.write_text(lines)
+    df, _ = read_table(str(path))
+    with pytest.raises(DataError, match=f"first line looks like data.*--column-names {names}$"):
+        resolve_columns(df, str(path), None, None, None)
+
+
+def test_a_header_of_names_gets_no_header_hint():
+    from leantrain.data.columns import resolve_columns
+
+    df = pd.DataFrame({"body text": ["a b c"], "stars": ["1"]})
+    with pytest.raises(DataError, match=r"name it with --label-column$"):
+        resolve_columns(df, "reviews.csv", None, None, None)

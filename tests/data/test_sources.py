@@ -110,6 +110,25 @@ def test_a_plain_folder_is_not_a_dataset(tmp_path):
         read_table(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("name", "kind", "preset"), [("0.png", "image", "tiny-vit"), ("0_george_1.wav", "audio", "tiny-audio")]
+)
+def test_a_folder_of_images_or_sounds_given_to_a_text_model_names_the_model_to_use(tmp_path, name, kind, preset):
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        (tmp_path / label / name).write_bytes(b"not decoded here")
+    with pytest.raises(DataError, match=rf"a folder of {kind} files, .*--model preset:{preset}\b") as info:
+        read_table(str(tmp_path))
+    assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_folder_with_a_table_beside_its_images_is_still_read_as_data(tmp_path):
+    (tmp_path / "0.png").write_bytes(b"x")
+    (tmp_path / "train.csv").write_text("text,label\nfine,1\nbad,0\n")
+    df, _ = read_table(str(tmp_path))
+    assert list(df.columns) == ["text", "label"]
+
+
 def test_hub_name_offline_fails_clearly():
     with pytest.raises(DataError, match="loading it from the Hugging Face Hub failed"):
         read_table("glue-nonexistent-dataset-xyz")

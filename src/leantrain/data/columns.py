@@ -45,7 +45,8 @@ def resolve_columns(
         label = next((lower[n] for n in LABEL_NAMES if n in lower), None)
         if label is None and require_label:
             raise DataError(
-                f"{source}: cannot tell which column holds the label among {_list(cols)}; name it with --label-column"
+                f"{source}: cannot tell which column holds the label among {_list(cols)}; "
+                + (_no_header_hint(df) or "name it with --label-column")
             )
     if text is None:
         for a, b in PAIR_NAMES:
@@ -60,11 +61,35 @@ def resolve_columns(
             candidates = named or [c for c in cols if c not in (label, pair) and _is_string(df[c])]
             if len(candidates) != 1:
                 what = "ambiguous" if candidates else "not found"
-                raise DataError(f"{source}: text column {what} among {_list(cols)}; name it with --text-column")
+                hint = _no_header_hint(df) or "name it with --text-column"
+                raise DataError(f"{source}: text column {what} among {_list(cols)}; {hint}")
             text = candidates[0]
     if text == label:
         raise DataError(f"{source}: --text-column and --label-column are both '{text}'")
     return Columns(text=text, label=label, text_pair=pair)
+
+
+def _no_header_hint(df: pd.DataFrame) -> str | None:
+    """When the "header" the table was read with looks like a row of data (a number, a sentence), the fix is to
+    name the columns, with names guessed from the values: the column of longest strings is the text."""
+
+    def data_like(name: object) -> bool:
+        text = str(name).strip()
+        return _NUMBER.fullmatch(text) is not None or len(text) > 40 or len(text.split()) > 3
+
+    if not any(data_like(c) for c in df.columns):
+        return None
+    lengths = [df[c].astype(str).str.len().mean() if _is_string(df[c]) else 0.0 for c in df.columns]
+    longest = int(np.argmax(lengths))
+    other = "label" if len(df.columns) == 2 else "column{}"
+    names = ["text" if i == longest else other.format(i + 1) for i in range(len(lengths))]
+    return (
+        "its first line looks like data, not a header: if the file has none, name its columns with "
+        f"--column-names {','.join(names)}"
+    )
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def _is_string(series: pd.Series) -> bool:

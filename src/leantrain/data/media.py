@@ -392,7 +392,7 @@ def _list_table(
 ) -> MediaListing:
     from leantrain.data.sources import read_table
 
-    df, report = read_table(source, split=split, options=options)
+    df, report = read_table(source, split=split, options=options, media=True)
     input_column = _input_column(df, source, task, input_column)
     items, names, fingerprint = _table_items(df[input_column].tolist(), source)
     labels: list[str] | None = None

@@ -127,11 +127,12 @@ def resolve_data_path(data: str | None) -> str:
 
 
 def read_table(
-    source: str, split: str = "train", options: ReadOptions | None = None
+    source: str, split: str = "train", options: ReadOptions | None = None, media: bool = False
 ) -> tuple[pd.DataFrame, ReadReport]:
     """Read `source` into a DataFrame of strings/ints; text is repaired, nothing is dropped yet.
 
-    `split` is the role (train or eval) that picks a split of a data set when `options.split` names none.
+    `split` is the role (train or eval) that picks a split of a data set when `options.split` names none; `media`:
+    the caller reads images or audio, so a folder of such files is a data set to read, not a mistake.
     """
     options = options or ReadOptions()
     path = Path(source)
@@ -143,6 +144,8 @@ def read_table(
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return _read_saved_dataset(path, split, options)
+        if not media:
+            _refuse_media_folder(path)
         return _read_dataset(source, options.config, split, options)
     fmt = options.format or TABLE_SUFFIXES.get(path.suffix.lower())
     if path.suffix.lower() in TABLE_SUFFIXES and not path.exists():
@@ -177,6 +180,33 @@ def read_table(
         raise DataError(f"{source}: the file holds a header but no rows")
     report.rows_read = len(df)
     return df, report
+
+
+def _refuse_media_folder(path: Path) -> None:
+    """A folder of images, sounds or MNIST's IDX files given to a text model: `datasets` would read it as a table
+    of file columns and the run would stop on a missing text column; say what the folder is and what reads it."""
+    from leantrain.data.audio import AUDIO_SUFFIXES
+    from leantrain.data.images import IMAGE_SUFFIXES
+
+    kinds = {"image": 0, "audio": 0, "tables": 0}
+    for n, p in enumerate(path.rglob("*")):
+        if n >= 5000:  # enough to tell; a large folder is not walked to its end
+            break
+        suffix = p.suffix.lower()
+        if suffix in TABLE_SUFFIXES or suffix in (".txt", ".arrow"):
+            kinds["tables"] += 1
+        elif suffix in IMAGE_SUFFIXES or "idx3-ubyte" in p.name:
+            kinds["image"] += 1
+        elif suffix in AUDIO_SUFFIXES:
+            kinds["audio"] += 1
+    kind = max(("image", "audio"), key=lambda k: kinds[k])
+    if kinds["tables"] or not kinds[kind]:
+        return
+    preset = "preset:tiny-vit" if kind == "image" else "preset:tiny-audio"
+    raise DataError(
+        f"{path}: a folder of {kind} files, which this text model cannot read; train an {kind} model on it "
+        f"(--model {preset}, or an {kind} classifier's name or folder)"
+    )
 
 
 def split_config(source: str) -> tuple[str, str | None]:

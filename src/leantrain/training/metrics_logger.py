@@ -383,7 +383,7 @@ class MetricsLogger:
             ("wall time", f"{metrics['wall_seconds']:.1f} s"),
             *source_rows(metrics.get("sources") or {}),
         ]
-        return summary_table("leantrain run", rows).rstrip()
+        return summary_table("summary", rows).rstrip()
 
 
 def source_rows(sources: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
