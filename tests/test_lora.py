@@ -169,6 +169,29 @@ def test_lora_targets_naming_no_module_is_refused_naming_valid_ones(capsys, argv
     assert "--lora-targets" in line and "q_proj" in line and "query" in line.split("such as")[1]
 
 
+def test_bitsandbytes_is_imported_with_its_hub_kernel_lookup_quiet(argv):
+    """On a CPU with AVX512-BF16, importing bitsandbytes (peft does) looks for a 4-bit kernel on the Hub and, offline,
+    logs two warnings a user can do nothing about. Whatever this CPU, the loggers must be quiet by the time the
+    import happens: a fresh process records their state at the moment bitsandbytes is first imported."""
+    import subprocess
+
+    probe = (
+        "import importlib.abc, logging, sys\n"
+        "seen = []\n"
+        "class Watch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'bitsandbytes':\n"
+        "            seen.append([logging.getLogger(n).isEnabledFor(logging.WARNING)\n"
+        "                         for n in ('kernels', 'bitsandbytes.backends.cpu.ops')])\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "from leantrain.commands.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print('SEEN', seen[:1], code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert "SEEN [[False, False]] 0" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_lora_rank_0_is_refused(capsys, argv):
     line = one_line_error(capsys, [*argv, "--lora-r", "0"])
     assert "--lora-r" in line and "positive" in line

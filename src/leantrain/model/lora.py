@@ -71,8 +71,19 @@ def resolve_targets(model: torch.nn.Module, spec: str, head: list[str]) -> str |
     return wanted
 
 
+def quiet_kernel_lookup() -> None:
+    """Before bitsandbytes is imported (peft imports it): on a CPU with AVX512-BF16 it looks for a faster 4-bit kernel
+    on the Hub, and offline logs two warnings about the lookup. Its own kernel then runs: nothing is lost and there
+    is nothing for the user to do, so the lines would only alarm."""
+    import logging
+
+    for name in ("kernels", "bitsandbytes.backends.cpu.ops"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def check_quantization_runs(bits: str, device: torch.device) -> None:
     """Refuse `--quantize` in one line where bitsandbytes is absent or cannot run a quantized layer on `device`."""
+    quiet_kernel_lookup()
     try:
         import bitsandbytes as bnb
     except Exception as exc:  # ImportError, or a library that fails to load on this machine
@@ -156,6 +167,7 @@ def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: to
 
 def apply(model: torch.nn.Module, cfg: Any, device: torch.device | None) -> torch.nn.Module:
     """The model with LoRA adapters (over a quantized base with --quantize): only adapters and head train."""
+    quiet_kernel_lookup()
     from peft import LoraConfig, get_peft_model
 
     head = head_modules(model)

@@ -452,6 +452,9 @@ def _adamw8bit(model, groups: list[dict], lr: float, settings) -> torch.optim.Op
     # bitsandbytes rather than torchao: both keep 8-bit blockwise-quantised moments (about 2 bytes a parameter
     # instead of 8), but on this CPU bitsandbytes 0.50 steps in 480-540 ms for 22.7 M params while torchao's
     # AdamW8bit takes ~780 ms and compiles for 60-70 s on its first step (docs/measurements.md).
+    from leantrain.model.lora import quiet_kernel_lookup
+
+    quiet_kernel_lookup()
     try:
         import bitsandbytes.optim as bnb_optim
     except Exception as e:  # ImportError, or a broken native library raising something else on import
