@@ -160,6 +160,34 @@ def test_evaluate_without_data_rescores_the_runs_own_held_out_rows_in_its_precis
         evaluate(job().model, cache_dir=str(tmp_path))
 
 
+def test_the_runs_own_headerless_file_is_read_again_as_the_run_read_it(job, sentiment_csv, tmp_path):
+    """A file trained with --format tsv --column-names is evaluated and predicted on without the flags; another file
+    is still read on its own terms."""
+    import pandas as pd
+
+    from leantrain import predict
+    from leantrain.data.sources import ReadOptions
+
+    rows = pd.read_csv(sentiment_csv)[["label", "text"]]
+    sms = tmp_path / "SMSCollection"
+    rows.to_csv(sms, sep="\t", header=False, index=False)
+    result = train(job(data=str(sms), format="tsv", column_names="label,text", max_steps=2))
+    scored = evaluate(str(result.output_dir), str(sms), cache_dir=str(tmp_path / "c"))
+    assert scored["examples"] == len(rows)
+    predicted = predict(str(result.output_dir), str(sms))
+    assert [r["text"] for r in predicted[:3]] == rows["text"][:3].tolist()
+    copy = tmp_path / "copy"
+    copy.write_bytes(sms.read_bytes())
+    with pytest.raises(DataError, match=r"copy: unknown format '\(no suffix\)'"):
+        evaluate(str(result.output_dir), str(copy), cache_dir=str(tmp_path / "c"))
+    # any reading setting given: read on those terms alone (the first row as a header: one row fewer)
+    as_header = evaluate(
+        str(result.output_dir), str(sms), cache_dir=str(tmp_path / "c"), read=ReadOptions(format="tsv"),
+        text_column=rows["text"][0], label_column=rows["label"][0],
+    )  # fmt: skip
+    assert as_header["examples"] == len(rows) - 1
+
+
 def test_limit_takes_a_stratified_sample(job):
     result = train(job(limit=40, max_steps=1))
     assert result.metrics["optimizer_steps"] == 1

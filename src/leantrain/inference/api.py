@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.data.sources import ReadOptions
-from leantrain.errors import DataError
+from leantrain.errors import DataError, LeantrainError
 from leantrain.model.loading import library_bars_off
 
 
-def _source(data: str, read: ReadOptions | None, **columns: Any) -> dict[str, Any]:
+def _source(data: str, read: ReadOptions | None, run_or_model: str, **columns: Any) -> dict[str, Any]:
     """Config values that point the job at `data`, read as `read` says, with the columns given (else guessed): a
-    new source is read on its own terms, not with the training data's columns or format."""
+    new source is read on its own terms, not with the training data's columns or format; the run's own training or
+    evaluation file, given with no reading setting, is read as the run read it."""
     read = read or ReadOptions()
-    return {
+    values = {
         "data": data,
         "eval_data": data,
         "data_config": read.config,
@@ -39,6 +40,34 @@ def _source(data: str, read: ReadOptions | None, **columns: Any) -> dict[str, An
         "tag_scheme": "auto",
         **{k: v for k, v in columns.items() if v is not None or k not in TOKEN_KEYS},
     }
+    if all(values.get(k) in (None, "auto") for k in READ_KEYS):  # told nothing of how to read it
+        values.update(_as_its_run_read(run_or_model, data))
+    return values
+
+
+#: how a file is read: what a run's own file is read with again
+READ_KEYS = (
+    "format", "column_names", "text_column", "text_pair_column", "label_column", "tokens_column", "tags_column",
+    "spans_column", "tag_column", "tag_scheme", "source_column", "target_column", "image_column", "audio_column",
+    "label_pattern",
+)  # fmt: skip
+
+
+def _as_its_run_read(run_or_model: str, data: str) -> dict[str, Any]:
+    """The reading settings (`READ_KEYS`) of the run behind `run_or_model` when `data` is the very file it trained
+    on or held out from; else none."""
+    from leantrain.config.saved import read_run_values
+    from leantrain.model.loading import resolve_model
+
+    try:
+        saved = read_run_values(resolve_model(run_or_model)) or {}
+        given = Path(data).resolve(strict=True)
+        own = [Path(saved[k]).resolve() for k in ("data", "eval_data") if isinstance(saved.get(k), str)]
+    except (OSError, LeantrainError, ValueError):  # not a file, or no model there: _job says so in its own words
+        return {}
+    if given not in own:
+        return {}
+    return {k: saved[k] for k in READ_KEYS if saved.get(k) is not None}
 
 
 #: token classification's reading keys that a new source gets afresh unless given
@@ -140,7 +169,7 @@ def evaluate(
             tag_scheme=tag_scheme,
             source_column=source_column, target_column=target_column,
         )  # fmt: skip
-        overrides.update(_source(data, read, **columns))
+        overrides.update(_source(data, read, run_or_model, **columns))
     job = _job(run_or_model, overrides, cache_dir, precision)
     scoring = job.task
     if data is not None:
@@ -219,7 +248,7 @@ def predict(
             text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
             audio_column=audio_column, tokens_column=tokens_column, source_column=source_column,
         )  # fmt: skip
-        overrides.update(_source(data, read, **columns))
+        overrides.update(_source(data, read, run_or_model, **columns))
     job = _job(run_or_model, overrides, None, precision)
     task = job.task
     if chat and not task.generates:
