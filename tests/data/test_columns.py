@@ -75,6 +75,14 @@ def test_a_file_without_a_header_is_told_to_name_its_columns(tmp_path, lines, na
 def test_a_header_of_names_gets_no_header_hint():
     from leantrain.data.columns import resolve_columns
 
-    df = pd.DataFrame({"body text": ["a b c"], "stars": ["1"]})
+    df = pd.DataFrame({"body text": ["a b c", "d e", "f"], "stars": ["1", "5", "1"]})
     with pytest.raises(DataError, match=r"name it with --label-column$"):
         resolve_columns(df, "reviews.csv", None, None, None)
+
+
+def test_a_table_of_text_and_row_ids_is_told_it_has_no_labels():
+    from leantrain.data.columns import resolve_columns
+
+    df = pd.DataFrame({"index": ["0", "1", "2"], "sentence": ["uneasy mishmash .", "a fine film", "dull"]})
+    with pytest.raises(DataError, match=r"test.tsv: no label column .*leantrain predict RUN --data test.tsv$"):
+        resolve_columns(df, "test.tsv", None, None, None)

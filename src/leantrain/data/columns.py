@@ -44,6 +44,12 @@ def resolve_columns(
     if label is None:
         label = next((lower[n] for n in LABEL_NAMES if n in lower), None)
         if label is None and require_label:
+            if _no_header_hint(df) is None and _unlabelled(df):
+                raise DataError(
+                    f"{source}: no label column among {_list(cols)}, only text and row ids (an unlabelled split, "
+                    f"such as GLUE's test.tsv?): train on labelled rows, or predict on these with "
+                    f"leantrain predict RUN --data {source}"
+                )
             raise DataError(
                 f"{source}: cannot tell which column holds the label among {_list(cols)}; "
                 + (_no_header_hint(df) or "name it with --label-column")
@@ -67,6 +73,16 @@ def resolve_columns(
     if text == label:
         raise DataError(f"{source}: --text-column and --label-column are both '{text}'")
     return Columns(text=text, label=label, text_pair=pair)
+
+
+def _unlabelled(df: pd.DataFrame) -> bool:
+    """Text and row ids only: one text column, and every other is named as an id (`index`, `id`, `guid`...)."""
+    text = [c for c in df.columns if _is_string(df[c]) and str(c).lower() not in ID_NAMES]
+    ids = [c for c in df.columns if c not in text]
+    return len(text) == 1 and all(str(c).lower() in ID_NAMES or str(c).lower().endswith("_id") for c in ids)
+
+
+ID_NAMES = ("index", "idx", "id", "guid", "row", "row_id", "#")
 
 
 def _no_header_hint(df: pd.DataFrame) -> str | None:
