@@ -53,6 +53,13 @@ def _one_line_error(code, err, *needles):
         (["--data", "{tmp}/notes.xyz"], ["notes.xyz", "unknown format"]),
         (["--data", "{tmp}/empty.csv"], ["empty.csv", "empty"]),
         (["--data", "{tmp}/nolabel.csv"], ["nolabel.csv", "--label-column"]),
+        (["--data", "{tmp}/test.tsv"], ["test.tsv", "no label column", "leantrain predict RUN --data"]),
+        (
+            ["--data", "{tmp}/sms", "--format", "tsv"],
+            ["sms", "first line looks like data", "--column-names label,text"],
+        ),
+        (["--data", "{tmp}/photos"], ["photos", "a folder of image files", "--model preset:tiny-vit"]),
+        (["--task", "causal-lm", "--data", "{tmp}/corpus.txt"], ["no EOS token", "encoder", "preset:tiny-llama"]),
         (["--data", "{tmp}/ambiguous.csv"], ["ambiguous.csv", "--text-column"]),
         (["--data", "{tmp}/oneclass.csv"], ["oneclass.csv", "single class"]),
         (["--label-column", "stars"], ["no column 'stars'", "--label-column"]),
@@ -89,6 +96,13 @@ def test_bad_input(capsys, base, tmp_path, change, needles):
     write_csv(tmp_path / "other.csv", make_sentiment_rows(40, seed=9))
     (tmp_path / "sub").mkdir()
     write_csv(tmp_path / "sub" / "sentiment.csv", make_sentiment_rows(40, seed=9))
+    (tmp_path / "test.tsv").write_text("index\tsentence\n0\tuneasy mishmash of styles .\n1\ta fine film\n")
+    (tmp_path / "sms").write_text(
+        "ham\tGo until jurong point, crazy.. Available only\nspam\tFree entry in 2 a wkly comp\n"
+    )
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "0.png").write_bytes(b"not read")
+    (tmp_path / "corpus.txt").write_text("A first document.\n\nA second one.\n")
     shutil.copy(base[base.index("--data") + 1], tmp_path / "copy.csv")  # every row a duplicate of the first source's
     argv = without_data(base) if "--data" in change else base
     argv = argv + [c.format(tmp=tmp_path, data=base[base.index("--data") + 1]) for c in change]

@@ -147,7 +147,16 @@ def tokenize_documents(tokenizer, docs: list[str], chunk: int = 2048) -> Tokeniz
 
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise DataError(f"the tokenizer of {tokenizer.name_or_path!r} has no EOS token to end documents with")
+        encoder = tokenizer.mask_token is not None and tokenizer.cls_token is not None
+        raise DataError(
+            f"the tokenizer of {tokenizer.name_or_path!r} has no EOS token to end documents with"
+            + (
+                "; it is an encoder's ([CLS], [MASK]): a language model is a decoder (--model preset:tiny-llama, "
+                "or a GPT-2, Llama or Qwen name or folder)"
+                if encoder
+                else ""
+            )
+        )
     ids: list[np.ndarray] = []
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "longer than the model's maximum": packing cuts rows, nothing is lost
