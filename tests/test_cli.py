@@ -58,6 +58,7 @@ def _one_line_error(code, err, *needles):
             ["--data", "{tmp}/sms", "--format", "tsv"],
             ["sms", "first line looks like data", "--column-names label,text"],
         ),
+        (["--data", "{tmp}/corpus.txt"], ["corpus.txt", "unknown format", "--format conll", "--task causal-lm"]),
         (["--data", "{tmp}/photos"], ["photos", "a folder of image files", "--model preset:tiny-vit"]),
         (["--task", "causal-lm", "--data", "{tmp}/corpus.txt"], ["no EOS token", "encoder", "preset:tiny-llama"]),
         (["--data", "{tmp}/ambiguous.csv"], ["ambiguous.csv", "--text-column"]),

@@ -156,9 +156,15 @@ def read_table(
         raise DataError(f"{source}: no such file or folder; check the path given to --data/--eval-data")
     if fmt is None:
         known = ", ".join(sorted(TABLE_SUFFIXES))
+        text = (
+            " (text files: words and tags a line are read with --format conll by --task token-classification, "
+            "documents by --task causal-lm)"
+            if path.suffix.lower() == ".txt"
+            else ""
+        )
         raise DataError(
             f"{source}: unknown format '{path.suffix or '(no suffix)'}'; use one of {known}, "
-            "or say how to read it with --format csv|tsv|json|jsonl|parquet"
+            f"or say how to read it with --format csv|tsv|json|jsonl|parquet{text}"
         )
     if fmt == "conll":
         raise DataError(f"{source}: a CoNLL file (one word and its tag a line) is read by --task token-classification")
