@@ -44,7 +44,7 @@ def resolve_columns(
     if label is None:
         label = next((lower[n] for n in LABEL_NAMES if n in lower), None)
         if label is None and require_label:
-            if _no_header_hint(df) is None and _unlabelled(df):
+            if not _no_header_hint(df) and _unlabelled(df):
                 raise DataError(
                     f"{source}: no label column among {_list(cols)}, only text and row ids (an unlabelled split, "
                     f"such as GLUE's test.tsv?): train on labelled rows, or predict on these with "
@@ -52,7 +52,8 @@ def resolve_columns(
                 )
             raise DataError(
                 f"{source}: cannot tell which column holds the label among {_list(cols)}; "
-                + (_no_header_hint(df) or "name it with --label-column")
+                + "name it with --label-column"
+                + _no_header_hint(df, ", or")
             )
     if text is None:
         for a, b in PAIR_NAMES:
@@ -67,7 +68,7 @@ def resolve_columns(
             candidates = named or [c for c in cols if c not in (label, pair) and _is_string(df[c])]
             if len(candidates) != 1:
                 what = "ambiguous" if candidates else "not found"
-                hint = _no_header_hint(df) or "name it with --text-column"
+                hint = "name it with --text-column" + _no_header_hint(df, ", or")
                 raise DataError(f"{source}: text column {what} among {_list(cols)}; {hint}")
             text = candidates[0]
     if text == label:
@@ -85,24 +86,22 @@ def _unlabelled(df: pd.DataFrame) -> bool:
 ID_NAMES = ("index", "idx", "id", "guid", "row", "row_id", "#")
 
 
-def _no_header_hint(df: pd.DataFrame) -> str | None:
-    """When the "header" the table was read with looks like a row of data (a number, a sentence), the fix is to
-    name the columns, with names guessed from the values: the column of longest strings is the text."""
+def _no_header_hint(df: pd.DataFrame, joint: str = "") -> str:
+    """`joint` and a clause naming the columns, when the "header" the table was read with looks like a row of data
+    (a number, a sentence); else "". The names are guessed from the values: the column of longest strings is the
+    text."""
 
     def data_like(name: object) -> bool:
         text = str(name).strip()
         return _NUMBER.fullmatch(text) is not None or len(text) > 40 or len(text.split()) > 3
 
     if not any(data_like(c) for c in df.columns):
-        return None
+        return ""
     lengths = [df[c].astype(str).str.len().mean() if _is_string(df[c]) else 0.0 for c in df.columns]
     longest = int(np.argmax(lengths))
     other = "label" if len(df.columns) == 2 else "column{}"
     names = ["text" if i == longest else other.format(i + 1) for i in range(len(lengths))]
-    return (
-        "its first line looks like data, not a header: if the file has none, name its columns with "
-        f"--column-names {','.join(names)}"
-    )
+    return f"{joint} if the file has no header (its first line looks like data), --column-names {','.join(names)}"
 
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
