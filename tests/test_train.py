@@ -188,6 +188,15 @@ def test_the_runs_own_headerless_file_is_read_again_as_the_run_read_it(job, sent
     assert as_header["examples"] == len(rows) - 1
 
 
+def test_a_tiny_evaluation_is_said_to_say_little(job, capsys):
+    result = train(job(max_steps=1, eval_fraction=0.05))  # 12 of the 240 rows held out
+    assert "warning: the evaluation holds 12 examples: one is 8% of its scores, which say little" in (
+        capsys.readouterr().err
+    )
+    train(job(max_steps=1, eval_fraction=0.2, output_dir=str(result.output_dir.parent / "more")))  # 48
+    assert "warning: the evaluation holds" not in capsys.readouterr().err
+
+
 def test_limit_takes_a_stratified_sample(job):
     result = train(job(limit=40, max_steps=1))
     assert result.metrics["optimizer_steps"] == 1

@@ -41,6 +41,9 @@ from leantrain.training.guards import NanGuard
 from leantrain.training.hooks import Hooks
 from leantrain.training.metrics_logger import MetricsLogger, compiled_graphs
 
+#: evaluation examples below which the run warns that its scores say little (one is over 3% of them)
+TINY_EVALUATION = 30
+
 
 @dataclass
 class TrainResult:
@@ -328,6 +331,7 @@ class Trainer:
         )
         if not streamed:
             self._warn_if_the_batch_exceeds_the_data()
+        self._warn_if_the_evaluation_is_tiny()
 
     def _warn_if_the_batch_exceeds_the_data(self) -> None:
         """A global batch beyond the data trains one step per epoch on all of it: say so, and what was used."""
@@ -342,6 +346,18 @@ class Trainer:
             f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; "
             f"--batch-size {max(1, n // (cfg.grad_accum * acc.num_processes))} or less gives several steps an epoch"
         )
+
+    def _warn_if_the_evaluation_is_tiny(self) -> None:
+        """A handful of held-out examples scores in steps of one example's share: say that the scores say little."""
+        try:
+            n = len(self.data.eval)
+        except TypeError:  # a stream: counted as it is read
+            return
+        if 0 < n < TINY_EVALUATION:
+            self.say.info(
+                f"warning: the evaluation holds {n} example{'s' if n > 1 else ''}: one is {1 / n:.0%} of its scores, "
+                "which say little; give --eval-data, or more data"
+            )
 
     def _final_model_bytes(self) -> int:
         """What model/ will take on disk, about: the weights as saved, the processor's files as the model folder
