@@ -231,6 +231,10 @@ class BatchFacts:
     num_tokens: int
     padded_tokens: int
     tail_rows: int | None = None  # `Task.tail_rows`: where the model's tail ran, for counting FLOPs
+    #: whether the 2D attention mask hides any position (None: the batch has none), for `model.masks`
+    padded: bool | None = None
+    #: whether any row's positions restart: it holds several documents (`_packed`), for `model.masks`
+    packed: bool | None = None
 
     @classmethod
     def of(cls, batch: dict, tail_rows=None) -> BatchFacts:
@@ -242,7 +246,23 @@ class BatchFacts:
             num_tokens=int(batch["num_tokens"]),
             padded_tokens=int(batch["padded_tokens"]),
             tail_rows=tail_rows(batch) if tail_rows is not None else None,
+            padded=_padded(batch.get("attention_mask")),
+            packed=_packed(batch.get("position_ids")),
         )
+
+
+def _padded(mask: Any) -> bool | None:
+    return None if not isinstance(mask, torch.Tensor) or mask.dim() != 2 else not bool(mask.all())
+
+
+def _packed(positions: Any) -> bool | None:
+    """True: some row's positions restart (several documents); False: every row counts 0, 1, 2, ...; None: neither
+    (no positions, or a row that starts past 0)."""
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2:
+        return None
+    if bool((positions[:, 1:] != positions[:, :-1] + 1).any()):
+        return True
+    return False if bool((positions[:, 0] == 0).all()) else None
 
 
 class WithFacts:

@@ -259,6 +259,7 @@ class Trainer:
         # what the task takes from the initial model (a reference): placed on its device, before a resume restores
         self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
         self.task.before_training(self.model, self.data, self.context)
+        self.masks = self._host_known_masks()
         self.flops, self.flop_peak = self._flop_meter()
         self.graphs_before = 0  # dynamo's count before this run's compiling (`_compile`)
         self.compile_seconds = self._compile() if cfg.compile else None
@@ -271,6 +272,16 @@ class Trainer:
         )
         if cfg.local_sgd_steps is not None:
             self.say.info(self.local_sgd.reason)
+
+    def _host_known_masks(self):
+        """The model's attention masks built from what the host knows of each batch, so that transformers never
+        reads the device to choose its attention path (`model.masks`); None where that is not shown to give the
+        model's own results, or where a compiled graph traces the read away."""
+        from leantrain.model.masks import HostKnownMask
+
+        if self.cfg.compile or self.sharded:
+            return None
+        return HostKnownMask.attach(self.accelerator.unwrap_model(self.model), self.amp.autocast)
 
     def _build_components(self) -> None:
         """The run directory's staging, resume, the log and the components that own the loop's policies."""
@@ -585,7 +596,11 @@ class Trainer:
             last = i == len(batches) - 1
             sync = self.local_sgd.no_sync() if self.local_sgd.enabled else self._no_sync_unless(last)
             self.hooks.on_micro_batch(self.model, batch)
-            with sync, timer.phase("forward_backward"):
+            known = None if self.task.makes_examples else self.step_facts[i]  # a task's own batch: not read
+            masks = contextlib.nullcontext()
+            if self.masks is not None and known is not None:
+                masks = self.masks.for_batch(known.padded, known.packed)
+            with sync, masks, timer.phase("forward_backward"):
                 loss = self.oom.forward_backward(self.forward_backward_step, batch, state.step)
             if loss is None:  # out of memory on some process: redo this step, micro-batch halved
                 event = self.oom.recut(self.optimizer, state.epoch, state.steps_in_epoch, state.step)

@@ -1,0 +1,161 @@
+"""The attention mask a transformers model builds for a batch, built without reading the device.
+
+In eager mode transformers reads the batch once per forward to choose its attention path: a 2D padding mask's
+`mask.all()` (no padding: no mask at all, `masking_utils._ignore_*_mask_sdpa`), or, for rows of packed documents
+given as `position_ids`, whether any row holds more than one document (`find_packed_sequence_indices`). Each read
+is a host sync, which makes a GPU wait for the host. leantrain knows both answers on the host (the batch's CPU
+tensors, read while collating: `BatchFacts`), so it hands the model what the read would have led to:
+- a padded batch: the 4D mask the model's own `create_bidirectional_mask`/`create_causal_mask` builds, its skip
+  turned off (transformers passes a 4D mask through as it is); a batch without padding: no mask;
+- packed rows: the causal mask kept within each document, built from the positions on the device; rows of one
+  document each: no positions (the model's own are the same 0, 1, 2, ...).
+
+Only where that gives the model's own results: SDPA or eager attention (eager's additive mask in the dtype of the
+input embeddings), not an encoder-decoder, no sliding-window layers, and a probe at the start, in the run's
+autocast, that compares with the model's own forward bitwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+#: the probe batch: 2 rows of 8 tokens; the second padded after 5, or holding two documents of 5 and 3
+_PROBE_LENGTH, _PROBE_SPLIT = 8, 5
+
+
+class HostKnownMask:
+    """A forward pre-hook on the model: within `for_batch`, the model's calls get the masks transformers would have
+    made of their `attention_mask` or `position_ids`, made from the host's facts; outside it (evaluation, a task's
+    own batches) they are left as they are."""
+
+    def __init__(self, model: torch.nn.Module, causal: bool, packs: bool) -> None:
+        self.model, self.causal, self.packs = model, causal, packs
+        self.padded: bool | None = None
+        self.packed: bool | None = None
+        self._handle = model.register_forward_pre_hook(self._prepare, with_kwargs=True)
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module, autocast=contextlib.nullcontext) -> HostKnownMask | None:
+        """The hook on `model`, or None where it cannot be shown to give the model's own outputs (checked in the
+        `autocast` the model trains in)."""
+        config = getattr(model, "config", None)
+        if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            return None  # flash attention and flex take masks of other kinds
+        if getattr(config, "is_encoder_decoder", False) or getattr(config, "sliding_window", None) is not None:
+            return None  # cross-attention and sliding layers take masks of their own
+        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+            return None
+        for causal in (False, True):
+            if _probe(model, autocast, causal):
+                packs = causal and _probe(model, autocast, causal, packed=True)
+                return cls(model, causal, packs)
+        return None
+
+    @contextlib.contextmanager
+    def for_batch(self, padded: bool | None, packed: bool | None):
+        """Within: the model's calls are of a batch padded (and packed) or not as the host knows (None: not known)."""
+        self.padded, self.packed = padded, packed
+        try:
+            yield
+        finally:
+            self.padded = self.packed = None
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+    def _prepare(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
+        mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and self.padded is not None:
+            kwargs["attention_mask"] = _padded_mask(self.model, mask, self.causal) if self.padded else None
+        elif mask is None and isinstance(positions, torch.Tensor) and self.packs and self.packed is not None:
+            if self.packed:
+                kwargs["attention_mask"] = _packed_mask(self.model, positions)
+            else:
+                kwargs.pop("position_ids")
+        else:
+            return None
+        return args, kwargs
+
+
+def _embeddings_like(model: torch.nn.Module, shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """What the mask functions read of the input embeddings: shape, device and dtype (eager's additive mask)."""
+    getter = getattr(model, "get_input_embeddings", None)
+    embeddings = getter() if callable(getter) else None
+    dtype = getattr(getattr(embeddings, "weight", None), "dtype", torch.float32)
+    return torch.empty(shape[0], shape[1], 0, dtype=dtype, device=device)
+
+
+def _padded_mask(model: torch.nn.Module, mask: torch.Tensor, causal: bool) -> Any:
+    """transformers' own 4D mask for the 2D padding `mask`, without its read of whether anything is padded."""
+    from transformers import masking_utils
+
+    embeds = _embeddings_like(model, mask.shape, mask.device)
+    if causal:
+        return masking_utils.create_causal_mask(model.config, embeds, mask, None, allow_is_causal_skip=False)
+    return masking_utils.create_bidirectional_mask(model.config, embeds, mask, allow_is_bidirectional_skip=False)
+
+
+def _packed_mask(model: torch.nn.Module, positions: torch.Tensor) -> Any:
+    """The causal mask kept within each document of packed rows, the documents found on the device from where the
+    positions restart (as `find_packed_sequence_indices` finds them, without its read)."""
+    from transformers import masking_utils
+
+    first = positions[:, :1] - 1
+    documents = (torch.diff(positions, prepend=first, dim=-1) != 1).cumsum(-1)
+    return masking_utils.create_causal_mask(
+        model.config, _embeddings_like(model, positions.shape, positions.device), None, None,
+        and_mask_function=masking_utils.packed_sequence_mask_function(documents), allow_is_causal_skip=False,
+    )  # fmt: skip
+
+
+def _probe(model: torch.nn.Module, autocast, causal: bool, packed: bool = False) -> bool:
+    """Whether the model's outputs are the same, bitwise at every real position, with the masks made here as with
+    its own: a padded batch's (`causal` or not) and no mask for an unpadded one; with `packed`, the mask of packed
+    rows and no positions for rows of one document. In evaluation mode, without a gradient, from fixed token ids."""
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if vocab < 2:
+        return False
+    device = next(model.parameters()).device
+    ids = (torch.arange(2 * _PROBE_LENGTH, device=device).view(2, _PROBE_LENGTH) * 7 + 3) % (vocab - 1) + 1
+    whole = torch.arange(_PROBE_LENGTH, device=device).expand(2, -1)
+    if packed:
+        positions = whole.clone()
+        positions[1, _PROBE_SPLIT:] = torch.arange(_PROBE_LENGTH - _PROBE_SPLIT, device=device)
+        packed_mask = _packed_mask(model, positions)
+        cases = [({"position_ids": positions}, {"position_ids": positions, "attention_mask": packed_mask})]
+        cases.append(({"position_ids": whole}, {}))
+    else:
+        mask = torch.ones_like(ids)
+        mask[1, _PROBE_SPLIT:] = 0
+        cases = [
+            ({"attention_mask": mask}, {"attention_mask": _padded_mask(model, mask, causal)}),
+            ({"attention_mask": torch.ones_like(ids)}, {"attention_mask": None}),
+        ]
+    # a decoder trains without a cache, as the tasks call it: with one, transformers does not look for documents
+    extra = {"input_ids": ids, **({"use_cache": False} if causal else {})}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast():
+            outputs = [(_first(model(**a, **extra)), _first(model(**b, **extra))) for a, b in cases]
+    except Exception:  # a model that takes no 4D mask, or no mask at all: leave its calls alone
+        return False
+    finally:
+        model.train(was_training)
+    real = slice(None) if packed else slice(0, _PROBE_SPLIT)  # a padded row's padding positions are anyone's
+    for own, ours in outputs:
+        if own.shape != ours.shape:
+            return False
+        if own.dim() >= 3 and own.shape[1] == _PROBE_LENGTH:  # per token
+            if not (torch.equal(own[0], ours[0]) and torch.equal(own[1, real], ours[1, real])):
+                return False
+        elif not torch.equal(own, ours):
+            return False
+    return True
+
+
+def _first(outputs: Any) -> torch.Tensor:
+    return outputs if isinstance(outputs, torch.Tensor) else outputs[0]

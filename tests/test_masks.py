@@ -1,0 +1,73 @@
+"""The masks leantrain makes from the host's facts (`model.masks`) give the model's own results: a run with them
+equals, bitwise, the run where transformers reads each batch to make its masks itself, for padded batches of an
+encoder (SDPA and eager attention, fp32 and bf16) and packed rows of a decoder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from leantrain import TrainConfig, train
+from leantrain.model.masks import HostKnownMask
+
+
+def _run(cfg: TrainConfig, monkeypatch, host_masks: bool, name: str):
+    with monkeypatch.context() as m:
+        attached: list = []
+        real = HostKnownMask.attach.__func__
+
+        def attach(cls, model, autocast=None):
+            made = real(cls, model, autocast) if host_masks else None
+            attached.append(made)
+            return made
+
+        m.setattr(HostKnownMask, "attach", classmethod(attach))
+        result = train(cfg.replace(output_dir=str(cfg.output_dir) + name))
+    losses = [json.loads(line)["loss"] for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line]  # fmt: skip
+    return attached, losses, load_file(result.output_dir / "model" / "model.safetensors")
+
+
+def _same(cfg: TrainConfig, monkeypatch):
+    made, losses, weights = _run(cfg, monkeypatch, True, "-host")
+    assert made and made[0] is not None, "the masks were not attached: the comparison would prove nothing"
+    none, own_losses, own_weights = _run(cfg, monkeypatch, False, "-own")
+    assert none == [None]
+    assert losses == own_losses
+    assert weights.keys() == own_weights.keys()
+    assert all(torch.equal(weights[k], own_weights[k]) for k in weights)
+    return made[0]
+
+
+@pytest.mark.parametrize(("attention", "precision"), [("sdpa", "fp32"), ("eager", "fp32"), ("sdpa", "bf16")])
+def test_padded_batches_train_as_with_transformers_own_masks(
+    tiny_model_dir, sentiment_csv, tmp_path, monkeypatch, attention, precision
+):
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(tmp_path / "cache"),
+        output_dir=str(tmp_path / "run"), batch_size=8, grad_accum=2, max_steps=4, log_every=1, seed=3,
+        attention=attention, precision=precision, progress=False, report=False,
+    )  # fmt: skip
+    assert not _same(cfg, monkeypatch).causal
+
+
+def test_packed_rows_train_as_with_transformers_own_masks(tmp_path, monkeypatch):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.tasks.test_causal_lm import documents, write_tiny_llama
+
+    folder = write_tiny_llama(tmp_path / "llama")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(documents(120, seed=0)) + "\n")
+    cfg = TrainConfig(
+        task="causal-lm", model=str(folder), data=str(corpus), max_length=64, cache_dir=str(tmp_path / "cache"),
+        output_dir=str(tmp_path / "run"), batch_size=4, max_steps=4, log_every=1, seed=3, precision="fp32",
+        attention="sdpa", progress=False, report=False,
+    )  # fmt: skip
+    made = _same(cfg, monkeypatch)
+    assert made.causal and made.packs
