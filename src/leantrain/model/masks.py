@@ -100,14 +100,22 @@ def _padded_mask(model: torch.nn.Module, mask: torch.Tensor, causal: bool) -> An
 
 def _packed_mask(model: torch.nn.Module, positions: torch.Tensor) -> Any:
     """The causal mask kept within each document of packed rows, the documents found on the device from where the
-    positions restart (as `find_packed_sequence_indices` finds them, without its read)."""
+    positions restart (as `find_packed_sequence_indices` finds them, without its read), built by the attention's own
+    mask function as `create_causal_mask` builds it for packed rows: by broadcasting (its vmap path, which a mask
+    function passed to `create_causal_mask` would take, costs about 3 ms of host time a forward)."""
     from transformers import masking_utils
 
     first = positions[:, :1] - 1
     documents = (torch.diff(positions, prepend=first, dim=-1) != 1).cumsum(-1)
-    return masking_utils.create_causal_mask(
-        model.config, _embeddings_like(model, positions.shape, positions.device), None, None,
-        and_mask_function=masking_utils.packed_sequence_mask_function(documents), allow_is_causal_skip=False,
+    within = masking_utils.and_masks(
+        masking_utils.causal_mask_function, masking_utils.packed_sequence_mask_function(documents)
+    )
+    rows, length = positions.shape
+    config: Any = model.config
+    return masking_utils.ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation](
+        batch_size=rows, q_length=length, kv_length=length, q_offset=0, kv_offset=0, mask_function=within,
+        attention_mask=None, allow_is_causal_skip=False, config=config, use_vmap=False, device=positions.device,
+        dtype=_embeddings_like(model, positions.shape, positions.device).dtype,
     )  # fmt: skip
 
 
