@@ -276,10 +276,11 @@ class Trainer:
     def _host_known_masks(self):
         """The model's attention masks built from what the host knows of each batch, so that transformers never
         reads the device to choose its attention path (`model.masks`); None where that is not shown to give the
-        model's own results, or where a compiled graph traces the read away."""
+        model's own results, where a compiled graph traces the read away, or for a task that makes its own batches
+        (their facts are not known on the host)."""
         from leantrain.model.masks import HostKnownMask
 
-        if self.cfg.compile or self.sharded:
+        if self.cfg.compile or self.sharded or self.task.makes_examples:
             return None
         return HostKnownMask.attach(self.accelerator.unwrap_model(self.model), self.amp.autocast)
 
