@@ -37,7 +37,7 @@ from typing import Any
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.parallel import rank_info
-from leantrain.telemetry.console import Console
+from leantrain.telemetry.console import Console, counted
 
 #: set in each process our launchers start; with the variables below it marks "already launched"
 LAUNCHED_ENV = "LEANTRAIN_LAUNCHED"
@@ -194,7 +194,7 @@ def launch(cfg: TrainConfig) -> int:
             f"machine {cfg.machine_rank} of {cfg.num_machines}, main process at "
             f"{cfg.main_process_ip}:{cfg.main_process_port or DEFAULT_PORT}"
         )
-    Console().info(f"starting {nproc} process(es) on {where} with {cfg.launcher}")
+    Console().info(f"starting {counted(nproc, 'process', 'processes')} on {where} with {cfg.launcher}")
     return run_and_wait(cmd, {**os.environ, **extra})
 
 

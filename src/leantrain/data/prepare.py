@@ -25,6 +25,7 @@ from leantrain.data.tokenize import (
     unknown_share,
 )
 from leantrain.errors import DataError
+from leantrain.telemetry.console import counted
 
 if TYPE_CHECKING:  # the config sits above the data layer: its sections are only named here
     from leantrain.config.sections import DataConfig
@@ -208,7 +209,8 @@ def prepare_data(data: DataConfig, tokenizer, cache_dir: Path, codec=None, *, se
         train_rows, eval_rows = stratified_split(all_train.labels, data.eval_fraction, seed)
         eval_set = all_train.subset(eval_rows)
         notes.append(
-            f"held out {len(eval_rows):,} rows ({data.eval_fraction:.0%}, stratified, seed {seed}) for evaluation"
+            f"held out {counted(len(eval_rows), 'row')} ({data.eval_fraction:.0%}, stratified, seed {seed}) "
+            "for evaluation"
         )
     if data.limit is not None and data.limit < len(train_rows):
         keep, _ = stratified_split(

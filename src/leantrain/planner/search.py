@@ -19,6 +19,7 @@ from leantrain.errors import ConfigError
 from leantrain.model.optimizers import OPTIMIZERS
 from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate, lora_inventory
 from leantrain.planner.speed import DeviceSpeed, optimizer_step_seconds, step_seconds
+from leantrain.telemetry.console import counted
 
 #: the optimizers `--auto-optimizer` may choose among: the registry's planned ones
 DEFAULT_OPTIMIZERS = tuple(n for n, e in OPTIMIZERS.items() if e.planned)
@@ -326,7 +327,7 @@ def render(plan: Plan, all_rows: bool = False) -> str:
     )
     lines = [
         f"plan for {plan.facts['model']} ({plan.facts['params'] / 1e6:.1f} M parameters) on {r.device}: "
-        f"global batch {r.global_batch} ({r.num_processes} process(es)), length {r.seq_len}, "
+        f"global batch {r.global_batch} ({counted(r.num_processes, 'process', 'processes')}), length {r.seq_len}, "
         f"budget {format_bytes(r.budget)}",
         "memory in MiB: predicted peak = weights + optimizer state + the larger of backward [activations + "
         "workspace] and the optimizer step [gradients + workspace]; work includes the one-off runtime share; "

@@ -5,6 +5,11 @@ from __future__ import annotations
 import sys
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 row`, `2,000 rows`: a count and its noun, agreeing."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 class Console:
     def __init__(self, enabled: bool = True, stream=None):
         self.enabled = enabled

@@ -32,6 +32,7 @@ from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
 from leantrain.tasks.base import Task, TaskData, TrainingContext
 from leantrain.tasks.evaluation import EvaluationStopped
+from leantrain.telemetry.console import counted
 from leantrain.telemetry.profiler import StepProfiler
 from leantrain.training import interrupt
 from leantrain.training.checkpointer import Checkpointer
@@ -159,7 +160,7 @@ class Trainer:
         labels = f"labels: {', '.join(self.data.label_names)}; " if self.data.label_names else ""
         self.say.info(
             f"{labels}precision {self.precision} ({self.precision_why}); "
-            f"device {self.accelerator.device}, {self.accelerator.num_processes} process(es)"
+            f"device {self.accelerator.device}, {counted(self.accelerator.num_processes, 'process', 'processes')}"
         )
 
     def _choose_attention(self) -> None:
@@ -334,12 +335,18 @@ class Trainer:
         weights = tensor_bytes(acc.unwrap_model(self.model).parameters())
         self.oom = OomGuard(cfg.auto, self.sampler, acc, self.logger.memory, budget, weights, hooks=self.hooks)
         self._start_thread_governor()
+        self._announce_training()
+
+    def _announce_training(self) -> None:
+        """What will train, in how many steps, and where it is written; the warnings about the data's size."""
+        cfg, acc = self.cfg, self.accelerator
         streamed = self.steps_per_epoch is None
         self.say.info(
-            f"training {'streamed' if streamed else f'{len(self.data.train):,}'} examples for {self.total_steps:,} "
-            f"optimizer steps (global batch {self.sampler.global_batch} = {cfg.batch_size} x {cfg.grad_accum} "
-            f"accumulation x {acc.num_processes} processes"
-            f"{'' if streamed else f'; {self.steps_per_epoch:,} steps per epoch'}); writing {self.run.path}"
+            f"training {'streamed examples' if streamed else counted(len(self.data.train), 'example')} for "
+            f"{counted(self.total_steps, 'optimizer step')} (global batch {self.sampler.global_batch} = "
+            f"{cfg.batch_size} x {cfg.grad_accum} accumulation x {acc.num_processes} processes"
+            f"{'' if streamed else '; ' + counted(self.steps_per_epoch, 'step') + ' per epoch'}); "
+            f"writing {self.run.path}"
         )
         if not streamed:
             self._warn_if_the_batch_exceeds_the_data()
