@@ -30,6 +30,7 @@ from leantrain.data import images as image_mod
 from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, ReadReport, read_options
 from leantrain.data.tokenize import cache_key, source_fingerprint
 from leantrain.errors import ConfigError, DataError, ModelError
+from leantrain.telemetry.console import counted
 
 if TYPE_CHECKING:  # the config sits above the data layer: its sections are only named here
     from leantrain.config.sections import DataConfig
@@ -797,7 +798,7 @@ def _held_out(data: DataConfig, train_src: MediaSource, eval_src: MediaSource | 
         return all_data, Examples(eval_src.features, labels.ids(eval_src.labels, eval_src)), np.arange(len(all_data))
     train_rows, eval_rows = stratified_split(all_data.labels, data.eval_fraction, seed)
     notes.append(
-        f"held out {len(eval_rows):,} files ({data.eval_fraction:.0%}, stratified, seed {seed}) for evaluation"
+        f"held out {counted(len(eval_rows), 'file')} ({data.eval_fraction:.0%}, stratified, seed {seed}) for evaluation"
     )
     return all_data, all_data.subset(eval_rows), train_rows
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData, same_logits
+from leantrain.telemetry.console import counted
 
 #: BPE vocabulary of the tokenizer a from-scratch preset trains on the run's text
 PRESET_VOCAB_SIZE = 8192
@@ -115,7 +116,8 @@ class CausalLM(Task):
             order = np.random.default_rng(cfg.seed).permutation(len(docs))
             held = max(1, round(len(docs) * cfg.eval_fraction))
             eval_docs, docs = docs.subset(np.sort(order[:held])), docs.subset(np.sort(order[held:]))
-            notes.append(f"held out {held:,} documents ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation")
+            share = f"{cfg.eval_fraction:.0%}, seed {cfg.seed}"
+            notes.append(f"held out {counted(held, 'document')} ({share}) for evaluation")
         if cfg.limit is not None and cfg.limit < len(docs):
             keep = np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(docs))[: cfg.limit])
             docs = docs.subset(keep)

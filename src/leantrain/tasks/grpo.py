@@ -37,6 +37,7 @@ from leantrain.data.batching import GlobalBatchSampler, slot_fields
 from leantrain.data.prepare import Examples
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData, TrainingContext
+from leantrain.telemetry.console import counted
 
 ADVANTAGES = ("grpo", "rloo")
 #: added to a group's standard deviation before dividing by it (TRL's, so that equal rewards give 0, not 0/0)
@@ -264,7 +265,8 @@ class GRPO(Task):
             order = np.random.default_rng(cfg.seed).permutation(len(train.prompts))
             count = max(1, round(len(order) * cfg.eval_fraction))
             held, train = train.subset(np.sort(order[:count])), train.subset(np.sort(order[count:]))
-            notes.append(f"held out {count:,} prompts ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation")
+            share = f"{cfg.eval_fraction:.0%}, seed {cfg.seed}"
+            notes.append(f"held out {counted(count, 'prompt')} ({share}) for evaluation")
         if cfg.limit is not None and cfg.limit < len(train.prompts):
             keep = np.random.default_rng(cfg.seed + 1).permutation(len(train.prompts))[: cfg.limit]
             train = train.subset(np.sort(keep))

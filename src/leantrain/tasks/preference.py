@@ -26,6 +26,7 @@ from leantrain.errors import ConfigError, DataError
 from leantrain.tasks import policy
 from leantrain.tasks.base import TaskData, TrainingContext
 from leantrain.tasks.causal_lm import CausalLM
+from leantrain.telemetry.console import counted
 
 REFERENCE_FREE = ("simpo", "orpo")
 #: the per-pair metrics logged in training and evaluation, TRL's names
@@ -191,7 +192,7 @@ class PolicyTask(CausalLM):
             order = np.random.default_rng(cfg.seed).permutation(len(train))
             n = max(1, round(len(train) * cfg.eval_fraction))
             held, train = train.subset(np.sort(order[:n])), train.subset(np.sort(order[n:]))
-            notes.append(f"held out {n:,} rows ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation")
+            notes.append(f"held out {counted(n, 'row')} ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation")
         if cfg.limit is not None and cfg.limit < len(train):
             train = train.subset(np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(train))[: cfg.limit]))
             notes.append(f"training on a random sample of {cfg.limit:,} rows (--limit)")

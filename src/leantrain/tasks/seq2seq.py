@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData
+from leantrain.telemetry.console import counted
 
 #: a summary-table row per metric: its name as papers print it
 SHOWN = {
@@ -187,7 +188,7 @@ class Seq2Seq(Task):
             order = np.random.default_rng(cfg.seed).permutation(len(train))
             held = max(1, round(len(train) * cfg.eval_fraction))
             train, evaluation = train.subset(np.sort(order[held:])), train.subset(np.sort(order[:held]))
-            notes.append(f"held out {held:,} pairs ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation")
+            notes.append(f"held out {counted(held, 'pair')} ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation")
         train = sample(train, cfg.limit, cfg.seed + 1, "training on", "--limit", notes)
         evaluation = sample(evaluation, cfg.eval_limit, cfg.seed + 2, "evaluating on", "--eval-limit", notes)
         notes.append(lengths_note(train, self._settings()))

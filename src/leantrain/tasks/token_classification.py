@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from leantrain.data.alignment import IGNORE
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData
+from leantrain.telemetry.console import counted
 
 
 @dataclass
@@ -95,7 +96,8 @@ class TokenClassification(Task):
         if eval_rows is None:
             train, held = _hold_out(train, cfg.eval_fraction, cfg.seed)
             notes.append(
-                f"held out {len(held.where):,} sentences ({cfg.eval_fraction:.0%}, seed {cfg.seed}) for evaluation"
+                f"held out {counted(len(held.where), 'sentence')} ({cfg.eval_fraction:.0%}, seed {cfg.seed}) "
+                "for evaluation"
             )
         else:
             held = self._sentences(tokenizer, eval_rows, notes)
