@@ -35,7 +35,7 @@ class HostKnownMask:
         self.model, self.causal, self.packs = model, causal, packs
         self.padded: bool | None = None
         self.packed: bool | None = None
-        self._handle = model.register_forward_pre_hook(self._prepare, with_kwargs=True)
+        model.register_forward_pre_hook(self._prepare, with_kwargs=True)
 
     @classmethod
     def attach(cls, model: torch.nn.Module, autocast=contextlib.nullcontext) -> HostKnownMask | None:
@@ -62,9 +62,6 @@ class HostKnownMask:
             yield
         finally:
             self.padded = self.packed = None
-
-    def remove(self) -> None:
-        self._handle.remove()
 
     def _prepare(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
