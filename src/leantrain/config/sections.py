@@ -642,6 +642,14 @@ class EfficiencyConfig:
         "targets bucketed apart) and causal LM batches; preference pairs and reward models: lengths only.",
         default="auto",
     )
+    flat_parameters: bool = _help(
+        "Keep each optimizer group's trainable parameters in one flat tensor and their gradients in another, so that "
+        "a step's update, gradient norm and clearing are one kernel call each instead of one per tensor (AdamW and "
+        "SGD; not with --shard fsdp): the same weights, a faster step where the host decides it (1 ms of a 13 ms "
+        "step on a small BERT on a CPU). The gradients then stay allocated between steps (the planner counts "
+        "them); false frees them after each step.",
+        default=True,
+    )
     pad_to_max_length: bool = _help(
         "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
     )

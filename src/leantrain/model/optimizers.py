@@ -78,6 +78,9 @@ class OptimizerEntry:
     #: switches the model between the weights it evaluates and saves ("eval") and those it trains ("train"):
     #: schedule-free's average and its gradient point. None: they are the same weights
     switch_weights: Callable[[Any, str], None] | None = None
+    #: it updates each number from that number's gradient and state alone, so a group's parameters may be stepped
+    #: as one flat tensor (`model.flat`: one kernel call a step instead of one a tensor)
+    flat: bool = False
 
 
 #: name -> entry, in registration order (the order of `--help` and `bench`)
@@ -502,6 +505,7 @@ register(
         hf_names=("adamw_torch", "adamw_torch_fused", "adamw_hf"),
         planned=True,
         resume_state="step, exp_avg, exp_avg_sq per parameter",
+        flat=True,
     )
 )
 register(
@@ -543,6 +547,7 @@ register(
         gpu_seconds_per_param=1e-11,
         hf_names=("sgd",),
         resume_state="nothing",
+        flat=True,
     )
 )
 

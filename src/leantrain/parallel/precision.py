@@ -76,7 +76,8 @@ class MixedPrecision:
             return self._clipped[1] if self._clipped[2] is not None else None
         inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds torch's
         groups = getattr(inner, "param_groups", [])
-        params = [p for p in model.parameters() if p.requires_grad]
+        # the optimizer's: the model's trainable parameters, or the flat tensors that hold them (`model.flat`)
+        params = [p for g in groups for p in g["params"]]
         fused = (
             bool(groups)
             and all(g.get("fused") for g in groups)

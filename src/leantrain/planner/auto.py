@@ -66,6 +66,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         lora=LoraSpec.of(cfg),  # LoRA
         **reference_of(cfg),
         optimizer_settings={name: getattr(cfg, name) for name in optimizers.SETTINGS},
+        flat_parameters=cfg.flat_parameters,
     )
     return request, source
 

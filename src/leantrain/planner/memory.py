@@ -706,12 +706,14 @@ def estimate(
     lora: LoraSpec | None = None,
     counted: float = 1.0,
     settings: Any = None,
+    flat: bool = False,
 ) -> MemoryEstimate:
     """Predicted peak training memory of one configuration (see the module docstring). With `lora`, gradients and
     optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized).
     `counted`: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
     completions only): its logits, their copies and gradients are that share of every position's. `settings`: the
-    optimizer's (e.g. a projection rank), any object with the config's fields."""
+    optimizer's (e.g. a projection rank), any object with the config's fields. `flat`: the parameters are kept
+    flat (`model.flat`), whose gradients stay allocated between steps."""
     inv = facts.inventory
     weights = 4 * inv.numel + inv.buffer_bytes
     dequantized = 0
@@ -730,9 +732,9 @@ def estimate(
         act, bwd_ws = _causal_lm_backward_peak(
             facts, profile, workspace, micro_batch, seq_len, counted, checkpointing, act, bwd_ws
         )
-    # With accumulation, the gradients of earlier micro-batches are alive through the whole backward;
+    # With accumulation (or flat parameters' gradient buffer), the gradients are alive through the whole backward;
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
-    grads_in_backward = grads if grad_accum > 1 else 0
+    grads_in_backward = grads if grad_accum > 1 or flat else 0
     backward = act + bwd_ws + grads_in_backward + dequantized
     opt_ws = inv.temporaries(optimizer, settings)  # the registry's fitted temporaries
     step = grads + opt_ws

@@ -61,6 +61,8 @@ class PlanRequest:
     reference_copy: bool = False
     #: the run's per-optimizer settings (`model.optimizers.SETTINGS`' names: a projection rank sizes GaLore's state)
     optimizer_settings: dict[str, Any] = field(default_factory=dict)
+    #: the run's --flat-parameters: with an optimizer that takes them (AdamW, SGD) the gradients stay allocated
+    flat_parameters: bool = True
 
     @property
     def settings(self) -> Any:
@@ -226,6 +228,7 @@ def enumerate_candidates(
                     mem = estimate(
                         facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device,
                         lora=request.lora, counted=request.counted, settings=request.settings,
+                        flat=request.flat_parameters and OPTIMIZERS[opt].flat,
                     )  # fmt: skip
                     secs = step_seconds(
                         speed,

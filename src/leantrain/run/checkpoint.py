@@ -83,6 +83,7 @@ RESUMABLE_CHANGES = frozenset(
         "eval_batch_size",
         "dataloader_num_workers",
         "thread_governor",  # the thread count: how a step is computed, to rounding, not what it computes
+        "flat_parameters",  # where the numbers live (the gradients' norm sums in another order); the same state
     }
 )
 #: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)
@@ -407,12 +408,14 @@ class CheckpointDir:
         scheduler, loss scaler and local SGD state. `whole`: a sharded run's (weights, optimizer state), gathered."""
         from safetensors.torch import save_file, save_model
 
+        from leantrain.model.flat import WholeTensors
+
         # format=pt: what from_pretrained expects of a safetensors file, so the folder loads as a model
         meta = {"format": "pt"}
         if whole is not None:
             _write_to_path(tmp / "model.safetensors", lambda p: save_file(whole[0], str(p), metadata=meta))
         else:
-            _write_to_path(tmp / "model.safetensors", lambda p: save_model(model, str(p), metadata=meta))
+            _write_to_path(tmp / "model.safetensors", lambda p: save_model(WholeTensors(model), str(p), metadata=meta))
         if optimizer is not None:
             optimizer_state = whole[1] if whole is not None else optimizer.state_dict()
             _write(tmp / "optimizer.pt", lambda f: torch.save(optimizer_state, f))
@@ -603,7 +606,9 @@ def load_weights(ckpt: Checkpoint, model, accelerator) -> None:
         weights = _load(ckpt.path / "model.safetensors", load_file)
         _load(ckpt.path / "model.safetensors", lambda p: sharding.load_full_state(unwrapped, None, weights, None))
         return
-    _load(ckpt.path / "model.safetensors", lambda p: load_model(unwrapped, p, strict=True))
+    from leantrain.model.flat import WholeTensors
+
+    _load(ckpt.path / "model.safetensors", lambda p: load_model(WholeTensors(unwrapped), p, strict=True))
 
 
 def _restore_training_state(state, scheduler, amp, local_sgd, accelerator) -> None:

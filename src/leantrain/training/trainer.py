@@ -257,6 +257,7 @@ class Trainer:
             self.model, self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
                 self.model, optimizer, self.train_loader, self.eval_loader, scheduler
             )
+        self.flat = self._flat_parameters()
         # what the task takes from the initial model (a reference): placed on its device, before a resume restores
         self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
         self.task.before_training(self.model, self.data, self.context)
@@ -273,6 +274,21 @@ class Trainer:
         )
         if cfg.local_sgd_steps is not None:
             self.say.info(self.local_sgd.reason)
+
+    def _flat_parameters(self):
+        """The trainable parameters moved into one flat tensor per optimizer group, now that they are on their device
+        (`model.flat`); None where the optimizer steps tensor by tensor (its update is not elementwise, --shard fsdp,
+        DeepSpeed or XLA, or --flat-parameters false)."""
+        from leantrain.model.flat import FlatParameters
+        from leantrain.model.optimizers import entry
+
+        kind = self.accelerator.distributed_type.value
+        if not (self.cfg.flat_parameters and entry(self.cfg.optimizer).flat) or self.sharded:
+            return None
+        if kind not in ("NO", "MULTI_CPU", "MULTI_GPU"):
+            return None
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)  # Accelerate's wrapper holds torch's
+        return FlatParameters.attach(inner, self.accelerator.unwrap_model(self.model))
 
     def _host_known_masks(self):
         """The model's attention masks built from what the host knows of each batch, so that transformers never
@@ -466,7 +482,7 @@ class Trainer:
             with self.amp.autocast():  # the task's own forward (a preference pair's reads log-probabilities)
                 loss = self.task.loss_sum(self.task.forward(compiled, batch), batch)  # type: ignore[arg-type]
             loss.backward()
-        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)  # the optimizer's: flat parameters' gradients are cleared in place
         self.model = compiled  # type: ignore[assignment]  # an OptimizedModule behaves as the module
         return time.perf_counter() - started
 
@@ -629,6 +645,7 @@ class Trainer:
         state.steps_in_epoch += 1
         if (took is False and self.cfg.on_nan == "stop") or self._must_read():
             self._read_nan_guard()
+            self._check_flat_gradients()
         with timer.phase("comm"):  # local SGD's parameter averaging, every --local-sgd-steps
             self.local_sgd.step()
         taken = took if took is not None else self.nan_guard.last_take
@@ -664,6 +681,16 @@ class Trainer:
         rng = self.nan_guard.restore(back, self.state, self.scheduler, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self._stop_on_nan(loss, grad_norm, rng, self.state.micro_step)
+
+    def _check_flat_gradients(self) -> None:
+        """Flat parameters: every gradient is still the view backward adds into. One set to None (`model.zero_grad()`
+        in a hook) would be trained on no more, silently: stop instead."""
+        if self.flat is not None and (detached := self.flat.detached()):
+            raise LeantrainError(
+                f"{counted(len(detached), 'parameter')}' gradients were set to None (by model.zero_grad() or a hook?) "
+                "and would no longer train: clear gradients with the optimizer's zero_grad(), or pass "
+                "--flat-parameters false"
+            )
 
     def forward_backward_step(self, batch: dict[str, Any]) -> torch.Tensor:
         """One micro-batch: forward, the step-normalised loss, backward. Returns the summed loss (detached)."""
