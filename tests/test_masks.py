@@ -51,7 +51,11 @@ def test_padded_batches_train_as_with_transformers_own_masks(
         output_dir=str(tmp_path / "run"), batch_size=8, grad_accum=2, max_steps=4, log_every=1, seed=3,
         attention=attention, precision=precision, progress=False, report=False,
     )  # fmt: skip
-    assert not _same(cfg, monkeypatch).causal
+    made = _same(cfg, monkeypatch)
+    assert not made.causal
+    # SDPA gets the masks additive, made once a forward (in the queries' dtype), not converted in every layer
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    assert made.additive == (dtype if attention == "sdpa" else None)
 
 
 def test_packed_rows_train_as_with_transformers_own_masks(tmp_path, monkeypatch):
@@ -70,7 +74,7 @@ def test_packed_rows_train_as_with_transformers_own_masks(tmp_path, monkeypatch)
         attention="sdpa", progress=False, report=False,
     )  # fmt: skip
     made = _same(cfg, monkeypatch)
-    assert made.causal and made.packs
+    assert made.causal and made.packs and made.additive == torch.float32
 
 
 def test_the_packed_mask_is_built_by_broadcasting_not_vmap(monkeypatch):

@@ -10,6 +10,10 @@ tensors, read while collating: `BatchFacts`), so it hands the model what the rea
 - packed rows: the causal mask kept within each document, built from the positions on the device; rows of one
   document each: no positions (the model's own are the same 0, 1, 2, ...).
 
+Under SDPA the boolean mask goes in as the additive one SDPA would make of it (0 and -inf in the queries' dtype), made
+once a forward rather than once a layer (two `scalar_tensor` and a `where` per layer: a hundredth of a small model's
+step on a CPU).
+
 Only where that gives the model's own results: SDPA or eager attention (eager's additive mask in the dtype of the
 input embeddings), not an encoder-decoder, no sliding-window layers, and a probe at the start, in the run's
 autocast, that compares with the model's own forward bitwise.
@@ -31,8 +35,9 @@ class HostKnownMask:
     made of their `attention_mask` or `position_ids`, made from the host's facts; outside it (evaluation, a task's
     own batches) they are left as they are."""
 
-    def __init__(self, model: torch.nn.Module, causal: bool, packs: bool) -> None:
+    def __init__(self, model: torch.nn.Module, causal: bool, packs: bool, additive: torch.dtype | None = None) -> None:
         self.model, self.causal, self.packs = model, causal, packs
+        self.additive = additive  # SDPA: boolean masks handed over as additive ones in this dtype
         self.padded: bool | None = None
         self.packed: bool | None = None
         model.register_forward_pre_hook(self._prepare, with_kwargs=True)
@@ -51,7 +56,7 @@ class HostKnownMask:
         for causal in (False, True):
             if _probe(model, autocast, causal):
                 packs = causal and _probe(model, autocast, causal, packed=True)
-                return cls(model, causal, packs)
+                return cls(model, causal, packs, _additive_dtype(model, autocast, causal, packs))
         return None
 
     @contextlib.contextmanager
@@ -66,10 +71,11 @@ class HostKnownMask:
     def _prepare(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and self.padded is not None:
-            kwargs["attention_mask"] = _padded_mask(self.model, mask, self.causal) if self.padded else None
+            made = _padded_mask(self.model, mask, self.causal) if self.padded else None
+            kwargs["attention_mask"] = _as_additive(made, self.additive)
         elif mask is None and isinstance(positions, torch.Tensor) and self.packs and self.packed is not None:
             if self.packed:
-                kwargs["attention_mask"] = _packed_mask(self.model, positions)
+                kwargs["attention_mask"] = _as_additive(_packed_mask(self.model, positions), self.additive)
             else:
                 kwargs.pop("position_ids")
         else:
@@ -116,10 +122,41 @@ def _packed_mask(model: torch.nn.Module, positions: torch.Tensor) -> Any:
     )  # fmt: skip
 
 
-def _probe(model: torch.nn.Module, autocast, causal: bool, packed: bool = False) -> bool:
+def _as_additive(mask: Any, dtype: torch.dtype | None) -> Any:
+    """A boolean mask as SDPA's additive one (0 where attended, -inf elsewhere) in `dtype`; anything else as it is."""
+    if dtype is None or not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(), float("-inf"))
+
+
+def _additive_dtype(model: torch.nn.Module, autocast, causal: bool, packs: bool) -> torch.dtype | None:
+    """SDPA: the dtype its queries have in training (the first Linear's output, in the run's autocast), where masks
+    handed over additive in it give the model's own outputs bitwise; else None (boolean masks, as transformers')."""
+    config: Any = model.config
+    linear = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+    if config._attn_implementation != "sdpa" or linear is None:
+        return None
+    seen: list[torch.dtype] = []
+    handle = linear.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    try:
+        probed = _probe(model, autocast, causal)
+    finally:
+        handle.remove()
+    if not (probed and seen):
+        return None
+    dtype = seen[0]
+    if _probe(model, autocast, causal, additive=dtype) and (not packs or _probe(model, autocast, causal, True, dtype)):
+        return dtype
+    return None
+
+
+def _probe(
+    model: torch.nn.Module, autocast, causal: bool, packed: bool = False, additive: torch.dtype | None = None
+) -> bool:
     """Whether the model's outputs are the same, bitwise at every real position, with the masks made here as with
     its own: a padded batch's (`causal` or not) and no mask for an unpadded one; with `packed`, the mask of packed
-    rows and no positions for rows of one document. In evaluation mode, without a gradient, from fixed token ids."""
+    rows and no positions for rows of one document; with `additive`, those masks as SDPA's additive ones in that dtype.
+    In evaluation mode, without a gradient, from fixed token ids."""
     vocab = int(getattr(model.config, "vocab_size", 0) or 0)
     if vocab < 2:
         return False
@@ -129,14 +166,14 @@ def _probe(model: torch.nn.Module, autocast, causal: bool, packed: bool = False)
     if packed:
         positions = whole.clone()
         positions[1, _PROBE_SPLIT:] = torch.arange(_PROBE_LENGTH - _PROBE_SPLIT, device=device)
-        packed_mask = _packed_mask(model, positions)
+        packed_mask = _as_additive(_packed_mask(model, positions), additive)
         cases = [({"position_ids": positions}, {"position_ids": positions, "attention_mask": packed_mask})]
         cases.append(({"position_ids": whole}, {}))
     else:
         mask = torch.ones_like(ids)
         mask[1, _PROBE_SPLIT:] = 0
         cases = [
-            ({"attention_mask": mask}, {"attention_mask": _padded_mask(model, mask, causal)}),
+            ({"attention_mask": mask}, {"attention_mask": _as_additive(_padded_mask(model, mask, causal), additive)}),
             ({"attention_mask": torch.ones_like(ids)}, {"attention_mask": None}),
         ]
     # a decoder trains without a cache, as the tasks call it: with one, transformers does not look for documents
