@@ -4,7 +4,8 @@ check's 125 M Llama (packed rows of 1,024, micro-batch 16), in bf16, each job it
 - host syncs per optimizer step on quiet steps (telemetry.syncs: reads of device values, device-to-host copies,
   blocking host-to-device copies, cuda.synchronize), counted on a short run of its own (the counting slows a step);
 - leantrain eager, `--compile` (mode reduce-overhead: CUDA graphs), BERT compiled on dynamic lengths with static
-  shapes (buckets and the filled last micro-batch: graphs compiled, padding), the Llama with `--kernels liger`;
+  shapes (buckets and the filled last micro-batch: graphs compiled, padding), the Llama with `--kernels liger`, and
+  eager with `--flat-parameters false` (what the flat parameters buy on a GPU);
 - the HF Trainer on the same model, rows and batch (bf16, adamw_torch_fused): samples/s against leantrain's.
 
     python benchmarks/gpu_host.py --child JOB.json       # one job (what the section runs per row)
@@ -35,6 +36,9 @@ JOBS = (
     ("compile", "llama", {"compile": True}),
     ("compile + liger", "llama", {"compile": True, "kernels": "liger"}),
     ("liger", "llama", {"kernels": "liger"}),
+    # what flat parameters (on by default) buy on a GPU: the same eager job stepping tensor by tensor
+    ("eager per-tensor", "bert", {"flat_parameters": False}),
+    ("eager per-tensor", "llama", {"flat_parameters": False}),
 )
 
 
