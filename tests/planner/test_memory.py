@@ -320,3 +320,20 @@ def test_causal_lm_predicted_peak_within_10_percent_of_measured():
         ],
         tolerance=0.10,
     )
+
+
+def test_flat_parameters_gradients_are_planned_alive_through_backward(tiny_model_dir):
+    """Flat parameters keep the small parameters' gradients allocated between steps (`model.flat`): without
+    accumulation they are at backward's peak too, the large ones' not; with it all are, either way."""
+    import math
+
+    from leantrain.model.flat import LARGEST
+
+    facts = M.model_facts(str(tiny_model_dir))
+    small = sum(math.prod(s) for s in facts.inventory.shapes if math.prod(s) <= LARGEST)
+    assert small > 0
+    plain, flat = (M.estimate(facts, 64, 128, "fp32", False, "adamw", 1, flat=f) for f in (False, True))
+    assert plain.phase == "backward"  # activations decide this peak
+    assert flat.peak - plain.peak == 4 * small
+    accumulating = [M.estimate(facts, 64, 128, "fp32", False, "adamw", 2, flat=f).peak for f in (False, True)]
+    assert accumulating[0] == accumulating[1]

@@ -79,6 +79,12 @@ class ParamInventory:
     def largest(self) -> int:
         return max((math.prod(s) for s in self.shapes), default=0)
 
+    def flat_numel(self) -> int:
+        """Numbers of the parameters flat parameters gather (`model.flat`), whose gradients stay allocated."""
+        from leantrain.model.flat import LARGEST
+
+        return sum(n for n in (math.prod(s) for s in self.shapes) if n <= LARGEST)
+
     def apart(self, optimizer: str, settings: Any = None) -> tuple[bool, ...]:
         """Per shape, whether the optimizer gives it its own rule (`model.optimizers.treated_apart`)."""
         hidden = self.hidden or (False,) * len(self.shapes)
@@ -732,9 +738,9 @@ def estimate(
         act, bwd_ws = _causal_lm_backward_peak(
             facts, profile, workspace, micro_batch, seq_len, counted, checkpointing, act, bwd_ws
         )
-    # With accumulation (or flat parameters' gradient buffer), the gradients are alive through the whole backward;
+    # With accumulation the gradients are alive through the whole backward (flat parameters': the small ones' buffer);
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
-    grads_in_backward = grads if grad_accum > 1 or flat else 0
+    grads_in_backward = grads if grad_accum > 1 else (4 * inv.flat_numel() if flat else 0)
     backward = act + bwd_ws + grads_in_backward + dequantized
     opt_ws = inv.temporaries(optimizer, settings)  # the registry's fitted temporaries
     step = grads + opt_ws
