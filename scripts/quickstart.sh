@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install leantrain into .venv and run the default job: MiniLM fine-tuned on the embedded
-# tweet-sentiment corpus (about four minutes of training on two CPU cores: the job measures the machine's speed
+# tweet-sentiment corpus (about four and a half minutes of training on two CPU cores: the job measures the machine's speed
 # first and trains the rows that fit).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -80,15 +80,15 @@ def measured(monkeypatch, tmp_path):
     return Measured
 
 
-def test_the_default_job_trains_what_this_machine_trains_in_four_minutes(measured):
+def test_the_default_job_trains_what_this_machine_trains_in_four_and_a_half_minutes(measured):
     from leantrain.config.sections import DEFAULT_JOB_LENGTH, DEFAULT_JOB_LR, DEFAULT_JOB_ROWS, DEFAULT_JOB_SECONDS
 
-    measured.speed = 50.9  # 240 s at 50.9 samples/s: 12,216 training rows, rounded down to a thousand
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000
-    assert measured.calls == [("fp32", 32, DEFAULT_JOB_LENGTH)] and DEFAULT_JOB_SECONDS == 240
-    measured.speed = 99.0
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000  # the same shape: the speed measured before
-    assert TrainConfig(precision="bf16", batch_size=8).resolved().limit == 23_000  # measured for its own shape
+    measured.speed = 50.9  # 270 s at 50.9 samples/s: 13,743 training rows, rounded down to a thousand
+    assert TrainConfig(precision="fp32").resolved().limit == 13_000
+    assert measured.calls == [("fp32", 32, DEFAULT_JOB_LENGTH)] and DEFAULT_JOB_SECONDS == 270
+    measured.speed = 80.0
+    assert TrainConfig(precision="fp32").resolved().limit == 13_000  # the same shape: the speed measured before
+    assert TrainConfig(precision="bf16", batch_size=8).resolved().limit == 21_000  # measured for its own shape
     assert measured.calls[-1] == ("bf16", 8, DEFAULT_JOB_LENGTH)
     measured.speed = 1000.0
     assert TrainConfig(precision="fp16").resolved().limit == DEFAULT_JOB_ROWS["max"]
@@ -106,18 +106,18 @@ def test_the_default_jobs_measured_speed_is_kept_so_the_job_stays_the_same(measu
     from leantrain.model import training_speed
 
     measured.speed = 50.0
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000
+    assert TrainConfig(precision="fp32").resolved().limit == 13_000
     training_speed._MEASURED.clear()  # a later process: only the file remembers
     measured.speed = 80.0
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000
+    assert TrainConfig(precision="fp32").resolved().limit == 13_000
     assert len(measured.calls) == 1
     training_speed.cache_file().unlink()  # deleted: measured again
-    assert TrainConfig(precision="fp32").resolved().limit == 19_000
+    assert TrainConfig(precision="fp32").resolved().limit == 21_000
     training_speed.cache_file().unlink()  # a cache that cannot be written: measured once in this process all the same
     training_speed.cache_file().mkdir()
     training_speed._MEASURED.clear()
     measured.speed = 20.0
-    assert [TrainConfig(precision="fp32").resolved().limit for _ in range(2)] == [4_000, 4_000]
+    assert [TrainConfig(precision="fp32").resolved().limit for _ in range(2)] == [5_000, 5_000]
     assert len(measured.calls) == 3
 
 
@@ -143,4 +143,4 @@ def test_the_default_job_says_the_speed_it_measured_and_the_time_that_buys(measu
     assert cli.main(["train", "--print-config", "--precision", "fp32"]) == 0
     said = capsys.readouterr()
     line = next(x for x in (said.out + said.err).splitlines() if "the default job" in x)
-    assert "12,000 rows" in line and "50 samples/s in fp32" in line and "about 240 s of training" in line, line
+    assert "13,000 rows" in line and "50 samples/s in fp32" in line and "about 260 s of training" in line, line
