@@ -235,6 +235,8 @@ class BatchFacts:
     padded: bool | None = None
     #: whether any row's positions restart: it holds several documents (`_packed`), for `model.masks`
     packed: bool | None = None
+    #: (padded, packed) of each sub-batch the batch carries (KTO's mismatched completions, "aside")
+    parts: dict[str, tuple[bool | None, bool | None]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, batch: dict, tail_rows=None) -> BatchFacts:
@@ -248,6 +250,11 @@ class BatchFacts:
             tail_rows=tail_rows(batch) if tail_rows is not None else None,
             padded=_padded(batch.get("attention_mask")),
             packed=_packed(batch.get("position_ids")),
+            parts={
+                k: (_padded(v.get("attention_mask")), _packed(v.get("position_ids")))
+                for k, v in batch.items()
+                if isinstance(v, dict) and ("attention_mask" in v or "position_ids" in v)
+            },
         )
 
 

@@ -8,7 +8,12 @@ tensors, read while collating: `BatchFacts`), so it hands the model what the rea
 - a padded batch: the 4D mask the model's own `create_bidirectional_mask`/`create_causal_mask` builds, its skip
   turned off (transformers passes a 4D mask through as it is); a batch without padding: no mask;
 - packed rows: the causal mask kept within each document, built from the positions on the device; rows of one
-  document each: no positions (the model's own are the same 0, 1, 2, ...).
+  document each (no row's positions restart, or no positions given): transformers' search for documents answers
+  "none" without looking (`_one_document_rows`), which a decoder makes whenever it gets no mask.
+
+The models a task runs beside the trained one on the same batches (a preference task's frozen reference:
+`Task.frozen_models`) get masks of their own, and sub-batches a batch carries (KTO's mismatched completions) theirs
+(`TrainingContext.host_masks`).
 
 Under SDPA the boolean mask goes in as the additive one SDPA would make of it (0 and -inf in the queries' dtype), made
 once a forward rather than once a layer (two `scalar_tensor` and a `where` per layer: a hundredth of a small model's
@@ -61,10 +66,12 @@ class HostKnownMask:
 
     @contextlib.contextmanager
     def for_batch(self, padded: bool | None, packed: bool | None):
-        """Within: the model's calls are of a batch padded (and packed) or not as the host knows (None: not known)."""
+        """Within: the model's calls are of a batch padded (and packed) or not as the host knows (`padded` None: no
+        2D mask; `packed` None: no positions, the model's own 0, 1, 2, ...)."""
         self.padded, self.packed = padded, packed
         try:
-            yield
+            with _one_document_rows() if self.causal and not packed else contextlib.nullcontext():
+                yield
         finally:
             self.padded = self.packed = None
 
@@ -73,14 +80,25 @@ class HostKnownMask:
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and self.padded is not None:
             made = _padded_mask(self.model, mask, self.causal) if self.padded else None
             kwargs["attention_mask"] = _as_additive(made, self.additive)
-        elif mask is None and isinstance(positions, torch.Tensor) and self.packs and self.packed is not None:
-            if self.packed:
-                kwargs["attention_mask"] = _as_additive(_packed_mask(self.model, positions), self.additive)
-            else:
-                kwargs.pop("position_ids")
+        elif mask is None and isinstance(positions, torch.Tensor) and self.packs and self.packed:
+            kwargs["attention_mask"] = _as_additive(_packed_mask(self.model, positions), self.additive)
         else:
             return None
         return args, kwargs
+
+
+@contextlib.contextmanager
+def _one_document_rows():
+    """Within: transformers' search for packed documents in a decoder's positions finds none, as the host knows
+    (no row's positions restart); its answer, without the read of the device it makes to give it."""
+    from transformers import masking_utils
+
+    own = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = own
 
 
 def _embeddings_like(model: torch.nn.Module, shape: torch.Size, device: torch.device) -> torch.Tensor:
@@ -155,8 +173,9 @@ def _probe(
 ) -> bool:
     """Whether the model's outputs are the same, bitwise at every real position, with the masks made here as with
     its own: a padded batch's (`causal` or not) and no mask for an unpadded one; with `packed`, the mask of packed
-    rows and no positions for rows of one document; with `additive`, those masks as SDPA's additive ones in that dtype.
-    In evaluation mode, without a gradient, from fixed token ids."""
+    rows, and rows of one document with transformers told so (`_one_document_rows`, as `for_batch` tells a decoder
+    whenever no row restarts); with `additive`, those masks as SDPA's additive ones in that dtype. In evaluation
+    mode, without a gradient, from fixed token ids."""
     vocab = int(getattr(model.config, "vocab_size", 0) or 0)
     if vocab < 2:
         return False
@@ -168,7 +187,7 @@ def _probe(
         positions[1, _PROBE_SPLIT:] = torch.arange(_PROBE_LENGTH - _PROBE_SPLIT, device=device)
         packed_mask = _as_additive(_packed_mask(model, positions), additive)
         cases = [({"position_ids": positions}, {"position_ids": positions, "attention_mask": packed_mask})]
-        cases.append(({"position_ids": whole}, {}))
+        cases.append(({"position_ids": whole}, {"position_ids": whole}))
     else:
         mask = torch.ones_like(ids)
         mask[1, _PROBE_SPLIT:] = 0
@@ -181,8 +200,13 @@ def _probe(
     was_training = model.training
     model.eval()
     try:
+        outputs = []
         with torch.no_grad(), autocast():
-            outputs = [(_first(model(**a, **extra)), _first(model(**b, **extra))) for a, b in cases]
+            for given, made in cases:
+                theirs = _first(model(**given, **extra))
+                told = causal and not (packed and "attention_mask" in made)  # as `for_batch` runs such a batch
+                with _one_document_rows() if told else contextlib.nullcontext():
+                    outputs.append((theirs, _first(model(**made, **extra))))
     except Exception:  # a model that takes no 4D mask, or no mask at all: leave its calls alone
         return False
     finally:

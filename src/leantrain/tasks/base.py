@@ -16,6 +16,7 @@ gives their units with them, and the trainer adds those up across processes befo
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,6 +76,9 @@ class TrainingContext:
     precision: str
     #: prints a line for the user (the main process's console)
     say: Callable[[str], None]
+    #: (micro-batch i of the step, a sub-batch's key) -> a context manager within which the models run that
+    #: sub-batch with attention masks made from what the host knows of it (`model.masks`), not read on the device
+    host_masks: Callable[[int, str], Any] = lambda i, part: contextlib.nullcontext()
 
 
 class Task(ABC):
@@ -183,6 +187,11 @@ class Task(ABC):
         """Once the model is placed on its device (Accelerate's `prepare`), before a checkpoint is restored into it and
         before the first step: what the task takes from the initial model (a preference task's reference model, or
         its log-probabilities precomputed over `data`). Every process calls it."""
+
+    def frozen_models(self) -> list[tuple[torch.nn.Module, Any]]:
+        """Models the task runs on each micro-batch beside the trained one, each with the autocast it runs in (a
+        preference task's frozen reference): the trainer hands them the same host-known masks (`model.masks`)."""
+        return []
 
     def begin_step(self, model: torch.nn.Module, batches: list[dict[str, Any]], context: TrainingContext) -> None:  # noqa: B027
         """Before an optimizer step's micro-batches on this process (`batches`: all of them, in order): what each

@@ -78,9 +78,10 @@ class KTO(PolicyTask):
         assert self.logps is not None
         total = torch.zeros(2, dtype=torch.float64, device=context.accelerator.device)
         with torch.no_grad():
-            for batch in batches:
+            for i, batch in enumerate(batches):
                 aside = batch["aside"]
-                ratios = self.logps(model, aside).total - self.reference.logps(model, aside)
+                with context.host_masks(i, "aside"):
+                    ratios = self.logps(model, aside).total - self.reference.logps(model, aside)
                 total += torch.stack([ratios.double().sum(), torch.tensor(float(len(ratios)), device=total.device)])
         if context.accelerator.num_processes > 1:
             total = context.accelerator.reduce(total, reduction="sum")

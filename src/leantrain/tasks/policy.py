@@ -238,11 +238,14 @@ class FrozenCopy(Reference):
         self.dtype = dtype
         self.computer = CompletionLogps(self.model, compiled=compiled)
 
-    def logps(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    def autocast(self):
+        """Its weights are in the run's precision already; autocast runs its matmuls as the policy's run."""
         device = next(self.model.parameters()).device.type
         low = self.dtype in (torch.bfloat16, torch.float16)
-        # its weights are in the run's precision already; autocast runs its matmuls as the policy's run
-        with torch.no_grad(), torch.autocast(device, dtype=self.dtype) if low else contextlib.nullcontext():
+        return torch.autocast(device, dtype=self.dtype) if low else contextlib.nullcontext()
+
+    def logps(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        with torch.no_grad(), self.autocast():
             return self.computer(self.model, batch).total
 
     def describe(self) -> str:

@@ -296,6 +296,10 @@ class PolicyTask(CausalLM):
         self.reference_seconds = time.perf_counter() - started
         context.say(self.reference.describe())
 
+    def frozen_models(self) -> list[tuple[torch.nn.Module, Any]]:
+        reference = self.reference
+        return [(reference.model, reference.autocast)] if isinstance(reference, policy.FrozenCopy) else []
+
     def _other_reference(self, model: torch.nn.Module, context: TrainingContext) -> policy.FrozenCopy | None:
         """--reference-model, when it names another model than --model: loaded, frozen, on the policy's device."""
         from leantrain.model import loading

@@ -259,7 +259,9 @@ class Trainer:
             )
         self.flat = self._flat_parameters()
         # what the task takes from the initial model (a reference): placed on its device, before a resume restores
-        self.context = TrainingContext(self.accelerator, self.amp.autocast, self.precision, self.say.info)
+        self.context = TrainingContext(
+            self.accelerator, self.amp.autocast, self.precision, self.say.info, self._part_masks
+        )
         self.task.before_training(self.model, self.data, self.context)
         self.masks = self._host_known_masks()
         self.flops, self.flop_peak = self._flop_meter()
@@ -274,6 +276,15 @@ class Trainer:
         )
         if cfg.local_sgd_steps is not None:
             self.say.info(self.local_sgd.reason)
+
+    def _part_masks(self, i: int, part: str):
+        """Within: the models run micro-batch `i`'s sub-batch `part` with the masks the host knows it needs."""
+        masks = contextlib.ExitStack()
+        facts = self.step_facts[i] if i < len(getattr(self, "step_facts", ())) else None
+        if facts is not None and part in facts.parts:
+            for mask in self.masks:
+                masks.enter_context(mask.for_batch(*facts.parts[part]))
+        return masks
 
     def _flat_parameters(self):
         """The trainable parameters moved into one flat tensor per optimizer group, now that they are on their device
@@ -290,16 +301,17 @@ class Trainer:
         inner = getattr(self.optimizer, "optimizer", self.optimizer)  # Accelerate's wrapper holds torch's
         return FlatParameters.attach(inner, self.accelerator.unwrap_model(self.model))
 
-    def _host_known_masks(self):
-        """The model's attention masks built from what the host knows of each batch, so that transformers never
-        reads the device to choose its attention path (`model.masks`); None where that is not shown to give the
-        model's own results, where a compiled graph traces the read away, or for a task that makes its own batches
-        (their facts are not known on the host)."""
+    def _host_known_masks(self) -> list:
+        """The attention masks of the model, and of the models the task runs beside it (a frozen reference), built
+        from what the host knows of each batch, so that transformers never reads the device to choose its attention
+        path (`model.masks`); none where that is not shown to give the model's own results, where a compiled graph
+        traces the read away, or for a task that makes its own batches (their facts are not known on the host)."""
         from leantrain.model.masks import HostKnownMask
 
         if self.cfg.compile or self.sharded or self.task.makes_examples:
-            return None
-        return HostKnownMask.attach(self.accelerator.unwrap_model(self.model), self.amp.autocast)
+            return []
+        models = [(self.accelerator.unwrap_model(self.model), self.amp.autocast), *self.task.frozen_models()]
+        return [m for m in (HostKnownMask.attach(model, autocast) for model, autocast in models) if m is not None]
 
     def _build_components(self) -> None:
         """The run directory's staging, resume, the log and the components that own the loop's policies."""
@@ -621,9 +633,10 @@ class Trainer:
             sync = self.local_sgd.no_sync() if self.local_sgd.enabled else self._no_sync_unless(last)
             self.hooks.on_micro_batch(self.model, batch)
             known = None if self.task.makes_examples else self.step_facts[i]  # a task's own batch: not read
-            masks = contextlib.nullcontext()
-            if self.masks is not None and known is not None:
-                masks = self.masks.for_batch(known.padded, known.packed)
+            masks = contextlib.ExitStack()
+            if known is not None:
+                for mask in self.masks:
+                    masks.enter_context(mask.for_batch(known.padded, known.packed))
             with sync, masks, timer.phase("forward_backward"):
                 loss = self.oom.forward_backward(self.forward_backward_step, batch, state.step)
             if loss is None:  # out of memory on some process: redo this step, micro-batch halved
