@@ -310,6 +310,30 @@ def test_a_read_only_output_dir_is_one_line_before_any_work(job, small_disk, exi
     assert not (Path(cfg.cache_dir) / "tokenized").exists()  # refused before the data was read
 
 
+@fault(
+    "the reader of the console goes away mid-run (`leantrain train 2>&1` piped into `head -1`)",
+    "the run goes on without its console to its end: exit 0, the run folder complete, no staging left",
+)
+def test_a_console_reader_that_goes_away_does_not_stop_the_run(job):
+    cfg = job()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leantrain", *flags(cfg)], env=env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the first line, as `head -1` reads it; then the pipe closes
+    proc.stdout.close()
+    try:
+        code = proc.wait(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"job hung for {JOB_TIMEOUT} s")
+    out = Path(cfg.output_dir)
+    assert code == 0
+    assert (out / "model" / "model.safetensors").is_file() and (out / "metrics.json").is_file()
+    assert not list(out.glob(".incomplete-*"))
+
+
 def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
     cfg = job(data=str(tmp_path / "missing.csv"))
     with pytest.raises(LeantrainError):

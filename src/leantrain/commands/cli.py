@@ -689,9 +689,43 @@ def entry() -> int:
     (2.0-2.5 s). Objects are still freed as their counts reach zero and atexit handlers still run."""
     if sys.argv[1:2] == ["train"]:
         gc.disable()
+    sys.stdout, sys.stderr = ReaderMayLeave(sys.stdout), ReaderMayLeave(sys.stderr)
     code = main()
     gc.freeze()
     return code
+
+
+class ReaderMayLeave:
+    """A console stream whose reader may go away (`leantrain train 2>&1 | head`): once it has, what follows goes to
+    the null device instead of failing the write, so a run goes on to its end with its files written as ever (its
+    metrics are in the run directory), rather than dying at its next line with the output folder half made."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _gone(self) -> None:
+        try:  # the stream's own descriptor now leads nowhere: its buffered text, and the flush at exit, too
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _quiet_libraries() -> None:
