@@ -197,6 +197,15 @@ def test_a_tiny_evaluation_is_said_to_say_little(job, capsys):
     assert "warning: the evaluation holds" not in capsys.readouterr().err
 
 
+def test_a_rate_above_one_is_said_to_be_implausible(job, capsys):
+    result = train(job(max_steps=1, lr=2e5, on_nan="skip"))
+    said = capsys.readouterr().err
+    assert "warning: --lr 200000 is far above any rate that trains a transformer" in said
+    assert "if a minus sign was lost: --lr 2e-5" in said
+    train(job(max_steps=1, lr=0.5, optimizer="sgd", output_dir=str(result.output_dir.parent / "sgd")))
+    assert "far above any rate" not in capsys.readouterr().err
+
+
 def test_limit_takes_a_stratified_sample(job):
     result = train(job(limit=40, max_steps=1))
     assert result.metrics["optimizer_steps"] == 1

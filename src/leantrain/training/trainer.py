@@ -379,6 +379,7 @@ class Trainer:
         if not streamed:
             self._warn_if_the_batch_exceeds_the_data()
         self._warn_if_the_evaluation_is_tiny()
+        self._warn_if_the_rate_is_implausible()
 
     def _warn_if_the_batch_exceeds_the_data(self) -> None:
         """A global batch beyond the data trains one step per epoch on all of it: say so, and what was used."""
@@ -405,6 +406,18 @@ class Trainer:
                 f"warning: the evaluation holds {n} example{'s' if n > 1 else ''}: one is {1 / n:.0%} of its scores, "
                 "which say little; give --eval-data, or more data"
             )
+
+    def _warn_if_the_rate_is_implausible(self) -> None:
+        """A learning rate above 1 trains no transformer: most often a minus sign lost (--lr 2e5 for 2e-5)."""
+        lr = self.cfg.lr
+        if lr <= 1:
+            return
+        exponent = math.floor(math.log10(lr))
+        guess = f"; if a minus sign was lost: --lr {lr / 10**exponent:g}e-{exponent}" if exponent >= 2 else ""
+        self.say.info(
+            f"warning: --lr {lr:g} is far above any rate that trains a transformer (AdamW fine-tunes at 1e-5 to "
+            f"1e-3, SGD at up to about 0.1); its first steps will likely diverge{guess}"
+        )
 
     def _final_model_bytes(self) -> int:
         """What model/ will take on disk, about: the weights as saved, the processor's files as the model folder
