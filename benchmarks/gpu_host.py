@@ -5,7 +5,7 @@ check's 125 M Llama (packed rows of 1,024, micro-batch 16), in bf16, each job it
   blocking host-to-device copies, cuda.synchronize), counted on a short run of its own (the counting slows a step);
 - leantrain eager, `--compile` (mode reduce-overhead: CUDA graphs), BERT compiled on dynamic lengths with static
   shapes (buckets and the filled last micro-batch: graphs compiled, padding), the Llama with `--kernels liger`, and
-  eager with `--flat-parameters false` (what the flat parameters buy on a GPU);
+  eager with `--no-flat-parameters` (what the flat parameters buy on a GPU);
 - the HF Trainer on the same model, rows and batch (bf16, adamw_torch_fused): samples/s against leantrain's.
 
     python benchmarks/gpu_host.py --child JOB.json       # one job (what the section runs per row)

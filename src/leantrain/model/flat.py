@@ -12,7 +12,7 @@ and the clip's norm sums the same squares in another order.
 
 What it costs and keeps:
 - The flat gradients stay allocated between steps, cleared in place (as Megatron's contiguous gradient buffers):
-  the planner counts them through backward. `--flat-parameters false` frees them after each step instead.
+  the planner counts them through backward. `--no-flat-parameters` frees them after each step instead.
 - A parameter that gets no gradient in a step is stepped with a zero one (its weight decay applies) where a
   per-tensor step would skip it; such a parameter does not take part in the loss.
 - The optimizer's `state_dict()` stays torch's per-parameter format (a pair of hooks translate), so a checkpoint

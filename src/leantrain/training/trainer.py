@@ -289,7 +289,7 @@ class Trainer:
     def _flat_parameters(self):
         """The trainable parameters moved into one flat tensor per optimizer group, now that they are on their device
         (`model.flat`); None where the optimizer steps tensor by tensor (its update is not elementwise, --shard fsdp,
-        DeepSpeed or XLA, or --flat-parameters false)."""
+        DeepSpeed or XLA, or --no-flat-parameters)."""
         from leantrain.model.flat import FlatParameters
         from leantrain.model.optimizers import entry
 
@@ -713,9 +713,9 @@ class Trainer:
         in a hook) would be trained on no more, silently: stop instead."""
         if self.flat is not None and (detached := self.flat.detached()):
             raise LeantrainError(
-                f"{counted(len(detached), 'parameter')}' gradients were set to None (by model.zero_grad() or a hook?) "
-                "and would no longer train: clear gradients with the optimizer's zero_grad(), or pass "
-                "--flat-parameters false"
+                f"the gradients of {counted(len(detached), 'parameter')} were set to None (by model.zero_grad() or a "
+                "hook?) and would no longer train: clear gradients with the optimizer's zero_grad(), or pass "
+                "--no-flat-parameters"
             )
 
     def forward_backward_step(self, batch: dict[str, Any]) -> torch.Tensor:
