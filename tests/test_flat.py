@@ -157,3 +157,17 @@ def test_parameters_sharing_storage_are_left_as_they_are():
     frozen[1].weight = torch.nn.Parameter(frozen[0].weight.data, requires_grad=False)
     trainable = [p for p in frozen.parameters() if p.requires_grad]
     assert FlatParameters.attach(torch.optim.SGD(trainable, lr=0.1), frozen) is None
+
+
+def test_a_run_whose_gradients_are_detached_stops_with_one_line(cfg):
+    """A hook calling `model.zero_grad()` (gradients to None) would leave the flat buffer unfed: the run stops."""
+    from leantrain.errors import LeantrainError
+    from leantrain.training import Hooks
+
+    class Clears(Hooks):
+        def on_micro_batch(self, model, batch):
+            model.zero_grad()
+
+    with pytest.raises(LeantrainError, match=r"the gradients of \d+ parameters were set to None .* zero_grad"):
+        train(cfg.replace(output_dir=str(cfg.output_dir) + "-cleared"), hooks=Clears())
+    train(cfg.replace(output_dir=str(cfg.output_dir) + "-off", flat_parameters=False), hooks=Clears())
