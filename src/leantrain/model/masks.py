@@ -67,7 +67,7 @@ class HostKnownMask:
     @contextlib.contextmanager
     def for_batch(self, padded: bool | None, packed: bool | None):
         """Within: the model's calls are of a batch padded (and packed) or not as the host knows (`padded` None: no
-        2D mask; `packed` None: no positions, the model's own 0, 1, 2, ...)."""
+        2D mask; `packed` None: no positions given, or rows that start past 0 without restarting: not packed either)."""
         self.padded, self.packed = padded, packed
         try:
             with _one_document_rows() if self.causal and not packed else contextlib.nullcontext():
