@@ -56,7 +56,6 @@ class FlatParameters:
     """The small trainable parameters of `optimizer` moved into flat tensors, which the optimizer then steps."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, groups: list[Group | None]):
-        self.optimizer = optimizer
         self.groups = groups  # None: a group left as it was
         self.grads = [g.grad for g in groups if g is not None]
         # every parameter not in a flat tensor, flattened group or not: cleared as torch's zero_grad clears them
@@ -165,7 +164,7 @@ def _flattenable(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> bo
         return False
     for g in optimizer.param_groups:
         kinds = {(p.device, p.dtype) for p in g["params"]}
-        if len(kinds) != 1 or not g["params"]:
+        if len(kinds) != 1:
             return False
     if any(p.grad is not None or p.is_sparse or not p.is_leaf or hasattr(p, "to_local") for p in params):
         return False
