@@ -76,7 +76,9 @@ def write_model(kind: str, folder: Path) -> Path:
 
 
 def write_data(kind: str, folder: Path, rows: int) -> Path:
-    """Rows of 30 words, cut to 16 tokens: every row the same length, as the hand loop's."""
+    """Every row 16 tokens of one document, as the hand loop's: BERT's texts of 30 words cut to 16 tokens, the
+    Llama's documents of 15 words and EOS, so that packing lays exactly one in each row (longer documents would
+    give rows of two or three, whose per-document attention is work the other runners' rows do not ask for)."""
     import random
 
     rng = random.Random(0)
@@ -88,7 +90,7 @@ def write_data(kind: str, folder: Path, rows: int) -> Path:
         ]
     else:
         path = folder / "train.txt"
-        lines = [" ".join(f"w{rng.randrange(500)}" for _ in range(30)) + "\n" for _ in range(rows)]
+        lines = [" ".join(f"w{rng.randrange(500)}" for _ in range(LENGTH - 1)) + "\n" for _ in range(rows)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
