@@ -206,6 +206,17 @@ def test_resuming_a_checkpoint_gives_bitwise_the_same_run(models, pairs, tmp_pat
     assert resumed.metrics["eval_rougeL"] == whole.metrics["eval_rougeL"]
 
 
+@pytest.mark.parametrize("model", ["t5", "bert2bert"])
+def test_padding_known_on_the_host_trains_as_the_models_own_reads(models, pairs, tmp_path, monkeypatch, model):
+    """The encoder-decoder's mask checks answered from the host's facts (`model.masks._known_padding`) give, bitwise,
+    the run in which transformers reads each mask (padded sources: batches of 16 uneven pairs)."""
+    from tests.test_masks import _same
+
+    cfg = job(models, pairs, tmp_path, "masks", model=model, optimizer="adamw", batch_size=16, max_steps=3)
+    made = _same(cfg.replace(log_every=1), monkeypatch)
+    assert made.encoder_decoder
+
+
 def batch_of(task, rows: list[tuple[list[int], list[int]]]) -> dict:
     """A collated batch of (source ids, target ids) pairs."""
     assert task.ids is not None

@@ -2,8 +2,8 @@
 log, evaluate or save, for every task family with a fixture, under fp32 and bf16, with accumulation, clipping, the NaN
 guard, the OOM guard (--auto) and local SGD's settings on. Reads inside transformers' own model code (eager
 transformers reads a padded batch's mask, or packed rows' positions, to pick its attention path) are counted apart:
-held to zero too where leantrain makes those masks from the host's facts (`model.masks`), not for an
-encoder-decoder nor for DPO's and KTO's reference calls.
+held to zero too: leantrain makes those masks, or answers transformers' checks of them, from the host's facts
+(`model.masks`).
 
 On a CPU every tensor is a host tensor, so `HostSyncs` counts every read the loop makes of a tensor (what would wait
 for a GPU); the data loader's collating is left out. GRPO samples completions with the model each step and reads
@@ -174,7 +174,7 @@ def test_seq2seq_steps_without_reading_the_device(minilm_dir, tmp_path):
     data = write_pairs(tmp_path / "train.csv", 109, seed=1)
     cfg = dict(model=str(tmp_path / "t5"), data=str(data), batch_size=4, optimizer="adamw")
     out = dict(cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "run"))
-    assert_quiet(TrainConfig(**cfg, **out, **STEP), model_too=False)  # an encoder-decoder's masks are its own
+    assert_quiet(TrainConfig(**cfg, **out, **STEP), model_too=True)
 
 
 def test_the_counter_sees_transformers_read_the_mask_without_the_host_made_masks(classification, monkeypatch):

@@ -11,6 +11,11 @@ tensors, read while collating: `BatchFacts`), so it hands the model what the rea
   document each (no row's positions restart, or no positions given): transformers' search for documents answers
   "none" without looking (`_one_document_rows`), which a decoder makes whenever it gets no mask.
 
+An encoder-decoder's masks are made inside its stacks (the encoder's, the cross-attention's, the decoder's causal
+one), so it is not handed masks: transformers' checks of whether a mask hides anything answer from the host's facts
+instead (`_known_padding`: the sources' padding as collated; the decoder's none, as the tasks give it no mask and
+the model makes one of ones).
+
 The models a task runs beside the trained one on the same batches (a preference task's frozen reference:
 `Task.frozen_models`) get masks of their own, and sub-batches a batch carries (KTO's mismatched completions) theirs
 (`TrainingContext.host_masks`).
@@ -20,8 +25,8 @@ once a forward rather than once a layer (two `scalar_tensor` and a `where` per l
 step on a CPU).
 
 Only where that gives the model's own results: SDPA or eager attention (eager's additive mask in the dtype of the
-input embeddings), not an encoder-decoder, no sliding-window layers, and a probe at the start, in the run's
-autocast, that compares with the model's own forward bitwise.
+input embeddings), no sliding-window layers, and a probe at the start, in the run's autocast, that compares with the
+model's own forward bitwise.
 """
 
 from __future__ import annotations
@@ -40,11 +45,21 @@ class HostKnownMask:
     made of their `attention_mask` or `position_ids`, made from the host's facts; outside it (evaluation, a task's
     own batches) they are left as they are."""
 
-    def __init__(self, model: torch.nn.Module, causal: bool, packs: bool, additive: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        causal: bool,
+        packs: bool,
+        additive: torch.dtype | None = None,
+        encoder_decoder: bool = False,
+    ) -> None:
         self.model, self.causal, self.packs = model, causal, packs
         self.additive = additive  # SDPA: boolean masks handed over as additive ones in this dtype
+        self.encoder_decoder = encoder_decoder  # masks made by the model, its checks answered (`_known_padding`)
         self.padded: bool | None = None
         self.packed: bool | None = None
+        #: an encoder-decoder's call gave the decoder a mask of its own (whose padding the host does not know)
+        self.decoder_masked = False
         model.register_forward_pre_hook(self._prepare, with_kwargs=True)
 
     @classmethod
@@ -54,10 +69,12 @@ class HostKnownMask:
         config = getattr(model, "config", None)
         if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
             return None  # flash attention and flex take masks of other kinds
-        if getattr(config, "is_encoder_decoder", False) or getattr(config, "sliding_window", None) is not None:
-            return None  # cross-attention and sliding layers take masks of their own
+        if getattr(config, "sliding_window", None) is not None:
+            return None  # sliding layers take masks of their own
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
             return None
+        if getattr(config, "is_encoder_decoder", False):
+            return cls(model, False, False, encoder_decoder=True) if _probe_encoder_decoder(model, autocast) else None
         for causal in (False, True):
             if _probe(model, autocast, causal):
                 packs = causal and _probe(model, autocast, causal, packed=True)
@@ -69,13 +86,21 @@ class HostKnownMask:
         """Within: the model's calls are of a batch padded (and packed) or not as the host knows (`padded` None: no
         2D mask; `packed` None: no positions given, or rows that start past 0 without restarting: not packed either)."""
         self.padded, self.packed = padded, packed
+        known: contextlib.AbstractContextManager
+        if self.encoder_decoder:
+            known = _known_padding(padded, lambda: self.decoder_masked)
+        else:
+            known = _one_document_rows() if self.causal and not packed else contextlib.nullcontext()
         try:
-            with _one_document_rows() if self.causal and not packed else contextlib.nullcontext():
+            with known:
                 yield
         finally:
             self.padded = self.packed = None
 
     def _prepare(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
+        if self.encoder_decoder:
+            self.decoder_masked = kwargs.get("decoder_attention_mask") is not None
+            return None
         mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and self.padded is not None:
             made = _padded_mask(self.model, mask, self.causal) if self.padded else None
@@ -99,6 +124,30 @@ def _one_document_rows():
         yield
     finally:
         masking_utils.find_packed_sequence_indices = own
+
+
+@contextlib.contextmanager
+def _known_padding(sources_padded: bool | None, decoder_masked=lambda: False):
+    """Within: transformers' checks of whether an encoder-decoder's masks hide anything (to skip them for SDPA's own
+    kernels) answer as they would have, from the host's facts rather than a read of each mask: the encoder's and the
+    cross-attention's mask is the sources' (`sources_padded`: some position hidden; None: no mask given); the decoder's
+    causal one hides nothing but the future (the tasks give it no mask; the model makes one of ones), unless the call
+    gave it one (`decoder_masked()`), which is then read as transformers reads it."""
+    from transformers import masking_utils
+
+    bidirectional, causal = masking_utils._ignore_bidirectional_mask_sdpa, masking_utils._ignore_causal_mask_sdpa
+
+    def sources(padding_mask, *args, **kwargs):
+        return False if sources_padded else bidirectional(None, *args, **kwargs)
+
+    def decoder(padding_mask, *args, **kwargs):
+        return causal(padding_mask if decoder_masked() else None, *args, **kwargs)
+
+    masking_utils._ignore_bidirectional_mask_sdpa, masking_utils._ignore_causal_mask_sdpa = sources, decoder
+    try:
+        yield
+    finally:
+        masking_utils._ignore_bidirectional_mask_sdpa, masking_utils._ignore_causal_mask_sdpa = bidirectional, causal
 
 
 def _embeddings_like(model: torch.nn.Module, shape: torch.Size, device: torch.device) -> torch.Tensor:
@@ -220,6 +269,40 @@ def _probe(
                 return False
         elif not torch.equal(own, ours):
             return False
+    return True
+
+
+def _probe_encoder_decoder(model: torch.nn.Module, autocast) -> bool:
+    """Whether an encoder-decoder's outputs are the same, bitwise, with its mask checks answered from the host's
+    facts (`_known_padding`) as with its own reads: a batch whose sources are padded and one whose are not, the
+    decoder fed 5 tokens. In evaluation mode, without a gradient."""
+    from transformers import masking_utils
+
+    config: Any = model.config
+    vocab = int(getattr(config, "vocab_size", 0) or getattr(getattr(config, "decoder", None), "vocab_size", 0) or 0)
+    names = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
+    if vocab < 2 or not all(callable(getattr(masking_utils, name, None)) for name in names):
+        return False
+    device = next(model.parameters()).device
+    ids = (torch.arange(2 * _PROBE_LENGTH, device=device).view(2, _PROBE_LENGTH) * 7 + 3) % (vocab - 1) + 1
+    decoder_ids = ids[:, :_PROBE_SPLIT].flip(-1).contiguous()
+    padded = torch.ones_like(ids)
+    padded[1, _PROBE_SPLIT:] = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast():
+            for mask, hides in ((padded, True), (torch.ones_like(ids), False)):
+                given = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False)
+                own = _first(model(**given))
+                with _known_padding(hides):
+                    ours = _first(model(**given))
+                if not torch.equal(own, ours):
+                    return False
+    except Exception:  # a model that takes no such call: leave its calls alone
+        return False
+    finally:
+        model.train(was_training)
     return True
 
 
