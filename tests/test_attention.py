@@ -23,19 +23,22 @@ def model_with(dropout: float | None = 0.0, implementation: str | None = "sdpa")
 
 
 @pytest.mark.parametrize(
-    "device, precision, dropout, native_bf16, chosen",
+    "device, precision, dropout, native_bf16, fast_dropout, chosen",
     [
-        ("cuda", "bf16", 0.0, False, "sdpa"),  # the GPU: SDPA measured fastest
-        ("cuda", "fp32", 0.1, False, "sdpa"),
-        ("cpu", "bf16", 0.0, True, "eager"),  # native bf16, no attention dropout: SDPA's flash kernel is slow
-        ("cpu", "bf16", 0.1, True, "sdpa"),  # dropout sends SDPA down another path
-        ("cpu", "fp32", 0.0, True, "sdpa"),
-        ("cpu", "bf16", 0.0, False, "sdpa"),  # emulated bf16 (this project's AMD CPUs): measured alike
+        ("cuda", "bf16", 0.0, False, False, "sdpa"),  # the GPU: SDPA measured fastest
+        ("cuda", "fp32", 0.1, False, False, "sdpa"),
+        ("cpu", "bf16", 0.0, True, False, "eager"),  # native bf16, no attention dropout: SDPA's flash kernel is slow
+        ("cpu", "bf16", 0.1, True, False, "sdpa"),  # dropout sends SDPA down another path
+        ("cpu", "fp32", 0.0, True, False, "sdpa"),
+        ("cpu", "bf16", 0.0, False, False, "sdpa"),  # emulated bf16 (this project's AMD CPUs): measured alike
+        ("cpu", "fp32", 0.1, False, True, "eager"),  # SDPA would draw its dropout with torch's bernoulli_
+        ("cpu", "bf16", 0.1, True, True, "eager"),
+        ("cpu", "fp32", 0.0, False, True, "sdpa"),  # no attention dropout: nothing to draw
     ],
 )
-def test_auto_follows_the_measured_table(monkeypatch, device, precision, dropout, native_bf16, chosen):
+def test_auto_follows_the_measured_table(monkeypatch, device, precision, dropout, native_bf16, fast_dropout, chosen):
     monkeypatch.setattr(attention, "_cpu_has_native_bf16", lambda: native_bf16)
-    name, why = attention.choose("auto", model_with(dropout), device, precision)
+    name, why = attention.choose("auto", model_with(dropout), device, precision, fast_dropout)
     assert name == chosen and why.startswith("auto")
 
 

@@ -91,11 +91,12 @@ def _job(run_or_model: str, overrides: dict[str, Any], cache_dir: str | None, pr
 def _model(job):
     """The trained model, in evaluation mode, with the attention kernel its run chose (the same choice, made the
     same way: `--attention auto` picks by device and precision)."""
+    from leantrain.model import dropout
     from leantrain.model.attention import set_up
     from leantrain.parallel import device_type
 
     model = job.task.load_trained(job.model_path)
-    set_up(model, job.cfg.attention, device_type(), job.precision)
+    set_up(model, job.cfg.attention, device_type(), job.precision, dropout.applies(job.cfg, device_type()))
     return model
 
 

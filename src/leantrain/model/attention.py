@@ -9,7 +9,9 @@ results, and `auto` picks by what was measured:
   batch) -> sdpa;
 - a CPU with AMX, bf16 training, attention dropout off: SDPA's CPU flash kernel took 43% of a step, eager ran 2x
   SDPA -> eager;
-- a CPU without native bf16 (AMD EPYC), fp32: within 20% either way, no consistent winner -> sdpa.
+- a CPU without native bf16 (AMD EPYC), fp32: within 20% either way, no consistent winner -> sdpa;
+- a CPU, a model with attention dropout, `--fast-dropout` (on by default): SDPA draws its dropout inside its kernel
+  with torch's slow `bernoulli_`, eager attention through `model.dropout` -> eager.
 
 Sources: benchmarks/results/gpu_check/, benchmarks/results/attention.md (`python benchmarks/attention.py` on the
 machine at hand). Never flex by default: it compiles per new shape. Packing stays safe with either choice: a
@@ -40,8 +42,11 @@ def _cpu_has_native_bf16() -> bool:
     return precision_support("cpu")["bf16"].fast
 
 
-def choose(requested: str, model: Any, device_type: str, precision: str) -> tuple[str | None, str]:
-    """The implementation for training `model` (None: the model has no choice to make) and why."""
+def choose(
+    requested: str, model: Any, device_type: str, precision: str, fast_dropout: bool = False
+) -> tuple[str | None, str]:
+    """The implementation for training `model` (None: the model has no choice to make) and why; `fast_dropout`:
+    the run draws CPU dropout masks itself (`model.dropout`)."""
     current = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if current is None:
         return None, "the model does not choose its attention implementation"
@@ -54,6 +59,8 @@ def choose(requested: str, model: Any, device_type: str, precision: str) -> tupl
         return requested, "--attention"
     if device_type == "cuda":
         return "sdpa", "auto: SDPA is the fastest measured on a GPU"
+    if fast_dropout and _attention_dropout(model.config) > 0:
+        return "eager", "auto: on a CPU eager attention draws its dropout 16 bits a number (--fast-dropout), SDPA not"
     if precision == "bf16" and _attention_dropout(model.config) == 0 and _cpu_has_native_bf16():
         return "eager", "auto: on a CPU with native bf16, SDPA's flash kernel measured 2x slower than eager"
     return "sdpa", "auto: on this CPU and precision SDPA is as fast as eager"
@@ -77,11 +84,13 @@ def apply(model: Any, name: str, forced: bool = True) -> str:
     return name
 
 
-def set_up(model: Any, setting: str, device_type: str, precision: str) -> tuple[str | None, str]:
+def set_up(
+    model: Any, setting: str, device_type: str, precision: str, fast_dropout: bool = False
+) -> tuple[str | None, str]:
     """Choose (`choose`) and switch to (`apply`) the kernel `setting` asks for; returns the one that runs (None: the
     model has no choice) and why. The trainer and `evaluate`/`predict` both call this, so a run's model is scored
     with the kernel it was evaluated with in training."""
-    name, why = choose(setting, model, device_type, precision)
+    name, why = choose(setting, model, device_type, precision, fast_dropout)
     if name is None:
         return None, why
     running = apply(model, name, forced=setting != "auto")

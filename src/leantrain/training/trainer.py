@@ -28,6 +28,7 @@ import torch
 from leantrain.config import TrainConfig
 from leantrain.data.mixture import source_rows
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.model.dropout import fast_dropout
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
 from leantrain.tasks.base import Task, TaskData, TrainingContext
@@ -165,9 +166,11 @@ class Trainer:
 
     def _choose_attention(self) -> None:
         """--attention: the kernel, then the task's checks of the model as it will run."""
-        from leantrain.model import attention
+        from leantrain.model import attention, dropout
 
-        name, why = attention.set_up(self.model, self.cfg.attention, self.accelerator.device.type, self.precision)
+        device = self.accelerator.device.type
+        self.fast_dropout = dropout.applies(self.cfg, device)
+        name, why = attention.set_up(self.model, self.cfg.attention, device, self.precision, self.fast_dropout)
         if name is not None:
             self.say.info(f"attention: {name} ({why})")
         self.attention = name
@@ -650,7 +653,7 @@ class Trainer:
             if known is not None:
                 for mask in self.masks:
                     masks.enter_context(mask.for_batch(known.padded, known.packed))
-            with sync, masks, timer.phase("forward_backward"):
+            with sync, masks, fast_dropout(self.fast_dropout), timer.phase("forward_backward"):
                 loss = self.oom.forward_backward(self.forward_backward_step, batch, state.step)
             if loss is None:  # out of memory on some process: redo this step, micro-batch halved
                 event = self.oom.recut(self.optimizer, state.epoch, state.steps_in_epoch, state.step)

@@ -1,0 +1,67 @@
+"""Dropout on a CPU drawn from 16 random bits a number.
+
+torch's dropout on a CPU draws each number's keep-or-drop through `bernoulli_`, which runs the generator one number at
+a time and converts each draw to a float: about 5 ns a number on 2 cores, a quarter of a MiniLM step in bf16
+(`benchmarks/results/dropout.md`). Here one 64-bit draw of the same generator (`random_` over the whole int64 range)
+decides four numbers, 16 bits each, compared with p rounded to 1/65,536; the kept numbers are scaled by the exact
+inverse of the kept fraction, so each output's expectation is its input, as with torch's. A dropout and its backward
+cost about 2.5x less.
+
+The draws come from torch's CPU generator, in order: a seed gives the same masks, a checkpoint's saved generator
+resumes them bitwise, activation checkpointing's replay (which restores the generator) draws them again, and the
+NaN guard's restore puts them back. They are not torch's draws: a run with this dropout is not bitwise one with
+torch's (`--no-fast-dropout`), only alike in distribution. Within `fast_dropout()` every `torch.nn.functional.dropout`
+call of CPU tensors takes this path (`nn.Dropout` modules and transformers' eager attention go through it); SDPA's
+dropout inside its kernel does not, which is why `--attention auto` picks eager attention for such a model on a CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+#: the resolution of p: each number is kept when its 16 random bits are at least p x 65,536 (rounded)
+LEVELS = 1 << 16
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+    """`torch.nn.functional.dropout`'s contract (zero each number with probability p, scale the rest by the inverse
+    of the kept fraction) with 16-bit draws on a CPU; anything else (another device, p of 0 or 1, not training)
+    goes to torch's own."""
+    if not training or input.device.type != "cpu" or not 0.0 < p < 1.0 or not input.is_floating_point():
+        return _TORCH_DROPOUT(input, p, training, inplace)
+    dropped = round(p * LEVELS)
+    if dropped in (0, LEVELS):  # p within 1/131,072 of 0 or 1: torch's, exactly
+        return _TORCH_DROPOUT(input, p, training, inplace)
+    n = input.numel()
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(*_INT64).view(torch.int16)[:n].view(input.shape)
+    keep = (bits >= dropped - LEVELS // 2).to(input.dtype).mul_(LEVELS / (LEVELS - dropped))
+    return input.mul_(keep) if inplace else input * keep
+
+
+_TORCH_DROPOUT = torch.nn.functional.dropout
+
+
+def applies(cfg: Any, device_type: str) -> bool:
+    """Whether a run of `cfg` on `device_type` draws its dropout here: --fast-dropout, a CPU, an eager model (a
+    compiled graph traces torch's own)."""
+    return bool(getattr(cfg, "fast_dropout", False)) and device_type == "cpu" and not getattr(cfg, "compile", False)
+
+
+@contextlib.contextmanager
+def fast_dropout(on: bool = True) -> Iterator[None]:
+    """Within: `torch.nn.functional.dropout` of CPU tensors draws 16 bits a number (`dropout`); `on` False: torch's."""
+    if not on:
+        yield
+        return
+    functional = torch.nn.functional
+    own = functional.dropout
+    functional.dropout = dropout
+    try:
+        yield
+    finally:
+        functional.dropout = own
