@@ -68,7 +68,7 @@ def measured(monkeypatch, tmp_path):
     class Measured:
         speed, calls = 100.0, []
 
-    def fake(model_path, precision, batch, length, steps=3):
+    def fake(model_path, precision, batch, length, steps=3, fast=True):
         Measured.calls.append((precision, batch, length))
         return Measured.speed
 

@@ -653,9 +653,9 @@ class EfficiencyConfig:
     )
     fast_dropout: bool = _help(
         "CPU: draw dropout's masks 16 random bits a number from torch's generator (p rounded to 1/65,536) instead "
-        "of torch's bernoulli_: 2.5x cheaper dropouts, a sixth of a MiniLM training step; the same distribution, "
-        "not torch's draws. Eager training only (not --compile); --attention auto then runs eager attention for a "
-        "model with attention dropout, whose SDPA kernel draws its own.",
+        "of torch's bernoulli_: 2.5x cheaper dropouts, a MiniLM step 1.1x (fp32) to 1.3x (bf16) faster; the same "
+        "distribution, not torch's draws. Eager training only (not --compile); --attention auto then runs eager "
+        "attention for a model with attention dropout, whose SDPA kernel draws its own.",
         default=True,
     )
     pad_to_max_length: bool = _help(
@@ -1046,7 +1046,9 @@ def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
     if cfg.model not in (None, EMBEDDED_MODEL) or cfg.task is not None:
         return DEFAULT_JOB_LIMIT, "the most rows: the speed is measured for the embedded model's classifier only"
     precision = choose_precision(cfg.precision)[0]
-    speed, when = training_speed(str(embedded_model_path()), precision, cfg.batch_size, DEFAULT_JOB_LENGTH)
+    speed, when = training_speed(
+        str(embedded_model_path()), precision, cfg.batch_size, DEFAULT_JOB_LENGTH, fast=cfg.fast_dropout
+    )
     rows = int(speed * DEFAULT_JOB_SECONDS) // 1000 * 1000
     rows = min(max(rows, DEFAULT_JOB_ROWS["min"]), DEFAULT_JOB_ROWS["max"])
     seconds = rows / speed

@@ -33,17 +33,23 @@ def cache_file() -> Path:
     return leantrain_cache() / "training_speed.json"
 
 
-def measure_training_speed(model_path: str, precision: str, batch: int, length: int, steps: int = 3) -> float:
+def measure_training_speed(
+    model_path: str, precision: str, batch: int, length: int, steps: int = 3, fast: bool = True
+) -> float:
     """Samples/s of a sequence classifier's optimizer steps (forward, backward, fused AdamW) on CPU: the median of
-    `steps` after one warm-up. The caller's random state is left as it was."""
+    `steps` after one warm-up, with the attention kernel `--attention auto` picks and, with `fast`, the job's dropout
+    (`model.dropout`). The caller's random state is left as it was."""
     import torch
 
+    from leantrain.model import attention
+    from leantrain.model.dropout import fast_dropout
     from leantrain.model.loading import library_bars_off, load_for_classification
 
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), fast_dropout(fast):
         torch.manual_seed(0)
         with library_bars_off():
             model = load_for_classification(model_path, ["a", "b"])
+        attention.set_up(model, "auto", "cpu", precision, fast)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         vocab = model.config.vocab_size
@@ -63,7 +69,7 @@ def measure_training_speed(model_path: str, precision: str, batch: int, length: 
     return batch / statistics.median(seconds[1:])
 
 
-def training_speed(model_path: str, precision: str, batch: int, length: int) -> tuple[float, str]:
+def training_speed(model_path: str, precision: str, batch: int, length: int, fast: bool = True) -> tuple[float, str]:
     """This machine's samples/s for the job's shape (cached after the first measurement), and when it was
     measured."""
     import torch
@@ -80,6 +86,7 @@ def training_speed(model_path: str, precision: str, batch: int, length: int) -> 
             precision,
             str(model_path),
             f"{batch}x{length}",
+            "fast dropout" if fast else "torch's dropout",  # figures cached before either: torch's, not keyed
         ]
     )
     path = cache_file()
@@ -88,7 +95,7 @@ def training_speed(model_path: str, precision: str, batch: int, length: int) -> 
         return float(entry["samples_per_second"]), f"measured {entry.get('measured', '?')}, cached in {path}"
     if key in _MEASURED:
         return _MEASURED[key], "measured now"
-    speed = _MEASURED[key] = measure_training_speed(model_path, precision, batch, length)
+    speed = _MEASURED[key] = measure_training_speed(model_path, precision, batch, length, fast=fast)
     stamp = time.strftime("%Y-%m-%d %H:%M")
     write_cache(path, key, {"samples_per_second": speed, "measured": stamp})
     return speed, "measured now"
