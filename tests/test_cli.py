@@ -47,6 +47,23 @@ def _one_line_error(code, err, *needles):
 
 
 @pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["evaluate", "RUN", "--eval-data", "x.csv"], "unknown flag --eval-data; did you mean --data?"),
+        (
+            ["predict", "RUN", "--text", "hi", "--save-every", "3"],
+            "`leantrain predict` takes no --save-every (a flag of",
+        ),
+        (["train", "--batch-sise", "8"], "did you mean --batch-size?"),
+    ],
+)
+def test_a_flag_the_command_does_not_take_is_named_with_the_commands_own(capsys, argv, needle):
+    """The hint comes from the command's own flags: never "did you mean" the very flag typed (another command's)."""
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
     "change,needles",
     [
         (["--data", "missing.csv"], ["missing.csv", "no such file"]),

@@ -44,12 +44,36 @@ class _Parser(argparse.ArgumentParser):
                     f"unexpected argument '{bad[0] if bad else ''}'; see `{self.prog} --help`"
                 )
             else:
-                from leantrain.config import hf_names
-
-                known = [o for p in _all_parsers(self) for a in p._actions for o in a.option_strings]
-                hint = hf_names.hint(flag.split("=")[0], known) or f"; see `{self.prog} --help`"
-                message = f"unknown flag {flag}{hint}"
+                message = self._unknown_flag(flag)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _unknown_flag(self, flag: str) -> str:
+        """One line for a flag the command does not take: the closest of the command's own flags, or, for another
+        command's flag (`evaluate --eval-data`), which commands take it."""
+        from leantrain.config import hf_names
+
+        name = flag.split("=")[0]
+        argv: list[str] = getattr(self, "_argv", [])
+        commands = {
+            command: sub
+            for action in self._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for command, sub in action.choices.items()
+        }
+        command = next((token for token in argv if token in commands), None)
+        prog = f"{self.prog} {command}" if command else self.prog
+        scope = _all_parsers(commands[command]) if command else _all_parsers(self)
+        known = [o for p in scope for a in p._actions for o in a.option_strings]
+        hint = hf_names.hint(name, known)
+        if hint and not hint.endswith(f" {name}?"):
+            return f"unknown flag {flag}{hint}"
+        elsewhere = [
+            c for c, sub in commands.items() if c != command and any(name in a.option_strings for a in sub._actions)
+        ]
+        if command and elsewhere:
+            takers = ", ".join(f"`{self.prog} {c}`" for c in elsewhere)
+            return f"`{prog}` takes no {name} (a flag of {takers}); see `{prog} --help`"
+        return f"unknown flag {flag}; see `{prog} --help`"
 
 
 def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
