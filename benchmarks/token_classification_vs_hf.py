@@ -13,6 +13,7 @@ its `group_by_length` translates to); `--leantrain-order shuffled` measures lean
 
     python benchmarks/token_classification_vs_hf.py                        # 3 pairs, fp32 and bf16
     python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 300 --epochs 1 --precisions fp32  # a check
+    python benchmarks/token_classification_vs_hf.py --pairs 1 --precisions bf16 --no-dropout   # the same arithmetic
     # what fits a loaded 2-core machine and still learns entities (benchmarks/results/token_classification_vs_hf.md)
     python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 1000 --epochs 2 --batch-size 16 \\
         --lr 3e-4 --precisions fp32
@@ -79,12 +80,33 @@ def prepare(work: Path, sentences: int | None) -> dict:
     }
 
 
+def model_path(work: Path) -> str:
+    """The model both sides train: the embedded MiniLM, or its dropout-free copy (`--no-dropout`)."""
+    from leantrain.model.loading import embedded_model_path
+
+    return str(work / "model") if (work / "model").is_dir() else str(embedded_model_path())
+
+
+def write_model_without_dropout(work: Path) -> None:
+    """`--no-dropout`: a copy of the embedded MiniLM with its dropouts at 0, which both sides load: training is
+    then the same arithmetic on both, and what is left between their F1 is rounding, not the dropout's draws."""
+    import shutil
+
+    from leantrain.model.loading import embedded_model_path
+
+    shutil.copytree(embedded_model_path(), work / "model", dirs_exist_ok=True)
+    config = json.loads((work / "model" / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (work / "model" / "config.json").write_text(json.dumps(config, indent=1))
+
+
 def side_leantrain(work: Path, precision: str, epochs: float) -> dict:
     from leantrain import TrainConfig, train
 
     result = train(
         TrainConfig(
             task="token-classification",
+            model=model_path(work),
             data=str(work / "train.conll"),
             eval_data=str(work / "eval.conll"),
             epochs=epochs,
@@ -136,16 +158,15 @@ def side_hf(work: Path, precision: str, epochs: float) -> dict:
         set_seed,
     )
 
-    from leantrain.model.loading import embedded_model_path
     from leantrain.tasks.entities import entity_scores
 
-    model_path = str(embedded_model_path())
+    path = model_path(work)
     train_words, train_tags = read_sentences(work / "train.conll")
     eval_words, eval_tags = read_sentences(work / "eval.conll")
     types = sorted({t[2:] for seq in train_tags for t in seq if t != "O"})
     names = ["O"] + [f"{p}-{k}" for k in types for p in "BI"]
     label_id = {n: i for i, n in enumerate(names)}
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
 
     def encode(batch):
         enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=JOB["max_length"])
@@ -165,7 +186,7 @@ def side_hf(work: Path, precision: str, epochs: float) -> dict:
 
     set_seed(JOB["seed"])
     model = AutoModelForTokenClassification.from_pretrained(
-        model_path, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_id
+        path, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_id
     )
     args = TrainingArguments(
         output_dir=str(work / "hf"),
@@ -383,6 +404,7 @@ def main() -> None:
     parser.add_argument("--hf-order", choices=["trainer", "leantrain"], default="trainer",
                         help="the Trainer's batch order: its own (group_by_length), or leantrain's (to tell the "
                              "order's effect on F1)")  # fmt: skip
+    parser.add_argument("--no-dropout", action="store_true", help="both sides train the model without dropout")
     parser.add_argument("--leantrain-order", choices=["shuffled", "longest-first"], default="longest-first",
                         help="leantrain's --batch-order (longest-first: the Trainer's order)")  # fmt: skip
     args = parser.parse_args()
@@ -402,6 +424,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     data = prepare(work, args.sentences)
+    if args.no_dropout:
+        write_model_without_dropout(work)
     runs = measure(work, args.pairs, args.precisions.split(","), args.epochs, args.seeds)
     from importlib.metadata import version
 
