@@ -92,6 +92,24 @@ def test_a_run_from_a_sentence_transformers_checkpoint_trains_from_the_pooler_it
         assert not said and torch.allclose(trained, start, atol=1e-5)
 
 
+def test_a_reward_model_from_a_sentence_transformers_checkpoint_starts_its_pooler_as_the_identity(
+    st_model_dir, tmp_path
+):
+    from leantrain import TrainConfig, train
+    from tests.tasks.test_dpo import pair_rows, write_jsonl
+
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(24))
+    common = dict(task="reward-model", data=str(pairs), max_steps=1, lr=1e-7, batch_size=8, progress=False)
+    for folder, identity in ((st_model_dir, True), (st_model_dir.parent / "plain", False)):
+        if not identity:  # the same weights without modules.json: a checkpoint whose pooler was trained
+            shutil.copytree(st_model_dir, folder)
+            (folder / "modules.json").unlink()
+        result = train(TrainConfig(**common, model=str(folder), output_dir=str(tmp_path / f"run-{identity}"),
+                                   cache_dir=str(tmp_path / "cache"), report=False))  # fmt: skip
+        trained = load_file(result.model_dir / "model.safetensors")["bert.pooler.dense.weight"]
+        assert torch.allclose(trained, torch.eye(trained.shape[0]), atol=1e-5) == identity
+
+
 def test_an_unknown_pooler_setting_is_refused():
     from leantrain import TrainConfig
 

@@ -98,7 +98,8 @@ class ModelConfig:
     )
     trust_remote_code: bool = _help("Allow model code shipped with a checkpoint to run (off: safer).", default=False)
     pooler: str = _help(
-        "Text classification with a BERT-style pooler (the dense layer over the first token that the head reads): "
+        "Text classification and reward models with a BERT-style pooler (the dense layer over the first token that "
+        "the head reads): "
         "auto|keep|identity. identity starts it as the identity (weight I, bias 0), so the head first reads the "
         "first token's hidden state; auto does that for a sentence-transformers checkpoint (a modules.json beside "
         "the weights), whose training never used its pooler, and keeps every other model's.",

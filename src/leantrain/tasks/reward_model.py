@@ -63,6 +63,7 @@ class RewardModel(PolicyTask):
         model = loading.load_for_classification(
             model_path, ["reward"], trust_remote_code=self.cfg.trust_remote_code, config=data.model_config
         )
+        self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler)
         model.config.problem_type = "regression"  # the pipeline returns the reward itself, no sigmoid
         model.config.pad_token_id = data.processor.pad_token_id  # where each row's last token is
         # an encoder with sentence pairs (BERT) reads prompt and completion as its segments A and B
@@ -71,6 +72,9 @@ class RewardModel(PolicyTask):
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
         return model
+
+    def model_notes(self) -> list[str]:
+        return [self._pooler_note] if getattr(self, "_pooler_note", None) else []
 
     def check_model(self, model: torch.nn.Module) -> None:
         return None
