@@ -30,6 +30,7 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "grad_accum4": {"grad_accum": 4},  # micro-batch divided by 4: same global batch
     "activation_ckpt": {"activation_checkpointing": True},
     "compile": {"compile": True},
+    "torch_dropout": {"fast_dropout": False},  # torch's CPU dropout draws, where the baseline draws its own
     "bf16+activation_ckpt": {"precision": "bf16", "activation_checkpointing": True},
     "bf16+adafactor": {"precision": "bf16", "optimizer": "adafactor"},
     "lean": {"precision": "bf16", "activation_checkpointing": True, "optimizer": "adamw8bit"},
