@@ -41,6 +41,7 @@ class RewardModel(PolicyTask):
     auto_model: ClassVar[str] = "AutoModelForSequenceClassification"
     pipeline: ClassVar[str] = "text-classification"
     planner: ClassVar[str | None] = None
+    _pooler_note: str | None = None  # what `build_model` did to the pooler (`model_notes`)
     generates: ClassVar[bool] = False
     metric_names: tuple[str, ...] = ("loss", *REWARD_METRICS)
     default_metric: ClassVar[str] = "accuracy"
@@ -74,7 +75,7 @@ class RewardModel(PolicyTask):
         return model
 
     def model_notes(self) -> list[str]:
-        return [self._pooler_note] if getattr(self, "_pooler_note", None) else []
+        return [self._pooler_note] if self._pooler_note else []
 
     def check_model(self, model: torch.nn.Module) -> None:
         return None
