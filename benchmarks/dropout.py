@@ -13,7 +13,6 @@ Sequence classification (the default job's) and token classification (a head at 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -22,7 +21,9 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from benchmarks._results import write_results  # noqa: E402
 
 #: (dropout, attention): torch's dropout with SDPA is what ran before
 CASES = (("torch", "sdpa"), ("torch", "eager"), ("fast", "sdpa"), ("fast", "eager"))
@@ -112,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python benchmarks/dropout.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / "dropout.json").write_text(json.dumps({"context": context, "results": results}, indent=1) + "\n")
     lines = [
         "# Dropout on a CPU: torch's bernoulli_ against 16-bit draws",
         "",
@@ -131,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {r['precision']} | {r['task']} | {c['dropout']} | {c['attention']} | {c['ms']} | "
                 f"{c['speed_vs_before']:.2f} |"
             )
-    lines += ["", "| context | |", "|---|---|", *(f"| {k} | {v} |" for k, v in context.items())]
-    (a.out_dir / "dropout.md").write_text("\n".join(lines) + "\n")
+    write_results(a.out_dir, "dropout", lines, context, {"results": results})
     print("\n".join(lines))
     return 0
 

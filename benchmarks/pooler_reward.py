@@ -22,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "src"))
+from benchmarks._results import write_results  # noqa: E402
 from benchmarks.preference_sst2 import SHARED, pair_file, sst2_rows  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -75,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python benchmarks/pooler_reward.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / "pooler_reward.json").write_text(json.dumps({"context": context, "runs": rows}, indent=1) + "\n")
     by = {(r["seed"], r["pooler"]): r for r in rows}
     lines = [
         "# A reward model's pooler on a sentence-transformers checkpoint: kept, or started as the identity",
@@ -96,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {seed} | {k['accuracy']:.4f} | {i['accuracy']:.4f} | {diff:+.2f} points | {k['margin']:.3f} | "
             f"{i['margin']:.3f} |"
         )
-    lines += ["", "| context | |", "|---|---|", *(f"| {k} | {v} |" for k, v in context.items())]
-    (a.out_dir / "pooler_reward.md").write_text("\n".join(lines) + "\n")
+    write_results(a.out_dir, "pooler_reward", lines, context, {"runs": rows})
     print("\n".join(lines))
     return 0
 
