@@ -1,7 +1,8 @@
 """Sampling completions while training (model/generation.py) on a tiny random Llama: greedy decoding is transformers'
 `generate`, ended rows leave the batch without changing the others, a prompt's sampled completions depend on its
 seed only (not on the prompts beside it), the draw is softmax(logits / temperature) cut at top-p as transformers'
-warpers cut it, and the model samples in evaluation mode with its training mode restored."""
+warpers cut it, the model samples in evaluation mode with its training mode restored, and in bf16 each weight is
+cast once a generation."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from leantrain.model.generation import Sampling, choose, sample
+from tests.casts_helper import WeightCasts
 from tests.tasks.test_causal_lm import tiny_llama, write_tiny_llama
 
 
@@ -111,3 +113,18 @@ def test_lora_adapters_are_on_while_sampling(tmp_path):
     with peft_model.disable_adapter():
         assert sample(peft_model, prompts, 1, greedy) == base
     assert adapted != base
+
+
+def test_a_bf16_generation_under_one_autocast_casts_each_weight_once(tmp_path):
+    """The model prepared as the trainer prepares it (Accelerate autocasts each forward) and one autocast around the
+    generation, as the trainer puts there: each weight is cast to bf16 once for all the tokens, not once a token."""
+    from leantrain.parallel import make_accelerator
+
+    model = tiny_llama(write_tiny_llama(tmp_path))
+    accelerator = make_accelerator("bf16")
+    model = accelerator.prepare(model)
+    greedy = Sampling(max_new_tokens=6, eos_token_ids=(), pad_token_id=0, temperature=None)
+    with accelerator.autocast(), WeightCasts(model) as casts:
+        out = sample(model, prompts_of(model.config.vocab_size), 1, greedy)
+    assert all(len(c) == 6 for c in out)  # six forwards
+    assert len(casts.counts) >= 4 and casts.most == 1

@@ -20,6 +20,7 @@ from leantrain.commands.cli import main
 from leantrain.data.batching import Slot
 from leantrain.data.seq2seq import IGNORE, PairCollator, resolve_pair_columns
 from leantrain.training import Hooks
+from tests.casts_helper import WeightCasts
 from tests.conftest import EXACT_JOB, assert_trained_alike
 
 WORDS = [
@@ -204,6 +205,25 @@ def test_resuming_a_checkpoint_gives_bitwise_the_same_run(models, pairs, tmp_pat
     assert_same_weights(whole.output_dir, resumed.output_dir)
     assert loss_log(resumed.output_dir) == loss_log(whole.output_dir)
     assert resumed.metrics["eval_rougeL"] == whole.metrics["eval_rougeL"]
+
+
+def test_a_bf16_generating_evaluation_casts_each_weight_once(models, pairs, tmp_path, monkeypatch):
+    """An evaluation runs under one autocast: each weight is cast to bf16 once for the loss pass and every
+    generated token of every batch, not once a forward (the prepared model autocasts each forward itself)."""
+    from leantrain.training import evaluator
+
+    most = []
+
+    def counted(model, *args):
+        with WeightCasts(model) as casts:
+            out = original(model, *args)
+        most.append(casts.most)
+        return out
+
+    original = evaluator.gather_rows
+    monkeypatch.setattr(evaluator, "gather_rows", counted)
+    train(job(models, pairs, tmp_path, "bf16", "bert2bert", precision="bf16", max_steps=1))
+    assert most == [1]  # 27 examples in two batches, each a loss pass and 8 tokens generated
 
 
 @pytest.mark.parametrize("model", ["t5", "bert2bert"])

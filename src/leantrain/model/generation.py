@@ -1,4 +1,4 @@
-"""Sampling completions from a causal LM while it trains: batched, with a KV cache, in inference mode.
+"""Sampling completions from a causal LM while it trains: batched, with a KV cache, without autograd.
 
 What an online-RL step needs, and what `model.generate` does not give: several completions per prompt whose
 tokens depend on (the weights, the prompt, its seed) only, never on which other prompts share the batch, so that
@@ -49,7 +49,9 @@ def sample(
     was_training = inner.training
     inner.eval()
     try:
-        with torch.inference_mode():
+        # no_grad, not inference_mode: under inference_mode autocast does not keep its casts of the weights from one
+        # token's forward to the next (the caller's autocast around the generation: 1.3-1.4x faster measured in bf16)
+        with torch.no_grad():
             return _sample(inner, prompts, per_prompt, sampling, seeds)
     finally:
         inner.train(was_training)

@@ -34,6 +34,12 @@ class MixedPrecision:
             return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()  # the prepared model autocasts itself
 
+    def autocast_across(self):
+        """An autocast around many forwards of unchanged weights (a generation's tokens): the prepared model
+        autocasts each forward itself, but autocast keeps its low-precision copies of the weights only while the
+        outermost autocast lasts, so without one around them every forward casts every weight again."""
+        return self.autocast() if self.manual or self.own_autocast else self.accelerator.autocast()
+
     def backward(self, loss: torch.Tensor) -> None:
         if self.manual:
             assert self.scaler is not None  # made whenever self.manual

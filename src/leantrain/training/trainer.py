@@ -739,7 +739,7 @@ class Trainer:
     def _made_examples(self, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The task's own micro-batches of this step (`Task.step_examples`), each given the step's units: the sum of
         their `units` on every process, known only now (one all-reduce)."""
-        with self.logger.timer.phase("generate"), self.amp.autocast():
+        with self.logger.timer.phase("generate"), self.amp.autocast_across():
             made = self.task.step_examples(self.model, batches, self.state.step, self.context)
         local = sum(float(b["units"]) for b in made)
         if self.accelerator.num_processes > 1:
