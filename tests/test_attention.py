@@ -171,3 +171,35 @@ def test_evaluate_runs_the_kernel_the_run_forced(tiny_model_dir, sentiment_csv, 
     assert auto.metrics["attention"] == "sdpa"  # auto resolved, on this fp32 CPU run
     evaluate(str(auto.output_dir), str(sentiment_csv))
     assert not ran  # auto trained with SDPA here, and evaluation keeps the default
+
+
+def test_auto_evaluates_with_sdpa_where_eager_trains(tiny_model_dir, sentiment_csv, tmp_path, monkeypatch, capsys):
+    """Where auto trains eager (a CPU with native bf16, as made here), evaluations run SDPA (no backward pass: its
+    forward measured faster), the model trains eager again after each, and `leantrain evaluate` scores the run's model
+    with SDPA too, to the same loss."""
+    from transformers.models.bert import modeling_bert
+
+    from leantrain import evaluate
+
+    monkeypatch.setattr(attention, "_cpu_has_native_bf16", lambda: True)
+    modes: list[bool] = []  # the `training` flag of each eager call
+    original = modeling_bert.eager_attention_forward
+
+    def spy(module, *args, **kwargs):
+        modes.append(module.training)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_bert, "eager_attention_forward", spy)
+    result = run(
+        tiny_model_dir, sentiment_csv, tmp_path, "auto", precision="bf16", eval_every=2, eval_data=str(sentiment_csv)
+    )
+    said = capsys.readouterr().err
+    assert "attention: eager (auto: on a CPU with native bf16" in said and "evaluations: sdpa (no backward)" in said
+    assert result.metrics["attention"] == "eager"
+    # (the set-up's probes of the model run eager in evaluation mode, before the first step)
+    trained = modes[modes.index(True) :]
+    assert trained == [True] * 4 * 2  # 4 steps of 2 layers; the evaluations at steps 2 and 4 never ran eager
+    modes.clear()
+    again = evaluate(str(result.output_dir), str(sentiment_csv))
+    assert modes == []  # SDPA: eager's function never ran
+    assert again["loss"] == result.metrics["eval_loss"]

@@ -28,6 +28,8 @@ class Job:
     precision_why: str = ""
     #: for inference: whether the model's own run recorded its config (a model leantrain trained)
     from_run: bool = False
+    #: for inference: whether that run trained compiled (its evaluations kept the training attention kernel)
+    compiled: bool = False
 
 
 def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Job:
@@ -138,4 +140,5 @@ def for_inference(
         values["precision"] = precision
     job = assemble(TrainConfig.from_dict(values, source=f"{path} (its run's config)"))
     job.from_run = from_run
+    job.compiled = bool(saved.get("compile"))
     return job

@@ -89,14 +89,18 @@ def _job(run_or_model: str, overrides: dict[str, Any], cache_dir: str | None, pr
 
 
 def _model(job):
-    """The trained model, in evaluation mode, with the attention kernel its run chose (the same choice, made the
-    same way: `--attention auto` picks by device and precision)."""
-    from leantrain.model import dropout
-    from leantrain.model.attention import set_up
+    """The trained model, in evaluation mode, with the attention kernel its run evaluated with (the same choice,
+    made the same way: `--attention auto` picks by device and precision)."""
+    from leantrain.model import attention, dropout
     from leantrain.parallel import device_type
 
     model = job.task.load_trained(job.model_path)
-    set_up(model, job.cfg.attention, device_type(), job.precision, dropout.applies(job.cfg, device_type()))
+    cfg, device = job.cfg, device_type()
+    training, _ = attention.set_up(model, cfg.attention, device, job.precision, dropout.applies(cfg, device))
+    packing = bool(getattr(cfg, "packing", False))
+    evaluation = attention.for_evaluation(model, cfg.attention, training, packing=packing, compiled=job.compiled)
+    if evaluation is not None:
+        attention.apply(model, evaluation)
     return model
 
 

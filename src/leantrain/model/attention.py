@@ -13,6 +13,11 @@ results, and `auto` picks by what was measured:
 - a CPU, a model with attention dropout, `--fast-dropout` (on by default): SDPA draws its dropout inside its kernel
   with torch's slow `bernoulli_`, eager attention through `model.dropout` -> eager.
 
+Evaluations run no backward pass, and there SDPA's forward was the faster everywhere measured (a CPU, no grad:
+MiniLM at length 128 in bf16 2x eager, in fp32 1.1-1.2x; a Llama 1.1x in bf16; a bert2bert's generation 1.1x): so
+with `auto` evaluations (`leantrain evaluate` and `predict` too) run SDPA whatever trains (`for_evaluation`), but
+for a compiled model (a switch would recompile) and a packed run (the packing guard checked the training kernel).
+
 Sources: benchmarks/results/gpu_check/, benchmarks/results/attention.md (`python benchmarks/attention.py` on the
 machine at hand). Never flex by default: it compiles per new shape. Packing stays safe with either choice: a
 causal LM's packing guard runs after the choice (tasks/causal_lm.py).
@@ -20,6 +25,8 @@ causal LM's packing guard runs after the choice (tasks/causal_lm.py).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from leantrain.errors import ConfigError
@@ -88,8 +95,7 @@ def set_up(
     model: Any, setting: str, device_type: str, precision: str, fast_dropout: bool = False
 ) -> tuple[str | None, str]:
     """Choose (`choose`) and switch to (`apply`) the kernel `setting` asks for; returns the one that runs (None: the
-    model has no choice) and why. The trainer and `evaluate`/`predict` both call this, so a run's model is scored
-    with the kernel it was evaluated with in training."""
+    model has no choice) and why."""
     name, why = choose(setting, model, device_type, precision, fast_dropout)
     if name is None:
         return None, why
@@ -97,3 +103,28 @@ def set_up(
     if running != name:
         why = f"{name} was chosen ({why}), but {type(model).__name__} cannot run it"
     return running, why
+
+
+def for_evaluation(model: Any, setting: str, training: str | None, *, packing: bool, compiled: bool) -> str | None:
+    """The kernel `model` is evaluated with when it trains with `training`: SDPA under `auto` where the model runs
+    it (module doc), else the training kernel. The trainer and `evaluate`/`predict` both call this, so a run's model
+    is scored with the kernel it was evaluated with in training. Leaves the model running `training`."""
+    if training is None or setting != "auto" or packing or compiled or training == "sdpa":
+        return training
+    runs = apply(model, "sdpa", forced=False)
+    apply(model, training)
+    return runs
+
+
+@contextlib.contextmanager
+def running(model: Any, name: str | None) -> Iterator[None]:
+    """Within the block `model` runs attention `name` (None: as it is), its own kernel again after."""
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if name is None or current is None or name == current:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)

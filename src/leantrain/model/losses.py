@@ -88,14 +88,17 @@ class _HeadCrossEntropy(torch.autograd.Function):
             grad_dtype = torch.float32 if dtype == torch.float16 else dtype
             h_g, w_g = h.to(grad_dtype), w.to(grad_dtype)
             grad_h = torch.empty_like(h_g)
-            grad_w = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+            # the weight's gradient: one chunk's product as its matmul made it (cast once, in backward), several
+            # chunks' summed in fp32
+            grad_w: torch.Tensor | None = None
             grad_b = torch.zeros_like(bias, dtype=torch.float32) if ctx.needs_input_grad[2] else None
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            # every chunk writes into the same two buffers: on CPU a fresh block this large is new pages, and
+            # every chunk writes into the same buffers: on CPU a fresh block this large is new pages, and
             # faulting them in cost more than the log-softmax itself (benchmarks/results/head_chunks.md)
             chunk = min(HEAD_CHUNK_ROWS, h.shape[0])
             logits_buffer = h.new_empty((chunk, w.shape[0]))
             log_probs_buffer = h.new_empty((chunk, w.shape[0]), dtype=torch.float32)
+            grad_buffer = None if grad_dtype == torch.float32 else h.new_empty((chunk, w.shape[0]), dtype=grad_dtype)
             for start in range(0, h.shape[0], HEAD_CHUNK_ROWS):
                 rows, wanted = h[start : start + HEAD_CHUNK_ROWS], targets[start : start + HEAD_CHUNK_ROWS]
                 n = rows.shape[0]
@@ -111,14 +114,20 @@ class _HeadCrossEntropy(torch.autograd.Function):
                     row_losses[start : start + n] = -picked[:, 0]
                 grad = log_probs.exp_()  # the softmax, in place
                 grad[torch.arange(len(wanted), device=grad.device), wanted] -= 1.0
-                grad = grad.to(grad_dtype)
-                torch.mm(grad, w_g, out=grad_h[start : start + HEAD_CHUNK_ROWS])
-                if grad_w is not None and grad_dtype == torch.float32:
-                    grad_w.addmm_(grad.t(), h_g[start : start + HEAD_CHUNK_ROWS])
-                elif grad_w is not None:
-                    grad_w += (grad.t() @ h_g[start : start + HEAD_CHUNK_ROWS]).float()
-                if grad_b is not None:
-                    grad_b += grad.float().sum(0)
+                if grad_b is not None:  # summed in fp32 before any rounding (a bf16 sum is also slower)
+                    grad_b += grad.sum(0)
+                if grad_buffer is not None:
+                    grad = grad_buffer[:n].copy_(grad)
+                torch.mm(grad, w_g, out=grad_h[start : start + n])
+                if ctx.needs_input_grad[1]:
+                    h_rows = h_g[start : start + n]
+                    if grad_w is None:
+                        grad_w = grad.t() @ h_rows
+                    elif grad_dtype == torch.float32:
+                        grad_w.addmm_(grad.t(), h_rows)
+                    else:  # a later low-precision chunk: the sum in fp32
+                        grad_w = grad_w if grad_w.dtype == torch.float32 else grad_w.float()
+                        grad_w += grad.t() @ h_rows
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = hidden.dtype, weight.dtype, None if bias is None else bias.dtype
         return total
@@ -129,7 +138,11 @@ class _HeadCrossEntropy(torch.autograd.Function):
         hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
 
         def scaled(grad, dtype):
-            return None if grad is None else (grad.float() * grad_total).to(dtype)
+            if grad is None:
+                return None
+            # a saved fp32 gradient is left as it is (a backward may run twice); a cast one is this call's own
+            grad = grad * grad_total if grad.dtype == torch.float32 else grad.float().mul_(grad_total)
+            return grad.to(dtype)
 
         return scaled(grad_h, hidden_dtype), scaled(grad_w, weight_dtype), scaled(grad_b, bias_dtype), None, None
 

@@ -179,13 +179,17 @@ class MetricsLogger:
     def logs_at(self, step: int) -> bool:
         return step % self.every == 0 or step == self.total_steps
 
-    def _compile_facts(self, compiled: bool) -> dict[str, int | None]:
-        """metrics.json: steps that compiled a new graph after the warm-up, and the graphs compiled in all."""
-        return (
-            {"recompiles": self.recompiles, **self._compile_row()}
-            if compiled
-            else dict.fromkeys(("recompiles", "compiled_graphs"))
-        )
+    def _compile_facts(self, warm_up_seconds: float | None) -> dict[str, float | int | None]:
+        """metrics.json: the seconds spent compiling (the warm-up's `warm_up_seconds` and every later recompilation:
+        their steps are left out of throughput), the steps that compiled a new graph after the warm-up, and the graphs
+        compiled in all; None each when nothing compiled."""
+        if warm_up_seconds is None:
+            return dict.fromkeys(("compile_seconds", "recompiles", "compiled_graphs"))
+        return {
+            "compile_seconds": warm_up_seconds + self.recompile_seconds,
+            "recompiles": self.recompiles,
+            **self._compile_row(),
+        }
 
     def _compile_row(self) -> dict[str, int]:
         """--compile: the graphs dynamo has compiled so far (a new one mid-run is a recompile)."""
@@ -302,11 +306,7 @@ class MetricsLogger:
             "steady_samples_per_second": meter.steady_samples_per_second * n,
             "steady_tokens_per_second": meter.steady_tokens_per_second * n if padded else None,
             "padding_fraction": 1 - tokens / padded if padded else None,  # None: no tokens (images, audio)
-            # the warm-up's compilation and every later recompilation (their steps are left out of throughput)
-            "compile_seconds": None
-            if extra["compile_seconds"] is None
-            else extra["compile_seconds"] + self.recompile_seconds,
-            **self._compile_facts(extra["compile_seconds"] is not None),
+            **self._compile_facts(extra["compile_seconds"]),
             **flops.metrics(meter.seconds),  # this process's FLOPs over its training time, against one device's peak
             **flops.steady_metrics(meter.steady_seconds),  # the same after the warm-up steps: the headline MFU
             "flops_per_padded_token": flops.flops / padded * n if padded else None,
@@ -323,6 +323,7 @@ class MetricsLogger:
             **extra["local_sgd"],
             "precision": extra["precision"],
             "attention": extra["attention"],  # the kernel that trained (--attention auto resolved)
+            "eval_attention": extra["eval_attention"],  # the kernel evaluations ran
             "num_processes": n,
             "global_batch": extra["global_batch"],
             **extra["oom"],

@@ -28,6 +28,7 @@ import torch
 from leantrain.config import TrainConfig
 from leantrain.data.mixture import source_rows
 from leantrain.errors import ConfigError, LeantrainError
+from leantrain.model import attention
 from leantrain.model.dropout import fast_dropout
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
@@ -166,13 +167,18 @@ class Trainer:
 
     def _choose_attention(self) -> None:
         """--attention: the kernel, then the task's checks of the model as it will run."""
-        from leantrain.model import attention, dropout
+        from leantrain.model import dropout
 
         device = self.accelerator.device.type
         self.fast_dropout = dropout.applies(self.cfg, device)
         name, why = attention.set_up(self.model, self.cfg.attention, device, self.precision, self.fast_dropout)
+        packing = bool(getattr(self.cfg, "packing", False))
+        self.eval_attention = attention.for_evaluation(
+            self.model, self.cfg.attention, name, packing=packing, compiled=bool(self.cfg.compile)
+        )
         if name is not None:
-            self.say.info(f"attention: {name} ({why})")
+            evaluations = "" if self.eval_attention == name else f"; evaluations: {self.eval_attention} (no backward)"
+            self.say.info(f"attention: {name} ({why}){evaluations}")
         self.attention = name
         self.task.check_model(self.model)
 
@@ -599,7 +605,8 @@ class Trainer:
         checkpoint of the step it evaluates, when --save-every or --save-on-interrupt asks for one)."""
         with interrupt.phase("evaluating", stopping="at the next evaluation batch"):
             try:
-                return self.evaluator.evaluate(self.model, self._stop_requested)
+                with attention.running(self.accelerator.unwrap_model(self.model), self.eval_attention):
+                    return self.evaluator.evaluate(self.model, self._stop_requested)
             except EvaluationStopped:
                 self._stop_if_interrupted(False, during="evaluating")
                 raise  # (_stop_if_interrupted raised Interrupted: every process voted to stop)
@@ -831,6 +838,7 @@ class Trainer:
             },
             "precision": self.precision,
             "attention": self.attention,
+            "eval_attention": self.eval_attention,
             "global_batch": self.sampler.global_batch,
             "oom": self.oom.metrics() if self.cfg.auto else {},
             "num_labels": len(self.data.label_names),
