@@ -10,6 +10,9 @@ each word's tag learnt and scored on its first sub-word; one evaluation at the e
 sides' F1 is seqeval's, strict IOB2, over every held-out word (leantrain's own metric; the Trainer's predictions are
 scored here with the same function). leantrain takes the Trainer's batch order, `--batch-order longest-first` (what
 its `group_by_length` translates to); `--leantrain-order shuffled` measures leantrain's default order instead.
+leantrain's side is the `leantrain train` command as a user types it (the measured process is the command's);
+`--api` measures a script calling `leantrain.train` instead (the command keeps Python's cyclic collector off its
+start-up's objects and skips its last collection at the exit, benchmarks/results/exit.md; a library call cannot).
 
     python benchmarks/token_classification_vs_hf.py                        # 3 pairs, fp32 and bf16
     python benchmarks/token_classification_vs_hf.py --pairs 1 --sentences 300 --epochs 1 --precisions fp32  # a check
@@ -48,6 +51,8 @@ JOB = dict(
     hf_order="trainer",  # the Trainer's batches: its own LengthGroupedSampler's, or "leantrain"'s order
 )
 HELD_OUT = 0.1
+#: leantrain's side through the Python API in this script (`--api`), not the `leantrain train` command
+JOB_API = False
 SIDES = {"leantrain": "leantrain", "hf": "HF Trainer (DataCollatorForTokenClassification, group_by_length)"}
 
 
@@ -100,25 +105,40 @@ def write_model_without_dropout(work: Path) -> None:
     (work / "model" / "config.json").write_text(json.dumps(config, indent=1))
 
 
+def leantrain_settings(work: Path, precision: str, epochs: float, seed: int | None = None) -> dict:
+    """leantrain's side of the job, as TrainConfig fields (the command's flags are these names)."""
+    job = {k: v for k, v in JOB.items() if k != "hf_order"}
+    return dict(
+        task="token-classification",
+        model=model_path(work),
+        data=str(work / "train.conll"),
+        eval_data=str(work / "eval.conll"),
+        epochs=epochs,
+        precision=precision,
+        output_dir=str(work / "leantrain"),
+        cache_dir=str(work / "cache"),
+        **{**job, "seed": job["seed"] if seed is None else seed},
+    )
+
+
+def leantrain_command(work: Path, precision: str, epochs: float, seed: int) -> list[str]:
+    """`leantrain train` as a user types it (the measured process: the command, not this script)."""
+    argv = [sys.executable, "-m", "leantrain", "train", "--overwrite", "--no-progress"]
+    for key, value in leantrain_settings(work, precision, epochs, seed).items():
+        argv += ["--" + key.replace("_", "-"), str(value)]
+    return argv
+
+
 def side_leantrain(work: Path, precision: str, epochs: float) -> dict:
+    """The job through the Python API, `leantrain.train` (`--api`), in this process."""
     from leantrain import TrainConfig, train
 
-    result = train(
-        TrainConfig(
-            task="token-classification",
-            model=model_path(work),
-            data=str(work / "train.conll"),
-            eval_data=str(work / "eval.conll"),
-            epochs=epochs,
-            precision=precision,
-            output_dir=str(work / "leantrain"),
-            cache_dir=str(work / "cache"),
-            overwrite=True,
-            progress=False,
-            **{k: v for k, v in JOB.items() if k != "hf_order"},
-        )
-    )
-    m = result.metrics
+    result = train(TrainConfig(**leantrain_settings(work, precision, epochs), overwrite=True, progress=False))
+    return leantrain_result(result.metrics)
+
+
+def leantrain_result(m: dict) -> dict:
+    """What the tables take of a leantrain run's metrics.json."""
     return {
         "f1": m["eval_f1"],
         "accuracy": m["eval_accuracy"],
@@ -267,8 +287,17 @@ def _in_leantrains_order(trainer_class):
 
 
 def run_side(side: str, work: Path, precision: str, epochs: float, seed: int) -> dict:
-    """One side in its own process: its result and its whole-process seconds (start to exit)."""
+    """One side in its own process: its result and its whole-process seconds (start to exit). leantrain's side is the
+    `leantrain train` command (`--api`: this script calling `leantrain.train`)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if side == "leantrain" and not JOB_API:
+        started = time.perf_counter()
+        proc = subprocess.run(leantrain_command(work, precision, epochs, seed), env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if proc.returncode != 0:
+            sys.exit(f"leantrain failed:\n{proc.stderr[-3000:]}")
+        metrics = json.loads((work / "leantrain" / "metrics.json").read_text())
+        return {**leantrain_result(metrics), "process_seconds": seconds}
     cmd = [
         sys.executable,
         __file__,
@@ -337,6 +366,7 @@ def publish(out: Path, data: dict, runs: dict[str, list[dict]], context: dict, e
         f"({data['train_words']:,} words), {data['eval_sentences']} held out ({data['eval_entities']} entities); the "
         f"embedded MiniLM, {epochs:g} epochs, batch {JOB['batch_size']}, lr {JOB['lr']}, max length "
         f"{JOB['max_length']}; leantrain's batch order {JOB['batch_order']}, the Trainer's {hf_order}. "
+        f"leantrain through {'a script calling `leantrain.train`' if JOB_API else 'the `leantrain train` command'}. "
         "Each side in its own process, pairs alternating in order; whole process = start to "
         "exit (imports, data, training, the evaluation, saving). Written by "
         "`benchmarks/token_classification_vs_hf.py`.",
@@ -405,12 +435,16 @@ def main() -> None:
                         help="the Trainer's batch order: its own (group_by_length), or leantrain's (to tell the "
                              "order's effect on F1)")  # fmt: skip
     parser.add_argument("--no-dropout", action="store_true", help="both sides train the model without dropout")
+    parser.add_argument("--api", action="store_true",
+                        help="leantrain's side through its Python API (leantrain.train), not its command")  # fmt: skip
     parser.add_argument("--leantrain-order", choices=["shuffled", "longest-first"], default="longest-first",
                         help="leantrain's --batch-order (longest-first: the Trainer's order)")  # fmt: skip
     args = parser.parse_args()
     JOB.update(
         batch_size=args.batch_size, lr=args.lr, seed=args.seed, hf_order=args.hf_order, batch_order=args.leantrain_order
     )
+    global JOB_API
+    JOB_API = args.api
     if args.side:
         side = side_leantrain if args.side == "leantrain" else side_hf
         print(json.dumps(side(args.work, args.precisions, args.epochs)))

@@ -199,7 +199,7 @@ class _HeadTokenLogps(torch.autograd.Function):
         grad_dtype = torch.float32 if dtype == torch.float16 else dtype
         need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_w: torch.Tensor | None = None  # the first chunk's product as its matmul made it; later ones summed in fp32
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
         with torch.autocast(device, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
@@ -216,12 +216,17 @@ class _HeadTokenLogps(torch.autograd.Function):
                     logits = _chunk_logits(h[start:end], w, b, buffer).float()
                     grad = logits.sub_(log_norm[start:end, None]).exp_().mul_(-g[:, None])
                 grad[torch.arange(grad.shape[0], device=grad.device), targets[start:end]] += g
+                if grad_b is not None:  # summed in fp32 before any rounding (a bf16 sum is also slower)
+                    grad_b += grad.sum(0)
                 grad = grad.to(grad_dtype)
                 grad_h[start:end] = grad @ w_g
-                if grad_w is not None:
-                    grad_w += (grad.t() @ h[start:end].to(grad_dtype)).float()
-                if grad_b is not None:
-                    grad_b += grad.float().sum(0)
+                if need_w:
+                    part = grad.t() @ h[start:end].to(grad_dtype)
+                    if grad_w is None:
+                        grad_w = part
+                    else:
+                        grad_w = grad_w if grad_w.dtype == torch.float32 else grad_w.float()
+                        grad_w += part
         return (
             grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
