@@ -666,8 +666,9 @@ class EfficiencyConfig:
     attention: str = _help(
         "Attention implementation: auto|eager|sdpa|flex_attention (flex). auto picks by what was measured: sdpa on "
         "a GPU; on a CPU eager for a model with attention dropout under --fast-dropout, or for bf16 training on a "
-        "CPU with native bf16, else sdpa. The same "
-        "results up to rounding; a packed causal LM is checked to keep documents apart whichever runs.",
+        "CPU with native bf16, else sdpa; evaluations (no backward pass) run sdpa unless the run is compiled or "
+        "packed. The same results up to rounding; a packed causal LM is checked to keep documents apart whichever "
+        "runs.",
         default="auto",
     )
     thread_governor: bool = _help(
