@@ -226,6 +226,27 @@ def test_a_bf16_generating_evaluation_casts_each_weight_once(models, pairs, tmp_
     assert most == [1]  # 27 examples in two batches, each a loss pass and 8 tokens generated
 
 
+def test_predict_generates_in_the_runs_bf16_casting_each_weight_once(models, pairs, tmp_path, monkeypatch):
+    """`predict` on a bf16 run generates in bf16, as the run's evaluations did, under one autocast: each weight is
+    cast once for all the sources and tokens."""
+    from leantrain.inference import predict
+    from leantrain.tasks.seq2seq import Seq2Seq
+
+    result = train(job(models, pairs, tmp_path, "bf16", "bert2bert", precision="bf16", max_steps=1))
+    most = []
+
+    def counted(self, model, *args):
+        with WeightCasts(model) as casts:
+            out = original(self, model, *args)
+        most.append(casts.most)
+        return out
+
+    original = Seq2Seq.predict
+    monkeypatch.setattr(Seq2Seq, "predict", counted)
+    rows = predict(str(result.output_dir), texts=["the red cat sat", "a dog ran far away", "big"])
+    assert len(rows) == 3 and most == [1]
+
+
 @pytest.mark.parametrize("model", ["t5", "bert2bert"])
 def test_padding_known_on_the_host_trains_as_the_models_own_reads(models, pairs, tmp_path, monkeypatch, model):
     """The encoder-decoder's mask checks answered from the host's facts (`model.masks._known_padding`) give, bitwise,

@@ -9,6 +9,7 @@ is the task's: `Task.evaluation_data`, `evaluation_report`, `prediction_data`, `
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -262,7 +263,20 @@ def predict(
     inputs = PredictionInputs(texts=texts, files=files, chat=chat, generation=generation)
     prepared, shown = task.prediction_data(job.model_path, job.model_config, inputs)
     model = _model(job)
-    return task.predict(model, prepared, shown, lambda: _rows(job, model, prepared, batch_size), inputs)
+    # a generating task runs the model itself: in the run's precision, as its evaluations generated, under one
+    # autocast so that each weight is cast once, not once a token
+    with _autocast(job.precision):
+        return task.predict(model, prepared, shown, lambda: _rows(job, model, prepared, batch_size), inputs)
+
+
+def _autocast(precision: str):
+    """The autocast of `precision` on this device (none for fp32)."""
+    import torch
+
+    from leantrain.parallel import device_type
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type(), dtype=dtype)
 
 
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:
