@@ -568,6 +568,37 @@ def test_a_bf16_runs_generation_casts_each_weight_once(run, monkeypatch):
     assert len(most) >= 2 and set(most) == {1}  # rollouts of up to 6 new tokens
 
 
+def test_rollouts_sample_with_the_evaluations_kernel(run, monkeypatch):
+    """Where auto trains eager (a CPU with native bf16, made so here), rollouts sample with SDPA, the evaluations'
+    kernel (no backward pass), and training runs eager."""
+    from transformers.models.llama import modeling_llama
+
+    from leantrain.model import attention
+
+    monkeypatch.setattr(attention, "_cpu_has_native_bf16", lambda: True)
+    eager = {"sampling": 0, "training": 0}
+    sampling = [False]
+    original_attention, original_sample = modeling_llama.eager_attention_forward, generation._sample
+
+    def spy(module, *args, **kwargs):
+        if sampling[0] or module.training:
+            eager["sampling" if sampling[0] else "training"] += 1
+        return original_attention(module, *args, **kwargs)
+
+    def flagged(*args):
+        sampling[0] = True
+        try:
+            return original_sample(*args)
+        finally:
+            sampling[0] = False
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", spy)
+    monkeypatch.setattr(generation, "_sample", flagged)
+    result, _ = run(precision="bf16", max_steps=2)
+    assert result.metrics["attention"] == "eager" and result.metrics["eval_attention"] == "sdpa"
+    assert eager == {"sampling": 0, "training": eager["training"]} and eager["training"] > 0
+
+
 @pytest.mark.parametrize("reuse", [1, 2])
 def test_each_generation_samples_anew_and_its_reusing_steps_train_on_it_again(run, reuse):
     """Four prompts, all in every step, weights that cannot move: each generation's completions differ from the

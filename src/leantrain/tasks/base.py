@@ -79,6 +79,8 @@ class TrainingContext:
     #: (micro-batch i of the step, a sub-batch's key) -> a context manager within which the models run that
     #: sub-batch with attention masks made from what the host knows of it (`model.masks`), not read on the device
     host_masks: Callable[[int, str], Any] = lambda i, part: contextlib.nullcontext()
+    #: the attention kernel the run's evaluations use (no backward pass): what a task's own generation runs
+    generation_attention: str | None = None
 
 
 class Task(ABC):

@@ -395,12 +395,17 @@ class GRPO(Task):
                 raise RuntimeError(f"step {step + 1} reuses generation {generation}, which this process does not hold")
             device = batches[0]["index"].device
             return [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in rollout["batches"]]
-        made = [self._rollout(model, batch, generation) for batch in batches]
+        made = [self._rollout(model, batch, generation, context.generation_attention) for batch in batches]
         if self.cfg.iterations_per_generation > 1:
             self.rollout = {"generation": generation, "batches": made}
         return made
 
-    def _rollout(self, model: torch.nn.Module, batch: dict[str, Any], generation: int) -> dict[str, Any]:
+    def _rollout(
+        self, model: torch.nn.Module, batch: dict[str, Any], generation: int, kernel: str | None
+    ) -> dict[str, Any]:
+        """One micro-batch of prompts' completions, sampled with attention `kernel` (the evaluations': no backward
+        pass), scored, with what the loss needs of them (log-probabilities in the training kernel)."""
+        from leantrain.model import attention
         from leantrain.model.generation import sample
         from leantrain.tasks import policy
         from leantrain.telemetry.flops import unwrap
@@ -409,7 +414,8 @@ class GRPO(Task):
         index = batch["index"].tolist()
         prompts = [table.ids[i] for i in index]
         seeds = [generation_seed(cfg.seed, generation, i) for i in index]
-        completions = sample(model, prompts, group, self.sampling, seeds)
+        with attention.running(unwrap(model), kernel):
+            completions = sample(model, prompts, group, self.sampling, seeds)
         scores = self._score(table, index, completions, group)
         total = torch.from_numpy(scores) @ self.weights
         advantage = advantages(total.view(len(index), group).float(), cfg.advantage).reshape(-1)

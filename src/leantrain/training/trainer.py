@@ -269,7 +269,7 @@ class Trainer:
         self.flat = self._flat_parameters()
         # what the task takes from the initial model (a reference): placed on its device, before a resume restores
         self.context = TrainingContext(
-            self.accelerator, self.amp.autocast, self.precision, self.say.info, self._part_masks
+            self.accelerator, self.amp.autocast, self.precision, self.say.info, self._part_masks, self.eval_attention
         )
         self.task.before_training(self.model, self.data, self.context)
         self.masks = self._host_known_masks()
