@@ -38,3 +38,19 @@ class WeightCasts(TorchDispatchMode):
     def most(self) -> int:
         """The most casts of any one weight (0: none was cast)."""
         return max(self.counts.values(), default=0)
+
+
+def casts_in(monkeypatch, owner, name: str, model_at: int = 0) -> list[int]:
+    """Patch `owner.name` so that each call counts the casts of the weights of the model it is given (its positional
+    argument `model_at`); returns the list each call's most casts of any one weight go to."""
+    original = getattr(owner, name)
+    most: list[int] = []
+
+    def counted(*args, **kwargs):
+        with WeightCasts(args[model_at]) as casts:
+            out = original(*args, **kwargs)
+        most.append(casts.most)
+        return out
+
+    monkeypatch.setattr(owner, name, counted)
+    return most

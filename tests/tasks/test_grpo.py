@@ -23,7 +23,7 @@ from leantrain.model import generation
 from leantrain.tasks import grpo
 from leantrain.tasks.causal_lm import IGNORE
 from leantrain.training.hooks import Hooks
-from tests.casts_helper import WeightCasts
+from tests.casts_helper import casts_in
 from tests.conftest import EXACT_JOB, assert_trained_alike
 from tests.tasks.test_causal_lm import WORDS, tiny_llama, write_tiny_llama
 
@@ -554,16 +554,7 @@ def test_evaluation_scores_each_prompts_greedy_completion(setup, tmp_path, run):
 def test_a_bf16_runs_generation_casts_each_weight_once(run, monkeypatch):
     """The trainer puts one autocast around a step's generation: each weight is cast to bf16 once for all of a
     rollout's tokens, not once a token (the model autocasts each forward itself)."""
-    most = []
-
-    def counted(model, *args):
-        with WeightCasts(model) as casts:
-            out = original(model, *args)
-        most.append(casts.most)
-        return out
-
-    original = generation._sample
-    monkeypatch.setattr(generation, "_sample", counted)
+    most = casts_in(monkeypatch, generation, "_sample")
     run(precision="bf16", max_steps=2)
     assert len(most) >= 2 and set(most) == {1}  # rollouts of up to 6 new tokens
 

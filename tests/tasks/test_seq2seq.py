@@ -20,7 +20,7 @@ from leantrain.commands.cli import main
 from leantrain.data.batching import Slot
 from leantrain.data.seq2seq import IGNORE, PairCollator, resolve_pair_columns
 from leantrain.training import Hooks
-from tests.casts_helper import WeightCasts
+from tests.casts_helper import casts_in
 from tests.conftest import EXACT_JOB, assert_trained_alike
 
 WORDS = [
@@ -212,16 +212,7 @@ def test_a_bf16_generating_evaluation_casts_each_weight_once(models, pairs, tmp_
     generated token of every batch, not once a forward (the prepared model autocasts each forward itself)."""
     from leantrain.training import evaluator
 
-    most = []
-
-    def counted(model, *args):
-        with WeightCasts(model) as casts:
-            out = original(model, *args)
-        most.append(casts.most)
-        return out
-
-    original = evaluator.gather_rows
-    monkeypatch.setattr(evaluator, "gather_rows", counted)
+    most = casts_in(monkeypatch, evaluator, "gather_rows")
     train(job(models, pairs, tmp_path, "bf16", "bert2bert", precision="bf16", max_steps=1))
     assert most == [1]  # 27 examples in two batches, each a loss pass and 8 tokens generated
 
@@ -233,16 +224,7 @@ def test_predict_generates_in_the_runs_bf16_casting_each_weight_once(models, pai
     from leantrain.tasks.seq2seq import Seq2Seq
 
     result = train(job(models, pairs, tmp_path, "bf16", "bert2bert", precision="bf16", max_steps=1))
-    most = []
-
-    def counted(self, model, *args):
-        with WeightCasts(model) as casts:
-            out = original(self, model, *args)
-        most.append(casts.most)
-        return out
-
-    original = Seq2Seq.predict
-    monkeypatch.setattr(Seq2Seq, "predict", counted)
+    most = casts_in(monkeypatch, Seq2Seq, "predict", model_at=1)
     rows = predict(str(result.output_dir), texts=["the red cat sat", "a dog ran far away", "big"])
     assert len(rows) == 3 and most == [1]
 
