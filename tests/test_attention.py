@@ -203,3 +203,31 @@ def test_auto_evaluates_with_sdpa_where_eager_trains(tiny_model_dir, sentiment_c
     again = evaluate(str(result.output_dir), str(sentiment_csv))
     assert modes == []  # SDPA: eager's function never ran
     assert again["loss"] == result.metrics["eval_loss"]
+
+
+@pytest.mark.parametrize("packing", [None, False])
+def test_a_packed_causal_lm_evaluates_with_the_kernel_it_trains_with(tmp_path, monkeypatch, packing):
+    """Its packing guard checked the training kernel, so a packed run (packing unset: on for a causal LM) keeps it
+    for evaluations; with --no-packing evaluations run SDPA."""
+    from tests.tasks.test_causal_lm import documents, write_tiny_llama
+
+    monkeypatch.setattr(attention, "_cpu_has_native_bf16", lambda: True)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(documents(40, seed=0)) + "\n")
+    result = train(
+        TrainConfig(
+            model=str(write_tiny_llama(tmp_path / "llama")),
+            data=str(corpus),
+            output_dir=str(tmp_path / "run"),
+            cache_dir=str(tmp_path / "cache"),
+            max_steps=1,
+            batch_size=4,
+            max_length=32,
+            report=False,
+            progress=False,
+            precision="bf16",
+            packing=packing,
+        )
+    )
+    assert result.metrics["attention"] == "eager"
+    assert result.metrics["eval_attention"] == ("eager" if packing is None else "sdpa")

@@ -98,8 +98,9 @@ def _model(job):
     model = job.task.load_trained(job.model_path)
     cfg, device = job.cfg, device_type()
     training, _ = attention.set_up(model, cfg.attention, device, job.precision, dropout.applies(cfg, device))
-    packing = bool(getattr(cfg, "packing", False))
-    evaluation = attention.for_evaluation(model, cfg.attention, training, packing=packing, compiled=job.compiled)
+    evaluation = attention.for_evaluation(
+        model, cfg.attention, training, packing=job.task.packing, compiled=job.compiled
+    )
     if evaluation is not None:
         attention.apply(model, evaluation)
     return model

@@ -153,6 +153,12 @@ class Task(ABC):
         """Lines for the user on what `build_model` changed in the model it loaded, shown after its description."""
         return []
 
+    @property
+    def packing(self) -> bool:
+        """Whether training lays several sequences in one row (their attention must then keep them apart: the
+        task's `check_model` checks the kernel that trains, and evaluations keep it)."""
+        return False
+
     def check_model(self, model: torch.nn.Module) -> None:  # noqa: B027 (most tasks have nothing to check)
         """Refuse (ConfigError) a model that cannot train as configured, once its attention kernel is chosen."""
 

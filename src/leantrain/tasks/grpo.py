@@ -344,10 +344,14 @@ class GRPO(Task):
             )
         return model
 
+    @property
+    def packing(self) -> bool:
+        return bool(self.cfg.packing)  # off unless asked: a rollout's sequences are one a row
+
     def check_model(self, model: torch.nn.Module) -> None:
         from leantrain.tasks.causal_lm import check_packing_separates
 
-        if self.cfg.packing:  # the kernel that will run must keep the sequences packed in a row apart
+        if self.packing:  # the kernel that will run must keep the sequences packed in a row apart
             check_packing_separates(model)
 
     def collator(self, data: TaskData, *, train: bool):
@@ -448,7 +452,7 @@ class GRPO(Task):
         """Prompt + completion sequences as one batch: packed into rows of --max-length (or one a row, padded)."""
         from leantrain.tasks import policy
 
-        rows = pack_rows([len(p) + len(c) for p, c in sequences], self.cfg.max_length) if self.cfg.packing else None
+        rows = pack_rows([len(p) + len(c) for p, c in sequences], self.cfg.max_length) if self.packing else None
         batch = policy.sequence_batch(sequences, self.tokenizer.pad_token_id, rows=rows)  # type: ignore[arg-type]
         lengths = sum(len(p) + len(c) for p, c in sequences)
         batch = {k: v.to(device) for k, v in batch.items()}

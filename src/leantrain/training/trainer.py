@@ -172,9 +172,8 @@ class Trainer:
         device = self.accelerator.device.type
         self.fast_dropout = dropout.applies(self.cfg, device)
         name, why = attention.set_up(self.model, self.cfg.attention, device, self.precision, self.fast_dropout)
-        packing = bool(getattr(self.cfg, "packing", False))
         self.eval_attention = attention.for_evaluation(
-            self.model, self.cfg.attention, name, packing=packing, compiled=bool(self.cfg.compile)
+            self.model, self.cfg.attention, name, packing=self.task.packing, compiled=bool(self.cfg.compile)
         )
         if name is not None:
             evaluations = "" if self.eval_attention == name else f"; evaluations: {self.eval_attention} (no backward)"
