@@ -125,28 +125,29 @@ def test_eager_and_sdpa_train_to_the_same_weights(tiny_model_dir, sentiment_csv,
 
 def test_a_packed_causal_lm_is_checked_with_the_kernel_that_will_run(tmp_path, monkeypatch):
     from leantrain.tasks.causal_lm import CausalLM
-    from tests.tasks.test_causal_lm import documents, write_tiny_llama
 
     seen = []
     monkeypatch.setattr(CausalLM, "check_model", lambda self, model: seen.append(model.config._attn_implementation))
-    folder = write_tiny_llama(tmp_path / "llama")
+    llama_run(tmp_path, attention="eager")
+    assert seen == ["eager"]
+
+
+def llama_run(tmp_path, **over):
+    """One step of a tiny Llama on 40 short documents (packed unless `over` says)."""
+    from tests.tasks.test_causal_lm import documents, write_tiny_llama
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(documents(40, seed=0)) + "\n")
-    train(
+    settings = dict(max_steps=1, batch_size=4, max_length=32, report=False, progress=False)
+    return train(
         TrainConfig(
-            model=str(folder),
+            model=str(write_tiny_llama(tmp_path / "llama")),
             data=str(corpus),
             output_dir=str(tmp_path / "run"),
             cache_dir=str(tmp_path / "cache"),
-            max_steps=1,
-            batch_size=4,
-            max_length=32,
-            report=False,
-            progress=False,
-            attention="eager",
+            **{**settings, **over},
         )
     )
-    assert seen == ["eager"]
 
 
 def test_evaluate_runs_the_kernel_the_run_forced(tiny_model_dir, sentiment_csv, tmp_path, monkeypatch):
@@ -209,25 +210,7 @@ def test_auto_evaluates_with_sdpa_where_eager_trains(tiny_model_dir, sentiment_c
 def test_a_packed_causal_lm_evaluates_with_the_kernel_it_trains_with(tmp_path, monkeypatch, packing):
     """Its packing guard checked the training kernel, so a packed run (packing unset: on for a causal LM) keeps it
     for evaluations; with --no-packing evaluations run SDPA."""
-    from tests.tasks.test_causal_lm import documents, write_tiny_llama
-
     monkeypatch.setattr(attention, "_cpu_has_native_bf16", lambda: True)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(documents(40, seed=0)) + "\n")
-    result = train(
-        TrainConfig(
-            model=str(write_tiny_llama(tmp_path / "llama")),
-            data=str(corpus),
-            output_dir=str(tmp_path / "run"),
-            cache_dir=str(tmp_path / "cache"),
-            max_steps=1,
-            batch_size=4,
-            max_length=32,
-            report=False,
-            progress=False,
-            precision="bf16",
-            packing=packing,
-        )
-    )
+    result = llama_run(tmp_path, precision="bf16", packing=packing)
     assert result.metrics["attention"] == "eager"
     assert result.metrics["eval_attention"] == ("eager" if packing is None else "sdpa")
