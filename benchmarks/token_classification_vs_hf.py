@@ -8,8 +8,9 @@ both sides); the embedded MiniLM (all-MiniLM-L6-v2) with a new token-classificat
 longer), batch 32, 3 epochs, AdamW, lr 1e-4, weight decay 0.01, 6% warm-up, linear schedule, clipping 1.0, seed 42;
 each word's tag learnt and scored on its first sub-word; one evaluation at the end, then the model is saved. Both
 sides' F1 is seqeval's, strict IOB2, over every held-out word (leantrain's own metric; the Trainer's predictions are
-scored here with the same function). leantrain takes the Trainer's batch order, `--batch-order longest-first` (what
-its `group_by_length` translates to); `--leantrain-order shuffled` measures leantrain's default order instead.
+scored by `seqeval.metrics`, as transformers' run_ner.py scores them: the same numbers, tested equal). leantrain takes
+the Trainer's batch order, `--batch-order longest-first` (what its `group_by_length` translates to);
+`--leantrain-order shuffled` measures leantrain's default order instead.
 leantrain's side is the `leantrain train` command as a user types it (the measured process is the command's);
 `--api` measures a script calling `leantrain.train` instead (the command keeps Python's cyclic collector off its
 start-up's objects and skips its last collection at the exit, benchmarks/results/exit.md; a library call cannot).
@@ -169,6 +170,10 @@ def side_hf(work: Path, precision: str, epochs: float) -> dict:
     import datasets
     import numpy as np
     import torch
+
+    # scored as run_ner.py scores (its `evaluate.load("seqeval")` calls seqeval.metrics), in leantrain's strict mode
+    from seqeval.metrics import accuracy_score, f1_score
+    from seqeval.scheme import IOB2
     from transformers import (
         AutoModelForTokenClassification,
         AutoTokenizer,
@@ -177,8 +182,6 @@ def side_hf(work: Path, precision: str, epochs: float) -> dict:
         TrainingArguments,
         set_seed,
     )
-
-    from leantrain.tasks.entities import entity_scores
 
     path = model_path(work)
     train_words, train_tags = read_sentences(work / "train.conll")
@@ -248,10 +251,9 @@ def side_hf(work: Path, precision: str, epochs: float) -> dict:
         ids = np.argmax(logits, -1)[labels != -100]  # one per word: its first sub-word's
         predicted.append([names[i] for i in ids] + ["O"] * (len(gold) - len(ids)))
     trainer.save_model(str(work / "hf" / "model"))
-    scores = entity_scores(eval_tags, predicted, "iob2")
     return {
-        "f1": scores["f1"],
-        "accuracy": scores["accuracy"],
+        "f1": float(f1_score(eval_tags, predicted, mode="strict", scheme=IOB2)),
+        "accuracy": float(accuracy_score(eval_tags, predicted)),
         "train_seconds": trained.metrics["train_runtime"],
         "steps": trained.global_step,
     }

@@ -18,6 +18,7 @@ from leantrain import TrainConfig, evaluate, predict, train
 from leantrain.data import tags as T
 from leantrain.data.alignment import IGNORE, align_words, make_windows, special_tokens
 from leantrain.errors import DataError
+from leantrain.tasks.base import TaskData
 from leantrain.tasks.token_classification import TokenClassification
 from tests.conftest import EXACT_JOB, assert_trained_alike
 
@@ -220,13 +221,19 @@ def test_entity_scores_are_seqevals_strict_iob2_scores_on_every_edge_case(tiny_m
             rows["tokens"].append(2)
     scores = task.metrics({k: np.array(v) for k, v in rows.items()})
     strict = dict(mode="strict", scheme=IOB2)
-    assert scores["f1"] == pytest.approx(f1_score(EDGE_GOLD, predicted, **strict))
-    assert scores["precision"] == pytest.approx(precision_score(EDGE_GOLD, predicted, **strict))
-    assert scores["recall"] == pytest.approx(recall_score(EDGE_GOLD, predicted, **strict))
-    assert scores["accuracy"] == pytest.approx(accuracy_score(EDGE_GOLD, predicted))
+    assert scores["f1"] == f1_score(EDGE_GOLD, predicted, **strict)  # the same arithmetic: the same bits
+    assert scores["precision"] == precision_score(EDGE_GOLD, predicted, **strict)
+    assert scores["recall"] == recall_score(EDGE_GOLD, predicted, **strict)
+    assert scores["accuracy"] == accuracy_score(EDGE_GOLD, predicted)
     report = classification_report(EDGE_GOLD, predicted, output_dict=True, zero_division=0, **strict)
     for kind in ("PER", "LOC", "ORG"):
-        assert scores[f"f1_{kind}"] == pytest.approx(report[kind]["f1-score"]), kind
+        assert scores[f"f1_{kind}"] == report[kind]["f1-score"], kind
+    ours = task.evaluation_report({k: np.array(v) for k, v in rows.items()}, TaskData(None, None, [], None, []))
+    assert set(ours["per_type"]) == {"PER", "LOC", "ORG"}
+    for kind, row in ours["per_type"].items():
+        theirs = report[kind]
+        assert row == {"precision": theirs["precision"], "recall": theirs["recall"], "f1": theirs["f1-score"],
+                       "support": theirs["support"]}, kind  # fmt: skip
     assert scores["loss"] == pytest.approx(0.5)
     # strict mode is not the CoNLL script's (which opens entities at the I- without B-): the set tells them apart
     assert scores["f1"] != pytest.approx(f1_score(EDGE_GOLD, predicted))
@@ -740,3 +747,17 @@ def test_eight_steps_equal_the_hf_trainers_with_run_ners_collator(run, tiny_mode
     assert loss_log(result) == pytest.approx(theirs, rel=1e-5)
     for name, value in model.state_dict().items():
         assert torch.allclose(ours[name], value, atol=1e-5), name
+
+
+def test_scoring_entities_imports_neither_scikit_learn_nor_scipy():
+    """seqeval's metrics module imports both (half a second of every run) for arithmetic the scores do themselves."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from leantrain.tasks.entities import entity_scores, entity_report; "
+        "g = [['B-PER', 'I-PER', 'O']]; entity_scores(g, g, 'iob2'); entity_report(g, g); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy', 'seqeval'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['seqeval']"

@@ -260,7 +260,7 @@ def test_the_pages_figures_say_what_a_reader_needs(tmp_path):
               "warmup_ratio": 0.1, "epochs": 1.0, "max_steps": None, "text_column": None, "batch_size": 8}  # fmt: skip
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     loaded = load_run(run)
-    panels = {name: limits for name, _, _, limits in eval_panels(loaded)}
+    panels = {name: limits for name, _, limits in eval_panels(loaded)}
     assert set(panels) == {"perplexity", "exact_match"}  # apart, each on its own scale
     low, high = panels["exact_match"]
     assert high - low >= 0.1 and 0 <= low < 0.8 < high <= 1
@@ -272,6 +272,30 @@ def test_the_pages_figures_say_what_a_reader_needs(tmp_path):
     assert " MB" not in page and " GB" not in page
     shown = page.split("what this run set")[1].split("<details>")[0]
     assert "batch_size" in shown and "text_column" not in shown and "epochs" not in shown  # None, defaults: out
+
+
+def test_scores_per_entity_type_share_a_panel_and_one_evaluation_draws_no_chart(tmp_path):
+    """Ten entity types are one panel of ten lines, not ten panels; a run that evaluated once has its scores in the
+    summary and no chart of single points."""
+    from leantrain.run.report import eval_panels
+
+    kinds = [f"type{i}" for i in range(10)]
+    for evaluations in (1, 2):
+        run = tmp_path / f"ner{evaluations}"
+        run.mkdir()
+        rows = [{"step": s, "loss": 1.0} for s in (5, 10)]
+        rows += [
+            {"step": 5 * (e + 1), "eval_f1": 0.3 + e / 10, "eval_accuracy": 0.9, **{f"eval_f1_{k}": 0.2 for k in kinds}}
+            for e in range(evaluations)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "metrics.json").write_text(json.dumps({**rows[-1], "optimizer_steps": 10}))
+        panels = eval_panels(load_run(run))
+        assert [title for title, _, _ in panels] == ["accuracy", "f1", "f1 per type"]
+        assert [label for label, _, _ in panels[2][1]] == kinds
+        page = write_report(run).read_text()
+        assert ("data-plot='eval'" in page) == (evaluations == 2)
+        assert "eval f1 type9" in page  # the summary holds every score
 
 
 def test_a_classifiers_report_has_its_confusion_matrix(tiny_runs):

@@ -335,40 +335,54 @@ UNIT_SCORES = (
 SIGNED_SCORES = ("mcc", "pearson", "spearman", "r2")
 
 
-def eval_panels(run: RunData) -> list[tuple[str, list[float], list[float], tuple[float, float]]]:
-    """(metric, steps, values, y limits) of each evaluation metric but the loss: one panel each, on its own scale
-    (accuracy beside F1, perplexity beside exact match, apart). A score in [0, 1] gets at least a tenth of that
-    range around it, so one point, or two close ones, do not fill the panel with a difference of 0.01."""
+Series = tuple[str, list[float], list[float]]
+
+
+def eval_panels(run: RunData) -> list[tuple[str, list[Series], tuple[float, float]]]:
+    """(title, [(label, steps, values)], y limits) of each evaluation metric but the loss: one panel each, on its own
+    scale (accuracy beside F1, perplexity beside exact match, apart); a score per entity type or class (`f1_person`,
+    `f1_location`) one panel of a line each. A score in [0, 1] gets at least a tenth of that range around it, so one
+    point, or two close ones, do not fill the panel with a difference of 0.01."""
     evals = run.eval_rows
     keys = sorted({k for r in evals for k in r if k.startswith("eval_") and k != "eval_loss" and _has(evals, k)})
-    panels = []
+    panels: dict[str, list[Series]] = {}
     for k in keys:
         name = k.removeprefix("eval_")
-        xs, ys = _series(evals, k)
+        score, _, kind = name.partition("_")
+        if name not in UNIT_SCORES and score in UNIT_SCORES and kind:
+            panels.setdefault(f"{score} per type", []).append((kind, *_series(evals, k)))
+        else:
+            panels[name] = [(name, *_series(evals, k))]
+    out = []
+    for title, series in panels.items():
+        ys = [y for _, _, values in series for y in values]
         low, high = min(ys), max(ys)
-        if name in UNIT_SCORES:
+        if title.removesuffix(" per type") in UNIT_SCORES:
             pad = max(0.05 - (high - low) / 2, 0.02)
-            floor = -1.0 if name in SIGNED_SCORES else 0.0
+            floor = -1.0 if title in SIGNED_SCORES else 0.0
             limits = (max(floor, low - pad), min(1.0, high + pad))
         else:
             pad = max((high - low) * 0.1, abs(high) * 0.05, 1e-6)
             limits = (low - pad, high + pad)
-        panels.append((name, xs, ys, limits))
-    return panels
+        out.append((title, series, limits))
+    return out
 
 
 def plot_eval(run: RunData) -> bytes | None:
+    """The evaluation metrics over the run; none for a run that evaluated once (its scores are the summary's)."""
     panels = eval_panels(run)
-    if not panels:
+    if not panels or len({r["step"] for r in run.eval_rows if "step" in r}) < 2:
         return None
     fig, axes = _figure(len(panels), width=max(7.0, 3.3 * len(panels)), gap=0.9)
-    for ax, (name, xs, ys, limits) in zip(axes, panels):
-        ax.plot(xs, ys, "o-", color="#3b7dd8")
-        ax.annotate(f"{ys[-1]:.4g}", (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for ax, (title, series, limits) in zip(axes, panels):
+        for label, xs, ys in series:
+            ax.plot(xs, ys, "o-", label=label, **({"color": "#3b7dd8"} if len(series) == 1 else {}))
+        if len(series) == 1:
+            ax.annotate(f"{ys[-1]:.4g}", (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        else:
+            ax.legend(fontsize=7)
         ax.set_ylim(*limits)
-        if len(xs) == 1:
-            ax.set_xlim(xs[0] - 1, xs[0] + 1)
-        ax.set(xlabel="optimizer step", title=name.replace("_", " "))
+        ax.set(xlabel="optimizer step", title=title.replace("_", " "))
         ax.grid(alpha=0.3)
     return _png(fig)
 

@@ -1,8 +1,9 @@
 """Token classification's scores and predicted entities.
 
-Scores: entity-level precision, recall and F1 with `seqeval` in strict IOB2 mode (an entity counts when its type and
-both ends are right; an I- that continues nothing opens no entity), micro-averaged and per entity type, and token
-accuracy, over every word of every evaluation sentence (a word the tokenizer gives no token is predicted O). Tags
+Scores: entity-level precision, recall and F1 as `seqeval` computes them in strict IOB2 mode (an entity counts when
+its type and both ends are right; an I- that continues nothing opens no entity), micro-averaged and per entity type,
+and token accuracy, over every word of every evaluation sentence (a word the tokenizer gives no token is predicted O).
+Tags
 without a scheme (part of speech) are scored per tag instead: macro precision, recall and F1 over the tags.
 
 Entities: transformers' `TokenClassificationPipeline` rules. "simple": each token's most probable tag; "first",
@@ -24,33 +25,42 @@ __all__ = ["AGGREGATIONS", "entity_report", "entity_scores", "group", "pieces"]
 
 def entity_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str) -> dict[str, float]:
     """f1, precision, recall (entities, micro; tags: macro), accuracy and each entity type's f1 (`f1_TYPE`)."""
-    from seqeval.metrics import accuracy_score
-
-    out = {"accuracy": float(accuracy_score(gold, predicted)) if gold else 0.0}
+    words = sum(len(seq) for seq in gold)
+    right = sum(g == p for gs, ps in zip(gold, predicted) for g, p in zip(gs, ps))
+    out = {"accuracy": right / words if words else 0.0}  # seqeval's accuracy_score: every word's tag
     if scheme == "none":
         return {**_tag_scores(gold, predicted), **out}
     report = entity_report(gold, predicted)
     micro = report.pop("micro avg")
     out = {"f1": micro["f1-score"], "precision": micro["precision"], "recall": micro["recall"], **out}
-    for kind, row in report.items():
-        if kind not in ("macro avg", "weighted avg"):
-            out[f"f1_{kind}"] = row["f1-score"]
+    out.update({f"f1_{kind}": row["f1-score"] for kind, row in report.items()})
     return {k: float(v) for k, v in out.items()}
 
 
 def entity_report(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, dict[str, float]]:
-    """seqeval's report, strict IOB2: per type and 'micro avg', each precision, recall, f1-score and support."""
-    import warnings
+    """seqeval's `classification_report(mode="strict", scheme=IOB2, zero_division=0)`: per type and 'micro avg',
+    each precision, recall, f1-score and support. The entities are read by seqeval's own `Entities`; the counting is
+    its arithmetic, done here because `seqeval.metrics` imports scikit-learn and SciPy (half a second of every run)
+    for none of it."""
+    from seqeval.scheme import IOB2, Entities
 
-    from seqeval.metrics import classification_report
-    from seqeval.scheme import IOB2
-
-    with warnings.catch_warnings():  # seqeval warns when a type is never predicted; its score is then 0, as intended
-        warnings.simplefilter("ignore")
-        report = classification_report(gold, predicted, mode="strict", scheme=IOB2, output_dict=True, zero_division=0)
-    if "micro avg" not in report:  # no entity at all in either
-        report["micro avg"] = {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0}
+    true, found = Entities(gold, IOB2), Entities(predicted, IOB2)
+    counts: dict[str, tuple[int, int, int]] = {}  # type: (right, predicted, true)
+    for kind in sorted(true.unique_tags | found.unique_tags):
+        t, p = true.filter(kind), found.filter(kind)
+        counts[kind] = (len(t & p), len(p), len(t))
+    report = {kind: _scores(*c) for kind, c in counts.items()}
+    right, predicted_n, true_n = (sum(c[i] for c in counts.values()) for i in range(3))
+    report["micro avg"] = _scores(right, predicted_n, true_n)
     return report
+
+
+def _scores(right: int, predicted: int, true: int) -> dict[str, float]:
+    """Precision, recall and F1 as seqeval divides them (0 where a count is 0), and the support."""
+    precision = right / predicted if predicted else 0.0
+    recall = right / true if true else 0.0
+    f1 = 2.0 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1-score": f1, "support": true}
 
 
 def _tag_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:
