@@ -190,3 +190,35 @@ def test_lora_costs_less_than_full_fine_tuning_and_more_than_a_probe():
     probe_per_token = 131072
     assert probe_per_token < lora.per_token < 0.7 * full.per_token
     assert "frozen weights get no gradients" in lora.source
+
+
+def test_the_counts_are_torch_flop_counter_modes():
+    """`counting` leaves out FlopCounterMode's module tracking, not a product: an encoder-decoder's and a Llama's
+    forward and backward on the meta device give FlopCounterMode's totals."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel, LlamaConfig, LlamaForCausalLM
+
+    from leantrain.telemetry.flops import count_pair_flops, counting
+
+    shape = dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(LlamaConfig(**shape, num_key_value_heads=1))
+        config = EncoderDecoderConfig.from_encoder_decoder_configs(
+            BertConfig(**shape), BertConfig(**shape, is_decoder=True, add_cross_attention=True)
+        )
+        pair = EncoderDecoderModel(config)
+    ids = torch.zeros(2, 24, dtype=torch.long, device="meta")
+
+    def llama_pass():
+        llama(input_ids=ids).logits.float().sum().backward()
+
+    def pair_pass():
+        pair(input_ids=ids, decoder_input_ids=ids[:, :9], use_cache=False).logits.float().sum().backward()
+
+    for run in (llama_pass, pair_pass):
+        with FlopCounterMode(display=False) as theirs:
+            run()
+        with counting() as ours:
+            run()
+        assert ours.get_total_flops() == theirs.get_total_flops() > 0
+    assert count_pair_flops(pair, 24, 9) == theirs.get_total_flops() // 2  # one row of the two above

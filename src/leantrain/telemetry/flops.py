@@ -75,6 +75,7 @@ three coefficients of the polynomial exactly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -199,6 +200,76 @@ def _meta_copy(model):
     return clone
 
 
+class _Total:
+    """What torch's FlopCounterMode keeps, less its module tracking (hooks on every module's forward and backward, a
+    walk of the module stack at each operator: a third of a meta-device count's time): its registry of formulas and
+    its dispatch, so the total is the same; `FlopCounterMode` where torch lacks the private `_FlopCounterMode`."""
+
+    def __init__(self):
+        from torch.utils.flop_counter import flop_registry
+
+        self.flop_registry = dict(flop_registry)
+        self.total = 0
+
+    def _count_flops(self, func_packet, out, args, kwargs):  # torch's FlopCounterMode._count_flops, one total
+        formula = self.flop_registry.get(func_packet)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
+
+    def get_total_flops(self) -> int:
+        return self.total
+
+
+#: operators that read a tensor's layout, which torch's counting mode declines (returns NotImplemented for)
+QUERIES = frozenset(
+    f"aten::{name}"
+    for name in ("sym_is_contiguous", "is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense",
+                 "size", "sym_size", "stride", "sym_stride", "storage_offset", "sym_storage_offset", "numel",
+                 "sym_numel", "dim")
+) | {"prim::layout"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def counting():
+    """A FLOP count of what runs inside: `with counting() as counter: ...; counter.get_total_flops()`."""
+    try:
+        from torch.utils.flop_counter import _FlopCounterMode
+    except ImportError:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            yield counter
+        return
+    import torch
+
+    implicit = torch._C.DispatchKey.CompositeImplicitAutograd
+    decomposes: dict[Any, bool] = {}
+
+    class Mode(_FlopCounterMode):
+        """torch's dispatch, which first tries to decompose each operator (entering the mode again to run the
+        parts), less that try where the operator has no decomposition: the same operators run and are counted."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            known = decomposes.get(func)
+            if known is None:
+                known = decomposes[func] = (
+                    not isinstance(func, torch._ops.OpOverload)
+                    or func.name() in QUERIES  # torch's mode declines these
+                    or implicit in func.py_kernels
+                    or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), implicit)
+                )
+            if known:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
+
+    total = _Total()
+    with Mode(total):
+        yield total
+
+
 def count_flops(model, seq_len: int, batch_size: int = 1) -> int:
     """FlopCounterMode's count of one forward and backward pass on a meta-device copy of `model`.
 
@@ -208,10 +279,9 @@ def count_flops(model, seq_len: int, batch_size: int = 1) -> int:
     the inputs of the first layer need gradients too.
     """
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     def run(**inputs):
-        with FlopCounterMode(display=False) as counter:
+        with counting() as counter:
             out = model(**inputs)
             logits = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, (tuple, list)) else out
             logits.float().sum().backward()
@@ -247,11 +317,10 @@ def count_pair_flops(model, seq_len: int, target_len: int) -> int:
     """FlopCounterMode's count of one forward and backward pass of an encoder-decoder (a meta-device copy) on a
     source of `seq_len` and a target of `target_len` tokens."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     source = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     target = torch.zeros(1, target_len, dtype=torch.long, device="meta")
-    with FlopCounterMode(display=False) as counter:
+    with counting() as counter:
         out = model(input_ids=source, decoder_input_ids=target, use_cache=False)
         out.logits.float().sum().backward()
     return counter.get_total_flops()
@@ -301,12 +370,11 @@ def example_flop_model(model, input_shapes: dict[str, tuple[int, ...]]) -> FlopM
     Models that cannot run on the meta device get a zero model (MFU then reads 0), said in `source`.
     """
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     try:
         clone = _meta_copy(model)
         inputs = {k: torch.zeros(shape, device="meta") for k, shape in input_shapes.items()}
-        with FlopCounterMode(display=False) as counter:
+        with counting() as counter:
             out = clone(**inputs)
             logits = out.logits if hasattr(out, "logits") else out[0]
             logits.float().sum().backward()
