@@ -556,6 +556,22 @@ def test_a_non_finite_staged_model_is_not_published(tmp_path):
     run.release()
 
 
+def test_non_finite_weights_are_counted_exactly_whatever_their_norm():
+    """A finite norm clears a tensor in one read; an infinite one is counted value by value: NaN and infinities
+    found, and large finite weights whose squares overflow (fp32, bf16, fp16) not taken for them."""
+    nan_and_inf = torch.randn(1000)
+    nan_and_inf[[5, 7]] = torch.tensor([float("nan"), float("-inf")])
+    tensors = [
+        nan_and_inf,
+        torch.full((10,), 1e30),
+        torch.full((4,), 1e30, dtype=torch.bfloat16),
+        torch.tensor([6e4, 6e4], dtype=torch.float16),
+        torch.zeros(0),
+        torch.arange(3),  # not floating point: not counted
+    ]
+    assert directory.nonfinite_count(tensors) == (2, 1016)
+
+
 # -- 5. SIGKILL of the launcher -------------------------------------------------------------------------------------
 
 
