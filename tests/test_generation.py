@@ -128,3 +128,32 @@ def test_a_bf16_generation_under_one_autocast_casts_each_weight_once(tmp_path):
         out = sample(model, prompts_of(model.config.vocab_size), 1, greedy)
     assert all(len(c) == 6 for c in out)  # six forwards
     assert len(casts.counts) >= 4 and casts.most == 1
+
+
+@pytest.mark.parametrize("temperature", [None, 1.0], ids=["greedy", "sampled"])
+def test_under_the_callers_autocast_tokens_come_from_the_models_own_forward(tmp_path, monkeypatch, temperature):
+    """Accelerate wraps a bf16 model's forward to autocast and convert every output to fp32 (a generated token's
+    whole logits); under the caller's autocast the sampler calls the model's own forward instead, and draws the same
+    tokens (bf16 to fp32 is exact). Without an autocast around it, the wrapper stays."""
+    import contextlib
+
+    from accelerate.utils import operations
+
+    from leantrain.parallel import make_accelerator, precision
+
+    model = make_accelerator("bf16").prepare(tiny_llama(write_tiny_llama(tmp_path)))
+    conversions = []
+    convert = operations.convert_to_fp32
+    monkeypatch.setattr(operations, "convert_to_fp32", lambda x: conversions.append(1) or convert(x))
+    settings = Sampling(max_new_tokens=6, eos_token_ids=(), pad_token_id=0, temperature=temperature)
+    prompts = prompts_of(model.config.vocab_size)
+    seeds = list(range(len(prompts)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = sample(model, prompts, 2, settings, seeds)
+    assert conversions == []
+    sample(model, prompts, 2, settings, seeds)  # no autocast around it: the wrapper's, a forward a token
+    assert len(conversions) == 6
+    monkeypatch.setattr(precision, "own_forward", lambda model: contextlib.nullcontext())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert sample(model, prompts, 2, settings, seeds) == ours
+    assert len(conversions) == 12

@@ -210,11 +210,27 @@ def test_resuming_a_checkpoint_gives_bitwise_the_same_run(models, pairs, tmp_pat
 def test_a_bf16_generating_evaluation_casts_each_weight_once(models, pairs, tmp_path, monkeypatch):
     """An evaluation runs under one autocast: each weight is cast to bf16 once for the loss pass and every
     generated token of every batch, not once a forward (the prepared model autocasts each forward itself)."""
+    from accelerate.utils import operations
+
     from leantrain.training import evaluator
 
+    # Accelerate's fp32 copies of a forward's outputs in the evaluation: its loss passes', not each generated token's
+    inside, conversions = [False], []
+    convert, gather = operations.convert_to_fp32, evaluator.gather_rows
+    monkeypatch.setattr(operations, "convert_to_fp32", lambda x: conversions.append(inside[0]) or convert(x))
+
+    def gathering(*args, **kwargs):
+        inside[0] = True
+        try:
+            return gather(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(evaluator, "gather_rows", gathering)
     most = casts_in(monkeypatch, evaluator, "gather_rows")
     train(job(models, pairs, tmp_path, "bf16", "bert2bert", precision="bf16", max_steps=1))
     assert most == [1]  # 27 examples in two batches, each a loss pass and 8 tokens generated
+    assert conversions.count(True) == 1  # the loss pass's (and one a generated token, 9 in all, before)
 
 
 def test_predict_generates_in_the_runs_bf16_casting_each_weight_once(models, pairs, tmp_path, monkeypatch):

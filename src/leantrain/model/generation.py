@@ -41,6 +41,7 @@ def sample(
 ) -> list[list[int]]:
     """`per_prompt` completions of each prompt (token ids, prompt-major: prompt 0's first), each ending at its first
     EOS (kept) or after `sampling.max_new_tokens` tokens. `seeds`: one per prompt (needed unless greedy)."""
+    from leantrain.parallel.precision import own_forward
     from leantrain.telemetry.flops import unwrap
 
     if sampling.temperature is not None and seeds is None:
@@ -51,7 +52,7 @@ def sample(
     try:
         # no_grad, not inference_mode: under inference_mode autocast does not keep its casts of the weights from one
         # token's forward to the next (the caller's autocast around the generation: 1.3-1.4x faster measured in bf16)
-        with torch.no_grad():
+        with torch.no_grad(), own_forward(inner):
             return _sample(inner, prompts, per_prompt, sampling, seeds)
     finally:
         inner.train(was_training)

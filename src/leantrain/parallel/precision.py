@@ -15,6 +15,26 @@ import torch
 from leantrain.parallel.sharding import local_tensor
 
 
+@contextlib.contextmanager
+def own_forward(model: torch.nn.Module):
+    """Inside the caller's autocast, `model`'s own forward, without what Accelerate wrapped it in for mixed precision:
+    an autocast (the caller's is one already) and every output converted to fp32, which in a generation is each new
+    token's whole logits where transformers' generation and leantrain's sampler read the last position in fp32
+    themselves (bf16 to fp32 is exact: the same tokens). Outside an autocast, or for a model Accelerate left as it
+    was, nothing changes."""
+    original = getattr(model, "_original_forward", None)
+    wrapped = vars(model).get("forward")
+    device = next(model.parameters()).device.type
+    if original is None or wrapped is None or not torch.is_autocast_enabled(device):
+        yield
+        return
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = wrapped
+
+
 class MixedPrecision:
     def __init__(self, accelerator, precision: str, model_autocasts: bool = True):
         self.accelerator = accelerator

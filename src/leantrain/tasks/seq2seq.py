@@ -495,12 +495,14 @@ def generate_ids(
     one width on every process, so that they gather. The model's own generation settings stand but for the length,
     the beams and sampling (greedy unless `sampling` says). `synced`: every process runs every step (sharded
     weights need all of them at each forward)."""
+    from leantrain.parallel.precision import own_forward
+
     config = copy.deepcopy(model.generation_config)
     settings = dict(
         max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False, decoder_start_token_id=ids.start
     )
     config.update(**{**settings, "pad_token_id": ids.pad, "eos_token_id": ids.eos, **sampling})
-    with torch.no_grad():
+    with torch.no_grad(), own_forward(model):
         out = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced
         )
