@@ -371,6 +371,59 @@ def test_batched_generation_equals_generating_each_source_alone(models, pairs, t
         assert torch.equal(together[i], alone[0]), i
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("model", ["t5", "bert2bert"])
+def test_greedy_generation_is_transformers_own_with_ended_rows_out_of_the_batch(
+    models, pairs, tmp_path, monkeypatch, model, precision
+):
+    """`generate_ids`' greedy loop (rows that end leave the batch) gives the ids of transformers' `generate` (which
+    runs every row to the last), with rows ending at different steps; where a logits processor applies (here a
+    repetition penalty) the generation is transformers' own."""
+    import copy
+
+    from leantrain.model import generation
+    from leantrain.tasks.seq2seq import DecoderIds, generate_ids, pad_sources
+
+    task, built, data = prepared_task(models, pairs, tmp_path, model)
+    built.eval()
+    with torch.no_grad():  # larger random weights: rows that differ, and tokens that do not repeat at once
+        for p in built.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(p.numel()))
+    ids, mask = pad_sources([data.eval.features.source.row(i)["input_ids"] for i in range(12)], task.ids.pad)
+    widths = []
+    original = built.forward
+    monkeypatch.setattr(
+        built, "forward", lambda **kw: widths.append(kw["decoder_input_ids"].shape[0]) or original(**kw)
+    )
+
+    def theirs(eos: int, **changes) -> torch.Tensor:
+        config = copy.deepcopy(built.generation_config)
+        config.update(max_new_tokens=8, num_beams=1, do_sample=False, decoder_start_token_id=task.ids.start,
+                      pad_token_id=task.ids.pad, eos_token_id=eos, **changes)  # fmt: skip
+        with torch.no_grad():
+            out = built.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, 1:]
+        return torch.nn.functional.pad(out, (0, 8 - out.shape[1]), value=task.ids.pad)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        free = theirs(eos=-1)  # no token ends a row; the EOS below is one that some rows write early, some late
+        firsts: dict[int, set[int]] = {}
+        for row in free.tolist():
+            for token in row:
+                firsts.setdefault(token, set()).add(row.index(token))
+        eos = max(firsts, key=lambda token: len(firsts[token]))
+        assert len(firsts[eos]) > 1
+        widths.clear()
+        ours = generate_ids(built, ids, mask, DecoderIds(task.ids.start, task.ids.pad, eos), max_new_tokens=8)
+        assert widths[0] == 12 and widths[-1] < 12  # rows left as they ended
+        assert torch.equal(ours, theirs(eos))
+        built.generation_config.repetition_penalty = 1.5
+        called = []
+        monkeypatch.setattr(generation, "greedy_pairs", lambda *a, **k: called.append(1))
+        penalized = generate_ids(built, ids, mask, DecoderIds(task.ids.start, task.ids.pad, eos), max_new_tokens=8)
+        assert called == [] and torch.equal(penalized, theirs(eos, repetition_penalty=1.5))
+
+
 def write_animals(path: Path, n: int, seed: int) -> Path:
     """The target names the first animal the source mentions (cat, dog), else says none: a task a tiny model learns
     in a hundred steps, and only if the decoder learns to write what comes after its start token."""

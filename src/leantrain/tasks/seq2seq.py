@@ -495,6 +495,7 @@ def generate_ids(
     one width on every process, so that they gather. The model's own generation settings stand but for the length,
     the beams and sampling (greedy unless `sampling` says). `synced`: every process runs every step (sharded
     weights need all of them at each forward)."""
+    from leantrain.model.generation import greedy_pairs
     from leantrain.parallel.precision import own_forward
 
     config = copy.deepcopy(model.generation_config)
@@ -503,6 +504,14 @@ def generate_ids(
     )
     config.update(**{**settings, "pad_token_id": ids.pad, "eos_token_id": ids.eos, **sampling})
     with torch.no_grad(), own_forward(model):
+        if (
+            num_beams == 1
+            and not sampling
+            and not synced
+            and ids.eos is not None
+            and _as_argmax(model, config, input_ids)
+        ):
+            return greedy_pairs(model, input_ids, attention_mask, ids.start, [ids.eos], ids.pad, max_new_tokens)
         out = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=synced
         )
@@ -510,3 +519,16 @@ def generate_ids(
     if out.shape[1] < max_new_tokens:
         out = F.pad(out, (0, max_new_tokens - out.shape[1]), value=ids.pad)
     return out
+
+
+def _as_argmax(model: Any, config: Any, input_ids: torch.Tensor) -> bool:
+    """Whether `model.generate` under `config` would take each step's most likely token as the logits give it: no
+    logits processor (a forced token, a repetition penalty, a minimum length) applies. False where that cannot be
+    told (transformers' private `_get_logits_processor` changed): its own generation then."""
+    try:
+        processors = model._get_logits_processor(
+            generation_config=config, input_ids_seq_length=1, encoder_input_ids=input_ids, device=input_ids.device
+        )
+    except Exception:  # any failure: leave the generation to transformers
+        return False
+    return len(processors) == 0
