@@ -357,9 +357,10 @@ def eval_panels(run: RunData) -> list[tuple[str, list[Series], tuple[float, floa
     for title, series in panels.items():
         ys = [y for _, _, values in series for y in values]
         low, high = min(ys), max(ys)
-        if title.removesuffix(" per type") in UNIT_SCORES:
+        score = title.removesuffix(" per type")
+        if score in UNIT_SCORES:
             pad = max(0.05 - (high - low) / 2, 0.02)
-            floor = -1.0 if title in SIGNED_SCORES else 0.0
+            floor = -1.0 if score in SIGNED_SCORES else 0.0
             limits = (max(floor, low - pad), min(1.0, high + pad))
         else:
             pad = max((high - low) * 0.1, abs(high) * 0.05, 1e-6)

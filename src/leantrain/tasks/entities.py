@@ -3,8 +3,7 @@
 Scores: entity-level precision, recall and F1 as `seqeval` computes them in strict IOB2 mode (an entity counts when
 its type and both ends are right; an I- that continues nothing opens no entity), micro-averaged and per entity type,
 and token accuracy, over every word of every evaluation sentence (a word the tokenizer gives no token is predicted O).
-Tags
-without a scheme (part of speech) are scored per tag instead: macro precision, recall and F1 over the tags.
+Tags without a scheme (part of speech) are scored per tag instead: macro precision, recall and F1 over the tags.
 
 Entities: transformers' `TokenClassificationPipeline` rules. "simple": each token's most probable tag; "first",
 "average", "max": each word's tag from its first token's probabilities, their mean, or its most confident token's;

@@ -202,8 +202,8 @@ def _meta_copy(model):
 
 class _Total:
     """What torch's FlopCounterMode keeps, less its module tracking (hooks on every module's forward and backward, a
-    walk of the module stack at each operator: a third of a meta-device count's time): its registry of formulas and
-    its dispatch, so the total is the same; `FlopCounterMode` where torch lacks the private `_FlopCounterMode`."""
+    walk of the module stack at each operator: a third of a meta-device count's time): its registry of formulas,
+    one total."""
 
     def __init__(self):
         from torch.utils.flop_counter import flop_registry
@@ -232,7 +232,8 @@ QUERIES = frozenset(
 
 @contextlib.contextmanager
 def counting():
-    """A FLOP count of what runs inside: `with counting() as counter: ...; counter.get_total_flops()`."""
+    """A FLOP count of what runs inside: `with counting() as counter: ...; counter.get_total_flops()`. torch's own
+    counting dispatch (`_FlopCounterMode`) keeping a `_Total`; `FlopCounterMode` itself where torch lacks it."""
     try:
         from torch.utils.flop_counter import _FlopCounterMode
     except ImportError:
@@ -251,15 +252,15 @@ def counting():
         parts), less that try where the operator has no decomposition: the same operators run and are counted."""
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            known = decomposes.get(func)
-            if known is None:
-                known = decomposes[func] = (
+            delegate = decomposes.get(func)
+            if delegate is None:
+                delegate = decomposes[func] = (
                     not isinstance(func, torch._ops.OpOverload)
                     or func.name() in QUERIES  # torch's mode declines these
                     or implicit in func.py_kernels
                     or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), implicit)
                 )
-            if known:
+            if delegate:
                 return super().__torch_dispatch__(func, types, args, kwargs)
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
