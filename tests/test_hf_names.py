@@ -110,6 +110,8 @@ def test_an_alias_with_its_own_flag_and_bad_values_are_one_line_errors(capsys, a
         ("--save-stesp", "did you mean --save-steps?"),  # never --max-steps
         ("--loging-steps", "did you mean --logging-steps?"),  # never --local-sgd-steps
         ("--learning-reta", "did you mean --learning-rate?"),
+        ("--batchsize", "did you mean --batch-size?"),
+        ("--frobnicate", "unknown flag --frobnicate; see `leantrain train --help`"),  # no flag like it (not --strict)
         ("--push_to_hub", "push_to_hub (TrainingArguments) has no leantrain setting: model/ is a save_pretrained"),
         ("--deepspeed", "has no leantrain setting: not supported: use --shard fsdp"),
     ],

@@ -381,9 +381,11 @@ def hint(name: str, known: list[str]) -> str:
     near = difflib.get_close_matches(key, [r.hf for r in ROWS if r.field is not None], n=1, cutoff=0.8)
     if near:
         return f"; did you mean {flag(near[0]) if as_flag else repr(near[0])}?"
-    near = difflib.get_close_matches(name, known, n=1)
+    # the names alike without their dashes and separators (`--frobnicate` is not `--strict` for sharing "--")
+    spelt = {k.lstrip("-").replace("-", "_"): k for k in known}
+    near = difflib.get_close_matches(key, list(spelt), n=1)
     if near:
-        return f"; did you mean {near[0] if as_flag else repr(near[0])}?"
+        return f"; did you mean {spelt[near[0]] if as_flag else repr(spelt[near[0]])}?"
     return ""
 
 
