@@ -751,13 +751,10 @@ def test_eight_steps_equal_the_hf_trainers_with_run_ners_collator(run, tiny_mode
 
 def test_scoring_entities_imports_neither_scikit_learn_nor_scipy():
     """seqeval's metrics module imports both (half a second of every run) for arithmetic the scores do themselves."""
-    import subprocess
-    import sys
+    from tests.imports_helper import imported
 
     code = (
-        "import sys; from leantrain.tasks.entities import entity_scores, entity_report; "
-        "g = [['B-PER', 'I-PER', 'O']]; entity_scores(g, g, 'iob2'); entity_report(g, g); "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy', 'seqeval'}))"
+        "from leantrain.tasks.entities import entity_scores, entity_report; "
+        "g = [['B-PER', 'I-PER', 'O']]; entity_scores(g, g, 'iob2'); entity_report(g, g)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['seqeval']"
+    assert imported(code, "sklearn", "scipy", "seqeval") == ["seqeval"]
