@@ -173,17 +173,21 @@ def greedy_pairs(
     do. `model.generate` runs every row until the last ends: half the rows' steps of a paraphrase evaluation
     (MRPC, 32 sources a batch) were rows already ended. The source is encoded once; the model runs as it is called
     (evaluation mode, under the caller's no_grad and autocast)."""
+    from transformers.modeling_outputs import BaseModelOutput
+
     out = torch.full((input_ids.shape[0], max_new_tokens), pad, dtype=torch.long, device=input_ids.device)
     hidden = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)[0]
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     tokens = torch.full((input_ids.shape[0], 1), start, dtype=torch.long, device=input_ids.device)
     ends = torch.tensor(list(eos), dtype=torch.long, device=input_ids.device)
+    keyword = cache_keyword(model)  # the forward's and its output's name for the cache
     cache: dict[str, Any] = {}
     for t in range(max_new_tokens):
         outputs = model(
-            encoder_outputs=(hidden,), attention_mask=attention_mask, decoder_input_ids=tokens, use_cache=True, **cache
-        )
-        cache = {cache_keyword(model): outputs.past_key_values}
+            encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=attention_mask,
+            decoder_input_ids=tokens, use_cache=True, **cache,
+        )  # fmt: skip
+        cache = {keyword: outputs[keyword]}
         chosen = outputs.logits[:, -1].argmax(-1)  # as of the logits in fp32: the conversion is exact
         out[rows, t] = chosen
         ended = torch.isin(chosen, ends)
@@ -191,7 +195,7 @@ def greedy_pairs(
             break
         if bool(ended.any()):  # ended rows leave the batch (and the caches)
             alive = (~ended).nonzero().squeeze(1)
-            outputs.past_key_values.batch_select_indices(alive)
+            cache[keyword].batch_select_indices(alive)
             hidden, attention_mask, rows, chosen = hidden[alive], attention_mask[alive], rows[alive], chosen[alive]
         tokens = chosen[:, None]
     return out
