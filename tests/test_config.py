@@ -144,3 +144,29 @@ def test_the_default_job_says_the_speed_it_measured_and_the_time_that_buys(measu
     said = capsys.readouterr()
     line = next(x for x in (said.out + said.err).splitlines() if "the default job" in x)
     assert "13,000 rows" in line and "50 samples/s in fp32" in line and "about 260 s of training" in line, line
+
+
+def test_a_machine_too_slow_for_the_accuracy_is_told_what_to_expect(measured, capsys):
+    """Fewer rows than reach accuracy 0.80 in the job's time: the line says the accuracy they reach and what the
+    rows that reach 0.80 would take on this machine; a machine fast enough hears nothing of it."""
+    from leantrain.commands import cli
+
+    def line() -> str:
+        assert cli.main(["train", "--print-config", "--precision", "fp32"]) == 0
+        said = capsys.readouterr()
+        return next(x for x in (said.out + said.err).splitlines() if "the default job" in x)
+
+    measured.speed = 30.0  # an AVX2 EPYC's: 8,000 rows
+    slow = line()
+    assert "8,000 rows" in slow and "expect about 0.78" in slow and "--limit 22000: about 12 minutes" in slow, slow
+    training_speed_cache_cleared()
+    measured.speed = 100.0
+    fast = line()
+    assert "24,000 rows" in fast and "expect" not in fast, fast
+
+
+def training_speed_cache_cleared() -> None:
+    from leantrain.model import training_speed
+
+    training_speed._MEASURED.clear()
+    training_speed.cache_file().unlink()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import itertools
 import json
 import math
 import re
@@ -31,6 +32,9 @@ DEFAULT_JOB_SECONDS = 270
 #: the default job's rows at most (24,000 trained in 163-261 s to accuracy 0.80 on 2-core CPUs with AVX-512:
 #: benchmarks/results/quickstart.md) and at least
 DEFAULT_JOB_ROWS = {"max": 24_000, "min": 2_000}
+#: the default job's accuracy on the held-out tweets by rows trained (fp32, one epoch at DEFAULT_JOB_LR, a mean over
+#: seeds where there were several: benchmarks/results/quickstart.md); the last row is the first to reach 0.80
+DEFAULT_JOB_ACCURACY = ((8_000, 0.777), (18_000, 0.796), (22_000, 0.802))
 #: the default job's rows where its speed is not measured (a GPU, several processes or machines)
 DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["max"]
 #: tokens in the embedded tweet corpus's mean row (30.5 with MiniLM's tokenizer): the measured steps' length
@@ -1054,7 +1058,28 @@ def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
     rows = int(speed * DEFAULT_JOB_SECONDS) // 1000 * 1000
     rows = min(max(rows, DEFAULT_JOB_ROWS["min"]), DEFAULT_JOB_ROWS["max"])
     seconds = rows / speed
-    return rows, f"this machine trains {speed:.0f} samples/s in {precision} ({when}): about {seconds:.0f} s of training"
+    why = f"this machine trains {speed:.0f} samples/s in {precision} ({when}): about {seconds:.0f} s of training"
+    return rows, why + _short_of_the_accuracy(rows, speed)
+
+
+def _short_of_the_accuracy(rows: int, speed: float) -> str:
+    """What a machine too slow for the rows that reach accuracy 0.80 should expect, and what those rows cost here."""
+    (fewest, lowest), enough = DEFAULT_JOB_ACCURACY[0], DEFAULT_JOB_ACCURACY[-1][0]
+    if rows < fewest:
+        expect = f"under {lowest:.2f}"
+    else:
+        pair = next((p for p in itertools.pairwise(DEFAULT_JOB_ACCURACY) if rows < p[1][0]), None)
+        if pair is None:
+            return ""
+        (r0, a0), (r1, a1) = pair
+        accuracy = a0 + (a1 - a0) * (rows - r0) / (r1 - r0)
+        if round(accuracy, 2) >= 0.80:
+            return ""
+        expect = f"about {accuracy:.2f}"
+    return (
+        f"; fewer than the {enough:,} rows that reach accuracy 0.80, so expect {expect} (--limit {enough}: about "
+        f"{enough / speed / 60:.0f} minutes of training here)"
+    )
 
 
 def to_flags(values: dict[str, Any]) -> list[str]:
