@@ -1,5 +1,6 @@
 import pytest
 
+from leantrain.commands.cli import build_parser, config_from_args
 from leantrain.config import TrainConfig
 from leantrain.errors import ConfigError
 
@@ -98,8 +99,11 @@ def test_the_default_job_trains_what_this_machine_trains_in_four_and_a_half_minu
     assert TrainConfig(limit=500).resolved().limit == 500
     assert TrainConfig(data="mine.csv").resolved().limit is None  # your own data: every row
     assert len(measured.calls) == calls  # neither measures
-    assert TrainConfig(limit=500).resolved().lr == DEFAULT_JOB_LR != TrainConfig().lr  # the default job's own rate
+    assert TrainConfig(limit=500).resolved().lr == DEFAULT_JOB_LR  # the default job's own rate
     assert TrainConfig(lr=3e-5, limit=9).resolved().lr == 3e-5 and TrainConfig(data="mine.csv").resolved().lr == 5e-5
+    # a rate given is kept, the usual one included: it is not taken for a rate left out
+    assert TrainConfig(lr=5e-5, limit=9).resolved().lr == 5e-5
+    assert config_from_args(build_parser().parse_args(["train", "--lr", "5e-5", "--limit", "9"])).resolved().lr == 5e-5
 
 
 def test_the_default_jobs_measured_speed_is_kept_so_the_job_stays_the_same(measured):

@@ -39,7 +39,9 @@ DEFAULT_JOB_ACCURACY = ((8_000, 0.777), (18_000, 0.796), (22_000, 0.802))
 DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["max"]
 #: tokens in the embedded tweet corpus's mean row (30.5 with MiniLM's tokenizer): the measured steps' length
 DEFAULT_JOB_LENGTH = 31
-#: the default job's peak learning rate when --lr is left at its default: one short epoch of MiniLM on tweets
+#: the peak learning rate where --lr is left out: the usual rate for fine-tuning a pretrained transformer
+DEFAULT_LR = 5e-5
+#: the default job's peak learning rate where --lr is left out: one short epoch of MiniLM on tweets
 #: learns more at twice the usual fine-tuning rate (benchmarks/results/quickstart.md)
 DEFAULT_JOB_LR = 1e-4
 
@@ -457,7 +459,9 @@ class OptimizationConfig:
     )
     epochs: float = _help("Passes over the training data (fractions allowed).", default=1.0)
     max_steps: int | None = _help("Stop after this many optimizer steps (overrides --epochs).", default=None)
-    lr: float = _help(f"Peak learning rate (the default job: {DEFAULT_JOB_LR:g}).", default=5e-5)
+    lr: float | None = _help(
+        f"Peak learning rate (default {DEFAULT_LR:g}; the default job's {DEFAULT_JOB_LR:g}).", default=None
+    )
     weight_decay: float = _help("AdamW weight decay; never applied to biases and LayerNorm weights.", default=0.01)
     warmup_ratio: float = _help("Share of the optimizer steps spent warming up the learning rate.", default=0.06)
     scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
@@ -607,7 +611,7 @@ class OptimizationConfig:
             raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"{_flag('warmup_ratio')} must be in [0, 1), got {self.warmup_ratio}")
-        if not self.lr > 0:
+        if self.lr is not None and not self.lr > 0:
             raise ConfigError(f"{_flag('lr')} must be positive, got {self.lr}")
         for name in ("weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
@@ -1019,8 +1023,8 @@ class TrainConfig(
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
                 changes["limit"] = default_job_rows(self)[0]
-            if self.lr == TrainConfig.__dataclass_fields__["lr"].default:
-                changes["lr"] = DEFAULT_JOB_LR
+        if self.lr is None:
+            changes["lr"] = DEFAULT_JOB_LR if self.data is None else DEFAULT_LR
         if self.model is None:
             changes["model"] = EMBEDDED_MODEL
         if self.output_dir is None:
