@@ -251,7 +251,7 @@ class Trainer:
         from leantrain.parallel.local_sgd import LocalSGD
 
         cfg = self.cfg
-        optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg)
+        optimizer = build_optimizer(self.model, cfg.optimizer, self.lr, cfg.weight_decay, cfg)
         if split := describe_split(self.model, cfg.optimizer, cfg):  # Muon's, GaLore's: which parameters get its rule
             self.say.info(split)
         scheduler = build_scheduler(
@@ -415,9 +415,15 @@ class Trainer:
                 "which say little; give --eval-data, or more data"
             )
 
+    @property
+    def lr(self) -> float:
+        """The peak learning rate (`TrainConfig.resolved()` filled it in where --lr was left out)."""
+        assert self.cfg.lr is not None
+        return self.cfg.lr
+
     def _warn_if_the_rate_is_implausible(self) -> None:
         """A learning rate above 1 trains no transformer: most often a minus sign lost (--lr 2e5 for 2e-5)."""
-        lr = self.cfg.lr
+        lr = self.lr
         if lr <= 1:
             return
         exponent = math.floor(math.log10(lr))
@@ -781,7 +787,7 @@ class Trainer:
             )
         self.logger.close()
         message = self.nan_guard.message(
-            state.step + 1, loss, grad_norm, self.cfg.lr, self.precision, saved if saved.is_dir() else None
+            state.step + 1, loss, grad_norm, self.lr, self.precision, saved if saved.is_dir() else None
         )
         raise LeantrainError(message)
 
