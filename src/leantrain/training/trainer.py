@@ -28,7 +28,7 @@ import torch
 from leantrain.config import TrainConfig
 from leantrain.data.mixture import source_rows
 from leantrain.errors import ConfigError, LeantrainError
-from leantrain.model import attention
+from leantrain.model import attention, rotary
 from leantrain.model.dropout import fast_dropout
 from leantrain.run import checkpoint
 from leantrain.run.checkpoint import TrainState
@@ -272,6 +272,7 @@ class Trainer:
         )
         self.task.before_training(self.model, self.data, self.context)
         self.masks = self._host_known_masks()
+        self.rotary = self._rolled_rotary()
         self.flops, self.flop_peak = self._flop_meter()
         self.graphs_before = 0  # dynamo's count before this run's compiling (`_compile`)
         self.compile_seconds = self._compile() if cfg.compile else None
@@ -320,6 +321,15 @@ class Trainer:
             return []
         models = [(self.accelerator.unwrap_model(self.model), self.amp.autocast), *self.task.frozen_models()]
         return [m for m in (HostKnownMask.attach(model, autocast) for model, autocast in models) if m is not None]
+
+    def _rolled_rotary(self) -> tuple:
+        """The modeling modules whose rotary embedding the training forward runs as a roll (`model.rotary`: the
+        same bits in fewer operators); none under --compile (its graph fuses the rotation) or Liger's kernels."""
+        from leantrain.model import rotary
+
+        if self.cfg.compile or self.cfg.kernels != "none":
+            return ()
+        return rotary.modules_for(self.accelerator.unwrap_model(self.model))
 
     def _build_components(self) -> None:
         """The run directory's staging, resume, the log and the components that own the loop's policies."""
@@ -665,7 +675,8 @@ class Trainer:
             if known is not None:
                 for mask in self.masks:
                     masks.enter_context(mask.for_batch(known.padded, known.packed))
-            with sync, masks, fast_dropout(self.fast_dropout), timer.phase("forward_backward"):
+            rotation = rotary.rolled(self.rotary)
+            with sync, masks, fast_dropout(self.fast_dropout), rotation, timer.phase("forward_backward"):
                 loss = self.oom.forward_backward(self.forward_backward_step, batch, state.step)
             if loss is None:  # out of memory on some process: redo this step, micro-batch halved
                 event = self.oom.recut(self.optimizer, state.epoch, state.steps_in_epoch, state.step)
