@@ -82,7 +82,10 @@ def test_a_call_for_part_of_the_head_goes_to_the_models_own_function():
     assert calls == [8, 8]
 
 
-def test_a_run_with_the_rolled_rotation_equals_one_without(tmp_path, monkeypatch):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "activation-checkpointing"])
+def test_a_run_with_the_rolled_rotation_equals_one_without(tmp_path, monkeypatch, checkpointing):
+    """With activation checkpointing too: the layers' recomputation in the backward runs the same function as their
+    forward did (a forward rolled and a recomputation not would pair the wrong saved tensors: wrong gradients)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tests.tasks.test_causal_lm import documents, write_tiny_llama
@@ -95,6 +98,7 @@ def test_a_run_with_the_rolled_rotation_equals_one_without(tmp_path, monkeypatch
     cfg = TrainConfig(
         task="causal-lm", model=str(folder), data=str(corpus), max_length=64, cache_dir=str(tmp_path / "cache"),
         batch_size=4, max_steps=3, log_every=1, seed=3, precision="bf16", progress=False, report=False,
+        activation_checkpointing=checkpointing,
     )  # fmt: skip
     real_modules, real_signs = rotary.modules_for, rotary._signs
     runs = {}

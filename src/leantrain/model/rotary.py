@@ -12,7 +12,8 @@ Where it applies: a model whose modeling module's `apply_rotary_pos_emb` gives, 
 head size in fp32 and bf16, the same bits as this one (`modules_for`); models with an interleaved or partial
 rotation (GPT-J's, Phi's) differ there and keep their own. A call whose rotated size is not the whole head goes to
 the model's own function. Within `rolled(modules)` those modules' `apply_rotary_pos_emb` is this one; outside it,
-theirs. Not under `--compile` (its graph fuses the rotation anyway) or Liger's kernels (which replace the function).
+theirs. It must hold the backward as well as the forward: activation checkpointing recomputes layers in the backward,
+and a recomputation through the other function would pair the forward's saved tensors wrongly (wrong gradients). Not under `--compile` (its graph fuses the rotation anyway) or Liger's kernels (which replace the function).
 """
 
 from __future__ import annotations
