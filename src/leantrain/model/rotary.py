@@ -6,14 +6,16 @@ the query and the key of every layer. Rotating half is rolling by half with the 
 can move onto sin: `rotate_half(x) * sin == x.roll(d / 2, -1) * sin'`, where sin' is sin with its first half negated
 (`(-x2) * s1` and `x2 * (-s1)` are the same number, to the bit). So `x * cos + x.roll(d / 2, -1) * sin'` gives the
 same bits in four operators, and its backward takes no slices, zeros or copies. On a host-bound model (a 12-layer
-Llama 32 wide) that is about 3% of a training step (`benchmarks/results/host_overhead.md`).
+Llama 32 wide) that is 5% of a training step, 11.6 -> 11.0 ms (`benchmarks/results/host_overhead.md`).
 
 Where it applies: a model whose modeling module's `apply_rotary_pos_emb` gives, on random tensors of the model's
-head size in fp32 and bf16, the same bits as this one (`modules_for`); models with an interleaved or partial
-rotation (GPT-J's, Phi's) differ there and keep their own. A call whose rotated size is not the whole head goes to
-the model's own function. Within `rolled(modules)` those modules' `apply_rotary_pos_emb` is this one; outside it,
-theirs. It must hold the backward as well as the forward: activation checkpointing recomputes layers in the backward,
-and a recomputation through the other function would pair the forward's saved tensors wrongly (wrong gradients). Not under `--compile` (its graph fuses the rotation anyway) or Liger's kernels (which replace the function).
+head size in fp32 and bf16, the same bits as this one (`modules_for`); a model that rotates interleaved pairs
+(Cohere's) differs there and keeps its own. A call whose cos and sin are narrower than the query (a partial
+rotation) goes to the model's own function. Within `rolled(modules)` those modules' `apply_rotary_pos_emb` is this
+one; outside it, theirs. It must hold the backward as well as the forward: activation checkpointing recomputes
+layers in the backward, and a recomputation through the other function would pair the forward's saved tensors
+wrongly (wrong gradients).
+Not under `--compile` (its graph fuses the rotation anyway) or Liger's kernels (which replace the function).
 """
 
 from __future__ import annotations
