@@ -58,10 +58,12 @@ def run(name: str, env_extra: dict[str, str], flags: list[str], work: Path) -> d
     config = (out / "config.yaml").read_text()
     limit = next(int(x.split(":")[1]) for x in config.splitlines() if x.startswith("limit:"))
     lr = next(float(x.split(":")[1]) for x in config.splitlines() if x.startswith("lr:"))
+    batch = next(int(x.split(":")[1]) for x in config.splitlines() if x.startswith("batch_size:"))
     return {
         "job": name,
         "rows": limit,
         "lr": lr,
+        "batch_size": batch,
         "precision": m["precision"],
         "accuracy": m["eval_accuracy"],
         "macro_f1": m["eval_macro_f1"],
@@ -92,14 +94,14 @@ def page(rows: list[dict]) -> list[str]:
         "line that announces training; others: cores' worth of other processes' CPU during the run (of 2); load: the "
         "1-minute load average before and after; measured: the speed the job measured to size its rows.",
         "",
-        "| job | rows | lr | precision | accuracy | macro-F1 | measured samples/s | samples/s | start s | training s | "
-        "evaluation s | whole s | others | load before, after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| job | rows | lr | batch | precision | accuracy | macro-F1 | measured samples/s | samples/s | start s | "
+        "training s | evaluation s | whole s | others | load before, after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['job']} | {r['rows']:,} | {r['lr']:g} | {r['precision']} | {r['accuracy']:.4f} | "
-            f"{r['macro_f1']:.4f} | {r['measured_samples_per_second'] or 0:.0f} | "
+            f"| {r['job']} | {r['rows']:,} | {r['lr']:g} | {r['batch_size']} | {r['precision']} | "
+            f"{r['accuracy']:.4f} | {r['macro_f1']:.4f} | {r['measured_samples_per_second'] or 0:.0f} | "
             f"{r['samples_per_second']:.1f} | {r['start_seconds']:.1f} | {r['training_seconds']:.1f} | "
             f"{r['evaluation_seconds']:.1f} | {r['whole_seconds']:.1f} | {r['others']:.2f} | "
             f"{r['load_before']}, {r['load_after']} |"

@@ -86,7 +86,7 @@ def test_the_default_job_trains_what_this_machine_trains_in_four_and_a_half_minu
 
     measured.speed = 50.9  # 270 s at 50.9 samples/s: 13,743 training rows, rounded down to a thousand
     assert TrainConfig(precision="fp32").resolved().limit == 13_000
-    assert measured.calls == [("fp32", 32, DEFAULT_JOB_LENGTH)] and DEFAULT_JOB_SECONDS == 270
+    assert measured.calls == [("fp32", 16, DEFAULT_JOB_LENGTH)] and DEFAULT_JOB_SECONDS == 270  # its own batch
     measured.speed = 80.0
     assert TrainConfig(precision="fp32").resolved().limit == 13_000  # the same shape: the speed measured before
     assert TrainConfig(precision="bf16", batch_size=8).resolved().limit == 21_000  # measured for its own shape
@@ -101,6 +101,9 @@ def test_the_default_job_trains_what_this_machine_trains_in_four_and_a_half_minu
     assert len(measured.calls) == calls  # neither measures
     assert TrainConfig(limit=500).resolved().lr == DEFAULT_JOB_LR  # the default job's own rate
     assert TrainConfig(lr=3e-5, limit=9).resolved().lr == 3e-5 and TrainConfig(data="mine.csv").resolved().lr == 5e-5
+    # the default job's own batch where --batch-size is left out; the usual one for your data; one given is kept
+    assert TrainConfig(limit=9).resolved().batch_size == 16 and TrainConfig(data="mine.csv").resolved().batch_size == 32
+    assert TrainConfig(limit=9, batch_size=32).resolved().batch_size == 32
     # a rate given is kept, the usual one included: it is not taken for a rate left out
     assert TrainConfig(lr=5e-5, limit=9).resolved().lr == 5e-5
     assert config_from_args(build_parser().parse_args(["train", "--lr", "5e-5", "--limit", "9"])).resolved().lr == 5e-5

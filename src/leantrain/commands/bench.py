@@ -82,7 +82,9 @@ def job_overrides(name: str, base: dict[str, Any]) -> dict[str, Any]:
     over = {**TECHNIQUES["baseline"], **TECHNIQUES[name]}
     if "grad_accum" in TECHNIQUES[name]:
         k = TECHNIQUES[name]["grad_accum"] * base.get("grad_accum", 1)
-        batch = base.get("batch_size", 32)
+        from leantrain.config import TrainConfig
+
+        batch = TrainConfig.from_dict(base).batch_size_or_default()  # the default job's own where not given
         if batch % k:
             raise ConfigError(f"--batch-size {batch} is not divisible by {k} for technique {name}")
         over.update(grad_accum=k, batch_size=batch // k)

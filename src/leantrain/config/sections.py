@@ -39,6 +39,12 @@ DEFAULT_JOB_ACCURACY = ((8_000, 0.777), (18_000, 0.796), (22_000, 0.802))
 DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["max"]
 #: tokens in the embedded tweet corpus's mean row (30.5 with MiniLM's tokenizer): the measured steps' length
 DEFAULT_JOB_LENGTH = 31
+#: examples per micro-batch where --batch-size is left out
+DEFAULT_BATCH_SIZE = 32
+#: the default job's, where --batch-size is left out: twice the optimizer steps of 32 on the same rows, which on
+#: MiniLM and tweets learn more than they cost (at 8,000 rows accuracy 0.786 against 0.777; benchmarks/results/
+#: quickstart.md)
+DEFAULT_JOB_BATCH_SIZE = 16
 #: the peak learning rate where --lr is left out: the usual rate for fine-tuning a pretrained transformer
 DEFAULT_LR = 5e-5
 #: the default job's peak learning rate where --lr is left out: one short epoch of MiniLM on tweets
@@ -453,7 +459,11 @@ class DataConfig:
 class OptimizationConfig:
     """What each optimizer step computes: batch, schedule, optimizer, clipping, the NaN policy."""
 
-    batch_size: int = _help("Examples per micro-batch on each device.", default=32)
+    batch_size: int | None = _help(
+        f"Examples per micro-batch on each device (default {DEFAULT_BATCH_SIZE}; the default job's "
+        f"{DEFAULT_JOB_BATCH_SIZE}).",
+        default=None,
+    )
     grad_accum: int = _help(
         "Micro-batches per optimizer step (exact: the loss is normalised over the whole step).", default=1
     )
@@ -605,7 +615,8 @@ class OptimizationConfig:
         self._check()
 
     def _check(self) -> None:
-        _positive(self, "batch_size", "grad_accum")
+        _positive(self, "grad_accum")
+        _positive(self, "batch_size", optional=True)
         _positive(self, "max_steps", optional=True)
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
             raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
@@ -1019,10 +1030,12 @@ class TrainConfig(
         from leantrain.paths import default_output_dir
 
         changes: dict[str, Any] = {}
+        if self.batch_size is None:
+            changes["batch_size"] = self.batch_size_or_default()
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
-                changes["limit"] = default_job_rows(self)[0]
+                changes["limit"] = default_job_rows(self.replace(batch_size=self.batch_size_or_default()))[0]
         if self.lr is None:
             changes["lr"] = DEFAULT_JOB_LR if self.data is None else DEFAULT_LR
         if self.model is None:
@@ -1032,6 +1045,12 @@ class TrainConfig(
         if self.cache_dir is None:
             changes["cache_dir"] = str(default_cache_dir())
         return self.replace(**changes)
+
+    def batch_size_or_default(self) -> int:
+        """--batch-size, or what `resolved()` fills in where it is left out (the default job's own, or the usual)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return DEFAULT_JOB_BATCH_SIZE if self.data is None else DEFAULT_BATCH_SIZE
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -1057,7 +1076,7 @@ def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
         return DEFAULT_JOB_LIMIT, "the most rows: the speed is measured for the embedded model's classifier only"
     precision = choose_precision(cfg.precision)[0]
     speed, when = training_speed(
-        str(embedded_model_path()), precision, cfg.batch_size, DEFAULT_JOB_LENGTH, fast=cfg.fast_dropout
+        str(embedded_model_path()), precision, cfg.batch_size_or_default(), DEFAULT_JOB_LENGTH, fast=cfg.fast_dropout
     )
     rows = int(speed * DEFAULT_JOB_SECONDS) // 1000 * 1000
     rows = min(max(rows, DEFAULT_JOB_ROWS["min"]), DEFAULT_JOB_ROWS["max"])
@@ -1370,7 +1389,7 @@ def resolved_values(
         task=task or cfg.task,
         precision=precision,
         metric_for_best=metric_for_best,
-        eval_batch_size=cfg.eval_batch_size or 2 * cfg.batch_size,
+        eval_batch_size=cfg.eval_batch_size or 2 * cfg.batch_size_or_default(),
         num_processes=num_processes,
     )
     return values

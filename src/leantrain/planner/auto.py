@@ -55,7 +55,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
     request = PlanRequest(
         model=cfg.model,
         budget=budget,
-        global_batch=cfg.batch_size * cfg.grad_accum * num_processes,
+        global_batch=cfg.batch_size_or_default() * cfg.grad_accum * num_processes,
         seq_len=cfg.max_length,
         device=device,
         num_processes=num_processes,

@@ -383,7 +383,7 @@ class PolicyTask(CausalLM):
         mine = np.arange(acc.process_index, len(examples), acc.num_processes)
         collate = self.collator(TaskData(None, examples, [], processor), train=False)
         dataset = ExamplesDataset(examples)
-        batch_size = self.cfg.eval_batch_size or 2 * self.cfg.batch_size
+        batch_size = self.cfg.eval_batch_size or 2 * self.cfg.batch_size_or_default()
         index, values = [], []
         for rows in eval_batches(examples.lengths[mine], batch_size):
             batch = _to(collate([dataset[int(mine[r])] for r in rows]), acc.device)

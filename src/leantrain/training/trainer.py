@@ -195,7 +195,7 @@ class Trainer:
         cfg, acc, data = self.cfg, self.accelerator, self.data
         # whole examples (GlobalBatchSampler) or a stream (--streaming): the same global batches either way
         self.sampler, train_set = data.train.batches(
-            cfg.batch_size,
+            cfg.batch_size_or_default(),
             cfg.grad_accum,
             acc.num_processes,
             cfg.seed,
@@ -214,7 +214,7 @@ class Trainer:
             pin_memory=acc.device.type == "cuda",  # copied to the GPU without the host waiting
         )
         self.eval_loader = eval_loader(
-            self.task, data, cfg.eval_batch_size or cfg.batch_size * 2, cfg.dataloader_num_workers
+            self.task, data, cfg.eval_batch_size or cfg.batch_size_or_default() * 2, cfg.dataloader_num_workers
         )
         self.steps_per_epoch = self.sampler.steps_per_epoch()  # None: a stream's, unknown until it ends
         if self.steps_per_epoch == 0:
