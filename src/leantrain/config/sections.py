@@ -118,6 +118,12 @@ class ModelConfig:
         "the weights), whose training never used its pooler, and keeps every other model's.",
         default="auto",
     )
+    freeze: str | None = _help(
+        "Parameters that keep their pretrained values, without gradients or optimizer state: embeddings (the input "
+        "embedding table) and globs over parameter names, comma-separated (bert.encoder.layer.[0-2].*); none: "
+        "nothing. Default: none; the default job's: embeddings.",
+        default=None,
+    )
     # --- causal LM
     chat_template: str | None = _help(
         "Causal LM: the Jinja chat template (or a file holding one) that renders a 'messages' column, for a "
@@ -193,6 +199,8 @@ class ModelConfig:
         _choice(self, "pooler", POOLER)
         _check_lora(self)
         _check_problem(self)
+        if self.lora and self.freeze not in (None, "none"):
+            raise ConfigError("--freeze with --lora: LoRA already freezes every weight but its adapters and the head")
         if self.reward_pattern is not None:  # online RL
             try:
                 re.compile(self.reward_pattern)
@@ -1033,10 +1041,12 @@ class TrainConfig(
         changes: dict[str, Any] = {}
         if self.batch_size is None:
             changes["batch_size"] = self.batch_size_or_default()
+        if self.freeze is None:  # the default job's word embeddings: a faster step, the same accuracy
+            changes["freeze"] = "embeddings" if self.data is None and not self.lora else "none"
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
-                changes["limit"] = default_job_rows(self.replace(batch_size=self.batch_size_or_default()))[0]
+                changes["limit"] = default_job_rows(self.replace(**changes))[0]
         if self.lr is None:
             changes["lr"] = DEFAULT_JOB_LR if self.data is None else DEFAULT_LR
         if self.model is None:
@@ -1077,7 +1087,12 @@ def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
         return DEFAULT_JOB_LIMIT, "the most rows: the speed is measured for the embedded model's classifier only"
     precision = choose_precision(cfg.precision)[0]
     speed, when = training_speed(
-        str(embedded_model_path()), precision, cfg.batch_size_or_default(), DEFAULT_JOB_LENGTH, fast=cfg.fast_dropout
+        str(embedded_model_path()),
+        precision,
+        cfg.batch_size_or_default(),
+        DEFAULT_JOB_LENGTH,
+        fast=cfg.fast_dropout,
+        freeze=cfg.freeze or "none",
     )
     rows = int(speed * DEFAULT_JOB_SECONDS) // 1000 * 1000
     rows = min(max(rows, DEFAULT_JOB_ROWS["min"]), DEFAULT_JOB_ROWS["max"])

@@ -34,14 +34,15 @@ def cache_file() -> Path:
 
 
 def measure_training_speed(
-    model_path: str, precision: str, batch: int, length: int, steps: int = 3, fast: bool = True
+    model_path: str, precision: str, batch: int, length: int, steps: int = 3, fast: bool = True, freeze: str = "none"
 ) -> float:
     """Samples/s of a sequence classifier's optimizer steps (forward, backward, fused AdamW) on CPU: the median of
-    `steps` after one warm-up, with the attention kernel `--attention auto` picks and, with `fast`, the job's dropout
-    (`model.dropout`). The caller's random state is left as it was."""
+    `steps` after one warm-up, with the attention kernel `--attention auto` picks, with `fast` the job's dropout
+    (`model.dropout`) and what `freeze` names frozen (`model.freezing`). The caller's random state is left as it
+    was."""
     import torch
 
-    from leantrain.model import attention
+    from leantrain.model import attention, freezing
     from leantrain.model.dropout import fast_dropout
     from leantrain.model.loading import library_bars_off, load_for_classification
 
@@ -50,8 +51,9 @@ def measure_training_speed(
         with library_bars_off():
             model = load_for_classification(model_path, ["a", "b"])
         attention.set_up(model, "auto", "cpu", precision, fast)
+        freezing.apply(model, freeze)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
         vocab = model.config.vocab_size
         ids = torch.randint(min(1000, vocab - 1), vocab, (batch, length))
         mask = torch.ones_like(ids)
@@ -69,7 +71,9 @@ def measure_training_speed(
     return batch / statistics.median(seconds[1:])
 
 
-def training_speed(model_path: str, precision: str, batch: int, length: int, fast: bool = True) -> tuple[float, str]:
+def training_speed(
+    model_path: str, precision: str, batch: int, length: int, fast: bool = True, freeze: str = "none"
+) -> tuple[float, str]:
     """This machine's samples/s for the job's shape (cached after the first measurement), and when it was
     measured."""
     import torch
@@ -87,6 +91,7 @@ def training_speed(model_path: str, precision: str, batch: int, length: int, fas
             str(model_path),
             f"{batch}x{length}",
             "fast dropout" if fast else "torch's dropout",  # figures cached before either: torch's, not keyed
+            *([f"frozen {freeze}"] if freeze != "none" else []),  # figures cached before: nothing frozen
         ]
     )
     path = cache_file()
@@ -95,7 +100,7 @@ def training_speed(model_path: str, precision: str, batch: int, length: int, fas
         return float(entry["samples_per_second"]), f"measured {entry.get('measured', '?')}, cached in {path}"
     if key in _MEASURED:
         return _MEASURED[key], "measured now"
-    speed = _MEASURED[key] = measure_training_speed(model_path, precision, batch, length, fast=fast)
+    speed = _MEASURED[key] = measure_training_speed(model_path, precision, batch, length, fast=fast, freeze=freeze)
     stamp = time.strftime("%Y-%m-%d %H:%M")
     write_cache(path, key, {"samples_per_second": speed, "measured": stamp})
     return speed, "measured now"

@@ -142,6 +142,10 @@ class Trainer:
             self.say.info(done)
         if self.cfg.activation_checkpointing:
             loading.enable_activation_checkpointing(self.model)
+        from leantrain.model import freezing
+
+        if frozen := freezing.apply(self.model, self.cfg.freeze):
+            self.say.info(frozen)
         self.say.info(loading.describe(self.model))
         for note in self.task.model_notes():
             self.say.info(note)

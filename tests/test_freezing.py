@@ -1,0 +1,77 @@
+"""--freeze: what it names keeps its pretrained values (no gradient, no optimizer state) and the rest trains; a name
+that matches nothing, or everything, is refused in one line; the default job freezes its word embeddings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification
+
+from leantrain import TrainConfig, train
+from leantrain.commands.cli import main
+from leantrain.errors import ConfigError
+from leantrain.model import freezing
+
+
+def test_embeddings_and_globs_name_what_freezes(tiny_model_dir):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    said = freezing.apply(model, "embeddings, bert.encoder.layer.0.*")
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    layer0 = {n for n, _ in model.named_parameters() if n.startswith("bert.encoder.layer.0.")}
+    assert frozen == {"bert.embeddings.word_embeddings.weight"} | layer0 and len(layer0) > 4
+    assert said is not None and f"{1 + len(layer0)} tensors" in said
+    assert freezing.apply(model, "none") is None and freezing.apply(model, None) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ("bert.decoder.*", ["--freeze bert.decoder.*", "no parameter", "embeddings or a glob"]),
+        ("*", ["every", "nothing would train"]),
+    ],
+)
+def test_a_name_that_matches_nothing_or_everything_is_refused(tiny_model_dir, spec, words):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    with pytest.raises(ConfigError) as refused:
+        freezing.apply(model, spec)
+    assert all(w in str(refused.value) for w in words), refused.value
+    assert all(p.requires_grad for p in model.parameters())  # nothing half-done
+
+
+def test_frozen_weights_keep_their_values_while_the_rest_trains(tiny_model_dir, sentiment_csv, tmp_path):
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(tmp_path / "cache"), batch_size=8,
+        max_steps=3, lr=1e-2, precision="fp32", progress=False, report=False, output_dir=str(tmp_path / "run"),
+        freeze="embeddings",
+    )  # fmt: skip
+    result = train(cfg)
+    start = {f"bert.{k}": v for k, v in load_file(tiny_model_dir / "model.safetensors").items()}  # a BertModel's
+    trained = load_file(result.output_dir / "model" / "model.safetensors")
+    name = "bert.embeddings.word_embeddings.weight"
+    assert torch.equal(trained[name], start[name])
+    moved = [k for k in trained if k in start and k != name and not torch.equal(trained[k], start[k])]
+    assert any("encoder.layer" in k for k in moved), moved
+
+
+def test_freeze_refused_in_one_line_from_the_command_line(capsys, tiny_model_dir, sentiment_csv, tmp_path):
+    argv = [
+        "train", "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--output-dir", str(tmp_path / "run"),
+        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--max-steps", "1",
+    ]  # fmt: skip
+    for extra, words in (
+        (["--freeze", "encoder.nothing"], "--freeze encoder.nothing: no parameter"),
+        (["--freeze", "embeddings", "--lora"], "--freeze with --lora"),
+    ):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.strip().splitlines() if "error" in line or "Traceback" in line]
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_the_default_job_freezes_its_word_embeddings_and_your_data_nothing():
+    assert TrainConfig(limit=9).resolved().freeze == "embeddings"
+    assert TrainConfig(limit=9, freeze="none").resolved().freeze == "none"  # asked: kept
+    assert TrainConfig(data="mine.csv").resolved().freeze == "none"
+    assert TrainConfig(limit=9, lora=True).resolved().freeze == "none"  # LoRA freezes the base itself
