@@ -33,8 +33,8 @@ DEFAULT_JOB_SECONDS = 270
 #: benchmarks/results/quickstart.md) and at least
 DEFAULT_JOB_ROWS = {"max": 24_000, "min": 2_000}
 #: the default job's accuracy on the held-out tweets by rows trained (fp32, one epoch at DEFAULT_JOB_LR and
-#: DEFAULT_JOB_BATCH_SIZE, the mean of two seeds: benchmarks/results/quickstart.md); the last row is the first to
-#: reach 0.80
+#: DEFAULT_JOB_BATCH_SIZE, the embeddings training (frozen: alike), the mean of two seeds:
+#: benchmarks/results/quickstart.md); the last row is the first to reach 0.80
 DEFAULT_JOB_ACCURACY = ((8_000, 0.786), (13_000, 0.796), (18_000, 0.803))
 #: the default job's rows where its speed is not measured (a GPU, several processes or machines)
 DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["max"]
