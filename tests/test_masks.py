@@ -59,15 +59,9 @@ def test_padded_batches_train_as_with_transformers_own_masks(
 
 
 def test_packed_rows_train_as_with_transformers_own_masks(tmp_path, monkeypatch):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from tests.tasks.test_causal_lm import tiny_llama_job
 
-    from tests.tasks.test_causal_lm import documents, write_tiny_llama
-
-    folder = write_tiny_llama(tmp_path / "llama")
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(documents(120, seed=0)) + "\n")
+    folder, corpus = tiny_llama_job(tmp_path)
     cfg = TrainConfig(
         task="causal-lm", model=str(folder), data=str(corpus), max_length=64, cache_dir=str(tmp_path / "cache"),
         output_dir=str(tmp_path / "run"), batch_size=4, max_steps=4, log_every=1, seed=3, precision="fp32",

@@ -86,15 +86,9 @@ def test_a_call_for_part_of_the_head_goes_to_the_models_own_function():
 def test_a_run_with_the_rolled_rotation_equals_one_without(tmp_path, monkeypatch, checkpointing):
     """With activation checkpointing too: the layers' recomputation in the backward runs the same function as their
     forward did (a forward rolled and a recomputation not would pair the wrong saved tensors: wrong gradients)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from tests.tasks.test_causal_lm import tiny_llama_job
 
-    from tests.tasks.test_causal_lm import documents, write_tiny_llama
-
-    folder = write_tiny_llama(tmp_path / "llama")
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(documents(120, seed=0)) + "\n")
+    folder, corpus = tiny_llama_job(tmp_path)
     cfg = TrainConfig(
         task="causal-lm", model=str(folder), data=str(corpus), max_length=64, cache_dir=str(tmp_path / "cache"),
         batch_size=4, max_steps=3, log_every=1, seed=3, precision="bf16", progress=False, report=False,

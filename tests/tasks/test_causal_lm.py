@@ -86,6 +86,19 @@ def write_tiny_llama(folder: Path) -> Path:
     return folder
 
 
+def tiny_llama_job(folder: Path) -> tuple[Path, Path]:
+    """A tiny Llama with seeded random weights saved (every run starts from the same ones) and a corpus of 120
+    documents beside it: (the model's folder, the corpus)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = write_tiny_llama(folder / "llama")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).save_pretrained(model)
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n\n".join(documents(120, seed=0)) + "\n")
+    return model, corpus
+
+
 def tiny_llama(llama_dir: Path, attn: str = "sdpa"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
