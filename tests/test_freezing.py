@@ -75,3 +75,14 @@ def test_the_default_job_freezes_its_word_embeddings_and_your_data_nothing():
     assert TrainConfig(limit=9, freeze="none").resolved().freeze == "none"  # asked: kept
     assert TrainConfig(data="mine.csv").resolved().freeze == "none"
     assert TrainConfig(limit=9, lora=True).resolved().freeze == "none"  # LoRA freezes the base itself
+
+
+def test_a_checkpoint_from_before_freeze_was_recorded_resumes_only_with_nothing_frozen(tmp_path):
+    """An older checkpoint's config has no freeze: its run froze nothing, so resuming it with the default job's
+    frozen embeddings is refused by name (its optimizer holds their state), and with nothing frozen it goes on."""
+    from leantrain.run.checkpoint import Checkpoint, CheckpointError
+
+    older = Checkpoint(tmp_path, {"config": {"lr": 1e-4}, "facts": {}})
+    with pytest.raises(CheckpointError, match="freeze: 'none' -> 'embeddings'"):
+        older.check_matches({"lr": 1e-4, "freeze": "embeddings"}, {})
+    older.check_matches({"lr": 1e-4, "freeze": "none"}, {})

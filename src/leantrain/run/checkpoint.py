@@ -157,6 +157,10 @@ def metric_key(name: str, reported: tuple[str, ...] | None = None) -> str:
     return key
 
 
+#: settings a checkpoint of an older leantrain does not record, as those runs had them (nothing frozen)
+SETTINGS_BEFORE_RECORDED = {"freeze": "none"}
+
+
 @dataclass
 class Checkpoint:
     """A verified, complete checkpoint on disk (its manifest read, its files' sizes and checksums checked)."""
@@ -174,7 +178,9 @@ class Checkpoint:
 
     def check_matches(self, config: dict[str, Any], facts: dict[str, Any]) -> None:
         """Refuse to resume when a setting that changes the result differs; name every differing key."""
-        saved, config = dict(self.manifest["config"]), json.loads(json.dumps(config))
+        # settings newer than the checkpoint are compared as the run that wrote it had them
+        saved = {**SETTINGS_BEFORE_RECORDED, **self.manifest["config"]}
+        config = json.loads(json.dumps(config))
         for key in PATH_KEYS:  # compare files, not spellings (the manifest records what they resolved to then)
             if key in config and key in saved:
                 config[key] = normalise_path(config[key])
