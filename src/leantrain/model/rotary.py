@@ -46,7 +46,8 @@ def _rolled(own: Callable[..., Any]) -> Callable[..., Any]:
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         size = q.shape[-1]
-        if args or set(kwargs) - {"unsqueeze_dim"} or not (size == k.shape[-1] == cos.shape[-1] == sin.shape[-1]):
+        same = size == k.shape[-1] == cos.shape[-1] == sin.shape[-1]
+        if args or set(kwargs) - {"unsqueeze_dim"} or not same or size % 2:  # odd: rotate_half's halves differ
             return own(q, k, cos, sin, *args, **kwargs)
         unsqueeze_dim, half = kwargs.get("unsqueeze_dim", 1), size // 2
         cos = cos.unsqueeze(unsqueeze_dim)
