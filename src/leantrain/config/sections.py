@@ -23,7 +23,7 @@ import yaml
 
 from leantrain import tasks
 from leantrain.errors import ConfigError
-from leantrain.model import optimizers
+from leantrain.model import freezing, optimizers
 
 #: seconds of training the default job is sized for: its rows are what this machine trains in that time at the speed
 #: it measured (`default_job_rows`), a margin under the quick start's five minutes for a busier moment (the speed
@@ -199,7 +199,7 @@ class ModelConfig:
         _choice(self, "pooler", POOLER)
         _check_lora(self)
         _check_problem(self)
-        if self.lora and self.freeze not in (None, "none"):
+        if self.lora and freezing.patterns(self.freeze):  # one reading of --freeze: "none", "", " none " alike
             raise ConfigError("--freeze with --lora: LoRA already freezes every weight but its adapters and the head")
         if self.reward_pattern is not None:  # online RL
             try:
