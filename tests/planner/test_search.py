@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from leantrain.planner import search
 from leantrain.planner.memory import model_facts
@@ -196,6 +197,41 @@ def test_request_from_config(tmp_path):
     assert source == "--memory 3GiB"
     sgd = request_for(dataclasses.replace(cfg, optimizer="sgd", precision="fp32"), "cpu", 1)[0]
     assert sgd.optimizers == ("sgd",) and sgd.precisions == ("fp32",)
+
+
+def test_the_request_freezes_what_the_run_freezes():
+    from leantrain import TrainConfig
+    from leantrain.planner.auto import request_for
+
+    assert request_for(TrainConfig(), "cpu", 1)[0].freeze == "embeddings"  # the default job's
+    assert request_for(TrainConfig(data="x.csv"), "cpu", 1)[0].freeze == "none"
+    assert request_for(TrainConfig(data="x.csv", freeze="bert.pooler.*"), "cpu", 1)[0].freeze == "bert.pooler.*"
+
+
+@pytest.mark.parametrize("freeze", ["embeddings", "bert.encoder.layer.0.*,bert.embeddings.*"])
+def test_frozen_parameters_plan_no_gradient_or_optimizer_state(facts, tiny_model_dir, freeze):
+    from leantrain.model import freezing, loading
+
+    model = loading.load_for_classification(str(tiny_model_dir), ["a", "b"])
+    freezing.apply(model, freeze)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    assert trained < total
+    adamw = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
+    adamw.step()  # the state it really keeps
+    state = sum(t.numel() * t.element_size() for s in adamw.state.values() for t in s.values())
+    whole, frozen = (
+        {(c.precision, c.activation_checkpointing, c.micro_batch, c.optimizer): c.memory for c in plan.candidates}
+        for plan in (plan_for(facts, 2**34, freeze=f) for f in ("none", freeze))
+    )
+    for key, memory in frozen.items():
+        assert memory.weights == whole[key].weights  # frozen weights are still held
+        assert memory.gradients == 4 * trained and whole[key].gradients == 4 * total
+        if key[3] == "adamw":
+            assert memory.optimizer_state == state
+        assert memory.peak < whole[key].peak
 
 
 #: Throughput of each technique relative to fp32/AdamW (micro-batch, accumulation, precision, checkpointing,

@@ -1041,8 +1041,8 @@ class TrainConfig(
         changes: dict[str, Any] = {}
         if self.batch_size is None:
             changes["batch_size"] = self.batch_size_or_default()
-        if self.freeze is None:  # the default job's word embeddings: a faster step, the same accuracy
-            changes["freeze"] = "embeddings" if self.data is None and not self.lora else "none"
+        if self.freeze is None:
+            changes["freeze"] = self.freeze_or_default()
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
@@ -1062,6 +1062,13 @@ class TrainConfig(
         if self.batch_size is not None:
             return self.batch_size
         return DEFAULT_JOB_BATCH_SIZE if self.data is None else DEFAULT_BATCH_SIZE
+
+    def freeze_or_default(self) -> str:
+        """--freeze, or what `resolved()` fills in where it is left out: the default job's word embeddings (a faster
+        step, the same accuracy), nothing otherwise."""
+        if self.freeze is not None:
+            return self.freeze
+        return "embeddings" if self.data is None and not self.lora else "none"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

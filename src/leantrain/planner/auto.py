@@ -64,6 +64,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         precisions=None if cfg.precision == "auto" else (cfg.precision,),
         optimizers=available_optimizers() if optimizers.entry(cfg.optimizer).planned else (cfg.optimizer,),
         lora=LoraSpec.of(cfg),  # LoRA
+        freeze=cfg.freeze_or_default(),
         **reference_of(cfg),
         optimizer_settings={name: getattr(cfg, name) for name in optimizers.SETTINGS},
         flat_parameters=cfg.flat_parameters,

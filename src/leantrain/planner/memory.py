@@ -304,6 +304,27 @@ def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = F
     return LoraInventory(_trainable(peft_model, ()), frozen, largest)
 
 
+@functools.lru_cache(maxsize=16)
+def frozen_inventory(config_json: str, freeze: str, trust_remote_code: bool = False) -> ParamInventory:
+    """The parameters that still train under `--freeze` (as `model.freezing.apply` leaves them), by shape."""
+    from leantrain.model import freezing
+
+    net = _build(_config_from_json(config_json), "meta", trust_remote_code)
+    freezing.apply(net, freeze)
+    return _trainable(net, ())
+
+
+def trainable_inventory(facts: ModelFacts, lora: LoraSpec | None = None, freeze: str | None = None) -> ParamInventory:
+    """What gets gradients and optimizer state: LoRA's adapters and head, what --freeze leaves, or every parameter."""
+    from leantrain.model import freezing
+
+    if lora is not None:
+        return lora_inventory(facts.config_json, lora).trainable
+    if freezing.patterns(freeze):
+        return frozen_inventory(facts.config_json, freeze or "")
+    return facts.inventory
+
+
 def _trainable(net, linear: tuple[tuple[int, ...], ...], buffers: int = 0) -> ParamInventory:
     """The trainable parameters of `net` by shape, with which are hidden matrices."""
     hidden, embedding = optimizers.hidden_matrices(net), optimizers.input_embedding(net)
@@ -713,21 +734,22 @@ def estimate(
     counted: float = 1.0,
     settings: Any = None,
     flat: bool = False,
+    freeze: str | None = None,
 ) -> MemoryEstimate:
     """Predicted peak training memory of one configuration (see the module docstring). With `lora`, gradients and
     optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized).
     `counted`: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
     completions only): its logits, their copies and gradients are that share of every position's. `settings`: the
     optimizer's (e.g. a projection rank), any object with the config's fields. `flat`: the parameters are kept
-    flat (`model.flat`), whose gradients stay allocated between steps."""
-    inv = facts.inventory
-    weights = 4 * inv.numel + inv.buffer_bytes
+    flat (`model.flat`), whose gradients stay allocated between steps. `freeze`: --freeze's names, whose parameters
+    keep no gradient or state (their activations are counted as if they trained: an overestimate)."""
+    weights = 4 * facts.inventory.numel + facts.inventory.buffer_bytes
     dequantized = 0
     if lora is not None:  # LoRA
         lora_inv = lora_inventory(facts.config_json, lora)
-        inv = lora_inv.trainable
-        weights = lora_inv.frozen_bytes + 4 * inv.numel + facts.inventory.buffer_bytes
+        weights = lora_inv.frozen_bytes + 4 * lora_inv.trainable.numel + facts.inventory.buffer_bytes
         dequantized = 4 * lora_inv.largest_linear if lora.quantize else 0  # one layer's weight, in each forward
+    inv = trainable_inventory(facts, lora, freeze)
     grads = 4 * inv.numel
     state = inv.state_bytes(optimizer, settings)
     profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora, counted=counted)

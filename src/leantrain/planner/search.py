@@ -17,7 +17,7 @@ from typing import Any
 from leantrain.config.units import format_bytes
 from leantrain.errors import ConfigError
 from leantrain.model.optimizers import OPTIMIZERS
-from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate, lora_inventory
+from leantrain.planner.memory import LoraSpec, MemoryEstimate, ModelFacts, estimate, trainable_inventory
 from leantrain.planner.speed import DeviceSpeed, optimizer_step_seconds, step_seconds
 from leantrain.telemetry.console import counted
 
@@ -51,6 +51,8 @@ class PlanRequest:
     num_labels: int = 2
     #: LoRA: every candidate trains adapters (and the head) over a frozen, maybe quantized, base
     lora: LoraSpec | None = None
+    #: --freeze: the names whose parameters keep no gradient or optimizer state (None or "none": nothing)
+    freeze: str | None = None
     #: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
     #: completions only): the run computes logits there only, so their memory and FLOPs scale with it
     counted: float = 1.0
@@ -218,7 +220,7 @@ def enumerate_candidates(
     if request.global_batch % request.num_processes:
         raise ConfigError(f"global batch {request.global_batch} is not divisible by {request.num_processes} processes")
     precisions = request.precisions or supported_precisions(request.device)
-    inventory = lora_inventory(facts.config_json, request.lora).trainable if request.lora else facts.inventory
+    inventory = trainable_inventory(facts, request.lora, request.freeze)
     out = []
     for precision in precisions:
         for ckpt in request.checkpointing:
@@ -228,7 +230,7 @@ def enumerate_candidates(
                     mem = estimate(
                         facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device,
                         lora=request.lora, counted=request.counted, settings=request.settings,
-                        flat=request.flat_parameters and OPTIMIZERS[opt].flat,
+                        flat=request.flat_parameters and OPTIMIZERS[opt].flat, freeze=request.freeze,
                     )  # fmt: skip
                     secs = step_seconds(
                         speed,
@@ -434,6 +436,13 @@ def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> 
     ]
     if request.num_processes > 1:
         notes.append("memory is per process: each holds a whole replica (no sharding)")
+    trained = trainable_inventory(facts, None, request.freeze).numel
+    if request.lora is None and trained < facts.params:
+        notes.append(
+            f"--freeze {request.freeze}: {(facts.params - trained) / 1e6:.1f} M of {facts.params / 1e6:.1f} M "
+            "parameters keep no gradient or optimizer state; their activations are counted as if they trained "
+            "(an overestimate)"
+        )
     if request.reference_forward:
         notes.append(
             f"reference model: {request.reference_forward:g} more forward pass(es) a step without gradients "
@@ -450,7 +459,7 @@ def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> 
 def optimizer_note(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> str:
     """Every registered optimizer's state for this model (with the run's settings, e.g. a projection rank) and its
     predicted step, beside AdamW's: what --optimizer would change (the candidates keep the planned ones)."""
-    inv = lora_inventory(facts.config_json, request.lora).trainable if request.lora else facts.inventory
+    inv = trainable_inventory(facts, request.lora, request.freeze)
     adamw = inv.state_bytes("adamw")
     parts = []
     for name in OPTIMIZERS:
