@@ -92,3 +92,83 @@ def test_a_cpu_training_run_draws_its_dropout_as_set(dropout_model_dir, sentimen
     assert (drawn.calls == 0) == fast, drawn.calls
     config = (result.output_dir / "config.yaml").read_text()
     assert f"fast_dropout: {str(fast).lower()}" in config
+
+
+def _two_training_forwards_agree(model, inputs) -> bool:
+    model.train()
+    with torch.no_grad():
+        return torch.equal(model(**inputs).logits, model(**inputs).logits)
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama", "t5"])
+def test_set_rate_reaches_every_dropout_and_the_config(kind):
+    """--dropout's `set_rate`: with every rate at 0 a training-mode forward is deterministic (modules, attention's
+    float rate and a classifier's own dropout included), and the config says so; any other rate is set alike."""
+    import transformers as tf
+
+    from leantrain.model.dropout import set_rate
+
+    torch.manual_seed(0)
+    ids = torch.randint(3, 90, (2, 12))
+    if kind == "bert":
+        config = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, classifier_dropout=0.2)  # fmt: skip
+        model, inputs = tf.BertForSequenceClassification(config), {"input_ids": ids}
+    elif kind == "llama":
+        config = tf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=64, attention_dropout=0.5)  # fmt: skip
+        model, inputs = tf.LlamaForCausalLM(config), {"input_ids": ids}
+        model.config._attn_implementation = "eager"  # whose dropout is F.dropout at the module's float rate
+    else:
+        config = tf.T5Config(vocab_size=100, d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16)
+        model, inputs = tf.T5ForConditionalGeneration(config), {"input_ids": ids, "decoder_input_ids": ids[:, :5]}
+    assert not _two_training_forwards_agree(model, inputs)  # the model's own dropout draws
+    set_rate(model, 0.0)
+    assert _two_training_forwards_agree(model, inputs)
+    rates = {k: v for k, v in model.config.to_dict().items() if "dropout" in k or "pdrop" in k}
+    assert rates and set(rates.values()) == {0.0}, rates
+    set_rate(model, 0.25)
+    assert not _two_training_forwards_agree(model, inputs)
+    modules = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}  # (a Llama has none)
+    rates = {k: v for k, v in model.config.to_dict().items() if "dropout" in k or "pdrop" in k}
+    assert modules <= {0.25} and set(rates.values()) == {0.25}, (modules, rates)
+
+
+def test_dropout_zero_trains_as_the_same_model_shipped_without_dropout(
+    dropout_model_dir, tiny_model_dir, sentiment_csv, tmp_path
+):
+    """`--dropout 0` on a model that ships dropout 0.1 trains bitwise as the same weights shipped with dropout off,
+    and the published config.json records 0."""
+    import json
+
+    from safetensors.torch import load_file
+
+    runs = {}
+    for name, model, rate in (("set", dropout_model_dir, 0.0), ("shipped", tiny_model_dir, None)):
+        train(
+            TrainConfig(
+                model=str(model), data=str(sentiment_csv), cache_dir=str(tmp_path / "cache"),
+                output_dir=str(tmp_path / name), batch_size=8, max_steps=3, progress=False, report=False,
+                precision="fp32", dropout=rate,
+            )
+        )  # fmt: skip
+        runs[name] = load_file(tmp_path / name / "model" / "model.safetensors")
+    assert runs["set"].keys() == runs["shipped"].keys()
+    assert all(torch.equal(runs["set"][k], runs["shipped"][k]) for k in runs["set"])
+    saved = json.loads((tmp_path / "set" / "model" / "config.json").read_text())
+    assert saved["hidden_dropout_prob"] == 0.0 and saved["attention_probs_dropout_prob"] == 0.0
+
+
+def test_the_default_job_trains_without_dropout_and_your_data_with_the_models():
+    assert TrainConfig(limit=9).resolved().dropout == 0.0
+    assert TrainConfig(limit=9, dropout=0.1).resolved().dropout == 0.1  # asked: kept
+    assert TrainConfig(data="mine.csv").resolved().dropout is None
+
+
+def test_a_dropout_out_of_range_is_refused_in_one_line(capsys):
+    from leantrain.commands.cli import main
+
+    assert main(["train", "--dropout", "1.5", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--dropout must be in [0, 1), got 1.5" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err

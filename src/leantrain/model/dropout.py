@@ -18,6 +18,7 @@ dropout inside its kernel does not, which is why `--attention auto` picks eager 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,3 +66,38 @@ def fast_dropout(on: bool = True) -> Iterator[None]:
         yield
     finally:
         functional.dropout = own
+
+
+#: what transformers' models call a dropout probability, in their configs and as their modules' float attributes
+_RATE_NAME = re.compile(r"(^|_)(dropout|pdrop)(_prob|_rate|_p)?$")
+
+
+def set_rate(model: Any, p: float) -> int:
+    """Set every dropout of `model` to probability `p` (--dropout): its dropout modules, the float rates that
+    transformers' attention modules keep (Llama's `attention_dropout`), and its config's rates (saved with the model,
+    so its config.json says how it trained). Returns how many modules were set."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = p
+            changed += 1
+            continue
+        for name, value in vars(module).items():
+            if _RATE_NAME.search(name) and isinstance(value, float):
+                setattr(module, name, p)
+                changed += 1
+    _set_config_rates(getattr(model, "config", None), p, set())
+    return changed
+
+
+def _set_config_rates(config: Any, p: float, seen: set[int]) -> None:
+    """The config's dropout rates, and those of the configs it holds (a vision-language model's text_config)."""
+    if config is None or id(config) in seen or not hasattr(config, "to_dict"):
+        return
+    seen.add(id(config))
+    for name, value in list(vars(config).items()):
+        rate = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        if _RATE_NAME.search(name) and rate:
+            setattr(config, name, p)
+        elif hasattr(value, "to_dict"):
+            _set_config_rates(value, p, seen)

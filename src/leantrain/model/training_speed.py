@@ -34,22 +34,31 @@ def cache_file() -> Path:
 
 
 def measure_training_speed(
-    model_path: str, precision: str, batch: int, length: int, steps: int = 3, fast: bool = True, freeze: str = "none"
+    model_path: str,
+    precision: str,
+    batch: int,
+    length: int,
+    steps: int = 3,
+    fast: bool = True,
+    freeze: str = "none",
+    dropout: float | None = None,
 ) -> float:
     """Samples/s of a sequence classifier's optimizer steps (forward, backward, fused AdamW) on CPU: the median of
     `steps` after one warm-up, with the attention kernel `--attention auto` picks, with `fast` the job's dropout
-    (`model.dropout`) and what `freeze` names frozen (`model.freezing`). The caller's random state is left as it
-    was."""
+    (`model.dropout`), what `freeze` names frozen (`model.freezing`) and `dropout` the rate of every dropout (None:
+    the model's own). The caller's random state is left as it was."""
     import torch
 
     from leantrain.model import attention, freezing
-    from leantrain.model.dropout import fast_dropout
+    from leantrain.model.dropout import fast_dropout, set_rate
     from leantrain.model.loading import library_bars_off, load_for_classification
 
     with torch.random.fork_rng(devices=[]), fast_dropout(fast):
         torch.manual_seed(0)
         with library_bars_off():
             model = load_for_classification(model_path, ["a", "b"])
+        if dropout is not None:
+            set_rate(model, dropout)
         attention.set_up(model, "auto", "cpu", precision, fast)
         freezing.apply(model, freeze)
         model.train()
@@ -72,7 +81,13 @@ def measure_training_speed(
 
 
 def training_speed(
-    model_path: str, precision: str, batch: int, length: int, fast: bool = True, freeze: str = "none"
+    model_path: str,
+    precision: str,
+    batch: int,
+    length: int,
+    fast: bool = True,
+    freeze: str = "none",
+    dropout: float | None = None,
 ) -> tuple[float, str]:
     """This machine's samples/s for the job's shape (cached after the first measurement), and when it was
     measured."""
@@ -92,6 +107,7 @@ def training_speed(
             f"{batch}x{length}",
             "fast dropout" if fast else "torch's dropout",  # figures cached before either: torch's, not keyed
             *([f"frozen {freeze}"] if freeze != "none" else []),  # figures cached before: nothing frozen
+            *([f"dropout {dropout:g}"] if dropout is not None else []),  # before: the model's own
         ]
     )
     path = cache_file()
@@ -100,7 +116,9 @@ def training_speed(
         return float(entry["samples_per_second"]), f"measured {entry.get('measured', '?')}, cached in {path}"
     if key in _MEASURED:
         return _MEASURED[key], "measured now"
-    speed = _MEASURED[key] = measure_training_speed(model_path, precision, batch, length, fast=fast, freeze=freeze)
+    speed = _MEASURED[key] = measure_training_speed(
+        model_path, precision, batch, length, fast=fast, freeze=freeze, dropout=dropout
+    )
     stamp = time.strftime("%Y-%m-%d %H:%M")
     write_cache(path, key, {"samples_per_second": speed, "measured": stamp})
     return speed, "measured now"

@@ -157,8 +157,9 @@ def metric_key(name: str, reported: tuple[str, ...] | None = None) -> str:
     return key
 
 
-#: settings a checkpoint of an older leantrain does not record, as those runs had them (nothing frozen)
-SETTINGS_BEFORE_RECORDED = {"freeze": "none"}
+#: settings a checkpoint of an older leantrain does not record, as those runs had them (nothing frozen, the model's
+#: own dropout)
+SETTINGS_BEFORE_RECORDED = {"freeze": "none", "dropout": None}
 
 
 @dataclass

@@ -133,6 +133,11 @@ class Trainer:
         if self.resume_from is not None:
             self.resume_from.check_matches({}, self.task.data_facts(self.data))
         self.model = self.task.build_model(model_path, self.data)
+        if self.cfg.dropout is not None:  # before the attention is chosen: SDPA or eager depends on its dropout
+            from leantrain.model import dropout
+
+            dropout.set_rate(self.model, self.cfg.dropout)
+            self.say.info(f"dropout: {self.cfg.dropout:g} everywhere (--dropout)")
         self._choose_attention()
         from leantrain.model import kernels
 
