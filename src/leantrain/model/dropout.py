@@ -72,10 +72,13 @@ def fast_dropout(on: bool = True) -> Iterator[None]:
 _RATE_NAME = re.compile(r"(^|_)(dropout|pdrop)(_prob|_rate|_p)?$")
 
 
-def set_rate(model: Any, p: float) -> int:
+def set_rate(model: Any, p: float) -> str:
     """Set every dropout of `model` to probability `p` (--dropout): its dropout modules, the float rates that
     transformers' attention modules keep (Llama's `attention_dropout`), and its config's rates (saved with the model,
-    so its config.json says how it trained). Returns how many modules were set."""
+    so its config.json says how it trained). Returns what it did, for the log."""
+    config = getattr(model, "config", None)
+    rates = vars(config).items() if config is not None else ()
+    own = {k: v for k, v in rates if _RATE_NAME.search(k) and isinstance(v, (int, float))}
     changed = 0
     for module in model.modules():
         if isinstance(module, torch.nn.modules.dropout._DropoutNd):
@@ -86,8 +89,9 @@ def set_rate(model: Any, p: float) -> int:
             if _RATE_NAME.search(name) and isinstance(value, float):
                 setattr(module, name, p)
                 changed += 1
-    _set_config_rates(getattr(model, "config", None), p, set())
-    return changed
+    _set_config_rates(config, p, set())
+    was = ", ".join(f"{k} {v:g}" for k, v in own.items()) or "none in its config"
+    return f"dropout: {p:g} in {changed} places (--dropout {p:g}; the model's own: {was})"
 
 
 def _set_config_rates(config: Any, p: float, seen: set[int]) -> None:

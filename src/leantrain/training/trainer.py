@@ -136,8 +136,7 @@ class Trainer:
         if self.cfg.dropout is not None:  # before the attention is chosen: SDPA or eager depends on its dropout
             from leantrain.model import dropout
 
-            dropout.set_rate(self.model, self.cfg.dropout)
-            self.say.info(f"dropout: {self.cfg.dropout:g} everywhere (--dropout)")
+            self.say.info(dropout.set_rate(self.model, self.cfg.dropout))
         self._choose_attention()
         from leantrain.model import kernels
 
