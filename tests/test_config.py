@@ -69,8 +69,10 @@ def measured(monkeypatch, tmp_path):
     class Measured:
         speed, calls = 100.0, []
 
-    def fake(model_path, precision, batch, length, steps=3, fast=True, freeze="none"):
-        Measured.calls.append((precision, batch, length) + ((freeze,) if freeze != "none" else ()))
+    def fake(model_path, precision, batch, length, steps=3, fast=True, freeze="none", dropout=None):
+        Measured.calls.append(
+            (precision, batch, length) + ((freeze,) if freeze != "none" else ()) + ((dropout,) if dropout is not None else ())
+        )
         return Measured.speed
 
     monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
@@ -87,11 +89,11 @@ def test_the_default_job_trains_what_this_machine_trains_in_four_and_a_half_minu
     measured.speed = 50.9  # 270 s at 50.9 samples/s: 13,743 training rows, rounded down to a thousand
     assert TrainConfig(precision="fp32").resolved().limit == 13_000
     # measured as the job runs: its own batch, its embeddings frozen
-    assert measured.calls == [("fp32", 16, DEFAULT_JOB_LENGTH, "embeddings")] and DEFAULT_JOB_SECONDS == 270
+    assert measured.calls == [("fp32", 16, DEFAULT_JOB_LENGTH, "embeddings", 0.0)] and DEFAULT_JOB_SECONDS == 270
     measured.speed = 80.0
     assert TrainConfig(precision="fp32").resolved().limit == 13_000  # the same shape: the speed measured before
     assert TrainConfig(precision="bf16", batch_size=8).resolved().limit == 21_000  # measured for its own shape
-    assert measured.calls[-1] == ("bf16", 8, DEFAULT_JOB_LENGTH, "embeddings")
+    assert measured.calls[-1] == ("bf16", 8, DEFAULT_JOB_LENGTH, "embeddings", 0.0)
     measured.speed = 1000.0
     assert TrainConfig(precision="fp16").resolved().limit == DEFAULT_JOB_ROWS["max"]
     measured.speed = 0.5

@@ -94,7 +94,9 @@ def test_an_optimizer_registered_in_a_test_trains_resumes_bitwise_and_is_planned
     # the planner counts its state as the real optimizer held it: one fp32 buffer a parameter
     held = whole.metrics["optimizer_state_bytes"]
     assert whole.metrics["optimizer_state_bytes_per_param"] == 4.0
-    cfg = TrainConfig(model=str(tiny_model_dir), optimizer=momentum_sgd, batch_size=24, max_length=64)
+    cfg = TrainConfig(  # nothing frozen, as the job trained (without --data the default job's embeddings would be)
+        model=str(tiny_model_dir), optimizer=momentum_sgd, batch_size=24, max_length=64, freeze="none"
+    )
     plan, _ = run_plan(cfg, PlanOptions(), job={})
     assert {c.optimizer for c in plan.candidates} == {momentum_sgd}  # an optimizer the planner does not choose: kept
     assert {c.memory.optimizer_state for c in plan.candidates} == {held}
