@@ -70,9 +70,8 @@ def measured(monkeypatch, tmp_path):
         speed, calls = 100.0, []
 
     def fake(model_path, precision, batch, length, steps=3, fast=True, freeze="none", dropout=None):
-        Measured.calls.append(
-            (precision, batch, length) + ((freeze,) if freeze != "none" else ()) + ((dropout,) if dropout is not None else ())
-        )
+        extra = ((freeze,) if freeze != "none" else ()) + ((dropout,) if dropout is not None else ())
+        Measured.calls.append((precision, batch, length, *extra))
         return Measured.speed
 
     monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))

@@ -172,3 +172,14 @@ def test_a_dropout_out_of_range_is_refused_in_one_line(capsys):
     err = capsys.readouterr().err
     assert "--dropout must be in [0, 1), got 1.5" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_checkpoint_from_before_dropout_was_recorded_resumes_only_with_the_models_own(tmp_path):
+    """An older checkpoint's config has no dropout: its run kept the model's own, so resuming it with the default
+    job's dropout 0 is refused by name, and with the model's own it goes on."""
+    from leantrain.run.checkpoint import Checkpoint, CheckpointError
+
+    older = Checkpoint(tmp_path, {"config": {"lr": 1e-4}, "facts": {}})
+    with pytest.raises(CheckpointError, match=r"dropout: None -> 0\.0"):
+        older.check_matches({"lr": 1e-4, "dropout": 0.0}, {})
+    older.check_matches({"lr": 1e-4, "dropout": None}, {})
