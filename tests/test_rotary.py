@@ -100,13 +100,19 @@ def test_a_run_with_the_rolled_rotation_equals_one_without(tmp_path, monkeypatch
         rolled_calls: list = []
         with monkeypatch.context() as m:
             m.setattr(rotary, "modules_for", lambda model, on=on: real_modules(model) if on else ())
-            m.setattr(rotary, "_signs", lambda sin, calls=rolled_calls: calls.append(1) or real_signs(sin))
+            m.setattr(
+                rotary,
+                "_signs",
+                lambda sin, calls=rolled_calls: calls.append(torch.is_grad_enabled()) or real_signs(sin),
+            )
             result = train(cfg.replace(output_dir=str(tmp_path / name)))
-        # 3 steps x 2 layers at least, each micro-batch's forward through the roll; none without it
-        assert (len(rolled_calls) >= 3 * 2) == on, "the rolled rotation was not used: the comparison proves nothing"
+        # 3 steps x 2 layers at least, each micro-batch's forward through the roll, and the evaluation's (without
+        # gradients); none without it
+        assert (rolled_calls.count(True) >= 3 * 2) == on, "the roll was not used: the comparison proves nothing"
+        assert (False in rolled_calls) == on, "the evaluation did not roll"
         lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
         losses = [json.loads(line)["loss"] for line in lines if '"loss"' in line]
-        runs[name] = losses, load_file(result.output_dir / "model" / "model.safetensors")
-    (losses, weights), (own_losses, own_weights) = runs["rolled"], runs["own"]
-    assert losses == own_losses and weights.keys() == own_weights.keys()
+        runs[name] = losses, load_file(result.output_dir / "model" / "model.safetensors"), result.metrics["eval_loss"]
+    (losses, weights, scored), (own_losses, own_weights, own_scored) = runs["rolled"], runs["own"]
+    assert losses == own_losses and weights.keys() == own_weights.keys() and scored == own_scored
     assert all(torch.equal(weights[k], own_weights[k]) for k in weights)

@@ -331,7 +331,7 @@ class Trainer:
         return [m for m in (HostKnownMask.attach(model, autocast) for model, autocast in models) if m is not None]
 
     def _rolled_rotary(self) -> tuple:
-        """The modeling modules whose rotary embedding the training forward runs as a roll (`model.rotary`: the
+        """The modeling modules whose rotary embedding training and evaluation run as a roll (`model.rotary`: the
         same bits in fewer operators); none under --compile (its graph fuses the rotation) or Liger's kernels."""
         from leantrain.model import rotary
 
@@ -628,7 +628,8 @@ class Trainer:
         checkpoint of the step it evaluates, when --save-every or --save-on-interrupt asks for one)."""
         with interrupt.phase("evaluating", stopping="at the next evaluation batch"):
             try:
-                with attention.running(self.accelerator.unwrap_model(self.model), self.eval_attention):
+                model = self.accelerator.unwrap_model(self.model)
+                with attention.running(model, self.eval_attention), rotary.rolled(self.rotary):
                     return self.evaluator.evaluate(self.model, self._stop_requested)
             except EvaluationStopped:
                 self._stop_if_interrupted(False, during="evaluating")
