@@ -53,6 +53,8 @@ class Trial:
     num_labels: int = 2
     #: a causal LM's share of positions whose next token counts (instruction tuning: completions only)
     counted: float = 1.0
+    #: --dropout: every dropout's rate (None: the model's own)
+    dropout: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +113,10 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     meter = MemoryMeter(device)
     meter.start()  # baseline: before the model exists, so the weights count
     model = build_model(trial.model, trial.num_labels, device)
+    if trial.dropout is not None:
+        from leantrain.model.dropout import set_rate
+
+        set_rate(model, trial.dropout)
     # a classifier's last layer at the first token only, as its task runs it (not under checkpointing)
     tail = None if trial.activation_checkpointing else first_token_tail(model)
     # a causal LM's logits where a token counts, as its task computes them

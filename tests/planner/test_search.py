@@ -208,6 +208,23 @@ def test_the_request_freezes_what_the_run_freezes():
     assert request_for(TrainConfig(data="x.csv", freeze="bert.pooler.*"), "cpu", 1)[0].freeze == "bert.pooler.*"
 
 
+def test_the_plan_counts_the_dropout_the_run_trains_with(facts, dropout_model_dir):
+    """--dropout 0 on a model that ships dropout plans its activations as the same model shipped without (no masks
+    kept for the backward); the default job's request asks for it."""
+    from leantrain import TrainConfig
+    from leantrain.planner.auto import request_for
+
+    def activations(plan):
+        return [(c.precision, c.micro_batch, c.memory.activations) for c in plan.candidates]
+
+    shipped = model_facts(str(dropout_model_dir))
+    with_masks, without = activations(plan_for(shipped, 2**34)), activations(plan_for(shipped, 2**34, dropout=0.0))
+    assert without == activations(plan_for(facts, 2**34))  # tiny_model_dir: the same model, its dropout 0
+    assert all(a[2] < b[2] for a, b in zip(without, with_masks, strict=True))
+    assert request_for(TrainConfig(), "cpu", 1)[0].dropout == 0.0  # the default job's
+    assert request_for(TrainConfig(data="x.csv"), "cpu", 1)[0].dropout is None
+
+
 @pytest.mark.parametrize("freeze", ["embeddings", "bert.encoder.layer.0.*,bert.embeddings.*"])
 def test_frozen_parameters_plan_no_gradient_or_optimizer_state(facts, tiny_model_dir, freeze):
     from leantrain.model import freezing, loading

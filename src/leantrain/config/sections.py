@@ -1055,8 +1055,8 @@ class TrainConfig(
             changes["batch_size"] = self.batch_size_or_default()
         if self.freeze is None:
             changes["freeze"] = self.freeze_or_default()
-        if self.dropout is None and self.data is None:
-            changes["dropout"] = DEFAULT_JOB_DROPOUT
+        if self.dropout is None:
+            changes["dropout"] = self.dropout_or_default()
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
@@ -1083,6 +1083,13 @@ class TrainConfig(
         if self.freeze is not None:
             return self.freeze
         return "embeddings" if self.data is None and not self.lora else "none"
+
+    def dropout_or_default(self) -> float | None:
+        """--dropout, or what `resolved()` fills in where it is left out: none for the default job, the model's own
+        (None) otherwise."""
+        if self.dropout is not None:
+            return self.dropout
+        return DEFAULT_JOB_DROPOUT if self.data is None else None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

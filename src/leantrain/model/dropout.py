@@ -89,13 +89,14 @@ def set_rate(model: Any, p: float) -> str:
             if _RATE_NAME.search(name) and isinstance(value, float):
                 setattr(module, name, p)
                 changed += 1
-    _set_config_rates(config, p, set())
+    set_config_rates(config, p)
     was = ", ".join(f"{k} {v:g}" for k, v in own.items()) or "none in its config"
     return f"dropout: {p:g} in {changed} places (--dropout {p:g}; the model's own: {was})"
 
 
-def _set_config_rates(config: Any, p: float, seen: set[int]) -> None:
+def set_config_rates(config: Any, p: float, seen: set[int] | None = None) -> None:
     """The config's dropout rates, and those of the configs it holds (a vision-language model's text_config)."""
+    seen = set() if seen is None else seen
     if config is None or id(config) in seen or not hasattr(config, "to_dict"):
         return
     seen.add(id(config))
@@ -104,4 +105,4 @@ def _set_config_rates(config: Any, p: float, seen: set[int]) -> None:
         if _RATE_NAME.search(name) and rate:
             setattr(config, name, p)
         elif hasattr(value, "to_dict"):
-            _set_config_rates(value, p, seen)
+            set_config_rates(value, p, seen)

@@ -65,6 +65,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         optimizers=available_optimizers() if optimizers.entry(cfg.optimizer).planned else (cfg.optimizer,),
         lora=LoraSpec.of(cfg),  # LoRA
         freeze=cfg.freeze_or_default(),
+        dropout=cfg.dropout_or_default(),
         **reference_of(cfg),
         optimizer_settings={name: getattr(cfg, name) for name in optimizers.SETTINGS},
         flat_parameters=cfg.flat_parameters,

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -312,6 +313,15 @@ def frozen_inventory(config_json: str, freeze: str, trust_remote_code: bool = Fa
     net = _build(_config_from_json(config_json), "meta", trust_remote_code)
     freezing.apply(net, freeze)
     return _trainable(net, ())
+
+
+def with_dropout(facts: ModelFacts, p: float) -> ModelFacts:
+    """`facts` with every dropout rate of its config at `p` (--dropout), which the proxies are built from."""
+    from leantrain.model.dropout import set_config_rates
+
+    config = _config_from_json(facts.config_json)
+    set_config_rates(config, p)
+    return dataclasses.replace(facts, config_json=config.to_json_string())
 
 
 def trainable_inventory(facts: ModelFacts, lora: LoraSpec | None = None, freeze: str | None = None) -> ParamInventory:

@@ -53,6 +53,8 @@ class PlanRequest:
     lora: LoraSpec | None = None
     #: --freeze: the names whose parameters keep no gradient or optimizer state (None or "none": nothing)
     freeze: str | None = None
+    #: --dropout: every dropout's rate (None: the model's own); a dropout keeps its mask for the backward
+    dropout: float | None = None
     #: a causal LM's largest share of a row's positions whose next token counts (instruction tuning counts
     #: completions only): the run computes logits there only, so their memory and FLOPs scale with it
     counted: float = 1.0
@@ -385,6 +387,10 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     if request.global_batch <= 0 or request.seq_len <= 0:
         raise ConfigError("the global batch and the sequence length must be positive")
     facts = facts or model_facts(request.model, request.num_labels)
+    if request.dropout is not None:  # the proxies count what the run's dropouts save
+        from leantrain.planner.memory import with_dropout
+
+        facts = with_dropout(facts, request.dropout)
     speed = speed or device_speed(request.device)
     from leantrain.planner.memory import _build, _config_from_json
     from leantrain.telemetry.flops import counted_flop_model
