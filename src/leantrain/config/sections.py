@@ -1085,8 +1085,8 @@ class TrainConfig(
         return "embeddings" if self.data is None and not self.lora else "none"
 
     def dropout_or_default(self) -> float | None:
-        """--dropout, or what `resolved()` fills in where it is left out: none for the default job, the model's own
-        (None) otherwise."""
+        """--dropout, or what `resolved()` fills in where it is left out: 0 for the default job (no dropout), None
+        (the model's own) otherwise."""
         if self.dropout is not None:
             return self.dropout
         return DEFAULT_JOB_DROPOUT if self.data is None else None
