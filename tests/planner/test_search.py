@@ -223,6 +223,9 @@ def test_the_plan_counts_the_dropout_the_run_trains_with(facts, dropout_model_di
     assert all(a[2] < b[2] for a, b in zip(without, with_masks, strict=True))
     assert request_for(TrainConfig(), "cpu", 1)[0].dropout == 0.0  # the default job's
     assert request_for(TrainConfig(data="x.csv"), "cpu", 1)[0].dropout is None
+    for task in ("dpo", "kto", "reward-model"):  # their models train with dropout off, as TRL's
+        assert request_for(TrainConfig(data="x.jsonl", task=task), "cpu", 1)[0].dropout == 0.0
+        assert request_for(TrainConfig(data="x.jsonl", task=task, dropout=0.1), "cpu", 1)[0].dropout == 0.1
 
 
 @pytest.mark.parametrize("freeze", ["embeddings", "bert.encoder.layer.0.*,bert.embeddings.*"])

@@ -65,12 +65,22 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         optimizers=available_optimizers() if optimizers.entry(cfg.optimizer).planned else (cfg.optimizer,),
         lora=LoraSpec.of(cfg),  # LoRA
         freeze=cfg.freeze_or_default(),
-        dropout=cfg.dropout_or_default(),
+        dropout=dropout_of(cfg),
         **reference_of(cfg),
         optimizer_settings={name: getattr(cfg, name) for name in optimizers.SETTINGS},
         flat_parameters=cfg.flat_parameters,
     )
     return request, source
+
+
+def dropout_of(cfg: TrainConfig) -> float | None:
+    """Every dropout's rate as the run trains (None: the model's own): --dropout, the default job's, or 0 for a task
+    that turns dropout off (`Task.dropout_off`)."""
+    from leantrain import tasks
+
+    if cfg.dropout is None and cfg.task is not None and tasks.task_class(cfg.task).dropout_off:
+        return 0.0
+    return cfg.dropout_or_default()
 
 
 def reference_of(cfg: TrainConfig) -> dict[str, Any]:

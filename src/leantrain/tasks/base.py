@@ -116,6 +116,9 @@ class Task(ABC):
     shown_while_training: ClassVar[tuple[str, ...]] = ()
     #: whether it compares the model with a reference model (preference tuning: `--precompute-reference` applies)
     uses_reference: ClassVar[bool] = False
+    #: whether its `build_model` turns the model's dropout off (as TRL's preference and reward trainers do), which
+    #: the planner then counts; --dropout still sets it
+    dropout_off: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

@@ -134,6 +134,7 @@ class PolicyTask(CausalLM):
     metric_names: tuple[str, ...] = ("loss", *PAIR_METRICS)
     default_metric: ClassVar[str] = "loss"
     uses_reference: ClassVar[bool] = True
+    dropout_off: ClassVar[bool] = True
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -257,7 +258,7 @@ class PolicyTask(CausalLM):
         """The causal LM, its dropout off (as TRL's trainers turn it off): the policy's log-probabilities are then
         its reference's at the start, and the KL baseline is not noise."""
         model = super().build_model(model_path, data)
-        for module in model.modules():
+        for module in model.modules() if self.dropout_off else ():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
         return model
