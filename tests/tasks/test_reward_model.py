@@ -121,3 +121,17 @@ def test_static_shapes_pad_pairs_to_a_few_widths_and_change_nothing(run):
     assert on.metrics["train_loss"] == pytest.approx(off.metrics["train_loss"], abs=1e-6)
     for name, value in w_off.items():
         assert torch.allclose(w_on[name], value, atol=1e-6), name
+
+
+def test_a_reward_model_trains_with_its_dropout_off(tiny_model_dir, dropout_model_dir, pairs, tmp_path):
+    """As TRL's RewardTrainer: the tiny BERT shipped with dropout 0.1 trains bitwise as the same weights shipped
+    with 0 (one attention kernel for both: the choice otherwise reads the config's rate)."""
+    job = dict(EXACT_JOB, optimizer="adamw", lr=1e-3, max_steps=3, batch_size=16, attention="eager")
+    weights = []
+    for name, model in (("shipped-with-dropout", dropout_model_dir), ("shipped-without", tiny_model_dir)):
+        result = train(TrainConfig(task="reward-model", model=str(model), data=str(pairs), max_length=32,
+                                   cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / name), report=False,
+                                   **job))  # fmt: skip
+        weights.append(load_file(result.model_dir / "model.safetensors"))
+    assert weights[0].keys() == weights[1].keys()
+    assert [k for k in weights[0] if not torch.equal(weights[0][k], weights[1][k])] == []

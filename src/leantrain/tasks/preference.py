@@ -258,10 +258,15 @@ class PolicyTask(CausalLM):
         """The causal LM, its dropout off (as TRL's trainers turn it off): the policy's log-probabilities are then
         its reference's at the start, and the KL baseline is not noise."""
         model = super().build_model(model_path, data)
-        for module in model.modules() if self.dropout_off else ():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
+        self._turn_dropout_off(model)
         return model
+
+    def _turn_dropout_off(self, model: torch.nn.Module) -> None:
+        """Every dropout module at 0 where the task says so (`dropout_off`, which the planner reads too)."""
+        if self.dropout_off:
+            for module in model.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.0
 
     def check_model(self, model: torch.nn.Module) -> None:
         if self.packing:  # the chosen and rejected sequences of a pair share a row

@@ -69,9 +69,7 @@ class RewardModel(PolicyTask):
         model.config.pad_token_id = data.processor.pad_token_id  # where each row's last token is
         # an encoder with sentence pairs (BERT) reads prompt and completion as its segments A and B
         self.segments = getattr(model.config, "type_vocab_size", 0) > 1
-        for module in model.modules() if self.dropout_off else ():  # as TRL's RewardTrainer turns it off
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
+        self._turn_dropout_off(model)  # as TRL's RewardTrainer turns it off
         return model
 
     def model_notes(self) -> list[str]:
