@@ -55,6 +55,9 @@ def _one_line_error(code, err, *needles):
             "`leantrain predict` takes no --save-every (a flag of",
         ),
         (["train", "--batch-sise", "8"], "did you mean --batch-size?"),
+        # a prefix is a typo, not the flag it begins: `--epoch 3` told, never read as --epochs
+        (["train", "--epoch", "3"], "unknown flag --epoch; did you mean --epochs?"),
+        (["train", "--max-step=3"], "unknown flag --max-step; did you mean --max-steps?"),
     ],
 )
 def test_a_flag_the_command_does_not_take_is_named_with_the_commands_own(capsys, argv, needle):

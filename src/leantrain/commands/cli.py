@@ -22,6 +22,12 @@ from leantrain.telemetry.console import Console
 class _Parser(argparse.ArgumentParser):
     """argparse that fails in one line, naming the flag and suggesting the closest known one."""
 
+    def __init__(self, *args, **kwargs):
+        # No prefix matching: `--epoch 3` or `--lr-sched x` is told as a typo with the closest flag, never taken as
+        # whichever flag it happens to begin (a later flag sharing the prefix would silently change its meaning).
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         self._argv = list(sys.argv[1:] if args is None else args)  # for `_value_after_a_switch`
         return super().parse_known_args(args, namespace)
@@ -66,14 +72,14 @@ class _Parser(argparse.ArgumentParser):
         known = [o for p in scope for a in p._actions for o in a.option_strings]
         hint = hf_names.hint(name, known)
         if hint and not hint.endswith(f" {name}?"):
-            return f"unknown flag {flag}{hint}"
+            return f"unknown flag {name}{hint}"
         elsewhere = [
             c for c, sub in commands.items() if c != command and any(name in a.option_strings for a in sub._actions)
         ]
         if command and elsewhere:
             takers = ", ".join(f"`{self.prog} {c}`" for c in elsewhere)
             return f"`{prog}` takes no {name} (a flag of {takers}); see `{prog} --help`"
-        return f"unknown flag {flag}; see `{prog} --help`"
+        return f"unknown flag {name}; see `{prog} --help`"
 
 
 def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
