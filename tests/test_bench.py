@@ -83,3 +83,20 @@ def test_output_dir_names_the_bench_folder(monkeypatch, tmp_path, tiny_model_dir
     main([*common, "--output-dir", str(tmp_path / "mine")])
     main([*common, "--output-dir", str(tmp_path / "mine"), "--bench-dir", str(tmp_path / "bench")])
     assert seen == [tmp_path / "mine", tmp_path / "bench"]
+
+
+@pytest.mark.parametrize(("dropout", "told"), [(["--dropout", "0"], True), (["--dropout", "0.1"], False), ([], False)])
+def test_torch_dropout_on_a_job_without_dropout_is_told_it_compares_nothing(
+    monkeypatch, capsys, tiny_model_dir, sentiment_csv, dropout, told
+):
+    """`--techniques torch_dropout` swaps dropout's draws: on a job with --dropout 0 (the default job's) it runs as the
+    baseline, which the bench says before it runs rather than show two equal rows."""
+    from leantrain.commands import bench
+    from leantrain.commands.cli import main
+
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **kw: [])
+    monkeypatch.setattr(bench, "write_outputs", lambda records, bench_dir, context: dict.fromkeys(("md", "csv", "png")))
+    job = ["bench", "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--techniques", "torch_dropout"]
+    main([*job, *dropout])
+    said = capsys.readouterr()
+    assert ("without dropout (--dropout 0)" in said.out + said.err) == told, said

@@ -497,9 +497,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.steps <= 0:
         raise LeantrainError(f"--steps must be a positive integer, got {args.steps}")
     names = bench.parse_techniques(args.techniques)
+    say = Console().info
+    if "torch_dropout" in names and base_cfg.dropout_or_default() == 0:
+        say(
+            "bench: torch_dropout compares dropout's draws, and this job trains without dropout (--dropout 0"
+            + (", the default job's" if base_cfg.data is None else "")
+            + "): it will run as the baseline; add --dropout 0.1 to compare the draws"
+        )
     # --output-dir, as `train` takes it, names the bench's folder when --bench-dir does not
     bench_dir = Path(args.bench_dir or output_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    say = Console().info
     if args.repeats <= 0:
         raise LeantrainError(f"--repeats must be a positive integer, got {args.repeats}")
     rows = bench.run_bench(
