@@ -134,6 +134,28 @@ def test_set_rate_reaches_every_dropout_and_the_config(kind):
     assert modules <= {0.25} and set(rates.values()) == {0.25}, (modules, rates)
 
 
+@pytest.mark.parametrize("task", ["dpo", "reward-model"])
+def test_the_preference_tasks_turn_off_attentions_float_rate_and_leave_the_config(task):
+    """DPO's and the reward model's dropout off (as TRL's `disable_dropout`) reaches the rate an eager Llama's
+    attention reads at forward time, not only dropout modules (a Llama has none); the config keeps the model's own."""
+    import transformers as tf
+
+    from leantrain.tasks import TASKS
+
+    config = tf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=64, attention_dropout=0.5)  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config)
+    model.config._attn_implementation = "eager"
+    inputs = {"input_ids": torch.randint(3, 90, (2, 12))}
+    assert not _two_training_forwards_agree(model, inputs)
+    policy_task = TASKS[task].load()
+    assert policy_task.dropout_off
+    policy_task._turn_dropout_off(model)  # what its build_model calls on the model it loaded
+    assert _two_training_forwards_agree(model, inputs)
+    assert model.config.attention_dropout == 0.5
+
+
 def test_dropout_zero_trains_as_the_same_model_shipped_without_dropout(
     dropout_model_dir, tiny_model_dir, sentiment_csv, tmp_path
 ):

@@ -79,6 +79,16 @@ def set_rate(model: Any, p: float) -> str:
     config = getattr(model, "config", None)
     rates = vars(config).items() if config is not None else ()
     own = {k: v for k, v in rates if _RATE_NAME.search(k) and isinstance(v, (int, float))}
+    changed = set_module_rates(model, p)
+    set_config_rates(config, p)
+    was = ", ".join(f"{k} {v:g}" for k, v in own.items()) or "none in its config"
+    return f"dropout: {p:g} in {changed} places (--dropout {p:g}; the model's own: {was})"
+
+
+def set_module_rates(model: torch.nn.Module, p: float) -> int:
+    """Every dropout `model` runs at probability `p`: its dropout modules and the float rates that transformers'
+    attention modules read at forward time (Llama's `attention_dropout`); its config is left as it is. Returns how
+    many it set."""
     changed = 0
     for module in model.modules():
         if isinstance(module, torch.nn.modules.dropout._DropoutNd):
@@ -89,9 +99,7 @@ def set_rate(model: Any, p: float) -> str:
             if _RATE_NAME.search(name) and isinstance(value, float):
                 setattr(module, name, p)
                 changed += 1
-    set_config_rates(config, p)
-    was = ", ".join(f"{k} {v:g}" for k, v in own.items()) or "none in its config"
-    return f"dropout: {p:g} in {changed} places (--dropout {p:g}; the model's own: {was})"
+    return changed
 
 
 def set_config_rates(config: Any, p: float, seen: set[int] | None = None) -> None:

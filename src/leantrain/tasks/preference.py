@@ -261,12 +261,14 @@ class PolicyTask(CausalLM):
         self._turn_dropout_off(model)
         return model
 
-    def _turn_dropout_off(self, model: torch.nn.Module) -> None:
-        """Every dropout module at 0 where the task says so (`dropout_off`, which the planner reads too)."""
-        if self.dropout_off:
-            for module in model.modules():
-                if isinstance(module, torch.nn.Dropout):
-                    module.p = 0.0
+    @classmethod
+    def _turn_dropout_off(cls, model: torch.nn.Module) -> None:
+        """Every dropout the model runs at 0 where the task says so (`dropout_off`, which the planner reads too):
+        its modules and its attention's float rates; its config keeps the model's own, as TRL's `disable_dropout`."""
+        if cls.dropout_off:
+            from leantrain.model.dropout import set_module_rates
+
+            set_module_rates(model, 0.0)
 
     def check_model(self, model: torch.nn.Module) -> None:
         if self.packing:  # the chosen and rejected sequences of a pair share a row
