@@ -53,12 +53,58 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
-    """Every parameter and buffer whole, gathered from the shards; a collective: every process must call it. The
-    main process receives the tensors (on CPU), the others an empty dict."""
+def own_class(model: torch.nn.Module) -> type:
+    """The model's own class: `fully_shard` swaps it for a subclass (`FSDP<Name>`) that refuses deepcopy and whose
+    constructor would build an unsharded model that takes itself for sharded."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return type(model)
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+
+
+def frozen_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of a sharded model in `dtype`, in evaluation mode and sharded alike (FSDP2 refuses deepcopy):
+    its whole weights gathered on every process (a collective), loaded into the model's own class, then sharded,
+    so that each process holds its part of the copy too. Its forward is a collective like the model's."""
+    import copy
+
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    with torch.device("meta"):
+        clone = own_class(model)(copy.deepcopy(model.config))
+    missing, unexpected = clone.load_state_dict(whole, strict=False, assign=True)
+    aliases = tied_aliases(model)
+    if set(missing) - set(aliases) or unexpected:
+        raise RuntimeError(f"a frozen copy of {type(clone).__name__}: missing {missing}, unexpected {unexpected}")
+    for alias, name in aliases.items():  # shared as in the model (each name was given its own tensor)
+        _set(clone, alias, clone.get_parameter(name))
+    for name, buffer in model.named_buffers():  # buffers are whole on every process; some are in no state dict
+        _set(clone, name, buffer.detach().clone())
+    clone.to(dtype).eval().requires_grad_(False)
+    return shard(clone)
+
+
+def _set(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner)
+    if isinstance(tensor, torch.nn.Parameter):
+        setattr(module, leaf, tensor)
+    else:
+        module.register_buffer(leaf, tensor, persistent=leaf not in module._non_persistent_buffers_set)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    """Every parameter and buffer whole, gathered from the shards; a collective: every process must call it. The
+    main process receives the tensors (on CPU), the others an empty dict. Tied aliases are left out, as
+    `save_pretrained` leaves them out of an unsharded model (gathered, they are two tensors it would store twice)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    for alias in tied_aliases(model):
+        whole.pop(alias, None)
+    return whole
 
 
 def local_tensor(value: Any) -> torch.Tensor:

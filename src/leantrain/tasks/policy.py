@@ -231,10 +231,15 @@ class FrozenCopy(Reference):
     kind = "frozen-copy"
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype, compiled: bool = False):
+        from leantrain.parallel import sharding
         from leantrain.telemetry.flops import unwrap
 
-        self.model = copy.deepcopy(unwrap(model)).to(dtype).eval()
-        self.model.requires_grad_(False)
+        policy = unwrap(model)
+        if sharding.is_sharded(policy):  # --shard fsdp: sharded alike, each process holding its part
+            self.model = sharding.frozen_copy(policy, dtype)
+        else:
+            self.model = copy.deepcopy(policy).to(dtype).eval()
+            self.model.requires_grad_(False)
         self.dtype = dtype
         self.computer = CompletionLogps(self.model, compiled=compiled)
 

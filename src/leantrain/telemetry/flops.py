@@ -180,7 +180,10 @@ def _meta_copy(model):
 
     import torch
 
-    if has_frozen_weights(model):
+    from leantrain.parallel.sharding import own_class
+
+    cls = own_class(model)
+    if has_frozen_weights(model) and cls is type(model):
         memo: dict[int, Any] = {
             id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
             for p in model.parameters()
@@ -190,10 +193,14 @@ def _meta_copy(model):
         clone.train()
         return clone
     config = getattr(model, "config", None)
-    if config is not None and hasattr(type(model), "config_class"):
+    if config is not None and hasattr(cls, "config_class"):
         config = copy.deepcopy(config)
         with torch.device("meta"):
-            clone = type(model)(config)
+            clone = cls(config)
+        # a sharded model cannot be deep-copied: what it freezes (--freeze) is carried over by name
+        trains = {name: p.requires_grad for name, p in model.named_parameters()}
+        for name, p in clone.named_parameters():
+            p.requires_grad_(trains.get(name, True))
     else:
         clone = copy.deepcopy(model).to("meta")
     clone.train()
@@ -297,6 +304,12 @@ def count_flops(model, seq_len: int, batch_size: int = 1) -> int:
         return run(inputs_embeds=embeds)
 
 
+def _class_name(model) -> str:
+    from leantrain.parallel.sharding import own_class
+
+    return own_class(model).__name__
+
+
 def counted_flop_model(model, lengths: tuple[int, int, int] = (16, 32, 64)) -> FlopModel:
     """Fit the polynomial to FlopCounterMode counts at three sequence lengths (exact for transformers)."""
     import numpy as np
@@ -309,7 +322,7 @@ def counted_flop_model(model, lengths: tuple[int, int, int] = (16, 32, 64)) -> F
         per_sequence=max(float(c0), 0.0),
         per_token=float(c1),
         per_token_sq=max(float(c2), 0.0),
-        source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), "
+        source=f"counted: FlopCounterMode on {_class_name(model)} (meta device), "
         f"lengths {', '.join(map(str, lengths))}",
     )
 
@@ -351,7 +364,7 @@ def pair_flop_model(model) -> FlopModel:
         per_target_token=float(c[3]),
         per_target_token_sq=max(float(c[4]), 0.0),
         per_token_pair=max(float(c[5]), 0.0),
-        source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), source and target lengths "
+        source=f"counted: FlopCounterMode on {_class_name(model)} (meta device), source and target lengths "
         f"{', '.join(f'{s}/{t}' for s, t in PAIR_LENGTHS)}{frozen}",
     )
 
@@ -387,7 +400,7 @@ def example_flop_model(model, input_shapes: dict[str, tuple[int, ...]]) -> FlopM
         per_sequence=count,
         per_token=0.0,
         per_token_sq=0.0,
-        source=f"counted: FlopCounterMode on {type(model).__name__} (meta device), one example of {shapes}",
+        source=f"counted: FlopCounterMode on {_class_name(model)} (meta device), one example of {shapes}",
     )
 
 

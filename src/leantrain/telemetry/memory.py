@@ -38,6 +38,7 @@ class MemoryMeter:
         if resident is not None and self.device.type != "cuda":
             with torch.no_grad():
                 for t in resident:
+                    t = t.to_local() if hasattr(t, "to_local") else t  # --shard fsdp: this process's shard
                     if t.device.type == "cpu" and t.numel():
                         t.view(-1)[:: max(1, 4096 // t.element_size())].sum()  # one read per 4 KiB page
         if self.device.type == "cuda":
