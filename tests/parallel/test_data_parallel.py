@@ -523,9 +523,10 @@ def test_fsdp_preference_tasks_equal_one_process(tmp_path, task, tied):
     """--shard fsdp with DPO, whose frozen reference is copied from the sharded policy (FSDP2 refuses deepcopy: the
     copy is sharded alike, its tied output layer still tied), and with a reward model, whose one-row score head
     does not split evenly across two processes: each trains the same weights as one process with the whole batch."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from tests.tasks.test_causal_lm import write_tiny_llama
     from tests.tasks.test_dpo import pair_rows, write_jsonl
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = write_tiny_llama(tmp_path / "llama")
     config = AutoConfig.from_pretrained(folder)
