@@ -128,6 +128,19 @@ def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_doe
         assert row["labels"] == [n for n, q in row["probabilities"].items() if q >= cut]
 
 
+def test_multi_label_rows_with_no_class_are_kept_not_dropped(job, tmp_path, capsys):
+    """With --label-separator an empty label cell is the empty set of classes (a negative for every class), as an
+    empty list is in a list column: kept and said, not dropped as a missing label."""
+    rows = [(text, "|".join(labels)) for text, labels in tagged_rows(120, 1)]
+    rows += [(f"nothing to tag here {i}", "") for i in range(40)]
+    data = write_csv(tmp_path / "tags.csv", rows)
+    result = train(job(data=str(data), problem_type="multi-label", label_separator="|", max_steps=1))
+    said = capsys.readouterr().err
+    assert "160 rows, 40 with no class (an empty label cell)" in said and "dropped" not in said, said
+    assert main(["evaluate", str(result.output_dir), "--data", str(data)]) == 0
+    assert json.loads(capsys.readouterr().out)["examples"] == 160
+
+
 def test_the_runs_multi_label_threshold_is_the_default_at_predict_time(job, tmp_path):
     from leantrain.job import for_inference
 

@@ -128,7 +128,7 @@ def load_source(
 
     df, report = read_table(source, split=split, options=options)
     cols = resolve_columns(df, source, text_column, text_pair_column, label_column)
-    df = _drop_unusable(df, cols, report)
+    df = _drop_unusable(df, cols, report, options.empty_label_is_no_class)
     labels = normalise_labels(df[cols.label]).tolist()
     texts = df[cols.text].astype(str).tolist()
     pairs = df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
@@ -159,12 +159,19 @@ def refuse_unreadable_text(source: str, tokens: TokenizedText, tokenizer, rows: 
         )
 
 
-def _drop_unusable(df: pd.DataFrame, cols: Columns, report: ReadReport) -> pd.DataFrame:
+def _drop_unusable(
+    df: pd.DataFrame, cols: Columns, report: ReadReport, empty_label_is_no_class: bool = False
+) -> pd.DataFrame:
     text_cols = [c for c in (cols.text, cols.text_pair) if c]
     empty_text = np.zeros(len(df), dtype=bool)
     for c in text_cols:
         empty_text |= df[c].isna().to_numpy() | (df[c].astype(str).str.strip() == "").to_numpy()
     no_label, why = missing_labels(df[cols.label])
+    if empty_label_is_no_class:  # a multi-label row with no class: its empty set, kept
+        df = df.copy()
+        df.loc[no_label, cols.label] = ""
+        report.rows_without_class = int((no_label & ~empty_text).sum())
+        no_label = np.zeros(len(df), dtype=bool)
     report.drop("with empty text", int((empty_text & ~no_label).sum()))
     report.drop(why, int(no_label.sum()))
     return df[~(empty_text | no_label)].reset_index(drop=True)

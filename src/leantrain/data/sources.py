@@ -49,10 +49,14 @@ class ReadOptions:
     column_names: tuple[str, ...] | None = None
     format: str | None = None
     repair: str = "auto"  # auto: pyarrow for clean UTF-8, the repairing reader otherwise; always: repairing
+    #: multi-label classes joined by --label-separator: an empty label cell is a row with no class (kept), not a
+    #: missing label (dropped); with one label a row, empty is missing
+    empty_label_is_no_class: bool = False
 
     def key(self) -> dict[str, Any]:
         """What changes the rows read (for the tokenization cache key); how they were read does not."""
-        return {"config": self.config, "split": self.split, "columns": self.column_names, "format": self.format}
+        key = {"config": self.config, "split": self.split, "columns": self.column_names, "format": self.format}
+        return key | ({"no_class_rows": True} if self.empty_label_is_no_class else {})
 
 
 def read_options(cfg, role: str = "train") -> ReadOptions:
@@ -75,6 +79,8 @@ def read_options(cfg, role: str = "train") -> ReadOptions:
         split=getattr(cfg, "data_split" if role == "train" else "eval_split", None),
         column_names=tuple(n.strip() for n in names.split(",")) if names else None,
         format=getattr(cfg, "format", None),
+        empty_label_is_no_class=bool(getattr(cfg, "label_separator", None))
+        and getattr(cfg, "problem_type", None) == "multi-label",
     )
 
 
@@ -88,6 +94,7 @@ class ReadReport:
     rows_dropped: int = 0
     drop_reasons: dict[str, int] = field(default_factory=dict)
     encoding: str = "UTF-8"
+    rows_without_class: int = 0  # multi-label rows whose label cell is empty: kept, no class
 
     def drop(self, reason: str, count: int) -> None:
         if count:
@@ -100,6 +107,8 @@ class ReadReport:
             text += f" ({self.encoding})"
         if self.rows_repaired:
             text += f", {self.rows_repaired:,} with damaged text repaired"
+        if self.rows_without_class:
+            text += f", {self.rows_without_class:,} with no class (an empty label cell)"
         if self.rows_dropped:
             why = ", ".join(f"{n:,} {r}" for r, n in self.drop_reasons.items())
             text += f", {self.rows_dropped:,} dropped ({why})"
