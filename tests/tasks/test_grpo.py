@@ -551,6 +551,15 @@ def test_evaluation_scores_each_prompts_greedy_completion(setup, tmp_path, run):
     assert again["reward"] == 0.5 and again["prompts"] == 10
 
 
+def test_evaluate_without_data_scores_the_runs_own_held_out_prompts(run):
+    """`leantrain evaluate RUN` with no --data scores the prompts the run held out, as its final evaluation did."""
+    from leantrain import evaluate
+
+    result, _ = run(max_steps=1, lr=1e-30)  # the weights stay as evaluated
+    again = evaluate(str(result.output_dir))
+    assert again["examples"] == 2 and again["reward"] == pytest.approx(result.metrics["eval_reward"])
+
+
 def test_a_bf16_runs_generation_casts_each_weight_once(run, monkeypatch):
     """The trainer puts one autocast around a step's generation: each weight is cast to bf16 once for all of a
     rollout's tokens, not once a token (the model autocasts each forward itself)."""

@@ -252,7 +252,8 @@ class GRPO(Task):
         from leantrain.data.sources import resolve_data_path
 
         cfg = self.cfg
-        tokenizer = self._tokenizer(model_path)
+        # kept for evaluation: `leantrain evaluate RUN` scores the held-out prompts without training first
+        tokenizer = self.tokenizer = self._tokenizer(model_path)
         train = self._read(resolve_data_path(cfg.data), "train", tokenizer)
         notes = [f"{len(train.prompts):,} training prompts read from {cfg.data}"]
         if cfg.eval_data:
