@@ -630,39 +630,45 @@ def test_bad_input_is_refused_in_one_line(capsys, run, tiny_model_dir, corpus, t
 # -- planner and telemetry -------------------------------------------------------------------------------------------
 
 
-def tagged_batch(tiny_model_dir, corpus, attention: str = "sdpa"):
-    """A token classifier of the tiny BERT, its task checked on it, and a training batch of 16 windows."""
+def tagged_batch(tiny_model_dir, corpus, attention: str = "sdpa", lora: bool = False):
+    """A token classifier of the tiny BERT (with LoRA adapters: `lora`), its task checked on it, and a training
+    batch of 16 windows."""
     from leantrain.data.batching import Slot
     from leantrain.model import loading
+    from leantrain.model import lora as adapters
 
-    task = TokenClassification(
-        TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64, precision="fp32")
-    )
+    cfg = TrainConfig(task="ner", data=str(corpus[0]), eval_data=str(corpus[1]), max_length=64, precision="fp32")
+    task = TokenClassification(cfg)
     data = task.prepare_data(str(tiny_model_dir), None)
     model = loading.load_for_classification(str(tiny_model_dir), data.label_names, auto_model=task.auto_model)
     model.set_attn_implementation(attention)
+    if lora:
+        model = adapters.apply(model, cfg, None)
     task.check_model(model)
     items = [{**data.train.features.row(i), "label": 0, "slot": Slot(i, 1.0, True)} for i in range(16)]
     return task, model.train(), task.collator(data, train=True)(items)
 
 
-def test_the_flops_counted_are_what_the_forward_computes_with_and_without_the_cut(tiny_model_dir, corpus):
-    """Against torch's FlopCounterMode (eager attention, which it counts): the closed form's head at every token,
-    and the meter charging the cut batch less by what it skipped. The closed form counts biases and norms too."""
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_flops_counted_are_what_the_forward_computes_with_and_without_the_cut(tiny_model_dir, corpus, lora):
+    """Against torch's FlopCounterMode (eager attention, which it counts): the closed form's head at every token
+    (counted on the meta device with LoRA, whose frozen weights get no gradients), and the meter charging the cut
+    batch less by what it skipped. The closed form counts biases and norms too."""
     from dataclasses import replace
 
     from torch.utils.flop_counter import FlopCounterMode
 
     from leantrain.telemetry.flops import FlopMeter, flop_model
 
-    task, model, batch = tagged_batch(tiny_model_dir, corpus, "eager")
+    task, model, batch = tagged_batch(tiny_model_dir, corpus, "eager", lora)
     counts = []
     for forward in (task.forward, lambda m, b: m(**task.model_inputs(b))):
         with FlopCounterMode(display=False) as counter:
             task.loss_sum(forward(model, batch), batch).backward()
         counts.append(counter.get_total_flops())
     flops = flop_model(model)
-    assert flops.per_sequence == 0 and "5 labels" in flops.source  # the head acts on tokens, not on sequences
+    if not lora:
+        assert flops.per_sequence == 0 and "5 labels" in flops.source  # the head acts on tokens, not on sequences
     meter = FlopMeter(replace(flops, tail_per_row=task.tail_flops(model)))
     cut = meter.add(batch["input_ids"], batch["attention_mask"], None, task.tail_rows(batch))
     whole = meter.add(batch["input_ids"], batch["attention_mask"], None, None)

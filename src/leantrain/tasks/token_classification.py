@@ -290,7 +290,13 @@ class TokenClassification(Task):
         if self.tail is None:
             return 0.0
         model = unwrap(model)
-        head = [p for name in head_modules(model) for p in model.get_submodule(name).parameters()]
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # --lora: the model's head
+        head = [
+            p
+            for name in head_modules(model)
+            for n, p in model.get_submodule(name).named_parameters()
+            if "original_module" not in n  # LoRA keeps the head's original beside the copy it trains and runs
+        ]
         return row_flops(self.tail.parameters() + head)
 
     def loss_units(self, data: TaskData) -> np.ndarray:
