@@ -355,6 +355,17 @@ def test_rouge_of_a_known_prediction_set_is_rouge_scores(models, pairs, tmp_path
     assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(predictions, references).score, abs=1e-9)
 
 
+def test_metrics_loss_alone_evaluates_without_generating(models, pairs, tmp_path):
+    """`--metrics loss` (documented for fast mid-run checks): evaluations report the loss and generate nothing."""
+    from leantrain.errors import ConfigError
+    from leantrain.tasks.seq2seq import Seq2Seq
+
+    task = Seq2Seq(job(models, pairs, tmp_path, "loss", metrics="loss"))
+    assert task.metric_names == ("loss",) and task.scored == () and task.best_default == "loss"
+    with pytest.raises(ConfigError, match="do not score generated text"):
+        Seq2Seq(job(models, pairs, tmp_path, "acc", metrics="loss,accuracy"))
+
+
 @pytest.mark.parametrize("model", ["t5", "bert2bert"])
 def test_batched_generation_equals_generating_each_source_alone(models, pairs, tmp_path, model):
     """Padding a source to its batch's longest (the attention mask hides it) changes no generated token."""

@@ -303,7 +303,7 @@ def all_metric_names() -> set[str]:
 def metric_names(problem_type: str, requested: Sequence[str] = ()) -> tuple[str, ...]:
     """The metrics a run of `problem_type` reports: those asked for (else the defaults), then loss."""
     table = TABLES[problem_type]
-    unknown = [n for n in requested if n not in table]
+    unknown = [n for n in requested if n not in table and n != "loss"]  # every problem reports its loss
     if unknown:
         raise ConfigError(
             f"--metrics: {', '.join(unknown)} not available for {problem_type} problems; choose from "
