@@ -82,3 +82,68 @@ def test_compare_needs_two_runs(tiny_runs):
 
     with pytest.raises(LeantrainError):
         compare([tiny_runs[0]])
+
+
+def _written_run(root, name: str, metrics: dict, config: dict):
+    import json
+
+    import yaml
+
+    path = root / name
+    path.mkdir()
+    (path / "metrics.json").write_text(json.dumps(metrics))
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def ner_and_lm_runs(tmp_path):
+    """A token classifier's and a causal LM's metrics.json as the trainer writes them: neither has a macro-F1."""
+    ner = _written_run(
+        tmp_path,
+        "ner",
+        {
+            **dict(eval_f1=0.61, eval_precision=0.58, eval_recall=0.64, eval_accuracy=0.93, eval_f1_person=0.7),
+            **dict(eval_loss=0.21, train_loss=0.3, optimizer_steps=4, eval_attention="sdpa", best_metric="f1"),
+        },
+        {"task": "ner", "metric_for_best": "f1"},
+    )
+    lm = _written_run(
+        tmp_path,
+        "lm",
+        dict(eval_loss=3.4, eval_perplexity=29.96, eval_exact_match=0.12, train_loss=3.5, optimizer_steps=4),
+        {"task": "causal-lm", "metric_for_best": "loss"},
+    )
+    return [load_run(ner), load_run(lm)]
+
+
+def test_results_show_each_tasks_own_scores(ner_and_lm_runs):
+    results = {label: cells for sec, label, cells in comparison_rows(ner_and_lm_runs) if sec == "results"}
+    assert results["eval f1"] == ["0.61", "-"] and results["eval perplexity"] == ["-", "30.0"]
+    for label in ("eval precision", "eval recall", "eval accuracy", "eval exact match", "eval f1 person"):
+        assert label in results, label
+    assert "eval macro-F1" not in results and "eval attention" not in results  # none has it; not a score
+    order = list(results)
+    assert order[:2] == ["eval f1", "eval loss"]  # each run's selection metric first
+    assert order.index("eval f1 person") > order.index("eval perplexity")  # a breakdown after the scores
+    assert order[-2:] == ["train loss (last log)", "optimizer steps"]
+
+
+def test_the_chart_draws_the_leading_scores(ner_and_lm_runs, tmp_path):
+    from leantrain.run.compare import _chart_scores
+
+    assert _chart_scores(ner_and_lm_runs) == ["eval_f1", "eval_precision"]
+    assert _chart_scores(ner_and_lm_runs[1:]) == ["eval_perplexity"]  # not beside a fraction
+    assert write_chart(ner_and_lm_runs, tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_compare_from_python_writes_no_chart_unless_asked(ner_and_lm_runs, tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from leantrain.run.compare import compare
+
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    console = Console(file=io.StringIO(), width=200)
+    assert compare([r.path for r in ner_and_lm_runs], console=console) is None
+    assert sorted(tmp_path.iterdir()) == before and "eval perplexity" in console.file.getvalue()

@@ -1,9 +1,9 @@
 """`leantrain compare RUN_A RUN_B ...`: runs side by side, and a chart of them.
 
-The tables show only the config keys whose values differ between the runs (the output directory,
-which always does, names the columns instead), then results, throughput and cost, the time
-breakdown and memory. Throughput and memory figures also carry their ratio to the first run: on a
-shared machine ratios within one comparison are what survive the noise.
+The tables show only the config keys whose values differ between the runs (the output directory, which always does,
+names the columns instead), then results (every held-out score a run reported, its selection metric first),
+throughput and cost, the time breakdown and memory. Throughput and memory figures also carry their ratio to the first
+run: on a shared machine ratios within one comparison are what survive the noise.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.errors import LeantrainError
-from leantrain.run.report import METRIC_LABELS, RunData, fmt_value, load_run, time_totals
+from leantrain.run.report import RunData, fmt_value, load_run, metric_label, time_totals
 from leantrain.telemetry.timing import PHASES
 
 IGNORED_CONFIG = {"output_dir", "overwrite", "progress", "cache_dir"}
 
-#: (section, metrics, whether to show each run's ratio to the first); labels from report.METRIC_LABELS
+#: (section, metrics, whether to show each run's ratio to the first); labels from report.METRIC_LABELS; the
+#: results section starts with the runs' evaluation scores (`score_keys`)
 SECTIONS: list[tuple[str, list[str], bool]] = [
-    ("results", ["eval_accuracy", "eval_macro_f1", "eval_loss", "train_loss", "optimizer_steps", "epochs"], False),
+    ("results", ["train_loss", "optimizer_steps", "epochs"], False),
     (
         "throughput and cost",
         [
@@ -86,14 +87,34 @@ def _ratio(value: Any, first: Any) -> str:
     return ""
 
 
+def score_keys(runs: list[RunData]) -> list[str]:
+    """The held-out scores any run reported (metrics.json's numeric `eval_*`, each task's own: entity F1,
+    perplexity, ROUGE, reward accuracy...) in the runs' order, each run's selection metric first."""
+    best = []
+    for r in runs:
+        name = r.metrics.get("best_metric") or r.config.get("metric_for_best")
+        if isinstance(name, str):
+            best.append("eval_" + name.removeprefix("eval_"))
+    keys = [
+        k
+        for r in runs
+        for k, v in r.metrics.items()
+        if k.startswith("eval_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    keys = list(dict.fromkeys(k for k in best + keys if k in keys))
+    # a breakdown of a reported score (NER's eval_f1_person of eval_f1) after the scores themselves
+    part = {k for k in keys if any(k.startswith(b + "_") for b in keys)}
+    return [k for k in keys if k not in part] + [k for k in keys if k in part]
+
+
 def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
     """(section, label, cell per run) for every row at least one run has a value for."""
     rows: list[tuple[str, str, list[str]]] = []
     for key, values in config_differences(runs):
         rows.append(("config (differences only)", key, ["-" if v is None else str(v) for v in values]))
     for section, keys, with_ratio in SECTIONS:
-        for key in keys:
-            label = METRIC_LABELS[key]
+        for key in (score_keys(runs) + keys) if section == "results" else keys:
+            label = metric_label(key)
             values = [r.metrics.get(key) for r in runs]
             if all(v is None for v in values):
                 continue
@@ -189,7 +210,7 @@ def write_chart(runs: list[RunData], path: str | Path) -> Path:
     return path
 
 
-def compare(run_dirs: list[str | Path], output: str | Path | None = "compare.png", console=None) -> Path | None:
+def compare(run_dirs: list[str | Path], output: str | Path | None = None, console=None) -> Path | None:
     """Print the comparison; write the chart to `output` (None: no chart). Returns the chart's path."""
     if len(run_dirs) < 2:
         raise LeantrainError("compare needs at least two run directories")
@@ -215,14 +236,14 @@ def _plot_losses(ax, runs: list[RunData], labels: list[str], colors: list[str]) 
 
 
 def _plot_eval(ax_eval, runs: list[RunData], labels: list[str]) -> None:
-    eval_keys = [k for k in ("eval_accuracy", "eval_macro_f1") if any(k in r.metrics for r in runs)]
+    eval_keys = _chart_scores(runs)
     if eval_keys:
         import numpy as np
 
         y = np.arange(len(runs))
         h = 0.8 / len(eval_keys)
         for j, key in enumerate(eval_keys):
-            vals = [float(r.metrics.get(key) or 0.0) for r in runs]
+            vals = [float(r.metrics[key]) if _finite(r.metrics.get(key)) else 0.0 for r in runs]
             ax_eval.barh(
                 y + j * h, vals, height=h, label=key.removeprefix("eval_"), color=["#3b7dd8", "#6aa84f"][j % 2]
             )
@@ -230,7 +251,29 @@ def _plot_eval(ax_eval, runs: list[RunData], labels: list[str]) -> None:
                 ax_eval.text(v, yy, f" {v:.3f}", va="center", fontsize=8)
         ax_eval.set_yticks(y + h * (len(eval_keys) - 1) / 2, labels)
         ax_eval.invert_yaxis()
-        ax_eval.set(xlim=(0, 1.15), title="Final evaluation")
+        top = max((float(r.metrics[k]) for r in runs for k in eval_keys if _finite(r.metrics.get(k))), default=1.0)
+        ax_eval.set(xlim=(0, max(top, 1.0) * 1.15), title="Final evaluation")
         ax_eval.legend(fontsize=8, loc="lower right")
     else:
         ax_eval.set_axis_off()
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _chart_scores(runs: list[RunData]) -> list[str]:
+    """Up to two leading scores other than the loss (the loss panel has it), on one scale: a fraction's bars
+    beside a ROUGE or a perplexity would be flat."""
+    keys = [k for k in score_keys(runs) if k != "eval_loss"]
+
+    def scale(key: str) -> str | None:
+        values = [float(r.metrics[key]) for r in runs if _finite(r.metrics.get(key))]
+        if not values or min(values) < 0:
+            return None
+        return "fraction" if max(values) <= 1 else "number"
+
+    first = next((k for k in keys if scale(k)), None)
+    if first is None:
+        return []
+    return [first, *[k for k in keys if k != first and scale(k) == scale(first)][:1]]

@@ -752,10 +752,11 @@ def _headline(m: dict[str, Any]) -> list[tuple[str, str]]:
     then HEADLINE's other figures."""
     scores = [k for k in m if k.startswith("eval_") and k not in HEADLINE and isinstance(m[k], (int, float))]
     keys = [k for k in HEADLINE if k.startswith("eval_")] + scores + [k for k in HEADLINE if not k.startswith("eval_")]
-    return [(_label(k), fmt_value(k, m.get(k))) for k in keys if m.get(k) is not None]
+    return [(metric_label(k), fmt_value(k, m.get(k))) for k in keys if m.get(k) is not None]
 
 
-def _label(key: str) -> str:
+def metric_label(key: str) -> str:
+    """METRIC_LABELS' name, else the score's own (`eval_rewards/accuracies` -> `eval rewards/accuracies`)."""
     return METRIC_LABELS.get(key) or f"eval {key.removeprefix('eval_').replace('_', ' ')}"
 
 
