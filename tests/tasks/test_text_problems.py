@@ -128,6 +128,28 @@ def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_doe
         assert row["labels"] == [n for n, q in row["probabilities"].items() if q >= cut]
 
 
+def test_a_regression_head_predicts_in_fp32_under_bf16(job, tmp_path, monkeypatch, capsys):
+    """Under bf16 autocast the output layer still runs in fp32: a barely trained model's predictions (about the
+    targets' mean, 2.0 here, where bf16 moves in steps of 1/64) stay distinct and within bf16's rounding of the
+    body of fp32's, instead of all rounding to one number (and Pearson to NaN). `evaluate` prints strict JSON."""
+    import math
+
+    import leantrain.inference
+
+    data = write_csv(tmp_path / "counts.csv", counting_rows(80, 0))
+    result = train(job(data=str(data), problem_type="regression", max_steps=1, lr=1e-6))
+    texts = [f"the plot {'great ' * (i % 4)}was a story number {i}" for i in range(12)]
+    low = [r["score"] for r in predict(str(result.output_dir), texts=texts, precision="bf16")]
+    full = [r["score"] for r in predict(str(result.output_dir), texts=texts, precision="fp32")]
+    assert len(set(low)) > 6, low
+    assert max(abs(a - b) for a, b in zip(low, full)) < 1 / 128
+    undefined = {"rmse": 1.0, "pearson": math.nan, "examples": 2}  # (constant predictions)
+    monkeypatch.setattr(leantrain.inference, "evaluate", lambda *a, **kw: undefined)
+    assert main(["evaluate", str(result.output_dir)]) == 0
+    printed = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert printed["pearson"] is None and printed["rmse"] == 1.0
+
+
 def test_multi_label_rows_with_no_class_are_kept_not_dropped(job, tmp_path, capsys):
     """With --label-separator an empty label cell is the empty set of classes (a negative for every class), as an
     empty list is in a list column: kept and said, not dropped as a missing label."""

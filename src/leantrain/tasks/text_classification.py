@@ -4,6 +4,7 @@ transformers' `pipeline` return the raw score (regression) or independent sigmoi
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -218,6 +219,12 @@ class _FloatTargets(TextClassification):
         return {**facts, "data_fingerprint": zlib.crc32(labels, facts["data_fingerprint"])}
 
 
+def _linear_in_fp32(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(x.device.type, enabled=False):
+        bias = None if linear.bias is None else linear.bias.float()
+        return F.linear(x.float(), linear.weight.float(), bias)
+
+
 class TextRegression(_FloatTargets):
     """One number per text: mean squared error summed over examples; RMSE, Pearson and Spearman."""
 
@@ -239,6 +246,16 @@ class TextRegression(_FloatTargets):
             with torch.no_grad():
                 heads[-1].bias.fill_(float(np.mean(data.train.labels)))
         return model
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """The output layer runs in fp32 under bf16/fp16 autocast: a prediction of 2.5 in bf16 moves in steps of
+        1/64, which rounds a regression's scores (every prediction of a barely trained model the same number)."""
+        from leantrain.telemetry.flops import unwrap
+
+        super().check_model(model)
+        heads = [m for m in unwrap(model).modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
+        if heads:
+            heads[-1].forward = functools.partial(_linear_in_fp32, heads[-1])
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return F.mse_loss(outputs.logits.float().squeeze(-1), batch["labels"], reduction="sum")
