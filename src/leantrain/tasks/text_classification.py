@@ -255,7 +255,7 @@ class TextRegression(_FloatTargets):
         super().check_model(model)
         heads = [m for m in unwrap(model).modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
         if heads:
-            heads[-1].forward = functools.partial(_linear_in_fp32, heads[-1])
+            heads[-1].forward = functools.partial(_linear_in_fp32, heads[-1])  # type: ignore[method-assign]
 
     def loss_sum(self, outputs: Any, batch: dict[str, Any]) -> torch.Tensor:
         return F.mse_loss(outputs.logits.float().squeeze(-1), batch["labels"], reduction="sum")

@@ -290,7 +290,8 @@ class TokenClassification(Task):
         if self.tail is None:
             return 0.0
         model = unwrap(model)
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # --lora: the model's head
+        base = getattr(model, "get_base_model", None)  # --lora: the model's own head
+        model = base() if callable(base) else model
         head = [
             p
             for name in head_modules(model)
