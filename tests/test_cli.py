@@ -191,6 +191,74 @@ def test_info_shows_config_counts_and_head(capsys, tiny_model_dir):
     assert "classifier: Linear(64 -> 5)" in out
 
 
+TINY_BERT = dict(
+    vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+    max_position_embeddings=64,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("head", "labels", "problem", "shown"),
+    [
+        ("BertForSequenceClassification", ["neg", "neu", "pos"], None, "3 (single-label): neg, neu, pos"),
+        ("BertForSequenceClassification", ["a", "b", "c"], "multi_label_classification", "3 (multi-label): a, b, c"),
+        ("BertForSequenceClassification", ["reward"], "regression", "1 (regression): reward"),
+        ("BertForTokenClassification", ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"], None, "5 (single-label): O, B-PER"),
+    ],
+)
+def test_info_describes_a_trained_classifier_with_its_own_head(capsys, tmp_path, head, labels, problem, shown):
+    import transformers
+
+    config = transformers.BertConfig(**TINY_BERT, id2label=dict(enumerate(labels)), problem_type=problem)
+    getattr(transformers, head)(config).save_pretrained(tmp_path / "run" / "model")
+    (tmp_path / "run" / "config.yaml").write_text("task: text-classification\n")
+    for where in ("run", "run/model"):  # a run directory, or its model folder
+        code, out, err = run(capsys, "info", str(tmp_path / where))
+        assert code == 0, err
+        assert f"architecture     {head}" in out
+        assert f"classifier: Linear(32 -> {len(labels)})" in out and "(new" not in out
+        assert f"labels           {shown}" in out
+    # --num-labels is for a new head: a trained one is shown as it is, and the user told so
+    code, out, err = run(capsys, "info", str(tmp_path / "run"), "--num-labels", "7")
+    assert code == 0 and f"classifier: Linear(32 -> {len(labels)})" in out
+    assert "--num-labels 7 does not apply" in err and f"({len(labels)} labels)" in err
+
+
+def test_info_refuses_weights_that_do_not_fit_their_config_in_one_line(capsys, tmp_path):
+    import json
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    BertForSequenceClassification(BertConfig(**TINY_BERT, num_labels=3)).save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    saved["id2label"] = {str(i): f"L{i}" for i in range(4)}  # edited by hand: 4 labels, weights for 3
+    (tmp_path / "m" / "config.json").write_text(json.dumps(saved))
+    capsys.readouterr()  # the bar of saving it
+    code, _, err = run(capsys, "info", str(tmp_path / "m"))
+    _one_line_error(code, err, str(tmp_path / "m"), "other sizes than the config gives")
+
+
+@pytest.mark.parametrize("kind", ["causal-lm", "seq2seq"])
+def test_info_describes_a_language_model_without_labels(capsys, tmp_path, kind):
+    import transformers
+
+    if kind == "causal-lm":
+        config = transformers.LlamaConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, max_position_embeddings=64,
+        )  # fmt: skip
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=1, num_heads=2)
+        model = transformers.T5ForConditionalGeneration(config)
+    model.save_pretrained(tmp_path / "m")
+    code, out, err = run(capsys, "info", str(tmp_path / "m"))
+    assert code == 0, err
+    assert "(2 labels)" not in out and "labels" not in out.split("architecture")[1]
+    assert "head             lm_head: Linear(32 -> 100) (a score per vocabulary token)" in out
+    assert f"architecture     {type(model).__name__} ({kind})" in out
+
+
 def test_env_reports_devices_precisions_and_versions(capsys):
     code, out, _ = run(capsys, "env")
     assert code == 0

@@ -274,11 +274,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("env", help="Show the devices, precisions and library versions training would use here.")
 
-    p = sub.add_parser("info", help="Show a model's config, parameter counts and classification head.")
+    p = sub.add_parser("info", help="Show a model's config, parameter counts, head and labels.")
     p.add_argument(
         "model", nargs="?", default=None, help="Model folder, hub name or run directory (default: the embedded MiniLM)."
     )
-    p.add_argument("--num-labels", type=int, default=2, help="Labels the head would have (default: 2).")
+    p.add_argument(
+        "--num-labels",
+        type=int,
+        default=None,
+        help="Labels of the new head on a model without a trained one (default: 2); a trained classifier shows its "
+        "own.",
+    )
 
     p = sub.add_parser(
         "evaluate",
@@ -553,22 +559,48 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from leantrain import tasks
+    from leantrain.job import HF_PROBLEM_TYPES
     from leantrain.model import loading
 
-    if args.num_labels < 1:
+    if args.num_labels is not None and args.num_labels < 1:
         raise LeantrainError(f"--num-labels must be a positive integer, got {args.num_labels}")
     path = loading.resolve_model(args.model)
-    task = tasks.task_class(tasks.infer(loading.load_config(path)))
-    labels = [f"LABEL_{i}" for i in range(args.num_labels)]
-    model = loading.load_for_classification(path, labels, auto_model=task.auto_model)
+    config = loading.load_config(path)
+    task = tasks.task_class(tasks.infer(config))
+    labelled = task.auto_model.endswith("Classification")  # a language model's head scores its vocabulary
+    own = not labelled or loading.has_trained_head(path, config, task.model_mapping)
+    if own:  # described as saved: its own head and labels, which --num-labels would not fit
+        if args.num_labels is not None and not (labelled and args.num_labels == config.num_labels):
+            held = f"has a trained head ({config.num_labels} labels)" if labelled else f"is a {task.name} model"
+            Console().info(f"--num-labels {args.num_labels} does not apply: {path} {held}")
+        import transformers
+
+        auto = getattr(transformers, task.auto_model)
+        with loading.library_bars_off():  # a refusal stays one line
+            model = loading.weights_or_random(auto, path, config, False, f"a {task.name} model")
+    else:
+        labels = [f"LABEL_{i}" for i in range(args.num_labels or 2)]
+        with loading.library_bars_off():
+            model = loading.load_for_classification(path, labels, auto_model=task.auto_model)
     counts = loading.count_parameters(model)
     print(model.config)
-    print(f"architecture     {type(model).__name__}")
+    print(f"architecture     {type(model).__name__} ({task.name})")
     print(
         f"parameters       {counts.total:,} total, {counts.trainable:,} trainable, "
         f"{counts.embeddings:,} in embeddings, {counts.non_embedding:,} outside them"
     )
-    print(f"head ({args.num_labels} labels) {loading.classification_head(model)}")
+    head = loading.classification_head(model)
+    if not labelled:
+        print(f"head             {head} (a score per vocabulary token)")
+    elif not own:
+        print(f"head             {head} (new, untrained)")
+        print(f"labels           {model.config.num_labels} (--num-labels; a trained model shows its own)")
+    else:
+        names = [str(name) for _, name in sorted(model.config.id2label.items())]
+        kind = HF_PROBLEM_TYPES.get(model.config.problem_type or "", "single-label")
+        shown = ", ".join(names[:10]) + (f", … and {len(names) - 10} more" if len(names) > 10 else "")
+        print(f"head             {head}")
+        print(f"labels           {len(names)} ({kind}): {shown}")
     limit = loading.max_supported_length(model.config)
     print(f"max input length {limit if limit is not None else 'not stated'}")
     return 0

@@ -152,6 +152,18 @@ def has_weights(name: str) -> bool | None:
     return any(path.glob("*.safetensors")) or any(path.glob("*.bin")) or any(path.glob("*.safetensors.index.json"))
 
 
+def has_trained_head(name: str, config, model_mapping: str) -> bool:
+    """Whether `name` holds weights saved as the model with a head that `model_mapping` (transformers' table of a
+    task's classes, by model type) builds for its type: a trained classifier, not a base model a head is new on."""
+    from transformers.models.auto import modeling_auto
+
+    if not model_mapping or has_weights(name) is False:
+        return False
+    classes = getattr(modeling_auto, model_mapping, {}).get(getattr(config, "model_type", None)) or ()
+    classes = (classes,) if isinstance(classes, str) else tuple(classes)
+    return any(arch in classes for arch in getattr(config, "architectures", None) or ())
+
+
 def load_for_classification(
     name: str,
     label_names: list[str],
@@ -278,6 +290,13 @@ def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, wh
         return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code, **PRETRAINED)
     except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
         raise ModelError(f"{name}: cannot load as {what} ({str(exc).splitlines()[0][:200]})") from None
+    except RuntimeError as exc:  # transformers refuses weights of other shapes than the config builds
+        if "ignore_mismatched_sizes" not in str(exc):
+            raise
+        raise ModelError(
+            f"{name}: cannot load as {what}: its weights have other sizes than the config gives (another number of "
+            "labels, or another vocabulary)"
+        ) from None
 
 
 def enable_activation_checkpointing(model) -> None:
