@@ -220,13 +220,14 @@ def _token_rows(df: pd.DataFrame, source: str, tokens: str, tags: str | None) ->
 
 
 def _as_list(value: Any, source: str, column: str | None, where: str) -> list:
+    parsed = value
     if isinstance(value, str):
         try:
-            value = json.loads(value)  # a CSV cell holding a JSON list
+            parsed = json.loads(value)  # a CSV cell holding a JSON list
         except json.JSONDecodeError:
-            value = None
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return list(value)
+            parsed = None
+    if isinstance(parsed, (list, tuple, np.ndarray)):
+        return list(parsed)
     raise DataError(f"{source}: {where} of column '{column}' is not a list ({str(value)[:60]!r}); give a list per row")
 
 
