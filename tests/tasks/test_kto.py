@@ -99,12 +99,22 @@ def test_a_precomputed_reference_trains_alike(run):
     assert [r["kl"] for r in train_rows(pre)] == pytest.approx([r["kl"] for r in train_rows(live)], abs=1e-6)
 
 
-@pytest.mark.parametrize("label", ["maybe", 2, None])
-def test_a_label_that_is_not_boolean_is_refused_in_one_line(capsys, llama_dir, tmp_path, label):  # noqa: F811
+@pytest.mark.parametrize(
+    ("label", "said"), [("maybe", "has label 'maybe'"), (2, "has label 2"), (None, "has no label"), ("", "has no label")]
+)
+def test_a_label_that_is_not_boolean_is_refused_in_one_line(capsys, llama_dir, tmp_path, label, said):  # noqa: F811
     rows = judgement_rows(8)
     rows[5]["label"] = label
     code, err = _cli(capsys, llama_dir, write_jsonl(tmp_path / "k.jsonl", rows), tmp_path, "--task", "kto")
-    _one_line(code, err, "k.jsonl", "row 6", "true or false")
+    _one_line(code, err, "k.jsonl", f"row 6 {said}", "true or false")
+
+
+def test_a_row_without_a_label_is_said_to_have_none(capsys, llama_dir, tmp_path):  # noqa: F811
+    """A row that lacks the key is read as NaN: said as no label, not as a label 'nan'."""
+    rows = judgement_rows(8)
+    del rows[3]["label"]
+    code, err = _cli(capsys, llama_dir, write_jsonl(tmp_path / "k.jsonl", rows), tmp_path, "--task", "kto")
+    _one_line(code, err, "k.jsonl", "row 4 has no label")
 
 
 def test_string_and_integer_booleans_are_read(llama_dir, tmp_path):  # noqa: F811

@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from leantrain.data.batching import slot_fields
+from leantrain.data.columns import missing_label
 from leantrain.data.instructions import Turn, as_turn, encode_completion, shared_prompt
 from leantrain.data.lm import IGNORE
 from leantrain.data.sources import ReadOptions, ReadReport, read_table
@@ -165,6 +166,11 @@ def _boolean(value: Any, source: str, row: int) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
+    if missing_label(value):  # an empty cell, a row without the key (NaN once read), null
+        raise DataError(
+            f"{source}: row {row + 1} has no label; a KTO label says whether the completion is desirable: give true "
+            "or false on every row"
+        )
     raise DataError(
         f"{source}: row {row + 1} has label {value!r}; a KTO label says whether the completion is desirable: give "
         "true or false"
