@@ -72,6 +72,16 @@ def test_the_loss_is_ktos_formula():
     assert kto_losses(ratios, desirable, kl, beta, weights).tolist() == pytest.approx(expected, rel=1e-9)
 
 
+def test_only_desirable_rows_are_warned_and_the_undesirables_means_are_undefined(run, tmp_path, capfd):
+    """A mean over no rows is NaN, not 0 (a margin equal to the chosen rewards would be invented)."""
+    rows = [dict(r, label=True) for r in judgement_rows(24)]
+    result, _ = run(data=str(write_jsonl(tmp_path / "good.jsonl", rows)), max_steps=1)
+    assert "warning: every training row is desirable (label true)" in capfd.readouterr().err
+    m = result.metrics
+    assert math.isfinite(m["eval_rewards/chosen"]) and math.isfinite(m["eval_logps/chosen"])
+    assert all(math.isnan(m[f"eval_{k}"]) for k in ("rewards/rejected", "logps/rejected", "rewards/margins"))
+
+
 def test_each_row_is_paired_with_another_rows_completion():
     partner = mismatched(11, seed=3)
     assert sorted(partner.tolist()) == list(range(11)) and (partner != np.arange(11)).all()

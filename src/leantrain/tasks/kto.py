@@ -14,6 +14,8 @@ precomputed too.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, ClassVar
 
 import numpy as np
@@ -57,6 +59,17 @@ class KTO(PolicyTask):
         self.kl = torch.zeros(())  # z0 of the current step (`begin_step`)
 
     # -- data ------------------------------------------------------------------------------------------------------
+    def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        data = super().prepare_data(model_path, model_config)
+        desirable = int(np.asarray(data.train.labels).sum())
+        if desirable in (0, len(data.train)):
+            kind = "desirable (label true)" if desirable else "undesirable (label false)"
+            data.notes.append(
+                f"warning: every training row is {kind}: KTO then only pushes such completions "
+                f"{'up' if desirable else 'down'}, and the other kind's rewards are undefined (NaN); give rows of both"
+            )
+        return data
+
     def finish(self, examples: Any) -> Any:
         """Each row's mismatched completion as a third part, cut so that prompt and it fit --max-length."""
         from leantrain.data.preferences import from_sequences
@@ -133,12 +146,12 @@ class KTO(PolicyTask):
 
     @staticmethod
     def _means(sums: dict[str, float]) -> dict[str, float]:
-        """Rewards and log-probabilities over the desirable rows (chosen) and the undesirable (rejected), as TRL's."""
-        chosen, rejected = max(sums["chosen"], 1.0), max(sums["rejected"], 1.0)
+        """Rewards and log-probabilities over the desirable rows (chosen) and the undesirable (rejected), as TRL's;
+        NaN over none (a mean of no rows is undefined, not 0)."""
         out = {"kl": sums["kl"] / max(sums["rows"], 1.0)}
         for key in ("rewards", "logps"):
-            out[f"{key}/chosen"] = sums[f"{key}/chosen"] / chosen
-            out[f"{key}/rejected"] = sums[f"{key}/rejected"] / rejected
+            for kind in ("chosen", "rejected"):
+                out[f"{key}/{kind}"] = sums[f"{key}/{kind}"] / sums[kind] if sums[kind] else math.nan
         out["rewards/margins"] = out["rewards/chosen"] - out["rewards/rejected"]
         return out
 
