@@ -110,7 +110,8 @@ def test_a_precomputed_reference_trains_alike(run):
 
 
 @pytest.mark.parametrize(
-    ("label", "said"), [("maybe", "has label 'maybe'"), (2, "has label 2"), (None, "has no label"), ("", "has no label")]
+    ("label", "said"),
+    [("maybe", "has label 'maybe'"), (2, "has label 2"), (None, "has no label"), ("", "has no label")],
 )
 def test_a_label_that_is_not_boolean_is_refused_in_one_line(capsys, llama_dir, tmp_path, label, said):  # noqa: F811
     rows = judgement_rows(8)

@@ -618,7 +618,7 @@ def test_bad_input_is_refused_in_one_line(capsys, run, tiny_model_dir, corpus, t
     orgs = write_conll(tmp_path / "orgs.conll", [(["Acme", "hired", "Anna"], ["B-ORG", "O", "B-PER"])])
     line = one_line(capsys, *base, "--data", corpus[0], "--eval-data", orgs)
     assert "orgs.conll: tags ['B-ORG'] never occur in the training data" in line
-    (tmp_path / "sentences.csv").write_text("tokens,tags\nAnna met Bo,\"[\"\"B-PER\"\"]\"\n")
+    (tmp_path / "sentences.csv").write_text('tokens,tags\nAnna met Bo,"[""B-PER""]"\n')
     line = one_line(capsys, *base, "--data", tmp_path / "sentences.csv")
     assert "row 1 of column 'tokens' is not a list ('Anna met Bo')" in line  # the cell as it is, not what parsing gave
     line = one_line(capsys, *base, "--data", f"{corpus[0]}@0.5", "--data", f"{orgs}@0.5")

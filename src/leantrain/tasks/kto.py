@@ -15,7 +15,6 @@ precomputed too.
 from __future__ import annotations
 
 import math
-
 from typing import Any, ClassVar
 
 import numpy as np
