@@ -104,6 +104,16 @@ def test_a_finished_run_is_not_overwritten(job):
         train(job(max_steps=1))
 
 
+def test_a_finished_run_is_trained_further_with_resume_and_overwrite(job):
+    """A longer --max-steps on a finished run: --resume alone is told to add --overwrite (not to "replace" the
+    run), and with both the run goes on from its last checkpoint."""
+    train(job(max_steps=2, save_every=1))
+    with pytest.raises(ConfigError, match="to train it further from its checkpoint add --overwrite to --resume"):
+        train(job(max_steps=3, save_every=1, resume="auto"))
+    longer = train(job(max_steps=3, save_every=1, resume="auto", overwrite=True))
+    assert longer.metrics["resumed_from"].endswith("step-000002") and longer.metrics["optimizer_steps"] == 3
+
+
 def test_a_failed_overwrite_keeps_the_finished_run(job, monkeypatch):
     first = train(job(max_steps=2))
     weights = (first.model_dir / "model.safetensors").read_bytes()

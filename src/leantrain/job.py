@@ -63,7 +63,7 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
         from leantrain.run.directory import RunDir
 
         assert cfg.output_dir is not None  # resolved() filled it
-        RunDir(cfg.output_dir, overwrite=cfg.overwrite).refuse_early()  # before the data is prepared
+        RunDir(cfg.output_dir, overwrite=cfg.overwrite, resume=cfg.resume).refuse_early()  # before the data is read
         # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
         cfg, made = plan_run(cfg, chosen.prepare_data(model_path, model_config))
         chosen = choose(cfg)

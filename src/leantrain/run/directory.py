@@ -124,9 +124,10 @@ _ACTIVE: list[RunDir] = []  # run directories this process locked, for `guarded(
 
 
 class RunDir:
-    def __init__(self, path: str | Path, overwrite: bool = False):
+    def __init__(self, path: str | Path, overwrite: bool = False, resume: str | None = None):
         self.path = Path(path)
         self.overwrite = overwrite
+        self.resume = resume  # --resume: a finished run is trained further only with --overwrite too
         self.run_id = str(os.getpid())  # the main process's: only it stages and sets aside
         self.staging = self.path / f"{STAGING_PREFIX}-{self.run_id}"
         self.replaced = self.path / f"{REPLACED_PREFIX}{self.run_id}"
@@ -150,9 +151,15 @@ class RunDir:
 
     def _refuse_finished(self) -> None:
         if self.finished and not self.overwrite:
+            if self.resume is not None:
+                raise ConfigError(
+                    f"--output-dir: '{self.path}' holds a finished run; to train it further from its checkpoint "
+                    "add --overwrite to --resume (its outputs are replaced once the longer run succeeds)"
+                )
             raise ConfigError(
                 f"--output-dir: '{self.path}' holds a finished run; pass --overwrite to replace it "
-                "once the new run succeeds, or choose another --output-dir"
+                "once the new run succeeds (with --resume auto, training on from its last checkpoint), or choose "
+                "another --output-dir"
             )
 
     def check(self) -> None:

@@ -90,7 +90,7 @@ class Trainer:
         cfg = cfg.replace(metric_for_best=best_metric)
         self.cfg = cfg
         assert cfg.output_dir is not None and cfg.cache_dir is not None  # resolved() filled them
-        self.run = RunDir(cfg.output_dir, overwrite=cfg.overwrite)
+        self.run = RunDir(cfg.output_dir, overwrite=cfg.overwrite, resume=cfg.resume)
         self.run.check()  # on every process, so each one fails with the message rather than waiting for the others
         # --shard fsdp on CPU processes: the model is sharded here, not prepared (and autocast) by Accelerate
         self.sharded = sharding.shards_here(cfg.shard, accelerator.device)
