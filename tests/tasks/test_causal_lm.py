@@ -685,6 +685,9 @@ def test_predict_generates_greedily_or_by_sampling(run):
             "prompt": prompt,
             "completion": tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True),
         }
+    lines = result.output_dir.parent / "prompts.txt"
+    lines.write_text(f"{prompts[0]}\n\n{prompts[1]}\n")  # a text file: one prompt a line, as NER's predict reads
+    assert predict(str(result.output_dir), data=str(lines), max_new_tokens=4) == greedy
     sampled = predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
     assert sampled == predict(str(result.output_dir), texts=prompts, max_new_tokens=4, temperature=1.5, top_p=0.95)
     with pytest.raises(LeantrainError, match="--temperature"):

@@ -498,13 +498,16 @@ def check_packing_separates(model: Any) -> None:
 
 
 def prompts_of(cfg: Any) -> list[Any]:
-    """The prompts of the config's `eval_data` table: --text-column, else its 'prompt' column, else the chats of its
-    'messages' column (each up to its last assistant message, which the model is to write), else its one text
-    column."""
+    """The prompts of the config's `eval_data`: a text file's lines, one prompt each; of a table, --text-column,
+    else its 'prompt' column, else the chats of its 'messages' column (each up to its last assistant message, which
+    the model is to write), else its one text column."""
     from leantrain.data import instructions
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_options, read_table
 
+    if Path(cfg.eval_data).suffix.lower() == ".txt" and getattr(cfg, "format", None) is None:  # one prompt a line
+        lines = Path(cfg.eval_data).read_text(encoding="utf-8", errors="replace").splitlines()
+        return [line for line in lines if line.strip()]
     df, _ = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
     column = cfg.text_column
     if column is None and instructions.kind_of(df) == "messages":
