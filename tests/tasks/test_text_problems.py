@@ -103,6 +103,17 @@ def test_multi_label_from_a_separator_trains_scores_and_predicts_as_pipeline_doe
     m = result.metrics
     assert {"eval_micro_f1", "eval_macro_f1", "eval_subset_accuracy", "eval_loss"} <= set(m)
     assert m["eval_micro_f1"] > 0.8
+    # evaluation.json: each class's scores at the threshold (no confusion matrix: a row holds any number of classes)
+    from leantrain.run.report import write_report
+
+    report = json.loads((result.output_dir / "evaluation.json").read_text())
+    assert list(report["per_class"]) == ["long", "neg", "pos"] and "confusion_matrix" not in report
+    f1s = [row["f1"] for row in report["per_class"].values()]
+    assert sum(f1s) / 3 == pytest.approx(m["eval_macro_f1"], abs=1e-9)  # every class has examples here
+    assert (
+        "Classes (final evaluation (each class at probability 0.5 or above))"
+        in write_report(result.output_dir).read_text()
+    )
     config = json.loads((result.model_dir / "config.json").read_text())
     assert config["problem_type"] == "multi_label_classification"
     assert list(config["id2label"].values()) == ["long", "neg", "pos"]

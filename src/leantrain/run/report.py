@@ -703,7 +703,7 @@ def render_report(run: RunData) -> str:
     if peak_note:
         parts.append(f"<p class='sub'>{html.escape(peak_note)}</p>")
     parts += _plot_sections(run)
-    if run.evaluation.get("confusion_matrix"):
+    if run.evaluation.get("per_class"):
         parts.append(_evaluation_tables(run.evaluation))
     totals = time_totals(run)
     if totals:
@@ -798,7 +798,10 @@ def _evaluation_tables(report: dict[str, Any]) -> str:
         for n in names
         if n in per_class
     )
-    matrix = report["confusion_matrix"]
+    matrix = report.get("confusion_matrix")
+    if matrix is None:  # multi-label: each class predicted at the threshold
+        at = f" (each class at probability {report['threshold']:g} or above)" if "threshold" in report else ""
+        return f"<h2 id='classes'>Classes (final evaluation{at})</h2><table>{head}{rows}</table>"
     cells = "<tr><th>true \\ predicted</th>" + "".join(f"<th>{html.escape(n)}</th>" for n in names) + "</tr>"
     for name, row in zip(names, matrix):
         cells += f"<tr><th>{html.escape(name)}</th>" + "".join(f"<td class='num'>{v:,}</td>" for v in row) + "</tr>"

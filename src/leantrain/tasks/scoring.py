@@ -343,8 +343,21 @@ def classification_report(probs: np.ndarray, labels: np.ndarray, names: Sequence
     return {"per_class": per_class, "confusion_matrix": matrix.tolist(), "labels": [str(n) for n in names]}
 
 
+def multi_label_report(probs: np.ndarray, labels: np.ndarray, names: Sequence[str], threshold: float) -> dict[str, Any]:
+    """Per-class precision, recall, F1 and support of a multi-label evaluation, each class predicted at a
+    probability of `threshold` or above (a confusion matrix does not apply: a row holds any number of classes)."""
+    tp, pred_sum, support = _ml_counts((probs >= threshold).astype(np.int64), labels.astype(np.int64))
+    precision, recall, f1 = _prf(tp, pred_sum, support, None)
+    per_class = {
+        str(name): {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(n)}
+        for name, p, r, f, n in zip(names, precision, recall, f1, support)
+    }
+    return {"per_class": per_class, "labels": [str(n) for n in names], "threshold": threshold}
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """The per-class table and the confusion matrix as plain text (what `leantrain evaluate` prints)."""
+    """The per-class table and the confusion matrix (where there is one) as plain text (what `leantrain evaluate`
+    prints)."""
     names = report["labels"]
     width = max(12, *(len(n) for n in names))
     lines = [f"{'class':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>9}"]
@@ -352,6 +365,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{name:<{width}} {row['precision']:>9.4f} {row['recall']:>9.4f} {row['f1']:>9.4f} {row['support']:>9d}"
         )
+    if "confusion_matrix" not in report:  # multi-label
+        return "\n".join(lines)
     cell = max(7, *(len(n) for n in names))
     lines += ["", "confusion matrix (rows: true class, columns: predicted)"]
     lines.append(" " * width + " " + " ".join(f"{n:>{cell}}" for n in names))

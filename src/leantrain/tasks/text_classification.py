@@ -316,6 +316,13 @@ class TextMultiLabel(_FloatTargets):
         threshold = float(getattr(self.cfg, "multi_label_threshold", 0.5))
         return score(self.problem_type, self.metric_names, rows["probs"], rows["labels"], threshold)
 
+    def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
+        """Each class's precision, recall, F1 and support at the threshold."""
+        from leantrain.tasks.scoring import multi_label_report
+
+        threshold = float(getattr(self.cfg, "multi_label_threshold", 0.5))
+        return {**multi_label_report(rows["probs"], rows["labels"], data.label_names, threshold), **data.facts}
+
     def blank_labels(self, n: int, names: list[str]) -> np.ndarray:
         return np.zeros((n, len(names)), dtype=np.float32)
 
