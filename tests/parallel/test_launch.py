@@ -187,6 +187,30 @@ def test_a_jobs_failures_are_told_first_failure_first_and_the_survivors_as_conse
     assert lines[1] == "then: process 1 was stopped by the launcher (SIGTERM)"
 
 
+def test_input_every_process_refuses_is_told_once_and_a_refusal_elsewhere_names_its_process(tmp_path, capsys):
+    """Bad input refused by every process of a job: the main process's line alone reaches the terminal (the others'
+    go to their logs) and the job exits 2; a refusal by another process alone is told with its line."""
+    from types import SimpleNamespace
+
+    from leantrain.commands.launch import report_failure
+    from leantrain.errors import DataError
+    from leantrain.parallel.agent import describe_failures
+
+    for rank in (0, 1):
+        with pytest.raises(DataError) as refused, report_failure(rank, 2, tmp_path):
+            raise DataError("pairs.jsonl: no 'label' column")
+        assert (getattr(refused.value, "told_in", None) is not None) == (rank == 1)
+    assert capsys.readouterr().err == ""  # (the CLI prints the main process's line)
+    assert (
+        tmp_path / "process-1.log"
+    ).read_text() == "leantrain train: process 1 of 2 failed: pairs.jsonl: no 'label' column\n"
+    lines = describe_failures({1: SimpleNamespace(exitcode=2, timestamp=10, pid=7)}, tmp_path, 2)
+    assert lines[0] == (
+        "error: process 1 of 2 exited with code 2: process 1 of 2 failed: pairs.jsonl: no 'label' column "
+        "(the first failure)"
+    )
+
+
 def test_a_process_that_lost_its_peer_says_so_and_keeps_its_traceback_in_the_log_folder(tmp_path):
     from leantrain.commands.launch import ProcessFailed, report_failure
 

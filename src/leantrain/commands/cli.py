@@ -750,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LeantrainError as exc:
-        print(f"leantrain {args.command}: error: {exc}", file=sys.stderr)
+        if getattr(exc, "told_in", None) is None:  # (another process of a job: said in its log, once in all)
+            print(f"leantrain {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
         print(f"leantrain {args.command}: {getattr(exc, 'message', None) or 'interrupted'}", file=sys.stderr)

@@ -324,8 +324,10 @@ class report_failure:
         if exc_type is None or self.world <= 1 or issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
             return
         who = f"process {self.rank} of {self.world}"
-        if issubclass(exc_type, LeantrainError):  # the user's to fix: its own line says it (the CLI prints it)
-            print(f"leantrain train: {who} failed: {exc}", file=sys.stderr, flush=True)
+        if issubclass(exc_type, LeantrainError):  # the user's to fix: the main process's line says it once
+            if self.rank != 0:  # every process refuses the same input: its line goes to its log, not the terminal
+                log = self._write(f"leantrain train: {who} failed: {exc}\n")
+                exc.told_in = log  # type: ignore[union-attr]
             return
         import traceback
 

@@ -55,9 +55,13 @@ def main() -> int:
                 f.write(f"{exc}\n")  # torch elastic's own report: every failure, its exit code, signal and pid
         except OSError:
             pass
-        for line in describe_failures(exc.failures, logs, _world(module)):
+        codes = {f.exitcode for f in exc.failures.values()}
+        if codes == {2} and 0 in exc.failures:  # every process refused the input: the main process said why
+            return 2
+        lines, first = describe_failures(exc.failures, logs, _world(module)), first_failure(exc.failures, logs)
+        for line in lines:
             print(f"leantrain train: {line}", file=sys.stderr, flush=True)
-        return 1
+        return 2 if exc.failures[first].exitcode == 2 else 1
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
@@ -102,25 +106,37 @@ def describe_failures(failures: dict[int, Any], logs: Path, world: int | None = 
     the others as its consequences. A process the agent stopped with SIGTERM, or that lost its connection to
     another (its traceback in `logs` says so), is a consequence; among the rest the earliest is the first."""
 
-    def lost_a_peer(rank: int) -> bool:
-        try:
-            text = (logs / f"process-{rank}.log").read_text()
-        except OSError:
-            return False
-        return any(words in text for words in PEER_LOST)
-
-    def consequence(rank: int) -> bool:
-        return failures[rank].exitcode == -signal.SIGTERM or lost_a_peer(rank)
-
-    causes = [r for r in failures if not consequence(r)] or list(failures)
-    first = min(causes, key=lambda r: (failures[r].timestamp, r))
+    first = first_failure(failures, logs)
     of = f" of {world}" if world else ""
     lines = [f"error: process {first}{of} {_how(failures[first], logs / f'process-{first}.log')} (the first failure)"]
-    then = [f"process {r} {_then(failures[r], lost_a_peer(r))}" for r in sorted(failures) if r != first]
+    then = [
+        f"process {r} {_then(failures[r], _lost_a_peer(logs / f'process-{r}.log'))}"
+        for r in sorted(failures)
+        if r != first
+    ]
     if then:
         lines.append("then: " + "; ".join(then))
     lines.append(f"the launcher's report and each failed process's traceback: {logs}")
     return lines
+
+
+def first_failure(failures: dict[int, Any], logs: Path) -> int:
+    """The rank whose failure caused the others: not stopped by the agent (SIGTERM) nor by a lost connection to
+    another process; the earliest of those."""
+
+    def consequence(rank: int) -> bool:
+        return failures[rank].exitcode == -signal.SIGTERM or _lost_a_peer(logs / f"process-{rank}.log")
+
+    causes = [r for r in failures if not consequence(r)] or list(failures)
+    return min(causes, key=lambda r: (failures[r].timestamp, r))
+
+
+def _lost_a_peer(log: Path) -> bool:
+    try:
+        text = log.read_text()
+    except OSError:
+        return False
+    return any(words in text for words in PEER_LOST)
 
 
 def _how(failure: Any, log: Path) -> str:
@@ -128,6 +144,9 @@ def _how(failure: Any, log: Path) -> str:
         name = _signal(-failure.exitcode)
         why = " (the kernel's out-of-memory killer, or a kill -9)" if name == "SIGKILL" else ""
         return f"was killed by {name}{why}, pid {failure.pid}"
+    if failure.exitcode == 2 and log.is_file():  # input it refused, said in its log (`launch.report_failure`)
+        line = (log.read_text().strip().splitlines() or [""])[-1].removeprefix("leantrain train: ")
+        return f"exited with code 2: {line}"
     said = " (its error is above)" if log.is_file() or failure.exitcode == 2 else ""
     return f"exited with code {failure.exitcode}{said}"
 
