@@ -468,9 +468,7 @@ def test_input_that_every_process_refuses_is_one_line_and_exit_2(setup):
     main process's one line, exit 2, as one process would give; the other's line in its log."""
     root, base = setup
     out_dir = root / "refused"
-    rc, out, err = run_job(
-        ["-m", "leantrain", "train", *flags(**base, task="kto", output_dir=out_dir, num_processes=2)]
-    )
+    rc, _, err = run_job(["-m", "leantrain", "train", *flags(**base, task="kto", output_dir=out_dir, num_processes=2)])
     lines = [line for line in err.splitlines() if line.startswith("leantrain train")]
     assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert "train.csv: no 'prompt', 'completion' column" in lines[0], lines[0]
