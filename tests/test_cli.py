@@ -514,3 +514,33 @@ def test_train_help_names_every_task_and_shows_no_unset_defaults(capsys):
     assert "sequence classifier" not in text and "causal language models" in text and "images, audio" in text
     assert "(default: None)" not in text
     assert "(default: 128)" in text and "(default: False)" in text  # real defaults are still shown
+
+
+#: flags of other tasks than text classification's, each with the tasks that read it
+OTHER_TASKS_FLAGS = [
+    *("--reward", "exact-match", "--beta", "0.3", "--source-prefix", "x: ", "--tag-column", "3"),
+    *("--num-generations", "4"),
+]
+
+
+def test_flags_only_other_tasks_read_are_refused_in_one_line_naming_each(capsys, base):
+    """A text classifier given GRPO's, DPO's, seq2seq's and token classification's flags does not train as if
+    they were not there: one line names each with the tasks that read it; a flag it reads is not named."""
+    code, out, err = run(capsys, *base, *OTHER_TASKS_FLAGS, "--label-smoothing", "0.1", "--print-config")
+    _one_line_error(
+        code, err, "the text-classification task does not read", "--reward, --num-generations (grpo)",
+        "--source-prefix (seq2seq)", "--tag-column (token-classification)", "--beta (dpo, kto)", "leave them out",
+    )  # fmt: skip
+    assert "--label-smoothing" not in err and "--max-length" not in err and not out
+
+
+def test_a_config_files_keys_only_other_tasks_read_are_refused_and_its_defaults_are_not(capsys, base, tmp_path):
+    """A key is a flag: one that only another task reads is refused from the file too; a value left at its default
+    (`stride: 32`, token classification's) is never named, and a flag the task reads passes."""
+    config = tmp_path / "shared.yaml"
+    config.write_text("source_prefix: 'summarize: '\nstride: 32\nlabel_smoothing: 0.1\nmax_length: 64\n")
+    code, _, err = run(capsys, *base, "--config", str(config), "--print-config")
+    _one_line_error(code, err, "the text-classification task does not read --source-prefix (seq2seq); leave it out")
+    config.write_text("stride: 32\nlabel_smoothing: 0.1\nmax_length: 64\n")
+    code, out, err = run(capsys, *base, "--config", str(config), "--class-weights", "auto", "--print-config")
+    assert code == 0 and "label_smoothing: 0.1" in out, err

@@ -179,3 +179,34 @@ def training_speed_cache_cleared() -> None:
 
     training_speed._MEASURED.clear()
     training_speed.cache_file().unlink()
+
+
+def test_settings_only_other_tasks_read_are_found_for_built_in_tasks_only():
+    """`unread_settings` names the fields given away from their default that the task does not read; a task no
+    field names (one of your own) may read any, so none are named for it."""
+    from leantrain.config.sections import unread_settings
+
+    cfg = TrainConfig(beta=0.3, tag_column=3, stride=32, label_smoothing=0.1)
+    assert unread_settings(cfg, "text-classification") == {
+        "tag_column": ("token-classification",),
+        "beta": ("dpo", "kto"),
+    }
+    assert unread_settings(cfg, "token-classification") == {"beta": ("dpo", "kto")}
+    assert unread_settings(cfg, "word-count") == {}
+
+
+def test_a_runs_own_config_is_read_back_for_inference_whatever_it_carries(tmp_path, tiny_model_dir):
+    """A run trained before such settings were refused may have recorded one: scoring its model still works."""
+    import json
+    import shutil
+
+    import yaml
+
+    from leantrain.job import for_inference
+
+    model = tmp_path / "run" / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model.parent / "config.yaml").write_text(yaml.safe_dump({"task": "text-classification", "tag_column": 3}))
+    (model.parent / "metrics.json").write_text(json.dumps({}))
+    job = for_inference(str(model), {})
+    assert job.task.name == "text-classification" and job.cfg.tag_column == 3

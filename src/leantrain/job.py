@@ -32,9 +32,10 @@ class Job:
     compiled: bool = False
 
 
-def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Job:
+def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, inference: bool = False) -> Job:
     """The job `config` describes. `task`: a `Task` subclass to run instead of the one the config names; `plan`:
-    make --auto's plan (it prepares the data, so only `train` asks for it)."""
+    make --auto's plan (it prepares the data, so only `train` asks for it); `inference`: the config is a trained
+    run's own, read back to score its model."""
     from leantrain import parallel, tasks
     from leantrain.model import loading
 
@@ -57,6 +58,12 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False) -> Jo
     chosen = choose(cfg)
     if cfg.streaming and not chosen.streams:
         raise ConfigError(f"--streaming: the {chosen.name} task reads its data whole; drop --streaming")
+    if not inference:  # a setting only another task reads would otherwise train as if it were not there
+        from leantrain.config.sections import unread_message, unread_settings
+
+        unread = unread_settings(cfg, chosen.name)
+        if unread:
+            raise ConfigError(unread_message(chosen.name, unread))
     made = None
     if plan and cfg.auto:  # the planner's recommendation sets precision, checkpointing, optimizer and the split
         from leantrain.planner.auto import plan_run
@@ -138,7 +145,7 @@ def for_inference(
     values.update(_NOT_AT_INFERENCE, model=path, cache_dir=cache_dir, **overrides)
     if precision is not None:
         values["precision"] = precision
-    job = assemble(TrainConfig.from_dict(values, source=f"{path} (its run's config)"))
+    job = assemble(TrainConfig.from_dict(values, source=f"{path} (its run's config)"), inference=True)
     job.from_run = from_run
     job.compiled = bool(saved.get("compile"))
     return job

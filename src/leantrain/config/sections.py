@@ -95,9 +95,24 @@ ADVANTAGES = ("grpo", "rloo")  # online RL
 
 _Section = TypeVar("_Section")
 
+#: the tasks (the registry's names) that read a field of one workload, as `_help(read_by=...)` declares them: a run
+#: of another task given such a field refuses it (`unread_settings`) rather than train as if it were not there
+TEXT = ("text-classification",)
+CLASSIFIERS = (*TEXT, "image-classification", "audio-classification")
+MEDIA = ("image-classification", "audio-classification")
+LANGUAGE_MODELS = ("causal-lm", "dpo", "kto", "reward-model", "grpo")  # what causal LMs' tokenizers and data read
+REFERENCE = ("dpo", "kto")  # the tasks with a reference model (`Task.uses_reference`)
+SEQ2SEQ = ("seq2seq",)
+TOKENS = ("token-classification",)
+GRPO = ("grpo",)
 
-def _help(text: str, metadata_extra: dict[str, Any] | None = None, **kw: Any) -> Any:
-    return field(metadata={"help": text, **(metadata_extra or {})}, **kw)
+
+def _help(
+    text: str, metadata_extra: dict[str, Any] | None = None, *, read_by: tuple[str, ...] | None = None, **kw: Any
+) -> Any:
+    """A field with its help; `read_by`: the only tasks that read it (None: every task)."""
+    extra = {**(metadata_extra or {}), **({"read_by": read_by} if read_by else {})}
+    return field(metadata={"help": text, **extra}, **kw)
 
 
 @dataclass
@@ -120,6 +135,7 @@ class ModelConfig:
         "auto|keep|identity. identity starts it as the identity (weight I, bias 0), so the head first reads the "
         "first token's hidden state; auto does that for a sentence-transformers checkpoint (a modules.json beside "
         "the weights), whose training never used its pooler, and keeps every other model's.",
+        read_by=(*TEXT, "reward-model"),
         default="auto",
     )
     freeze: str | None = _help(
@@ -138,12 +154,14 @@ class ModelConfig:
     chat_template: str | None = _help(
         "Causal LM: the Jinja chat template (or a file holding one) that renders a 'messages' column, for a "
         "tokenizer without one (or to replace its own). Saved with the model.",
+        read_by=LANGUAGE_MODELS,
         default=None,
     )
     # --- preference tuning
     reference_model: str | None = _help(
         "Preference tuning (dpo, kto): the reference model the policy is compared with, a folder or hub name. "
         "Default: --model, the model training starts from (with --lora: the model itself, its adapters disabled).",
+        read_by=REFERENCE,
         default=None,
     )
     # --- LoRA
@@ -179,10 +197,11 @@ class ModelConfig:
         "regression: a number (mean squared error; Pearson, Spearman, RMSE); multi-label: a set of classes, "
         "a list column or joined by --label-separator (binary cross-entropy per class; F1 at "
         "--multi-label-threshold).",
+        read_by=TEXT,
         default="single-label",
     )
     multi_label_threshold: float = _help(
-        "Multi-label: a class is predicted when its probability reaches this.", default=0.5
+        "Multi-label: a class is predicted when its probability reaches this.", read_by=TEXT, default=0.5
     )
     # --- online RL
     reward: str | None = _help(
@@ -190,11 +209,13 @@ class ModelConfig:
         "matches --reward-pattern), number (its last number is the column's), or module:function (a Python function "
         "as TRL's GRPOTrainer takes one; a file: path/to/rewards.py:function); several comma-separated, each "
         "optionally weighted NAME=WEIGHT, the reward their weighted sum.",
+        read_by=GRPO,
         default=None,
     )
     reward_pattern: str | None = _help(
         "GRPO: the regular expression --reward regex looks for in each completion ('.' spans lines; anchor it with "
         "^ and $).",
+        read_by=GRPO,
         default=None,
     )
     # --- end online RL
@@ -287,20 +308,24 @@ class DataConfig:
     )
     image_column: str | None = _help(
         "Table column holding images (paths relative to the table, or `datasets` images). Guessed when obvious.",
+        read_by=("image-classification",),
         default=None,
     )
     audio_column: str | None = _help(
         "Table column holding audio (paths relative to the table, or `datasets` audio). Guessed when obvious.",
+        read_by=("audio-classification",),
         default=None,
     )
     label_pattern: str | None = _help(
         "Regular expression that takes each file's label from its path inside a --data folder (the group named "
         "'label', else the first group), e.g. '^(\\d+)_' for '7_jackson_3.wav'. Default: the class sub-folder.",
+        read_by=MEDIA,
         default=None,
     )
     eval_pattern: str | None = _help(
         "Regular expression: the files of --data whose path matches (e.g. '_[0-4]\\.wav$') are the evaluation "
         "set, instead of a random --eval-fraction.",
+        read_by=MEDIA,
         default=None,
     )
     max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
@@ -316,14 +341,18 @@ class DataConfig:
     max_seconds: float | None = _help(
         "Audio: pad or cut every clip to this many seconds. Default: the feature extractor's own length, "
         "else the longest training clip (at most 30 s).",
+        read_by=("audio-classification",),
         default=None,
     )
     augment: bool = _help(
         "Random augmentation of training examples: images shifted by up to 1/8 of their size, audio shifted "
         "in time by up to 1/10 of its length.",
+        read_by=MEDIA,
         default=False,
     )
-    strict: bool = _help("Stop at the first unreadable image or audio file instead of skipping it.", default=False)
+    strict: bool = _help(
+        "Stop at the first unreadable image or audio file instead of skipping it.", read_by=MEDIA, default=False
+    )
     # --- HF Trainer users
     dataloader_num_workers: int = _help(
         "Worker processes that batch the data (0: in the training process); batches are the same either way.",
@@ -347,16 +376,19 @@ class DataConfig:
         "Causal LM: lay documents end to end in rows of --max-length tokens (position ids restart at each, so "
         "attention never crosses documents); --no-packing gives each document its own padded row(s). Unset: on "
         "for a causal LM; a sequence-to-sequence task refuses it (its examples are pairs).",
+        read_by=(*LANGUAGE_MODELS, *SEQ2SEQ),
         default=None,
     )
     text_glob: str = _help(
         "Causal LM: the files of a --data folder read as text, searched recursively (documents are separated "
         "by blank lines).",
+        read_by=("causal-lm",),
         default="*.txt",
     )
     train_on_prompt: bool = _help(
         "Causal LM on instruction data (prompt/completion or messages columns): count the prompt's tokens in the "
         "loss too, not only the completion's.",
+        read_by=("causal-lm",),
         default=False,
     )
     # --- sequence-to-sequence
@@ -364,86 +396,105 @@ class DataConfig:
         "Seq2seq: the column holding the text to transform (in a `translation` column of {language: text} "
         "mappings: the source language, e.g. en). Guessed from source/target, document/summary, text/summary, "
         "article/highlights, dialogue/summary, input/output, inputs/targets, src/tgt.",
+        read_by=SEQ2SEQ,
         default=None,
     )
     target_column: str | None = _help(
         "Seq2seq: the column holding the text to generate (in a `translation` column: the target language, e.g. "
         "fr). Guessed with the source column.",
+        read_by=SEQ2SEQ,
         default=None,
     )
     source_prefix: str | None = _help(
         "Seq2seq: text put before every source, as T5 reads its task from a prompt, e.g. 'summarize: ' or "
         "'translate English to German: ' (also at evaluate and predict).",
+        read_by=SEQ2SEQ,
         default=None,
     )
     max_source_length: int | None = _help(
         "Seq2seq: longest tokenized source (prefix included); longer ones are cut. Default: --max-length.",
+        read_by=SEQ2SEQ,
         default=None,
     )
     max_target_length: int = _help(
-        "Seq2seq: longest tokenized target; longer ones are cut (the loss counts the target's tokens).", default=128
+        "Seq2seq: longest tokenized target; longer ones are cut (the loss counts the target's tokens).",
+        read_by=SEQ2SEQ,
+        default=128,
     )
     eval_limit: int | None = _help(
         "Seq2seq: evaluate on a seeded random sample of this many evaluation rows, the same rows at every "
         "evaluation (each one generates, which is what makes evaluation slow). Default: every row.",
+        read_by=SEQ2SEQ,
         default=None,
     )
     # --- metrics and losses
     label_separator: str | None = _help(
         "Multi-label: the character that joins a text's labels in the label column, e.g. '|' for 'sport|politics' "
         "(a JSON or Parquet list column needs none).",
+        read_by=TEXT,
         default=None,
     )
     # --- token classification
     tokens_column: str | None = _help(
-        "Token classification: the column holding each row's words (a list). Guessed: tokens, words.", default=None
+        "Token classification: the column holding each row's words (a list). Guessed: tokens, words.",
+        read_by=TOKENS,
+        default=None,
     )
     tags_column: str | None = _help(
         "Token classification: the column holding each row's tags, one per word (names, or ids of a `datasets` "
         "ClassLabel). Guessed: ner_tags, tags.",
+        read_by=TOKENS,
         default=None,
     )
     spans_column: str | None = _help(
         "Token classification: the column holding each text's entities as character spans ({start, end, label} or "
         "[start, end, label]; the text in --text-column). Guessed: entities, spans.",
+        read_by=TOKENS,
         default=None,
     )
     tag_column: int | None = _help(
         "Token classification, CoNLL files with more than two columns: the column holding the tag, counting from 1 "
         "(the word's); -1 for the last.",
+        read_by=TOKENS,
         default=None,
     )
     tag_scheme: str = _help(
         "Token classification: how the tags mark entities: auto|iob1|iob2 (bio)|bioes|none (tags that are not "
         "entities, e.g. part of speech). auto tells from the training tags. Tags are converted to IOB2, the scheme "
         "of the published model; tags the scheme does not allow where they stand are repaired and counted.",
+        read_by=TOKENS,
         default="auto",
     )
     label_all_tokens: bool = _help(
         "Token classification: learn each word's tag on every one of its sub-word tokens (B- becoming I- after the "
         "first), not on its first only. Evaluation scores each word at its first sub-word either way.",
+        read_by=TOKENS,
         default=False,
     )
     stride: int = _help(
         "Token classification: sentences longer than --max-length are cut into windows that share this many "
         "tokens; each word is trained on and scored once, in the window that holds it with the most context.",
+        read_by=TOKENS,
         default=32,
     )
     aggregation: str = _help(
         "Token classification, predict: how tokens' tags become entities, as transformers' pipeline "
         "aggregation_strategy: first (each word's first sub-word)|average|max (over its sub-words)|simple (each "
         "token; adjacent tokens of one type join).",
+        read_by=TOKENS,
         default="first",
     )
     # --- online RL
     reward_column: str | None = _help(
         "GRPO: the column that exact-match and number compare completions with. Default: the first of answer, "
         "solution, completion, label, target the data has.",
+        read_by=GRPO,
         default=None,
     )
     max_completion_length: int = _help(
         "GRPO: the most tokens a completion has (its EOS included); prompts longer than --max-length minus this "
         "are skipped and counted.",
+        read_by=GRPO,
         default=64,
     )
     # --- end online RL
@@ -547,12 +598,14 @@ class OptimizationConfig:
     # --- metrics and losses
     label_smoothing: float = _help(
         "Label smoothing of the training cross-entropy, in [0, 1) (transformers: label_smoothing_factor).",
+        read_by=(*CLASSIFIERS, *TOKENS, *SEQ2SEQ, "dpo"),
         default=0.0,
     )
     class_weights: str | None = _help(
         "Weigh each class in the training cross-entropy: auto (inverse class frequency, n / (classes x count)) "
         "or one weight per class in label order, e.g. 1,3. Exact under accumulation and processes: a step's "
         "loss is its examples' weighted sum over their total weight. The eval loss stays unweighted.",
+        read_by=(*CLASSIFIERS, *TOKENS),
         default=None,
     )
     # --- preference tuning
@@ -561,22 +614,31 @@ class OptimizationConfig:
         "per-token log-ratios; hinge: SLiC's; robust: label-smoothed DPO for noisy preferences (the flip rate is "
         "--label-smoothing, below 0.5); simpo: reference-free, length-normalised, with --simpo-gamma; orpo: "
         "reference-free odds ratio (weight --beta) plus the SFT loss on chosen.",
+        read_by=("dpo",),
         default="sigmoid",
     )
     beta: float = _help(
         "DPO and KTO: the strength of the pull towards the reference (the rewards are beta x the log-ratio to it); "
         "SimPO: its reward scale; ORPO: the odds-ratio term's weight.",
+        read_by=REFERENCE,
         default=0.1,
     )
-    simpo_gamma: float = _help("SimPO: the target reward margin between chosen and rejected.", default=0.5)
+    simpo_gamma: float = _help(
+        "SimPO: the target reward margin between chosen and rejected.", read_by=("dpo",), default=0.5
+    )
     sft_weight: float = _help(
         "DPO: add this weight x the chosen completion's mean negative log-likelihood per token to each pair's loss "
         '(RPO; TRL\'s loss_type [..., "sft"] with loss_weights), so the chosen stays likely while the margin '
         "grows: without it DPO can push probability off both completions. 0: off.",
+        read_by=("dpo",),
         default=0.0,
     )
-    desirable_weight: float = _help("KTO: the weight of a desirable (label true) example's loss.", default=1.0)
-    undesirable_weight: float = _help("KTO: the weight of an undesirable (label false) example's loss.", default=1.0)
+    desirable_weight: float = _help(
+        "KTO: the weight of a desirable (label true) example's loss.", read_by=("kto",), default=1.0
+    )
+    undesirable_weight: float = _help(
+        "KTO: the weight of an undesirable (label false) example's loss.", read_by=("kto",), default=1.0
+    )
     # --- end preference tuning
     # --- HF Trainer users
     eval_batch_size: int | None = _help(
@@ -598,35 +660,41 @@ class OptimizationConfig:
     num_generations: int = _help(
         "GRPO: completions sampled per prompt each step, the group whose rewards give each its advantage (2 or "
         "more). --batch-size counts prompts: a micro-batch trains on batch-size x num-generations completions.",
+        read_by=GRPO,
         default=8,
     )
     temperature: float = _help(
         "GRPO: the sampling temperature; the log-probabilities trained are those of logits / temperature.",
+        read_by=GRPO,
         default=1.0,
     )
     top_p: float = _help(
         "GRPO: sample from the smallest set of most likely tokens whose probability reaches top-p (1: all).",
+        read_by=GRPO,
         default=1.0,
     )
     advantage: str = _help(
         f"GRPO: {'|'.join(ADVANTAGES)}. grpo: each reward less its group's mean, over the group's standard "
         "deviation + 1e-4; rloo: each reward less the mean of its group's other rewards.",
+        read_by=GRPO,
         default="grpo",
     )
     kl_beta: float = _help(
         "GRPO: weight of the KL penalty to the reference model (the initial model; with --lora the base with its "
         "adapters off); 0 keeps no reference.",
+        read_by=GRPO,
         default=0.0,
     )
     clip_epsilon: float = _help(
-        "GRPO: the policy ratio is clipped to [1 - clip-epsilon, 1 + clip-epsilon-high].", default=0.2
+        "GRPO: the policy ratio is clipped to [1 - clip-epsilon, 1 + clip-epsilon-high].", read_by=GRPO, default=0.2
     )
     clip_epsilon_high: float | None = _help(
-        "GRPO: the upper clip (DAPO's clip-higher). Default: --clip-epsilon.", default=None
+        "GRPO: the upper clip (DAPO's clip-higher). Default: --clip-epsilon.", read_by=GRPO, default=None
     )
     iterations_per_generation: int = _help(
         "GRPO: optimizer steps that reuse each generation of completions (TRL's num_iterations), the policy ratio "
         "then taken against their log-probabilities at generation.",
+        read_by=GRPO,
         default=1,
     )
     # --- end online RL
@@ -742,6 +810,7 @@ class EfficiencyConfig:
         "Preference tuning: compute the reference model's log-probabilities of every training and evaluation row "
         "once, before training (cached with the tokenized data), and train with no reference model in memory. "
         "Otherwise the reference is the model with its adapters disabled (--lora) or a frozen copy of it.",
+        read_by=REFERENCE,
         default=False,
     )
 
@@ -917,10 +986,14 @@ class LoggingConfig:
     )
     # --- sequence-to-sequence
     generation_max_new_tokens: int | None = _help(
-        "Seq2seq: tokens an evaluation generates at most per example. Default: --max-target-length.", default=None
+        "Seq2seq: tokens an evaluation generates at most per example. Default: --max-target-length.",
+        read_by=SEQ2SEQ,
+        default=None,
     )
     generation_num_beams: int = _help(
-        "Seq2seq: beams of the evaluation's (and predict's) beam search; 1 is greedy decoding.", default=1
+        "Seq2seq: beams of the evaluation's (and predict's) beam search; 1 is greedy decoding.",
+        read_by=SEQ2SEQ,
+        default=1,
     )
     report_to: str | None = _help(
         f"Experiment trackers, comma-separated, through Accelerate: {'|'.join(TRACKERS)} (all: every one "
@@ -1163,6 +1236,29 @@ def to_flags(values: dict[str, Any]) -> list[str]:
         elif value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
     return argv
+
+
+def unread_settings(cfg: TrainConfig, task: str) -> dict[str, tuple[str, ...]]:
+    """The fields `cfg` gives a value other than their default that `task` does not read (their `read_by` names
+    only other tasks), each with the tasks that do. None for a task no field names: one of your own may read any."""
+    declared = [(f, f.metadata["read_by"]) for f in fields(TrainConfig) if "read_by" in f.metadata]
+    if not any(task in read_by for _, read_by in declared):
+        return {}
+    return {
+        f.name: read_by
+        for f, read_by in declared
+        if task not in read_by and getattr(cfg, f.name) != (None if f.default is dataclasses.MISSING else f.default)
+    }
+
+
+def unread_message(task: str, unread: dict[str, tuple[str, ...]]) -> str:
+    """One line naming the settings `task` does not read, grouped by the tasks that read them."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, read_by in unread.items():
+        groups.setdefault(read_by, []).append(_flag(name))
+    named = ", ".join(f"{', '.join(flags)} ({', '.join(read_by)})" for read_by, flags in groups.items())
+    them = "it" if len(unread) == 1 else "them"
+    return f"the {task} task does not read {named}; leave {them} out (or choose their task with --task)"
 
 
 def field_help(cls: type = TrainConfig) -> dict[str, str]:
