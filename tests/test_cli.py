@@ -544,3 +544,64 @@ def test_a_config_files_keys_only_other_tasks_read_are_refused_and_its_defaults_
     config.write_text("stride: 32\nlabel_smoothing: 0.1\nmax_length: 64\n")
     code, out, err = run(capsys, *base, "--config", str(config), "--class-weights", "auto", "--print-config")
     assert code == 0 and "label_smoothing: 0.1" in out, err
+
+
+def _saved_classifier(tiny_model_dir, folder, labels) -> dict:
+    """The tiny BERT fine-tuned, as far as its files go: a trained head for `labels` (random weights) saved with
+    the tokenizer; returns its state dict."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    config = BertConfig.from_pretrained(tiny_model_dir, id2label=dict(enumerate(labels)))
+    torch.manual_seed(7)
+    model = BertForSequenceClassification(config)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _published(run_dir) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+#: a step that moves no weight (by more than 1e-20): what is published is what training started from
+NO_STEP = ["--max-steps", "1", "--optimizer", "sgd", "--lr", "1e-30", "--weight-decay", "0", "--warmup-ratio", "0"]
+
+
+def test_a_classifier_for_other_labels_trains_with_its_body_and_a_new_head(capsys, base, tiny_model_dir, tmp_path):
+    import torch
+
+    saved = _saved_classifier(tiny_model_dir, tmp_path / "sentiment3", ["neg", "neu", "pos"])
+    argv = list(base)
+    argv[argv.index("--model") + 1] = str(tmp_path / "sentiment3")
+    code, _, err = run(capsys, *argv, *NO_STEP)  # the data's labels: neg, pos
+    assert code == 0, err
+    assert "the model's head (3 labels: neg, neu, pos) is replaced by a new one for this data's 2 labels" in err
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"}
+    published = _published(tmp_path / "run")
+    assert published["classifier.weight"].shape == (2, 64)
+    for key, value in saved.items():  # the body as saved, every tensor
+        if key.startswith("bert."):
+            torch.testing.assert_close(published[key], value, rtol=0, atol=1e-20, msg=key)
+
+
+@pytest.mark.parametrize("order", [["neg", "pos"], ["pos", "neg"]])
+def test_a_classifier_for_the_same_labels_keeps_its_trained_head(capsys, base, tiny_model_dir, tmp_path, order):
+    """The same labels in another order: the head's rows are put in the data's order, and the user told."""
+    import torch
+
+    saved = _saved_classifier(tiny_model_dir, tmp_path / "sentiment2", order)
+    argv = list(base)
+    argv[argv.index("--model") + 1] = str(tmp_path / "sentiment2")
+    code, _, err = run(capsys, *argv, *NO_STEP)
+    assert code == 0, err
+    assert "replaced by a new one" not in err
+    reordered = "the model's head (2 labels: pos, neg) is kept, its outputs reordered to this data's label order"
+    assert (reordered in err) == (order != ["neg", "pos"])
+    published, rows = _published(tmp_path / "run"), [order.index(name) for name in ("neg", "pos")]
+    for key in ("classifier.weight", "classifier.bias", "bert.pooler.dense.weight"):
+        want = saved[key][rows] if key.startswith("classifier") else saved[key]
+        torch.testing.assert_close(published[key], want, rtol=0, atol=1e-20, msg=key)

@@ -155,3 +155,65 @@ def test_activation_checkpointing_starts_from_the_same_loss_as_the_baseline_with
         rows = (train(cfg).output_dir / "metrics.jsonl").read_text().splitlines()
         losses[name] = [r["loss"] for r in map(json.loads, rows) if "loss" in r]
     assert losses["ckpt"] == pytest.approx(losses["baseline"], rel=1e-5)
+
+
+TINY_BERT = dict(
+    vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+    max_position_embeddings=64,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("head", "saved", "problem", "labels", "kept", "said"),
+    [
+        ("TokenClassification", ["O", "B-PER", "I-PER"], None, ["O", "B-PER", "I-PER"], True, None),
+        ("TokenClassification", ["O", "B-PER", "I-PER"], None, ["B-PER", "I-PER", "O"], True, "reordered"),
+        ("TokenClassification", ["O", "B-PER", "I-PER"], None, ["B-LOC", "I-LOC", "O"], False, "3 labels: B-LOC"),
+        ("TokenClassification", ["O", "B-PER", "I-PER"], None, ["B-PER", "O"], False, "2 labels: B-PER, O"),
+        ("SequenceClassification", ["stars"], "regression", ["score"], True, None),  # one number, whatever its name
+        ("SequenceClassification", ["a", "b"], "multi_label_classification", ["a", "b", "c"], False, "3 labels"),
+    ],
+)
+def test_a_trained_head_is_kept_for_its_own_labels_and_replaced_for_others(
+    tmp_path, head, saved, problem, labels, kept, said
+):
+    import transformers
+
+    from leantrain.model import loading
+
+    config = transformers.BertConfig(**TINY_BERT, id2label=dict(enumerate(saved)), problem_type=problem)
+    torch.manual_seed(0)
+    trained = getattr(transformers, f"BertFor{head}")(config)
+    trained.save_pretrained(tmp_path / "m")
+    notes: list[str] = []
+    model = loading.load_for_classification(str(tmp_path / "m"), labels, auto_model=f"AutoModelFor{head}", notes=notes)
+    assert loading.head_labels(model.config) == labels
+    body = trained.bert.state_dict()
+    for key, value in model.bert.state_dict().items():
+        assert torch.equal(value, body[key]), key
+    rows = ([saved.index(name) for name in labels] if len(labels) > 1 else [0]) if kept else None
+    if rows is not None:
+        assert torch.equal(model.classifier.weight, trained.classifier.weight[rows])
+    else:
+        assert model.classifier.out_features == len(labels) and not torch.equal(
+            model.classifier.weight[: len(saved)], trained.classifier.weight[: len(labels)]
+        )
+    assert len(notes) == (said is not None) and all(said in note for note in notes)
+
+
+def test_a_body_of_other_sizes_is_refused_even_where_the_head_is_new(tmp_path):
+    import json
+
+    import transformers
+
+    from leantrain.errors import ModelError
+    from leantrain.model import loading
+
+    transformers.BertForSequenceClassification(transformers.BertConfig(**TINY_BERT, num_labels=3)).save_pretrained(
+        tmp_path / "m"
+    )
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    saved["intermediate_size"] = 48  # edited by hand: the feed-forward's weights no longer fit
+    (tmp_path / "m" / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ModelError, match="other sizes than the config gives"):
+        loading.load_for_classification(str(tmp_path / "m"), ["a", "b"])

@@ -171,9 +171,11 @@ def load_for_classification(
     trust_remote_code: bool = False,
     auto_model: str = "AutoModelForSequenceClassification",
     config=None,
+    notes: list[str] | None = None,
 ):
     """A classifier with one output per label, built by transformers' `auto_model` class (a task's); the head is new
-    when the checkpoint has none.
+    when the checkpoint has none, or has one for other labels (`head_change`): `notes` then holds the line saying
+    so (it is emptied first).
 
     A preset, a bare config.json or a folder without weights gives a model initialised at random (from
     scratch). `config` replaces the one `name` holds (presets sized for the data, for instance).
@@ -188,11 +190,16 @@ def load_for_classification(
         # Set up front: BERT's forward sets it on first call otherwise, which recompiles a compiled model.
         problem_type="single_label_classification",
     )
+    if notes is not None:
+        notes.clear()
     if config is None:
-        config = load_config(name, trust_remote_code=trust_remote_code, **labels)
-    else:
-        for key, value in labels.items():
-            setattr(config, key, value)
+        config = load_config(name, trust_remote_code=trust_remote_code)
+    # the saved head's labels, read before the data's replace them in the config
+    saved, change = head_labels(config), None
+    if has_trained_head(name, config, mapping_of(auto_model)):
+        change = head_change(saved, getattr(config, "problem_type", None), list(label_names))
+    for key, value in labels.items():
+        setattr(config, key, value)
     if dropout is not None:
         for key in (
             "hidden_dropout_prob",
@@ -206,10 +213,98 @@ def load_for_classification(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
     what = auto_model.removeprefix("AutoModelFor")
+    auto = getattr(transformers, auto_model)
     try:
-        return weights_or_random(getattr(transformers, auto_model), name, config, trust_remote_code, f"a {what} model")
+        model = weights_or_random(auto, name, config, trust_remote_code, f"a {what} model", new_head=change is not None)
     finally:
         hf_logging.set_verbosity(verbosity)
+    if change is not None:
+        order, note = change
+        if order is not None and not reorder_head(model, order):
+            note = (
+                f"the model's head ({_listed(saved)}) is replaced by a new one: it has this data's labels in another "
+                "order, and its outputs are not the rows of one layer to reorder"
+            )
+            order = None
+        if order is None:
+            start_new_head(model)
+        if notes is not None:
+            notes.append(note)
+    return model
+
+
+def mapping_of(auto_model: str) -> str:
+    """transformers' table of the classes `auto_model` builds, by model type: AutoModelForTokenClassification ->
+    MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES."""
+    import re
+
+    words = re.findall(r"[A-Z][a-z]*", auto_model.removeprefix("AutoModelFor"))
+    return f"MODEL_FOR_{'_'.join(w.upper() for w in words)}_MAPPING_NAMES" if words else ""
+
+
+def head_labels(config) -> list[str]:
+    """The names of a config's outputs, in output order."""
+    id2label = getattr(config, "id2label", None) or {}
+    return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(len(id2label))]
+
+
+def _listed(names: list[str], most: int = 10) -> str:
+    shown = ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
+    return f"{len(names)} label{'' if len(names) == 1 else 's'}: {shown}"
+
+
+def head_change(saved: list[str], saved_problem: str | None, labels: list[str]) -> tuple[list[int] | None, str] | None:
+    """What a trained head whose outputs are `saved` becomes for data labelled `labels`: None, kept as it is (the
+    same names in the same order); (order, line), kept with its outputs reordered (the same names in another order:
+    output i is the saved output order[i]); (None, line), replaced by a new head (other labels)."""
+    if saved == labels:
+        return None
+    if saved_problem == "regression" and len(saved) == len(labels) == 1:
+        return None  # one number either way: its name is only the label column's
+    if sorted(saved) == sorted(labels) and len(set(labels)) == len(labels):
+        order = [saved.index(n) for n in labels]
+        return order, (
+            f"the model's head ({_listed(saved)}) is kept, its outputs reordered to this data's label order "
+            f"({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})"
+        )
+    return None, f"the model's head ({_listed(saved)}) is replaced by a new one for this data's {_listed(labels)}"
+
+
+def _head_modules(model):
+    """The model's modules outside its body (base_model_prefix): its head."""
+    base = getattr(model, "base_model_prefix", "") or ""
+    return [m for child_name, child in model.named_children() if child_name != base for m in child.modules()]
+
+
+def reorder_head(model, order: list[int]) -> bool:
+    """Put the head's outputs in `order` (output i becomes the saved output order[i]): the rows of its one output
+    layer. False when the head has no single Linear layer with one row per label."""
+    import torch
+
+    outputs = [m for m in _head_modules(model) if isinstance(m, torch.nn.Linear) and m.out_features == len(order)]
+    if len(outputs) != 1:
+        return False
+    index = torch.tensor(order, device=outputs[0].weight.device)
+    with torch.no_grad():
+        outputs[0].weight.copy_(outputs[0].weight[index])
+        if outputs[0].bias is not None:
+            outputs[0].bias.copy_(outputs[0].bias[index])
+    return True
+
+
+def start_new_head(model) -> None:
+    """Initialise the head as transformers initialises a new one (`_init_weights`), from the run's seed. Its
+    parameters loaded from the checkpoint are marked initialised, which transformers' init functions skip: the
+    marks are cleared first."""
+    import torch
+
+    with torch.no_grad():
+        for module in _head_modules(model):
+            module._is_hf_initialized = False
+            for param in module.parameters(recurse=False):
+                param._is_hf_initialized = False
+            model._init_weights(module)
+            module._is_hf_initialized = True
 
 
 def pooler_dense(model):
@@ -278,25 +373,41 @@ def load_for_causal_lm(name: str, config=None, trust_remote_code: bool = False):
     return weights_or_random(AutoModelForCausalLM, name, config, trust_remote_code, "a causal language model")
 
 
-def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, what: str):
-    """`name`'s pretrained weights when it has them, else a model initialised at random from `config`."""
+def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, what: str, new_head: bool = False):
+    """`name`'s pretrained weights when it has them, else a model initialised at random from `config`. `new_head`:
+    the checkpoint's head may have other sizes than `config` gives (other labels); its body may not."""
     from safetensors import SafetensorError
 
+    sizes = ModelError(
+        f"{name}: cannot load as {what}: its weights have other sizes than the config gives (another number of "
+        "labels, or another vocabulary)"
+    )
     try:
         if has_weights(name) is False:
             model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
             model.config._name_or_path = name
             return model
-        return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code, **PRETRAINED)
+        if not new_head:
+            return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code, **PRETRAINED)
+        model, info = auto_class.from_pretrained(
+            name,
+            config=config,
+            trust_remote_code=trust_remote_code,
+            ignore_mismatched_sizes=True,
+            output_loading_info=True,
+            **PRETRAINED,
+        )
+        # only the head is replaced: a body of other sizes is another model, refused as without new_head
+        base = getattr(model, "base_model_prefix", "") or ""
+        if any(key.split(".")[0] == base for key, *_ in info.get("mismatched_keys") or ()):
+            raise sizes
+        return model
     except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
         raise ModelError(f"{name}: cannot load as {what} ({str(exc).splitlines()[0][:200]})") from None
-    except RuntimeError as exc:  # transformers refuses weights of other shapes than the config builds
+    except RuntimeError as exc:  # transformers refuses weights of other shapes than the config gives
         if "ignore_mismatched_sizes" not in str(exc):
             raise
-        raise ModelError(
-            f"{name}: cannot load as {what}: its weights have other sizes than the config gives (another number of "
-            "labels, or another vocabulary)"
-        ) from None
+        raise sizes from None
 
 
 def enable_activation_checkpointing(model) -> None:

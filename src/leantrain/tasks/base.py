@@ -122,6 +122,8 @@ class Task(ABC):
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
+        #: what loading the model did to a trained head (replaced for other labels), for `model_notes`
+        self.head_notes: list[str] = []
 
     @classmethod
     def for_config(cls, cfg: Any) -> Task:
@@ -154,7 +156,7 @@ class Task(ABC):
 
     def model_notes(self) -> list[str]:
         """Lines for the user on what `build_model` changed in the model it loaded, shown after its description."""
-        return []
+        return list(getattr(self, "head_notes", []))  # a task of one's own may not call Task.__init__
 
     @property
     def packing(self) -> bool:

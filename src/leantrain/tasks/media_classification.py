@@ -36,6 +36,7 @@ class MediaClassification(Classification):
             trust_remote_code=self.cfg.trust_remote_code,
             auto_model=self.auto_model,
             config=data.model_config,
+            notes=self.head_notes,
         )
 
     def collator(self, data: TaskData, *, train: bool):

@@ -62,7 +62,11 @@ class RewardModel(PolicyTask):
         from leantrain.model import loading
 
         model = loading.load_for_classification(
-            model_path, ["reward"], trust_remote_code=self.cfg.trust_remote_code, config=data.model_config
+            model_path,
+            ["reward"],
+            trust_remote_code=self.cfg.trust_remote_code,
+            config=data.model_config,
+            notes=self.head_notes,
         )
         self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler)
         model.config.problem_type = "regression"  # the pipeline returns the reward itself, no sigmoid
@@ -73,7 +77,7 @@ class RewardModel(PolicyTask):
         return model
 
     def model_notes(self) -> list[str]:
-        return [self._pooler_note] if self._pooler_note else []
+        return super().model_notes() + ([self._pooler_note] if self._pooler_note else [])
 
     def check_model(self, model: torch.nn.Module) -> None:
         return None

@@ -74,13 +74,17 @@ class TextClassification(Classification):
         from leantrain.model import loading
 
         model = loading.load_for_classification(
-            model_path, data.label_names, trust_remote_code=self.cfg.trust_remote_code, auto_model=self.auto_model
+            model_path,
+            data.label_names,
+            trust_remote_code=self.cfg.trust_remote_code,
+            auto_model=self.auto_model,
+            notes=self.head_notes,
         )
         self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler)
         return model
 
     def model_notes(self) -> list[str]:
-        return [self._pooler_note] if self._pooler_note else []
+        return super().model_notes() + ([self._pooler_note] if self._pooler_note else [])
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.batching import Collator
@@ -238,11 +242,16 @@ class TextRegression(_FloatTargets):
         return NumberLabels()
 
     def build_model(self, model_path: str, data):
-        """The head's output bias starts at the training targets' mean: the untrained model is the mean predictor,
-        so training starts from the baseline instead of spending its first steps finding the targets' level."""
+        """A new head's output bias starts at the training targets' mean: the untrained model is the mean predictor,
+        so training starts from the baseline instead of spending its first steps finding the targets' level. A
+        trained regression head, kept, keeps its own."""
+        from leantrain.model import loading
+
         model = super().build_model(model_path, data)
+        config = loading.load_config(model_path, trust_remote_code=self.cfg.trust_remote_code)
+        kept = loading.has_trained_head(model_path, config, self.model_mapping) and not self.head_notes
         heads = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
-        if heads and heads[-1].bias is not None:
+        if heads and heads[-1].bias is not None and not kept:
             with torch.no_grad():
                 heads[-1].bias.fill_(float(np.mean(data.train.labels)))
         return model

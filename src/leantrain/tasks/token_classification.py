@@ -241,7 +241,11 @@ class TokenClassification(Task):
         from leantrain.model import loading
 
         return loading.load_for_classification(
-            model_path, data.label_names, trust_remote_code=self.cfg.trust_remote_code, auto_model=self.auto_model
+            model_path,
+            data.label_names,
+            trust_remote_code=self.cfg.trust_remote_code,
+            auto_model=self.auto_model,
+            notes=self.head_notes,
         )
 
     def collator(self, data: TaskData, *, train: bool):
