@@ -219,18 +219,24 @@ def load_for_classification(
     finally:
         hf_logging.set_verbosity(verbosity)
     if change is not None:
-        order, note = change
-        if order is not None and not reorder_head(model, order):
-            note = (
-                f"the model's head ({_listed(saved)}) is replaced by a new one: it has this data's labels in another "
-                "order, and its outputs are not the rows of one layer to reorder"
-            )
-            order = None
-        if order is None:
-            start_new_head(model)
+        note = _change_head(model, *change, saved)
         if notes is not None:
             notes.append(note)
     return model
+
+
+def _change_head(model, order: list[int] | None, note: str, saved: list[str]) -> str:
+    """Reorder the head's outputs (`order`) or, where they cannot be reordered or the labels differ, start a new
+    head; returns the line that says which."""
+    if order is not None and not reorder_head(model, order):
+        note = (
+            f"the model's head ({_listed(saved)}) is replaced by a new one: it has this data's labels in another "
+            "order, and its outputs are not the rows of one layer to reorder"
+        )
+        order = None
+    if order is None:
+        start_new_head(model)
+    return note
 
 
 def mapping_of(auto_model: str) -> str:
