@@ -508,20 +508,27 @@ def test_fsdp_on_two_cpu_processes_equals_one_process_and_halves_what_each_holds
     assert 0.45 < half["optimizer_state_bytes"] / (2 * whole) < 0.55
 
 
-def test_fsdp_with_frozen_embeddings_equals_one_process(setup):
-    """--freeze with --shard fsdp: FSDP2 shards a model whose parameters are partly frozen; two processes train the
-    same weights as one (AdamW, whose moments would move a frozen table if it got any), and the frozen table is
-    published as it was loaded."""
-    root, base = setup
-    job = dict(base, optimizer="adamw", lr=1e-3, max_steps=3, freeze="embeddings")
-    one = train(TrainConfig(**job, batch_size=16, output_dir=str(root / "frozen-one"))).output_dir
-    out_dir = root / "frozen-fsdp"
+def sharded_equals_one_process(job: dict, root: Path) -> tuple[Path, Path]:
+    """`job` trained by one process at batch 16 and by two sharding it with FSDP2 at batch 8 each: the same weights.
+    Returns the two run folders."""
+    one = train(TrainConfig(**job, batch_size=16, output_dir=str(root / "one"))).output_dir
+    out_dir = root / "fsdp"
     rc, _, err = run_job(
         ["-m", "leantrain", "train", *flags(**job, batch_size=8, output_dir=out_dir, num_processes=2, shard="fsdp")]
     )
     assert rc == 0, err[-3000:]
     assert "sharded with FSDP2 across 2 processes" in err
     assert max_diff(weights(out_dir), weights(one)) <= TOL
+    return one, out_dir
+
+
+def test_fsdp_with_frozen_embeddings_equals_one_process(setup):
+    """--freeze with --shard fsdp: FSDP2 shards a model whose parameters are partly frozen; two processes train the
+    same weights as one (AdamW, whose moments would move a frozen table if it got any), and the frozen table is
+    published as it was loaded."""
+    root, base = setup
+    job = dict(base, optimizer="adamw", lr=1e-3, max_steps=3, freeze="embeddings")
+    one, out_dir = sharded_equals_one_process(job, root / "frozen")
     counted = [json.loads((d / "metrics.json").read_text())["flop_model"] for d in (one, out_dir)]
     assert counted[0] == counted[1] and "frozen weights get no gradients" in counted[0]  # counted whole, frozen alike
     pretrained, trained = load_file(Path(base["model"]) / "model.safetensors"), weights(out_dir)
@@ -548,14 +555,7 @@ def test_fsdp_preference_tasks_equal_one_process(tmp_path, task, tied):
     pairs = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(48))
     job = dict(EXACT_JOB, task=task, model=str(folder), data=str(pairs), max_length=32, max_steps=3, lr=0.05,
                cache_dir=str(tmp_path / "cache"), report=False)  # fmt: skip
-    one = train(TrainConfig(**job, batch_size=16, output_dir=str(tmp_path / "one"))).output_dir
-    out_dir = tmp_path / "fsdp"
-    rc, _, err = run_job(
-        ["-m", "leantrain", "train", *flags(**job, batch_size=8, output_dir=out_dir, num_processes=2, shard="fsdp")]
-    )
-    assert rc == 0, err[-3000:]
-    assert "sharded with FSDP2 across 2 processes" in err
-    assert max_diff(weights(out_dir), weights(one)) <= TOL
+    _, out_dir = sharded_equals_one_process(job, tmp_path / "run")
     layer = "model.layers.0.mlp.down_proj.weight"
     assert not torch.allclose(weights(out_dir)[layer], load_file(folder / "model.safetensors")[layer])  # it trained
 
