@@ -80,6 +80,15 @@ def test_only_desirable_rows_are_warned_and_the_undesirables_means_are_undefined
     m = result.metrics
     assert math.isfinite(m["eval_rewards/chosen"]) and math.isfinite(m["eval_logps/chosen"])
     assert all(math.isnan(m[f"eval_{k}"]) for k in ("rewards/rejected", "logps/rejected", "rewards/margins"))
+    # metrics.json is strict JSON (an undefined mean as "nan", as metrics.jsonl writes it), read back as NaN
+    from leantrain.run.report import load_run
+
+    text = (result.output_dir / "metrics.json").read_text()
+    assert (
+        json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in metrics.json"))["eval_rewards/margins"]
+        == "nan"
+    )
+    assert math.isnan(load_run(result.output_dir).metrics["eval_rewards/margins"])
 
 
 def test_each_row_is_paired_with_another_rows_completion():

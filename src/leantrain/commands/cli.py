@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import math
 import os
 import sys
 from dataclasses import MISSING, fields
@@ -641,19 +640,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from leantrain.tasks.scoring import format_report
 
         print(format_report(metrics), file=sys.stderr)
-    print(json.dumps(_strict_json(metrics), indent=2))  # read by jq and the like: NaN is not JSON, null is
+    from leantrain.telemetry.metrics import plain_json
+
+    print(json.dumps(plain_json(metrics), indent=2))  # strict JSON (jq and the like): an undefined score as "nan"
     return 0
-
-
-def _strict_json(value: Any) -> Any:
-    """`value` with every NaN or infinity as None (a correlation of constant predictions is undefined)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v) for v in value]
-    return value
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

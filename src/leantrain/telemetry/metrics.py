@@ -20,7 +20,7 @@ class MetricsLog:
 
     def write(self, row: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(_plain(row)) + "\n")
+            self._file.write(json.dumps(plain_json(row)) + "\n")
             self._file.flush()
 
     def close(self) -> None:
@@ -126,15 +126,18 @@ class Throughput:
         return self.tokens / t if t > 0 else 0.0
 
 
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in row.items():
-        if hasattr(v, "item"):
-            v = v.item()
-        if isinstance(v, float) and not math.isfinite(v):
-            v = str(v)
-        out[k] = v
-    return out
+def plain_json(value: Any) -> Any:
+    """`value` as strict JSON takes it: tensors and numpy scalars as numbers, NaN and infinities as the strings
+    'nan', 'inf', '-inf' (JSON has no such numbers; `run.report` reads them back), in nested dicts and lists too."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    return value
 
 
 def summary_table(title: str, rows: list[tuple[str, str]]) -> str:

@@ -1000,6 +1000,7 @@ class Trainer:
         from leantrain.run import directory
         from leantrain.run.model_card import write_model_card
         from leantrain.run.report import write_report
+        from leantrain.telemetry.metrics import plain_json
 
         staging = self.staging
         assert staging is not None  # the main process stages the run
@@ -1022,9 +1023,9 @@ class Trainer:
         rows = self.evaluator.last_rows
         evaluation = self.task.evaluation_report(rows, self.data) if rows else {}
         if evaluation:  # the final evaluation beyond its scores: a classifier's per-class table, confusion matrix
-            (staging / "evaluation.json").write_text(json.dumps(evaluation, indent=1) + "\n")
+            (staging / "evaluation.json").write_text(json.dumps(plain_json(evaluation), indent=1) + "\n")
         write_run_config(staging, self.resolved_config())
-        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (staging / "metrics.json").write_text(json.dumps(plain_json(metrics), indent=2) + "\n")  # strict JSON
         if self.cfg.report:
             try:
                 write_report(staging)
