@@ -104,12 +104,19 @@ def test_a_finished_run_is_not_overwritten(job):
         train(job(max_steps=1))
 
 
-def test_a_finished_run_is_trained_further_with_resume_and_overwrite(job):
+def test_a_finished_run_is_trained_further_with_resume_and_overwrite(job, tmp_path):
     """A longer --max-steps on a finished run: --resume alone is told to add --overwrite (not to "replace" the
     run), and with both the run goes on from its last checkpoint."""
     train(job(max_steps=2, save_every=1))
     with pytest.raises(ConfigError, match="to train it further from its checkpoint add --overwrite to --resume"):
         train(job(max_steps=3, save_every=1, resume="auto"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    # a resume refused (a setting that would change the result) leaves the finished run as it was, to the byte
+    from leantrain.run.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="cannot resume"):
+        train(job(max_steps=3, save_every=1, resume="auto", overwrite=True, lr=0.5))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
     longer = train(job(max_steps=3, save_every=1, resume="auto", overwrite=True))
     assert longer.metrics["resumed_from"].endswith("step-000002") and longer.metrics["optimizer_steps"] == 3
 

@@ -132,6 +132,7 @@ class RunDir:
         self.staging = self.path / f"{STAGING_PREFIX}-{self.run_id}"
         self.replaced = self.path / f"{REPLACED_PREFIX}{self.run_id}"
         self.lock: OutputLock | None = None
+        self.checkpoints_before: set[str] = set()  # the step folders there before this run (`check`)
         self.owner = False  # this process holds the lock, or its launcher holds it for it
         self.published = False
 
@@ -174,6 +175,7 @@ class RunDir:
             self.owner = True
             _ACTIVE.append(self)
             self.recover()
+            self.checkpoints_before = _step_dirs(self.path)  # a finished run's own, which a refused resume leaves
             if self.overwrite and self.finished:
                 self.set_aside(FINISHED_MARKER)  # first: from here on the directory is not "finished"
                 self.set_aside(*[p.name for p in self.path.iterdir() if not _ours(p.name)])
@@ -265,7 +267,7 @@ class RunDir:
             shutil.rmtree(self.staging, ignore_errors=True)
         if not self.replaced.is_dir():
             return
-        if _has_checkpoints(self.path):
+        if _step_dirs(self.path) - self.checkpoints_before:
             _say(
                 f"--overwrite: this run stopped with checkpoints of its own; the run it replaces is kept in "
                 f"{self.replaced} until this one finishes (--resume auto)"
@@ -432,8 +434,12 @@ def _ours(name: str) -> bool:
 
 
 def _has_checkpoints(path: Path) -> bool:
+    return bool(_step_dirs(path))
+
+
+def _step_dirs(path: Path) -> set[str]:
     root = path / "checkpoints"
-    return root.is_dir() and any(p.name.startswith("step-") and p.is_dir() for p in root.iterdir())
+    return {p.name for p in root.iterdir() if p.name.startswith("step-") and p.is_dir()} if root.is_dir() else set()
 
 
 def fsync_dir(path: Path) -> None:
