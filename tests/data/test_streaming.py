@@ -122,10 +122,18 @@ def test_streamed_accumulation_equals_the_big_batch(run):
         ([], ["--streaming needs --max-steps"]),
         (["--max-steps", "2", "--auto"], ["--auto", "--streaming"]),
         (["--max-steps", "2", "--streaming-eval-rows", "0"], ["--streaming-eval-rows", "positive"]),
+        # every row held out: it hung, each epoch of nothing starting the next (the default holds out 1,000)
+        (["--max-steps", "2"], ["all 300 rows of the stream would be held out", "lower --streaming-eval-rows"]),
+        # none usable beyond the held-out rows (no labels): the same hang
+        (["--max-steps", "2", "--streaming-eval-rows", "20"], ["unlabelled.csv", "no usable training rows"]),
     ],
 )
 def test_bad_streaming_input_is_one_line(capsys, tiny_model_dir, stream_csv, tmp_path, extra, needles):
-    argv = ["train", "--model", str(tiny_model_dir), "--data", str(stream_csv), "--streaming"]
+    data = stream_csv
+    if "unlabelled.csv" in needles:
+        rows = make_sentiment_rows(20, seed=6) + [(text, "") for text, _ in make_sentiment_rows(30, seed=7)]
+        data = write_csv(tmp_path / "unlabelled.csv", rows)
+    argv = ["train", "--model", str(tiny_model_dir), "--data", str(data), "--streaming"]
     code = main([*argv, "--output-dir", str(tmp_path / "run"), "--no-progress", *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err

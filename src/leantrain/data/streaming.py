@@ -210,6 +210,8 @@ class StreamingBatchSampler:
         for w in itertools.count():
             raw = list(itertools.islice(rows, window_rows))
             if not raw:
+                if w == 0:  # an epoch of nothing would start the next one at once, for ever
+                    raise DataError(f"{self.stream.source}: the stream holds no usable training rows (a text and a label each)")
                 return
             if first >= (w + 1) * self.window_batches:
                 continue  # a window before the resumed step: read, never tokenized
@@ -258,6 +260,14 @@ def prepare_stream(data: DataConfig, tokenizer, source: str, options: ReadOption
         return stream, None, label_names, cols, notes
     held = head.iloc[: data.streaming_eval_rows]
     stream.dataset = ds.skip(len(held))
+    if next(stream.usable(iter(stream.dataset)), None) is None:  # (else each epoch of nothing starts the next)
+        if len(head) <= data.streaming_eval_rows:
+            raise DataError(
+                f"{source}: all {len(held):,} rows of the stream would be held out for evaluation "
+                f"(--streaming-eval-rows {data.streaming_eval_rows:,}), leaving none to train on; lower "
+                "--streaming-eval-rows, give --eval-data, or read a file this small whole (without --streaming)"
+            )
+        raise DataError(f"{source}: the stream holds no usable training rows (a text and a label each)")
     rows = list(stream.usable(held.to_dict("records")))
     if not rows:
         raise DataError(f"{source}: the first {len(held):,} rows hold no usable example to evaluate on")
