@@ -211,7 +211,7 @@ class StreamingBatchSampler:
             raw = list(itertools.islice(rows, window_rows))
             if not raw:
                 if w == 0:  # an epoch of nothing would start the next one at once, for ever
-                    raise DataError(f"{self.stream.source}: the stream holds no usable training rows (a text and a label each)")
+                    raise DataError(f"{self.stream.source}: the stream holds no usable training rows")
                 return
             if first >= (w + 1) * self.window_batches:
                 continue  # a window before the resumed step: read, never tokenized
