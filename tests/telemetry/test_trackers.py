@@ -106,6 +106,28 @@ def test_wandb_offline_run_folder_holds_the_history(job, monkeypatch):
     assert history == pytest.approx(loss)
 
 
+def test_wandb_without_a_login_is_one_line(job, tmp_path):
+    """W&B online without an API key raises its UsageError from `init_trackers` (a 40-line traceback, exit 1): one
+    line saying how to log in or keep the run offline. In a process of its own: wandb keeps its settings per process
+    (an offline run before it in this one would pass)."""
+    import dataclasses
+    import os
+    import subprocess
+    import sys
+
+    from leantrain.config import to_flags
+
+    cfg = dataclasses.asdict(job(report_to="wandb"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="online", WANDB_SILENT="true", NETRC=str(tmp_path / "none"), HF_HUB_OFFLINE="1")
+    env.update(WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
+    flags = to_flags({k: v for k, v in cfg.items() if v != getattr(TrainConfig(), k)})
+    done = subprocess.run([sys.executable, "-m", "leantrain", "train", *flags], capture_output=True, text=True, env=env)
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(errors) == 1 and "(run `wandb login` or set WANDB_API_KEY" in errors[0], errors
+
+
 def test_a_tracker_that_is_not_installed_is_refused_before_any_work(job, monkeypatch):
     import accelerate.tracking
 

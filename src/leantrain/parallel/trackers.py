@@ -56,7 +56,16 @@ def start_trackers(accelerator, directory: Path, config: dict[str, Any], run_nam
     if "mlflow" in names and "MLFLOW_TRACKING_URI" not in os.environ:
         _local_mlflow_store(directory)
     init_kwargs = {"wandb": {"dir": str(directory), "name": run_name}, "mlflow": {"run_name": run_name}}
-    accelerator.init_trackers(PROJECT, config=_flat_config(config), init_kwargs=init_kwargs)
+    try:
+        accelerator.init_trackers(PROJECT, config=_flat_config(config), init_kwargs=init_kwargs)
+    except Exception as exc:  # W&B without a login raises its UsageError: the user's to fix, in one line
+        if not type(exc).__module__.startswith("wandb"):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"--report-to wandb: {first} (run `wandb login` or set WANDB_API_KEY; WANDB_MODE=offline keeps the run "
+            "in the run's trackers/wandb folder)"
+        ) from None
     return TrackerLog(accelerator)
 
 
