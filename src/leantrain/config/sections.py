@@ -15,6 +15,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -1059,6 +1060,7 @@ class TrainConfig(
             )
         _check_best_and_stopping(self)  # HF Trainer users
         optimizers.check(self.optimizer, self)  # what the optimizer refuses: a schedule, --shard fsdp, --lora
+        _check_switches(self)
 
     def section(self, cls: type[_Section]) -> _Section:
         """This config's values of one section, e.g. `cfg.section(CheckpointConfig)`."""
@@ -1335,6 +1337,33 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(cfg, name)
     if value not in choices:
         raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")
+
+
+#: settings that mean something only beside another one: (the settings, whether their switch is on, the switch)
+SWITCHED: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+    (("lora_r", "lora_alpha", "lora_dropout", "lora_targets"), lambda c: bool(c.lora), "--lora"),
+    (("muon_lr", "muon_momentum", "muon_lr_rule"), lambda c: c.optimizer == "muon", "--optimizer muon"),
+    (
+        ("projection_rank", "projection_update_interval", "projection_scale"),
+        lambda c: c.optimizer in ("galore-adamw", "apollo-adamw"),
+        "--optimizer galore-adamw or apollo-adamw",
+    ),
+    (("early_stopping_threshold",), lambda c: c.early_stopping_patience is not None, "--early-stopping-patience"),
+    (("streaming_eval_rows",), lambda c: bool(c.streaming), "--streaming"),
+)
+
+
+def _check_switches(cfg: Any) -> None:
+    """Refuse a setting given without the switch it belongs to (`--lora-r 4` without `--lora` would train the whole
+    model, the rank silently ignored), every such setting at once."""
+    defaults = {f.name: f.default for f in fields(type(cfg))}
+    missing = []
+    for names, on, switch in SWITCHED:
+        given = [_flag(n) for n in names if getattr(cfg, n) != defaults[n]]
+        if given and not on(cfg):
+            missing.append(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} {switch}")
+    if missing:
+        raise ConfigError("; ".join(missing) + " (without it they would be ignored): add it, or leave them out")
 
 
 def _check_data_sources(cfg: DataConfig) -> None:
