@@ -174,6 +174,12 @@ def test_the_class_ids_of_a_datasets_folder_are_kept(tiny_model_dir, tmp_path):
     assert labels == ["neg", "pos"]
     assert [r[2] for r in s.rows(0)].count(1) == sum(r[1] == "pos" for r in rows[5:])
     assert np.array_equal(eval_labels, [int(r[1] == "pos") for r in rows[:5]])
+    # read whole, the same folder names its classes alike (it trained on the ids' digits '0', '1')
+    from leantrain.data.prepare import load_source
+
+    whole = load_source(str(tmp_path / "saved"), AutoTokenizer.from_pretrained(tiny_model_dir), 32,
+                        tmp_path / "cache", "train")  # fmt: skip
+    assert whole.labels == [r[1] for r in rows]
 
 
 def test_a_resumed_streamed_run_equals_the_uninterrupted_one(run):

@@ -113,6 +113,7 @@ def load_source(
         label=label_column,
         tokenizer=tokenizer_fingerprint(tokenizer),
         max_length=max_length,
+        labels="class names",  # a ClassLabel column's ids read as its names (ids before)
     )
     path = cache_dir / "tokenized" / f"{key}.npz"
     cached = load_cached(path, vocab_size=len(tokenizer))
@@ -128,6 +129,7 @@ def load_source(
 
     df, report = read_table(source, split=split, options=options)
     cols = resolve_columns(df, source, text_column, text_pair_column, label_column)
+    df = _class_names(df, cols.label)
     df = _drop_unusable(df, cols, report, options.empty_label_is_no_class)
     labels = normalise_labels(df[cols.label]).tolist()
     texts = df[cols.text].astype(str).tolist()
@@ -157,6 +159,22 @@ def refuse_unreadable_text(source: str, tokens: TokenizedText, tokenizer, rows: 
             f"its unknown token {tokenizer.unk_token!r}: it cannot read this text (another language or alphabet, "
             "or not the model's tokenizer); give a model whose tokenizer covers it"
         )
+
+
+def _class_names(df: pd.DataFrame, column: str | None) -> pd.DataFrame:
+    """A `datasets` ClassLabel column's ids as its class names (a `save_to_disk` folder's, a hub data set's), as
+    the streaming reader and transformers' pipelines name them; other columns pass through."""
+    names = df.attrs.get("class_names", {}).get(column) if column is not None else None
+    if not names:
+        return df
+    df = df.copy()
+
+    def name(value):
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(names)
+        return names[int(value)] if ok else value  # (-1 is datasets' "no label": missing, as an empty cell)
+
+    df[column] = df[column].map(name).astype(object)
+    return df
 
 
 def _drop_unusable(
