@@ -308,17 +308,23 @@ _MOJIBAKE_RUN = re.compile(
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-#: ftfy's fixes for damage (mojibake, lossy or inconsistent decoding, stray C1 and control characters, HTML entities);
-#: its changes of style are off: curly quotes, ligatures, full-width letters and line breaks are valid text, and
-#: leantrain leaves valid text as it is (normalisation too: the tokenizer does its own)
+#: ftfy's fixes for damage (mojibake, lossy or inconsistent decoding, stray C1 and control characters); its changes of
+#: style are off: curly quotes, ligatures, full-width letters, line breaks and HTML entities (`&lt;#&gt;` in a corpus
+#: of text messages is how it was written) are valid text, and leantrain leaves valid text as it is (normalisation
+#: too: the tokenizer does its own)
 _FTFY_DAMAGE_ONLY: dict[str, Any] = dict(
-    uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False, fix_line_breaks=False, normalization=None
+    uncurl_quotes=False,
+    fix_latin_ligatures=False,
+    fix_character_width=False,
+    fix_line_breaks=False,
+    normalization=None,
+    unescape_html=False,
 )
 
 
 def repair_text(text: str) -> str:
-    """Fix mojibake (ftfy), drop undecodable debris and control characters, normalise spaces; valid text, curly
-    quotes and accents included, is left as it is."""
+    """Fix mojibake (ftfy), drop undecodable debris and control characters, tidy runs of spaces; valid text, curly
+    quotes, accents and HTML entities included, is left as it is."""
     import ftfy
     from ftfy.badness import is_bad
 
@@ -334,7 +340,7 @@ def repair_text(text: str) -> str:
 
     fixed = _MOJIBAKE_RUN.sub(_replace, fixed)
     fixed = _CONTROL.sub(" ", fixed)
-    return re.sub(r"[ \t]{2,}", " ", fixed).strip()
+    return re.sub(r"[ \t]{2,}", " ", fixed).strip()  # tidying, never counted as a repair
 
 
 def _read_delimited(path: Path, fmt: str, report: ReadReport, options: ReadOptions) -> pd.DataFrame:
@@ -473,9 +479,9 @@ def _parse_repairing(
     return df
 
 
-# Printable ASCII without '&' is what repair_text leaves alone apart from spaces: only other cells go
-# through ftfy, which is most of a reader's time when every cell does.
-_MAY_NEED_REPAIR = r"[^\x20-\x7e]|&"
+# Printable ASCII is what repair_text leaves alone apart from spaces: only other cells go through ftfy, which is
+# most of a reader's time when every cell does.
+_MAY_NEED_REPAIR = r"[^\x20-\x7e]"
 
 
 def _repair_text_columns(df: pd.DataFrame, from_bad_line: np.ndarray, report: ReadReport) -> None:
