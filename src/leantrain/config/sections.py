@@ -1339,23 +1339,18 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")
 
 
-#: settings that mean something only beside another one: (the settings, whether their switch is on, the switch)
+#: settings that mean something only beside another one: (the settings, whether their switch is on, the switch).
+#: Not here: LoRA's and the optimizers' own settings, which `bench` and `plan` carry across candidates that differ in
+#: the switch (a LoRA row beside a full fine-tune, every optimizer with one job's settings).
 SWITCHED: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
-    (("lora_r", "lora_alpha", "lora_dropout", "lora_targets"), lambda c: bool(c.lora), "--lora"),
-    (("muon_lr", "muon_momentum", "muon_lr_rule"), lambda c: c.optimizer == "muon", "--optimizer muon"),
-    (
-        ("projection_rank", "projection_update_interval", "projection_scale"),
-        lambda c: c.optimizer in ("galore-adamw", "apollo-adamw"),
-        "--optimizer galore-adamw or apollo-adamw",
-    ),
     (("early_stopping_threshold",), lambda c: c.early_stopping_patience is not None, "--early-stopping-patience"),
     (("streaming_eval_rows",), lambda c: bool(c.streaming), "--streaming"),
 )
 
 
 def _check_switches(cfg: Any) -> None:
-    """Refuse a setting given without the switch it belongs to (`--lora-r 4` without `--lora` would train the whole
-    model, the rank silently ignored), every such setting at once."""
+    """Refuse a setting given without the switch it belongs to (`--streaming-eval-rows` without `--streaming` would
+    be silently ignored), every such setting at once."""
     defaults = {f.name: f.default for f in fields(type(cfg))}
     missing = []
     for names, on, switch in SWITCHED:
