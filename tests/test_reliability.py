@@ -879,10 +879,14 @@ def test_resume_at_the_wrong_folder_is_one_line(job, two_checkpoints, tmp_path, 
 
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "model").mkdir()  # a finished run's model/: weights and config, no training state
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"")
     cases = {
         str(tmp_path / "nowhere"): "no such checkpoint folder",
         str(tmp_path / "notes.txt"): "a file, not a checkpoint folder",
         str(tmp_path / "empty"): "not a leantrain checkpoint",
+        str(tmp_path / "model"): "a model folder (a run's published model/), not a checkpoint",
         str(two_checkpoints): f"not one checkpoint; give one of its step-NNNNNN folders (newest: {two_checkpoints}",
     }
     for where, says in cases.items():

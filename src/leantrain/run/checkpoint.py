@@ -517,6 +517,11 @@ class CheckpointDir:
                 f"--resume {resume}: this is a folder of checkpoints, not one checkpoint; give one of its "
                 f"{PREFIX}NNNNNN folders (newest: {steps[0]}), its run directory {path.parent}, or 'auto'"
             )
+        if not (path / MANIFEST).exists() and (path / "config.json").is_file() and not any(path.glob("*.pt")):
+            raise CheckpointError(
+                f"--resume {resume}: a model folder (a run's published model/), not a checkpoint: it holds no "
+                f"optimizer or schedule to go on with; {give}, or start from its weights with --model {resume}"
+            )
         if not (path / MANIFEST).exists() and not any(path.glob("*.pt")) and not (path / "model.safetensors").exists():
             raise CheckpointError(f"--resume {resume}: not a leantrain checkpoint (no {MANIFEST}); {give}")
         return verify(path)
