@@ -58,6 +58,9 @@ def _one_line_error(code, err, *needles):
         # a prefix is a typo, not the flag it begins: `--epoch 3` told, never read as --epochs
         (["train", "--epoch", "3"], "unknown flag --epoch; did you mean --epochs?"),
         (["train", "--max-step=3"], "unknown flag --max-step; did you mean --max-steps?"),
+        # read only with their switch: before any process starts or data is read
+        (["train", "--data", "x.csv", "--lora-r", "4", "--num-processes", "2"], "--lora-r needs --lora"),
+        (["train", "--data", "x.csv", "--muon-lr", "0.01", "--print-config"], "--muon-lr needs --optimizer muon"),
     ],
 )
 def test_a_flag_the_command_does_not_take_is_named_with_the_commands_own(capsys, argv, needle):

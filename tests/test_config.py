@@ -1,7 +1,7 @@
 import pytest
 
 from leantrain.commands.cli import build_parser, config_from_args
-from leantrain.config import TrainConfig
+from leantrain.config import TrainConfig, refuse_unswitched, without_unswitched
 from leantrain.errors import ConfigError
 
 
@@ -225,3 +225,45 @@ def test_a_setting_without_its_switch_is_refused_not_ignored(given, said):
         TrainConfig(data="x.csv", **given)
     if "streaming_eval_rows" in given:  # with its switch it stands
         assert TrainConfig(data="x.csv", streaming=True, max_steps=2, **given).streaming_eval_rows == 10
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (dict(lora_r=4, lora_targets="nosuch"), "--lora-r, --lora-targets need --lora"),
+        (dict(muon_lr=0.01), "--muon-lr needs --optimizer muon"),
+        (dict(projection_rank=4), "--projection-rank needs --optimizer galore-adamw or apollo-adamw"),
+        (dict(optimizer="muon", projection_scale=0.5), "--projection-scale needs --optimizer galore-adamw or apollo"),
+    ],
+)
+def test_a_run_refuses_lora_and_optimizer_settings_without_their_switch(given, said):
+    """`--lora-r 4` without `--lora` trained the whole model, the rank ignored: a run refuses it, naming the switch.
+    A config holds them (`bench` and `plan` carry one job's settings across candidates that differ in the switch)."""
+    cfg = TrainConfig(data="x.csv", **given)
+    with pytest.raises(ConfigError, match=said):
+        refuse_unswitched(cfg)
+    switched = (
+        dict(lora=True) if "lora_r" in given else dict(optimizer="muon" if "muon_lr" in given else "galore-adamw")
+    )
+    refuse_unswitched(TrainConfig(data="x.csv", **{**given, **switched}))  # with its switch it stands
+
+
+def test_the_python_api_refuses_them_too():
+    from leantrain import train
+
+    with pytest.raises(ConfigError, match="--lora-r needs --lora"):
+        train(TrainConfig(data="x.csv", lora_r=4))
+
+
+def test_a_bench_candidate_keeps_only_the_settings_its_switches_read():
+    job = dict(data="x.csv", lora_r=4, muon_lr=0.01, projection_rank=8, lr=1e-3)
+    assert without_unswitched({**job, "optimizer": "muon"}) == {
+        "data": "x.csv",
+        "optimizer": "muon",
+        "muon_lr": 0.01,
+        "lr": 1e-3,
+    }
+    assert without_unswitched({**job, "lora": True, "optimizer": "apollo-adamw"}) == {
+        "data": "x.csv", "lora": True, "optimizer": "apollo-adamw", "lora_r": 4, "projection_rank": 8, "lr": 1e-3,
+    }  # fmt: skip
+    assert without_unswitched(job) == {"data": "x.csv", "lr": 1e-3}

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from leantrain.config import TrainConfig
+from leantrain.config import TrainConfig, refuse_unswitched
 from leantrain.tasks.base import Task
 from leantrain.training.hooks import Hooks
 from leantrain.training.trainer import Trainer, TrainResult
@@ -37,6 +37,7 @@ def train(
         config = TrainConfig.from_dict(config)
     if overrides:
         config = config.replace(**overrides)
+    refuse_unswitched(config)  # --lora-r without --lora would train the whole model
     from leantrain.training import interrupt
 
     # --auto plans on the prepared data: a Ctrl-C there stops at once, as while the trainer prepares it

@@ -580,7 +580,8 @@ OPTIMIZER_LR = {"muon": 3e-3, "schedule-free-adamw": 3e-3, "galore-adamw": 3e-3,
 
 def optimizer_job(base: dict, optimizer: str) -> dict:
     job = dict(base, optimizer=optimizer, lr=OPTIMIZER_LR[optimizer], epochs=1)
-    job.update(projection_rank=8, projection_update_interval=3)  # refreshed at steps 3 and 6 of the 7
+    if optimizer in ("galore-adamw", "apollo-adamw"):  # refreshed at steps 3 and 6 of the 7
+        job.update(projection_rank=8, projection_update_interval=3)
     if optimizer.startswith("schedule-free"):
         job.update(scheduler="constant")
     return job

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leantrain.config import to_flags
+from leantrain.config import to_flags, without_unswitched
 from leantrain.errors import ConfigError
 from leantrain.model.optimizers import OPTIMIZERS
 
@@ -142,7 +142,8 @@ def run_job(
     """Train `base` with `over` on top in its own `leantrain train` process; its metrics.json, or the error.
 
     `steps=None` trains --epochs fully. `env` adds environment variables (the planner's probe uses it)."""
-    job = {**base, **over, "output_dir": str(out_dir), "overwrite": True, "progress": False}
+    # the job's LoRA and optimizer settings go to the candidates that read them (a run refuses them elsewhere)
+    job = without_unswitched({**base, **over, "output_dir": str(out_dir), "overwrite": True, "progress": False})
     if steps is not None:
         job.update(max_steps=steps, log_every=max(1, steps // 3))
     cmd = [sys.executable, "-m", "leantrain", "train", *to_flags(job)]

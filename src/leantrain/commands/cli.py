@@ -13,7 +13,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Any
 
-from leantrain.config import DATA_FORMATS, SECTIONS, TrainConfig, field_base_type, to_flags
+from leantrain.config import DATA_FORMATS, SECTIONS, TrainConfig, field_base_type, refuse_unswitched, to_flags
 from leantrain.data.tags import AGGREGATIONS
 from leantrain.errors import LeantrainError
 from leantrain.telemetry.console import Console
@@ -428,6 +428,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from leantrain.commands import launch
 
     cfg = config_from_args(args)
+    refuse_unswitched(cfg)  # before any process starts: --lora-r without --lora would train the whole model
     if args.print_config:
         return _print_config(cfg)
     launch.check_shard(cfg)

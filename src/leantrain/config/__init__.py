@@ -9,8 +9,10 @@ from leantrain.config.sections import (
     TrainConfig,
     field_base_type,
     field_help,
+    refuse_unswitched,
     resolved_values,
     to_flags,
+    without_unswitched,
 )
 
 __all__ = [
@@ -21,6 +23,8 @@ __all__ = [
     "TrainConfig",
     "field_base_type",
     "field_help",
+    "refuse_unswitched",
     "resolved_values",
     "to_flags",
+    "without_unswitched",
 ]

@@ -1339,9 +1339,8 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got '{value}'")
 
 
-#: settings that mean something only beside another one: (the settings, whether their switch is on, the switch).
-#: Not here: LoRA's and the optimizers' own settings, which `bench` and `plan` carry across candidates that differ in
-#: the switch (a LoRA row beside a full fine-tune, every optimizer with one job's settings).
+#: settings that mean something only beside another one: (the settings, whether their switch is on, the switch),
+#: refused when a config is made. LoRA's and the optimizers' own settings are refused by a run instead (`unswitched`).
 SWITCHED: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("early_stopping_threshold",), lambda c: c.early_stopping_patience is not None, "--early-stopping-patience"),
     (("streaming_eval_rows",), lambda c: bool(c.streaming), "--streaming"),
@@ -1352,11 +1351,46 @@ def _check_switches(cfg: Any) -> None:
     """Refuse a setting given without the switch it belongs to (`--streaming-eval-rows` without `--streaming` would
     be silently ignored), every such setting at once."""
     defaults = {f.name: f.default for f in fields(type(cfg))}
-    missing = []
-    for names, on, switch in SWITCHED:
-        given = [_flag(n) for n in names if getattr(cfg, n) != defaults[n]]
-        if given and not on(cfg):
-            missing.append(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} {switch}")
+    _refuse_unswitched(
+        {n: switch for names, on, switch in SWITCHED if not on(cfg) for n in names if getattr(cfg, n) != defaults[n]}
+    )
+
+
+#: LoRA's own settings: they mean something only with --lora
+LORA_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
+
+
+def unswitched(values: dict[str, Any]) -> dict[str, str]:
+    """LoRA's settings without --lora and one optimizer's settings given to another, in `values` (a config's fields
+    by name; those left out are at their defaults), each with the switch it needs. A run refuses them
+    (`refuse_unswitched`); `bench` and `plan` carry one job's settings across candidates that differ in the switch
+    (`bench` drops them from the candidates that do not read them)."""
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    found = {}
+    if not values.get("lora", defaults["lora"]):
+        found = {n: "--lora" for n in LORA_SETTINGS if values.get(n, defaults[n]) != defaults[n]}
+    for name, readers in optimizers.unread_settings(values, (values.get("optimizer", defaults["optimizer"]),)).items():
+        found[name] = "--optimizer " + " or ".join(readers)
+    return found
+
+
+def refuse_unswitched(cfg: TrainConfig) -> None:
+    """Refuse a run's LoRA or optimizer settings given without their switch (`--lora-r 4` without `--lora` would train
+    the whole model, the rank ignored), every such setting at once."""
+    _refuse_unswitched(unswitched({f.name: getattr(cfg, f.name) for f in fields(cfg)}))
+
+
+def without_unswitched(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` less the settings its own switches leave unread (a `bench` candidate's job)."""
+    unread = unswitched(values)
+    return {name: value for name, value in values.items() if name not in unread}
+
+
+def _refuse_unswitched(found: dict[str, str]) -> None:
+    groups: dict[str, list[str]] = {}
+    for name, switch in found.items():
+        groups.setdefault(switch, []).append(_flag(name))
+    missing = [f"{', '.join(given)} need{'s' if len(given) == 1 else ''} {switch}" for switch, given in groups.items()]
     if missing:
         raise ConfigError("; ".join(missing) + " (without it they would be ignored): add it, or leave them out")
 

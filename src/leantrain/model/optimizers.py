@@ -68,6 +68,8 @@ class OptimizerEntry:
     hidden_rule: str = ""
     #: the settings field that holds its projection rank (refused above a hidden matrix's smaller side)
     rank_setting: str | None = None
+    #: the per-optimizer settings (`SETTINGS` names) it reads: given to a run of another optimizer they are refused
+    settings: tuple[str, ...] = ()
     #: the only --scheduler values it takes (None: any), and why
     schedulers: tuple[str, ...] | None = None
     schedulers_why: str = ""
@@ -125,6 +127,16 @@ def setting(settings: Any, name: str) -> Any:
     """A per-optimizer setting of the run (`settings`: the config or any object with its fields), else its default."""
     value = getattr(settings, name, None) if settings is not None else None
     return SETTINGS[name] if value is None else value
+
+
+def unread_settings(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The per-optimizer settings `values` gives (other than their defaults) that none of the optimizers `names`
+    reads, each with the optimizers that do: without one of those they would be silently ignored."""
+    return {
+        name: tuple(n for n, e in OPTIMIZERS.items() if name in e.settings)
+        for name, default in SETTINGS.items()
+        if values.get(name, default) != default and not any(name in entry(n).settings for n in names)
+    }
 
 
 # -- parameters --------------------------------------------------------------------------------------------------
@@ -616,6 +628,7 @@ _HIDDEN_REFUSALS: dict[str, Any] = dict(
     no_lora="it keeps low-rank optimizer state for full fine-tuning; LoRA's adapters are low-rank already (use "
     "--optimizer adamw with --lora, or drop --lora)",
 )
+_PROJECTION_SETTINGS = ("projection_rank", "projection_update_interval", "projection_scale", "projection_embeddings")
 
 # Step costs: the optimizer's seconds a step inside MiniLM's training (time_to_target.md, 2 cores); temporaries:
 # benchmarks/optimizer_steps.py (MiniLM's 22.7 M parameters and tiny-llama's on this machine's 2 cores,
@@ -636,6 +649,7 @@ register(
         hidden_flops=newton_schulz_flops,
         resume_state="momentum_buffer per hidden matrix; step, exp_avg, exp_avg_sq per other parameter",
         hidden_rule="Muon",
+        settings=("muon_lr", "muon_momentum", "muon_lr_rule"),
     )
 )
 register(
@@ -701,6 +715,7 @@ register(
         "matrix; exp_avg, exp_avg_sq per other parameter; step per group",
         hidden_rule="GaLore's low-rank projection",
         rank_setting="projection_rank",
+        settings=_PROJECTION_SETTINGS,
         **_HIDDEN_REFUSALS,
     )
 )
@@ -721,6 +736,7 @@ register(
         "hidden matrix; exp_avg, exp_avg_sq per other parameter; step per parameter",
         hidden_rule="APOLLO's random low-rank scaling",
         rank_setting="projection_rank",
+        settings=_PROJECTION_SETTINGS,
         **_HIDDEN_REFUSALS,
     )
 )
