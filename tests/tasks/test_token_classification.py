@@ -767,3 +767,32 @@ def test_scoring_entities_imports_neither_scikit_learn_nor_scipy():
         "g = [['B-PER', 'I-PER', 'O']]; entity_scores(g, g, 'iob2'); entity_report(g, g)"
     )
     assert imported(code, "sklearn", "scipy", "seqeval") == ["seqeval"]
+
+
+@pytest.mark.parametrize("labels", [["O", "B-PER"], ["O", "B-PER", "I-PER"]])
+def test_a_sentence_classifier_taken_for_tokens_gets_a_new_head_and_keeps_its_body(tiny_model_dir, tmp_path, labels):
+    """A sentence classifier's `classifier` has the token head's name: with as many labels it was loaded as the token
+    head without a word (trained on the pooled [CLS], not on tokens); with another count the load was refused."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from leantrain.model import loading
+
+    config = BertConfig.from_pretrained(tiny_model_dir, id2label={0: "neg", 1: "pos"})
+    torch.manual_seed(7)
+    sentences = BertForSequenceClassification(config)
+    sentences.save_pretrained(tmp_path / "sentiment")
+    notes: list[str] = []
+    tokens = loading.load_for_classification(
+        str(tmp_path / "sentiment"), labels, auto_model="AutoModelForTokenClassification", notes=notes
+    )
+    assert notes == [
+        "the model's head (trained as BertForSequenceClassification) is another task's: a new TokenClassification "
+        "head is started"
+    ]
+    assert tokens.classifier.weight.shape == (len(labels), 64)
+    assert not torch.equal(tokens.classifier.weight[:2], sentences.classifier.weight)
+    # drawn as a new head is
+    assert float(tokens.classifier.weight.std()) == pytest.approx(config.initializer_range, rel=0.3)
+    for name, value in sentences.bert.state_dict().items():
+        if not name.startswith("pooler."):  # the token model has no pooler
+            assert torch.equal(tokens.bert.state_dict()[name], value), name

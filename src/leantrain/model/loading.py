@@ -6,6 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from leantrain.errors import ModelError
 
@@ -196,8 +197,10 @@ def load_for_classification(
         config = load_config(name, trust_remote_code=trust_remote_code)
     # the saved head's labels, read before the data's replace them in the config
     saved, change = head_labels(config), None
-    if has_trained_head(name, config, mapping_of(auto_model)):
+    trained = has_trained_head(name, config, mapping_of(auto_model))
+    if trained:
         change = head_change(saved, getattr(config, "problem_type", None), list(label_names))
+    architectures = ", ".join(getattr(config, "architectures", None) or ()) or "another model"
     for key, value in labels.items():
         setattr(config, key, value)
     if dropout is not None:
@@ -214,10 +217,16 @@ def load_for_classification(
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
     what = auto_model.removeprefix("AutoModelFor")
     auto = getattr(transformers, auto_model)
-    try:
-        model = weights_or_random(auto, name, config, trust_remote_code, f"a {what} model", new_head=change is not None)
+    info: dict[str, Any] = {}
+    try:  # a checkpoint without this task's head may hold another task's under the same names (`classifier`)
+        model = weights_or_random(
+            auto, name, config, trust_remote_code, f"a {what} model", new_head=change is not None or not trained,
+            info=info,
+        )  # fmt: skip
     finally:
         hf_logging.set_verbosity(verbosity)
+    if change is None and not trained and _head_loaded(model, info):
+        change = None, f"the model's head (trained as {architectures}) is another task's: a new {what} head is started"
     if change is not None:
         note = _change_head(model, *change, saved)
         if notes is not None:
@@ -237,6 +246,14 @@ def _change_head(model, order: list[int] | None, note: str, saved: list[str]) ->
     if order is None:
         start_new_head(model)
     return note
+
+
+def _head_loaded(model, info: dict[str, Any]) -> bool:
+    """Whether loading (`info`: transformers' loading info) filled any of the head's parameters from the checkpoint,
+    at its sizes or not."""
+    base = getattr(model, "base_model_prefix", "") or ""
+    head = {n for n, _ in model.named_parameters() if n.split(".")[0] != base}
+    return bool(head - set(info.get("missing_keys") or ())) if info else False
 
 
 def mapping_of(auto_model: str) -> str:
@@ -379,9 +396,12 @@ def load_for_causal_lm(name: str, config=None, trust_remote_code: bool = False):
     return weights_or_random(AutoModelForCausalLM, name, config, trust_remote_code, "a causal language model")
 
 
-def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, what: str, new_head: bool = False):
+def weights_or_random(
+    auto_class, name: str, config, trust_remote_code: bool, what: str, new_head: bool = False, info: dict | None = None
+):
     """`name`'s pretrained weights when it has them, else a model initialised at random from `config`. `new_head`:
-    the checkpoint's head may have other sizes than `config` gives (other labels); its body may not."""
+    the checkpoint's head may have other sizes than `config` gives (other labels); its body may not. `info`, with
+    `new_head`: filled with transformers' loading info (missing, unexpected and mismatched keys)."""
     from safetensors import SafetensorError
 
     sizes = ModelError(
@@ -395,7 +415,7 @@ def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, wh
             return model
         if not new_head:
             return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code, **PRETRAINED)
-        model, info = auto_class.from_pretrained(
+        model, loaded = auto_class.from_pretrained(
             name,
             config=config,
             trust_remote_code=trust_remote_code,
@@ -405,8 +425,10 @@ def weights_or_random(auto_class, name: str, config, trust_remote_code: bool, wh
         )
         # only the head is replaced: a body of other sizes is another model, refused as without new_head
         base = getattr(model, "base_model_prefix", "") or ""
-        if any(key.split(".")[0] == base for key, *_ in info.get("mismatched_keys") or ()):
+        if any(key.split(".")[0] == base for key, *_ in loaded.get("mismatched_keys") or ()):
             raise sizes
+        if info is not None:
+            info.update(loaded)
         return model
     except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or damaged weights file
         raise ModelError(f"{name}: cannot load as {what} ({str(exc).splitlines()[0][:200]})") from None
