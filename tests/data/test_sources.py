@@ -469,3 +469,21 @@ def test_a_cell_beyond_the_cap_is_refused_in_one_line_naming_the_cap(tmp_path, m
     path.write_text('text,label\n"a quote never closed,pos\n' + "more text,neg\n" * 200_000)
     with pytest.raises(DataError, match=r"open_quote.csv: line \d+ holds a cell larger than 1 MiB"):
         read_table(str(path))
+
+
+@pytest.mark.parametrize("names", ["sentence,label", "text,label", "TEXT,Label"])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_column_names_on_a_file_with_a_header_is_refused_not_read_as_a_row(tmp_path, names, streaming):
+    """`--column-names` reads the first row as data: a header there trained as a row, its label cell a class of its
+    own ('label, neg, pos': a 3-class head)."""
+    from leantrain.data.sources import ReadOptions
+    from leantrain.data.streaming import open_stream
+
+    path = tmp_path / "headed.csv"
+    path.write_text("text,label\ngood film,pos\nbad film,neg\n")
+    options = ReadOptions(column_names=tuple(names.split(",")))
+    with pytest.raises(DataError, match=r"headed.csv: its first row \(text,label\) is a header"):
+        open_stream(str(path), "train", options) if streaming else read_table(str(path), options=options)
+    path.write_text("good film,pos\nbad film,neg\nlabel,text\n")  # no header: read whole, a row not the first
+    df, _ = read_table(str(path), options=options)
+    assert len(df) == 3

@@ -56,7 +56,9 @@ class ReadOptions:
     def key(self) -> dict[str, Any]:
         """What changes the rows read (for the tokenization cache key); how they were read does not."""
         key = {"config": self.config, "split": self.split, "columns": self.column_names, "format": self.format}
-        return key | ({"no_class_rows": True} if self.empty_label_is_no_class else {})
+        key |= {"no_class_rows": True} if self.empty_label_is_no_class else {}
+        # headerless reads made before a header first row was refused are not reused (it may have trained as a row)
+        return key | ({"header_row": "refused"} if self.column_names else {})
 
 
 def read_options(cfg, role: str = "train") -> ReadOptions:
@@ -343,7 +345,34 @@ def repair_text(text: str) -> str:
     return re.sub(r"[ \t]{2,}", " ", fixed).strip()  # tidying, never counted as a repair
 
 
+#: a header's cell: a short name, not a sentence
+_NAME_CELL = re.compile(r"[A-Za-z_][\w .-]{0,63}")
+
+
+def refuse_header_as_data(path: Path, fmt: str, column_names: tuple[str, ...] | None) -> None:
+    """`--column-names` reads a file's first row as data: refuse a first row that is a header (a cell holds the name
+    given to its own column, and every cell is a short name), which would train as a row (a class named 'label')."""
+    if not column_names:
+        return
+    with open(path, "rb") as f:
+        head = f.read(1 << 16).decode("utf-8", errors="replace")
+    try:
+        first = next(_csv_reader(io.StringIO(head), fmt), None)
+    except csv.Error:
+        return
+    if not first or len(first) != len(column_names) or not all(_NAME_CELL.fullmatch(c.strip()) for c in first):
+        return
+    same = [c.strip() for c, n in zip(first, column_names, strict=True) if c.strip().lower() == n.strip().lower()]
+    if same:
+        raise DataError(
+            f"{path}: its first row ({','.join(c.strip() for c in first)}) is a header ({same[0]} names its own "
+            "column), which --column-names reads as a row of data: leave --column-names out (the header names the "
+            "columns; --text-column and --label-column choose among them), or delete that row"
+        )
+
+
 def _read_delimited(path: Path, fmt: str, report: ReadReport, options: ReadOptions) -> pd.DataFrame:
+    refuse_header_as_data(path, fmt, options.column_names)
     raw = _text_bytes(path, report).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     df = None
     if options.repair == "auto":

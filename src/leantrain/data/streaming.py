@@ -57,7 +57,7 @@ def open_stream(source: str, role: str, options: ReadOptions):
     """A `datasets.IterableDataset` over `source`'s rows (role: train or eval picks the split)."""
     import datasets
 
-    from leantrain.data.sources import _looks_like_hub_name, _pick_split, _short
+    from leantrain.data.sources import _looks_like_hub_name, _pick_split, _short, refuse_header_as_data
 
     path = Path(source)
     name, config = split_config(source)
@@ -71,6 +71,7 @@ def open_stream(source: str, role: str, options: ReadOptions):
                 )
             kwargs: dict[str, Any] = {"delimiter": "\t"} if fmt == "tsv" else {}
             if options.column_names:
+                refuse_header_as_data(path, fmt, options.column_names)
                 kwargs["column_names"] = list(options.column_names)
             return datasets.load_dataset(_BUILDERS[fmt], data_files=str(path), split="train", streaming=True, **kwargs)
         if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
