@@ -113,12 +113,12 @@ def test_read_options_are_part_of_the_cache_key(tmp_path, tokenizer):
     from leantrain.data.sources import ReadOptions
 
     path = tmp_path / "pairs.csv"
-    path.write_text("label,text\n" + "".join(f"{label},{text}\n" for text, label in make_sentiment_rows(20)))
+    path.write_text("sentiment,review\n" + "".join(f"{label},{text}\n" for text, label in make_sentiment_rows(20)))
     with_header = load_source(str(path), tokenizer, 32, tmp_path / "cache", "train")
-    headerless = ReadOptions(column_names=("label", "text"))
+    headerless = ReadOptions(column_names=("label", "text"))  # names the header does not hold: read as a row
     without = load_source(str(path), tokenizer, 32, tmp_path / "cache", "train", options=headerless)
     assert not without.cache_hit and len(without.labels) == len(with_header.labels) + 1
-    assert "label" in without.labels  # the header row, read as data
+    assert "sentiment" in without.labels  # the header row, read as data
 
 
 def test_data_config_applies_to_eval_data_only_when_it_names_the_same_data_set():

@@ -471,7 +471,7 @@ def test_a_cell_beyond_the_cap_is_refused_in_one_line_naming_the_cap(tmp_path, m
         read_table(str(path))
 
 
-@pytest.mark.parametrize("names", ["sentence,label", "text,label", "TEXT,Label"])
+@pytest.mark.parametrize("names", ["sentence,label", "text,label", "TEXT,Label", "label,text"])
 @pytest.mark.parametrize("streaming", [False, True])
 def test_column_names_on_a_file_with_a_header_is_refused_not_read_as_a_row(tmp_path, names, streaming):
     """`--column-names` reads the first row as data: a header there trained as a row, its label cell a class of its

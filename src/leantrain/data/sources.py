@@ -56,9 +56,12 @@ class ReadOptions:
     def key(self) -> dict[str, Any]:
         """What changes the rows read (for the tokenization cache key); how they were read does not."""
         key = {"config": self.config, "split": self.split, "columns": self.column_names, "format": self.format}
-        key |= {"no_class_rows": True} if self.empty_label_is_no_class else {}
         # headerless reads made before a header first row was refused are not reused (it may have trained as a row)
-        return key | ({"header_row": "refused"} if self.column_names else {})
+        return (
+            key
+            | ({"no_class_rows": True} if self.empty_label_is_no_class else {})
+            | ({"header_row": "refused"} if self.column_names else {})
+        )
 
 
 def read_options(cfg, role: str = "train") -> ReadOptions:
@@ -350,8 +353,8 @@ _NAME_CELL = re.compile(r"[A-Za-z_][\w .-]{0,63}")
 
 
 def refuse_header_as_data(path: Path, fmt: str, column_names: tuple[str, ...] | None) -> None:
-    """`--column-names` reads a file's first row as data: refuse a first row that is a header (a cell holds the name
-    given to its own column, and every cell is a short name), which would train as a row (a class named 'label')."""
+    """`--column-names` reads a file's first row as data: refuse a first row that is a header (every cell a short
+    name, one of them a name --column-names gives), which would train as a row (a class named 'label')."""
     if not column_names:
         return
     with open(path, "rb") as f:
@@ -362,12 +365,13 @@ def refuse_header_as_data(path: Path, fmt: str, column_names: tuple[str, ...] | 
         return
     if not first or len(first) != len(column_names) or not all(_NAME_CELL.fullmatch(c.strip()) for c in first):
         return
-    same = [c.strip() for c, n in zip(first, column_names, strict=True) if c.strip().lower() == n.strip().lower()]
+    given = {n.strip().lower() for n in column_names}
+    same = [c.strip() for c in first if c.strip().lower() in given]
     if same:
         raise DataError(
-            f"{path}: its first row ({','.join(c.strip() for c in first)}) is a header ({same[0]} names its own "
-            "column), which --column-names reads as a row of data: leave --column-names out (the header names the "
-            "columns; --text-column and --label-column choose among them), or delete that row"
+            f"{path}: its first row ({','.join(c.strip() for c in first)}) is a header ({same[0]} is a name given "
+            "by --column-names), which --column-names reads as a row of data: leave --column-names out (the header "
+            "names the columns; --text-column and --label-column choose among them), or delete that row"
         )
 
 
