@@ -487,3 +487,18 @@ def test_column_names_on_a_file_with_a_header_is_refused_not_read_as_a_row(tmp_p
     path.write_text("good film,pos\nbad film,neg\nlabel,text\n")  # no header: read whole, a row not the first
     df, _ = read_table(str(path), options=options)
     assert len(df) == 3
+
+
+@pytest.mark.parametrize(
+    ("suffix", "fmt", "text"), [("csv", "tsv", "text,label\ngood,pos\n"), ("tsv", "csv", "text\tlabel\ngood\tpos\n")]
+)
+def test_a_file_read_with_the_other_delimiter_says_which_format_it_looks_like(tmp_path, suffix, fmt, text):
+    """A CSV read with --format tsv was refused for having no label column (its header one column 'text,label')."""
+    from leantrain.data.sources import ReadOptions
+
+    path = tmp_path / f"data.{suffix}"
+    path.write_text(text)
+    with pytest.raises(DataError, match=f"read as {fmt.upper()}, its header is one column .*use --format {suffix}$"):
+        read_table(str(path), options=ReadOptions(format=fmt))
+    df, _ = read_table(str(path), options=ReadOptions(format=suffix))
+    assert list(df.columns) == ["text", "label"]

@@ -190,6 +190,7 @@ def read_table(
         report = ReadReport(source=str(source))
         if fmt in ("csv", "tsv"):
             df = _read_delimited(path, fmt, report, options)
+            _refuse_other_delimiter(source, fmt, df)
         elif fmt in ("json", "jsonl"):
             df = _read_json(path, fmt, report)
         else:
@@ -200,6 +201,17 @@ def read_table(
         raise DataError(f"{source}: the file holds a header but no rows")
     report.rows_read = len(df)
     return df, report
+
+
+def _refuse_other_delimiter(source: str, fmt: str, df: pd.DataFrame) -> None:
+    """A header read as one column that holds the other format's delimiter: a CSV read as TSV (or the reverse),
+    which would otherwise be refused later for a missing label column."""
+    other = "csv" if fmt == "tsv" else "tsv"
+    if len(df.columns) == 1 and ("," if other == "csv" else "\t") in str(df.columns[0]):
+        raise DataError(
+            f"{source}: read as {fmt.upper()}, its header is one column {str(df.columns[0])!r}: it looks like a "
+            f"{other.upper()} file; use --format {other}"
+        )
 
 
 def _refuse_media_folder(path: Path) -> None:
