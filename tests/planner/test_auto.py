@@ -69,7 +69,7 @@ def test_plan_command_refuses_a_bad_budget(tiny_model_dir, capsys):
     assert code == 2 and "--memory" in err and len(err.strip().splitlines()) == 1
 
 
-def test_train_auto_uses_and_records_the_plan(tiny_model_dir, sentiment_csv, cache_dir, tmp_path):
+def test_train_auto_uses_and_records_the_plan(tiny_model_dir, sentiment_csv, cache_dir, tmp_path, capsys):
     out = tmp_path / "auto"
     result = train(
         TrainConfig(
@@ -96,6 +96,9 @@ def test_train_auto_uses_and_records_the_plan(tiny_model_dir, sentiment_csv, cac
     assert (config["batch_size"], config["grad_accum"]) == (rec["micro_batch"], rec["grad_accum"])
     assert result.metrics["global_batch"] == 16 and result.metrics["oom_recuts"] == []
     assert result.metrics["precision"] == rec["precision"]
+    assert (
+        f"precision {rec['precision']} (chosen by --auto's plan)" in capsys.readouterr().err
+    )  # not "set by --precision"
     # techniques change cost, not results: the user's optimizer stays, and the plan keeps a 10% margin
     assert config["optimizer"] == "adamw"
     assert {c["optimizer"] for c in plan["candidates"]} == {"adamw"}

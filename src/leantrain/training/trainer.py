@@ -80,6 +80,8 @@ class Trainer:
 
         self.task, self.plan, self.hooks = task, plan, hooks or Hooks()
         self.precision, self.precision_why = parallel.choose_precision(cfg.precision)
+        if plan is not None:  # --auto's plan wrote its choice into --precision
+            self.precision_why = "chosen by --auto's plan"
         self.accelerator = accelerator = parallel.make_accelerator(self.precision, cfg.shard, self._trackers(cfg))
         from leantrain.model import kernels
 
