@@ -58,7 +58,8 @@ def main() -> int:
         codes = {f.exitcode for f in exc.failures.values()}
         if codes == {2} and 0 in exc.failures:  # every process refused the input: the main process said why
             return 2
-        lines, first = describe_failures(exc.failures, logs, _world(module)), first_failure(exc.failures, logs)
+        first = first_failure(exc.failures, logs)
+        lines = describe_failures(exc.failures, logs, _world(module), first)
         for line in lines:
             print(f"leantrain train: {line}", file=sys.stderr, flush=True)
         return 2 if exc.failures[first].exitcode == 2 else 1
@@ -101,12 +102,13 @@ def _log_to_file(path: Path) -> None:
             logger.addHandler(handler)
 
 
-def describe_failures(failures: dict[int, Any], logs: Path, world: int | None = None) -> list[str]:
-    """A job's failures (torch elastic's `ProcessFailure`s by global rank) in a few lines: the first failure, then
-    the others as its consequences. A process the agent stopped with SIGTERM, or that lost its connection to
-    another (its traceback in `logs` says so), is a consequence; among the rest the earliest is the first."""
-
-    first = first_failure(failures, logs)
+def describe_failures(
+    failures: dict[int, Any], logs: Path, world: int | None = None, first: int | None = None
+) -> list[str]:
+    """A job's failures (torch elastic's `ProcessFailure`s by global rank) in a few lines: the first failure
+    (`first_failure`, unless given), then the others as its consequences."""
+    if first is None:
+        first = first_failure(failures, logs)
     of = f" of {world}" if world else ""
     lines = [f"error: process {first}{of} {_how(failures[first], logs / f'process-{first}.log')} (the first failure)"]
     then = [
@@ -122,7 +124,7 @@ def describe_failures(failures: dict[int, Any], logs: Path, world: int | None = 
 
 def first_failure(failures: dict[int, Any], logs: Path) -> int:
     """The rank whose failure caused the others: not stopped by the agent (SIGTERM) nor by a lost connection to
-    another process; the earliest of those."""
+    another process (its traceback in `logs` says so); the earliest of those."""
 
     def consequence(rank: int) -> bool:
         return failures[rank].exitcode == -signal.SIGTERM or _lost_a_peer(logs / f"process-{rank}.log")
