@@ -190,7 +190,6 @@ def read_table(
         report = ReadReport(source=str(source))
         if fmt in ("csv", "tsv"):
             df = _read_delimited(path, fmt, report, options)
-            _refuse_other_delimiter(source, fmt, df)
         elif fmt in ("json", "jsonl"):
             df = _read_json(path, fmt, report)
         else:
@@ -395,6 +394,7 @@ def _read_delimited(path: Path, fmt: str, report: ReadReport, options: ReadOptio
         df = _parse_clean(raw, path, fmt, report, options.column_names)
     if df is None:
         df = _parse_repairing(raw, path, fmt, report, options.column_names)
+    _refuse_other_delimiter(str(path), fmt, df)
     return df
 
 

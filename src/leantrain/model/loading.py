@@ -203,16 +203,7 @@ def load_for_classification(
     architectures = ", ".join(getattr(config, "architectures", None) or ()) or "another model"
     for key, value in labels.items():
         setattr(config, key, value)
-    if dropout is not None:
-        for key in (
-            "hidden_dropout_prob",
-            "attention_probs_dropout_prob",
-            "classifier_dropout",
-            "dropout",
-            "attention_dropout",
-        ):
-            if hasattr(config, key):
-                setattr(config, key, dropout)
+    _set_dropout(config, dropout)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # we report the new head ourselves, in one line
     what = auto_model.removeprefix("AutoModelFor")
@@ -232,6 +223,21 @@ def load_for_classification(
         if notes is not None:
             notes.append(note)
     return model
+
+
+def _set_dropout(config, dropout: float | None) -> None:
+    """Every dropout rate `config` names, where `dropout` is given."""
+    if dropout is None:
+        return
+    for key in (
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "classifier_dropout",
+        "dropout",
+        "attention_dropout",
+    ):
+        if hasattr(config, key):
+            setattr(config, key, dropout)
 
 
 def _change_head(model, order: list[int] | None, note: str, saved: list[str]) -> str:
