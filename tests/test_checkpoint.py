@@ -721,3 +721,81 @@ def test_a_final_evaluation_that_is_the_best_is_the_best_checkpoint(job, monkeyp
 def test_without_checkpoints_no_best_checkpoint_is_named(job):
     result = train(job(eval_every=2, max_steps=4))
     assert result.metrics["best_checkpoint"] is None and result.metrics["best_step"] in (2, 4)
+
+
+# -- the final evaluation belongs to the last checkpoint's record (a run trained further goes on from it) --------
+
+
+def score_evaluations(monkeypatch, *accuracies: float) -> None:
+    """The evaluations score `accuracies` in turn, then 0 (a --load-best-at-end re-evaluation of the best)."""
+    import itertools
+
+    from leantrain.training.evaluator import Evaluator
+
+    scores = itertools.chain(accuracies, itertools.repeat(0.0))
+    monkeypatch.setattr(Evaluator, "evaluate", lambda *a: {"accuracy": next(scores), "macro_f1": 0.5, "loss": 0.5})
+
+
+def checkpoint_names(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())
+
+
+def assert_the_best_agrees_with_the_model(result, last_step: int, load_best_at_end: bool) -> None:
+    """metrics.json's best_step, best_checkpoint and model_step describe the weights in model/ and on disk."""
+    m = result.metrics
+    best = step_dir(result.output_dir, m["best_step"])
+    assert m["best_checkpoint"] == str(best)
+    progress = checkpoint.verify(best).manifest["progress"]
+    assert (progress["step"], progress["best_step"], progress["best_value"]) == (m["best_step"],) * 2 + (
+        m["best_value"],
+    )
+    model_step = m["best_step"] if load_best_at_end else last_step
+    assert m["model_step"] == model_step
+    published = load_file(result.model_dir / "model.safetensors")
+    saved = load_file(step_dir(result.output_dir, model_step) / "model.safetensors")
+    assert all(torch.equal(saved[k], published[k]) for k in published)
+
+
+def test_the_last_checkpoint_records_the_final_evaluation(job, monkeypatch):
+    # evaluations at step 3 and at the end (step 6, saved by --save-every): the final one is the best
+    score_evaluations(monkeypatch, 0.5, 0.9)
+    result = train(job(save_every=3, eval_every=3, max_steps=6, save_total_limit=1))
+    last = step_dir(result.output_dir, 6)
+    progress = checkpoint.verify(last).manifest["progress"]
+    assert (progress["best_step"], progress["best_value"]) == (6, 0.9)  # was step 3's 0.5: saved before evaluating
+    rows = [json.loads(line) for line in (last / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": 6, "eval_accuracy": 0.9} in [{k: r.get(k) for k in ("step", "eval_accuracy")} for r in rows]
+    # --save-total-limit 1: the newest is the best, so it is the only one (was step 3 too, named best by step 6)
+    assert checkpoint_names(result.output_dir) == ["step-000006"]
+    assert_the_best_agrees_with_the_model(result, 6, load_best_at_end=False)
+
+
+@pytest.mark.parametrize("load_best_at_end", [False, True])
+@pytest.mark.parametrize("further_best", [False, True])
+def test_a_run_trained_further_keeps_its_best_and_publishes_it(job, monkeypatch, load_best_at_end, further_best):
+    # the first run's final evaluation (step 6) is the best; the longer run's end (step 12) beats it or not
+    score_evaluations(monkeypatch, 0.5, 0.9, 0.6, 0.95 if further_best else 0.7)
+    cfg = job(save_every=3, eval_every=3, max_steps=6, save_total_limit=1, load_best_at_end=load_best_at_end)
+    train(cfg)
+    further = train(cfg.replace(max_steps=12, resume="auto", overwrite=True))
+    m, best = further.metrics, 12 if further_best else 6
+    assert m["resumed_from"].endswith("step-000006")
+    assert (m["best_step"], m["best_value"]) == (best, 0.95 if further_best else 0.9)  # was 12, 0.7: 6 forgotten
+    # the best is never pruned (was: step 6 pruned, the record naming step 9 then 12 instead)
+    assert checkpoint_names(further.output_dir) == (["step-000012"] if further_best else ["step-000006", "step-000012"])
+    # --load-best-at-end publishes the best (was step 12's worse weights)
+    assert_the_best_agrees_with_the_model(further, 12, load_best_at_end)
+
+
+def test_pruning_keeps_the_runs_best_not_the_one_a_newer_abandoned_checkpoint_names(job, monkeypatch):
+    # a run killed at step 10 leaves steps 3, 6 and 9, step 9 its best; resumed from step 3 instead, step 4 is best
+    score_evaluations(monkeypatch, 0.5, 0.6, 0.7, 0.8)
+    cfg = job(save_every=3, eval_every=3, max_steps=10)
+    with pytest.raises(Killed):
+        train(cfg, hooks=DieAt(10))
+    step_3 = str(step_dir(cfg.output_dir, 3))
+    result = train(cfg.replace(resume=step_3, save_every=2, eval_every=2, save_total_limit=1, load_best_at_end=True))
+    assert (result.metrics["best_step"], result.metrics["best_value"]) == (4, 0.8)
+    # step 4 was pruned as soon as it was saved: step 9's record (best: 9) judged it
+    assert checkpoint_names(result.output_dir) == ["step-000004", "step-000010"]
+    assert_the_best_agrees_with_the_model(result, 10, load_best_at_end=True)

@@ -168,3 +168,16 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does(planted, tmp_path)
     )
     assert resumed.metrics["resumed_from"].endswith("step-000006")
     assert resumed.metrics["optimizer_steps"] == 10 and resumed.metrics["early_stopped"]
+
+
+def test_the_final_evaluation_counts_for_a_run_trained_further_but_stops_nothing(planted):
+    # the end's evaluation (step 6, checkpointed) has not improved on 0.6: with patience 1 that is no early stop (the
+    # run ends there anyway), but its count is in the checkpoint, so the longer run stops at its first evaluation
+    stop = dict(eval_every=2, save_every=2, early_stopping_threshold=0.0)
+    first = planted([0.5, 0.6, 0.55], max_steps=6, early_stopping_patience=1, **stop)
+    assert first.metrics["optimizer_steps"] == 6 and first.metrics["early_stopped"] is False
+    saved = json.loads((first.output_dir / "checkpoints" / "step-000006" / "checkpoint.json").read_text())["progress"]
+    assert (saved["stopping_reference"], saved["evals_without_improvement"]) == (0.6, 1)
+    longer = dict(max_steps=12, early_stopping_patience=2, resume="auto", overwrite=True)
+    further = planted([0.58, 0.57, 0.56], **longer, **stop)
+    assert further.metrics["optimizer_steps"] == 8 and "at step 8" in further.metrics["early_stopping_reason"]

@@ -120,7 +120,11 @@ ROWS: tuple[Row, ...] = (
     ),
     Row("save_steps", "save_every", "", joint=True),
     Row("logging_steps", "log_every"),
-    Row("save_total_limit", "save_total_limit", "the best checkpoint is kept apart"),
+    Row(
+        "save_total_limit",
+        "save_total_limit",
+        "the best checkpoint is kept apart: the newest N, plus the best when older (the Trainer counts it among its N)",
+    ),
     Row("metric_for_best_model", "metric_for_best", "default: the task's (accuracy for classification)"),
     Row("load_best_model_at_end", "load_best_at_end", "each new best is checkpointed; model/ holds the best"),
     Row(

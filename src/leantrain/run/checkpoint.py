@@ -285,17 +285,6 @@ class CheckpointDir:
                     warn(f"{exc}; trying an older checkpoint")
         return None
 
-    def best(self) -> Path | None:
-        """The checkpoint holding the best evaluation so far, as the newest checkpoint records it."""
-        for path in self.step_dirs():
-            try:
-                step = json.loads((path / MANIFEST).read_text())["progress"]["best_step"]
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            best = self.root / f"{PREFIX}{step:06d}" if step is not None else None
-            return best if best is not None and best.is_dir() else None  # (evaluated while not saving)
-        return None
-
     def clean(self) -> None:
         """Repair what killed saves and prunes left (main process, holding the output directory's lock, so every
         such folder is a dead run's): a re-saved step's old copy whose new copy never arrived goes back in place;
@@ -407,7 +396,7 @@ class CheckpointDir:
         for phase in (prepare, write_own, publish):
             self._collectively(phase, tmp)
         if main:
-            self.prune(keep)
+            self.prune(keep, progress.best_step)
         return final
 
     def _write_shared(self, tmp: Path, *, model, optimizer, scheduler, amp, local_sgd, whole=None) -> None:
@@ -482,11 +471,13 @@ class CheckpointDir:
             kept = f"; the previous checkpoint {previous} is intact" if previous else ""
             raise CheckpointError(f"checkpoint not saved: {what}{kept}") from None
 
-    def prune(self, keep: int | None) -> None:
-        """Keep the newest `keep` checkpoints and the best one; rename the others away, then delete them."""
+    def prune(self, keep: int | None, best_step: int | None = None) -> None:
+        """Keep the newest `keep` checkpoints and `best_step`'s (at most keep + 1); rename the others away, then
+        delete them. `best_step` is the saving run's record: a newer manifest on disk may be an abandoned run's
+        (this one resumed an older checkpoint)."""
         if not keep:
             return
-        best = self.best()
+        best = self.root / f"{PREFIX}{best_step:06d}" if best_step is not None else None
         for path in self.step_dirs()[keep:]:
             if path != best:
                 aside = path.with_name(f".{path.name}.deleting")

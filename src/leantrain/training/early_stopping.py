@@ -36,8 +36,9 @@ class EarlyStopping:
     def enabled(self) -> bool:
         return self.patience is not None
 
-    def observe(self, metrics: dict[str, float], step: int) -> bool:
-        """Count this evaluation; True when the run should stop after it."""
+    def observe(self, metrics: dict[str, float], step: int, last: bool = False) -> bool:
+        """Count this evaluation; True when the run should stop after it. The `last` step's evaluation is counted
+        (a run trained further goes on from its record) but stops nothing: the run ends there anyway."""
         if self.patience is None:
             return False
         state = self.state
@@ -48,7 +49,7 @@ class EarlyStopping:
             state.stopping_reference, state.evals_without_improvement = value, 0
             return False
         state.evals_without_improvement += 1
-        if state.evals_without_improvement < self.patience:
+        if state.evals_without_improvement < self.patience or last:
             return False
         more = f" by more than {self.threshold:g}" if self.threshold else ""
         self.reason = (

@@ -23,7 +23,8 @@ class Evaluator:
         self.last_rows: dict[str, Any] | None = None  # the latest evaluation's rows (the task's report)
 
     def should_evaluate(self, step: int, total_steps: int) -> bool:
-        """Mid-run evaluations; the final one is the caller's (`evaluate()` after the loop)."""
+        """Mid-run evaluations; the final one is the trainer's (before the last step's checkpoint, else after the
+        loop)."""
         return self.every is not None and step % self.every == 0 and step < total_steps
 
     def evaluate(self, model, should_stop: Callable[[], bool] | None = None) -> dict[str, float]:

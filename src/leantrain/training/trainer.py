@@ -567,7 +567,7 @@ class Trainer:
                             continue  # out of memory (--auto): the step is redone with smaller micro-batches
                         self.profiler.after_step(state.step)
                         self._govern_threads()
-                        new_best = self._maybe_evaluate()
+                        new_best = self._maybe_evaluate(last=state.step >= self.total_steps)
                         saved = self.checkpointer.should_save(state.step, new_best)
                         if saved:
                             with logger.paused(), logger.timer.phase("checkpoint"), self._saving_a_checkpoint():
@@ -813,10 +813,13 @@ class Trainer:
         )
         raise LeantrainError(message)
 
-    def _maybe_evaluate(self) -> bool:
-        """A mid-run evaluation when the evaluator says so; True when it is the best so far."""
+    def _maybe_evaluate(self, last: bool = False) -> bool:
+        """A mid-run evaluation when the evaluator says so, and the final one at the `last` step when a checkpoint
+        is saved there: made first, so that the checkpoint records its score (its best, its log row) for a run
+        trained further. True when it is the best so far."""
         state, logger = self.state, self.logger
-        if not self.evaluator.should_evaluate(state.step, self.total_steps):
+        final = last and self.checkpointer.should_save(state.step, False)
+        if not (final or self.evaluator.should_evaluate(state.step, self.total_steps)):
             return False
         from leantrain.model.optimizers import evaluation_weights
 
@@ -832,7 +835,7 @@ class Trainer:
         self.model.train()
         self.last_eval = (state.step, metrics)
         new_best = state.update_best(metrics, state.step)
-        self.early_stopping.observe(metrics, state.step)
+        self.early_stopping.observe(metrics, state.step, last=last)
         return new_best
 
     def _now(self) -> TrainState:
@@ -914,6 +917,7 @@ class Trainer:
                 metrics = self._evaluate()
             logger.eval_row(state.step, metrics, self.evaluator.by_source)
             new_best = state.update_best(metrics, state.step)
+            self.early_stopping.observe(metrics, state.step, last=True)  # in the record a new best's save writes
             # the best is checkpointed, as a mid-run one is (unless this step's checkpoint was just written)
             if (
                 new_best
