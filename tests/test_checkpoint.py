@@ -799,3 +799,17 @@ def test_pruning_keeps_the_runs_best_not_the_one_a_newer_abandoned_checkpoint_na
     # step 4 was pruned as soon as it was saved: step 9's record (best: 9) judged it
     assert checkpoint_names(result.output_dir) == ["step-000004", "step-000010"]
     assert_the_best_agrees_with_the_model(result, 10, load_best_at_end=True)
+
+
+@pytest.mark.parametrize("settings", [dict(save_every=4, eval_every=2), dict(load_best_at_end=True, eval_every=2)])
+def test_a_run_that_keeps_checkpoints_saves_its_last_step_and_is_trained_further_from_it(job, monkeypatch, settings):
+    """As the HF Trainer: the last step is saved when a run keeps checkpoints, so a run trained further goes on from
+    its end (it went on from step 4, or from its best at step 2, and trained those steps again)."""
+    score_evaluations(monkeypatch, 0.9, 0.5, 0.5, 0.5)  # with --load-best-at-end: the best is step 2's
+    cfg = job(max_steps=6, **settings)
+    first = train(cfg)
+    assert checkpoint_names(first.output_dir)[-1] == "step-000006"
+    manifest = checkpoint.verify(step_dir(first.output_dir, 6)).manifest
+    assert manifest["reason"] == "the last step"
+    further = train(cfg.replace(max_steps=8, resume="auto", overwrite=True))
+    assert further.metrics["resumed_from"].endswith("step-000006")

@@ -20,6 +20,7 @@ class Checkpointer:
         self.cfg, self.run, self.accelerator, self.say = cfg, run, accelerator, say
         self.dir = checkpoint.CheckpointDir(run.path / "checkpoints", accelerator)
         self.every: int | None = None  # in steps, once `schedule` knows an epoch's length
+        self.last_step: int | None = None
         self.keep_best = bool(cfg.load_best_at_end)  # each new best is saved, to be published at the end
         self.processor: Any = None
         self.trained: dict[str, Any] = {}  # model, optimizer, scheduler, amp, local_sgd: set by `attach`
@@ -70,11 +71,13 @@ class Checkpointer:
             state.stopping_reference, state.evals_without_improvement = None, 0  # early stopping's too
         return rng
 
-    def schedule(self, steps_per_epoch: int) -> None:
-        """--save-every in optimizer steps (`epoch`: one pass over the data)."""
+    def schedule(self, steps_per_epoch: int, last_step: int | None = None) -> None:
+        """--save-every in optimizer steps (`epoch`: one pass over the data); `last_step`: the run's last, which a
+        run that keeps checkpoints saves too (the HF Trainer's rule): a run trained further goes on from its end."""
         from leantrain.training.early_stopping import steps_every
 
         self.every = steps_every(self.cfg.save_every, steps_per_epoch)
+        self.last_step = last_step
 
     def warn_if_short_of_space(self, model, model_bytes: int) -> None:
         """Before training: refuse a disk that cannot hold the final model (`model_bytes`: its weights and processor)
@@ -110,13 +113,15 @@ class Checkpointer:
 
     # -- saving ---------------------------------------------------------------------------------------------
     def should_save(self, step: int, new_best: bool) -> bool:
-        return bool(self.every and step % self.every == 0) or (new_best and bool(self.every or self.keep_best))
+        kept = bool(self.every or self.keep_best)
+        return bool(self.every and step % self.every == 0) or (kept and (new_best or step == self.last_step))
 
     def maybe_save(self, state: TrainState, new_best: bool) -> Path | None:
         if not self.should_save(state.step, new_best):
             return None
         periodic = bool(self.every and state.step % self.every == 0)
-        reason = f"every {self.every} steps" if periodic else f"best eval {state.best_metric}"
+        reason = f"best eval {state.best_metric}" if new_best else "the last step"
+        reason = f"every {self.every} steps" if periodic else reason
         return self.save(state, reason, checkpoint.rng_state())
 
     #: called with the state before every save, on every process (the metrics logger gathers the log row's sums)

@@ -351,7 +351,7 @@ class Trainer:
         self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks, spans)
         self.early_stopping = EarlyStopping(cfg.early_stopping_patience, cfg.early_stopping_threshold, self.state)
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
-        self.checkpointer.schedule(self.steps_per_epoch)
+        self.checkpointer.schedule(self.steps_per_epoch, self.total_steps)
         self.nan_guard = NanGuard(acc, cfg.on_nan, self.amp.scales_loss, self.optimizer)
         self.staging = self.run.begin() if acc.is_main_process else None
         log_path = self.staging / "metrics.jsonl" if self.staging else None
