@@ -903,7 +903,7 @@ class CheckpointConfig:
     output_dir: str | None = _help("Where the run is written. Default: runs/<timestamp>.", default=None)
     overwrite: bool = _help("Replace a finished run in --output-dir (only once the new run succeeds).", default=False)
     save_every: int | str | None = _help(
-        "Save a checkpoint every N optimizer steps, or at the end of every epoch ('epoch').",
+        "Save a checkpoint every N optimizer steps, or at the end of every epoch ('epoch'); and at the last step.",
         default=None,
         metadata_extra={"epoch_ok": True},
     )
