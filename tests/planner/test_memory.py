@@ -151,6 +151,36 @@ def test_a_classifiers_activations_are_planned_as_its_task_runs_it(tiny_model_di
     assert ours < 0.85 * whole
 
 
+@pytest.mark.parametrize(
+    ("freeze", "leading"),
+    [("bert.embeddings.*,bert.encoder.layer.0.*", 1), ("embeddings,bert.encoder.layer.0.*", 0), ("embeddings", 0)],
+)
+def test_layers_frozen_with_everything_before_them_are_planned_without_activations(tiny_model_dir, freeze, leading):
+    """With the embeddings and the first layer frozen, nothing in that layer needs a gradient: it saves nothing, and
+    the plan counts one layer fewer (it counted every layer). Still an overestimate, by what the frozen embeddings
+    no longer save (part of the planned base) and, where a frozen layer follows a trained part (the word table
+    frozen, the position embeddings training), by the inputs its frozen Linear layers no longer save."""
+    from leantrain import TrainConfig
+    from leantrain.model import freezing, loading
+    from leantrain.tasks.text_classification import TextClassification
+
+    facts = M.model_facts(str(tiny_model_dir))
+    assert M.frozen_leading_layers(facts.config_json, freeze) == leading
+    planned = M.estimate(facts, 4, 32, "fp32", False, "adamw", freeze=freeze).activations
+    model = loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"])
+    model.train()
+    freezing.apply(model, freeze)
+    task = TextClassification(TrainConfig(model=str(tiny_model_dir), data="unused.csv"))
+    task.check_model(model)
+    ids = torch.randint(1000, 30000, (4, 32), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1, 0])}
+    measured = saved_bytes(model, lambda: task.loss_sum(task.forward(model, batch), batch))
+    per_layer = M.activation_profile(facts.config_json, 32, "fp32", False).per_layer
+    whole = M.estimate(facts, 4, 32, "fp32", False, "adamw").activations
+    assert planned == pytest.approx(whole - leading * 4 * per_layer, abs=1)
+    assert measured <= planned <= 1.3 * measured
+
+
 def _table(rows) -> str:
     lines = ["| precision | ckpt | optimizer | batch x accum | length | predicted MiB | measured MiB | error |"]
     lines.append("|---|---|---|---|---|---|---|---|")

@@ -315,6 +315,31 @@ def frozen_inventory(config_json: str, freeze: str, trust_remote_code: bool = Fa
     return _trainable(net, ())
 
 
+@functools.lru_cache(maxsize=16)
+def frozen_leading_layers(config_json: str, freeze: str, trust_remote_code: bool = False) -> int:
+    """How many of the model's first layers `--freeze` leaves with nothing before them that trains (the embeddings
+    frozen too): no input of theirs needs a gradient and no weight, so autograd saves nothing for them."""
+    import torch
+
+    from leantrain.model import freezing
+
+    config = _config_from_json(config_json)
+    net = _build(config, "meta", trust_remote_code)
+    freezing.apply(net, freeze)
+    n = getattr(config, _layers_attr(config))
+    layers = next((m for m in net.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+    if layers is None:
+        return 0
+    owner = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
+    seen = -1  # the last layer met: parameters come in the order of the forward (embeddings, layers, head)
+    for p in net.parameters():
+        layer = owner.get(id(p))
+        seen = layer if layer is not None else seen
+        if p.requires_grad:
+            return layer if layer is not None else seen + 1
+    return n
+
+
 def with_dropout(facts: ModelFacts, p: float) -> ModelFacts:
     """`facts` with every dropout rate of its config at `p` (--dropout), which the proxies are built from."""
     from leantrain.model.dropout import set_config_rates
@@ -752,7 +777,8 @@ def estimate(
     completions only): its logits, their copies and gradients are that share of every position's. `settings`: the
     optimizer's (e.g. a projection rank), any object with the config's fields. `flat`: the parameters are kept
     flat (`model.flat`), whose gradients stay allocated between steps. `freeze`: --freeze's names, whose parameters
-    keep no gradient or state (their activations are counted as if they trained: an overestimate)."""
+    keep no gradient or state; the first layers it freezes with everything before them save no activations (later
+    frozen layers are counted as if they trained: an overestimate)."""
     weights = 4 * facts.inventory.numel + facts.inventory.buffer_bytes
     dequantized = 0
     if lora is not None:  # LoRA
@@ -763,7 +789,8 @@ def estimate(
     grads = 4 * inv.numel
     state = inv.state_bytes(optimizer, settings)
     profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora, counted=counted)
-    act = profile.saved(micro_batch, facts.layers, checkpointing)
+    still = facts.layers - (frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0)
+    act = profile.saved(micro_batch, still, checkpointing)
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
     bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
     if facts.kind == "causal-lm":
