@@ -220,8 +220,10 @@ def test_a_tiny_given_eval_data_is_told_to_be_larger_not_to_be_given(job, tmp_pa
     dev = write_csv(tmp_path / "dev.csv", make_sentiment_rows(10, seed=5))
     train(job(max_steps=1, eval_data=str(dev)))
     err = capsys.readouterr().err
-    assert "warning: the evaluation holds 10 examples: one is 10% of its scores, which say little; give a larger " \
+    assert (
+        "warning: the evaluation holds 10 examples: one is 10% of its scores, which say little; give a larger "
         "--eval-data" in err
+    )
     assert "give --eval-data, or more data" not in err
 
 
