@@ -95,11 +95,12 @@ def test_only_the_adapters_and_the_head_train(job, dropout_model_dir):
     assert "frozen weights get no gradients" in result.metrics["flop_model"]  # MFU counts no frozen weight gradients
 
 
-def test_the_merged_model_gives_the_logits_of_the_adapter_on_the_base(job, dropout_model_dir):
+@pytest.mark.parametrize("pooler", ["auto", "identity"])  # identity: the pooler is not the base's, the adapter has it
+def test_the_merged_model_gives_the_logits_of_the_adapter_on_the_base(job, dropout_model_dir, pooler):
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-    result = train(job(save_adapter=True))
+    result = train(job(save_adapter=True, pooler=pooler))
     model_dir, adapter_dir = result.output_dir / "model", result.output_dir / "adapter"
     assert (adapter_dir / "adapter_config.json").is_file() and (adapter_dir / "adapter_model.safetensors").is_file()
     merged = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
