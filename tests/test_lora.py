@@ -327,3 +327,26 @@ def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize):
     assert predicted.weights == pytest.approx(
         stored + sum(b.numel() * b.element_size() for b in model.buffers()), rel=0.01
     )
+
+
+def test_the_planner_counts_a_pooler_started_as_the_identity_as_training_whole(tiny_model_dir):
+    """--pooler identity (auto on a sentence-transformers checkpoint, the embedded MiniLM): the pooler trains whole
+    with the head under LoRA, and the planner's gradients and optimizer state count it so."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.model import loading, lora
+    from leantrain.planner import memory as M
+
+    cfg = SimpleNamespace(lora=True, lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="auto", quantize=None)
+    spec = M.LoraSpec.of(SimpleNamespace(**vars(cfg), pooler="identity", model=str(tiny_model_dir)))
+    assert spec is not None and spec.pooler_whole
+    assert not M.LoraSpec.of(SimpleNamespace(**vars(cfg), pooler="auto", model=str(tiny_model_dir))).pooler_whole
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    loading.start_pooler(model, str(tiny_model_dir), "identity")
+    model = lora.apply(model, cfg, torch.device("cpu"))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    facts = M.model_facts(str(tiny_model_dir))
+    assert M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=spec).gradients == 4 * trainable
+    assert M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=M.LoraSpec(r=4)).gradients < 4 * trainable

@@ -181,12 +181,15 @@ def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: to
     return replaced
 
 
-def apply(model: torch.nn.Module, cfg: Any, device: torch.device | None) -> torch.nn.Module:
-    """The model with LoRA adapters (over a quantized base with --quantize): only adapters and head train."""
+def apply(
+    model: torch.nn.Module, cfg: Any, device: torch.device | None, afresh: list[str] | None = None
+) -> torch.nn.Module:
+    """The model with LoRA adapters (over a quantized base with --quantize): only adapters and head train.
+    `afresh`: the modules `started_afresh` names (the planner's meta-device models have no values to tell by)."""
     quiet_kernel_lookup()
     from peft import LoraConfig, get_peft_model
 
-    head = head_modules(model) + started_afresh(model)
+    head = head_modules(model) + (started_afresh(model) if afresh is None else afresh)
     targets = resolve_targets(model, cfg.lora_targets, head)
     if cfg.quantize is not None:
         assert device is not None  # (None: the planner's proxies, never quantized)
