@@ -1,3 +1,4 @@
+import contextlib
 import csv
 
 import pytest
@@ -20,6 +21,17 @@ def test_technique_overrides_keep_the_global_batch():
     with pytest.raises(ConfigError, match="unknown warp"):
         bench.parse_techniques("bf16,warp")
     assert bench.parse_techniques("bf16")[0] == "baseline"
+
+
+def test_the_help_names_every_technique(capsys):
+    """`leantrain bench --help` lists what --techniques takes: each technique but the optimizers', named apart."""
+    from leantrain.model.optimizers import OPTIMIZERS
+
+    with contextlib.suppress(SystemExit):  # argparse's --help exits
+        main(["bench", "--help"])
+    words = " ".join(capsys.readouterr().out.split("Known:", 1)[1].split()).replace(",", " ").split()
+    missing = sorted(set(bench.TECHNIQUES) - set(OPTIMIZERS) - set(words))
+    assert not missing, missing
 
 
 @pytest.mark.slow  # launches a training process per technique

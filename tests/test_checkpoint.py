@@ -298,6 +298,17 @@ def test_loss_as_the_best_metric_means_lower_is_better():
         checkpoint.TrainState(best_metric="f1").update_best({"loss": 1.0}, 1)
 
 
+@pytest.mark.parametrize("name", ["perplexity", "error_rate", "mean_absolute_error", "val_loss"])
+def test_perplexity_and_a_users_error_or_loss_are_best_lowest(name):
+    """A language model's perplexity, and a compute_metrics name saying error or loss (docs/metrics-and-losses.md's
+    own example is `error_rate`): the best checkpoint is the lowest, not the worst."""
+    progress = checkpoint.TrainState(best_metric=name)
+    assert progress.update_best({"loss": 1.0, name: 117.0}, 2)
+    assert progress.update_best({"loss": 1.0, name: 46.0}, 6)
+    assert not progress.update_best({"loss": 1.0, name: 60.0}, 8)
+    assert progress.best_step == 6 and progress.best_value == 46.0
+
+
 def test_a_finished_run_is_not_resumed_and_overwrite_discards_its_checkpoints(job):
     first = train(job(save_every=4, max_steps=4))
     with pytest.raises(ConfigError, match="finished run"):

@@ -95,3 +95,18 @@ def test_the_metrics_page_lists_every_metric_for_the_problems_that_report_it():
             # a seq2seq task computes its loss (per target token) itself; its table scores generated text
             reported = name in TABLES[problem] or (problem == "generation" and name == "loss")
             assert (mark == "yes") == reported, (name, problem)
+
+
+def test_every_repository_path_the_pages_name_exists():
+    """A file of this repository named in README.md or docs/ (`src/...`, `tests/...`, `benchmarks/...`, ...) is there:
+    a newcomer who opens it finds it (a module moved into a folder left its old path in the pages)."""
+    import re
+
+    named = re.compile(r"`((?:src|tests|benchmarks|scripts|examples)/[\w./-]+?)(?:::\w+)?`")
+    missing = [
+        f"{page.relative_to(REPO)}: {path}"
+        for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+        for path in named.findall(page.read_text())
+        if not (REPO / path).exists()
+    ]
+    assert not missing, missing

@@ -95,11 +95,12 @@ def test_only_the_adapters_and_the_head_train(job, dropout_model_dir):
     assert "frozen weights get no gradients" in result.metrics["flop_model"]  # MFU counts no frozen weight gradients
 
 
-def test_the_merged_model_gives_the_logits_of_the_adapter_on_the_base(job, dropout_model_dir):
+@pytest.mark.parametrize("pooler", ["auto", "identity"])  # identity: the pooler is not the base's, the adapter has it
+def test_the_merged_model_gives_the_logits_of_the_adapter_on_the_base(job, dropout_model_dir, pooler):
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-    result = train(job(save_adapter=True))
+    result = train(job(save_adapter=True, pooler=pooler))
     model_dir, adapter_dir = result.output_dir / "model", result.output_dir / "adapter"
     assert (adapter_dir / "adapter_config.json").is_file() and (adapter_dir / "adapter_model.safetensors").is_file()
     merged = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
@@ -326,3 +327,26 @@ def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize):
     assert predicted.weights == pytest.approx(
         stored + sum(b.numel() * b.element_size() for b in model.buffers()), rel=0.01
     )
+
+
+def test_the_planner_counts_a_pooler_started_as_the_identity_as_training_whole(tiny_model_dir):
+    """--pooler identity (auto on a sentence-transformers checkpoint, the embedded MiniLM): the pooler trains whole
+    with the head under LoRA, and the planner's gradients and optimizer state count it so."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.model import loading, lora
+    from leantrain.planner import memory as M
+
+    cfg = SimpleNamespace(lora=True, lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="auto", quantize=None)
+    spec = M.LoraSpec.of(SimpleNamespace(**vars(cfg), pooler="identity", model=str(tiny_model_dir)))
+    assert spec is not None and spec.pooler_whole
+    assert not M.LoraSpec.of(SimpleNamespace(**vars(cfg), pooler="auto", model=str(tiny_model_dir))).pooler_whole
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    loading.start_pooler(model, str(tiny_model_dir), "identity")
+    model = lora.apply(model, cfg, torch.device("cpu"))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    facts = M.model_facts(str(tiny_model_dir))
+    assert M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=spec).gradients == 4 * trainable
+    assert M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=M.LoraSpec(r=4)).gradients < 4 * trainable

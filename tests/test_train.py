@@ -214,6 +214,19 @@ def test_a_tiny_evaluation_is_said_to_say_little(job, capsys):
     assert "warning: the evaluation holds" not in capsys.readouterr().err
 
 
+def test_a_tiny_given_eval_data_is_told_to_be_larger_not_to_be_given(job, tmp_path, capsys):
+    from tests.conftest import make_sentiment_rows, write_csv
+
+    dev = write_csv(tmp_path / "dev.csv", make_sentiment_rows(10, seed=5))
+    train(job(max_steps=1, eval_data=str(dev)))
+    err = capsys.readouterr().err
+    assert (
+        "warning: the evaluation holds 10 examples: one is 10% of its scores, which say little; give a larger "
+        "--eval-data" in err
+    )
+    assert "give --eval-data, or more data" not in err
+
+
 def test_a_rate_above_one_is_said_to_be_implausible(job, capsys):
     result = train(job(max_steps=1, lr=2e5, on_nan="skip"))
     said = capsys.readouterr().err

@@ -236,8 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--techniques",
         help="Comma-separated techniques (default: the usual ones, not compile). Known: baseline, bf16, fp16, "
-        "grad_accum4, activation_ckpt, compile, bf16+activation_ckpt, bf16+adafactor, lean, lora, qlora4bit, "
-        "qlora8bit, and every --optimizer by its name.",
+        "grad_accum4, activation_ckpt, compile, torch_dropout, bf16+activation_ckpt, bf16+adafactor, lean, lora, "
+        "qlora4bit, qlora8bit, precompute_reference and lora+precompute_reference (dpo, kto), and every --optimizer "
+        "by its name.",
     )
     p.add_argument(
         "--repeats",

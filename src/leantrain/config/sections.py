@@ -167,8 +167,9 @@ class ModelConfig:
     )
     # --- LoRA
     lora: bool = _help(
-        "Train low-rank adapters (LoRA, through peft) and the task's head; every other weight stays frozen, without "
-        "gradients or optimizer state. model/ is the merged model.",
+        "Train low-rank adapters (LoRA, through peft) and the task's head (with a pooler started as the identity, "
+        "--pooler); every other weight stays frozen, without gradients or optimizer state. model/ is the merged "
+        "model.",
         default=False,
     )
     lora_r: int = _help("LoRA rank: inner size of each adapter (its update is B·A, B: out x r, A: r x in).", default=8)

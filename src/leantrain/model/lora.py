@@ -8,7 +8,8 @@ trainable parameters are the adapters and the head: frozen weights carry no grad
   separated) are module names as peft matches them: a module whose name is, or ends with `.`, one of them.
 - **the head** stays fully trainable (peft's `modules_to_save`): the model's children outside its base model
   (`base_model_prefix`) that hold parameters, less the output embeddings (a language model's tied `lm_head` is
-  pretrained, not new). A classifier's `classifier`/`score`/`projector`; a task without a head: nothing.
+  pretrained, not new). A classifier's `classifier`/`score`/`projector`; a task without a head: nothing. A pooler
+  that the run started as the identity (`--pooler`) trains whole with it, so that `adapter/` carries it.
 - **quantized base** (`--quantize 4bit|8bit`, QLoRA): the frozen Linear layers outside the head become
   bitsandbytes `Linear4bit` (NF4, fp32 compute) or `Linear8bitLt` before the adapters are added.
 - **publishing**: `model/` is the merged model (base + B·A·alpha/r, head as trained), a plain transformers model
@@ -45,12 +46,27 @@ def head_modules(model: Any) -> list[str]:
     ]
 
 
+def started_afresh(model: Any) -> list[str]:
+    """Full names of the modules outside the head that the run started rather than loaded: a BERT-style pooler
+    started as the identity (`--pooler`). They train whole, as the head does, so that the adapter carries them: on
+    the pretrained base, whose pooler is not the identity, adapters alone would not be the trained model."""
+    from leantrain.model.loading import pooler_dense
+
+    dense = pooler_dense(model)
+    if dense is None or dense.weight.is_meta:
+        return []
+    eye = torch.eye(dense.in_features, dtype=dense.weight.dtype, device=dense.weight.device)
+    if not torch.equal(dense.weight, eye) or (dense.bias is not None and bool(dense.bias.any())):
+        return []
+    return [name for name, module in model.named_modules() if module is dense]
+
+
 def linear_names(model: torch.nn.Module, head: list[str]) -> list[str]:
-    """Full names of the Linear layers outside the head."""
+    """Full names of the Linear layers outside the head (top-level children, or full names of modules)."""
     return [
         name
         for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and name.split(".")[0] not in head
+        if isinstance(module, torch.nn.Linear) and not any(name == h or name.startswith(h + ".") for h in head)
     ]
 
 
@@ -165,12 +181,15 @@ def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: to
     return replaced
 
 
-def apply(model: torch.nn.Module, cfg: Any, device: torch.device | None) -> torch.nn.Module:
-    """The model with LoRA adapters (over a quantized base with --quantize): only adapters and head train."""
+def apply(
+    model: torch.nn.Module, cfg: Any, device: torch.device | None, afresh: list[str] | None = None
+) -> torch.nn.Module:
+    """The model with LoRA adapters (over a quantized base with --quantize): only adapters and head train.
+    `afresh`: the modules `started_afresh` names (the planner's meta-device models have no values to tell by)."""
     quiet_kernel_lookup()
     from peft import LoraConfig, get_peft_model
 
-    head = head_modules(model)
+    head = head_modules(model) + (started_afresh(model) if afresh is None else afresh)
     targets = resolve_targets(model, cfg.lora_targets, head)
     if cfg.quantize is not None:
         assert device is not None  # (None: the planner's proxies, never quantized)
@@ -195,11 +214,12 @@ def describe(model: torch.nn.Module, cfg: Any) -> str:
     kinds = sorted({n.rsplit(".", 1)[-1] for n in lora_layers})
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    head = head_modules(_base(model))
+    config = getattr(model, "peft_config", {}).get("default")
+    head = list(getattr(config, "modules_to_save", None) or [])
     base = f"{cfg.quantize} base (bitsandbytes)" if cfg.quantize else "frozen base"
     return (
         f"LoRA r={cfg.lora_r} alpha={cfg.lora_alpha:g} dropout={cfg.lora_dropout:g} on {len(lora_layers)} layers "
-        f"({', '.join(kinds)}), {base}; head {', '.join(head) or 'none'} trains whole; "
+        f"({', '.join(kinds)}), {base}; head {', '.join(head) or 'none'} train{'s' if len(head) < 2 else ''} whole; "
         f"{trainable:,} of {total:,} parameters train ({trainable / max(total, 1):.2%})"
     )
 

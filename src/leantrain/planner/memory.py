@@ -238,13 +238,15 @@ class LoraSpec:
     quantize: str | None = None
     #: dropout on the adapters' input: a new tensor (and mask) per adapter that autograd keeps for backward
     dropout: float = 0.0
+    #: a BERT pooler started as the identity (--pooler), which trains whole with the head (`lora.started_afresh`)
+    pooler_whole: bool = False
 
     @classmethod
     def of(cls, cfg: Any) -> LoraSpec | None:
         """The spec of a TrainConfig (None without --lora)."""
-        return (
-            cls(cfg.lora_r, cfg.lora_targets, cfg.quantize, cfg.lora_dropout) if getattr(cfg, "lora", False) else None
-        )
+        if not getattr(cfg, "lora", False):
+            return None
+        return cls(cfg.lora_r, cfg.lora_targets, cfg.quantize, cfg.lora_dropout, _pooler_starts_afresh(cfg))
 
     def label(self) -> str:
         return f"lora r={self.r}" + (f" {self.quantize}" if self.quantize else "")
@@ -260,6 +262,28 @@ class LoraInventory:
     largest_linear: int
 
 
+def _pooler_starts_afresh(cfg: Any) -> bool:
+    """Whether the run starts its pooler as the identity, as `loading.start_pooler` decides (a model without a
+    BERT-style pooler has none to start: `_afresh` finds nothing)."""
+    from leantrain.model import loading
+
+    setting = getattr(cfg, "pooler", "keep")
+    if setting != "auto":
+        return setting == "identity"
+    name = cfg.model
+    return loading.is_sentence_transformers(
+        str(loading.embedded_model_path()) if name in (None, loading.EMBEDDED_MODEL) else name
+    )
+
+
+def _afresh(net, spec: LoraSpec) -> list[str]:
+    """The pooler's name where the run starts it afresh (it trains whole with the head); else nothing."""
+    from leantrain.model.loading import pooler_dense
+
+    dense = pooler_dense(net) if spec.pooler_whole else None
+    return [n for n, m in net.named_modules() if dense is not None and m is dense]
+
+
 def _with_adapters(net, spec: LoraSpec):
     """`net` with peft's LoRA adapters as `leantrain.model.lora.apply` adds them (no quantization: the proxies and the
     meta-device inventory only need shapes and what autograd saves)."""
@@ -268,7 +292,7 @@ def _with_adapters(net, spec: LoraSpec):
     from leantrain.model import lora
 
     cfg = SimpleNamespace(lora_r=spec.r, lora_alpha=2.0 * spec.r, lora_dropout=spec.dropout, lora_targets=spec.targets)
-    return lora.apply(net, SimpleNamespace(**vars(cfg), quantize=None), None)
+    return lora.apply(net, SimpleNamespace(**vars(cfg), quantize=None), None, afresh=_afresh(net, spec))
 
 
 def _quantized_bytes(numel: int, rows: int, bits: str) -> int:
@@ -286,7 +310,7 @@ def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = F
     from leantrain.model import lora
 
     net = _build(_config_from_json(config_json), "meta", trust_remote_code)
-    head = lora.head_modules(net)
+    head = lora.head_modules(net) + _afresh(net, spec)
     quantized = set(lora.linear_names(net, head)) if spec.quantize else set()
     frozen, largest = 0, 0
     seen: set[int] = set()  # a tied weight (a causal LM's embeddings and output layer) is stored once

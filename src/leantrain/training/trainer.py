@@ -430,9 +430,11 @@ class Trainer:
         except TypeError:  # a stream: counted as it is read
             return
         if 0 < n < TINY_EVALUATION:
+            # a run that gave --eval-data is told to give a larger one, not the flag it already gave
+            fix = "give a larger --eval-data" if self.cfg.eval_data else "give --eval-data, or more data"
             self.say.info(
                 f"warning: the evaluation holds {n} example{'s' if n > 1 else ''}: one is {1 / n:.0%} of its scores, "
-                "which say little; give --eval-data, or more data"
+                f"which say little; {fix}"
             )
 
     @property
