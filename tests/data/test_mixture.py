@@ -216,3 +216,16 @@ def test_apportioning_adds_up_and_gives_every_share_at_least_one():
     assert apportion(7, np.array([1 / 3, 1 / 3, 1 / 3])).tolist() == [3, 2, 2]
     tiny = apportion(100, np.array([0.999, 0.0005, 0.0005]))
     assert tiny.sum() == 100 and tiny.tolist()[1:] == [1, 1]
+
+
+def test_the_contamination_line_names_sources_only_where_they_say_something():
+    """One source's held-out rows in its own training rows read "8 of h in h": said without the pair."""
+    from leantrain.data.dedupe import Overlap
+
+    alone = Overlap(contaminated={("h", "h"): 8}, eval_hits={"h": 8}).notes(False, False)
+    assert alone == ["contamination: 8 evaluation rows also occur in training; kept (--decontaminate drops them)"]
+    two = Overlap(contaminated={("a", "a"): 3, ("b", "a"): 2}, eval_hits={"a": 3, "b": 2}).notes(False, True)
+    assert two == [
+        "contamination: 5 evaluation rows also occur in training (3 of a in a, 2 of b in a); dropped from training "
+        "(--decontaminate)"
+    ]

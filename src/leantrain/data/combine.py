@@ -234,7 +234,7 @@ def describe(mixture) -> str:
     by = f"weighted by {mixture.mix_by}" if mixture.sources[0].weight is not None else "each counting its rows"
     parts = [
         f"{s.name} {requested[s.name]:.0%} ({s.quota:,} of {len(s.span):,} rows an epoch, "
-        f"{s.quota / len(s.span):.2g} passes)"
+        f"{s.quota / len(s.span):.2g} pass{'' if s.quota == len(s.span) else 'es'})"
         for s in mixture.sources
     ]
     return (

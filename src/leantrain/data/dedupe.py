@@ -59,10 +59,13 @@ class Overlap:
             act = "dropped (--dedupe)" if dedupe else "kept (--dedupe drops them)"
             out.append(f"exact duplicate training rows ({what}); {act}")
         if self.contaminated:
+            # by pair of sources; a source's held-out rows in its own training rows need no names when alone
             pairs = ", ".join(f"{n:,} of {e} in {t}" for (e, t), n in self.contaminated.items())
+            alone = len(self.contaminated) == 1 and len({*next(iter(self.contaminated))}) == 1
             total = sum(self.eval_hits.values())
             act = "dropped from training (--decontaminate)" if decontaminate else "kept (--decontaminate drops them)"
-            out.append(f"contamination: {total:,} evaluation rows also occur in training ({pairs}); {act}")
+            where = "" if alone else f" ({pairs})"
+            out.append(f"contamination: {total:,} evaluation rows also occur in training{where}; {act}")
         return out
 
 

@@ -798,7 +798,8 @@ def _held_out(data: DataConfig, train_src: MediaSource, eval_src: MediaSource | 
         return all_data, Examples(eval_src.features, labels.ids(eval_src.labels, eval_src)), np.arange(len(all_data))
     train_rows, eval_rows = stratified_split(all_data.labels, data.eval_fraction, seed)
     notes.append(
-        f"held out {counted(len(eval_rows), 'file')} ({data.eval_fraction:.0%}, stratified, seed {seed}) for evaluation"
+        f"held out {counted(len(eval_rows), 'example')} ({data.eval_fraction:.0%}, stratified, seed {seed}) for "
+        "evaluation"
     )
     return all_data, all_data.subset(eval_rows), train_rows
 
