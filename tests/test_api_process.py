@@ -4,10 +4,15 @@ logging, open files), whether it returns or raises."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
+
 import pytest
 
 from leantrain import TrainConfig, train
 from leantrain.errors import ConfigError
+from leantrain.training.hooks import Hooks
 from tests.conftest import EXACT_JOB
 
 
@@ -44,3 +49,40 @@ def test_an_unknown_keyword_is_refused_as_a_dicts_unknown_key(job):
         train(TrainConfig(**job()), lora_rank=4)
     with pytest.raises(ConfigError, match="a TrainConfig, a dict of its fields or None; got a str"):
         train("config.yaml")  # type: ignore[arg-type]
+
+
+# -- a call that raises ----------------------------------------------------------------------------------------------
+
+
+class StopAt(Hooks):
+    """Raises `error` before optimizer step `step`, as a bug in a callback or a Ctrl-C would stop the run there."""
+
+    def __init__(self, error: BaseException, step: int = 1):
+        self.error, self.step = error, step
+
+    def before_optimizer_step(self, step: int) -> None:
+        if step == self.step:
+            raise self.error
+
+
+def open_files_under(folder: Path) -> list[str]:
+    """The files this process holds open under `folder` (deleted ones too: a failed run's staging is removed)."""
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        pytest.skip("no /proc/self/fd to list open files (not Linux)")
+    held = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            target = os.readlink(fd)
+            if target.startswith(str(folder)):
+                held.append(target)
+    return held
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug in a callback"), KeyboardInterrupt()])
+def test_a_run_that_raises_leaves_no_file_open(job, tmp_path, error):
+    with pytest.raises(type(error)) as raised:
+        train(**job(max_steps=2), hooks=StopAt(error, step=2))
+    # held as a notebook holds the last exception: its traceback keeps the run's frames alive
+    assert raised.value is error
+    assert open_files_under(tmp_path) == []
