@@ -86,3 +86,48 @@ def test_a_run_that_raises_leaves_no_file_open(job, tmp_path, error):
     # held as a notebook holds the last exception: its traceback keeps the run's frames alive
     assert raised.value is error
     assert open_files_under(tmp_path) == []
+
+
+# -- the process as the call found it ------------------------------------------------------------------------------
+
+
+def random_states() -> tuple:
+    """Python's, NumPy's and torch's generators, comparable."""
+    import random
+
+    import numpy as np
+    import torch
+
+    legacy = np.random.get_state()
+    return random.getstate(), (legacy[0], legacy[1].tolist(), *legacy[2:]), torch.get_rng_state().tolist()
+
+
+def seed_as_a_notebook_does(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_run_leaves_the_callers_random_states_as_they_were(job, fails):
+    seed_as_a_notebook_does(1234)
+    before = random_states()
+    with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+        train(**job(max_steps=2), hooks=StopAt(RuntimeError("stop"), step=2) if fails else None)
+    assert random_states() == before
+
+
+def test_generating_predictions_leave_the_callers_random_states_as_they_were(tmp_path):
+    from leantrain import predict
+    from tests.tasks.test_causal_lm import tiny_llama_job
+
+    model, _ = tiny_llama_job(tmp_path)
+    seed_as_a_notebook_does(99)
+    before = random_states()
+    rows = predict(str(model), texts=["the sun"], max_new_tokens=2, temperature=1.0)
+    assert len(rows) == 1 and random_states() == before

@@ -46,16 +46,23 @@ def train(
     `hooks` instruments the run (tests);
     `compute_metrics`, as the HF Trainer takes it (an `EvalPrediction` of logits and labels in, a dict of numbers
     out), adds its scores to every evaluation, and `metric_for_best` may name them."""
-    from leantrain.job import assemble
-    from leantrain.model import loading
-    from leantrain.parallel import device_type
-    from leantrain.run import directory
-    from leantrain.telemetry.memory import freed_memory_kept, freed_memory_returned
+    from leantrain.parallel import callers_random_states
 
     if isinstance(task, str):  # `task` is also TrainConfig's field: a name given here is that
         overrides["task"], task = task, None
     config = _config(config, overrides)
     refuse_unswitched(config)  # --lora-r without --lora would train the whole model
+    # the run seeds Python's, NumPy's and torch's generators: the caller's draws go on after it as they would have
+    with callers_random_states():
+        return _run(config, task, hooks, compute_metrics)
+
+
+def _run(config: TrainConfig, task: type[Task] | None, hooks: Hooks | None, compute_metrics) -> TrainResult:
+    from leantrain.job import assemble
+    from leantrain.model import loading
+    from leantrain.parallel import device_type
+    from leantrain.run import directory
+    from leantrain.telemetry.memory import freed_memory_kept, freed_memory_returned
     from leantrain.training import interrupt
 
     # --auto plans on the prepared data: a Ctrl-C there stops at once, as while the trainer prepares it

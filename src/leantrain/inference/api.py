@@ -17,6 +17,7 @@ from typing import Any
 from leantrain.data.sources import ReadOptions
 from leantrain.errors import DataError, LeantrainError
 from leantrain.model.loading import library_bars_off
+from leantrain.parallel import callers_random_states
 
 
 def _source(data: str, read: ReadOptions | None, run_or_model: str, **columns: Any) -> dict[str, Any]:
@@ -124,6 +125,7 @@ def _rows(job, model, data, batch_size: int | None) -> dict[str, Any]:
 
 
 @library_bars_off()  # transformers' loading bars would interleave with the result
+@callers_random_states()  # generation seeds torch's generator: the caller's is put back
 def evaluate(
     run_or_model: str,
     data: str | None = None,
@@ -213,6 +215,7 @@ def _held_out(job, run_or_model: str):
 
 
 @library_bars_off()
+@callers_random_states()
 def predict(
     run_or_model: str,
     data: str | None = None,
