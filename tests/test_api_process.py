@@ -131,3 +131,13 @@ def test_generating_predictions_leave_the_callers_random_states_as_they_were(tmp
     before = random_states()
     rows = predict(str(model), texts=["the sun"], max_new_tokens=2, temperature=1.0)
     assert len(rows) == 1 and random_states() == before
+
+
+def test_rouge_leaves_the_root_logger_without_a_handler(monkeypatch):
+    import logging
+
+    from leantrain.tasks.scoring import generation_scores
+
+    monkeypatch.setattr(logging.root, "handlers", [])  # as a fresh process has it, before the program configures it
+    assert generation_scores(("rouge1",), ["the cat sat"], ["the cat sat down"])["rouge1"] > 0
+    assert logging.root.handlers == []  # the program's own logging.basicConfig(...) still takes effect
