@@ -141,3 +141,11 @@ def test_rouge_leaves_the_root_logger_without_a_handler(monkeypatch):
     monkeypatch.setattr(logging.root, "handlers", [])  # as a fresh process has it, before the program configures it
     assert generation_scores(("rouge1",), ["the cat sat"], ["the cat sat down"])["rouge1"] > 0
     assert logging.root.handlers == []  # the program's own logging.basicConfig(...) still takes effect
+
+
+def test_predict_takes_one_text_as_a_string(tiny_model_dir):
+    from leantrain import predict
+
+    one = predict(str(tiny_model_dir), texts="a lovely film")
+    assert [r["text"] for r in one] == ["a lovely film"]
+    assert one == predict(str(tiny_model_dir), texts=["a lovely film"])

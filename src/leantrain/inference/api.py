@@ -220,12 +220,12 @@ def predict(
     run_or_model: str,
     data: str | None = None,
     *,
-    texts: list[str] | None = None,
+    texts: list[str] | str | None = None,
     text_column: str | None = None,
     text_pair_column: str | None = None,
     max_length: int | None = None,
     batch_size: int | None = None,
-    files: list[str] | None = None,
+    files: list[str] | str | None = None,
     image_column: str | None = None,
     audio_column: str | None = None,
     max_new_tokens: int | None = None,
@@ -247,11 +247,14 @@ def predict(
     entities (type, score, text, character offsets) as `pipeline("token-classification",
     aggregation_strategy=aggregation)` groups them (default: the run's --aggregation), of texts or of words
     (`tokens_column`, a CoNLL file; each word's tag too). `max_new_tokens`: 32 for a language model, a
-    sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training."""
+    sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training.
+    `texts` or `files` a single string: that one input."""
     from leantrain.tasks.base import PredictionInputs
 
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
+    # one text (or file) as a string is one input, not a sequence of characters
+    texts, files = ([x] if isinstance(x, str) else x for x in (texts, files))
     overrides = _given(max_length=max_length, multi_label_threshold=threshold, aggregation=aggregation)
     if data is not None:
         columns = dict(
