@@ -5,13 +5,15 @@ logging, open files), whether it returns or raises."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import weakref
 from pathlib import Path
 
 import pytest
 
 from leantrain import TrainConfig, train
-from leantrain.errors import ConfigError
+from leantrain.errors import ConfigError, LeantrainError
 from leantrain.training.hooks import Hooks
 from tests.conftest import EXACT_JOB
 
@@ -149,3 +151,29 @@ def test_predict_takes_one_text_as_a_string(tiny_model_dir):
     one = predict(str(tiny_model_dir), texts="a lovely film")
     assert [r["text"] for r in one] == ["a lovely film"]
     assert one == predict(str(tiny_model_dir), texts=["a lovely film"])
+
+
+class Watch(StopAt):
+    """StopAt that also keeps a weak reference to the model it trains."""
+
+    model: weakref.ref | None = None
+
+    def on_micro_batch(self, model, batch) -> None:
+        self.model = weakref.ref(model)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), LeantrainError("a problem the user fixes and retries")])
+def test_an_exception_to_retry_after_holds_no_model_in_memory(job, error):
+    hooks = Watch(error, step=2)
+    with pytest.raises(type(error)) as raised:
+        train(**job(max_steps=2), hooks=hooks)
+    gc.collect()
+    # the exception is still held, as a notebook holds the last one, but not the run's model through it
+    assert raised.value is error and hooks.model is not None and hooks.model() is None
+
+
+def test_a_bug_keeps_its_frames_for_the_debugger(job):
+    hooks = Watch(RuntimeError("a bug"), step=2)
+    with pytest.raises(RuntimeError):
+        train(**job(max_steps=2), hooks=hooks)
+    assert hooks.model is not None and hooks.model() is not None  # %debug finds the model in the frames

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from leantrain.config import TrainConfig, refuse_unswitched
-from leantrain.errors import ConfigError
+from leantrain.errors import ConfigError, LeantrainError
 from leantrain.tasks.base import Task
 from leantrain.training.hooks import Hooks
 from leantrain.training.trainer import Trainer, TrainResult
@@ -54,7 +57,13 @@ def train(
     refuse_unswitched(config)  # --lora-r without --lora would train the whole model
     # the run seeds Python's, NumPy's and torch's generators: the caller's draws go on after it as they would have
     with callers_random_states():
-        return _run(config, task, hooks, compute_metrics)
+        try:
+            return _run(config, task, hooks, compute_metrics)
+        except (LeantrainError, KeyboardInterrupt, torch.OutOfMemoryError) as exc:
+            # a notebook keeps the last exception, and its traceback the run's frames (model, optimizer,
+            # activations) until the next one: where the user retries rather than debugs, they are let go
+            traceback.clear_frames(exc.__traceback__)
+            raise
 
 
 def _run(config: TrainConfig, task: type[Task] | None, hooks: Hooks | None, compute_metrics) -> TrainResult:
