@@ -3,41 +3,75 @@
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from leantrain.config import TrainConfig, refuse_unswitched
+from leantrain.errors import ConfigError, LeantrainError
 from leantrain.tasks.base import Task
 from leantrain.training.hooks import Hooks
 from leantrain.training.trainer import Trainer, TrainResult
 
 
+def _config(config: TrainConfig | dict | None, overrides: dict[str, Any]) -> TrainConfig:
+    """The config `train` was given, with the keyword overrides applied; an unknown key is a ConfigError."""
+    if config is None:
+        config = TrainConfig()
+    elif isinstance(config, dict):
+        config = TrainConfig.from_dict(config)
+    elif not isinstance(config, TrainConfig):
+        got = type(config).__name__
+        raise ConfigError(f"train(): config must be a TrainConfig, a dict of its fields or None; got a {got}")
+    if overrides:  # read as a dict's keys are: an unknown one refused with a suggestion, not as a TypeError
+        from dataclasses import fields
+
+        from leantrain.config import hf_names
+
+        known = {f.name for f in fields(TrainConfig)}
+        config = config.replace(**hf_names.translate(overrides, "train()", known))
+    return config
+
+
 def train(
     config: TrainConfig | dict | None = None,
     *,
-    task: type[Task] | None = None,
+    task: type[Task] | str | None = None,
     hooks: Hooks | None = None,
     compute_metrics: Callable[[Any], dict[str, float]] | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Fine-tune a model as `config` says (a `TrainConfig`, a dict of its fields, or keyword overrides); returns
     the metrics and the paths written. `task` trains a workload of your own (a `leantrain.tasks.Task` subclass)
-    instead of the one the config names or the model implies; `hooks` instruments the run (tests);
+    instead of the one the config names or the model implies; a task's name (`task="dpo"`) sets the config's field.
+    `hooks` instruments the run (tests);
     `compute_metrics`, as the HF Trainer takes it (an `EvalPrediction` of logits and labels in, a dict of numbers
     out), adds its scores to every evaluation, and `metric_for_best` may name them."""
+    from leantrain.parallel import callers_random_states
+
+    if isinstance(task, str):  # `task` is also TrainConfig's field: a name given here is that
+        overrides["task"], task = task, None
+    config = _config(config, overrides)
+    refuse_unswitched(config)  # --lora-r without --lora would train the whole model
+    # the run seeds Python's, NumPy's and torch's generators: the caller's draws go on after it as they would have
+    with callers_random_states():
+        try:
+            return _run(config, task, hooks, compute_metrics)
+        except (LeantrainError, KeyboardInterrupt, torch.OutOfMemoryError) as exc:
+            # a notebook keeps the last exception, and its traceback the run's frames (model, optimizer,
+            # activations) until the next one: where the user retries rather than debugs, they are let go
+            traceback.clear_frames(exc.__traceback__)
+            raise
+
+
+def _run(config: TrainConfig, task: type[Task] | None, hooks: Hooks | None, compute_metrics) -> TrainResult:
     from leantrain.job import assemble
     from leantrain.model import loading
     from leantrain.parallel import device_type
     from leantrain.run import directory
     from leantrain.telemetry.memory import freed_memory_kept, freed_memory_returned
-
-    if config is None:
-        config = TrainConfig()
-    elif isinstance(config, dict):
-        config = TrainConfig.from_dict(config)
-    if overrides:
-        config = config.replace(**overrides)
-    refuse_unswitched(config)  # --lora-r without --lora would train the whole model
     from leantrain.training import interrupt
 
     # --auto plans on the prepared data: a Ctrl-C there stops at once, as while the trainer prepares it

@@ -93,6 +93,19 @@ def test_mlflow_local_store_read_back_through_its_api(job, monkeypatch):
     assert mlflow.active_run() is None  # the run was ended, not left open for the next one
 
 
+@skip_without("mlflow")
+def test_two_mlflow_runs_in_one_process_each_keep_their_own_store(job, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for name in ("first", "second"):  # as a notebook trains one run after another
+        result = train(job(report_to="mlflow", max_steps=2, output_dir=str(tmp_path / name)))
+        assert {p.name for p in (result.output_dir / "trackers").iterdir()} & {"mlflow.db", "mlruns"}
+        # MLflow's settings are the process's again: the next run, and the caller's own MLflow calls, pick theirs
+        assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+
+
 @skip_without("wandb")
 def test_wandb_offline_run_folder_holds_the_history(job, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")

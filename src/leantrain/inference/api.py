@@ -17,6 +17,7 @@ from typing import Any
 from leantrain.data.sources import ReadOptions
 from leantrain.errors import DataError, LeantrainError
 from leantrain.model.loading import library_bars_off
+from leantrain.parallel import callers_random_states
 
 
 def _source(data: str, read: ReadOptions | None, run_or_model: str, **columns: Any) -> dict[str, Any]:
@@ -124,6 +125,7 @@ def _rows(job, model, data, batch_size: int | None) -> dict[str, Any]:
 
 
 @library_bars_off()  # transformers' loading bars would interleave with the result
+@callers_random_states()  # generation seeds torch's generator: the caller's is put back
 def evaluate(
     run_or_model: str,
     data: str | None = None,
@@ -213,16 +215,17 @@ def _held_out(job, run_or_model: str):
 
 
 @library_bars_off()
+@callers_random_states()
 def predict(
     run_or_model: str,
     data: str | None = None,
     *,
-    texts: list[str] | None = None,
+    texts: list[str] | str | None = None,
     text_column: str | None = None,
     text_pair_column: str | None = None,
     max_length: int | None = None,
     batch_size: int | None = None,
-    files: list[str] | None = None,
+    files: list[str] | str | None = None,
     image_column: str | None = None,
     audio_column: str | None = None,
     max_new_tokens: int | None = None,
@@ -244,11 +247,14 @@ def predict(
     entities (type, score, text, character offsets) as `pipeline("token-classification",
     aggregation_strategy=aggregation)` groups them (default: the run's --aggregation), of texts or of words
     (`tokens_column`, a CoNLL file; each word's tag too). `max_new_tokens`: 32 for a language model, a
-    sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training."""
+    sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training.
+    `texts` or `files` a single string: that one input."""
     from leantrain.tasks.base import PredictionInputs
 
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
+    # one text (or file) as a string is one input, not a sequence of characters
+    texts, files = ([x] if isinstance(x, str) else x for x in (texts, files))
     overrides = _given(max_length=max_length, multi_label_threshold=threshold, aggregation=aggregation)
     if data is not None:
         columns = dict(

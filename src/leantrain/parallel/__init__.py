@@ -6,9 +6,10 @@ so that swapping or upgrading the distributed engine changes one folder.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +170,25 @@ def seed_everything(seed: int) -> None:
     from accelerate.utils import set_seed
 
     set_seed(seed)
+
+
+@contextlib.contextmanager
+def callers_random_states() -> Iterator[None]:
+    """Within, a call may seed and draw from the process's generators (Python's, NumPy's, torch's CPU one, and the
+    GPUs' where the caller has used them); after it, returned or raised, they are as the caller left them."""
+    import random
+
+    import numpy as np
+    import torch
+
+    python, numpy = random.getstate(), np.random.get_state()
+    gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=gpus):
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
 
 
 def environment_report() -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +54,15 @@ def start_trackers(accelerator, directory: Path, config: dict[str, Any], run_nam
     directory.mkdir(parents=True, exist_ok=True)
     accelerator.project_configuration.project_dir = accelerator.project_configuration.logging_dir = str(directory)
     names = {str(t) for t in accelerator.log_with}
+    undo = None
     if "mlflow" in names and "MLFLOW_TRACKING_URI" not in os.environ:
-        _local_mlflow_store(directory)
+        undo = _local_mlflow_store(directory)
     init_kwargs = {"wandb": {"dir": str(directory), "name": run_name}, "mlflow": {"run_name": run_name}}
     try:
         accelerator.init_trackers(PROJECT, config=_flat_config(config), init_kwargs=init_kwargs)
     except Exception as exc:  # W&B without a login raises its UsageError: the user's to fix, in one line
+        if undo is not None:
+            undo()
         if not type(exc).__module__.startswith("wandb"):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -66,21 +70,32 @@ def start_trackers(accelerator, directory: Path, config: dict[str, Any], run_nam
             f"--report-to wandb: {first} (run `wandb login` or set WANDB_API_KEY; WANDB_MODE=offline keeps the run "
             "in the run's trackers/wandb folder)"
         ) from None
-    return TrackerLog(accelerator)
+    return TrackerLog(accelerator, undo)
 
 
-def _local_mlflow_store(directory: Path) -> None:
+def _local_mlflow_store(directory: Path) -> Callable[[], None]:
     """MLflow's store in the run's folder: SQLite where SQLAlchemy is installed (full mlflow), else the file store
-    (mlflow-skinny), which MLflow 3 keeps working only when MLFLOW_ALLOW_FILE_STORE says so."""
+    (mlflow-skinny), which MLflow 3 keeps working only when MLFLOW_ALLOW_FILE_STORE says so. Returns what puts
+    MLflow's settings back once the run has ended."""
     import importlib.util
 
     import mlflow
 
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
     if importlib.util.find_spec("sqlalchemy") is not None:
         mlflow.set_tracking_uri(f"sqlite:///{(directory / 'mlflow.db').resolve()}")
     else:
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         mlflow.set_tracking_uri((directory / "mlruns").resolve().as_uri())
+
+    def undo() -> None:
+        # set_tracking_uri also set MLFLOW_TRACKING_URI: left, it would send the process's next run (and the
+        # caller's own MLflow calls) to this run's staging folder, gone once the run publishes
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None unsets it, the variable too
+        if allowed is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+
+    return undo
 
 
 def tag_for(key: str) -> str:
@@ -106,8 +121,8 @@ class TrackerLog:
     """Writes metrics rows to the Accelerator's trackers (`accelerator.log`) at their `step`, finite numbers only,
     under grouped tags (train/, eval/, throughput/, time/, memory/); `close` finishes every tracker."""
 
-    def __init__(self, accelerator):
-        self.accelerator = accelerator
+    def __init__(self, accelerator, undo: Callable[[], None] | None = None):
+        self.accelerator, self.undo = accelerator, undo
 
     def write(self, row: dict[str, Any]) -> None:
         values = {}
@@ -126,3 +141,6 @@ class TrackerLog:
         for tracker in self.accelerator.trackers:
             tracker.finish()
         self.accelerator.trackers = []
+        if self.undo is not None:  # the process's tracker settings as they were before the run
+            self.undo()
+            self.undo = None

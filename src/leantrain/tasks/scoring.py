@@ -16,7 +16,9 @@ of the classes they were taken from).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -249,6 +251,18 @@ GENERATION: dict[str, Callable[[Sequence[str], Sequence[str]], float]] = {
 ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
+@contextlib.contextmanager
+def _root_logger_kept() -> Iterator[None]:
+    """rouge_score logs through absl, which gives the root logger a handler when it has none (`basicConfig`): the
+    caller's own `logging.basicConfig` would then do nothing. Its handlers are put back as they were."""
+    handlers = list(logging.root.handlers)
+    try:
+        yield
+    finally:
+        for added in [h for h in logging.root.handlers if h not in handlers]:
+            logging.root.removeHandler(added)
+
+
 def generation_scores(names: Sequence[str], preds: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
     """The named scores of `preds` against `refs` (one reference per prediction), every ROUGE kind in one pass."""
     out: dict[str, float] = {}
@@ -256,7 +270,8 @@ def generation_scores(names: Sequence[str], preds: Sequence[str], refs: Sequence
     if rouge:
         from rouge_score import rouge_scorer
 
-        scorer = rouge_scorer.RougeScorer(rouge, use_stemmer=True)
+        with _root_logger_kept():
+            scorer = rouge_scorer.RougeScorer(rouge, use_stemmer=True)
         totals = dict.fromkeys(rouge, 0.0)
         for pred, ref in zip(preds, refs):
             for kind, value in scorer.score(ref, pred).items():  # (target, prediction)

@@ -550,6 +550,15 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------------------
     def fit(self) -> TrainResult:
         """Train to the last step, evaluating and saving as the components decide; then publish the run."""
+        try:
+            self._train()
+            return self._finish()
+        except BaseException:
+            # whatever stops the run (an error, Ctrl-C), the calling process is left no open log file or tracker run
+            self.logger.close()
+            raise
+
+    def _train(self) -> None:
         from leantrain.model.optimizers import use_weights
 
         state, logger = self.state, self.logger
@@ -586,7 +595,6 @@ class Trainer:
             logger.meter.pause()
             logger.bar.close()
             self.profiler.close()
-        return self._finish()
 
     def _start_thread_governor(self) -> None:
         """--thread-governor: fewer threads while other processes hold this machine's cores (a `leantrain` command's
