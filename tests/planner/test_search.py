@@ -328,3 +328,28 @@ def test_muons_predicted_step_grows_with_the_width_not_the_size():
 
     assert step(wide, "adamw") == step(narrow, "adamw")
     assert step(wide, "muon") / step(narrow, "muon") == pytest.approx(2.0, rel=0.05)
+
+
+def test_the_lora_note_counts_what_a_lora_run_trains():
+    """The plan's LoRA note (a run without --lora) sizes LoRA as `--lora` plans it: on the embedded MiniLM its pooler,
+    started as the identity, trains whole with the head (it was counted as adapted: 1.1 MiB of state short)."""
+    from leantrain.config import TrainConfig
+    from leantrain.config.units import format_bytes
+    from leantrain.planner.auto import request_for
+    from leantrain.planner.memory import LoraSpec, estimate
+
+    cfg = TrainConfig(data="x.csv", memory="8GiB")
+    request = request_for(cfg, "cpu", 1)[0]
+    facts = model_facts(None)
+    lora = estimate(
+        facts,
+        request.per_process_batch,
+        request.seq_len,
+        "fp32",
+        False,
+        "adamw",
+        lora=LoraSpec.of(cfg.replace(lora=True)),
+    )
+    note = next(n for n in search.lora_notes(request, facts))
+    assert f"lora r=8: peak {format_bytes(lora.peak)}" in note
+    assert f"optimizer state {format_bytes(lora.optimizer_state)}" in note

@@ -246,7 +246,7 @@ class LoraSpec:
         """The spec of a TrainConfig (None without --lora)."""
         if not getattr(cfg, "lora", False):
             return None
-        return cls(cfg.lora_r, cfg.lora_targets, cfg.quantize, cfg.lora_dropout, _pooler_starts_afresh(cfg))
+        return cls(cfg.lora_r, cfg.lora_targets, cfg.quantize, cfg.lora_dropout, pooler_starts_afresh(cfg))
 
     def label(self) -> str:
         return f"lora r={self.r}" + (f" {self.quantize}" if self.quantize else "")
@@ -262,7 +262,7 @@ class LoraInventory:
     largest_linear: int
 
 
-def _pooler_starts_afresh(cfg: Any) -> bool:
+def pooler_starts_afresh(cfg: Any) -> bool:
     """Whether the run starts its pooler as the identity, as `loading.start_pooler` decides (a model without a
     BERT-style pooler has none to start: `_afresh` finds nothing)."""
     from leantrain.model import loading

@@ -51,6 +51,8 @@ class PlanRequest:
     num_labels: int = 2
     #: LoRA: every candidate trains adapters (and the head) over a frozen, maybe quantized, base
     lora: LoraSpec | None = None
+    #: a BERT pooler the run starts as the identity (--pooler): with --lora it trains whole, as the head (LoRA's notes)
+    pooler_starts_afresh: bool = False
     #: --freeze: the names whose parameters keep no gradient or optimizer state (None or "none": nothing)
     freeze: str | None = None
     #: --dropout: every dropout's rate (None: the model's own); a dropout keeps its mask for the backward
@@ -482,9 +484,10 @@ def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:
     notes say what it would need at the baseline's configuration (fp32, AdamW, the whole per-process batch)."""
     import importlib.util
 
-    specs = [LoraSpec()]
+    pooler = request.pooler_starts_afresh
+    specs = [LoraSpec(pooler_whole=pooler)]
     if importlib.util.find_spec("bitsandbytes") is not None:
-        specs += [LoraSpec(quantize="4bit"), LoraSpec(quantize="8bit")]
+        specs += [LoraSpec(quantize="4bit", pooler_whole=pooler), LoraSpec(quantize="8bit", pooler_whole=pooler)]
     micro = request.per_process_batch
     full = estimate(facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, counted=request.counted)
     parts = []
