@@ -364,3 +364,16 @@ def test_batch_order_longest_first_runs_each_chunk_from_its_longest_batch(job):
         orders[order] = seen.widths
     assert orders["longest-first"] == sorted(orders["longest-first"], reverse=True)
     assert orders["shuffled"] != sorted(orders["shuffled"], reverse=True)
+
+
+def test_a_folder_of_model_folders_names_them(tmp_path):
+    """A run's checkpoints/ given as the model: the step folders in it are named, the newest as the example."""
+    from leantrain.model.loading import resolve_model
+
+    for step in ("step-000002", "step-000004"):
+        (tmp_path / "checkpoints" / step).mkdir(parents=True)
+        (tmp_path / "checkpoints" / step / "config.json").write_text("{}")
+    with pytest.raises(
+        ModelError, match=r"its folders step-000002, step-000004 do: give one of them, e\.g\. .*step-000004$"
+    ):
+        resolve_model(str(tmp_path / "checkpoints"))

@@ -49,14 +49,25 @@ def resolve_model(name: str | None) -> str:
         if (path / "model" / "config.json").is_file():  # a leantrain run directory
             return str(path / "model")
         if not (path / "config.json").is_file():
-            raise ModelError(
-                f"{name}: holds no model (no config.json); give a Hugging Face model folder, "
-                "a leantrain run directory or a .gguf file"
-            )
+            raise _no_model_in(name, path)
         return str(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelError(f"{name}: no such folder; give a Hugging Face model folder or a hub model name")
     return name  # a hub id: from_pretrained fetches it when online
+
+
+def _no_model_in(name: str, path: Path) -> ModelError:
+    """A folder without config.json; where folders in it hold models (a run's checkpoints/), it names them."""
+    inner = sorted(p.name for p in path.iterdir() if (p / "config.json").is_file()) if path.is_dir() else []
+    if inner:
+        shown = ", ".join(inner[:3]) + (f", ... ({len(inner)} in all)" if len(inner) > 3 else "")
+        return ModelError(
+            f"{name}: holds no model itself, but its folders {shown} do: give one of them, e.g. {path / inner[-1]}"
+        )
+    return ModelError(
+        f"{name}: holds no model (no config.json); give a Hugging Face model folder, a leantrain run directory or a "
+        ".gguf file"
+    )
 
 
 def _offline_hint(name: str, exc: Exception) -> ModelError:
