@@ -44,6 +44,21 @@ class Fault(Hooks):
         raise RuntimeError(f"injected fault at optimizer step {step}")
 
 
+class Killed(BaseException):
+    """Stands in for a kill inside the process (not an Exception: nothing in leantrain catches it)."""
+
+
+class DieAt(Hooks):
+    """Killed just before optimizer step `step` would be taken."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def before_optimizer_step(self, step: int) -> None:
+        if step == self.step:
+            raise Killed
+
+
 class SlowSteps(Hooks):
     """Sleep before every optimizer step, so that a test can signal or kill a run mid-epoch."""
 

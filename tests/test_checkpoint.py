@@ -26,8 +26,8 @@ from leantrain import TrainConfig, train
 from leantrain.data.batching import GlobalBatchSampler
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.run import checkpoint
-from leantrain.training import Hooks
 from tests.conftest import make_sentiment_rows, write_csv
+from tests.hooks import DieAt, Killed
 
 HELPER = Path(__file__).with_name("checkpoint_helper.py")
 
@@ -175,6 +175,54 @@ def test_a_resumed_mixture_equals_the_run_left_alone_across_a_sources_restart(jo
     assert resumed.metrics["sources"] == whole.metrics["sources"]
 
 
+def logged_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without its timings: every step's loss, each source's figures, every evaluation."""
+    keep = ("step", "micro_step", "epoch", "loss", "lr", "grad_norm", "skipped_steps", "sources", "eval_")
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k.startswith(keep)} for r in rows]
+
+
+@pytest.mark.parametrize("mix_by", ["examples", "tokens"])
+def test_a_weighted_mixture_killed_mid_epoch_resumes_as_the_run_left_alone(job, tmp_path, mix_by):
+    """0.7/0.3 (by examples or by tokens), the small source (27 training rows) restarting every few steps: killed
+    before step 8, resumed from step 6 (mid epoch: 243 rows are 11 steps of 24) into the second epoch, the run logs
+    each step's loss, each source's figures and evaluation scores, and ends with the weights of the run left alone."""
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(30, seed=8))
+    mixture = dict(data=[f"{job().data}@0.7", f"{small}@0.3"], mix_by=mix_by, save_every=3, eval_every=4, max_steps=14)
+    whole = train(job("whole", **mixture))
+    cfg = job("killed", **mixture)
+    with pytest.raises(Killed):
+        train(cfg, hooks=DieAt(8))
+    resumed = train(cfg.replace(resume="auto"))
+    assert resumed.metrics["resumed_from"] == str(step_dir(cfg.output_dir, 6))
+    # only the steps after the checkpoint (the first epoch ends in a step of 3 rows)
+    assert resumed.metrics["train_examples"] == whole.metrics["train_examples"] - 6 * 24
+    assert_same_weights(whole.output_dir, resumed.output_dir)
+    rows = logged_rows(whole.output_dir)
+    assert logged_rows(resumed.output_dir) == rows
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 15))
+    evals = [r for r in rows if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [4, 8, 12, 14] and all(r["sources"]["small"]["eval_loss"] for r in evals)
+    assert resumed.metrics["sources"] == whole.metrics["sources"]
+    assert whole.metrics["sources"]["small"]["epochs"] > 3  # the small source restarted inside the resumed span
+
+
+def test_resuming_a_mixture_with_other_weights_is_refused_and_the_same_files_resume(job, tmp_path, monkeypatch):
+    """Other weights or another --mix-by change every step's examples: refused, naming them; the same sources named
+    by relative paths are the same mixture (files are compared, not spellings)."""
+    big = Path(job().data)
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(30, seed=8))
+    whole = train(job("whole", data=[f"{big}@0.7", f"{small}@0.3"], save_every=2, max_steps=2))
+    ckpt = str(step_dir(whole.output_dir, 2))
+    with pytest.raises(LeantrainError, match=r"data: .*'weight': 0\.7.* -> .*'weight': 0\.5"):
+        train(job("other", data=[f"{big}@0.5", f"{small}@0.5"], resume=ckpt, max_steps=3))
+    with pytest.raises(LeantrainError, match="mix_by: 'examples' -> 'tokens'"):
+        train(job("other", data=[f"{big}@0.7", f"{small}@0.3"], mix_by="tokens", resume=ckpt, max_steps=3))
+    monkeypatch.chdir(tmp_path)
+    relative = [f"{os.path.relpath(big)}@0.7", "small.csv@0.3"]
+    assert train(job("same", data=relative, resume=ckpt, max_steps=3)).metrics["resumed_from"] == ckpt
+
+
 def test_resuming_starts_from_the_checkpoints_weights(job, tmp_path):
     """A checkpoint whose weights were changed (its manifest fixed to match) resumes from the changed weights:
     proof that resume loads them rather than retraining from the start."""
@@ -226,21 +274,6 @@ def test_checkpoint_contents_load_safely(job):
 
 
 # -- resume auto, pruning, the best checkpoint -------------------------------------------------------------------
-
-
-class Killed(BaseException):
-    """Stands in for a kill inside the process (not an Exception: nothing in leantrain catches it)."""
-
-
-class DieAt(Hooks):
-    """Killed just before optimizer step `step` would be taken."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def before_optimizer_step(self, step: int) -> None:
-        if step == self.step:
-            raise Killed
 
 
 def test_resume_auto_takes_the_newest_complete_checkpoint(job, monkeypatch, capsys):

@@ -3,6 +3,7 @@ iterating, training that equals the big batch, and one-line refusals."""
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
@@ -90,18 +91,18 @@ def test_steps_group_similar_lengths_within_a_window(stream):
 def run(tiny_model_dir, stream_csv, cache_dir, tmp_path):
     count = iter(range(100))
 
-    def go(**changes):
+    def go(name=None, hooks=None, **changes):
         base = dict(
             model=str(tiny_model_dir),
             data=str(stream_csv),
             cache_dir=str(cache_dir),
-            output_dir=str(tmp_path / f"run{next(count)}"),
+            output_dir=str(tmp_path / (name or f"run{next(count)}")),
             report=False,
             streaming=True,
             streaming_eval_rows=20,
             **EXACT_JOB,
         )
-        result = train(TrainConfig(**{**base, **changes}))
+        result = train(TrainConfig(**{**base, **changes}), hooks=hooks)
         return result, load_file(result.model_dir / "model.safetensors")
 
     return go
@@ -275,3 +276,26 @@ def test_longest_first_runs_each_window_from_its_longest_batch(stream):
     chunks = [ordered[i : i + 2] for i in range(0, 64, 2)]  # the first four windows' chunks
     assert all(a >= b for a, b in chunks)
     assert widths(StreamingBatchSampler(stream[0], 4, seed=1, window_batches=8)) != ordered
+
+
+def test_a_killed_mixture_of_streams_resumes_as_the_run_left_alone(run, stream_csv, tmp_path):
+    """0.75/0.25 of a 280-row and a 50-row stream, 2 rows of 8 a step from the small one: killed before step 22,
+    resumed from step 20, the run crosses the small stream's restart (step 25), the second window (step 51) and its
+    next restart (step 50) and logs each step's loss and each source's figures as the run left alone."""
+    from leantrain.run import checkpoint
+    from tests.hooks import DieAt, Killed
+    from tests.test_checkpoint import logged_rows
+
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(60, seed=6))
+    job = dict(data=[f"{stream_csv}@0.75", f"{small}@0.25"], streaming_eval_rows=10, max_steps=56, batch_size=8,
+               save_every=10, eval_every=25)  # fmt: skip
+    whole, w_whole = run(**job)
+    with pytest.raises(Killed):
+        run("killed", hooks=DieAt(22), **job)
+    assert checkpoint.CheckpointDir(tmp_path / "killed" / "checkpoints").latest().step == 20
+    resumed, w_resumed = run("killed", resume="auto", **job)
+    assert resumed.metrics["resumed_from"].endswith("step-000020")
+    assert all(torch.equal(w_whole[k], w_resumed[k]) for k in w_whole)
+    assert logged_rows(resumed.output_dir) == logged_rows(whole.output_dir)
+    assert resumed.metrics["sources"] == whole.metrics["sources"]
+    assert whole.metrics["sources"]["small"]["examples"] > 2 * 50  # into the small stream's third pass

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from leantrain import TrainConfig, train
 from leantrain.commands.launch import free_port
+from leantrain.errors import LeantrainError
 from tests.conftest import EXACT_JOB, make_sentiment_rows, max_diff, write_csv
 from tests.hooks import site_env
 
@@ -222,6 +223,59 @@ def test_a_mixture_on_two_processes_equals_one_process_and_resumes_mid_log_row_e
     assert rc == 0, err[-3000:]
     assert logged(resumed) == logged(two)
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed).values(), weights(two).values()))
+    # one process would split each step otherwise (docs/mixtures.md): refused, naming the count
+    with pytest.raises(LeantrainError, match="num_processes: 2 -> 1"):
+        train(
+            TrainConfig(**job, batch_size=8, save_every=4, output_dir=str(root / "mix-one-process"), resume=str(ckpt))
+        )
+
+
+# a 2-process run and a 1-process one (subprocesses, one thread each): 17 s each at load 2
+@pytest.mark.parametrize("kind", ["mixture-by-tokens", "streamed-mixture", "stream"])
+def test_a_mixture_on_two_processes_computes_exactly_what_one_does_on_the_same_micro_batches(setup, kind):
+    """Two processes of 8 examples a step equal, bitwise, one process accumulating the same two micro-batches of 8:
+    a weighted mixture by tokens whose small source restarts, a mixture of two streams and one stream (each process
+    takes its micro-batches of every window); the same weights, per-step losses and each source's figures."""
+    root, base = setup
+    small = write_csv(root / f"small-{kind}.csv", make_sentiment_rows(40, seed=14))
+    job = {k: v for k, v in base.items() if k != "eval_data"}  # each source holds out its own rows
+    # 8 full steps: the epoch's 9th holds 6 rows, one micro-batch of 6 accumulated but 3 and 3 on two processes
+    job.update(data=[f"{base['data']}@0.7", f"{small}@0.3"], max_steps=8, eval_every=5)
+    if kind == "stream":  # 101 rows after 8 held out: 6 full steps, then the pass's last of 5 (as above)
+        job.update(data=base["data"], max_steps=6)
+    if kind != "mixture-by-tokens":
+        job.update(streaming=True, streaming_eval_rows=8)
+    else:
+        job.update(mix_by="tokens")
+    runs = {}
+    for name, shape in {"accumulated": dict(grad_accum=2), "two": dict(num_processes=2)}.items():
+        out_dir = root / f"{kind}-{name}"
+        rc, _, err = run_job(["-m", "leantrain", "train", *flags(**job, **shape, batch_size=8, output_dir=out_dir)])
+        assert rc == 0, err[-3000:]
+        runs[name] = out_dir
+    acc, two = weights(runs["accumulated"]), weights(runs["two"])
+    different = [k for k in acc if not torch.equal(acc[k], two[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
+
+    def logged(run_dir: Path) -> list[dict]:
+        """Each row's step, loss and each source's figures, flat ("small.loss")."""
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        out = []
+        for r in rows:
+            flat = {f"{name}.{k}": v for name, figures in r.get("sources", {}).items() for k, v in figures.items()}
+            out.append({"step": r["step"], "loss": r.get("loss"), "eval_loss": r.get("eval_loss"), **flat})
+        return out
+
+    one, split = logged(runs["accumulated"]), logged(runs["two"])
+    assert [r["step"] for r in split if r["loss"] is not None] == list(range(1, job["max_steps"] + 1))
+    for a, b in zip(split, one, strict=True):
+        if a["loss"] is not None:  # a training row: bitwise
+            assert a == b
+        else:  # an evaluation: each process scores half the rows, summed in another order
+            assert a == pytest.approx(b, abs=1e-6), a["step"]
+    if kind == "mixture-by-tokens":
+        trained = [r for r in one if r["loss"] is not None]
+        assert trained[-1][f"{small.stem}.epochs"] > 1  # the small source restarted
 
 
 @pytest.mark.parametrize("kind", ["ddp", "local-sgd", "fsdp"])

@@ -185,7 +185,8 @@ class Checkpoint:
         for key in PATH_KEYS:  # compare files, not spellings (the manifest records what they resolved to then)
             if key in config and key in saved:
                 config[key] = normalise_path(config[key])
-                saved[key] = self.manifest.get("resolved_paths", {}).get(key, normalise_path(saved[key]))
+                # again: a mixture's sources were recorded as given before they were resolved too
+                saved[key] = normalise_path(self.manifest.get("resolved_paths", {}).get(key, saved[key]))
         differing = [
             k
             for k in config
@@ -208,7 +209,12 @@ def _show(value: Any) -> str:
 
 
 def normalise_path(value: Any) -> Any:
-    """An existing file or folder as its absolute resolved path; anything else (a hub name, None) unchanged."""
+    """An existing file or folder as its absolute resolved path, a mixture's sources each with theirs (their own
+    eval_data too); anything else (a hub name, None) unchanged."""
+    if isinstance(value, list):
+        return [normalise_path(v) for v in value]
+    if isinstance(value, dict):
+        return {k: normalise_path(v) if k in ("path", "eval_data") else v for k, v in value.items()}
     if not isinstance(value, str):
         return value
     path = Path(value).expanduser()
