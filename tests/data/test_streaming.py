@@ -278,24 +278,33 @@ def test_longest_first_runs_each_window_from_its_longest_batch(stream):
     assert widths(StreamingBatchSampler(stream[0], 4, seed=1, window_batches=8)) != ordered
 
 
-def test_a_killed_mixture_of_streams_resumes_as_the_run_left_alone(run, stream_csv, tmp_path):
-    """0.75/0.25 of a 280-row and a 50-row stream, 2 rows of 8 a step from the small one: killed before step 22,
-    resumed from step 20, the run crosses the small stream's restart (step 25), the second window (step 51) and its
-    next restart (step 50) and logs each step's loss and each source's figures as the run left alone."""
+def test_a_killed_mixture_of_streams_resumes_as_the_run_left_alone(run, stream_csv, tmp_path, monkeypatch):
+    """0.75/0.25 of a 280-row and a 20-row stream in windows of 5 steps of 8 rows (10 of the small one's: it restarts
+    every other window): killed before step 13, resumed from step 11, the run reads the first two windows without
+    tokenizing them, seeks into the third and crosses the small stream's restart, logging each step's loss, each
+    source's figures and the evaluations as the run left alone."""
+    from leantrain.data import stream_mixture
     from leantrain.run import checkpoint
     from tests.hooks import DieAt, Killed
     from tests.test_checkpoint import logged_rows
 
-    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(60, seed=6))
-    job = dict(data=[f"{stream_csv}@0.75", f"{small}@0.25"], streaming_eval_rows=10, max_steps=56, batch_size=8,
-               save_every=10, eval_every=25)  # fmt: skip
+    class Windows(stream_mixture.StreamingMixtureSampler):  # small windows, so that a short run crosses several
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "window_batches": 5})
+
+    monkeypatch.setattr(stream_mixture, "StreamingMixtureSampler", Windows)
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(30, seed=6))
+    job = dict(data=[f"{stream_csv}@0.75", f"{small}@0.25"], streaming_eval_rows=10, max_steps=16, batch_size=8,
+               save_every=11, eval_every=7)  # fmt: skip
     whole, w_whole = run(**job)
     with pytest.raises(Killed):
-        run("killed", hooks=DieAt(22), **job)
-    assert checkpoint.CheckpointDir(tmp_path / "killed" / "checkpoints").latest().step == 20
+        run("killed", hooks=DieAt(13), **job)
+    assert checkpoint.CheckpointDir(tmp_path / "killed" / "checkpoints").latest().step == 11
     resumed, w_resumed = run("killed", resume="auto", **job)
-    assert resumed.metrics["resumed_from"].endswith("step-000020")
+    assert resumed.metrics["resumed_from"].endswith("step-000011")
     assert all(torch.equal(w_whole[k], w_resumed[k]) for k in w_whole)
-    assert logged_rows(resumed.output_dir) == logged_rows(whole.output_dir)
+    rows = logged_rows(whole.output_dir)
+    assert logged_rows(resumed.output_dir) == rows
+    assert [r["step"] for r in rows if "eval_loss" in r] == [7, 14, 16]
     assert resumed.metrics["sources"] == whole.metrics["sources"]
-    assert whole.metrics["sources"]["small"]["examples"] > 2 * 50  # into the small stream's third pass
+    assert whole.metrics["sources"]["small"]["examples"] > 20  # its second pass begins at step 11
