@@ -697,26 +697,57 @@ def resume_and_compare(cli_job, out: Path, left_alone: Path) -> str:
     return proc.stderr_text
 
 
-@pytest.mark.slow  # real processes killed mid-run
-def test_sigkill_mid_epoch_then_resume_auto_is_exact(cli_job, left_alone, tmp_path):
-    out = tmp_path / "killed"
-    proc = run_cli(cli_job, out, env={"LT_TEST_STEP_SLEEP": "0.3"}, helper=True, wait=False)
+def sigkill_after_the_first_checkpoint(args: list[str], out: Path) -> checkpoint.Checkpoint:
+    """Run `args` with slow steps (0.3 s) and SIGKILL it about half a step after step 2's checkpoint appears:
+    mid-step, before the next checkpoint. Returns the newest checkpoint it left."""
+    proc = run_cli(args, out, env={"LT_TEST_STEP_SLEEP": "0.3"}, helper=True, wait=False)
     try:
         deadline = time.monotonic() + 120
         while not step_dir(out, 2).is_dir():
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "no checkpoint appeared"
             time.sleep(0.02)
-        time.sleep(0.15)  # about half a step (0.3 s each) later: mid-step, before the next checkpoint
+        time.sleep(0.15)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.communicate()
     assert proc.returncode == -signal.SIGKILL
     newest = checkpoint.CheckpointDir(out / "checkpoints").latest()
+    assert newest is not None
+    return newest
+
+
+@pytest.mark.slow  # real processes killed mid-run
+def test_sigkill_mid_epoch_then_resume_auto_is_exact(cli_job, left_alone, tmp_path):
+    out = tmp_path / "killed"
+    newest = sigkill_after_the_first_checkpoint(cli_job, out)
     assert 2 <= newest.step < 6, "killed in the first epoch, after its first checkpoint"
     err = resume_and_compare(cli_job, out, left_alone)
     assert f"resuming from {newest.path}" in err
+
+
+@pytest.mark.slow  # real processes killed mid-run: 3 runs of up to 14 steps, about 30 s at load 3
+def test_sigkill_mid_epoch_of_a_mixture_by_tokens_then_resume_auto_is_exact(cli_job, tmp_path):
+    """0.7/0.3 by tokens (243 rows: 7 steps of 36 an epoch; the small source restarts every few steps), SIGKILLed
+    mid-step after its first checkpoint and resumed: the weights, each step's loss, each source's figures and
+    evaluations of the run left alone."""
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(30, seed=8))
+    i = cli_job.index("--data")
+    mixture = ["--data", f"{cli_job[i + 1]}@0.7", "--data", f"{small}@0.3", "--mix-by", "tokens"]
+    args = [*cli_job[:i], *mixture, *cli_job[i + 2 :]]
+    alone, out = tmp_path / "alone", tmp_path / "killed"
+    proc = run_cli(args, alone)
+    assert proc.returncode == 0, proc.stderr_text
+    newest = sigkill_after_the_first_checkpoint(args, out)
+    assert 2 <= newest.step < 7 and not (out / "metrics.json").exists()
+    proc = run_cli([*args, "--resume", "auto"], out)
+    assert proc.returncode == 0, proc.stderr_text
+    assert f"resuming from {newest.path}" in proc.stderr_text
+    assert_same_weights(alone, out)
+    rows = logged_rows(alone)
+    assert logged_rows(out) == rows and [r["step"] for r in rows if "loss" in r] == list(range(1, 15))
+    assert any("eval_loss" in r and r["step"] > newest.step for r in rows)
 
 
 @pytest.mark.slow  # real processes killed mid-run
