@@ -73,6 +73,7 @@ def _run(config: TrainConfig, task: type[Task] | None, hooks: Hooks | None, comp
     from leantrain.run import directory
     from leantrain.telemetry.memory import freed_memory_kept, freed_memory_returned
     from leantrain.training import interrupt
+    from leantrain.training.determinism import deterministic_compiled_kernels
 
     # --auto plans on the prepared data: a Ctrl-C there stops at once, as while the trainer prepares it
     with interrupt.phase("planning (--auto: preparing the data)" if config.auto else "starting the run"):
@@ -87,7 +88,9 @@ def _run(config: TrainConfig, task: type[Task] | None, hooks: Hooks | None, comp
     heap: contextlib.AbstractContextManager = contextlib.nullcontext()
     if device_type() == "cpu":
         heap = freed_memory_returned() if cfg.auto else freed_memory_kept()
-    with directory.guarded(), loading.library_bars_off(), heap:
+    # --compile on a CPU: inductor's kernels without atomic adds, so that a compiled run is bitwise repeatable
+    exact = deterministic_compiled_kernels(bool(cfg.compile) and device_type() == "cpu")
+    with directory.guarded(), loading.library_bars_off(), heap, exact:
         trainer = Trainer(
             cfg, chosen, job.model_path, job.model_config, plan=job.plan, hooks=hooks,
             share_output_dir=config.output_dir is None,

@@ -85,3 +85,45 @@ def test_a_compiled_run_with_dynamic_lengths_compiles_a_few_graphs_and_none_afte
     assert graphs[2:] == [graphs[-1]] * 7, graphs  # none after the first two steps (step 6 is the short one)
     assert result.metrics["recompiles"] == 0
     assert result.metrics["train_examples"] == 216 + 3 * 40  # the masked rows are no examples
+
+
+@pytest.mark.slow  # three compiled runs (the later two on a warm cache): about 90 s here
+def test_compiled_runs_and_a_compiled_resumption_give_the_same_bits(run):
+    """The same seed and settings give the same bits under --compile too, and a resumed compiled run ends where
+    the uninterrupted one does (docs/performance.md). Inductor's C++ code summed the embeddings' gradient rows
+    with atomic adds from every thread, in the threads' order: two runs differed in the last bits."""
+    job = dict(batch_size=16, max_steps=6, save_every=2, compile=True, precision="bf16", optimizer="adamw")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # atomics race only between threads: a one-thread test worker would not see them
+    try:
+        runs = []
+        for name, resume in (("first", None), ("second", None), ("resumed", "first")):
+            torch._dynamo.reset()  # each run compiles its own graphs, as a fresh process does
+            checkpoint = resume and str(runs[0][0].output_dir / "checkpoints" / "step-000004")
+            runs.append(run(name, **job, **({"resume": checkpoint} if checkpoint else {})))
+    finally:
+        torch.set_num_threads(threads)
+    assert not torch.are_deterministic_algorithms_enabled()  # the run put torch's setting back
+    assert runs[2][0].metrics["train_examples"] == 2 * 16  # really resumed at step 4
+    first = runs[0][1]
+    for _, other in runs[1:]:
+        assert first.keys() == other.keys()
+        assert [k for k in first if not torch.equal(first[k], other[k])] == []
+
+
+def test_torch_deterministic_setting_holds_for_the_run_only():
+    """A compiled CPU run turns torch's deterministic algorithms on for itself and puts the setting back; a user's
+    own (strict) setting stands."""
+    from leantrain.training.determinism import deterministic_compiled_kernels
+
+    with deterministic_compiled_kernels(True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with deterministic_compiled_kernels(True):
+            assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -739,7 +739,8 @@ class EfficiencyConfig:
     )
     compile: bool = _help(
         "torch.compile the model (compile time is reported apart from throughput; on CUDA mode reduce-overhead, "
-        "CUDA graphs).",
+        "CUDA graphs; on a CPU with torch's deterministic algorithms, so that the same seed and settings give the "
+        "same bits).",
         default=False,
     )
     kernels: str = _help(
