@@ -17,6 +17,7 @@ from leantrain import TrainConfig, train
 from leantrain.errors import ConfigError
 from leantrain.tasks.text_classification import TextClassification
 from leantrain.training import Hooks
+from tests.hooks import DieAt, Killed
 
 
 class PlantedCurve(TextClassification):
@@ -140,19 +141,6 @@ def test_a_checkpoint_folder_loads_like_the_model_folder(planted, sentiment_csv)
     assert evaluate(str(ckpt), str(sentiment_csv))["examples"] == 240
     classify = pipeline("text-classification", model=str(ckpt))
     assert classify(texts[0])[0]["label"] == from_checkpoint[0]["label"]
-
-
-class Killed(BaseException):
-    """Stands in for a kill inside the process (not an Exception: nothing in leantrain catches it)."""
-
-
-class DieAt(Hooks):
-    def __init__(self, step: int):
-        self.step = step
-
-    def before_optimizer_step(self, step: int) -> None:
-        if step == self.step:
-            raise Killed
 
 
 def test_a_resumed_run_stops_where_the_uninterrupted_one_does(planted, tmp_path):
