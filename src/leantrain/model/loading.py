@@ -269,8 +269,10 @@ def _head_loaded(model, info: dict[str, Any]) -> bool:
     """Whether loading (`info`: transformers' loading info) filled any of the head's parameters from the checkpoint,
     at its sizes or not."""
     base = getattr(model, "base_model_prefix", "") or ""
+    if not base or not info:  # no body to tell the head from: leave the model as loaded
+        return False
     head = {n for n, _ in model.named_parameters() if n.split(".")[0] != base}
-    return bool(head - set(info.get("missing_keys") or ())) if info else False
+    return bool(head - set(info.get("missing_keys") or ()))
 
 
 def mapping_of(auto_model: str) -> str:
