@@ -888,3 +888,15 @@ def test_a_run_that_keeps_checkpoints_saves_its_last_step_and_is_trained_further
     assert manifest["reason"] == "the last step"
     further = train(cfg.replace(max_steps=8, resume="auto", overwrite=True))
     assert further.metrics["resumed_from"].endswith("step-000006")
+
+
+def test_a_state_dict_that_does_not_fit_names_its_keys(tmp_path):
+    """torch's load_state_dict error is a header line and the keys below it: the one line keeps the keys (a LoRA
+    checkpoint whose trained modules differ said only "Error(s) in loading state_dict for WholeTensors:")."""
+    from leantrain.run.checkpoint import CheckpointError, _load
+
+    def load(path):
+        raise RuntimeError('Error(s) in loading state_dict for WholeTensors:\n\tMissing key(s) in state_dict: "a.b".')
+
+    with pytest.raises(CheckpointError, match=r'WholeTensors: Missing key\(s\) in state_dict: "a\.b"\.\); it is'):
+        _load(tmp_path / "model.safetensors", load)

@@ -745,7 +745,9 @@ def _load(path: Path, load):
             "with --resume PATH"
         ) from None
     except Exception as exc:  # torch and safetensors raise many types for damaged or mismatched files
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+        # torch's state-dict error is a header ending in ':' and the keys below it: the keys say what differs
+        first = (" ".join(lines[:2]) if lines[0].endswith(":") else lines[0])[:200]
         raise CheckpointError(
             f"{path}: cannot be loaded ({first}); it is damaged or from a different "
             "model/optimizer; resume from another checkpoint with --resume PATH"
