@@ -27,9 +27,10 @@ from leantrain.errors import ConfigError
 from leantrain.model import freezing, optimizers
 
 #: seconds of training the default job is sized for: its rows are what this machine trains in that time at the speed
-#: it measured (`default_job_rows`), a margin under the quick start's five minutes for a busier moment (the speed
-#: measured in fp32 was within 3% of the job's own: benchmarks/results/quickstart.md)
-DEFAULT_JOB_SECONDS = 270
+#: it measured (`default_job_rows`). The whole job runs at 0.83-0.96x the measured step's speed (its loader, logger and
+#: guards, lengths that vary, a neighbour's load: benchmarks/results/quickstart.md, a Sapphire Rapids and an EPYC),
+#: so these seconds come to 260-300 of training, under the quick start's five minutes
+DEFAULT_JOB_SECONDS = 250
 #: the default job's rows at most (24,000 trained in 163-261 s to accuracy 0.80 on 2-core CPUs with AVX-512:
 #: benchmarks/results/quickstart.md) and at least
 DEFAULT_JOB_ROWS = {"max": 24_000, "min": 2_000}
@@ -333,7 +334,7 @@ class DataConfig:
     max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
     limit: int | None = _help(
         "Train on a stratified sample of this many training rows. The default job uses what this "
-        f"machine trains in about {DEFAULT_JOB_SECONDS / 60:g} minutes at its measured speed, at most "
+        f"machine trains in about {DEFAULT_JOB_SECONDS / 60:.0f} minutes at its measured speed, at most "
         f"{DEFAULT_JOB_ROWS['max']:,}; otherwise all rows.",
         default=None,
     )
