@@ -254,6 +254,26 @@ def test_frozen_parameters_plan_no_gradient_or_optimizer_state(facts, tiny_model
         assert memory.peak < whole[key].peak
 
 
+def test_the_optimizer_step_is_charged_for_what_trains(facts, tiny_model_dir):
+    """An optimizer steps only what trains: freezing the embeddings shortens a step by its per-parameter cost of
+    the frozen numbers, and leaves the forward and backward as they were."""
+    from leantrain.model import freezing, loading
+    from leantrain.planner.speed import optimizer_step_seconds
+
+    model = loading.load_for_classification(str(tiny_model_dir), ["a", "b"])
+    total = sum(p.numel() for p in model.parameters())
+    freezing.apply(model, "embeddings")
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    optimizers = ("adamw", "adamw8bit", "adafactor")
+    whole, frozen = (
+        {(c.precision, c.activation_checkpointing, c.micro_batch, c.optimizer): c.step_seconds for c in plan.candidates}
+        for plan in (plan_for(facts, 2**34, freeze=f, optimizers=optimizers) for f in ("none", "embeddings"))
+    )
+    for key, seconds in frozen.items():
+        saved = optimizer_step_seconds(SPEED, key[3], total) - optimizer_step_seconds(SPEED, key[3], trained)
+        assert whole[key] - seconds == pytest.approx(saved, rel=1e-6) and saved > 0
+
+
 #: Throughput of each technique relative to fp32/AdamW (micro-batch, accumulation, precision, checkpointing,
 #: optimizer), measured with `leantrain bench` on MiniLM (batch 64, length 128, padded) on a quiet 2-core AMX
 #: CPU: benchmarks/results/bench_minilm_sst2.md, 2026-11-29.

@@ -241,7 +241,7 @@ def enumerate_candidates(
                         flops_per_sequence,
                         facts.layers,
                         facts.hidden,
-                        facts.params,
+                        inventory.numel,  # the optimizer steps only what trains (LoRA's adapters, what is not frozen)
                         micro,
                         accum,
                         request.seq_len,

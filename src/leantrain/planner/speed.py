@@ -145,8 +145,9 @@ def step_seconds(
     optimizer: str,
     optimizer_flops: float = 0.0,
 ) -> float:
-    """Predicted seconds of one optimizer step on one process (its share of the global batch); `optimizer_flops`:
-    the optimizer step's own matmuls (`ParamInventory.step_flops`)."""
+    """Predicted seconds of one optimizer step on one process (its share of the global batch); `params`: the
+    parameters the optimizer steps (those that train); `optimizer_flops`: the optimizer step's own matmuls
+    (`ParamInventory.step_flops`)."""
     tokens = micro_batch * seq_len
     efficiency = tokens / (tokens + speed.half_tokens)
     micro = micro_batch * flops_per_sequence / (speed.peak_fp32 * speed.utilisation * efficiency)  # fp32
