@@ -242,3 +242,45 @@ def test_the_governor_is_off_unless_asked(tiny_model_dir, sentiment_csv, cache_d
     )  # fmt: skip
     train(cfg)
     assert asked == [False]
+
+
+def test_without_the_governor_a_watch_says_once_what_a_neighbours_load_costs(
+    tiny_model_dir, sentiment_csv, cache_dir, tmp_path, monkeypatch, capsys
+):
+    """Off by default, the governor still watches: a run slowed by a neighbour says once that its threads wait on
+    the neighbour's cores and what --thread-governor would do."""
+    from leantrain import TrainConfig, train
+
+    m = Machine()
+    watch = m.governor(interval=2.0, slack=0.5)
+
+    def clock():  # each step takes a second, beside a neighbour holding a core
+        m.run(1, others=1.0)
+        return m.now
+
+    watch.clock = clock
+    monkeypatch.setattr(threads, "busy_watch", lambda *a: watch)
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), data=str(sentiment_csv), output_dir=str(tmp_path / "run"), cache_dir=str(cache_dir),
+        batch_size=8, max_steps=5, progress=False, report=False, precision="fp32",
+    )  # fmt: skip
+    train(cfg)
+    said = capsys.readouterr().err
+    assert said.count("other processes used 1.0 of this run's 2 cores") == 1 and "--thread-governor gives" in said
+
+
+def test_the_watch_runs_where_the_governor_could_and_sets_no_threads(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setenv(threads.GOVERNOR_ENV, "1")
+    set_threads = []
+    monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
+    watch = threads.busy_watch(1, 0, "cpu")
+    assert isinstance(watch, threads.ThreadGovernor) and watch.interval == 10.0
+    watch.set_threads(1)
+    assert set_threads == []
+    assert threads.busy_watch(2, 0, "cpu") is None and threads.busy_watch(1, 2, "cpu") is None
+    assert threads.busy_watch(1, 0, "cuda") is None
+    monkeypatch.delenv(threads.GOVERNOR_ENV)  # the user's OMP_NUM_THREADS: the flag would not run, so no hint
+    assert threads.busy_watch(1, 0, "cpu") is None

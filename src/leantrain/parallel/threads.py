@@ -163,26 +163,40 @@ def thread_governor(
     """With --thread-governor (`asked`), the governor where the thread count is leantrain's to choose: a `leantrain`
     command's only process, on the CPU, with no loader workers (their CPU would count as another process's) and
     more than one thread. Returns it (or None) and, when it was asked for but cannot run, why not."""
-    import torch
-
     if not asked or device_type != "cpu":
         return None, None
-    why = None
+    found = _governable(num_processes, loader_workers)
+    if isinstance(found, str):
+        return None, found
+    return ThreadGovernor(*found), None
+
+
+def busy_watch(num_processes: int, loader_workers: int, device_type: str) -> ThreadGovernor | None:
+    """Without --thread-governor, where it could run: a governor that only watches (it sets no thread count) over
+    ten-second spans, so that a run slowed by a neighbour's load can say once what the flag would do."""
+    found = _governable(num_processes, loader_workers) if device_type == "cpu" else "not a CPU run"
+    if isinstance(found, str):
+        return None
+    return ThreadGovernor(*found, interval=10.0, slack=0.5, set_threads=lambda n: None)
+
+
+def _governable(num_processes: int, loader_workers: int) -> tuple[int, Collection[int]] | str:
+    """(threads, CPUs) where the thread count is leantrain's to govern, else why not."""
+    import torch
+
     if os.environ.get(GOVERNOR_ENV) != "1":
-        why = "OMP_NUM_THREADS, a CPU quota or LEANTRAIN_THREAD_GOVERNOR=0 fixes the thread count, or not the CLI"
-    elif num_processes != 1:
-        why = "the processes of a launch share the cores already"
-    elif loader_workers:
-        why = "--dataloader-num-workers' processes would count as a neighbour"
-    if why is not None:
-        return None, why
+        return "OMP_NUM_THREADS, a CPU quota or LEANTRAIN_THREAD_GOVERNOR=0 fixes the thread count, or not the CLI"
+    if num_processes != 1:
+        return "the processes of a launch share the cores already"
+    if loader_workers:
+        return "--dataloader-num-workers' processes would count as a neighbour"
     try:
         cpus = os.sched_getaffinity(0)
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return None, "not Linux"
+        return "not Linux"
     threads = torch.get_num_threads()
     if threads < 2:
-        return None, "one thread has nothing to give back"
+        return "one thread has nothing to give back"
     if busy_seconds(cpus) is None:
-        return None, "/proc/stat cannot be read"
-    return ThreadGovernor(threads, cpus), None
+        return "/proc/stat cannot be read"
+    return threads, cpus

@@ -599,13 +599,15 @@ class Trainer:
     def _start_thread_governor(self) -> None:
         """--thread-governor: fewer threads while other processes hold this machine's cores (a `leantrain` command's
         CPU run), at the price of bitwise repeatability, which the user hears about where it was promised."""
-        from leantrain.parallel.threads import thread_governor
+        from leantrain.parallel.threads import busy_watch, thread_governor
 
         cfg, acc = self.cfg, self.accelerator
         governor, why_not = thread_governor(
             cfg.thread_governor, acc.num_processes, cfg.dataloader_num_workers, acc.device.type
         )
         self.thread_governor = governor
+        asked = cfg.thread_governor
+        self.busy_watch = None if asked else busy_watch(acc.num_processes, cfg.dataloader_num_workers, acc.device.type)
         if why_not is not None:
             self.say.info(f"--thread-governor: off ({why_not})")
         elif governor is not None and (cfg.save_every or cfg.save_on_interrupt or cfg.resume):
@@ -615,11 +617,19 @@ class Trainer:
             )
 
     def _govern_threads(self) -> None:
-        governor = self.thread_governor
+        governor, watch = self.thread_governor, self.busy_watch
         if governor is not None and (threads := governor.update()) is not None:
             self.say.info(
                 f"step {self.state.step}: {threads} of {governor.most} CPU threads (other processes used "
                 f"{governor.others:.1f} cores over the last {governor.interval:.0f} s)"
+            )
+        elif watch is not None and watch.update() is not None:
+            self.busy_watch = None  # said once
+            self.say.info(
+                f"step {self.state.step}: other processes used {watch.others:.1f} of this run's {watch.most} cores "
+                f"over the last {watch.interval:.0f} s, and its {watch.most} CPU threads wait on each other at every "
+                "operation, so steps run slower, up to many times; --thread-governor gives a core back while it is "
+                "busy (the weights then depend on the load in their last bits)"
             )
 
     def _stop_if_interrupted(self, saved_now: bool, during: str | None = None) -> None:
