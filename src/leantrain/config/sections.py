@@ -31,7 +31,7 @@ from leantrain.model import freezing, optimizers
 #: guards, lengths that vary, a neighbour's load: benchmarks/results/quickstart.md, a Sapphire Rapids and an EPYC),
 #: so these seconds come to 260-300 of training, under the quick start's five minutes
 DEFAULT_JOB_SECONDS = 250
-#: the default job's rows at most (24,000 trained in 163-261 s to accuracy 0.80 on 2-core CPUs with AVX-512:
+#: the default job's rows at most (24,000 trained in 148-254 s to accuracy 0.81 on 2-core CPUs with AVX-512:
 #: benchmarks/results/quickstart.md) and at least
 DEFAULT_JOB_ROWS = {"max": 24_000, "min": 2_000}
 #: the default job's accuracy on the held-out tweets by rows trained (fp32, one epoch as the default job trains:
