@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.data.sources import ReadOptions
-from leantrain.errors import DataError, LeantrainError
+from leantrain.errors import ConfigError, DataError, LeantrainError
 from leantrain.model.loading import library_bars_off
 from leantrain.parallel import callers_random_states
 
@@ -286,13 +286,39 @@ def _autocast(precision: str):
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type(), dtype=dtype)
 
 
+#: the suffixes `write_predictions` writes: JSON lines, or a table
+OUTPUT_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+
+
+def check_output(path: str) -> Path:
+    """Refuse, before any prediction is made, an --output whose format is unknown or whose folder cannot be made."""
+    target = Path(path)
+    if target.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise ConfigError(
+            f"--output {path}: unknown format '{target.suffix or '(no suffix)'}'; "
+            f"name a {', '.join(OUTPUT_SUFFIXES)} file"
+        )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output {path}: cannot create its folder ({exc.strerror}); choose another path") from None
+    return target
+
+
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:
     """JSON lines to `stream`, or to `path` (.jsonl/.json) or as CSV (.csv/.tsv) by its suffix."""
     if path is None:
         for row in rows:
             stream.write(json.dumps(row, ensure_ascii=False) + "\n")
         return
-    target = Path(path)
+    target = check_output(path)
+    try:
+        _write_file(rows, target)
+    except OSError as exc:
+        raise DataError(f"--output {path}: cannot write ({exc.strerror or exc}); choose another path") from None
+
+
+def _write_file(rows: list[dict[str, Any]], target: Path) -> None:
     if target.suffix.lower() in (".csv", ".tsv"):
         import pandas as pd
 
