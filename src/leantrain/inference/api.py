@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.data.sources import ReadOptions
-from leantrain.errors import ConfigError, DataError, LeantrainError
+from leantrain.errors import DataError, LeantrainError
 from leantrain.model.loading import library_bars_off
 from leantrain.parallel import callers_random_states
 
@@ -292,17 +292,9 @@ OUTPUT_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 
 def check_output(path: str) -> Path:
     """Refuse, before any prediction is made, an --output whose format is unknown or whose folder cannot be made."""
-    target = Path(path)
-    if target.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise ConfigError(
-            f"--output {path}: unknown format '{target.suffix or '(no suffix)'}'; "
-            f"name a {', '.join(OUTPUT_SUFFIXES)} file"
-        )
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--output {path}: cannot create its folder ({exc.strerror}); choose another path") from None
-    return target
+    from leantrain.run.directory import output_file
+
+    return output_file(path, OUTPUT_SUFFIXES)
 
 
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:
