@@ -186,6 +186,25 @@ def test_evaluate_refuses_labels_the_model_does_not_know(capsys, base, tmp_path)
     _one_line_error(code, err, "other.csv", "'neutral'", "unknown to the model")
 
 
+def test_predict_refuses_an_output_it_cannot_write_before_predicting(capsys, tmp_path):
+    """Checked first: the run named here does not even exist, and the error is the output's, in one line."""
+    missing = str(tmp_path / "no-run")
+    code, _, err = run(capsys, "predict", missing, "--text", "hi", "--output", str(tmp_path / "p.xlsx"))
+    _one_line_error(code, err, "--output", "unknown format '.xlsx'", ".jsonl, .json, .csv, .tsv")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run(capsys, "predict", missing, "--text", "hi", "--output", str(blocker / "p.csv"))
+    _one_line_error(code, err, "--output", "cannot create its folder")
+    from leantrain.errors import DataError
+    from leantrain.inference import write_predictions
+
+    (tmp_path / "taken.csv").mkdir()  # a folder where the file should go: found only at the write
+    with pytest.raises(DataError, match=r"--output .*taken\.csv: cannot write"):
+        write_predictions([{"text": "hi", "label": "pos"}], str(tmp_path / "taken.csv"), None)
+    write_predictions([{"text": "hi", "label": "pos"}], str(tmp_path / "new" / "p.jsonl"), None)
+    assert json.loads((tmp_path / "new" / "p.jsonl").read_text()) == {"text": "hi", "label": "pos"}
+
+
 def test_info_shows_config_counts_and_head(capsys, tiny_model_dir):
     code, out, _ = run(capsys, "info", str(tiny_model_dir), "--num-labels", "5")
     assert code == 0

@@ -291,6 +291,29 @@ def test_sentence_pairs_train_on_both_sentences(tiny_model_dir, cache_dir, tmp_p
     assert result.metrics["eval_accuracy"] > 0.8
 
 
+def test_a_pair_model_refuses_single_texts_and_a_single_text_model_pairs(tiny_model_dir, cache_dir, tmp_path):
+    """Scores of a pair classifier on one sentence (or the reverse) would mean nothing: refused in one line."""
+    import pandas as pd
+
+    from leantrain import predict
+    from tests.conftest import make_sentiment_rows, write_csv
+
+    rows = make_sentiment_rows(40, seed=2)
+    pairs = tmp_path / "pairs.csv"
+    pd.DataFrame([{"sentence1": "a", "sentence2": t, "label": y} for t, y in rows]).to_csv(pairs, index=False)
+    single = write_csv(tmp_path / "single.csv", rows)
+    common = dict(model=str(tiny_model_dir), cache_dir=str(cache_dir), max_steps=1, progress=False, report=False)
+    pair_run = str(train(TrainConfig(data=str(pairs), output_dir=str(tmp_path / "p"), **common)).output_dir)
+    text_run = str(train(TrainConfig(data=str(single), output_dir=str(tmp_path / "s"), **common)).output_dir)
+    with pytest.raises(DataError, match=r"--text: .* was trained on sentence pairs, this gives single texts"):
+        predict(pair_run, texts=["great"])
+    with pytest.raises(DataError, match=r"single\.csv: .* was trained on sentence pairs"):
+        evaluate(pair_run, str(single))
+    with pytest.raises(DataError, match=r"pairs\.csv: .* was trained on single texts, this gives sentence pairs"):
+        predict(text_run, data=str(pairs))
+    assert len(predict(pair_run, data=str(pairs))) == 40 and len(predict(text_run, texts=["great"])) == 1
+
+
 def test_a_batch_larger_than_the_data_says_what_it_used(job, capsys):
     result = train(job(batch_size=1_000_000, epochs=2))
     err = capsys.readouterr().err

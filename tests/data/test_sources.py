@@ -204,7 +204,7 @@ def test_real_mrpc_file_with_its_byte_order_mark(shared_data):
     assert df.columns[0] == "Quality"
     cols = resolve_columns(df, "mrpc", None, None, None)
     assert (cols.label, cols.text, cols.text_pair) == ("Quality", "#1 String", "#2 String")
-    assert report.rows_read + report.rows_dropped == 3668
+    assert report.rows_read == 3668  # every row of the file, any dropped ones among them
     assert set(df["Quality"]) == {"0", "1"}
     # valid UTF-8 throughout: nothing to repair (its curly quotes were once "repaired" into straight ones)
     assert report.rows_repaired == 0 and "repaired" not in report.summary()
@@ -277,7 +277,7 @@ def test_headerless_files_take_their_column_names_from_the_option(tmp_path):
 def test_real_sms_spam_collection_without_suffix_or_header(shared_data):
     options = ReadOptions(format="tsv", column_names=("label", "text"))
     df, report = read_table(str(shared_data / "sms_spam" / "SMSSpamCollection"), options=options)
-    assert report.rows_read + report.rows_dropped == 5574
+    assert report.rows_read == 5574
     assert df["label"].value_counts().to_dict() == {"ham": 4827, "spam": 747}
 
 
@@ -301,6 +301,16 @@ def test_ragged_rows_are_dropped_and_counted_by_both_readers(tmp_path):
     for df, report in _both_readers(path):
         assert df.to_dict("list") == {"text": ["good film", "bad film"], "label": ["1", "0"]}
         assert report.drop_reasons == {"with the wrong number of fields": 2}
+        # the file's four data rows, two of them dropped: not "2 rows, 2 dropped"
+        assert report.summary().endswith(": 4 rows, 2 dropped (2 with the wrong number of fields)")
+
+
+def test_a_file_whose_every_row_has_the_wrong_width_says_so_not_that_it_has_no_rows(tmp_path):
+    path = tmp_path / "ragged.csv"
+    path.write_text("text,label\na;1;x;z\nb;0;y;z\n")
+    for options in ({}, {"repair": "always"}):
+        with pytest.raises(DataError, match=r"ragged\.csv: every row has a number of fields other than the header's 2"):
+            read_table(str(path), options=ReadOptions(**options))
 
 
 def _awkward_csv(path, rows: int, seed: int, sep: str = ",") -> None:

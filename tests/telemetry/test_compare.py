@@ -62,6 +62,18 @@ def test_the_compare_command(tiny_runs, tmp_path, capsys):
     assert main(["compare", str(tiny_runs[0])]) == 2  # one run: nothing to compare
 
 
+def test_a_chart_it_cannot_write_is_refused_in_one_line_before_the_table(tiny_runs, tmp_path, capsys):
+    from leantrain.commands.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for out, says in ((tmp_path / "c.txt", "unknown format '.txt'"), (blocker / "c.png", "cannot create its folder")):
+        assert main(["compare", str(tiny_runs[0]), str(tiny_runs[1]), "--output", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and "Traceback" not in captured.err
+        assert f"--output {out}: {says}" in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
 def test_compare_writes_no_chart_unless_asked(tiny_runs, tmp_path, capsys, monkeypatch):
     from leantrain.commands.cli import main
 

@@ -145,6 +145,18 @@ def test_a_report_from_a_synthetic_run_has_every_plot(tmp_path):
     assert "http://" not in page and "https://" not in page  # self-contained
 
 
+def test_a_report_it_cannot_write_is_refused_in_one_line(tmp_path):
+    from leantrain.errors import ConfigError
+
+    run = synthetic_run(tmp_path)
+    with pytest.raises(ConfigError, match=r"--output .*r\.txt: unknown format '\.txt'; name a \.html, \.htm file"):
+        write_report(run, tmp_path / "r.txt")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"--output .*r\.html: cannot create its folder"):
+        write_report(run, tmp_path / "file" / "r.html")
+    assert write_report(run, tmp_path / "new" / "r.html").is_file()
+
+
 def test_rows_survive_torn_lines_and_non_finite_values(tmp_path):
     run = synthetic_run(tmp_path)
     rows = read_rows(run / "metrics.jsonl")

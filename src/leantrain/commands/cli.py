@@ -650,8 +650,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from leantrain.inference import predict, write_predictions
+    from leantrain.inference.api import check_output
 
     _check_sizes(args)
+    if args.output:
+        check_output(args.output)  # before the model is loaded and run
     rows = predict(
         args.model,
         texts=args.text,

@@ -196,10 +196,20 @@ def read_table(
             df = _read_parquet(path)
     except PermissionError as exc:
         raise DataError(f"{source}: cannot read ({exc.strerror}); check its permissions") from None
+    _count_rows(str(source), df, report)
+    return df, report
+
+
+def _count_rows(source: str, df: pd.DataFrame, report: ReadReport) -> None:
+    """Every data row of the file, those the reader skipped (wrong width) included: "N rows, K dropped"."""
+    if len(df) == 0 and report.rows_dropped:
+        raise DataError(
+            f"{source}: every row has a number of fields other than the header's {len(df.columns)} "
+            f"({', '.join(map(str, df.columns))}); check its delimiter and quoting"
+        )
     if len(df) == 0:
         raise DataError(f"{source}: the file holds a header but no rows")
-    report.rows_read = len(df)
-    return df, report
+    report.rows_read = len(df) + report.rows_dropped
 
 
 def _refuse_other_delimiter(source: str, fmt: str, df: pd.DataFrame) -> None:

@@ -286,13 +286,31 @@ def _autocast(precision: str):
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type(), dtype=dtype)
 
 
+#: the suffixes `write_predictions` writes: JSON lines, or a table
+OUTPUT_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+
+
+def check_output(path: str) -> Path:
+    """Refuse, before any prediction is made, an --output whose format is unknown or whose folder cannot be made."""
+    from leantrain.run.directory import output_file
+
+    return output_file(path, OUTPUT_SUFFIXES)
+
+
 def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> None:
     """JSON lines to `stream`, or to `path` (.jsonl/.json) or as CSV (.csv/.tsv) by its suffix."""
     if path is None:
         for row in rows:
             stream.write(json.dumps(row, ensure_ascii=False) + "\n")
         return
-    target = Path(path)
+    target = check_output(path)
+    try:
+        _write_file(rows, target)
+    except OSError as exc:
+        raise DataError(f"--output {path}: cannot write ({exc.strerror or exc}); choose another path") from None
+
+
+def _write_file(rows: list[dict[str, Any]], target: Path) -> None:
     if target.suffix.lower() in (".csv", ".tsv"):
         import pandas as pd
 

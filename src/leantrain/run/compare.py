@@ -210,10 +210,18 @@ def write_chart(runs: list[RunData], path: str | Path) -> Path:
     return path
 
 
+#: chart formats matplotlib writes that a comparison is useful in
+CHART_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
 def compare(run_dirs: list[str | Path], output: str | Path | None = None, console=None) -> Path | None:
     """Print the comparison; write the chart to `output` (None: no chart). Returns the chart's path."""
     if len(run_dirs) < 2:
         raise LeantrainError("compare needs at least two run directories")
+    if output is not None:
+        from leantrain.run.directory import output_file
+
+        output_file(output, CHART_SUFFIXES)  # before the table is printed: a chart it cannot write fails first
     runs = [load_run(d) for d in run_dirs]
     print_comparison(runs, console)
     return write_chart(runs, output) if output is not None else None

@@ -466,3 +466,20 @@ def _fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         fsync_dir(Path(here))
+
+
+def output_file(path: str | Path, suffixes: tuple[str, ...], flag: str = "--output") -> Path:
+    """A file a command is asked to write, checked before any work: a format it writes (by suffix), and a folder
+    that exists or is made now (ConfigError otherwise, naming `flag`)."""
+    from leantrain.errors import ConfigError
+
+    target = Path(path)
+    if target.suffix.lower() not in suffixes:
+        raise ConfigError(
+            f"{flag} {path}: unknown format '{target.suffix or '(no suffix)'}'; name a {', '.join(suffixes)} file"
+        )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot create its folder ({exc.strerror}); choose another path") from None
+    return target

@@ -26,6 +26,7 @@ class TextClassification(Classification):
     pipeline: ClassVar[str] = "text-classification"
     planner: ClassVar[str | None] = "classifier"
     _pooler_note: str | None = None  # what `build_model` did to the pooler (`model_notes`)
+    _pairs: bool = False  # the training data's texts are sentence pairs (recorded in the model's config)
 
     @classmethod
     def for_config(cls, cfg: Any):
@@ -49,6 +50,7 @@ class TextClassification(Classification):
 
         def read(cfg: Any, codec: Any) -> SourceData:
             data = prepare_data(cfg, tokenizer, cache, codec, seed=cfg.seed)
+            self._pairs = self._pairs or data.columns.text_pair is not None
             return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
 
         codec = self.label_codec if self.label_codec() is not None else None
@@ -81,6 +83,8 @@ class TextClassification(Classification):
             notes=self.head_notes,
         )
         self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler)
+        # saved in config.json: inference refuses single texts for a pair model (and pairs for the other)
+        model.config.leantrain_text_pairs = self._pairs
         return model
 
     def model_notes(self) -> list[str]:
@@ -112,6 +116,7 @@ class TextClassification(Classification):
             cfg.label_column,
             options=read_options(cfg, "eval"),
         )
+        check_pairs(model_path, model_config, src.path, src.columns.text_pair is not None)
         names = class_names(model_config)
         labels = self.evaluation_labels(src, names)
         return TaskData(None, Examples(src.tokens, labels), names, tokenizer, facts={"examples": len(labels)})
@@ -144,6 +149,8 @@ class TextClassification(Classification):
         texts, pairs = (inputs.texts, None) if inputs.texts is not None else self._table_texts()
         if not texts:
             raise DataError(f"{cfg.eval_data or '--text'}: no text to predict")
+        given = "--text" if inputs.texts is not None else cfg.eval_data
+        check_pairs(model_path, model_config, given, pairs is not None)
         tokenizer = loading.load_tokenizer(model_path, trust_remote_code=cfg.trust_remote_code)
         tokens = tokenize(tokenizer, texts, pairs, cfg.max_length)
         self.class_names = names = class_names(model_config)
@@ -167,6 +174,25 @@ class TextClassification(Classification):
         df = df[df[cols.text].astype(str).str.strip() != ""]
         texts = df[cols.text].astype(str).tolist()
         return texts, df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
+
+
+def check_pairs(model_path: str, model_config: Any, source: str, pairs: bool) -> None:
+    """Refuse texts of another kind than the model trained on (single texts or sentence pairs): its scores would
+    mean nothing. A model that does not record which (not trained by leantrain) takes either."""
+    from leantrain.errors import DataError
+
+    trained = getattr(model_config, "leantrain_text_pairs", None)
+    if trained is None or trained == pairs:
+        return
+    if trained:
+        raise DataError(
+            f"{source}: {model_path} was trained on sentence pairs, this gives single texts; give a table "
+            "with both columns to --data (--text-column, --text-pair-column)"
+        )
+    raise DataError(
+        f"{source}: {model_path} was trained on single texts, this gives sentence pairs; name the one text "
+        "column with --text-column"
+    )
 
 
 def class_names(model_config: Any) -> list[str]:
