@@ -373,6 +373,18 @@ def test_resuming_with_a_result_changing_config_is_refused_naming_the_keys(job, 
     assert longer.metrics["optimizer_steps"] == 6
 
 
+def test_the_runs_own_config_yaml_resumes_its_checkpoint_and_another_task_is_refused(job, tmp_path):
+    # config.yaml records the task the run inferred; the checkpoint the task as asked (none)
+    first = train(job("first", save_every=2, max_steps=4))
+    ckpt = str(step_dir(first.output_dir, 2))
+    saved = TrainConfig.from_yaml(first.output_dir / "config.yaml")
+    assert saved.task == "text-classification"
+    again = train(saved.replace(output_dir=str(tmp_path / "again"), resume=ckpt))
+    assert_same_weights(first.output_dir, again.output_dir)
+    with pytest.raises(LeantrainError, match="task: 'text-classification' -> 'token-classification'"):
+        train(job("other", resume=ckpt, task="token-classification"))
+
+
 # -- damaged checkpoints give one clear line -----------------------------------------------------------------------
 
 

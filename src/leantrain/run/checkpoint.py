@@ -86,8 +86,9 @@ RESUMABLE_CHANGES = frozenset(
         "flat_parameters",  # where the numbers live (the gradients' norm sums in another order); the same state
     }
 )
-#: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16)
-COMPARED_AS_FACTS = frozenset({"precision", "num_processes"})
+#: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16; a
+#: task left to inference is the task it inferred, so the run's own config.yaml, which records it, resumes)
+COMPARED_AS_FACTS = frozenset({"precision", "num_processes", "task"})
 #: config keys naming files: the same file by another spelling (relative, absolute, ~) is the same setting
 PATH_KEYS = ("model", "data", "eval_data")
 #: what every checkpoint holds besides the manifest (plus rank-N.pt per process; optimizer.pt unless per rank)
@@ -187,12 +188,11 @@ class Checkpoint:
                 config[key] = normalise_path(config[key])
                 # again: a mixture's sources were recorded as given before they were resolved too
                 saved[key] = normalise_path(self.manifest.get("resolved_paths", {}).get(key, saved[key]))
-        differing = [
-            k
-            for k in config
-            if k not in RESUMABLE_CHANGES and k not in COMPARED_AS_FACTS and k in saved and saved[k] != config[k]
-        ]
         saved_facts = self.manifest.get("facts", {})
+        # a checkpoint from before the task was a fact has only the task as asked: compare that
+        as_facts = COMPARED_AS_FACTS if "task" in saved_facts else COMPARED_AS_FACTS - {"task"}
+        compared = [k for k in config if k not in RESUMABLE_CHANGES and k not in as_facts and k in saved]
+        differing = [k for k in compared if saved[k] != config[k]]
         changed = [(k, saved[k], config[k]) for k in differing]
         changed += [(k, saved_facts[k], facts[k]) for k in facts if saved_facts.get(k, facts[k]) != facts[k]]
         if changed:  # facts are resolved values: `auto` precision shows as what it resolved to

@@ -124,7 +124,13 @@ class Trainer:
         return names
 
     def _facts(self, data: TaskData | None = None) -> dict[str, Any]:
-        facts = {"precision": self.precision, "num_processes": self.accelerator.num_processes}
+        from leantrain.tasks.registry import recorded_name
+
+        facts = {
+            "precision": self.precision,
+            "num_processes": self.accelerator.num_processes,
+            "task": recorded_name(type(self.task)),
+        }
         return {**facts, **self.task.data_facts(data)} if data is not None else facts
 
     def _build_model(self, model_path: str) -> None:
