@@ -83,6 +83,15 @@ def test_early_stopping_stops_at_the_planted_evaluation(planted, threshold, stop
     assert "eval accuracy has not improved" in saved["early_stopping_reason"]
 
 
+def test_an_early_stop_between_log_rows_logs_the_steps_since_the_last_row(planted):
+    # stops at step 10; rows every 4 steps: the steps 9-10 get a row of their own, which train_loss reads
+    result = planted(CURVE, eval_every=2, early_stopping_patience=2, early_stopping_threshold=0.02, log_every=4)
+    rows = [json.loads(x) for x in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [4, 8, 10]
+    assert result.metrics["train_loss"] == train_rows[-1]["loss"]
+
+
 def test_without_early_stopping_the_same_curve_trains_to_the_end(planted):
     result = planted(CURVE, eval_every=2, max_steps=16)
     assert result.metrics["optimizer_steps"] == 16 and result.metrics["early_stopped"] is None

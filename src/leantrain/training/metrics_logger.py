@@ -61,6 +61,7 @@ class MetricsLogger:
         self.window = torch.zeros(3, dtype=dtype, device=accelerator.device)
         self.task_window: dict[tuple[str, ...], torch.Tensor] = {}
         self.history: list[dict[str, Any]] = []  # metrics.jsonl rows of training steps
+        self.last_grad_norm: Any = None
         # --compile: a step in which dynamo compiles a new graph (a new batch shape) is compile time, not training
         self.recompiles, self.recompile_seconds = 0, 0.0
         self._step_start: tuple[Any, Any, int] | None = None
@@ -195,9 +196,11 @@ class MetricsLogger:
         """--compile: the graphs dynamo has compiled so far (a new one mid-run is a recompile)."""
         return {"compiled_graphs": compiled_graphs() - self.graphs_before} if self.cfg.compile else {}
 
-    def maybe_log(self, state: TrainState, grad_norm: Any, lr: float, amp) -> None:
-        """Every --log-every steps (and at the last): a metrics.jsonl row for the global batch's mean loss."""
-        if not self.logs_at(state.step):
+    def maybe_log(self, state: TrainState, grad_norm: Any, lr: float, amp, *, force: bool = False) -> None:
+        """Every --log-every steps (and at the last, or where `force` says the run stops): a metrics.jsonl row for
+        the global batch's mean loss."""
+        self.last_grad_norm = grad_norm  # the latest step's, for a row an early stop forces
+        if not (force or self.logs_at(state.step)):
             return
         self.fold(state)
         loss, units = state.logged_loss, state.logged_units

@@ -593,6 +593,7 @@ class Trainer:
                         if state.step >= self.total_steps or self.early_stopping.reason:
                             break
                     if self.early_stopping.reason:
+                        self._log_the_stopped_window()
                         self.say.info(self.early_stopping.reason)
                         break
                     state.epoch += 1
@@ -601,6 +602,14 @@ class Trainer:
             logger.meter.pause()
             logger.bar.close()
             self.profiler.close()
+
+    def _log_the_stopped_window(self) -> None:
+        """An early stop between log rows: the steps since the last row get theirs, so that metrics.jsonl, the
+        report's curve and metrics.json's train_loss reach the step training stopped at."""
+        state = self.state
+        if not self.logger.logs_at(state.step):
+            lr = self.scheduler.get_last_lr()[0]
+            self.logger.maybe_log(state, self.logger.last_grad_norm, lr, self.amp, force=True)
 
     def _start_thread_governor(self) -> None:
         """--thread-governor: fewer threads while other processes hold this machine's cores (a `leantrain` command's
