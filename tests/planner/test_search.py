@@ -373,3 +373,20 @@ def test_the_lora_note_counts_what_a_lora_run_trains():
     note = next(n for n in search.lora_notes(request, facts))
     assert f"lora r=8: peak {format_bytes(lora.peak)}" in note
     assert f"optimizer state {format_bytes(lora.optimizer_state)}" in note
+
+
+def test_the_optimizer_note_marks_what_lora_refuses(facts):
+    """With --lora the note prices only the optimizers a LoRA run accepts: the others are named as refused, as
+    `leantrain train --lora --optimizer galore-adamw` refuses them, not priced as if they would run."""
+    from leantrain.model.optimizers import OPTIMIZERS
+    from leantrain.planner.memory import LoraSpec
+
+    refused = [name for name, entry in OPTIMIZERS.items() if entry.no_lora]
+    assert refused
+    request = search.PlanRequest(model=None, budget=2**34, global_batch=8, seq_len=32, lora=LoraSpec())
+    note = search.optimizer_note(request, facts, SPEED)
+    for name in refused:
+        assert f"{name} refused with --lora" in note
+    assert "): adamw " in note and "; adafactor " in note  # the others are still priced
+    whole = search.optimizer_note(dataclasses.replace(request, lora=None), facts, SPEED)
+    assert "refused" not in whole

@@ -470,7 +470,10 @@ def optimizer_note(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) 
     inv = trainable_inventory(facts, request.lora, request.freeze)
     adamw = inv.state_bytes("adamw")
     parts = []
-    for name in OPTIMIZERS:
+    for name, entry in OPTIMIZERS.items():
+        if request.lora is not None and entry.no_lora:  # what train refuses with --lora is not priced
+            parts.append(f"{name} refused with --lora")
+            continue
         state = inv.state_bytes(name, request.settings)
         step_ms = 1e3 * optimizer_step_seconds(speed, name, inv.numel, inv.step_flops(name, request.settings))
         parts.append(f"{name} {format_bytes(state)} ({state / max(adamw, 1):.2f}x), step ~{step_ms:.0f} ms")
