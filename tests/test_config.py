@@ -65,9 +65,10 @@ def measured(monkeypatch, tmp_path):
     """The default job's speed measurement replaced by a figure the test sets (`measured.speed`), counted."""
     from leantrain import parallel
     from leantrain.model import training_speed
+    from leantrain.parallel import threads
 
     class Measured:
-        speed, calls = 100.0, []
+        speed, calls, others = 100.0, [], 0.0
 
     def fake(model_path, precision, batch, length, steps=3, fast=True, freeze="none", dropout=None):
         extra = ((freeze,) if freeze != "none" else ()) + ((dropout,) if dropout is not None else ())
@@ -77,6 +78,7 @@ def measured(monkeypatch, tmp_path):
     monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
     monkeypatch.setattr(training_speed, "_MEASURED", {})
     monkeypatch.setattr(training_speed, "measure_training_speed", fake)
+    monkeypatch.setattr(threads, "neighbour_load", lambda: lambda: Measured.others)  # a quiet machine unless set
     monkeypatch.setattr(parallel, "device_type", lambda: "cpu")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     return Measured
@@ -128,6 +130,23 @@ def test_the_default_jobs_measured_speed_is_kept_so_the_job_stays_the_same(measu
     measured.speed = 20.0
     assert [TrainConfig(precision="fp32").resolved().limit for _ in range(2)] == [5_000, 5_000]
     assert len(measured.calls) == 3
+
+
+def test_a_speed_measured_beside_a_busy_neighbour_sizes_this_run_only(measured):
+    """Other processes held a core while the speed was measured: this run is sized from it (the neighbour slows it
+    too), but it is not kept, so that a busy first run does not shrink every later default job on the machine."""
+    from leantrain.config.sections import default_job_rows
+    from leantrain.model import training_speed
+
+    measured.speed, measured.others = 20.0, 1.2
+    rows, why = default_job_rows(TrainConfig(precision="fp32"))
+    assert rows == 5_000 and "other processes used 1.2 cores: not kept" in why, why
+    assert not training_speed.cache_file().exists()
+    training_speed._MEASURED.clear()  # a later process, on a quiet machine: measured again, and kept
+    measured.speed, measured.others = 50.0, 0.1
+    assert TrainConfig(precision="fp32").resolved().limit == 12_000
+    training_speed._MEASURED.clear()
+    assert TrainConfig(precision="fp32").resolved().limit == 12_000 and len(measured.calls) == 2
 
 
 def test_the_default_job_is_not_measured_where_the_measurement_would_not_fit(measured, monkeypatch):

@@ -129,6 +129,23 @@ def test_busy_seconds_read_the_given_cpus_of_proc_stat(tmp_path, monkeypatch):
     assert threads.busy_seconds({0}, tmp_path / "none") is None
 
 
+def test_the_neighbour_load_is_what_other_processes_used_of_this_processs_cpus(tmp_path, monkeypatch):
+    """Their busy time less this process's own, over the wall time: 3 s of the CPUs busy in 2 s, 1 s of it this
+    process's, is 1 core of others'; a /proc/stat that cannot be read tells nothing."""
+    clock, own = iter([10.0, 12.0]), iter([5.0, 6.0])
+    monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(threads, "own_cpu_seconds", lambda: next(own))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "sysconf", lambda name: 100)
+    stat = tmp_path / "stat"
+    stat.write_text("cpu0 100 0 0 1000 0 0 0 0\ncpu1 100 0 0 1000 0 0 0 0\n")
+    since = threads.neighbour_load(stat)
+    stat.write_text("cpu0 250 0 0 1000 0 0 0 0\ncpu1 250 0 0 1000 0 0 0 0\n")
+    assert since() == pytest.approx(1.0)
+    clock, own = iter([10.0, 12.0]), iter([5.0, 6.0])
+    assert threads.neighbour_load(tmp_path / "none")() is None
+
+
 def test_the_governor_runs_only_when_asked_and_where_the_thread_count_is_leantrains_to_choose(monkeypatch):
     import torch
 

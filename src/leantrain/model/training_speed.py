@@ -11,7 +11,9 @@ seconds (`config.sections.DEFAULT_JOB_SECONDS`) leave room for that.
 
 The first measurement is cached in `~/.cache/leantrain/training_speed.json` (`$LEANTRAIN_CACHE` moves it), keyed by
 CPU, the instruction sets torch is held to, thread count, torch version, precision, model and shape, and is kept: a
-job sized from it is sized the same in every later run on this machine (re-measured when the file is deleted).
+job sized from it is sized the same in every later run on this machine (re-measured when the file is deleted). A
+measurement taken while other processes held half a core or more of this process's CPUs sizes this run only: kept,
+a busy first run would shrink every later default job on the machine.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def training_speed(
     measured."""
     import torch
 
-    from leantrain.parallel import cpu_name
+    from leantrain.parallel import cpu_name, threads
 
     held = ",".join(f"{k}={os.environ[k]}" for k in HELD_ISA_ENV if os.environ.get(k))
     key = " | ".join(
@@ -118,9 +120,13 @@ def training_speed(
         return float(entry["samples_per_second"]), f"measured {entry.get('measured', '?')}, cached in {path}"
     if key in _MEASURED:
         return _MEASURED[key], "measured now"
+    load = threads.neighbour_load()
     speed = _MEASURED[key] = measure_training_speed(
         model_path, precision, batch, length, fast=fast, freeze=freeze, dropout=dropout
     )
+    others = load()
+    if others is not None and others >= threads.BUSY_CORES:  # a neighbour's slowdown is not this machine's speed
+        return speed, f"measured now while other processes used {others:.1f} cores: not kept, measured again next run"
     stamp = time.strftime("%Y-%m-%d %H:%M")
     write_cache(path, key, {"samples_per_second": speed, "measured": stamp})
     return speed, "measured now"

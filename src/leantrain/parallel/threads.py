@@ -36,6 +36,8 @@ CHOSEN_THREADS_ENV = "LEANTRAIN_CHOSE_OMP_THREADS"
 #: no quota caps it
 GOVERNOR_ENV = "LEANTRAIN_THREAD_GOVERNOR"
 PROC_STAT = Path("/proc/stat")
+#: cores' worth of other processes' CPU that counts as a busy machine: beyond a quiet machine's noise (0.01-0.1)
+BUSY_CORES = 0.5
 
 
 def threads_are_users(environ: MutableMapping[str, str] = os.environ) -> bool:
@@ -108,6 +110,24 @@ def own_cpu_seconds() -> float:
     return t.user + t.system
 
 
+def neighbour_load(stat: Path = PROC_STAT) -> Callable[[], float | None]:
+    """Start watching this process's CPUs; the function returned gives the cores' worth of CPU other processes used
+    on them since (their busy time less this process's own, over the wall time), or None where it cannot tell."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return lambda: None
+    then, busy_then, own_then = time.monotonic(), busy_seconds(cpus, stat), own_cpu_seconds()
+
+    def since() -> float | None:
+        busy, elapsed = busy_seconds(cpus, stat), time.monotonic() - then
+        if busy is None or busy_then is None or elapsed <= 0:
+            return None
+        return max(0.0, (busy - busy_then) - (own_cpu_seconds() - own_then)) / elapsed
+
+    return since
+
+
 class ThreadGovernor:
     """One thread fewer for each core other processes hold, all of them again when they leave.
 
@@ -177,7 +197,7 @@ def busy_watch(num_processes: int, loader_workers: int, device_type: str) -> Thr
     found = _governable(num_processes, loader_workers) if device_type == "cpu" else "not a CPU run"
     if isinstance(found, str):
         return None
-    return ThreadGovernor(*found, interval=10.0, slack=0.5, set_threads=lambda n: None)
+    return ThreadGovernor(*found, interval=10.0, slack=BUSY_CORES, set_threads=lambda n: None)
 
 
 def _governable(num_processes: int, loader_workers: int) -> tuple[int, Collection[int]] | str:
