@@ -141,6 +141,14 @@ def test_probe_measurements_beat_predictions(facts, monkeypatch, tmp_path):
     assert over == first.overrides() and base["pad_to_max_length"] and "auto" not in base and "memory" not in base
     assert env == {"MALLOC_MMAP_THRESHOLD_": "262144"}
     assert "measured" in plan.render()
+    # training is measured, not the closing evaluation: a token held-out share; the default job gets the rows its
+    # steps need rather than timing this machine first
+    assert base["eval_fraction"] == probe.EVAL_FRACTION < 0.1 and base["limit"] == 2 * plan.request.global_batch
+    calls.clear()
+    own = {"model": "m", "data": "d.csv", "eval_data": "e.csv", "limit": None}
+    probe.probe(plan_for(facts, 2**40), own, tmp_path, probe.ProbeConfig(top=1, steps=2, repeats=1))
+    base = calls[0][2]
+    assert "eval_fraction" not in base and base["limit"] is None  # an evaluation file and the user's rows as given
 
 
 @pytest.mark.slow  # launches 2 `leantrain train` processes: 30-81 s (load average 4-9, 2 cores)
