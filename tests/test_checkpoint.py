@@ -385,6 +385,23 @@ def test_the_runs_own_config_yaml_resumes_its_checkpoint_and_another_task_is_ref
         train(job("other", resume=ckpt, task="token-classification"))
 
 
+def test_an_older_checkpoint_recording_stride_32_resumes_with_the_stride_left_out_where_it_is_the_same(tmp_path):
+    """Older versions recorded --stride 32 in every run's config, and a token classifier's facts had no stride: a
+    stride left out now (None) is compared as the stride the run windows with, against the 32 the config held; a
+    task that reads no stride compares none."""
+    facts = {"precision": "fp32", "num_processes": 1, "task": "token-classification"}
+    older = checkpoint.Checkpoint(tmp_path, {"config": {"stride": 32, "max_length": 64}, "facts": facts})
+    older.check_matches({"stride": None, "max_length": 64}, facts)  # the config: no stride compared
+    older.check_matches({}, {"train_examples": 8, "stride": 32})  # --max-length 64 windows share 32 as before
+    with pytest.raises(checkpoint.CheckpointError, match="stride: 32 -> 16"):
+        older.check_matches({}, {"train_examples": 8, "stride": 16})
+    text = {**facts, "task": "text-classification"}
+    checkpoint.Checkpoint(tmp_path, {"config": {"stride": 32}, "facts": text}).check_matches({"stride": None}, text)
+    newer = checkpoint.Checkpoint(tmp_path, {"config": {"stride": None}, "facts": {**facts, "stride": 16}})
+    with pytest.raises(checkpoint.CheckpointError, match="stride: 16 -> 12"):
+        newer.check_matches({}, {"stride": 12})
+
+
 # -- damaged checkpoints give one clear line -----------------------------------------------------------------------
 
 

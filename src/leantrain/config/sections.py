@@ -474,11 +474,12 @@ class DataConfig:
         read_by=TOKENS,
         default=False,
     )
-    stride: int = _help(
+    stride: int | None = _help(
         "Token classification: sentences longer than --max-length are cut into windows that share this many "
-        "tokens; each word is trained on and scored once, in the window that holds it with the most context.",
+        "tokens; each word is trained on and scored once, in the window that holds it with the most context. "
+        "Default: 32, at most half of --max-length.",
         read_by=TOKENS,
-        default=32,
+        default=None,
     )
     aggregation: str = _help(
         "Token classification, predict: how tokens' tags become entities, as transformers' pipeline "
@@ -1243,16 +1244,21 @@ def to_flags(values: dict[str, Any]) -> list[str]:
     return argv
 
 
+#: the defaults of settings now left unset by default, as older versions recorded them in every run's config.yaml:
+#: such a file does not give them (a text classifier's config.yaml of then, read back, holds `stride: 32`)
+FORMER_DEFAULTS: dict[str, Any] = {"stride": 32}
+
+
 def unread_settings(cfg: TrainConfig, task: str) -> dict[str, tuple[str, ...]]:
     """The fields `cfg` gives a value other than their default that `task` does not read (their `read_by` names
     only other tasks), each with the tasks that do. None for a task no field names: one of your own may read any."""
     declared = [(f, f.metadata["read_by"]) for f in fields(TrainConfig) if "read_by" in f.metadata]
     if not any(task in read_by for _, read_by in declared):
         return {}
+    unset = {f.name: (None if f.default is dataclasses.MISSING else f.default) for f, _ in declared}
+    left = {name: (default, FORMER_DEFAULTS.get(name, default)) for name, default in unset.items()}
     return {
-        f.name: read_by
-        for f, read_by in declared
-        if task not in read_by and getattr(cfg, f.name) != (None if f.default is dataclasses.MISSING else f.default)
+        f.name: read_by for f, read_by in declared if task not in read_by and getattr(cfg, f.name) not in left[f.name]
     }
 
 
@@ -1433,7 +1439,7 @@ def _check_token_labels(cfg: DataConfig) -> None:
     cfg.tag_scheme = canonical_scheme(cfg.tag_scheme)
     _choice(cfg, "tag_scheme", ("auto", *SCHEMES))
     _choice(cfg, "aggregation", AGGREGATIONS)
-    if cfg.stride < 0:
+    if cfg.stride is not None and cfg.stride < 0:
         raise ConfigError(f"--stride must be 0 or more (tokens consecutive windows share), got {cfg.stride}")
     if cfg.tag_column in (0, 1):
         raise ConfigError(
