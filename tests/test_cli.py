@@ -187,6 +187,16 @@ def test_evaluate_refuses_labels_the_model_does_not_know(capsys, base, tmp_path)
     _one_line_error(code, err, "other.csv", "'neutral'", "unknown to the model")
 
 
+@pytest.mark.parametrize("text", ["", "  \t"], ids=["empty", "whitespace"])
+def test_predict_refuses_an_empty_text_which_a_classifier_would_label(capsys, tiny_model_dir, tmp_path, text):
+    """A classifier labels an empty text as readily as any: refused as the flag it is, one line, nothing predicted."""
+    _saved_classifier(tiny_model_dir, tmp_path / "model", ["neg", "pos"])
+    capsys.readouterr()  # the save's progress bar
+    code, out, err = run(capsys, "predict", str(tmp_path / "model"), "--text", "a fine film", "--text", text)
+    _one_line_error(code, err, f"--text {text!r} is empty", "leave that --text out")
+    assert out == ""
+
+
 def test_predict_refuses_an_output_it_cannot_write_before_predicting(capsys, tmp_path):
     """Checked first: the run named here does not even exist, and the error is the output's, in one line."""
     missing = str(tmp_path / "no-run")
