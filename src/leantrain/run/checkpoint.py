@@ -200,12 +200,17 @@ class Checkpoint:
         saved_facts = {**{k: saved[k] for k in FACTS_RECORDED_AS_SETTINGS if k in saved}, **saved_facts}
         changed += [(k, saved_facts[k], facts[k]) for k in facts if saved_facts.get(k, facts[k]) != facts[k]]
         if changed:  # facts are resolved values: `auto` precision shows as what it resolved to
-            what = "; ".join(f"{k}: {_show(before)} -> {_show(now)}" for k, before, now in changed)
             raise CheckpointError(
-                f"cannot resume from {self.path}: {what} differ from the checkpoint's run, which would change "
-                f"the result. Use the checkpoint's settings (its config is in {self.path / MANIFEST}), or start a "
-                "new run in another --output-dir"
+                f"cannot resume from {self.path}: {_differences(changed)}, which would change the result. Use the "
+                f"checkpoint's settings (its config is in {self.path / MANIFEST}), or start a new run in another "
+                "--output-dir"
             )
+
+
+def _differences(changed: list[tuple[str, Any, Any]]) -> str:
+    """`lr differs (5e-05 in the checkpoint, 0.001 now) and seed differs (42 in the checkpoint, 3 now)`."""
+    each = [f"{k} differs ({_show(before)} in the checkpoint, {_show(now)} now)" for k, before, now in changed]
+    return each[0] if len(each) == 1 else f"{', '.join(each[:-1])} and {each[-1]}"
 
 
 def _show(value: Any) -> str:
