@@ -214,9 +214,11 @@ def test_resuming_a_mixture_with_other_weights_is_refused_and_the_same_files_res
     small = write_csv(tmp_path / "small.csv", make_sentiment_rows(30, seed=8))
     whole = train(job("whole", data=[f"{big}@0.7", f"{small}@0.3"], save_every=2, max_steps=2))
     ckpt = str(step_dir(whole.output_dir, 2))
-    with pytest.raises(LeantrainError, match=r"data: .*'weight': 0\.7.* -> .*'weight': 0\.5"):
+    with pytest.raises(
+        LeantrainError, match=r"data differs \(.*'weight': 0\.7.* in the checkpoint, .*'weight': 0\.5.* now\)"
+    ):
         train(job("other", data=[f"{big}@0.5", f"{small}@0.5"], resume=ckpt, max_steps=3))
-    with pytest.raises(LeantrainError, match="mix_by: 'examples' -> 'tokens'"):
+    with pytest.raises(LeantrainError, match=r"mix_by differs \('examples' in the checkpoint, 'tokens' now\)"):
         train(job("other", data=[f"{big}@0.7", f"{small}@0.3"], mix_by="tokens", resume=ckpt, max_steps=3))
     monkeypatch.chdir(tmp_path)
     relative = [f"{os.path.relpath(big)}@0.7", "small.csv@0.3"]
@@ -361,11 +363,14 @@ def test_resuming_with_a_result_changing_config_is_refused_naming_the_keys(job, 
     with pytest.raises(LeantrainError) as err:
         train(job("other", data=str(data), resume=ckpt, lr=1e-3, batch_size=16, seed=6))
     message = str(err.value)
-    assert "lr: 0.003 -> 0.001" in message and "batch_size: 24 -> 16" in message and "seed: 5 -> 6" in message
+    assert (
+        "batch_size differs (24 in the checkpoint, 16 now), lr differs (0.003 in the checkpoint, 0.001 now) "
+        "and seed differs (5 in the checkpoint, 6 now), which would change the result" in message
+    )
     assert "\n" not in message
     # the same file name holding other data
     data.write_text("\n".join(data.read_text().splitlines()[:-30]) + "\n")
-    with pytest.raises(LeantrainError, match="train_examples: 216 -> 189"):
+    with pytest.raises(LeantrainError, match=r"train_examples differs \(216 in the checkpoint, 189 now\)"):
         train(job("other", data=str(data), resume=ckpt))
     # harmless changes: longer, another output dir, another saving, logging and evaluation cadence
     shutil.copy(sentiment_csv, data)
@@ -381,8 +386,27 @@ def test_the_runs_own_config_yaml_resumes_its_checkpoint_and_another_task_is_ref
     assert saved.task == "text-classification"
     again = train(saved.replace(output_dir=str(tmp_path / "again"), resume=ckpt))
     assert_same_weights(first.output_dir, again.output_dir)
-    with pytest.raises(LeantrainError, match="task: 'text-classification' -> 'token-classification'"):
+    with pytest.raises(
+        LeantrainError, match=r"task differs \('text-classification' in the checkpoint, 'token-classification' now\)"
+    ):
         train(job("other", resume=ckpt, task="token-classification"))
+
+
+def test_an_older_checkpoint_recording_stride_32_resumes_with_the_stride_left_out_where_it_is_the_same(tmp_path):
+    """Older versions recorded --stride 32 in every run's config, and a token classifier's facts had no stride: a
+    stride left out now (None) is compared as the stride the run windows with, against the 32 the config held; a
+    task that reads no stride compares none."""
+    facts = {"precision": "fp32", "num_processes": 1, "task": "token-classification"}
+    older = checkpoint.Checkpoint(tmp_path, {"config": {"stride": 32, "max_length": 64}, "facts": facts})
+    older.check_matches({"stride": None, "max_length": 64}, facts)  # the config: no stride compared
+    older.check_matches({}, {"train_examples": 8, "stride": 32})  # --max-length 64 windows share 32 as before
+    with pytest.raises(checkpoint.CheckpointError, match=r"stride differs \(32 in the checkpoint, 16 now\)"):
+        older.check_matches({}, {"train_examples": 8, "stride": 16})
+    text = {**facts, "task": "text-classification"}
+    checkpoint.Checkpoint(tmp_path, {"config": {"stride": 32}, "facts": text}).check_matches({"stride": None}, text)
+    newer = checkpoint.Checkpoint(tmp_path, {"config": {"stride": None}, "facts": {**facts, "stride": 16}})
+    with pytest.raises(checkpoint.CheckpointError, match=r"stride differs \(16 in the checkpoint, 12 now\)"):
+        newer.check_matches({}, {"stride": 12})
 
 
 # -- damaged checkpoints give one clear line -----------------------------------------------------------------------

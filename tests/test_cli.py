@@ -92,6 +92,7 @@ def test_a_flag_the_command_does_not_take_is_named_with_the_commands_own(capsys,
         (["--max-length", "-5"], ["--max-length", "positive"]),
         (["--max-length", "100000"], ["--max-length 100000", "supports"]),
         (["--eval-fraction", "1.5"], ["--eval-fraction"]),
+        (["--eval-data", "{data}", "--eval-fraction", "0.2"], ["--eval-fraction 0.2", "--eval-data", "leave"]),
         (["--batch-size", "abc"], ["--batch-size", "integer"]),
         (["--batch-sise", "8"], ["unknown flag --batch-sise", "did you mean --batch-size"]),
         (["--progress", "off"], ["--progress takes no value (got 'off'): use --progress or --no-progress"]),
@@ -184,6 +185,16 @@ def test_evaluate_refuses_labels_the_model_does_not_know(capsys, base, tmp_path)
     other = write_csv(tmp_path / "other.csv", [("good", "pos"), ("so-so", "neutral")])
     code, _, err = run(capsys, "evaluate", str(tmp_path / "run"), "--data", str(other))
     _one_line_error(code, err, "other.csv", "'neutral'", "unknown to the model")
+
+
+@pytest.mark.parametrize("text", ["", "  \t"], ids=["empty", "whitespace"])
+def test_predict_refuses_an_empty_text_which_a_classifier_would_label(capsys, tiny_model_dir, tmp_path, text):
+    """A classifier labels an empty text as readily as any: refused as the flag it is, one line, nothing predicted."""
+    _saved_classifier(tiny_model_dir, tmp_path / "model", ["neg", "pos"])
+    capsys.readouterr()  # the save's progress bar
+    code, out, err = run(capsys, "predict", str(tmp_path / "model"), "--text", "a fine film", "--text", text)
+    _one_line_error(code, err, f"--text {text!r} is empty", "leave that --text out")
+    assert out == ""
 
 
 def test_predict_refuses_an_output_it_cannot_write_before_predicting(capsys, tmp_path):
@@ -566,6 +577,18 @@ def test_a_config_files_keys_only_other_tasks_read_are_refused_and_its_defaults_
     config.write_text("stride: 32\nlabel_smoothing: 0.1\nmax_length: 64\n")
     code, out, err = run(capsys, *base, "--config", str(config), "--class-weights", "auto", "--print-config")
     assert code == 0 and "label_smoothing: 0.1" in out, err
+
+
+def test_eval_fraction_given_with_eval_data_is_refused_and_a_config_recording_both_is_not(capsys, base, tmp_path):
+    """--eval-fraction means nothing beside --eval-data, and its default would hide that it was given: the flag given
+    is refused, whichever source sets --eval-data; a config.yaml, which records both, still reads."""
+    data = base[base.index("--data") + 1]
+    config = tmp_path / "config.yaml"
+    config.write_text(f"eval_data: {data}\neval_fraction: 0.1\n")
+    code, out, err = run(capsys, *base, "--config", str(config), "--print-config")
+    assert code == 0 and f"eval_data: {data}" in out, err
+    code, _, err = run(capsys, *base, "--config", str(config), "--eval-fraction", "0.3", "--print-config")
+    _one_line_error(code, err, "--eval-fraction 0.3", "--eval-data", "leave --eval-fraction out")
 
 
 def _saved_classifier(tiny_model_dir, folder, labels) -> dict:

@@ -202,6 +202,6 @@ def test_a_checkpoint_from_before_dropout_was_recorded_resumes_only_with_the_mod
     from leantrain.run.checkpoint import Checkpoint, CheckpointError
 
     older = Checkpoint(tmp_path, {"config": {"lr": 1e-4}, "facts": {}})
-    with pytest.raises(CheckpointError, match=r"dropout: None -> 0\.0"):
+    with pytest.raises(CheckpointError, match=r"dropout differs \(None in the checkpoint, 0\.0 now\)"):
         older.check_matches({"lr": 1e-4, "dropout": 0.0}, {})
     older.check_matches({"lr": 1e-4, "dropout": None}, {})

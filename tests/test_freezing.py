@@ -83,6 +83,6 @@ def test_a_checkpoint_from_before_freeze_was_recorded_resumes_only_with_nothing_
     from leantrain.run.checkpoint import Checkpoint, CheckpointError
 
     older = Checkpoint(tmp_path, {"config": {"lr": 1e-4}, "facts": {}})
-    with pytest.raises(CheckpointError, match="freeze: 'none' -> 'embeddings'"):
+    with pytest.raises(CheckpointError, match=r"freeze differs \('none' in the checkpoint, 'embeddings' now\)"):
         older.check_matches({"lr": 1e-4, "freeze": "embeddings"}, {})
     older.check_matches({"lr": 1e-4, "freeze": "none"}, {})

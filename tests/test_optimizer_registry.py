@@ -261,6 +261,22 @@ def test_what_an_optimizer_cannot_do_is_refused_in_one_line(capsys, tiny_model_d
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+def test_a_schedule_free_optimizer_with_the_scheduler_left_out_trains_at_constant_and_says_so(
+    capsys, tiny_model_dir, sentiment_csv, tmp_path
+):
+    """--scheduler left out is linear, but for an optimizer that takes only some the first of them (schedule-free:
+    constant, its warm-up kept), said in the log and recorded in config.yaml; one given that it cannot take is
+    refused above."""
+    assert TrainConfig(data="x.csv").resolved().scheduler == "linear"  # as older runs recorded it
+    assert TrainConfig(data="x.csv", optimizer="schedule-free-sgd").resolved().scheduler == "constant"
+    code, err = run_cli(capsys, "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--output-dir",
+                        str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--max-steps", "2",
+                        "--no-progress", "--no-report", "--optimizer", "schedule-free-adamw")  # fmt: skip
+    assert code == 0, err
+    assert "--scheduler left out: constant for --optimizer schedule-free-adamw, as schedule-free takes no" in err
+    assert "\nscheduler: constant\n" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 def test_the_refusals_are_the_registrys_in_one_place():
     """Each kind of refusal is a field of the entry that one function (`optimizers.check`) reads."""
     from types import SimpleNamespace

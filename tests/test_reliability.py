@@ -864,7 +864,10 @@ def test_precision_is_compared_as_resolved(job):
     with pytest.raises(checkpoint.CheckpointError) as err:
         train(job("other", save_every=2, precision=other, resume=str(ckpt)))
     message = str(err.value)
-    assert message.count("precision: ") == 1 and f"precision: '{resolved}' -> '{other}'" in message
+    assert (
+        message.count("precision differs") == 1
+        and f"precision differs ('{resolved}' in the checkpoint, '{other}' now)" in message
+    )
 
 
 # -- #20 item 13, #19 item 12: --resume at the wrong folder ---------------------------------------------------------

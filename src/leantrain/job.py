@@ -45,6 +45,8 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, infer
 
         embedded_data_path()  # without the demo extra: its one-line error, not a note before it
         _say_the_default_job(cfg)
+    if not inference and (note := config.scheduler_note()):  # the optimizer chose the schedule: said
+        _say(note)
     if cfg.log == "tensorboard" or cfg.report_to:  # a missing tracker package is refused before any work
         from leantrain.parallel.trackers import check_trackers, tracker_names
 
@@ -79,17 +81,23 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, infer
 
 
 def _say_the_default_job(cfg: TrainConfig) -> None:
-    import os
-
     from leantrain.config.sections import default_job_rows
-    from leantrain.telemetry.console import Console
 
     _, why = default_job_rows(cfg)  # the speed measured while resolving: cached, in this process too
+    _say(
+        f"the default job: MiniLM on {cfg.limit:,} rows of the embedded tweet corpus; {why}; --limit N trains "
+        "on another"
+    )
+
+
+def _say(message: str) -> None:
+    """A note for the user, from the first process only."""
+    import os
+
+    from leantrain.telemetry.console import Console
+
     if int(os.environ.get("RANK", "0")) == 0:
-        Console().info(
-            f"the default job: MiniLM on {cfg.limit:,} rows of the embedded tweet corpus; {why}; --limit N trains "
-            "on another"
-        )
+        Console().info(message)
 
 
 def _compares_with_reference(saved: dict[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from leantrain import TrainConfig, evaluate, predict, train
 from leantrain.data import tags as T
 from leantrain.data.alignment import IGNORE, align_words, make_windows, special_tokens
-from leantrain.errors import DataError
+from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import TaskData
 from leantrain.tasks.token_classification import TokenClassification
 from tests.conftest import EXACT_JOB, assert_trained_alike
@@ -168,6 +168,33 @@ def test_a_sentence_beyond_the_window_is_windowed_and_each_word_scored_once(toke
         b = w.row(i + 1)["input_ids"][1:-1]
         if stride:
             assert (a[-stride:] == b[:stride]).all()
+
+
+def test_a_stride_left_out_fits_the_window_and_is_32_where_it_did_before(tokenizer):
+    """Left out: 32 tokens shared, at most half of --max-length (and never the whole window); given, kept or refused."""
+    from leantrain.data.alignment import window_stride
+
+    specials = special_tokens(tokenizer)  # [CLS] and [SEP]
+    assert [window_stride(None, m, specials) for m in (512, 128, 64, 63, 32, 8, 4, 3)] == [32, 32, 32, 31, 16, 4, 1, 0]
+    assert window_stride(29, 32, specials) == 29
+    with pytest.raises(ConfigError, match=r"--stride 30 must be .* below --max-length 32 .* \(30\); lower it"):
+        window_stride(30, 32, specials)
+    with pytest.raises(ConfigError, match="--max-length 2 leaves no room beside the 2 special tokens"):
+        window_stride(None, 2, specials)
+
+
+def test_a_short_max_length_trains_with_a_stride_that_fits_unless_one_given_does_not(
+    run, capsys, tiny_model_dir, corpus, tmp_path
+):
+    """--max-length 32 is a 30-token window: the stride left out shares 16 tokens (said); a --stride 32 given is
+    refused in one line."""
+    result, _ = run(max_length=32, max_steps=1, batch_size=8)
+    assert result.metrics["optimizer_steps"] == 1
+    assert "consecutive ones sharing 16 (--stride left out" in capsys.readouterr().err
+    argv = ["train", "--task", "ner", "--data", corpus[0], "--model", tiny_model_dir, "--max-length", "32",
+            "--output-dir", tmp_path / "given", "--cache-dir", tmp_path / "cache", "--no-progress"]  # fmt: skip
+    line = one_line(capsys, *argv, "--stride", "32")
+    assert "--stride 32 must be at least 0 and below --max-length 32" in line and "leave it out" in line
 
 
 @pytest.mark.parametrize("tags", [["O", "B-PER"], ["O", "B-PER", "O", "O"]], ids=["shorter", "longer"])

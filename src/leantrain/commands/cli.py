@@ -15,7 +15,7 @@ from typing import Any
 
 from leantrain.config import DATA_FORMATS, SECTIONS, TrainConfig, field_base_type, refuse_unswitched, to_flags
 from leantrain.data.tags import AGGREGATIONS
-from leantrain.errors import LeantrainError
+from leantrain.errors import ConfigError, LeantrainError
 from leantrain.telemetry.console import Console
 
 
@@ -421,8 +421,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for name, value in given.items():
         setattr(args, name, value)  # `bench` and `plan` read the job's flags from args
     if args.config:
-        return TrainConfig.from_yaml(args.config, overrides=given)
-    return TrainConfig.from_dict(given, source="flags")
+        cfg = TrainConfig.from_yaml(args.config, overrides=given)
+    else:
+        cfg = TrainConfig.from_dict(given, source="flags")
+    # told here, where a flag given is known: --eval-fraction has a default, and a run's config.yaml records both
+    if "eval_fraction" in given and cfg.eval_data is not None:
+        raise ConfigError(
+            f"--eval-fraction {given['eval_fraction']} holds out a share of --data, but --eval-data gives the "
+            "evaluation rows, so it would be ignored: leave --eval-fraction out, or drop --eval-data to hold rows out"
+        )
+    return cfg
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -653,6 +661,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from leantrain.inference.api import check_output
 
     _check_sizes(args)
+    for text in args.text or ():
+        if not text.strip():  # a model would still answer, with a label for nothing
+            raise ConfigError(f"--text {text!r} is empty; give the text to predict on, or leave that --text out")
     if args.output:
         check_output(args.output)  # before the model is loaded and run
     rows = predict(

@@ -175,6 +175,8 @@ def launch(cfg: TrainConfig) -> int:
     """Start the job's processes on this machine and wait for them. Returns the job's exit code."""
     from leantrain.run.directory import LOCK_HOLDER_ENV, OutputLock
 
+    if note := cfg.scheduler_note():  # the processes are given the resolved schedule: said here
+        Console().info(note)
     # Every process must agree on the output directory: fix the timestamped default here, once.
     cfg = cfg.resolved()
     assert cfg.output_dir is not None

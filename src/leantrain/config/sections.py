@@ -72,6 +72,8 @@ SCHEDULERS = (
     "cosine_warmup_with_min_lr",
     "warmup_stable_decay",
 )
+#: the schedule where --scheduler is left out, for an optimizer that takes any
+DEFAULT_SCHEDULER = "linear"
 #: schedules that need arguments from --scheduler-kwargs: one of each tuple
 SCHEDULER_NEEDS = {
     "cosine_with_min_lr": ("min_lr", "min_lr_rate"),
@@ -474,11 +476,12 @@ class DataConfig:
         read_by=TOKENS,
         default=False,
     )
-    stride: int = _help(
+    stride: int | None = _help(
         "Token classification: sentences longer than --max-length are cut into windows that share this many "
-        "tokens; each word is trained on and scored once, in the window that holds it with the most context.",
+        "tokens; each word is trained on and scored once, in the window that holds it with the most context. "
+        "Default: 32, at most half of --max-length.",
         read_by=TOKENS,
-        default=32,
+        default=None,
     )
     aggregation: str = _help(
         "Token classification, predict: how tokens' tags become entities, as transformers' pipeline "
@@ -549,7 +552,11 @@ class OptimizationConfig:
     )
     weight_decay: float = _help("AdamW weight decay; never applied to biases and LayerNorm weights.", default=0.01)
     warmup_ratio: float = _help("Share of the optimizer steps spent warming up the learning rate.", default=0.06)
-    scheduler: str = _help(f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}.", default="linear")
+    scheduler: str | None = _help(
+        f"Learning-rate schedule after warm-up: {'|'.join(SCHEDULERS)}. Default: {DEFAULT_SCHEDULER}; constant for an "
+        "optimizer that takes no schedule (the schedule-free ones).",
+        default=None,
+    )
     max_grad_norm: float = _help("Clip the global gradient norm to this (0 disables clipping).", default=1.0)
     optimizer: str = _help(
         f"Optimizer: {'|'.join(optimizers.names())}. adafactor, adamw8bit, galore-adamw and apollo-adamw keep far "
@@ -1141,6 +1148,8 @@ class TrainConfig(
                 changes["limit"] = default_job_rows(self.replace(**changes))[0]
         if self.lr is None:
             changes["lr"] = DEFAULT_JOB_LR if self.data is None else DEFAULT_LR
+        if self.scheduler is None:
+            changes["scheduler"] = self.scheduler_or_default()
         if self.model is None:
             changes["model"] = EMBEDDED_MODEL
         if self.output_dir is None:
@@ -1154,6 +1163,21 @@ class TrainConfig(
         if self.batch_size is not None:
             return self.batch_size
         return DEFAULT_JOB_BATCH_SIZE if self.data is None else DEFAULT_BATCH_SIZE
+
+    def scheduler_or_default(self) -> str:
+        """--scheduler, or what `resolved()` fills in where it is left out: the schedule the optimizer takes where it
+        takes only some (schedule-free: constant, its warm-up kept), linear otherwise."""
+        if self.scheduler is not None:
+            return self.scheduler
+        return (optimizers.entry(self.optimizer).schedulers or (DEFAULT_SCHEDULER,))[0]
+
+    def scheduler_note(self) -> str | None:
+        """What the user hears where --scheduler is left out and the optimizer chose it; None otherwise."""
+        chosen = self.scheduler_or_default()
+        if self.scheduler is not None or chosen == DEFAULT_SCHEDULER:
+            return None
+        why = optimizers.entry(self.optimizer).schedulers_why
+        return f"--scheduler left out: {chosen} for --optimizer {self.optimizer}, as {why}"
 
     def freeze_or_default(self) -> str:
         """--freeze, or what `resolved()` fills in where it is left out: the default job's word embeddings (a faster
@@ -1243,16 +1267,21 @@ def to_flags(values: dict[str, Any]) -> list[str]:
     return argv
 
 
+#: the defaults of settings now left unset by default, as older versions recorded them in every run's config.yaml:
+#: such a file does not give them (a text classifier's config.yaml of then, read back, holds `stride: 32`)
+FORMER_DEFAULTS: dict[str, Any] = {"stride": 32}
+
+
 def unread_settings(cfg: TrainConfig, task: str) -> dict[str, tuple[str, ...]]:
     """The fields `cfg` gives a value other than their default that `task` does not read (their `read_by` names
     only other tasks), each with the tasks that do. None for a task no field names: one of your own may read any."""
     declared = [(f, f.metadata["read_by"]) for f in fields(TrainConfig) if "read_by" in f.metadata]
     if not any(task in read_by for _, read_by in declared):
         return {}
+    unset = {f.name: (None if f.default is dataclasses.MISSING else f.default) for f, _ in declared}
+    left = {name: (default, FORMER_DEFAULTS.get(name, default)) for name, default in unset.items()}
     return {
-        f.name: read_by
-        for f, read_by in declared
-        if task not in read_by and getattr(cfg, f.name) != (None if f.default is dataclasses.MISSING else f.default)
+        f.name: read_by for f, read_by in declared if task not in read_by and getattr(cfg, f.name) not in left[f.name]
     }
 
 
@@ -1433,7 +1462,7 @@ def _check_token_labels(cfg: DataConfig) -> None:
     cfg.tag_scheme = canonical_scheme(cfg.tag_scheme)
     _choice(cfg, "tag_scheme", ("auto", *SCHEMES))
     _choice(cfg, "aggregation", AGGREGATIONS)
-    if cfg.stride < 0:
+    if cfg.stride is not None and cfg.stride < 0:
         raise ConfigError(f"--stride must be 0 or more (tokens consecutive windows share), got {cfg.stride}")
     if cfg.tag_column in (0, 1):
         raise ConfigError(
@@ -1559,7 +1588,8 @@ def _check_schedule(cfg: OptimizationConfig) -> None:
             f"--scheduler {cfg.scheduler} steps on an evaluation metric, not per optimizer step; leantrain does not "
             "run it: choose one of " + ", ".join(SCHEDULERS)
         )
-    _choice(cfg, "scheduler", SCHEDULERS)
+    if cfg.scheduler is not None:
+        _choice(cfg, "scheduler", SCHEDULERS)
     kwargs: Any = {}
     if cfg.scheduler_kwargs is not None:
         try:
@@ -1570,7 +1600,7 @@ def _check_schedule(cfg: OptimizationConfig) -> None:
             raise ConfigError(
                 f"--scheduler-kwargs must be a JSON object, e.g. '{{\"num_cycles\": 2}}'; got {cfg.scheduler_kwargs!r}"
             )
-    need = SCHEDULER_NEEDS.get(cfg.scheduler)
+    need = SCHEDULER_NEEDS.get(cfg.scheduler or "")
     if need and not any(k in kwargs for k in need):
         example = json.dumps({need[-1]: 0.1 if need[-1].endswith("rate") else 100})
         raise ConfigError(f"--scheduler {cfg.scheduler} needs {' or '.join(need)}: add --scheduler-kwargs '{example}'")

@@ -19,6 +19,8 @@ from leantrain.errors import ConfigError
 
 #: the label of a position that counts for nothing (PyTorch's and transformers' convention)
 IGNORE = -100
+#: tokens consecutive windows share where --stride is left out (fewer where --max-length is under twice this)
+DEFAULT_STRIDE = 32
 
 
 @dataclass
@@ -163,23 +165,37 @@ def window_starts(n: int, width: int, stride: int) -> list[int]:
     return list(range(0, max(n - width, 0) + step, step))
 
 
+def window_stride(stride: int | None, max_length: int, specials: tuple[list[int], list[int]]) -> int:
+    """The tokens consecutive windows share: --stride, or where it is left out 32, at most half of --max-length
+    (the overlap is split at its middle, so a word keeps a quarter window of context) and less than the window."""
+    count = len(specials[0]) + len(specials[1])
+    width = max_length - count
+    if width < 1:
+        raise ConfigError(f"--max-length {max_length} leaves no room beside the {count} special tokens; raise it")
+    if stride is None:
+        return min(DEFAULT_STRIDE, max_length // 2, width - 1)
+    if not 0 <= stride < width:
+        raise ConfigError(
+            f"--stride {stride} must be at least 0 and below --max-length {max_length} less the {count} special "
+            f"tokens ({width}); lower it, or leave it out for one that fits"
+        )
+    return stride
+
+
 def make_windows(
     aligned: Aligned,
     tags: list[np.ndarray] | None,
     max_length: int,
-    stride: int,
+    stride: int | None,
     specials: tuple[list[int], list[int]],
     continuation: np.ndarray | None,
 ) -> TokenWindows:
-    """Every sentence's windows. `tags`: each word's label id (None: no labels, for prediction); `continuation`:
-    the label of a word's later sub-words for each label id (None: they are ignored, the first sub-word only)."""
+    """Every sentence's windows. `tags`: each word's label id (None: no labels, for prediction); `stride`: None where
+    --stride is left out (`window_stride`); `continuation`: the label of a word's later sub-words for each label id
+    (None: they are ignored, the first sub-word only)."""
     prefix, suffix = specials
     width = max_length - len(prefix) - len(suffix)
-    if width < 1 or not 0 <= stride < width:
-        raise ConfigError(
-            f"--stride {stride} must be at least 0 and below --max-length {max_length} less the "
-            f"{len(prefix) + len(suffix)} special tokens ({width}); lower it"
-        )
+    stride = window_stride(stride, max_length, specials)
     columns: list[tuple[np.ndarray, ...]] = []
     sentence: list[int] = []
     for s in range(len(aligned)):

@@ -87,8 +87,11 @@ RESUMABLE_CHANGES = frozenset(
     }
 )
 #: config keys whose resolved value is compared as a fact instead (`auto` precision that resolved to bf16 is bf16; a
-#: task left to inference is the task it inferred, so the run's own config.yaml, which records it, resumes)
-COMPARED_AS_FACTS = frozenset({"precision", "num_processes", "task"})
+#: task left to inference is the task it inferred, so the run's own config.yaml, which records it, resumes; a token
+#: classifier's stride left out is the one its --max-length gives, and a task that reads none compares none)
+COMPARED_AS_FACTS = frozenset({"precision", "num_processes", "task", "stride"})
+#: facts a checkpoint of an older leantrain has only as its config's setting: compared with that
+FACTS_RECORDED_AS_SETTINGS = frozenset({"stride"})
 #: config keys naming files: the same file by another spelling (relative, absolute, ~) is the same setting
 PATH_KEYS = ("model", "data", "eval_data")
 #: what every checkpoint holds besides the manifest (plus rank-N.pt per process; optimizer.pt unless per rank)
@@ -194,14 +197,20 @@ class Checkpoint:
         compared = [k for k in config if k not in RESUMABLE_CHANGES and k not in as_facts and k in saved]
         differing = [k for k in compared if saved[k] != config[k]]
         changed = [(k, saved[k], config[k]) for k in differing]
+        saved_facts = {**{k: saved[k] for k in FACTS_RECORDED_AS_SETTINGS if k in saved}, **saved_facts}
         changed += [(k, saved_facts[k], facts[k]) for k in facts if saved_facts.get(k, facts[k]) != facts[k]]
         if changed:  # facts are resolved values: `auto` precision shows as what it resolved to
-            what = "; ".join(f"{k}: {_show(before)} -> {_show(now)}" for k, before, now in changed)
             raise CheckpointError(
-                f"cannot resume from {self.path}: {what} differ from the checkpoint's run, which would change "
-                f"the result. Use the checkpoint's settings (its config is in {self.path / MANIFEST}), or start a "
-                "new run in another --output-dir"
+                f"cannot resume from {self.path}: {_differences(changed)}, which would change the result. Use the "
+                f"checkpoint's settings (its config is in {self.path / MANIFEST}), or start a new run in another "
+                "--output-dir"
             )
+
+
+def _differences(changed: list[tuple[str, Any, Any]]) -> str:
+    """`lr differs (5e-05 in the checkpoint, 0.001 now) and seed differs (42 in the checkpoint, 3 now)`."""
+    each = [f"{k} differs ({_show(before)} in the checkpoint, {_show(now)} now)" for k, before, now in changed]
+    return each[0] if len(each) == 1 else f"{', '.join(each[:-1])} and {each[-1]}"
 
 
 def _show(value: Any) -> str:

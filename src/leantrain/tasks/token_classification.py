@@ -107,7 +107,7 @@ class TokenClassification(Task):
             notes.append(f"training on a random sample of {cfg.limit:,} sentences (--limit)")
         train_windows, eval_windows = self._windows(tokenizer, train), self._windows(tokenizer, held)
         self.eval_gold = held.gold or []
-        notes.append(_window_note(train_windows, len(train.where), cfg.max_length))
+        notes.append(_window_note(train_windows, len(train.where), cfg, tokenizer))
         if int(train_windows.counted_tokens().sum()) == 0:
             raise DataError(f"{cfg.data}: no training token carries a tag; check the data")
         return TaskData(
@@ -390,7 +390,16 @@ class TokenClassification(Task):
         windows = data.train.features
         crc = zlib.crc32(np.ascontiguousarray(windows.input_ids).tobytes())
         crc = zlib.crc32(np.ascontiguousarray(windows.labels).tobytes(), crc)
-        return {"train_examples": len(data.train), "label_names": list(data.label_names), "data_fingerprint": crc}
+        from leantrain.data.alignment import special_tokens, window_stride
+
+        # a resumed run's windows share as many tokens (evaluation's too, which the fingerprint does not cover)
+        stride = window_stride(self.cfg.stride, self.cfg.max_length, special_tokens(data.processor))
+        return {
+            "train_examples": len(data.train),
+            "label_names": list(data.label_names),
+            "data_fingerprint": crc,
+            "stride": stride,
+        }
 
     # -- inference ---------------------------------------------------------------------------------------------------
     def _trained_labels(self, model_config: Any) -> None:
@@ -666,9 +675,18 @@ def _hold_out(sentences: Sentences, fraction: float, seed: int) -> tuple[Sentenc
     return _subset(sentences, np.sort(order[held:])), _subset(sentences, np.sort(order[:held]))
 
 
-def _window_note(windows, sentences: int, max_length: int) -> str:
+def _window_note(windows, sentences: int, cfg: Any, tokenizer: Any) -> str:
+    from leantrain.data.alignment import special_tokens, window_stride
+
     extra = len(windows) - sentences
-    cut = f"; {extra:,} more windows for sentences longer than {max_length} tokens" if extra > 0 else ""
+    cut = ""
+    if extra > 0:
+        stride = window_stride(cfg.stride, cfg.max_length, special_tokens(tokenizer))
+        given = "--stride" if cfg.stride is not None else "--stride left out: 32, at most half of --max-length"
+        cut = (
+            f"; {extra:,} more windows for sentences longer than {cfg.max_length} tokens, consecutive ones sharing "
+            f"{stride} ({given})"
+        )
     return f"{int(windows.counted_tokens().sum()):,} training tokens carry a tag, in {len(windows):,} windows{cut}"
 
 

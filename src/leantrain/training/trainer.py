@@ -270,8 +270,9 @@ class Trainer:
         optimizer = build_optimizer(self.model, cfg.optimizer, self.lr, cfg.weight_decay, cfg)
         if split := describe_split(self.model, cfg.optimizer, cfg):  # Muon's, GaLore's: which parameters get its rule
             self.say.info(split)
+        schedule = cfg.scheduler_or_default()  # as resolved() filled it in
         scheduler = build_scheduler(
-            optimizer, cfg.scheduler, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
+            optimizer, schedule, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
         )
         if self.sharded:  # the model is FSDP2's already: Accelerate would wrap it in DDP
             self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
