@@ -151,6 +151,35 @@ def test_probe_measurements_beat_predictions(facts, monkeypatch, tmp_path):
     assert "eval_fraction" not in base and base["limit"] is None  # an evaluation file and the user's rows as given
 
 
+def test_after_probes_probed_and_unprobed_candidates_compare_on_one_scale(facts, monkeypatch, tmp_path):
+    """Measured speeds are relative to the fastest probe, predictions to fp32/AdamW: compared raw, an unprobed
+    candidate read "slower: 1.21x the recommendation". The probes scale the predictions: a candidate called slower
+    is below 1x, and one predicted faster than the measured recommendation says it was not probed."""
+    from leantrain.commands import bench, probe
+
+    plan = plan_for(facts, 2**40)
+    first, second = probe.pick(plan, probe.ProbeConfig(top=2))
+    sps = {first.name: 5.0, second.name: 20.0}  # the predicted favourite measures slow
+
+    def run_job(name, over, base, steps, out_dir, say, timeout, env=None):
+        metrics = {"steady_samples_per_second": sps[name], "peak_memory_over_baseline_bytes": 1000}
+        return bench.BenchRow(name, over, {**metrics, "weights_bytes": 10, "optimizer_steps": steps})
+
+    monkeypatch.setattr(bench, "run_job", run_job)
+    probe.probe(plan, {"model": "m"}, tmp_path, probe.ProbeConfig(top=2, steps=2, repeats=1))
+    assert plan.recommended is second
+    verdicts = [c.why_not for c in plan.candidates if c.fits and c is not second]
+    slower = [float(v.split()[1].rstrip("x")) for v in verdicts if v.startswith("slower:")]
+    assert slower and max(slower) < 1.0, verdicts
+    # only the second-fastest prediction probed: the favourite, never measured, is predicted faster than it
+    plan = plan_for(facts, 2**40)
+    favourite, probed = probe.pick(plan, probe.ProbeConfig(top=2))
+    probed.measured = {"samples_per_second": 20.0, "relative_throughput": 1.0, "peak_bytes": 1000}
+    search.choose(plan)
+    assert plan.recommended is probed
+    assert favourite.why_not.startswith("not probed: predicted 1.") and "--probe-top" in favourite.why_not
+
+
 @pytest.mark.slow  # launches 2 `leantrain train` processes: 30-81 s (load average 4-9, 2 cores)
 def test_a_real_probe_measures_the_top_candidates_and_recommends_the_fastest_measured(
     facts, tiny_model_dir, sentiment_csv, tmp_path

@@ -10,6 +10,7 @@ over predicted ones); ties go to the one that needs less memory.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -272,12 +273,20 @@ def choose(plan: Plan) -> None:
         failed = c.measured is not None and not c.measured.get("samples_per_second")
         c.fits = not failed and c.peak <= plan.request.budget
 
+    measured = [c for c in cands if c.measured and c.measured.get("samples_per_second")]
+    # measured speeds are relative to the fastest probe, predictions to fp32/AdamW: the probes put the predictions on
+    # their scale (the median of measured over predicted), so that a probed and an unprobed candidate compare
+    scale = (
+        statistics.median(c.measured["relative_throughput"] / c.relative_throughput for c in measured)
+        if measured
+        else 1.0
+    )
+
     def speed(c: Candidate) -> float:
         if c.measured and c.measured.get("samples_per_second"):
             return float(c.measured["relative_throughput"])
-        return c.relative_throughput
+        return c.relative_throughput * scale
 
-    measured = [c for c in cands if c.measured and c.measured.get("samples_per_second")]
     fitting = [c for c in (measured or cands) if c.fits]
     if measured and not fitting:  # none of the probed fits: fall back to the predictions for the rest
         fitting = [c for c in cands if c.fits and not c.measured]
@@ -309,6 +318,11 @@ def _why_not(c: Candidate, best: Candidate | None, budget: int, speed) -> str:
     if c.micro_batch != best.micro_batch:
         causes.append(f"micro-batch {c.micro_batch} x {c.grad_accum} instead of {best.micro_batch} x {best.grad_accum}")
     kind = "measured" if c.measured and best.measured else "predicted"
+    if ratio >= 1:  # only probed candidates are recommended once there are probes
+        why = ", ".join(causes) or "same techniques"
+        return (
+            f"not probed: predicted {ratio:.2f}x the recommendation's measured speed ({why}); --probe-top measures more"
+        )
     return f"slower: {ratio:.2f}x the recommendation ({kind}; {', '.join(causes) or 'same techniques'})"
 
 
