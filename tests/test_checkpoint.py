@@ -225,6 +225,17 @@ def test_resuming_a_mixture_with_other_weights_is_refused_and_the_same_files_res
     assert train(job("same", data=relative, resume=ckpt, max_steps=3)).metrics["resumed_from"] == ckpt
 
 
+@pytest.mark.parametrize(("first", "then"), [((7, 3), (0.7, 0.3)), ((0.7, 0.3), (7, 3))])
+def test_resuming_a_mixture_with_its_weights_scaled_resumes(job, tmp_path, first, then):
+    """7/3 and 0.7/0.3 are the same shares, so the same mixture: resumed, either way round."""
+    big = Path(job().data)
+    small = write_csv(tmp_path / "small.csv", make_sentiment_rows(30, seed=8))
+    data = [f"{big}@{first[0]}", f"{small}@{first[1]}"]
+    ckpt = str(step_dir(train(job("whole", data=data, save_every=2, max_steps=2)).output_dir, 2))
+    again = job("same", data=[f"{big}@{then[0]}", f"{small}@{then[1]}"], resume=ckpt, max_steps=3)
+    assert train(again).metrics["resumed_from"] == ckpt
+
+
 def test_resuming_starts_from_the_checkpoints_weights(job, tmp_path):
     """A checkpoint whose weights were changed (its manifest fixed to match) resumes from the changed weights:
     proof that resume loads them rather than retraining from the start."""

@@ -216,6 +216,13 @@ def test_predict_refuses_an_output_it_cannot_write_before_predicting(capsys, tmp
     assert json.loads((tmp_path / "new" / "p.jsonl").read_text()) == {"text": "hi", "label": "pos"}
 
 
+def test_predict_with_a_model_that_does_not_load_leaves_no_output_folder(capsys, tmp_path):
+    out = tmp_path / "new" / "folder" / "p.jsonl"
+    code, _, err = run(capsys, "predict", str(tmp_path / "no-run"), "--text", "hi", "--output", str(out))
+    _one_line_error(code, err, "no-run")
+    assert not (tmp_path / "new").exists()
+
+
 def test_info_shows_config_counts_and_head(capsys, tiny_model_dir):
     code, out, _ = run(capsys, "info", str(tiny_model_dir), "--num-labels", "5")
     assert code == 0

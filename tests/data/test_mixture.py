@@ -219,13 +219,31 @@ def test_apportioning_adds_up_and_gives_every_share_at_least_one():
 
 
 def test_the_contamination_line_names_sources_only_where_they_say_something():
-    """One source's held-out rows in its own training rows read "8 of h in h": said without the pair."""
+    """A single source's held-out rows in its own training rows read "8 of h in h": said without the pair. In a
+    mixture every pair is named, also when only one source's rows are contaminated (docs/mixtures.md)."""
     from leantrain.data.dedupe import Overlap
 
-    alone = Overlap(contaminated={("h", "h"): 8}, eval_hits={"h": 8}).notes(False, False)
+    alone = Overlap(within={"h": 0}, contaminated={("h", "h"): 8}, eval_hits={"h": 8}).notes(False, False)
     assert alone == ["contamination: 8 evaluation rows also occur in training; kept (--decontaminate drops them)"]
-    two = Overlap(contaminated={("a", "a"): 3, ("b", "a"): 2}, eval_hits={"a": 3, "b": 2}).notes(False, True)
+    mixed = Overlap(within={"h": 0, "s": 0}, contaminated={("h", "h"): 1}, eval_hits={"h": 1, "s": 0})
+    assert mixed.notes(False, True) == [
+        "contamination: 1 evaluation row also occurs in training (1 of h in h); dropped from training (--decontaminate)"
+    ]
+    two = Overlap(
+        within={"a": 0, "b": 0}, contaminated={("a", "a"): 3, ("b", "a"): 2}, eval_hits={"a": 3, "b": 2}
+    ).notes(False, True)
     assert two == [
         "contamination: 5 evaluation rows also occur in training (3 of a in a, 2 of b in a); dropped from training "
         "(--decontaminate)"
+    ]
+
+
+def test_the_duplicates_line_separates_the_sources_by_semicolons():
+    """As docs/mixtures.md shows it: each source's counts hold a comma, so sources are set apart by ';'."""
+    from leantrain.data.dedupe import Overlap
+
+    found = Overlap(within={"reviews": 12, "notes": 0, "clean": 0}, across={"reviews": 0, "notes": 7, "clean": 0})
+    assert found.notes(False, False) == [
+        "exact duplicate training rows (reviews: 12 within, 0 across; notes: 0 within, 7 across); kept (--dedupe "
+        "drops them)"
     ]

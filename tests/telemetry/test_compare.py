@@ -74,6 +74,15 @@ def test_a_chart_it_cannot_write_is_refused_in_one_line_before_the_table(tiny_ru
         assert f"--output {out}: {says}" in captured.err and len(captured.err.strip().splitlines()) == 1
 
 
+def test_runs_that_do_not_load_leave_no_chart_folder(tmp_path, capsys):
+    from leantrain.commands.cli import main
+
+    out = tmp_path / "new" / "folder" / "c.png"
+    assert main(["compare", str(tmp_path / "no-run-a"), str(tmp_path / "no-run-b"), "--output", str(out)]) == 2
+    assert "no-run-a" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
 def test_compare_writes_no_chart_unless_asked(tiny_runs, tmp_path, capsys, monkeypatch):
     from leantrain.commands.cli import main
 

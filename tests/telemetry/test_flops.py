@@ -192,6 +192,27 @@ def test_lora_costs_less_than_full_fine_tuning_and_more_than_a_probe():
     assert "frozen weights get no gradients" in lora.source
 
 
+def test_a_quantized_base_is_estimated_without_bitsandbytes_warning_of_its_meta_copy(caplog):
+    """A 4-bit layer's meta copy has no quantization state: bitsandbytes logs so (twice, once an input tried) and
+    the count fails; the estimate is used, and the warning, about a copy that never trains, is not shown."""
+    pytest.importorskip("bitsandbytes")
+    from transformers import BertForSequenceClassification
+
+    from leantrain.model.lora import _quantized_linear
+
+    model = BertForSequenceClassification(tiny_bert_config())
+    for p in model.bert.parameters():
+        p.requires_grad_(False)
+    attention = model.bert.encoder.layer[0].attention.self
+    attention.query = _quantized_linear(attention.query, "4bit", torch.device("cpu"))
+    with caplog.at_level("WARNING"):
+        counted = flop_model(model)
+    assert "estimated for frozen weights" in counted.source and counted.per_token > 0
+    assert not [r for r in caplog.records if "quantization state not initialized" in r.getMessage()]
+    out = model(input_ids=torch.ones(1, 8, dtype=torch.long)).logits  # the model itself still runs
+    assert torch.isfinite(out).all()
+
+
 def test_the_counts_are_torch_flop_counter_modes():
     """`counting` leaves out FlopCounterMode's module tracking, not a product: an encoder-decoder's and a Llama's
     forward and backward on the meta device give FlopCounterMode's totals."""

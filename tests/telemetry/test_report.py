@@ -157,6 +157,27 @@ def test_a_report_it_cannot_write_is_refused_in_one_line(tmp_path):
     assert write_report(run, tmp_path / "new" / "r.html").is_file()
 
 
+def test_a_run_that_does_not_load_leaves_no_output_folder(tmp_path, capsys):
+    """The output's folder is made once the run has loaded: a wrong RUN leaves nothing behind."""
+    from leantrain.commands.cli import main
+
+    out = tmp_path / "new" / "folder" / "report.html"
+    assert main(["report", str(tmp_path / "no-run"), "--output", str(out)]) == 2
+    assert "no-run" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    assert write_report(synthetic_run(tmp_path), out).is_file()  # and a run that loads makes it
+
+
+def test_an_output_in_a_folder_it_cannot_write_is_refused_before_the_run_loads(tmp_path, monkeypatch):
+    """The nearest folder that exists must be writable (root writes anywhere: the check is faked)."""
+    from leantrain.errors import ConfigError
+
+    monkeypatch.setattr("os.access", lambda *args, **kwargs: False)
+    with pytest.raises(ConfigError, match=r"--output .*r\.html: cannot create its folder \(Permission denied\)"):
+        write_report(tmp_path / "no-run", tmp_path / "new" / "r.html")
+    assert not (tmp_path / "new").exists()
+
+
 def test_rows_survive_torn_lines_and_non_finite_values(tmp_path):
     run = synthetic_run(tmp_path)
     rows = read_rows(run / "metrics.jsonl")

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from leantrain.telemetry.console import counted
+
 _SPACE = re.compile(r"\s+")
 
 
@@ -55,17 +57,18 @@ class Overlap:
         out = []
         dup = {n: self.within.get(n, 0) + self.across.get(n, 0) for n in self.within}
         if any(dup.values()):
-            what = ", ".join(f"{n}: {self.within[n]:,} within, {self.across[n]:,} across" for n in dup if dup[n])
+            what = "; ".join(f"{n}: {self.within[n]:,} within, {self.across[n]:,} across" for n in dup if dup[n])
             act = "dropped (--dedupe)" if dedupe else "kept (--dedupe drops them)"
             out.append(f"exact duplicate training rows ({what}); {act}")
         if self.contaminated:
-            # by pair of sources; a source's held-out rows in its own training rows need no names when alone
+            # by pair of sources, but for a single source (`within` has every training source): no other to tell apart
             pairs = ", ".join(f"{n:,} of {e} in {t}" for (e, t), n in self.contaminated.items())
-            alone = len(self.contaminated) == 1 and len({*next(iter(self.contaminated))}) == 1
+            alone = len(self.within) == 1
             total = sum(self.eval_hits.values())
             act = "dropped from training (--decontaminate)" if decontaminate else "kept (--decontaminate drops them)"
             where = "" if alone else f" ({pairs})"
-            out.append(f"contamination: {total:,} evaluation rows also occur in training{where}; {act}")
+            rows = f"{counted(total, 'evaluation row')} also occur{'s' if total == 1 else ''}"
+            out.append(f"contamination: {rows} in training{where}; {act}")
         return out
 
 

@@ -291,7 +291,8 @@ OUTPUT_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 
 
 def check_output(path: str) -> Path:
-    """Refuse, before any prediction is made, an --output whose format is unknown or whose folder cannot be made."""
+    """Refuse, before any prediction is made, an --output whose format is unknown or whose folder cannot be made
+    (made only when the predictions are written: `write_predictions`)."""
     from leantrain.run.directory import output_file
 
     return output_file(path, OUTPUT_SUFFIXES)
@@ -303,7 +304,9 @@ def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> N
         for row in rows:
             stream.write(json.dumps(row, ensure_ascii=False) + "\n")
         return
-    target = check_output(path)
+    from leantrain.run.directory import output_folder
+
+    target = output_folder(check_output(path))
     try:
         _write_file(rows, target)
     except OSError as exc:

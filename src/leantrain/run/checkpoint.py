@@ -195,7 +195,7 @@ class Checkpoint:
         # a checkpoint from before the task was a fact has only the task as asked: compare that
         as_facts = COMPARED_AS_FACTS if "task" in saved_facts else COMPARED_AS_FACTS - {"task"}
         compared = [k for k in config if k not in RESUMABLE_CHANGES and k not in as_facts and k in saved]
-        differing = [k for k in compared if saved[k] != config[k]]
+        differing = [k for k in compared if _as_shares(saved[k]) != _as_shares(config[k])]
         changed = [(k, saved[k], config[k]) for k in differing]
         saved_facts = {**{k: saved[k] for k in FACTS_RECORDED_AS_SETTINGS if k in saved}, **saved_facts}
         changed += [(k, saved_facts[k], facts[k]) for k in facts if saved_facts.get(k, facts[k]) != facts[k]]
@@ -211,6 +211,15 @@ def _differences(changed: list[tuple[str, Any, Any]]) -> str:
     """`lr differs (5e-05 in the checkpoint, 0.001 now) and seed differs (42 in the checkpoint, 3 now)`."""
     each = [f"{k} differs ({_show(before)} in the checkpoint, {_show(now)} now)" for k, before, now in changed]
     return each[0] if len(each) == 1 else f"{', '.join(each[:-1])} and {each[-1]}"
+
+
+def _as_shares(value: Any) -> Any:
+    """A mixture's sources with each weight as its share of their sum: @7/@3 and @0.7/@0.3 draw the same steps."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) and v.get("weight") for v in value):
+        return value
+    total = sum(v["weight"] for v in value)
+    # to 12 digits: 0.7 / (0.7 + 0.3) and 7 / 10 may differ in the last bits, which no step's draw can tell
+    return [{**v, "weight": float(f"{v['weight'] / total:.12g}")} for v in value]
 
 
 def _show(value: Any) -> str:

@@ -204,8 +204,9 @@ def write_chart(runs: list[RunData], path: str | Path) -> Path:
         bars(ax_mem, mem_key, 1 / 2**20, "Peak memory" + (" over baseline" if "baseline" in mem_key else ""), "MB")
     else:
         ax_mem.set_axis_off()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from leantrain.run.directory import output_folder
+
+    path = output_folder(path)
     fig.savefig(path, dpi=100)
     return path
 

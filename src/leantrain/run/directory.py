@@ -24,6 +24,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from leantrain.errors import ConfigError, LeantrainError
 from leantrain.paths import left_by_dead_run
@@ -470,16 +471,32 @@ def _fsync_tree(root: Path) -> None:
 
 def output_file(path: str | Path, suffixes: tuple[str, ...], flag: str = "--output") -> Path:
     """A file a command is asked to write, checked before any work: a format it writes (by suffix), and a folder
-    that exists or is made now (ConfigError otherwise, naming `flag`)."""
-    from leantrain.errors import ConfigError
-
+    that exists or can be made (ConfigError otherwise, naming `flag`). Nothing is made here: `output_folder` makes
+    the folder once the work is done, so a command that fails on its input leaves no empty folder behind."""
     target = Path(path)
     if target.suffix.lower() not in suffixes:
         raise ConfigError(
             f"{flag} {path}: unknown format '{target.suffix or '(no suffix)'}'; name a {', '.join(suffixes)} file"
         )
+    existing = target.parent.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        _cannot_create(path, errno.ENOTDIR, flag)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        _cannot_create(path, errno.EACCES, flag)
+    return target
+
+
+def output_folder(path: str | Path, flag: str = "--output") -> Path:
+    """The folder of `path` (an `output_file`), made now that there is something to write into it."""
+    target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"{flag} {path}: cannot create its folder ({exc.strerror}); choose another path") from None
+        _cannot_create(path, exc.errno or errno.EIO, flag)
     return target
+
+
+def _cannot_create(path: str | Path, code: int, flag: str) -> NoReturn:
+    raise ConfigError(f"{flag} {path}: cannot create its folder ({os.strerror(code)}); choose another path")

@@ -822,11 +822,12 @@ def _peak_note(run: RunData) -> str:
 
 def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Render RUN_DIR's report.html (or `output`); returns its path."""
-    from leantrain.run.directory import output_file
+    from leantrain.run.directory import output_file, output_folder
 
     path = output_file(output, (".html", ".htm")) if output is not None else Path(run_dir) / REPORT_NAME
     run = load_run(run_dir)
     page = render_report(run)
+    output_folder(path)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)

@@ -429,7 +429,8 @@ def _frozen_flop_model(model) -> FlopModel:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     try:
-        counted = counted_flop_model(model)
+        with _quiet_meta_quantization():
+            counted = counted_flop_model(model)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
         # quantized weights (QLoRA) cannot run on the meta device: the architecture's full count, each frozen
         # weight at 4 FLOPs per token instead of 6
@@ -442,6 +443,23 @@ def _frozen_flop_model(model) -> FlopModel:
         return replace(full, per_token=full.per_token * scale, source=full.source + note)
     note = f"; frozen weights get no gradients ({trainable:,} of {total:,} parameters train)"
     return replace(counted, source=counted.source + note)
+
+
+@contextlib.contextmanager
+def _quiet_meta_quantization():
+    """Within: bitsandbytes' warning that a 4-bit layer has no quantization state (".cuda() first"), which its meta
+    copy never has. The copy is only counted, and fails (the count is then estimated); the model keeps its state."""
+    import logging
+    import re
+
+    said = re.compile(r"quantization state not initialized")
+    logger = logging.getLogger("bitsandbytes.nn.modules")
+    drop = lambda record: not said.search(record.getMessage())  # noqa: E731
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _head_of(model) -> str:

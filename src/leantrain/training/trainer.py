@@ -111,8 +111,13 @@ class Trainer:
             self.data = task.prepare_data(model_path, model_config)
         with interrupt.phase("loading the model"):
             self._build_model(model_path)
-        with interrupt.phase("setting up training"):
-            self._build_loop_parts()
+        try:
+            with interrupt.phase("setting up training"):
+                self._build_loop_parts()
+        except BaseException:
+            if (log := getattr(self, "metrics_log", None)) is not None:
+                log.close()  # no trainer reaches the caller, whose fit() would have closed it
+            raise
 
     @staticmethod
     def _trackers(cfg: TrainConfig) -> list[str]:
@@ -372,10 +377,11 @@ class Trainer:
         self.resume_rng: dict | None = None  # set by a resume, applied just before the loop starts
         history = self._resume(log_path) if self.resume_from is not None else []
         self.checkpointer.warn_if_short_of_space(self.model, self._final_model_bytes())
+        self.metrics_log = self._open_log(log_path)
         self.logger = MetricsLogger(
             cfg,
             acc,
-            log=self._open_log(log_path),
+            log=self.metrics_log,
             flops=self.flops,
             flop_peak=self.flop_peak,
             total_steps=self.total_steps,
