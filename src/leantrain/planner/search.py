@@ -277,7 +277,7 @@ def choose(plan: Plan) -> None:
     # measured speeds are relative to the fastest probe, predictions to fp32/AdamW: the probes put the predictions on
     # their scale (the median of measured over predicted), so that a probed and an unprobed candidate compare
     scale = (
-        statistics.median(c.measured["relative_throughput"] / c.relative_throughput for c in measured)
+        statistics.median((c.measured or {})["relative_throughput"] / c.relative_throughput for c in measured)
         if measured
         else 1.0
     )
