@@ -455,6 +455,13 @@ def test_a_reward_with_the_wrong_number_of_values_or_a_non_finite_one_names_the_
     assert any(f"of the prompt {p!r}" in line for p in prompts), line
 
 
+def test_a_mixture_of_prompt_files_is_one_line(capsys, setup, tmp_path):
+    prompts = str(setup / "prompts.jsonl")
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "a cat", "answer": "cat"}] * 4)
+    code, _, err = cli(capsys, setup, tmp_path, data=[prompts, str(other)])
+    assert code == 2 and "--task grpo reads one source, not a mixture of 2" in one_line(err)
+
+
 def test_one_generation_a_prompt_is_refused(capsys, setup, tmp_path):
     code, _, err = cli(capsys, setup, tmp_path, num_generations=1)
     assert code == 2 and "--num-generations 1: GRPO's advantages compare each completion" in one_line(err)

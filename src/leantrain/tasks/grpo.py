@@ -249,9 +249,11 @@ class GRPO(Task):
 
     # -- data and model -----------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data.combine import single_source
         from leantrain.data.sources import resolve_data_path
 
         cfg = self.cfg
+        single_source(cfg, self.name)  # prompts have no mixture reader
         # kept for evaluation: `leantrain evaluate RUN` scores the held-out prompts without training first
         tokenizer = self.tokenizer = self._tokenizer(model_path)
         train = self._read(resolve_data_path(cfg.data), "train", tokenizer)
