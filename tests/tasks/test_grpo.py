@@ -462,6 +462,12 @@ def test_a_mixture_of_prompt_files_is_one_line(capsys, setup, tmp_path):
     assert code == 2 and "--task grpo reads one source, not a mixture of 2" in one_line(err)
 
 
+def test_a_text_column_that_is_not_there_is_named(capsys, setup, tmp_path):
+    code, _, err = cli(capsys, setup, tmp_path, text_column="question")
+    line = one_line(err)
+    assert code == 2 and "no column 'question' (given by --text-column)" in line and "'prompt', 'answer'" in line
+
+
 def test_one_generation_a_prompt_is_refused(capsys, setup, tmp_path):
     code, _, err = cli(capsys, setup, tmp_path, num_generations=1)
     assert code == 2 and "--num-generations 1: GRPO's advantages compare each completion" in one_line(err)

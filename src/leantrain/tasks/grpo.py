@@ -666,8 +666,11 @@ def prompt_turns(df, source: str, column: str | None) -> tuple[list[Any], str]:
     by_name = {str(c).lower(): str(c) for c in df.columns}
     if column is None and "prompt" not in by_name and "messages" in by_name:
         return chat_prompts(df, source), by_name["messages"]
+    if column is not None and column not in df.columns:
+        names = ", ".join(repr(str(c)) for c in df.columns)
+        raise DataError(f"{source}: no column '{column}' (given by --text-column); columns are {names}")
     column = column or by_name.get("prompt")
-    if column is None or column not in df.columns:
+    if column is None:
         raise DataError(
             f"{source}: no prompt column (columns: {', '.join(map(str, df.columns))}); GRPO reads a 'prompt' column "
             "(text or chat messages) or a 'messages' column; name another with --text-column"
