@@ -310,12 +310,22 @@ def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> N
         raise DataError(f"--output {path}: cannot write ({exc.strerror or exc}); choose another path") from None
 
 
+def _cell(key: str, value: Any) -> Any:
+    """A CSV cell: a multi-label row's labels joined by '|'; other lists and mappings (words, tags, entities,
+    chats) as JSON, which leantrain's readers take back, not Python's repr."""
+    if key == "labels" and isinstance(value, list):
+        return "|".join(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
 def _write_file(rows: list[dict[str, Any]], target: Path) -> None:
     if target.suffix.lower() in (".csv", ".tsv"):
         import pandas as pd
 
         flat = [
-            {k: "|".join(v) if k == "labels" else v for k, v in r.items() if k != "probabilities"}
+            {k: _cell(k, v) for k, v in r.items() if k != "probabilities"}
             | {f"p_{n}": q for n, q in r.get("probabilities", {}).items()}
             for r in rows
         ]
