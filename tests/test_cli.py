@@ -657,3 +657,20 @@ def test_a_classifier_for_the_same_labels_keeps_its_trained_head(capsys, base, t
     for key in ("classifier.weight", "classifier.bias", "bert.pooler.dense.weight"):
         want = saved[key][rows] if key.startswith("classifier") else saved[key]
         torch.testing.assert_close(published[key], want, rtol=0, atol=1e-20, msg=key)
+
+
+def test_predictions_written_as_csv_hold_lists_and_entities_as_json(tmp_path):
+    """A token classifier's words, tags and entities (and a chat's messages) go into CSV cells as JSON, which
+    leantrain and any JSON reader read back, not as Python's repr."""
+    import pandas as pd
+
+    from leantrain.inference import write_predictions
+
+    entity = {"entity_group": "PER", "score": 0.9, "word": "Anna's", "start": 0, "end": 6}
+    row = {"tokens": ["Anna's", "cat"], "entities": [entity], "tags": ["B-PER", "O"]}
+    for suffix, sep in ((".csv", ","), (".tsv", "\t")):
+        write_predictions([row], str(tmp_path / f"p{suffix}"), None)
+        back = pd.read_csv(tmp_path / f"p{suffix}", sep=sep).iloc[0]
+        assert {k: json.loads(back[k]) for k in row} == row
+    write_predictions([{"text": "hi", "labels": ["a", "b"]}], str(tmp_path / "m.csv"), None)
+    assert pd.read_csv(tmp_path / "m.csv").iloc[0]["labels"] == "a|b"  # multi-label: joined, as before

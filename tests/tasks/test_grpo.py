@@ -455,6 +455,19 @@ def test_a_reward_with_the_wrong_number_of_values_or_a_non_finite_one_names_the_
     assert any(f"of the prompt {p!r}" in line for p in prompts), line
 
 
+def test_a_mixture_of_prompt_files_is_one_line(capsys, setup, tmp_path):
+    prompts = str(setup / "prompts.jsonl")
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "a cat", "answer": "cat"}] * 4)
+    code, _, err = cli(capsys, setup, tmp_path, data=[prompts, str(other)])
+    assert code == 2 and "--task grpo reads one source, not a mixture of 2" in one_line(err)
+
+
+def test_a_text_column_that_is_not_there_is_named(capsys, setup, tmp_path):
+    code, _, err = cli(capsys, setup, tmp_path, text_column="question")
+    line = one_line(err)
+    assert code == 2 and "no column 'question' (given by --text-column)" in line and "'prompt', 'answer'" in line
+
+
 def test_one_generation_a_prompt_is_refused(capsys, setup, tmp_path):
     code, _, err = cli(capsys, setup, tmp_path, num_generations=1)
     assert code == 2 and "--num-generations 1: GRPO's advantages compare each completion" in one_line(err)
@@ -528,12 +541,13 @@ def test_lora_trains_the_adapters_with_the_base_as_reference(run, capfd):
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-7) and rows[-1]["kl"] > 0  # the adapters move the policy
 
 
-def test_evaluation_scores_each_prompts_greedy_completion(setup, tmp_path, run):
+def test_evaluation_scores_each_prompts_greedy_completion(setup, tmp_path, run, capsys):
     """Half the evaluation answers are the model's own greedy completions (by transformers' generate): the
     evaluation's exact-match reward is 0.5, and `leantrain evaluate` gives the run's model the same score."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from leantrain import evaluate
+    from leantrain.errors import ConfigError
 
     tokenizer = AutoTokenizer.from_pretrained(setup / "model")
     model = AutoModelForCausalLM.from_pretrained(setup / "model").eval()
@@ -545,10 +559,21 @@ def test_evaluation_scores_each_prompts_greedy_completion(setup, tmp_path, run):
         greedy = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         r["answer"] = greedy if i % 2 == 0 else greedy + " and more"
     held = write_jsonl(tmp_path / "held.jsonl", rows)
-    result, _ = run(eval_data=str(held), reward="exact-match", max_steps=1, lr=1e-30)
+    result, _ = run(eval_data=str(held), reward="exact-match", reward_column="answer", max_steps=1, lr=1e-30)
     assert result.metrics["eval_reward"] == 0.5 == result.metrics["eval_rewards/exact_match/mean"]
     again = evaluate(str(result.output_dir), data=str(held))
     assert again["reward"] == 0.5 and again["prompts"] == 10
+    # another file's answers in another column: guessed among the usual names (not the run's column), else named
+    # with --reward-column
+    solutions = write_jsonl(tmp_path / "s.jsonl", [{"prompt": r["prompt"], "solution": r["answer"]} for r in rows])
+    assert evaluate(str(result.output_dir), data=str(solutions))["reward"] == 0.5
+    gold = write_jsonl(tmp_path / "g.jsonl", [{"prompt": r["prompt"], "gold": r["answer"]} for r in rows])
+    with pytest.raises(ConfigError, match="name it with --reward-column"):
+        evaluate(str(result.output_dir), data=str(gold))
+    assert evaluate(str(result.output_dir), data=str(gold), reward_column="gold")["reward"] == 0.5
+    capsys.readouterr()
+    assert main(["evaluate", str(result.output_dir), "--data", str(gold), "--reward-column", "gold"]) == 0
+    assert json.loads(capsys.readouterr().out)["reward"] == 0.5
 
 
 def test_evaluate_without_data_scores_the_runs_own_held_out_prompts(run):

@@ -157,3 +157,20 @@ def test_static_shapes_pad_judgements_and_their_mismatched_completions_and_chang
         assert [r[key] for r in train_rows(on)] == pytest.approx([r[key] for r in train_rows(off)], abs=1e-6)
     for name, value in w_off.items():
         assert torch.allclose(w_on[name], value, atol=1e-6), name
+
+
+def test_predict_completes_the_prompts_of_a_file_of_prompts_alone(run, tmp_path, capsys):
+    """A file to predict on needs prompts, not judgements: a 'prompt' column alone (here beside an answer) serves,
+    and a file without one is refused in one line."""
+    from leantrain.commands.cli import main
+    from leantrain.inference.api import predict
+
+    result, _ = run(max_steps=1)
+    rows = [{"prompt": r["prompt"], "answer": "x"} for r in judgement_rows(5, seed=3)]
+    done = predict(str(result.output_dir), data=str(write_jsonl(tmp_path / "p.jsonl", rows)), max_new_tokens=2)
+    assert [d["prompt"] for d in done] == [r["prompt"] for r in rows]
+    bad = write_jsonl(tmp_path / "q.jsonl", [{"question": r["prompt"]} for r in rows])
+    capsys.readouterr()
+    assert main(["predict", str(result.output_dir), "--data", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no 'prompt' column" in err and "'question'" in err, err

@@ -391,6 +391,10 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
             "--tag-column", type=int, help="Token classification, CoNLL: the tag's column (from 1; -1: last)."
         )
         p.add_argument("--tag-scheme", help="Token classification: iob1|iob2|bioes|none (default: detected).")
+        p.add_argument(
+            "--reward-column",
+            help="GRPO: the column the rewards compare completions with (guessed when obvious: answer, solution, ...).",
+        )
     default = "the run's --max-length" + (
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
@@ -645,6 +649,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         tag_scheme=args.tag_scheme,
         source_column=args.source_column,
         target_column=args.target_column,
+        reward_column=args.reward_column,
     )
     if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
         from leantrain.tasks.scoring import format_report

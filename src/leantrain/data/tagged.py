@@ -186,7 +186,7 @@ def _rows_of_table(df: pd.DataFrame, source: str, columns: TaggedColumns, requir
             f"{_names(df)}; name them with --tokens-column and --tags-column, or --text-column and --spans-column"
         )
     text = resolve_columns(df, source, columns.text, None, None, require_label=False).text
-    return _span_rows(df, source, text, spans)
+    return _span_rows(df, source, text, spans, require_tags)
 
 
 def _token_rows(df: pd.DataFrame, source: str, tokens: str, tags: str | None) -> TaggedRows:
@@ -246,12 +246,18 @@ def _tag_name(tag: Any, names: list[str] | None, source: str, column: str | None
     return str(tag).strip()
 
 
-def _span_rows(df: pd.DataFrame, source: str, text: str, spans: str | None) -> TaggedRows:
+def _span_rows(df: pd.DataFrame, source: str, text: str, spans: str | None, require_tags: bool = True) -> TaggedRows:
     rows = TaggedRows(source, [], texts=[], char_spans=[] if spans is not None else None)
     rows.description = f"text '{text}'" + (f", entity spans '{spans}'" if spans else "")
     assert rows.texts is not None
     for i, value in enumerate(df[text].tolist()):
         where = f"row {i + 1}"
+        if isinstance(value, (list, tuple, np.ndarray)):  # words, not a text: a table of words and tags misnamed
+            tags = f" and the tags' with --tags-column {spans}" if spans and require_tags else ""
+            raise DataError(
+                f"{source}: {where} of column '{text}' holds a list of words, not a text; name it with "
+                f"--tokens-column {text}{tags}"
+            )
         content = "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
         if rows.char_spans is not None:
             found = [_span(s, source, spans, where, content) for s in _as_list(df[spans].iloc[i], source, spans, where)]

@@ -51,7 +51,7 @@ def _source(data: str, read: ReadOptions | None, run_or_model: str, **columns: A
 READ_KEYS = (
     "format", "column_names", "text_column", "text_pair_column", "label_column", "tokens_column", "tags_column",
     "spans_column", "tag_column", "tag_scheme", "source_column", "target_column", "image_column", "audio_column",
-    "label_pattern",
+    "label_pattern", "reward_column",
 )  # fmt: skip
 
 
@@ -152,6 +152,7 @@ def evaluate(
     tag_scheme: str | None = None,
     source_column: str | None = None,
     target_column: str | None = None,
+    reward_column: str | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -165,6 +166,7 @@ def evaluate(
     (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected).
     A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
     given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples.
+    A GRPO run scores each prompt's greedy completion with its rewards (`reward_column`: guessed when not given).
     `task`: score as this task, not the run's own (a preference-tuned model as a causal LM on instruction rows)."""
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold,
@@ -176,16 +178,13 @@ def evaluate(
             image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
             tokens_column=tokens_column, tags_column=tags_column, spans_column=spans_column, tag_column=tag_column,
             tag_scheme=tag_scheme,
-            source_column=source_column, target_column=target_column,
+            source_column=source_column, target_column=target_column, reward_column=reward_column,
         )  # fmt: skip
         overrides.update(_source(data, read, run_or_model, **columns))
     job = _job(run_or_model, overrides, cache_dir, precision)
-    scoring = job.task
-    if data is not None:
-        prepared = scoring.evaluation_data(job.model_path, job.model_config)
-    else:
-        prepared = _held_out(job, run_or_model)
-    return _scores(scoring, _rows(job, _model(job), prepared, batch_size), prepared)
+    how = job.task
+    prepared = _held_out(job, run_or_model) if data is None else how.evaluation_data(job.model_path, job.model_config)
+    return _scores(how, _rows(job, _model(job), prepared, batch_size), prepared)
 
 
 def _scores(task, rows, prepared) -> dict[str, Any]:
@@ -313,12 +312,22 @@ def write_predictions(rows: list[dict[str, Any]], path: str | None, stream) -> N
         raise DataError(f"--output {path}: cannot write ({exc.strerror or exc}); choose another path") from None
 
 
+def _cell(key: str, value: Any) -> Any:
+    """A CSV cell: a multi-label row's labels joined by '|'; other lists and mappings (words, tags, entities,
+    chats) as JSON, which leantrain's readers take back, not Python's repr."""
+    if key == "labels" and isinstance(value, list):
+        return "|".join(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
 def _write_file(rows: list[dict[str, Any]], target: Path) -> None:
     if target.suffix.lower() in (".csv", ".tsv"):
         import pandas as pd
 
         flat = [
-            {k: "|".join(v) if k == "labels" else v for k, v in r.items() if k != "probabilities"}
+            {k: _cell(k, v) for k, v in r.items() if k != "probabilities"}
             | {f"p_{n}": q for n, q in r.get("probabilities", {}).items()}
             for r in rows
         ]

@@ -249,9 +249,11 @@ class GRPO(Task):
 
     # -- data and model -----------------------------------------------------------------------------------------
     def prepare_data(self, model_path: str, model_config: Any) -> TaskData:
+        from leantrain.data.combine import single_source
         from leantrain.data.sources import resolve_data_path
 
         cfg = self.cfg
+        single_source(cfg, self.name)  # prompts have no mixture reader
         # kept for evaluation: `leantrain evaluate RUN` scores the held-out prompts without training first
         tokenizer = self.tokenizer = self._tokenizer(model_path)
         train = self._read(resolve_data_path(cfg.data), "train", tokenizer)
@@ -664,8 +666,11 @@ def prompt_turns(df, source: str, column: str | None) -> tuple[list[Any], str]:
     by_name = {str(c).lower(): str(c) for c in df.columns}
     if column is None and "prompt" not in by_name and "messages" in by_name:
         return chat_prompts(df, source), by_name["messages"]
+    if column is not None and column not in df.columns:
+        names = ", ".join(repr(str(c)) for c in df.columns)
+        raise DataError(f"{source}: no column '{column}' (given by --text-column); columns are {names}")
     column = column or by_name.get("prompt")
-    if column is None or column not in df.columns:
+    if column is None:
         raise DataError(
             f"{source}: no prompt column (columns: {', '.join(map(str, df.columns))}); GRPO reads a 'prompt' column "
             "(text or chat messages) or a 'messages' column; name another with --text-column"

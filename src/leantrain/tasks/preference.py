@@ -458,14 +458,22 @@ class PolicyTask(CausalLM):
         if inputs.texts is not None or inputs.files is not None:
             return super().prediction_data(model_path, model_config, inputs)
         from leantrain.data import preferences
+        from leantrain.data.instructions import as_turn
         from leantrain.data.sources import read_options, read_table
         from leantrain.model import loading
 
-        df, _ = read_table(self.cfg.eval_data, split="eval", options=read_options(self.cfg, "eval"))
-        if self.data_kind == "pairs" and "chosen" in {str(c).lower() for c in df.columns}:
-            prompts = [p for p, _, _ in preferences.pair_turns(df, self.cfg.eval_data)]
+        source = self.cfg.eval_data
+        df, _ = read_table(source, split="eval", options=read_options(self.cfg, "eval"))
+        columns = {str(c).strip().lower(): c for c in df.columns}
+        if self.data_kind == "pairs" and {"chosen", "rejected"} <= columns.keys():
+            prompts = [p for p, _, _ in preferences.pair_turns(df, source)]  # as training reads them (chats too)
+        elif "prompt" in columns:  # prompts alone serve: no completion or label is needed to generate
+            prompts = [as_turn(p, source, "prompt", i) for i, p in enumerate(df[columns["prompt"]])]
         else:
-            prompts = [p for p, _ in preferences.judgement_turns(df, self.cfg.eval_data)[0]]
+            raise DataError(
+                f"{source}: no 'prompt' column to complete (columns: {', '.join(map(repr, map(str, df.columns)))}); "
+                "give the prompts in a 'prompt' column, or pairs of whole chats in 'chosen' and 'rejected'"
+            )
         tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
         return TaskData(None, None, [], tokenizer), [{"prompt": p} for p in prompts]
 

@@ -1,0 +1,28 @@
+"""Reading token-labelled tables (data/tagged.py): what a newcomer's table in other column names is told."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leantrain.data.sources import ReadOptions
+from leantrain.data.tagged import TaggedColumns, read_tagged
+from leantrain.errors import DataError
+
+
+def test_lists_of_words_and_tags_in_unguessed_columns_are_told_to_name_them(tmp_path):
+    """'sentence' and 'labels' lists are not span rows: the one line says which flags name them, not how a span is
+    written; named so, they read."""
+    rows = [{"sentence": ["Anna", "met", "Bo"], "labels": ["B-PER", "O", "B-PER"]}]
+    path = tmp_path / "ner.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as caught:
+        read_tagged(str(path), "train", ReadOptions(), TaggedColumns())
+    said = str(caught.value)
+    assert "row 1 of column 'sentence' holds a list of words" in said, said
+    assert "--tokens-column sentence and the tags' with --tags-column labels" in said and "span" not in said, said
+    read = read_tagged(str(path), "train", ReadOptions(), TaggedColumns(tokens="sentence", tags="labels"))
+    assert read.words == [rows[0]["sentence"]] and read.tags == [rows[0]["labels"]]
+    with pytest.raises(DataError, match=r"name it with --tokens-column sentence$"):  # predict: no tags needed
+        read_tagged(str(path), "eval", ReadOptions(), TaggedColumns(), require_tags=False)
