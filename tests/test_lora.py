@@ -10,6 +10,7 @@ bitwise. Checkpoints hold the whole peft model, frozen weights included, under p
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -350,3 +351,21 @@ def test_the_planner_counts_a_pooler_started_as_the_identity_as_training_whole(t
     facts = M.model_facts(str(tiny_model_dir))
     assert M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=spec).gradients == 4 * trainable
     assert M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=M.LoraSpec(r=4)).gradients < 4 * trainable
+
+
+@pytest.mark.parametrize("bits", ["4bit", "8bit"])
+def test_qlora_trains_a_causal_lm_whose_output_layer_stays_unquantized(tmp_path, bits):
+    """A causal LM's output layer is no head LoRA trains whole, yet not quantized either, as transformers leaves it:
+    quantized, the fused head loss multiplied by its packed weight (a shape error at the first step). The planner
+    counts its weight as stored in full."""
+    pytest.importorskip("bitsandbytes")
+    from leantrain.model import lora
+    from leantrain.planner import memory as M
+    from tests.test_attention import llama_run
+
+    run = llama_run(tmp_path, lora=True, lora_r=4, quantize=bits, max_steps=2)
+    assert run.metrics["optimizer_steps"] == 2 and math.isfinite(run.metrics["train_loss"])
+    facts = M.model_facts(str(tmp_path / "llama"))
+    net = M._build(M._config_from_json(facts.config_json), "meta")
+    names = lora.quantized_names(net, lora.head_modules(net))
+    assert "lm_head" not in names and any(n.endswith("q_proj") for n in names)

@@ -164,14 +164,22 @@ def _check_frozen_quantized_state(module, state_dict, prefix, local_metadata, st
             state_dict.pop(key)  # quantization state (absmax, quant map, SCB...): checked, nothing to load
 
 
+def quantized_names(model: torch.nn.Module, head: list[str]) -> list[str]:
+    """The Linear layers --quantize replaces: those outside the head but a causal LM's output layer (`lm_head`),
+    which transformers' own quantization leaves as it is too: the fused head loss multiplies by its weight, and it
+    may be the input embeddings' tied table."""
+    output = getattr(model, "get_output_embeddings", lambda: None)()
+    return [n for n in linear_names(model, head) if output is None or model.get_submodule(n) is not output]
+
+
 def quantize_base(model: torch.nn.Module, bits: str, head: list[str], device: torch.device) -> int:
-    """Replace every Linear layer outside the head by its quantized copy; returns how many were replaced."""
+    """Replace the Linear layers `quantized_names` names by their quantized copies; returns how many were replaced."""
     import logging
 
     # bitsandbytes logs each 8-bit layer's fp32 -> fp16 input cast on every forward: expected, not news
     logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     replaced = 0
-    for name in linear_names(model, head):
+    for name in quantized_names(model, head):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, _quantized_linear(getattr(parent, child), bits, device))

@@ -258,7 +258,7 @@ class LoraInventory:
 
     trainable: ParamInventory
     frozen_bytes: int
-    #: elements of the largest frozen Linear weight: a quantized layer dequantizes it whole in each forward
+    #: elements of the largest quantized Linear weight: a quantized layer dequantizes it whole in each forward
     largest_linear: int
 
 
@@ -305,13 +305,11 @@ def _quantized_bytes(numel: int, rows: int, bits: str) -> int:
 
 @functools.lru_cache(maxsize=16)
 def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = False) -> LoraInventory:
-    import torch
-
     from leantrain.model import lora
 
     net = _build(_config_from_json(config_json), "meta", trust_remote_code)
     head = lora.head_modules(net) + _afresh(net, spec)
-    quantized = set(lora.linear_names(net, head)) if spec.quantize else set()
+    quantized = set(lora.quantized_names(net, head)) if spec.quantize else set()
     frozen, largest = 0, 0
     seen: set[int] = set()  # a tied weight (a causal LM's embeddings and output layer) is stored once
     for name, module in net.named_modules():
@@ -323,7 +321,7 @@ def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = F
                 frozen += _quantized_bytes(p.numel(), p.shape[0], spec.quantize or "")
             else:  # (the head's original copy stays beside its trained one)
                 frozen += 4 * p.numel()
-        if isinstance(module, torch.nn.Linear) and name.split(".")[0] not in head:
+        if name in quantized:
             largest = max(largest, module.weight.numel())
     peft_model = _with_adapters(net, spec)
     return LoraInventory(_trainable(peft_model, ()), frozen, largest)
