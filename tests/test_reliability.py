@@ -354,6 +354,20 @@ def test_the_lock_is_released_when_train_fails_in_this_process(job, tmp_path):
     assert probe.returncode == 0, probe.stderr
 
 
+def test_a_run_refused_before_training_leaves_no_folder_it_made(job, tmp_path):
+    missing = str(tmp_path / "missing.csv")
+    made = job(data=missing, output_dir=str(tmp_path / "runs" / "x"))
+    with pytest.raises(LeantrainError):
+        train(made)
+    assert not (tmp_path / "runs").exists()  # the run made runs/ and runs/x: both go
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(LeantrainError):
+        train(made.replace(output_dir=str(existing)))
+    assert existing.is_dir()  # a folder that was there stays
+    assert not directory._HELD and not directory._ACTIVE
+
+
 # -- 2. a full disk -------------------------------------------------------------------------------------------------
 
 

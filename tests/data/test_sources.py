@@ -106,6 +106,13 @@ def test_bad_files_give_clear_errors(tmp_path, name, content, message):
     assert name in str(info.value)
 
 
+def test_a_text_file_is_refused_naming_every_task_that_reads_one(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("the cat sat\n")
+    with pytest.raises(DataError, match=r"texts\.txt: unknown format '\.txt'.*conll.*causal-lm.*predict.*seq2seq"):
+        read_table(str(path))
+
+
 def test_a_plain_folder_is_not_a_dataset(tmp_path):
     with pytest.raises(DataError, match="not one written by datasets' save_to_disk"):
         read_table(str(tmp_path))

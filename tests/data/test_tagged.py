@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -11,12 +12,17 @@ from leantrain.data.tagged import TaggedColumns, read_tagged
 from leantrain.errors import DataError
 
 
-def test_lists_of_words_and_tags_in_unguessed_columns_are_told_to_name_them(tmp_path):
-    """'sentence' and 'labels' lists are not span rows: the one line says which flags name them, not how a span is
-    written; named so, they read."""
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_lists_of_words_and_tags_in_unguessed_columns_are_told_to_name_them(tmp_path, suffix):
+    """'sentence' and 'labels' lists (or a CSV's cells holding JSON lists) are not span rows: the one line says which
+    flags name them, not how a span is written; named so, they read."""
     rows = [{"sentence": ["Anna", "met", "Bo"], "labels": ["B-PER", "O", "B-PER"]}]
-    path = tmp_path / "ner.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / f"ner{suffix}"
+    if suffix == ".csv":  # "[""Anna"", ...]","[""B-PER"", ...]"
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([["sentence", "labels"], *([json.dumps(v) for v in r.values()] for r in rows)])
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError) as caught:
         read_tagged(str(path), "train", ReadOptions(), TaggedColumns())
     said = str(caught.value)

@@ -328,7 +328,10 @@ def test_a_row_without_rejected_is_refused_in_one_line(capsys, llama_dir, tmp_pa
     _one_line(code, err, "p.jsonl", "row 4", "'rejected'")
     no_column = [{k: v for k, v in r.items() if k != "rejected"} for r in pair_rows(6)]
     code, err = _cli(capsys, llama_dir, write_jsonl(tmp_path / "q.jsonl", no_column), tmp_path)
-    _one_line(code, err, "q.jsonl", "no 'rejected' column")
+    _one_line(code, err, "q.jsonl", "no 'rejected' column;")
+    instructions = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in pair_rows(6)]
+    code, err = _cli(capsys, llama_dir, write_jsonl(tmp_path / "instructions.jsonl", instructions), tmp_path)
+    _one_line(code, err, "instructions.jsonl", "no 'chosen', 'rejected' columns;")
 
 
 @pytest.mark.parametrize("task", ["dpo", "kto", "reward-model"])

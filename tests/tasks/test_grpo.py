@@ -428,6 +428,20 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.parametrize(
+    ("given", "meant"), [("exact_match", "exact-match"), ("Exact_Match", "exact-match"), ("regexp", "regex")]
+)
+def test_a_misspelt_built_in_reward_is_refused_naming_the_spelling_meant(given, meant):
+    from leantrain.errors import ConfigError
+    from leantrain.tasks.rewards import parse
+
+    with pytest.raises(ConfigError, match=rf"--reward '{given}': .*; did you mean {meant}\?$"):
+        parse(f"{given},number=0.5")
+    with pytest.raises(ConfigError) as far:
+        parse("brevity")
+    assert "did you mean" not in str(far.value)
+
+
 def test_a_reward_module_that_does_not_import_is_one_line(capsys, setup, tmp_path):
     broken = tmp_path / "broken_rewards.py"
     broken.write_text(

@@ -174,3 +174,4 @@ def test_predict_completes_the_prompts_of_a_file_of_prompts_alone(run, tmp_path,
     assert main(["predict", str(result.output_dir), "--data", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no 'prompt' column" in err and "'question'" in err, err
+    assert "chosen" not in err, err  # a KTO run's data holds no pairs: the hint is about prompts alone

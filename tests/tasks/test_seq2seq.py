@@ -531,6 +531,25 @@ def test_bad_input_is_one_line_naming_the_fix(models, pairs, tmp_path, capsys):
     _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--auto"], "planner", "'t5' model (seq2seq)")
 
 
+def test_predict_reads_a_text_file_one_source_a_line_and_evaluate_asks_for_a_target_to_score(
+    models, pairs, tmp_path, capsys
+):
+    result = train(job(models, pairs, tmp_path, "run", max_steps=1))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the red cat sat\n\na dog ran\n")
+    out = tmp_path / "predicted.jsonl"
+    assert main(["predict", str(result.output_dir), "--data", str(texts), "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["text"] for r in rows] == ["the red cat sat", "a dog ran"] and all("generated_text" in r for r in rows)
+    capsys.readouterr()
+    missing = ["predict", str(result.output_dir), "--data", str(tmp_path / "missing.txt")]
+    _one_line_error(capsys, missing, "missing.txt", "cannot read", "--data")
+    only_sources = tmp_path / "sources.csv"
+    only_sources.write_text("source\nthe cat\na dog\n")
+    scored = ["evaluate", str(result.output_dir), "--data", str(only_sources)]
+    _one_line_error(capsys, scored, "no target column to score against", "--target-column")
+
+
 # -- telemetry and LoRA ---------------------------------------------------------------------------------------------
 
 

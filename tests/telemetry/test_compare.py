@@ -168,3 +168,36 @@ def test_compare_from_python_writes_no_chart_unless_asked(ner_and_lm_runs, tmp_p
     console = Console(file=io.StringIO(), width=200)
     assert compare([r.path for r in ner_and_lm_runs], console=console) is None
     assert sorted(tmp_path.iterdir()) == before and "eval perplexity" in console.file.getvalue()
+
+
+def test_across_tasks_scores_keep_two_decimals_and_settings_show_for_the_runs_that_read_them(tmp_path):
+    ner = _written_run(
+        tmp_path,
+        "ner",
+        dict(eval_f1=0.5, eval_loss=1.2, optimizer_steps=4),
+        {"task": "ner", "max_target_length": 128, "max_completion_length": 64, "lr": 0.001, "my_field": 1},
+    )
+    s2s = _written_run(
+        tmp_path,
+        "s2s",
+        dict(eval_rouge1=0.0, eval_rougeL=0.0, eval_loss=10.23, optimizer_steps=4),
+        {"task": "seq2seq", "max_target_length": 64, "max_completion_length": 32, "lr": 0.003, "my_field": 2},
+    )
+    grpo = _written_run(
+        tmp_path,
+        "grpo",
+        dict(eval_reward=0.1234567, eval_loss=1.0, optimizer_steps=4),
+        {"task": "grpo", "max_target_length": 256, "max_completion_length": 16, "lr": 0.001, "my_field": 1},
+    )
+    runs = [load_run(p) for p in (ner, s2s, grpo)]
+    diffs = dict(config_differences(runs))
+    assert diffs["max_target_length"] == [None, 64, None]  # seq2seq's only
+    assert diffs["max_completion_length"] == [None, None, 16]  # GRPO's only
+    assert diffs["lr"] == [0.001, 0.003, 0.001] and diffs["my_field"] == [1, 2, 1]  # read by every task
+    rows = {label: cells for _, label, cells in comparison_rows(runs)}
+    assert rows["max_target_length"] == ["-", "64", "-"]
+    assert rows["eval rouge1"] == ["-", "0.00", "-"] and rows["eval f1"] == ["0.50", "-", "-"]
+    assert rows["eval reward (greedy)"] == ["-", "-", "0.1235"] and rows["eval loss"] == ["1.20", "10.2", "1.00"]
+    assert rows["optimizer steps"] == ["4", "4", "4"]
+    # a setting that differs only in runs whose tasks do not read it is no difference
+    assert "max_target_length" not in dict(config_differences(runs[:1] + runs[2:]))

@@ -118,10 +118,8 @@ def _require(df: pd.DataFrame, source: str, needed: tuple[str, ...], what: str) 
     columns = _columns(df)
     missing = [c for c in needed if c not in columns]
     if missing:
-        raise DataError(
-            f"{source}: no {', '.join(repr(m) for m in missing)} column; {what} (columns found: "
-            f"{', '.join(map(str, df.columns))})"
-        )
+        named = f"{', '.join(repr(m) for m in missing)} column{'s' if len(missing) > 1 else ''}"
+        raise DataError(f"{source}: no {named}; {what} (columns found: {', '.join(map(str, df.columns))})")
     return columns
 
 

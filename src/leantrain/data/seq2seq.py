@@ -76,10 +76,16 @@ def _languages(df: pd.DataFrame) -> list[str] | None:
 
 
 def resolve_pair_columns(
-    df: pd.DataFrame, source: str, source_column: str | None, target_column: str | None, require_target: bool = True
+    df: pd.DataFrame,
+    source: str,
+    source_column: str | None,
+    target_column: str | None,
+    require_target: bool = True,
+    purpose: str = "to learn from",
 ) -> PairColumns:
     """The columns the user named, else the first of PAIR_NAMES the table has; a missing or unguessable column is
-    refused in one line naming the flag. Without `require_target` (predict) the target may be absent."""
+    refused in one line naming the flag. Without `require_target` (predict) the target may be absent; `purpose` says
+    what a missing target was for (evaluation data's is "to score against")."""
     columns = [str(c) for c in df.columns]
     shown = ", ".join(repr(c) for c in columns)
     languages = _languages(df)
@@ -105,7 +111,7 @@ def resolve_pair_columns(
         )
     if target_column is None and require_target:
         raise DataError(
-            f"{source}: no target column to learn from among {shown}; name it with --target-column (the text the "
+            f"{source}: no target column {purpose} among {shown}; name it with --target-column (the text the "
             "model is to generate)"
         )
     if source_column == target_column:
@@ -275,7 +281,8 @@ def load_pairs(
             if len(src) == len(tgt):
                 return PairSource(source, columns, PairRows(src, tgt, sources, references), report, True)
     df, report = read_table(source, split=split, options=options)
-    columns = resolve_pair_columns(df, source, settings.source_column, settings.target_column)
+    purpose = "to learn from" if split == "train" else "to score against"
+    columns = resolve_pair_columns(df, source, settings.source_column, settings.target_column, purpose=purpose)
     sources, targets = pair_texts(df, columns, report)
     if not sources:
         raise DataError(f"{source}: no row holds both a source and a target text ({columns.describe()})")

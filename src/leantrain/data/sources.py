@@ -140,6 +140,15 @@ def resolve_data_path(data: str | None) -> str:
     return str(embedded_data_path()) if data in (None, EMBEDDED_DATA) else data
 
 
+def text_lines(source: str) -> list[str]:
+    """The non-blank lines of a text file read one text a line (`predict --data texts.txt`)."""
+    try:
+        lines = Path(source).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise DataError(f"{source}: cannot read ({exc.strerror}); check the path given to --data") from None
+    return [line for line in lines if line.strip()]
+
+
 def read_table(
     source: str, split: str = "train", options: ReadOptions | None = None, media: bool = False
 ) -> tuple[pd.DataFrame, ReadReport]:
@@ -172,7 +181,8 @@ def read_table(
         known = ", ".join(sorted(TABLE_SUFFIXES))
         text = (
             " (text files: words and tags a line are read with --format conll by --task token-classification, "
-            "documents by --task causal-lm)"
+            "documents by --task causal-lm; `leantrain predict` reads one text a line for token-classification, "
+            "seq2seq and causal-lm runs)"
             if path.suffix.lower() == ".txt"
             else ""
         )

@@ -252,7 +252,7 @@ def _span_rows(df: pd.DataFrame, source: str, text: str, spans: str | None, requ
     assert rows.texts is not None
     for i, value in enumerate(df[text].tolist()):
         where = f"row {i + 1}"
-        if isinstance(value, (list, tuple, np.ndarray)):  # words, not a text: a table of words and tags misnamed
+        if _holds_words(value):  # words, not a text: a table of words and tags misnamed
             tags = f" and the tags' with --tags-column {spans}" if spans and require_tags else ""
             raise DataError(
                 f"{source}: {where} of column '{text}' holds a list of words, not a text; name it with "
@@ -265,6 +265,19 @@ def _span_rows(df: pd.DataFrame, source: str, text: str, spans: str | None, requ
         rows.texts.append(content)
         rows.where.append(where)
     return rows
+
+
+def _holds_words(value: Any) -> bool:
+    """A list, or a CSV cell holding a JSON list of strings: words, where a text was expected."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return True
+    if not (isinstance(value, str) and value.lstrip().startswith("[")):
+        return False
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(parsed, list) and bool(parsed) and all(isinstance(w, str) for w in parsed)
 
 
 def _span(item: Any, source: str, column: str | None, where: str, text: str) -> tuple[int, int, str]:

@@ -58,18 +58,43 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _readers() -> dict[str, tuple[str, ...]]:
+    """The settings only some tasks read (the config's `read_by`), with those tasks."""
+    from dataclasses import fields
+
+    from leantrain.config import TrainConfig
+
+    return {f.name: f.metadata["read_by"] for f in fields(TrainConfig) if "read_by" in f.metadata}
+
+
+def _reads(task: Any, key: str, readers: dict[str, tuple[str, ...]]) -> bool:
+    """Whether a run of `task` reads setting `key`: a task no setting names (one of your own) may read any."""
+    from leantrain.tasks import registry
+
+    if not isinstance(task, str) or key not in readers:
+        return True
+    task = registry.canonical(task) if task in registry.spellings() else task
+    return task in readers[key] or not any(task in r for r in readers.values())
+
+
 def config_differences(runs: list[RunData]) -> list[tuple[str, list[Any]]]:
-    """(key, value per run) for each config key whose value is not the same in every run."""
+    """(key, value per run) for each config key whose value is not the same in every run; a setting only other
+    tasks read has no value for a run (config.yaml records every setting, read or not), and a setting that differs
+    only there is no difference."""
     keys: list[str] = []
     for r in runs:
         keys += [k for k in r.config if k not in keys]
     missing = object()
+    readers = _readers()
     diffs = []
     for k in keys:
         if k in IGNORED_CONFIG:
             continue
         values = [r.config.get(k, missing) for r in runs]
-        if not all(_same(values[0], v) for v in values[1:]):
+        if all(_same(values[0], v) for v in values[1:]):
+            continue
+        values = [v if _reads(r.config.get("task"), k, readers) else missing for r, v in zip(runs, values)]
+        if not all(_same(values[0], v) for v in values[1:]):  # (else: it differs only where no task reads it)
             diffs.append((k, [None if v is missing else v for v in values]))
     return diffs
 
@@ -112,14 +137,16 @@ def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
     rows: list[tuple[str, str, list[str]]] = []
     for key, values in config_differences(runs):
         rows.append(("config (differences only)", key, ["-" if v is None else str(v) for v in values]))
+    scores = score_keys(runs)
     for section, keys, with_ratio in SECTIONS:
-        for key in (score_keys(runs) + keys) if section == "results" else keys:
+        for key in (scores + keys) if section == "results" else keys:
             label = metric_label(key)
             values = [r.metrics.get(key) for r in runs]
             if all(v is None for v in values):
                 continue
             ratio = with_ratio and not (key.endswith("_fraction") or "mfu" in key)
-            cells = [fmt_value(key, v) + (_ratio(v, values[0]) if ratio and i else "") for i, v in enumerate(values)]
+            show = _score if key in scores or key == "train_loss" else fmt_value
+            cells = [show(key, v) + (_ratio(v, values[0]) if ratio and i else "") for i, v in enumerate(values)]
             rows.append((section, label, cells))
     totals = [time_totals(r) for r in runs]
     for phase in PHASES:
@@ -131,6 +158,16 @@ def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
             cells.append(f"{t[phase]:.1f} s ({t[phase] / wall:.0%})" if phase in t and wall > 0 else "-")
         rows.append(("time breakdown", phase, cells))
     return rows
+
+
+def _score(key: str, value: Any) -> str:
+    """A score as `fmt_value` writes it, with two decimals at least below 10: a ROUGE of 0 reads 0.00 beside
+    another run's 0.61, not 0."""
+    text = fmt_value(key, value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if number and abs(value) < 10 and "e" not in text and len(text.partition(".")[2]) < 2:
+        return f"{value:.2f}"
+    return text
 
 
 def print_comparison(runs: list[RunData], console=None) -> None:

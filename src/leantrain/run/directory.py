@@ -136,6 +136,7 @@ class RunDir:
         self.checkpoints_before: set[str] = set()  # the step folders there before this run (`check`)
         self.owner = False  # this process holds the lock, or its launcher holds it for it
         self.published = False
+        self.made: list[Path] = []  # the folders `check` created, deepest first: removed if the run leaves them bare
 
     @property
     def finished(self) -> bool:
@@ -172,6 +173,7 @@ class RunDir:
         afresh: `CheckpointDir.discard_all`)."""
         self._refuse_file()
         if _is_main_process():
+            self.made = _missing_folders(self.path)
             self.lock = OutputLock(self.path).acquire()
             self.owner = True
             _ACTIVE.append(self)
@@ -292,9 +294,25 @@ class RunDir:
 
     def release(self) -> None:
         if self.lock is not None:
+            self._remove_if_bare()
             self.lock.release()
             self.lock = None
         self.owner = False
+
+    def _remove_if_bare(self) -> None:
+        """A run refused before it wrote anything leaves no folder it made behind. The lock file goes while it is
+        still held, so a run that opened it meanwhile is refused rather than locking a removed file; a folder
+        another run has written into since stays (rmdir refuses a non-empty folder)."""
+        if self.published or not self.made or self.lock is None or self.lock.fd is None:
+            return
+        try:
+            if [p.name for p in self.path.iterdir()] != [LOCK_NAME]:
+                return
+            self.lock.file.unlink()
+            for folder in self.made:
+                folder.rmdir()
+        except OSError:
+            pass
 
 
 def staging_dir(path: str | Path) -> Path | None:
@@ -432,6 +450,16 @@ def check_finite_files(model_dir: Path) -> None:
 def _ours(name: str) -> bool:
     """Entries that belong to the directory's machinery, not to a run's outputs."""
     return name in (LOCK_NAME, "checkpoints") or name.startswith((STAGING_PREFIX, REPLACED_PREFIX, ".write-test-"))
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for folder in (path.absolute(), *path.absolute().parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    return missing
 
 
 def _has_checkpoints(path: Path) -> bool:

@@ -503,11 +503,10 @@ def prompts_of(cfg: Any) -> list[Any]:
     the model is to write), else its one text column."""
     from leantrain.data import instructions
     from leantrain.data.columns import resolve_columns
-    from leantrain.data.sources import read_options, read_table
+    from leantrain.data.sources import read_options, read_table, text_lines
 
     if Path(cfg.eval_data).suffix.lower() == ".txt" and getattr(cfg, "format", None) is None:  # one prompt a line
-        lines = Path(cfg.eval_data).read_text(encoding="utf-8", errors="replace").splitlines()
-        return [line for line in lines if line.strip()]
+        return text_lines(cfg.eval_data)
     df, _ = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
     column = cfg.text_column
     if column is None and instructions.kind_of(df) == "messages":

@@ -470,9 +470,10 @@ class PolicyTask(CausalLM):
         elif "prompt" in columns:  # prompts alone serve: no completion or label is needed to generate
             prompts = [as_turn(p, source, "prompt", i) for i, p in enumerate(df[columns["prompt"]])]
         else:
+            pairs = ", or pairs of whole chats in 'chosen' and 'rejected'" if self.data_kind == "pairs" else ""
             raise DataError(
                 f"{source}: no 'prompt' column to complete (columns: {', '.join(map(repr, map(str, df.columns)))}); "
-                "give the prompts in a 'prompt' column, or pairs of whole chats in 'chosen' and 'rejected'"
+                f"give the prompts in a 'prompt' column{pairs}"
             )
         tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
         return TaskData(None, None, [], tokenizer), [{"prompt": p} for p in prompts]

@@ -11,6 +11,7 @@ sum of its functions' rewards.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import math
@@ -59,9 +60,11 @@ def parse(spec: str) -> list[tuple[str, float]]:
             if not math.isfinite(weight):
                 raise ConfigError(f"--reward {part!r}: the weight must be a finite number")
         if name not in BUILT_IN and ":" not in name:
+            near = difflib.get_close_matches(name.lower().replace("_", "-"), BUILT_IN, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
             raise ConfigError(
                 f"--reward {name!r}: neither a built-in ({', '.join(BUILT_IN)}) nor module:function (a Python "
-                "function, e.g. my_rewards:brevity or path/to/rewards.py:brevity)"
+                f"function, e.g. my_rewards:brevity or path/to/rewards.py:brevity){hint}"
             )
         out.append((name.strip(), weight))
     return out

@@ -350,9 +350,10 @@ class Seq2Seq(Task):
         return report
 
     def prediction_data(self, model_path: str, model_config: Any, inputs: Any) -> tuple[TaskData, list[dict]]:
-        """The sources: --text, else the table's source column (its targets, if any, are not read)."""
+        """The sources: --text, else a text file's lines (one source each), else the table's source column (its
+        targets, if any, are not read)."""
         from leantrain.data.seq2seq import PairRows, pair_texts, resolve_pair_columns
-        from leantrain.data.sources import read_options, read_table
+        from leantrain.data.sources import read_options, read_table, text_lines
         from leantrain.data.tokenize import TokenizedText, tokenize
 
         cfg = self.cfg
@@ -360,6 +361,8 @@ class Seq2Seq(Task):
             what = "files" if inputs.files is not None else "--chat"
             raise DataError(f"{model_path}: a sequence-to-sequence model reads plain text, not {what}; give --text")
         texts = inputs.texts
+        if texts is None and Path(cfg.eval_data).suffix.lower() == ".txt" and cfg.format is None:
+            texts = text_lines(cfg.eval_data)
         if texts is None:
             df, report = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
             cols = resolve_pair_columns(df, cfg.eval_data, cfg.source_column, cfg.target_column, require_target=False)

@@ -472,8 +472,9 @@ class TokenClassification(Task):
     def _inputs_of_table(self) -> tuple[list[list[str]] | None, list[str] | None]:
         source = self.cfg.eval_data
         if Path(source).suffix.lower() == ".txt" and self.cfg.format is None:
-            lines = Path(source).read_text(encoding="utf-8", errors="replace").splitlines()
-            return None, [line for line in lines if line.strip()]
+            from leantrain.data.sources import text_lines
+
+            return None, text_lines(source)
         rows = self._read(source, "eval", require_tags=False)
         return rows.words, rows.texts
 
