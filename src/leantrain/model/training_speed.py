@@ -27,8 +27,9 @@ from leantrain.telemetry.peak import read_cache, write_cache
 
 #: environment variables that hold torch's kernels to narrower instructions than the CPU has
 HELD_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-#: this process's measurements by key, for a cache file that could not be written
-_MEASURED: dict[str, float] = {}
+#: this process's measurements by key, with when they were taken: for a cache file that could not be written, or a
+#: measurement not kept
+_MEASURED: dict[str, tuple[float, str]] = {}
 
 
 def cache_file() -> Path:
@@ -119,14 +120,14 @@ def training_speed(
     if isinstance(entry, dict) and float(entry.get("samples_per_second", 0)) > 0:
         return float(entry["samples_per_second"]), f"measured {entry.get('measured', '?')}, cached in {path}"
     if key in _MEASURED:
-        return _MEASURED[key], "measured now"
+        return _MEASURED[key]
     load = threads.neighbour_load()
-    speed = _MEASURED[key] = measure_training_speed(
-        model_path, precision, batch, length, fast=fast, freeze=freeze, dropout=dropout
-    )
+    speed = measure_training_speed(model_path, precision, batch, length, fast=fast, freeze=freeze, dropout=dropout)
     others = load()
     if others is not None and others >= threads.BUSY_CORES:  # a neighbour's slowdown is not this machine's speed
-        return speed, f"measured now while other processes used {others:.1f} cores: not kept, measured again next run"
-    stamp = time.strftime("%Y-%m-%d %H:%M")
-    write_cache(path, key, {"samples_per_second": speed, "measured": stamp})
-    return speed, "measured now"
+        when = f"measured now while other processes used {others:.1f} cores: not kept, measured again next run"
+    else:
+        when = "measured now"
+        write_cache(path, key, {"samples_per_second": speed, "measured": time.strftime("%Y-%m-%d %H:%M")})
+    _MEASURED[key] = (speed, when)
+    return speed, when
