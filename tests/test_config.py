@@ -288,3 +288,7 @@ def test_a_bench_candidate_keeps_only_the_settings_its_switches_read():
         "data": "x.csv", "lora": True, "optimizer": "apollo-adamw", "lora_r": 4, "projection_rank": 8, "lr": 1e-3,
     }  # fmt: skip
     assert without_unswitched(job) == {"data": "x.csv", "lr": 1e-3}
+    # a run's config.yaml records --eval-fraction beside --eval-data: as flags the pair is refused, and unread
+    recorded = {"data": "x.csv", "eval_data": "e.csv", "eval_fraction": 0.1}
+    assert without_unswitched(recorded) == {"data": "x.csv", "eval_data": "e.csv"}
+    assert without_unswitched({"data": "x.csv", "eval_fraction": 0.2}) == {"data": "x.csv", "eval_fraction": 0.2}

@@ -211,6 +211,25 @@ def test_input_every_process_refuses_is_told_once_and_a_refusal_elsewhere_names_
     )
 
 
+def test_a_refusal_by_the_main_process_is_told_once_whether_the_others_refused_or_were_stopped_first(tmp_path):
+    """On a loaded machine a slower process is stopped by the launcher before it reads the input the main process
+    refused: still the main process's line alone (it read four lines then). A process that failed on its own, or a
+    refusal by another process alone, is told."""
+    from types import SimpleNamespace
+
+    from leantrain.parallel.agent import first_failure, told_already
+
+    def told(failures: dict[int, tuple[int, int]]) -> bool:
+        failures = {r: SimpleNamespace(exitcode=code, timestamp=t, pid=r) for r, (code, t) in failures.items()}
+        return told_already(failures, tmp_path, first_failure(failures, tmp_path))
+
+    assert told({0: (2, 10), 1: (2, 10)})  # every process refused
+    assert told({0: (2, 10), 1: (-15, 10)})  # the other was stopped before it could
+    assert not told({0: (2, 10), 1: (1, 11)})  # the other failed on its own: told as a consequence or not
+    assert not told({0: (-15, 11), 1: (2, 10)})  # another process refused: its line is in its log, not on screen
+    assert not told({0: (1, 10), 1: (-15, 10)})
+
+
 def test_a_process_that_lost_its_peer_says_so_and_keeps_its_traceback_in_the_log_folder(tmp_path):
     from leantrain.commands.launch import ProcessFailed, report_failure
 

@@ -178,7 +178,9 @@ def test_two_processes_equal_one_process_with_twice_the_batch(models, pairs, tmp
     one = train(config)
     two = tmp_path / "two"
     given = {
-        k: v for k, v in config.to_dict().items() if v is not None and k not in ("output_dir", "batch_size", "progress")
+        k: v
+        for k, v in config.to_dict().items()
+        if v is not None and k not in ("output_dir", "batch_size", "progress", "eval_fraction")  # --eval-data given
     }
     rc, _, err = run_job(
         ["-m", "leantrain", "train", *flags(**given, batch_size=8, num_processes=2, output_dir=two, progress=False)]

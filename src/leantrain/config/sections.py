@@ -1413,8 +1413,9 @@ def refuse_unswitched(cfg: TrainConfig) -> None:
 
 
 def without_unswitched(values: dict[str, Any]) -> dict[str, Any]:
-    """`values` less the settings its own switches leave unread (a `bench` candidate's job)."""
-    unread = unswitched(values)
+    """`values` less the settings its own switches leave unread (a `bench` candidate's job), and less
+    --eval-fraction beside --eval-data (a run's config.yaml records both; as flags they are refused together)."""
+    unread = set(unswitched(values)) | ({"eval_fraction"} if values.get("eval_data") else set())
     return {name: value for name, value in values.items() if name not in unread}
 
 

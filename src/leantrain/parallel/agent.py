@@ -55,10 +55,9 @@ def main() -> int:
                 f.write(f"{exc}\n")  # torch elastic's own report: every failure, its exit code, signal and pid
         except OSError:
             pass
-        codes = {f.exitcode for f in exc.failures.values()}
-        if codes == {2} and 0 in exc.failures:  # every process refused the input: the main process said why
-            return 2
         first = first_failure(exc.failures, logs)
+        if told_already(exc.failures, logs, first):
+            return 2
         lines = describe_failures(exc.failures, logs, _world(module), first)
         for line in lines:
             print(f"leantrain train: {line}", file=sys.stderr, flush=True)
@@ -125,12 +124,20 @@ def describe_failures(
 def first_failure(failures: dict[int, Any], logs: Path) -> int:
     """The rank whose failure caused the others: not stopped by the agent (SIGTERM) nor by a lost connection to
     another process (its traceback in `logs` says so); the earliest of those."""
-
-    def consequence(rank: int) -> bool:
-        return failures[rank].exitcode == -signal.SIGTERM or _lost_a_peer(logs / f"process-{rank}.log")
-
-    causes = [r for r in failures if not consequence(r)] or list(failures)
+    causes = [r for r in failures if not _consequence(failures, r, logs)] or list(failures)
     return min(causes, key=lambda r: (failures[r].timestamp, r))
+
+
+def told_already(failures: dict[int, Any], logs: Path, first: int) -> bool:
+    """The main process refused the input (exit 2: its one line is on the terminal), and every other process
+    refused it too or was stopped for it (a slower one is stopped before it reads the input): nothing to add."""
+    if first != 0 or failures[0].exitcode != 2:
+        return False
+    return all(failures[r].exitcode == 2 or _consequence(failures, r, logs) for r in failures if r != 0)
+
+
+def _consequence(failures: dict[int, Any], rank: int, logs: Path) -> bool:
+    return failures[rank].exitcode == -signal.SIGTERM or _lost_a_peer(logs / f"process-{rank}.log")
 
 
 def _lost_a_peer(log: Path) -> bool:
