@@ -138,6 +138,11 @@ def test_flags_rebuild_the_same_config():
     argv = ["train", *c.to_argv()]
     assert cli.config_from_args(cli.build_parser().parse_args(argv)) == c
     assert TrainConfig().to_argv() == []
+    # a YAML file may set --eval-fraction beside --eval-data (unread): the processes are not handed the pair, which
+    # flags refuse together
+    both = TrainConfig(data="d.csv", eval_data="e.csv", eval_fraction=0.2)
+    argv = ["train", *both.to_argv()]
+    assert "--eval-fraction" not in argv and cli.config_from_args(cli.build_parser().parse_args(argv)).eval_data
 
 
 def test_train_hands_off_to_the_launcher(monkeypatch):

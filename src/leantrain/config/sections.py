@@ -1119,13 +1119,16 @@ class TrainConfig(
         return dataclasses.replace(self, **changes)
 
     def to_argv(self) -> list[str]:
-        """Flags that rebuild this config: every field that differs from its default."""
+        """Flags that rebuild this config: every field that differs from its default (but --eval-fraction beside
+        --eval-data: a YAML file may hold both, the flags are refused together and the fraction is unread)."""
         changed = {}
         for f in fields(self):
             default = f.default if f.default is not dataclasses.MISSING else None
             value = getattr(self, f.name)
             if not (value == default and type(value) is type(default)):
                 changed[f.name] = value
+        if self.eval_data is not None:
+            changed.pop("eval_fraction", None)
         return to_flags(changed)
 
     def resolved(self) -> TrainConfig:
