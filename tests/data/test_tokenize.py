@@ -87,3 +87,19 @@ def test_the_tokenizer_fingerprint_is_the_tokenizers_and_only_its(minilm_dir):
     left = load()
     left.padding_side = "left"
     assert len({base, *(tokenizer_fingerprint(t) for t in (more, lower, left))}) == 4
+
+
+def test_a_cache_hit_names_the_file_read_now_not_the_one_that_cached_it(tmp_path, tokenizer):
+    """Entries are found by content: the same rows under another path (a copy, another checkout's package) hit the
+    cache, and the line that reports the file names the path given now."""
+    import shutil
+
+    (tmp_path / "a").mkdir()
+    first = write_csv(tmp_path / "a" / "d.csv", make_sentiment_rows(30))
+    load_source(str(first), tokenizer, 32, tmp_path / "cache", "train")
+    copy = tmp_path / "b" / "d.csv"
+    copy.parent.mkdir()
+    shutil.copy(first, copy)
+    again = load_source(str(copy), tokenizer, 32, tmp_path / "cache", "train")
+    assert again.cache_hit and again.report.source == str(copy)
+    assert again.report.summary().startswith(f"{copy}: 30 rows")

@@ -196,7 +196,7 @@ def load_sequences(
         arrays, meta = cached
         values = {k.removeprefix("value_"): v for k, v in arrays.items() if k.startswith("value_")}
         tokens = TokenizedText(arrays["input_ids"], arrays["offsets"])
-        return SequenceSet(tokens, int(meta["parts"]), values), ReadReport(**meta["report"]), True
+        return SequenceSet(tokens, int(meta["parts"]), values), ReadReport.of_cached(meta["report"], source), True
     df, report = read_table(source, split=split, options=options)
     if kind == "pairs":
         sequences = _tokenize_pairs(df, source, tokenizer)

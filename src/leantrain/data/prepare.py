@@ -120,7 +120,7 @@ def load_source(
     if cached is not None:
         tokens, labels, meta = cached
         try:
-            columns, report = Columns(**meta["columns"]), ReadReport(**meta["report"])
+            columns, report = Columns(**meta["columns"]), ReadReport.of_cached(meta["report"], source)
         except TypeError:
             log.warning("tokenization cache entry %s describes its columns wrongly; tokenizing again", path)
         else:

@@ -274,7 +274,7 @@ def load_pairs(
     if source_entry is not None and target_entry is not None:
         (src, references, meta), (tgt, sources, _) = source_entry, target_entry
         try:
-            columns, report = PairColumns(**meta["columns"]), ReadReport(**meta["report"])
+            columns, report = PairColumns(**meta["columns"]), ReadReport.of_cached(meta["report"], source)
         except TypeError:
             log.warning("tokenization cache entry %s describes its columns wrongly; tokenizing again", paths[0])
         else:

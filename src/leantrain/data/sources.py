@@ -101,6 +101,12 @@ class ReadReport:
     encoding: str = "UTF-8"
     rows_without_class: int = 0  # multi-label rows whose label cell is empty: kept, no class
 
+    @classmethod
+    def of_cached(cls, recorded: dict[str, Any], source: str) -> ReadReport:
+        """A cache entry's report, of `source` as given now: entries are found by content, so the same file under
+        another path (a copy, another checkout's package) would otherwise be named by the path that cached it."""
+        return cls(**{**recorded, "source": source})
+
     def drop(self, reason: str, count: int) -> None:
         if count:
             self.rows_dropped += count
