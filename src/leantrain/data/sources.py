@@ -146,8 +146,11 @@ def resolve_data_path(data: str | None) -> str:
     return str(embedded_data_path()) if data in (None, EMBEDDED_DATA) else data
 
 
-def text_lines(source: str) -> list[str]:
-    """The non-blank lines of a text file read one text a line (`predict --data texts.txt`)."""
+def text_lines(source: str, data_format: str | None = None) -> list[str] | None:
+    """The non-blank lines of a .txt file read one text a line (`predict --data texts.txt`); None for any other
+    file, or where --format names how to read it (CoNLL)."""
+    if Path(source).suffix.lower() != ".txt" or data_format is not None:
+        return None
     try:
         lines = Path(source).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as exc:

@@ -505,8 +505,8 @@ def prompts_of(cfg: Any) -> list[Any]:
     from leantrain.data.columns import resolve_columns
     from leantrain.data.sources import read_options, read_table, text_lines
 
-    if Path(cfg.eval_data).suffix.lower() == ".txt" and getattr(cfg, "format", None) is None:  # one prompt a line
-        return text_lines(cfg.eval_data)
+    if (lines := text_lines(cfg.eval_data, getattr(cfg, "format", None))) is not None:  # one prompt a line
+        return lines
     df, _ = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
     column = cfg.text_column
     if column is None and instructions.kind_of(df) == "messages":

@@ -360,9 +360,7 @@ class Seq2Seq(Task):
         if inputs.files is not None or inputs.chat:
             what = "files" if inputs.files is not None else "--chat"
             raise DataError(f"{model_path}: a sequence-to-sequence model reads plain text, not {what}; give --text")
-        texts = inputs.texts
-        if texts is None and Path(cfg.eval_data).suffix.lower() == ".txt" and cfg.format is None:
-            texts = text_lines(cfg.eval_data)
+        texts = inputs.texts if inputs.texts is not None else text_lines(cfg.eval_data, cfg.format)
         if texts is None:
             df, report = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
             cols = resolve_pair_columns(df, cfg.eval_data, cfg.source_column, cfg.target_column, require_target=False)

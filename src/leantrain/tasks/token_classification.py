@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -471,10 +470,10 @@ class TokenClassification(Task):
 
     def _inputs_of_table(self) -> tuple[list[list[str]] | None, list[str] | None]:
         source = self.cfg.eval_data
-        if Path(source).suffix.lower() == ".txt" and self.cfg.format is None:
-            from leantrain.data.sources import text_lines
+        from leantrain.data.sources import text_lines
 
-            return None, text_lines(source)
+        if (lines := text_lines(source, self.cfg.format)) is not None:
+            return None, lines
         rows = self._read(source, "eval", require_tags=False)
         return rows.words, rows.texts
 
