@@ -364,7 +364,11 @@ def test_a_run_refused_before_training_leaves_no_folder_it_made(job, tmp_path):
     existing.mkdir()
     with pytest.raises(LeantrainError):
         train(made.replace(output_dir=str(existing)))
-    assert existing.is_dir()  # a folder that was there stays
+    assert existing.is_dir() and not any(existing.iterdir())  # a folder that was there stays, without a lock file
+    (existing / directory.LOCK_NAME).write_text("")  # one an earlier run left: not this run's to remove
+    with pytest.raises(LeantrainError):
+        train(made.replace(output_dir=str(existing)))
+    assert [p.name for p in existing.iterdir()] == [directory.LOCK_NAME]
     assert not directory._HELD and not directory._ACTIVE
 
 

@@ -184,8 +184,16 @@ def launch(cfg: TrainConfig) -> int:
     if cfg.machine_rank == 0:  # the machine whose rank 0 writes the run; held until this process ends
         held = OutputLock(cfg.output_dir).acquire()
     holder = {LOCK_HOLDER_ENV: str(os.getpid())} if held is not None else {}
-    if cfg.launcher == "ray":
-        return launch_ray(cfg, holder)
+    try:
+        return launch_ray(cfg, holder) if cfg.launcher == "ray" else _launch_here(cfg, holder)
+    finally:
+        if held is not None:  # a job refused before it wrote anything leaves no folder it made
+            held.release(remove_if_bare=True)
+
+
+def _launch_here(cfg: TrainConfig, holder: dict[str, str]) -> int:
+    """Run torchrun or `accelerate launch` for this machine's processes and wait."""
+    assert cfg.output_dir is not None
     cmd, extra = launch_command(cfg, gpus=gpu_count())
     extra.update(holder)
     extra[FAILURE_LOGS_ENV] = str(Path(cfg.output_dir).resolve() / "logs")

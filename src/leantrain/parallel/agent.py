@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import runpy
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ def main() -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     logs = Path(os.environ[FAILURE_LOGS_ENV]) if os.environ.get(FAILURE_LOGS_ENV) else None
+    fresh = logs is not None and not logs.exists()  # made by this job: gone again after a refusal told in full
     if logs is not None:
         _log_to_file(logs / AGENT_LOG)
     module, sys.argv = sys.argv[1], [sys.argv[1], *sys.argv[2:]]
@@ -57,6 +59,8 @@ def main() -> int:
             pass
         first = first_failure(exc.failures, logs)
         if told_already(exc.failures, logs, first):
+            if fresh:  # the main process's line said all: the others' logs repeat it
+                _remove_logs(logs)
             return 2
         lines = describe_failures(exc.failures, logs, _world(module), first)
         for line in lines:
@@ -65,6 +69,11 @@ def main() -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+def _remove_logs(logs: Path) -> None:
+    logging.shutdown()  # the agent's log file closed first
+    shutil.rmtree(logs, ignore_errors=True)
 
 
 def _world(module: str) -> int | None:

@@ -72,12 +72,15 @@ class OutputLock:
         self.directory = Path(directory)
         self.file = self.directory / LOCK_NAME
         self.fd: int | None = None
+        self.made: list[Path] = []  # what acquiring made: the lock file, the folders missing (deepest first)
 
     def acquire(self) -> OutputLock:
         """Take the lock, or raise OutputDirBusy naming the holder's pid. Re-entrant within one process."""
         key = str(self.directory.resolve())
         if key in _HELD:  # this process holds it already (an earlier run in this process that failed)
             return _HELD[key]
+        missing = _missing_folders(self.directory)
+        new_file = not self.file.exists()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -102,6 +105,7 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
+        self.made = [self.file, *missing] if new_file else missing
         _HELD[key] = self
         return self
 
@@ -112,7 +116,20 @@ class OutputLock:
             return None
         return int(text) if text.isdigit() else None
 
-    def release(self) -> None:
+    def release(self, remove_if_bare: bool = False) -> None:
+        """Let go. With `remove_if_bare`, a directory that holds nothing but the lock loses what acquiring made:
+        the lock file (removed while still held, so a run that opened it meanwhile is refused rather than locking
+        a removed file) and the folders made for it (rmdir refuses one another run has written into since)."""
+        if self.fd is not None and remove_if_bare and self.made:
+            try:
+                if [p.name for p in self.directory.iterdir()] == [LOCK_NAME]:
+                    for made in self.made:
+                        if made == self.file:
+                            made.unlink()
+                        else:
+                            made.rmdir()
+            except OSError:
+                pass
         if self.fd is not None:
             _HELD.pop(str(self.directory.resolve()), None)
             os.close(self.fd)  # closing the only descriptor releases the flock
@@ -136,7 +153,6 @@ class RunDir:
         self.checkpoints_before: set[str] = set()  # the step folders there before this run (`check`)
         self.owner = False  # this process holds the lock, or its launcher holds it for it
         self.published = False
-        self.made: list[Path] = []  # the folders `check` created, deepest first: removed if the run leaves them bare
 
     @property
     def finished(self) -> bool:
@@ -173,7 +189,6 @@ class RunDir:
         afresh: `CheckpointDir.discard_all`)."""
         self._refuse_file()
         if _is_main_process():
-            self.made = _missing_folders(self.path)
             self.lock = OutputLock(self.path).acquire()
             self.owner = True
             _ACTIVE.append(self)
@@ -293,26 +308,10 @@ class RunDir:
         aside.rmdir()
 
     def release(self) -> None:
-        if self.lock is not None:
-            self._remove_if_bare()
-            self.lock.release()
+        if self.lock is not None:  # a run refused before it wrote anything leaves nothing it made behind
+            self.lock.release(remove_if_bare=not self.published)
             self.lock = None
         self.owner = False
-
-    def _remove_if_bare(self) -> None:
-        """A run refused before it wrote anything leaves no folder it made behind. The lock file goes while it is
-        still held, so a run that opened it meanwhile is refused rather than locking a removed file; a folder
-        another run has written into since stays (rmdir refuses a non-empty folder)."""
-        if self.published or not self.made or self.lock is None or self.lock.fd is None:
-            return
-        try:
-            if [p.name for p in self.path.iterdir()] != [LOCK_NAME]:
-                return
-            self.lock.file.unlink()
-            for folder in self.made:
-                folder.rmdir()
-        except OSError:
-            pass
 
 
 def staging_dir(path: str | Path) -> Path | None:
