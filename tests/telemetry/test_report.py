@@ -268,7 +268,7 @@ def test_the_page_renders_with_its_images_in_headless_chromium(tmp_path):
 def test_the_pages_figures_say_what_a_reader_needs(tmp_path):
     """One evaluation point is not a range of 0.012; accuracy and F1, perplexity and exact match, each on its own
     panel; the learning rate from step 0 (the warm-up shows); bytes in one unit system; the summary of a language
-    model with its perplexity and exact match; the config as what was set."""
+    model with its perplexity and exact match (a score of 0 as 0.00); the config as what was set."""
     import torch
 
     from leantrain.model.schedules import build_scheduler
@@ -286,7 +286,7 @@ def test_the_pages_figures_say_what_a_reader_needs(tmp_path):
             rows.append({"step": step, "loss": 2.0, "lr": scheduler.get_last_lr()[0]})
     rows.append({"step": 30, "eval_loss": 1.5, "eval_perplexity": 4.48, "eval_exact_match": 0.8})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    metrics = {"eval_loss": 1.5, "eval_perplexity": 4.48, "eval_exact_match": 0.8, "optimizer_steps": 30,
+    metrics = {"eval_loss": 1.5, "eval_perplexity": 4.48, "eval_exact_match": 0.0, "optimizer_steps": 30,
                "epochs": 1.0, "peak_memory_bytes": 1455 * 2**20, "weights_bytes": 200 * 2**20}  # fmt: skip
     (run / "metrics.json").write_text(json.dumps(metrics))
     config = {"model": "preset:tiny-llama", "data": "notes.txt", "lr": 3e-4, "scheduler": "linear",
@@ -301,7 +301,7 @@ def test_the_pages_figures_say_what_a_reader_needs(tmp_path):
     assert rates is not None and len(rates) == 31 and rates[0] == 0.0 and max(rates) == pytest.approx(3e-4)
     assert fmt_bytes(1455 * 2**20) == "1.42 GiB" and fmt_bytes(200 * 2**20) == "200.0 MiB"
     page = write_report(run).read_text()
-    assert "eval perplexity" in page and "eval exact match" in page
+    assert "eval perplexity" in page and "<th>eval exact match</th><td class='num'>0.00</td>" in page  # not "0"
     assert " MB" not in page and " GB" not in page
     shown = page.split("what this run set")[1].split("<details>")[0]
     assert "batch_size" in shown and "text_column" not in shown and "epochs" not in shown  # None, defaults: out

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.errors import LeantrainError
-from leantrain.run.report import RunData, fmt_value, load_run, metric_label, time_totals
+from leantrain.run.report import RunData, fmt_score, fmt_value, load_run, metric_label, time_totals
 from leantrain.telemetry.timing import PHASES
 
 IGNORED_CONFIG = {"output_dir", "overwrite", "progress", "cache_dir"}
@@ -145,7 +145,7 @@ def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
             if all(v is None for v in values):
                 continue
             ratio = with_ratio and not (key.endswith("_fraction") or "mfu" in key)
-            show = _score if key in scores or key == "train_loss" else fmt_value
+            show = fmt_score if key in scores or key == "train_loss" else fmt_value
             cells = [show(key, v) + (_ratio(v, values[0]) if ratio and i else "") for i, v in enumerate(values)]
             rows.append((section, label, cells))
     totals = [time_totals(r) for r in runs]
@@ -158,16 +158,6 @@ def comparison_rows(runs: list[RunData]) -> list[tuple[str, str, list[str]]]:
             cells.append(f"{t[phase]:.1f} s ({t[phase] / wall:.0%})" if phase in t and wall > 0 else "-")
         rows.append(("time breakdown", phase, cells))
     return rows
-
-
-def _score(key: str, value: Any) -> str:
-    """A score as `fmt_value` writes it, with two decimals at least below 10: a ROUGE of 0 reads 0.00 beside
-    another run's 0.61, not 0."""
-    text = fmt_value(key, value)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if number and abs(value) < 10 and "e" not in text and len(text.partition(".")[2]) < 2:
-        return f"{value:.2f}"
-    return text
 
 
 def print_comparison(runs: list[RunData], console=None) -> None:

@@ -227,6 +227,16 @@ def fmt_value(key: str, value: Any) -> str:
     return f"{value:.4g}"
 
 
+def fmt_score(key: str, value: Any) -> str:
+    """A score as `fmt_value` writes it, with two decimals at least below 10: a ROUGE of 0 reads 0.00 beside
+    another run's 0.61, not 0."""
+    text = fmt_value(key, value)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if number and abs(value) < 10 and "e" not in text and len(text.partition(".")[2]) < 2:
+        return f"{value:.2f}"
+    return text
+
+
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for r in rows:
@@ -752,7 +762,11 @@ def _headline(m: dict[str, Any]) -> list[tuple[str, str]]:
     then HEADLINE's other figures."""
     scores = [k for k in m if k.startswith("eval_") and k not in HEADLINE and isinstance(m[k], (int, float))]
     keys = [k for k in HEADLINE if k.startswith("eval_")] + scores + [k for k in HEADLINE if not k.startswith("eval_")]
-    return [(metric_label(k), fmt_value(k, m.get(k))) for k in keys if m.get(k) is not None]
+    return [
+        (metric_label(k), (fmt_score if k.startswith("eval_") else fmt_value)(k, m.get(k)))
+        for k in keys
+        if m.get(k) is not None
+    ]
 
 
 def metric_label(key: str) -> str:
