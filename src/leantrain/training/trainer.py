@@ -505,12 +505,17 @@ class Trainer:
         from leantrain.telemetry import MetricsLog, TeeLog
 
         trackers = None
-        if self.staging is not None:
-            acc = self.accelerator
-            write_environment(self.staging, device=acc.device, peak=self.flop_peak, num_processes=acc.num_processes)
-            if acc.log_with:  # --report-to: TensorBoard, W&B, MLflow through Accelerate
-                trackers = start_trackers(acc, self.staging / "trackers", self.cfg.to_dict(), self.run.path.name)
-        return TeeLog(MetricsLog(log_path), trackers)
+        log = MetricsLog(log_path)  # first: a tracker started before a failure here would never be ended
+        try:
+            if self.staging is not None:
+                acc = self.accelerator
+                write_environment(self.staging, device=acc.device, peak=self.flop_peak, num_processes=acc.num_processes)
+                if acc.log_with:  # --report-to: TensorBoard, W&B, MLflow through Accelerate
+                    trackers = start_trackers(acc, self.staging / "trackers", self.cfg.to_dict(), self.run.path.name)
+        except BaseException:
+            log.close()
+            raise
+        return TeeLog(log, trackers)
 
     def _flop_meter(self):
         from leantrain.telemetry.flops import FlopMeter, flop_model
