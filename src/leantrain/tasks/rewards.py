@@ -59,6 +59,9 @@ def parse(spec: str) -> list[tuple[str, float]]:
                 raise ConfigError(f"--reward {part!r}: the weight {text!r} is not a number") from None
             if not math.isfinite(weight):
                 raise ConfigError(f"--reward {part!r}: the weight must be a finite number")
+        name = name.strip()
+        if ":" not in name and name.lower().replace("_", "-") in BUILT_IN:
+            name = name.lower().replace("_", "-")  # exact_match, as its scores are logged, is exact-match
         if name not in BUILT_IN and ":" not in name:
             near = difflib.get_close_matches(name.lower().replace("_", "-"), BUILT_IN, n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
@@ -66,7 +69,7 @@ def parse(spec: str) -> list[tuple[str, float]]:
                 f"--reward {name!r}: neither a built-in ({', '.join(BUILT_IN)}) nor module:function (a Python "
                 f"function, e.g. my_rewards:brevity or path/to/rewards.py:brevity){hint}"
             )
-        out.append((name.strip(), weight))
+        out.append((name, weight))
     return out
 
 
