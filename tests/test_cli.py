@@ -596,6 +596,12 @@ def test_eval_fraction_given_with_eval_data_is_refused_and_a_config_recording_bo
     assert code == 0 and f"eval_data: {data}" in out, err
     code, _, err = run(capsys, *base, "--config", str(config), "--eval-fraction", "0.3", "--print-config")
     _one_line_error(code, err, "--eval-fraction 0.3", "--eval-data", "leave --eval-fraction out")
+    config.write_text(f"eval_data: {data}\neval_fraction: 0.2\n")  # a share set by hand, which nothing would read
+    code, _, err = run(capsys, *base, "--config", str(config), "--print-config")
+    _one_line_error(code, err, f"{config}: eval_fraction 0.2", "eval_data gives", "remove eval_fraction")
+    config.write_text(f"data:\n  - {{path: {data}, eval_data: {data}, eval_fraction: 0.1}}\n")  # a source's own
+    code, _, err = run(capsys, *[a for a in base if a not in ("--data", data)], "--config", str(config))
+    _one_line_error(code, err, f"{data}: eval_fraction holds out a share of this source", "remove one")
 
 
 def _saved_classifier(tiny_model_dir, folder, labels) -> dict:

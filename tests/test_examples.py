@@ -98,7 +98,8 @@ def test_text_examples_run_offline_on_the_tiny_model(
         overrides["num_processes"] = None  # the API trains in this process; the launch is test_two_processes_*
     if name == "sentiment_mixture.yaml":  # each source capped at 200 rows (its own limit is 20,000), and 1% of the
         sources = TrainConfig.from_yaml(EXAMPLES_DIR / name).data  # tweets held out (382 rows, not 3,816)
-        overrides["data"] = [{**source, "limit": 200, "eval_fraction": 0.01} for source in sources]
+        held_out = [{} if "eval_data" in source else {"eval_fraction": 0.01} for source in sources]
+        overrides["data"] = [{**source, "limit": 200, **held} for source, held in zip(sources, held_out, strict=True)]
     monkeypatch.chdir(REPO)  # the examples' paths are relative to the repository
     result = _run(name, overrides, tmp_path)
     assert result.metrics["optimizer_steps"] == 2

@@ -1113,6 +1113,14 @@ class TrainConfig(
 
         # before the flags override: each source apart
         values = hf_names.translate(values, str(path), {f.name for f in fields(cls)})
+        fraction = values.get("eval_fraction")
+        default = next(f.default for f in fields(cls) if f.name == "eval_fraction")
+        if values.get("eval_data") is not None and fraction not in (None, default):
+            # a run's config.yaml records both, with the fraction's default: a share set by hand means something
+            raise ConfigError(
+                f"{path}: eval_fraction {fraction} holds out a share of data, but eval_data gives the evaluation "
+                "rows, so it would be ignored: remove eval_fraction, or eval_data to hold rows out"
+            )
         return cls.from_dict({**values, **(overrides or {})}, source=str(path))
 
     def replace(self, **changes: Any) -> TrainConfig:

@@ -194,6 +194,11 @@ def _from_mapping(item: dict[str, Any], flag: str) -> SourceSpec:
         labels = tuple(str(x).strip() for x in labels)
         if len(set(labels)) != len(labels):
             raise ConfigError(f"{where}: labels names a class twice: {list(labels)}")
+    if values.get("eval_data") is not None and "eval_fraction" in values:
+        raise ConfigError(
+            f"{where}: eval_fraction holds out a share of this source, but its eval_data gives its evaluation rows, "
+            "so it would be ignored: remove one of the two"
+        )
     limit = values.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
         raise ConfigError(f"{where}: limit must be a positive whole number of rows, got {limit!r}")
