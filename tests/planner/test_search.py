@@ -292,23 +292,45 @@ def test_frozen_parameters_plan_no_gradient_or_optimizer_state(facts, tiny_model
 
 
 def test_the_optimizer_step_is_charged_for_what_trains(facts, tiny_model_dir):
-    """An optimizer steps only what trains: freezing the embeddings shortens a step by its per-parameter cost of
-    the frozen numbers, and leaves the forward and backward as they were."""
+    """An optimizer steps only what trains: with the embeddings frozen each candidate's step is the speed model's
+    for the trained parameters' count (and the FLOPs the run does), not for every parameter's."""
     from leantrain.model import freezing, loading
-    from leantrain.planner.speed import optimizer_step_seconds
+    from leantrain.planner.speed import optimizer_step_seconds, step_seconds
 
     model = loading.load_for_classification(str(tiny_model_dir), ["a", "b"])
     total = sum(p.numel() for p in model.parameters())
     freezing.apply(model, "embeddings")
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    optimizers = ("adamw", "adamw8bit", "adafactor")
-    whole, frozen = (
-        {(c.precision, c.activation_checkpointing, c.micro_batch, c.optimizer): c.step_seconds for c in plan.candidates}
-        for plan in (plan_for(facts, 2**34, freeze=f, optimizers=optimizers) for f in ("none", "embeddings"))
-    )
-    for key, seconds in frozen.items():
-        saved = optimizer_step_seconds(SPEED, key[3], total) - optimizer_step_seconds(SPEED, key[3], trained)
-        assert whole[key] - seconds == pytest.approx(saved, rel=1e-6) and saved > 0
+    plan = plan_for(facts, 2**34, freeze="embeddings", optimizers=("adamw", "adamw8bit", "adafactor"))
+    flops = plan.facts["flops_per_sequence"]
+    for c in plan.candidates:
+        job = (c.micro_batch, c.grad_accum, 128, c.precision, c.activation_checkpointing, c.optimizer)
+        assert c.step_seconds == pytest.approx(step_seconds(SPEED, flops, facts.layers, facts.hidden, trained, *job))
+        saved = optimizer_step_seconds(SPEED, c.optimizer, total) - optimizer_step_seconds(SPEED, c.optimizer, trained)
+        assert saved > 0
+
+
+def test_the_plan_counts_the_flops_a_lora_or_frozen_run_does(facts, tiny_model_dir):
+    """Frozen weights get no weight gradient: the plan's FLOPs per sequence under --lora and --freeze are what the
+    run's own telemetry counts on the model it trains, not full fine-tuning's."""
+    from types import SimpleNamespace
+
+    from leantrain.model import freezing, loading, lora
+    from leantrain.planner.memory import LoraSpec
+    from leantrain.telemetry.flops import flop_model
+
+    def planned(**kw) -> float:
+        return plan_for(facts, 2**34, **kw).facts["flops_per_sequence"]
+
+    def run(change) -> float:
+        model = loading.load_for_classification(str(tiny_model_dir), ["a", "b"])
+        return flop_model(change(model) or model).batch_flops(1, 128)
+
+    settings = SimpleNamespace(lora_r=8, lora_alpha=16.0, lora_dropout=0.0, lora_targets="auto", quantize=None)
+    adapted = run(lambda m: lora.apply(m, settings, None, afresh=[]))
+    assert planned(lora=LoraSpec()) == pytest.approx(adapted, rel=1e-9) and adapted < 0.9 * planned()
+    frozen = run(lambda m: freezing.apply(m, "embeddings,*.layer.0.*") and None)
+    assert planned(freeze="embeddings,*.layer.0.*") == pytest.approx(frozen, rel=1e-9) and frozen < planned()
 
 
 #: Throughput of each technique relative to fp32/AdamW (micro-batch, accumulation, precision, checkpointing,

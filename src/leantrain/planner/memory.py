@@ -337,6 +337,17 @@ def frozen_inventory(config_json: str, freeze: str, trust_remote_code: bool = Fa
     return _trainable(net, ())
 
 
+def trained_net(config_json: str, lora: LoraSpec | None, freeze: str | None, trust_remote_code: bool = False):
+    """The model on the meta device with what the run freezes frozen: LoRA's adapters over the base, or --freeze."""
+    from leantrain.model import freezing
+
+    net = _build(_config_from_json(config_json), "meta", trust_remote_code)
+    if lora is not None:
+        return _with_adapters(net, lora)
+    freezing.apply(net, freeze)
+    return net
+
+
 @functools.lru_cache(maxsize=16)
 def frozen_leading_layers(config_json: str, freeze: str, trust_remote_code: bool = False) -> int:
     """How many of the model's first layers `--freeze` leaves with nothing before them that trains (the embeddings

@@ -408,11 +408,15 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
 
         facts = with_dropout(facts, request.dropout)
     speed = speed or device_speed(request.device)
-    from leantrain.planner.memory import _build, _config_from_json
-    from leantrain.telemetry.flops import counted_flop_model
+    from leantrain.model import freezing
+    from leantrain.planner.memory import _build, _config_from_json, trained_net
+    from leantrain.telemetry.flops import counted_flop_model, flop_model
 
     config = _config_from_json(facts.config_json)
-    if is_encoder_config(config):
+    if request.lora is not None or freezing.patterns(request.freeze):  # as the run's telemetry counts it: frozen
+        meta = trained_net(facts.config_json, request.lora, request.freeze)  # weights get no weight gradient
+        flop = flop_model(meta)
+    elif is_encoder_config(config):
         head = "token" if facts.kind == "token-classifier" else "sequence"
         flop = encoder_flop_model(config, request.num_labels, head=head)
     else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included
