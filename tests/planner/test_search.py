@@ -449,3 +449,20 @@ def test_the_optimizer_note_marks_what_lora_refuses(facts):
     assert "): adamw " in note and "; adafactor " in note  # the others are still priced
     whole = search.optimizer_note(dataclasses.replace(request, lora=None), facts, SPEED)
     assert "refused" not in whole
+
+
+def test_the_table_keeps_its_columns_with_loras_longer_names(facts):
+    """A LoRA candidate's name ("bf16/no-ckpt/adafactor/lora-r=8 32x1") is longer than the configuration column
+    was: every row's figures still end where the header's columns do."""
+    import re
+
+    from leantrain.planner.memory import LoraSpec
+
+    table = search.render(plan_for(facts, 2**34, lora=LoraSpec(), optimizers=("adamw", "adafactor")))
+    lines = table.splitlines()
+    head = next(line for line in lines if "configuration" in line)
+    rows = [line for line in lines if line[:2] in ("=>", "ok", "--")]
+    assert any(len(" ".join(line.split()[1:3])) > 33 for line in rows)
+    for row in rows:
+        speed = re.search(r"\d+\.\d\dx", row)
+        assert speed is not None and speed.end() == head.index("speed") + len("speed"), (head, row)

@@ -344,8 +344,9 @@ def render(plan: Plan, all_rows: bool = False) -> str:
     r = plan.request
     mib = 2**20
     rows = plan.candidates if all_rows else representatives(plan)
+    width = max([33, *(len(c.name) + 1 for c in rows)])  # LoRA's labels make names longer
     head = (
-        f"{'':3}{'configuration':33}{'weights':>8}{'grads':>7}{'optim':>7}{'activ':>7}{'work':>6}"
+        f"{'':3}{'configuration':{width}}{'weights':>8}{'grads':>7}{'optim':>7}{'activ':>7}{'work':>6}"
         f"{'peak':>8}{'speed':>7}{'measured':>18}  verdict"
     )
     lines = [
@@ -368,7 +369,7 @@ def render(plan: Plan, all_rows: bool = False) -> str:
         mark = "=>" if c is plan.recommended else ("ok" if c.fits else "--")
         verdict = "recommended" if c is plan.recommended else c.why_not
         lines.append(
-            f"{mark:2} {c.name:33}{m.weights / mib:8.0f}{m.gradients / mib:7.0f}{m.optimizer_state / mib:7.0f}"
+            f"{mark:2} {c.name:{width}}{m.weights / mib:8.0f}{m.gradients / mib:7.0f}{m.optimizer_state / mib:7.0f}"
             f"{m.activations / mib:7.0f}{m.workspace / mib:6.0f}{m.peak / mib:8.0f}{c.relative_throughput:6.2f}x"
             f"{meas:>18}  {verdict}"
         )
