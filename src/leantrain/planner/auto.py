@@ -115,8 +115,7 @@ def fitted_to_data(
         most = int(np.max(counted)) / max(request.seq_len - 1, 1)
         if most < 1.0:
             share = math.ceil(most * 64) / 64  # in 64ths: few activation profiles to count
-            request = dataclasses.replace(request, counted=share)
-            notes.append(f"logits at {share:.0%} of a row's positions: the most any training row counts")
+            request = dataclasses.replace(request, counted=share)  # (the plan's own notes say so)
     facts = None
     if data.model_config is not None:  # a preset trained from scratch: its vocabulary is the run's tokenizer's
         from leantrain.planner.memory import model_facts
