@@ -348,3 +348,22 @@ def test_evaluation_files_of_a_class_training_lacks_exit_2(image_folder, tmp_pat
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "labels ['green'] never occur in the training data" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I"])
+def test_a_16_bit_grey_image_keeps_its_grey_levels(tmp_path, mode):
+    """Pillow's own conversion clips 16-bit levels at 255: mid-grey would be read as white."""
+    from PIL import Image
+
+    from leantrain.data.images import decode_image
+
+    levels = np.arange(0, 256, dtype=np.uint8).reshape(16, 16)
+    wide = levels.astype(np.uint16) * 257  # the same picture, 16 bits a pixel
+    path = tmp_path / ("grey16.png" if mode == "I;16" else "grey32.tif")  # PNG cannot hold mode I
+    image = Image.fromarray(wide) if mode == "I;16" else Image.fromarray(wide.astype(np.int32), "I")
+    image.save(path)
+    assert Image.open(path).mode == mode
+    for channels in (1, 3):
+        got = decode_image(str(path), channels)
+        assert got.shape == (16, 16, channels)
+        assert np.array_equal(got[..., 0], levels)

@@ -43,6 +43,7 @@ IMAGE_COLUMNS = ("image", "img", "image_path", "image_file", "path", "file", "fi
 AUDIO_COLUMNS = ("audio", "audio_path", "audio_file", "wav", "path", "file", "filename", "filepath", "file_path")
 CHUNK = 512
 MAX_AUTO_SECONDS = 30.0
+MEDIA_CACHE_VERSION = 2  # bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped)
 
 
 def kind(task: str) -> str:
@@ -637,6 +638,7 @@ def load_media_source(
         pattern=label_pattern,
         processor=mp.fingerprint(),
         strict=strict,
+        version=MEDIA_CACHE_VERSION,
     )
     path = cache_dir / "processed" / f"{key}.npz" if cache_dir is not None else None
     cached = _load_cached(path) if path is not None else None
