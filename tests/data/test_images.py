@@ -126,6 +126,8 @@ def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job
         ("empty_class", "class folder 'green' holds no image files"),
         ("no_classes", "cannot tell the labels"),
         ("one_class", "a classifier needs at least two"),
+        # not a 'train' vs 'test' classifier
+        ("splits", "sub-folders (test, train) look like splits"),
     ],
 )
 def test_bad_folders_exit_2_with_one_line(tmp_path, capsys, layout, needle):
@@ -134,6 +136,11 @@ def test_bad_folders_exit_2_with_one_line(tmp_path, capsys, layout, needle):
     if layout == "no_classes":
         for i in range(4):
             make_image(root / f"{i}.png", "red", rng)
+    elif layout == "splits":
+        for split in ("train", "test"):
+            for colour in COLOURS:
+                for i in range(3):
+                    make_image(root / split / colour / f"{i}.png", colour, rng)
     else:
         for i in range(4):
             make_image(root / "red" / f"{i}.png", "red", rng)

@@ -351,6 +351,7 @@ def _list_folder(path: Path, task: str, need_labels: bool, label_pattern: str | 
                 f"{path}: cannot tell the labels: put each class's files in its own sub-folder, or give "
                 "--label-pattern (a regular expression whose first group is the label, e.g. '^(\\d+)_')"
             )
+        _refuse_split_folders(path, classes, names)
         counts = {c: 0 for c in classes}
         for n in names:
             if "/" in n:
@@ -368,6 +369,23 @@ def _list_folder(path: Path, task: str, need_labels: bool, label_pattern: str | 
         labels = [n.split("/", 1)[0] for n in names]
         label_from = "class folders"
     return MediaListing(str(path), [str(f) for f in files], names, labels, label_from, "files", report, h.hexdigest())
+
+
+#: sub-folder names that split a data set rather than name a class (train/cat/1.jpg)
+SPLIT_FOLDERS = ("train", "training", "val", "valid", "validation", "dev", "eval", "test", "testing")
+
+
+def _refuse_split_folders(path: Path, classes: list[str], names: list[str]) -> None:
+    """A folder of splits, each with its class folders, would otherwise train a 'train' vs 'test' classifier."""
+    if not all(c.lower() in SPLIT_FOLDERS for c in classes) or not any(n.count("/") >= 2 for n in names):
+        return
+    train = next((c for c in classes if c.lower().startswith("train")), classes[0])
+    held = next((c for c in classes if c != train), None)
+    fix = f"--data {path / train}" + (f" --eval-data {path / held}" if held else "")
+    raise DataError(
+        f"{path}: its sub-folders ({', '.join(classes)}) look like splits, each with its own class folders, not "
+        f"classes; give each split's own folder (e.g. {fix})"
+    )
 
 
 def _list_idx(path: Path, images: Path, labels: Path) -> MediaListing:
