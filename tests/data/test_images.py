@@ -374,3 +374,30 @@ def test_a_16_bit_grey_image_keeps_its_grey_levels(tmp_path, mode):
         got = decode_image(str(path), channels)
         assert got.shape == (16, 16, channels)
         assert np.array_equal(got[..., 0], levels)
+
+
+def test_the_python_api_takes_paths_and_refuses_wrong_types_in_one_line(job, image_folder):
+    """A Path is one file as a string is; a value of the wrong type is a LeantrainError naming the argument, not a
+    TypeError (or a KeyError) from deep inside, and a batch size of 0 is refused, not taken for the default."""
+    from leantrain import evaluate, predict
+    from leantrain.errors import ConfigError
+
+    run = train(job(data=str(image_folder), max_steps=1)).output_dir
+    image = image_folder / "red" / "0.png"
+    rows = predict(run, files=image)
+    assert [r["file"] for r in rows] == [str(image)]
+    assert predict(str(run), files=(p for p in [image, str(image)])) == rows * 2
+    assert evaluate(run, image_folder)["examples"] == 48
+    for call, needle in [
+        (lambda: predict(run, files=[image, 3]), "files must be a path or a list of them, got int 3"),
+        (lambda: predict(run, files=3), "files must be a path or a list of them, got int 3"),
+        (lambda: predict(run, texts=["fine", ""]), "--text '' is empty"),
+        (lambda: predict(run, files=image, batch_size=-1), "--batch-size must be a positive integer, got -1"),
+        (lambda: evaluate(run, image_folder, batch_size=0), "--batch-size must be a positive integer, got 0"),
+        (lambda: evaluate(run, image_folder, batch_size="8"), "--batch-size must be a positive integer, got '8'"),
+        (lambda: evaluate(run, 123), "evaluate(): data must be a path (str or Path), got int 123"),
+        (lambda: evaluate(run, image_folder, read={"format": "csv"}), "read must be a"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert needle in str(info.value)

@@ -669,9 +669,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from leantrain.inference.api import check_output
 
     _check_sizes(args)
-    for text in args.text or ():
-        if not text.strip():  # a model would still answer, with a label for nothing
-            raise ConfigError(f"--text {text!r} is empty; give the text to predict on, or leave that --text out")
     if args.output:
         check_output(args.output)  # before the model is loaded and run
     rows = predict(
