@@ -80,16 +80,10 @@ def resample(wave: np.ndarray, rate: int, target: int, name: str) -> np.ndarray:
     return resample_poly(wave, up, down).astype(np.float32)
 
 
-def fit_length(wave: np.ndarray, samples: int, extractor=None) -> np.ndarray:
-    """Cut to `samples`, or pad with silence at the end. An AST extractor pads its filter-bank frames itself (with
-    zeros, not silence's): a short clip is left to it, so that the model learns on the frames `pipeline` gives it
-    (padded to at least one 25 ms window, the shortest clip it reads)."""
+def fit_length(wave: np.ndarray, samples: int) -> np.ndarray:
+    """Cut to `samples`, or pad with silence at the end."""
     if len(wave) >= samples:
         return wave[:samples]
-    if type(extractor).__name__ == "ASTFeatureExtractor":
-        samples = min(samples, round(0.025 * extractor.sampling_rate))
-        if len(wave) >= samples:
-            return wave
     return np.pad(wave, (0, samples - len(wave)))
 
 

@@ -43,8 +43,7 @@ IMAGE_COLUMNS = ("image", "img", "image_path", "image_file", "path", "file", "fi
 AUDIO_COLUMNS = ("audio", "audio_path", "audio_file", "wav", "path", "file", "filename", "filepath", "file_path")
 CHUNK = 512
 MAX_AUTO_SECONDS = 30.0
-#: bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped; 3: AST pads short clips)
-MEDIA_CACHE_VERSION = 3
+MEDIA_CACHE_VERSION = 2  # bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped)
 
 
 def kind(task: str) -> str:
@@ -615,7 +614,7 @@ class _Processed:
         if mp.task == AUDIO:
             assert mp.max_seconds is not None  # set by `_decoded`
             samples = round(mp.max_seconds * mp.sampling_rate)
-            out = audio_mod.process_audio(mp.processor, [audio_mod.fit_length(w, samples, mp.processor) for w in chunk])
+            out = audio_mod.process_audio(mp.processor, [audio_mod.fit_length(w, samples) for w in chunk])
         else:
             if not mp.resizes:
                 image_mod.check_sizes(chunk, self.expected, self.source)
