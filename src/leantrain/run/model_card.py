@@ -95,11 +95,11 @@ def write_model_card(
         datasets=hub_data or None,
         metrics=list(dict.fromkeys(hub for k in shown if (hub := _HUB_METRICS.get(k)))) or None,
     )
-    name = model_dir.parent.name if model_dir.name == "model" else model_dir.name
     parts = [
-        f"# {name}",
+        f"# {_run_name(model_dir)}",
         "",
-        f"A {task} model fine-tuned with leantrain {__version__} from {_describe_model(base_model, base_id)}.",
+        f"{'An' if task[:1] in 'aeiou' else 'A'} {task} model fine-tuned with leantrain {__version__} from "
+        f"{_describe_model(base_model, base_id)}.",
         *_data_section(sources, config, mixture, metrics),
     ]
     labels = _labels(model_dir)
@@ -111,6 +111,15 @@ def write_model_card(
     path = model_dir / "README.md"
     card.save(path)
     return path
+
+
+def _run_name(model_dir: Path) -> str:
+    """The run's folder name: the card is written while the run is staged (OUTPUT_DIR/.incomplete-PID/model), and
+    the staging folder is renamed away when the run publishes."""
+    from leantrain.run.directory import STAGING_PREFIX
+
+    run = model_dir.parent if model_dir.name == "model" else model_dir
+    return run.parent.name if run.name.startswith(STAGING_PREFIX) else run.name
 
 
 def _data_section(
@@ -126,7 +135,9 @@ def _data_section(
         ),
         *_mixture_lines(mixture, metrics, config),
     ]
-    if "eval" not in sources and config.get("eval_fraction"):
+    if "eval" not in sources and config.get("eval_pattern"):
+        lines.append(f"- eval: the files whose paths match `{config['eval_pattern']}`, held out of the training data")
+    elif "eval" not in sources and config.get("eval_fraction"):
         lines.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
     return lines
 
@@ -281,7 +292,7 @@ def _describe_data(source: str, data_config: str | None = None) -> str:
     if hub:
         subset = source.split(":", 1)[1] if ":" in source else data_config
         return f"[{hub}](https://huggingface.co/datasets/{hub})" + (f" (config `{subset}`)" if subset else "")
-    return f"the local file `{Path(source).name}`"
+    return f"the local {'folder' if Path(source).is_dir() else 'file'} `{Path(source).name}`"
 
 
 def _labels(model_dir: Path) -> list[str]:
