@@ -216,3 +216,25 @@ def test_an_extractor_without_a_length_pads_to_the_longest_clip(fsdd_like):
     assert mp.max_seconds is not None and 0.2 < mp.max_seconds <= 0.8
     values = src.features.arrays["input_values"]
     assert values.dtype == np.float16 and values.shape == (36, round(mp.max_seconds * 16000))
+
+
+def test_the_model_cards_pipeline_snippet_scores_a_short_clip_as_predict_does(job, fsdd_like, tmp_path):
+    """The AST extractor pads a short clip's frames with zeros, while training padded the samples with silence:
+    `pipeline` on a bare short clip disagreed with `leantrain predict` on most FSDD clips. The card's snippet pads
+    as training did; it runs here as written, on a clip half as long as --max-seconds."""
+    from leantrain import predict
+    from leantrain.data.audio import decode_audio, resample
+
+    result = train(job(data=str(fsdd_like), label_pattern=r"^(\d+)_", max_steps=2, eval_fraction=0.25, seed=1))
+    clip = tmp_path / "short.wav"
+    write_wav(clip, TONES["1"], 0.25, 8000, np.random.default_rng(3))
+    ours = predict(str(result.output_dir), files=[str(clip)])[0]["probabilities"]
+    card = (result.model_dir / "README.md").read_text()
+    snippet = card.split("## Use")[1].split("```python\n")[1].split("```")[0]
+    assert "np.pad(samples" in snippet
+    wave, rate = decode_audio(str(clip))
+    printed: list = []
+    scope = {"samples": resample(wave, rate, 16000, "x"), "print": printed.append}
+    exec(snippet.replace("path/to/this/folder", str(result.model_dir)), scope)
+    theirs = {r["label"]: r["score"] for r in printed[0]}
+    assert max(abs(ours[k] - theirs[k]) for k in TONES) < 1e-4, (ours, theirs)

@@ -106,7 +106,7 @@ def write_model_card(
     if labels:
         parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
     parts += _evaluation_section(shown, metrics) + _source_scores(metrics, shown)
-    parts += _use_section(task, config, __version__)
+    parts += _use_section(task, config, __version__, model_dir)
     card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(parts))
     path = model_dir / "README.md"
     card.save(path)
@@ -142,14 +142,14 @@ def _data_section(
     return lines
 
 
-def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str]:
+def _use_section(task: str, config: Mapping[str, Any], version: str, model_dir: Path) -> list[str]:
     """How to load the model, the config that trained it, the versions."""
     return [
         "",
         "## Use",
         "",
         "```python",
-        *_usage(task),
+        *_usage(task, model_dir),
         "```",
         "",
         "## Training configuration",
@@ -167,9 +167,10 @@ def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str
     ]
 
 
-def _usage(task: str) -> list[str]:
+def _usage(task: str, model_dir: Path) -> list[str]:
     """How to load the model: its `pipeline`; a sequence-to-sequence model through its AutoModel class and
-    `generate` (transformers 5 removed the text2text-generation pipeline)."""
+    `generate` (transformers 5 removed the text2text-generation pipeline); an audio classifier given its samples
+    padded as in training."""
     if task == "text2text-generation":
         return [
             "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
@@ -179,7 +180,30 @@ def _usage(task: str) -> list[str]:
             'inputs = tokenizer(["a text to transform"], return_tensors="pt", return_token_type_ids=False)',
             "print(tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True))",
         ]
+    if task == "audio-classification" and (inputs := _audio_inputs(model_dir)) is not None:
+        rate, seconds = inputs
+        n = round(rate * seconds)
+        return [
+            "import numpy as np",
+            "from transformers import pipeline",
+            "",
+            f'model = pipeline("{task}", model="path/to/this/folder")',
+            f"# samples: mono float32 at {rate} Hz, padded with silence to {seconds:g} s (or cut) as in training;",
+            "# unpadded, the feature extractor pads a short clip its own way, and the scores differ",
+            f"samples = np.pad(samples, (0, max(0, {n} - len(samples))))[:{n}]",
+            f'print(model({{"raw": samples, "sampling_rate": {rate}}}))',
+        ]
     return ["from transformers import pipeline", "", f'model = pipeline("{task}", model="path/to/this/folder")']
+
+
+def _audio_inputs(model_dir: Path) -> tuple[int, float] | None:
+    """(sampling rate, seconds) an audio model's inputs were padded to in training, from its saved processor."""
+    try:
+        rate = json.loads((model_dir / "preprocessor_config.json").read_text())["sampling_rate"]
+        seconds = json.loads((model_dir / "leantrain_inputs.json").read_text())["max_seconds"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return (int(rate), float(seconds)) if rate and seconds else None
 
 
 def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:
