@@ -401,3 +401,20 @@ def test_the_python_api_takes_paths_and_refuses_wrong_types_in_one_line(job, ima
         with pytest.raises(ConfigError) as info:
             call()
         assert needle in str(info.value)
+
+
+def test_a_cached_source_is_named_by_the_path_given_now(image_folder, tmp_path):
+    """Cache entries are found by content: the same files under another path were named by the path that cached
+    them (a run on /abs/data said `../data: 48 rows`)."""
+    import shutil
+
+    from leantrain.data.media import IMAGE, MediaProcessor, load_media_source
+    from leantrain.model.presets import preset_processor
+
+    copy = tmp_path / "copy"
+    shutil.copytree(image_folder, copy)  # names, sizes and modification times kept: the same cache entry
+    mp = MediaProcessor(IMAGE, preset_processor("preset:tiny-vit"))
+    first = load_media_source(str(image_folder), mp, tmp_path / "cache")
+    again = load_media_source(str(copy), mp, tmp_path / "cache")
+    assert again.cache_hit and not first.cache_hit
+    assert again.path == str(copy) and again.describe().startswith(f"{copy}: 48 rows")

@@ -661,6 +661,8 @@ def load_media_source(
     path = cache_dir / "processed" / f"{key}.npz" if cache_dir is not None else None
     cached = _load_cached(path) if path is not None else None
     if cached is not None:
+        # entries are found by content: the same files under another path are named as given now
+        cached.path = cached.report.source = listing.source
         if mp.max_seconds is None:
             mp.max_seconds = cached.max_seconds
         return cached
