@@ -238,3 +238,40 @@ def test_the_model_cards_pipeline_snippet_scores_a_short_clip_as_predict_does(jo
     exec(snippet.replace("path/to/this/folder", str(result.model_dir)), scope)
     theirs = {r["label"]: r["score"] for r in printed[0]}
     assert max(abs(ours[k] - theirs[k]) for k in TONES) < 1e-4, (ours, theirs)
+
+
+def test_a_wav_cut_short_is_unreadable_but_one_streamed_with_an_unknown_size_is_read(fsdd_like, tmp_path, capsys):
+    """scipy reads a truncated WAV up to its end with a warning only: it trained as a shorter clip, silently."""
+    from leantrain.data.audio import decode_audio
+
+    whole = (fsdd_like / "0_spk_0.wav").read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="truncated"):
+        decode_audio(str(cut))
+    streamed = tmp_path / "streamed.wav"  # a writer that streamed it leaves the data size unknown: 0xFFFFFFFF
+    at = whole.index(b"data") + 4
+    streamed.write_bytes(whole[:at] + (0xFFFFFFFF).to_bytes(4, "little") + whole[at + 4 :])
+    wave, rate = decode_audio(str(streamed))
+    assert rate == 8000 and np.array_equal(wave, decode_audio(str(fsdd_like / "0_spk_0.wav"))[0])
+
+    import shutil
+
+    data = tmp_path / "w"
+    shutil.copytree(fsdd_like, data)
+    shutil.copy(cut, data / "1_spk_99.wav")
+    base = ["train", "--model", "preset:tiny-audio", "--data", str(data), "--label-pattern", r"^(\d+)_",
+            "--max-steps", "1", "--no-progress", "--no-report", "--max-seconds", "0.3"]  # fmt: skip
+    assert main([*base, "--cache-dir", str(tmp_path / "c"), "--output-dir", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "1 dropped (1 unreadable audio files)" in err and "1_spk_99.wav" in err
+
+
+def test_an_image_given_to_an_audio_model_is_not_sent_to_soundfile(tmp_path, monkeypatch):
+    import sys
+
+    from leantrain.data.audio import decode_audio
+
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # not installed
+    with pytest.raises(DataError, match=r"cat.png: not an audio file \(.png\); give WAV files"):
+        decode_audio(str(tmp_path / "cat.png"))
