@@ -391,6 +391,7 @@ def test_the_python_api_takes_paths_and_refuses_wrong_types_in_one_line(job, ima
     for call, needle in [
         (lambda: predict(run, files=[image, 3]), "files must be a path or a list of them, got int 3"),
         (lambda: predict(run, files=3), "files must be a path or a list of them, got int 3"),
+        (lambda: predict(run, files=[]), "files is empty; give at least one"),  # not "none of the 0 ... read"
         (lambda: predict(run, texts=["fine", ""]), "--text '' is empty"),
         (lambda: predict(run, files=image, batch_size=-1), "--batch-size must be a positive integer, got -1"),
         (lambda: evaluate(run, image_folder, batch_size=0), "--batch-size must be a positive integer, got 0"),

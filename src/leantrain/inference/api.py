@@ -103,6 +103,8 @@ def _inputs(name: str, value, one: tuple[type, ...]) -> list[str] | None:
     if isinstance(value, one):
         value = [value]
     items = [value] if isinstance(value, (bytes, dict)) or not hasattr(value, "__iter__") else list(value)
+    if not items:
+        raise ConfigError(f"predict(): {name} is empty; give at least one")
     for x in items:
         if not isinstance(x, one):
             kind = "text" if name == "texts" else "path"
