@@ -131,6 +131,14 @@ def test_stereo_is_mixed_to_mono_sample_by_sample(tmp_path):
     assert rate == 22050 and wave.shape == (400,)
     expected = (left.astype(np.float64) + right.astype(np.float64)) / 2 / 32768
     np.testing.assert_allclose(wave, expected, atol=1e-6)
+    # a datasets (or torchaudio) array is channels first: its mean over the channels, not over time (2 samples)
+    channels_first = np.stack([left, right]).astype(np.float32) / 32768
+    wave, rate = decode_audio({"array": channels_first, "sampling_rate": 22050})
+    assert rate == 22050 and wave.shape == (400,)
+    np.testing.assert_allclose(wave, expected, atol=1e-6)
+    np.testing.assert_allclose(
+        decode_audio({"array": channels_first.T, "sampling_rate": 22050})[0], expected, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,9 @@ def _to_float(data: np.ndarray) -> np.ndarray:
 def _mono(data: np.ndarray) -> np.ndarray:
     data = np.asarray(data, dtype=np.float32)
     if data.ndim == 2:
-        data = data.mean(axis=1)
+        # the channels are the shorter axis: (samples, channels) from WAV and soundfile, (channels, samples) in
+        # datasets' and torchaudio's arrays
+        data = data.mean(axis=int(data.shape[0] > data.shape[1]))
     if data.ndim != 1 or data.size == 0:
         raise ValueError("no audio samples")
     return data
