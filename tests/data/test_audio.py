@@ -283,3 +283,25 @@ def test_an_image_given_to_an_audio_model_is_not_sent_to_soundfile(tmp_path, mon
     monkeypatch.setitem(sys.modules, "soundfile", None)  # not installed
     with pytest.raises(DataError, match=r"cat.png: not an audio file \(.png\); give WAV files"):
         decode_audio(str(tmp_path / "cat.png"))
+
+
+def test_a_wav2vec2_config_trains_from_scratch(job, fsdd_like, tmp_path):
+    """A model without an input embedding table: the attention-mask probe asked for one and the run stopped on
+    transformers' NotImplementedError (get_input_embeddings) before its first step, with or without --lora."""
+    from transformers import Wav2Vec2Config
+
+    from leantrain import predict
+
+    folder = tmp_path / "w2v"
+    Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16),
+        conv_stride=(5, 4), conv_kernel=(10, 4), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        classifier_proj_size=16,
+    ).save_pretrained(folder)  # fmt: skip
+    for lora in (False, True):
+        out = tmp_path / f"run-{lora}"
+        result = train(job(model=str(folder / "config.json"), data=str(fsdd_like), label_pattern=r"^(\d+)_",
+                           max_steps=1, eval_fraction=0.25, lora=lora, output_dir=str(out)))  # fmt: skip
+        assert result.metrics["optimizer_steps"] == 1
+    rows = predict(str(out), files=[str(fsdd_like / "2_spk_5.wav")])
+    assert set(rows[0]["probabilities"]) == set(TONES)
