@@ -258,6 +258,13 @@ def test_task_is_inferred_from_the_model_and_a_wrong_task_is_refused(tmp_path, c
     from transformers import BertConfig
 
     assert tasks.infer(BertConfig()) == "text-classification"
+    from transformers import PerceiverConfig, WhisperConfig
+
+    # whisper can classify audio, or be its own decoder alone: audio, as documented; not its checkpoint's name's
+    # task (seq2seq, which leantrain's cannot load it for), nor text classification (which it cannot do)
+    for arch in (None, ["WhisperForConditionalGeneration"], ["WhisperForAudioClassification"]):
+        assert tasks.infer(WhisperConfig(architectures=arch)) == "audio-classification"
+    assert tasks.infer(PerceiverConfig()) == "text-classification"  # it classifies text and images alike
     code = main(["train", "--model", "preset:tiny-vit", "--task", "audio-classification", "--data", str(tmp_path),
                  "--output-dir", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
     assert code == 2 and "cannot do it" in capsys.readouterr().err
