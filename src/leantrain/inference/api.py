@@ -81,7 +81,7 @@ def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _checked(call: str, run_or_model, data, batch_size, read) -> tuple[str, str | None]:
+def _checked(call: str, run_or_model, data, batch_size, read) -> tuple[Any, str | None]:
     """`run_or_model` and `data` as strings (a path is one too); a value of the wrong type, or a batch size that is
     not a positive integer, refused in one line naming the argument, before any model is loaded."""
     path_or_none = (str, os.PathLike, type(None))
@@ -92,7 +92,7 @@ def _checked(call: str, run_or_model, data, batch_size, read) -> tuple[str, str 
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size!r}")
     if read is not None and not isinstance(read, ReadOptions):
         raise ConfigError(f"{call}(): read must be a leantrain.data.sources.ReadOptions, got {type(read).__name__}")
-    return str(run_or_model), None if data is None else str(data)
+    return (None if run_or_model is None else str(run_or_model)), None if data is None else str(data)
 
 
 def _inputs(name: str, value, one: tuple[type, ...]) -> list[str] | None:
