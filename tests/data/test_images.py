@@ -426,3 +426,20 @@ def test_a_cached_source_is_named_by_the_path_given_now(image_folder, tmp_path):
     again = load_media_source(str(copy), mp, tmp_path / "cache")
     assert again.cache_hit and not first.cache_hit
     assert again.path == str(copy) and again.describe().startswith(f"{copy}: 48 rows")
+
+
+def test_a_photo_is_read_upright_as_its_exif_orientation_says(tmp_path):
+    """A phone stores a portrait photo sideways with an EXIF orientation; transformers' pipeline turns it upright,
+    so training must too, or the published model predicts on other pictures than it learned from."""
+    from PIL import Image
+
+    from leantrain.data.images import decode_image
+
+    rng = np.random.default_rng(7)
+    upright = rng.integers(0, 255, (12, 20, 3), dtype=np.uint8)  # 12 high, 20 wide
+    stored = Image.fromarray(np.ascontiguousarray(np.rot90(upright, k=1)))  # as the camera wrote it: turned
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    stored.save(tmp_path / "photo.png", exif=exif)
+    got = decode_image(str(tmp_path / "photo.png"), 3)
+    assert got.shape == (12, 20, 3) and np.array_equal(got, upright)

@@ -102,15 +102,17 @@ def decode_image(item: Any, channels: int) -> np.ndarray:
         if arr.shape[-1] != channels:
             arr = np.repeat(arr[:, :, :1], channels, axis=2) if channels == 3 else arr.mean(-1, keepdims=True)
         return np.ascontiguousarray(arr.astype(np.uint8))
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     if isinstance(item, dict):
         item = item.get("bytes") or item.get("path")
     source = io.BytesIO(item) if isinstance(item, bytes) else item
     with Image.open(source) as img:
         img.load()
+        # upright, as a camera's EXIF orientation says and as transformers' `load_image` (pipeline) turns it
+        upright = ImageOps.exif_transpose(img)
         # Pillow's convert clips these at 255: a 16-bit image would turn black and white
-        grey = Image.fromarray(_to_8bit(np.asarray(img))) if img.mode in _WIDE_GREY else img
+        grey = Image.fromarray(_to_8bit(np.asarray(upright))) if upright.mode in _WIDE_GREY else upright
         converted = grey.convert("RGB" if channels == 3 else "L")
     arr = np.asarray(converted, dtype=np.uint8)
     return arr[:, :, None] if arr.ndim == 2 else arr

@@ -43,7 +43,8 @@ IMAGE_COLUMNS = ("image", "img", "image_path", "image_file", "path", "file", "fi
 AUDIO_COLUMNS = ("audio", "audio_path", "audio_file", "wav", "path", "file", "filename", "filepath", "file_path")
 CHUNK = 512
 MAX_AUTO_SECONDS = 30.0
-#: bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped; truncated WAVs dropped)
+#: bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped; EXIF orientation applied;
+#: truncated WAVs dropped)
 MEDIA_CACHE_VERSION = 2
 
 
