@@ -99,6 +99,10 @@ def test_cli_predict_and_evaluate_on_image_files(job, image_folder, tmp_path, ca
     assert len(pred) == 48 and {"file", "label", "score", "p_red", "p_blue"} <= set(pred.columns)
     assert main(["predict", str(result.output_dir), "--text", "hello"]) == 2
     assert "an image classifier" in capsys.readouterr().err
+    # a folder given to --file exists: not "no such file", but where its files go
+    assert main(["predict", str(result.output_dir), "--file", str(image_folder / "red")]) == 2
+    err = capsys.readouterr().err
+    assert f"red: a folder; give its files with --data {image_folder / 'red'}" in err and len(err.splitlines()) == 1
 
 
 def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job, image_folder, tmp_path, capsys):
