@@ -54,6 +54,9 @@ def _one_line_error(code, err, *needles):
             ["predict", "RUN", "--text", "hi", "--save-every", "3"],
             "`leantrain predict` takes no --save-every (a flag of",
         ),
+        # another command's flag is named as such, not taken for a look-alike (--format, --image-column)
+        (["predict", "RUN", "--file", "x.png", "--lora"], "`leantrain predict` takes no --lora (a flag of"),
+        (["predict", "RUN", "--data", "d", "--label-column", "y"], "`leantrain predict` takes no --label-column"),
         (["train", "--batch-sise", "8"], "did you mean --batch-size?"),
         # a prefix is a typo, not the flag it begins: `--epoch 3` told, never read as --epochs
         (["train", "--epoch", "3"], "unknown flag --epoch; did you mean --epochs?"),

@@ -171,6 +171,20 @@ def test_lora_targets_naming_no_module_is_refused_naming_valid_ones(capsys, argv
     assert "--lora-targets" in line and "q_proj" in line and "query" in line.split("such as")[1]
 
 
+@pytest.mark.parametrize(
+    ("targets", "needle"),
+    [
+        ("LayerNorm", "LayerNorm (LayerNorm) takes no adapter"),  # a layer peft cannot adapt
+        ("attention", "attention (BertAttention) takes no adapter"),  # a block, not a layer
+        ("classifier", "outside its head (classifier, which trains whole)"),  # the head trains whole already
+    ],
+)
+def test_lora_targets_naming_a_module_that_takes_no_adapter_is_refused_in_one_line(capsys, argv, targets, needle):
+    """Each was peft's traceback (ValueError, NoMatchingPeftModuleError) after the model had loaded."""
+    line = one_line_error(capsys, [*argv, "--lora-targets", targets])
+    assert needle in line and "query" in line.split("such as")[1], line
+
+
 def test_bitsandbytes_is_imported_with_its_hub_kernel_lookup_quiet(argv):
     """On a CPU with AVX512-BF16, importing bitsandbytes (peft does) looks for a 4-bit kernel on the Hub and, offline,
     logs two warnings a user can do nothing about. Whatever this CPU, the loggers must be quiet by the time the

@@ -132,3 +132,24 @@ def test_every_reported_score_is_in_the_card_the_metric_for_best_first(model_dir
     for row in ("| mcc | 0.5500 |", "| roc_auc | 0.8800 |", "| macro_f1 | 0.7700 |", "| loss | 0.4500 |"):
         assert row in table
     assert not any("seconds" in line for line in table)
+
+
+def test_a_staged_run_is_titled_by_its_own_folder_and_its_eval_pattern_is_named(tmp_path, monkeypatch):
+    """The card is written inside the run's staging folder (OUTPUT_DIR/.incomplete-PID/model): its title was that
+    folder's name, and a run held out by --eval-pattern was said to hold out a stratified fraction."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recordings").mkdir()
+    model_dir = tmp_path / "digits" / ".incomplete-4242" / "model"
+    model_dir.mkdir(parents=True)
+    path = write_model_card(
+        model_dir,
+        base_model="preset:tiny-audio",
+        data={"train": "recordings", "eval": None},
+        metrics={},
+        config={"model": "preset:tiny-audio", "eval_pattern": r"_[0-4]\.wav$", "eval_fraction": 0.1},
+        task="audio-classification",
+    )
+    _, body = _split(path.read_text())
+    assert body.lstrip().startswith("# digits\n"), body[:80]
+    assert "An audio-classification model" in body and "the local folder `recordings`" in body
+    assert r"- eval: the files whose paths match `_[0-4]\.wav$`" in body and "stratified" not in body

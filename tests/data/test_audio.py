@@ -131,6 +131,14 @@ def test_stereo_is_mixed_to_mono_sample_by_sample(tmp_path):
     assert rate == 22050 and wave.shape == (400,)
     expected = (left.astype(np.float64) + right.astype(np.float64)) / 2 / 32768
     np.testing.assert_allclose(wave, expected, atol=1e-6)
+    # a datasets (or torchaudio) array is channels first: its mean over the channels, not over time (2 samples)
+    channels_first = np.stack([left, right]).astype(np.float32) / 32768
+    wave, rate = decode_audio({"array": channels_first, "sampling_rate": 22050})
+    assert rate == 22050 and wave.shape == (400,)
+    np.testing.assert_allclose(wave, expected, atol=1e-6)
+    np.testing.assert_allclose(
+        decode_audio({"array": channels_first.T, "sampling_rate": 22050})[0], expected, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
@@ -216,3 +224,84 @@ def test_an_extractor_without_a_length_pads_to_the_longest_clip(fsdd_like):
     assert mp.max_seconds is not None and 0.2 < mp.max_seconds <= 0.8
     values = src.features.arrays["input_values"]
     assert values.dtype == np.float16 and values.shape == (36, round(mp.max_seconds * 16000))
+
+
+def test_the_model_cards_pipeline_snippet_scores_a_short_clip_as_predict_does(job, fsdd_like, tmp_path):
+    """The AST extractor pads a short clip's frames with zeros, while training padded the samples with silence:
+    `pipeline` on a bare short clip disagreed with `leantrain predict` on most FSDD clips. The card's snippet pads
+    as training did; it runs here as written, on a clip half as long as --max-seconds."""
+    from leantrain import predict
+    from leantrain.data.audio import decode_audio, resample
+
+    result = train(job(data=str(fsdd_like), label_pattern=r"^(\d+)_", max_steps=2, eval_fraction=0.25, seed=1))
+    clip = tmp_path / "short.wav"
+    write_wav(clip, TONES["1"], 0.25, 8000, np.random.default_rng(3))
+    ours = predict(str(result.output_dir), files=[str(clip)])[0]["probabilities"]
+    card = (result.model_dir / "README.md").read_text()
+    snippet = card.split("## Use")[1].split("```python\n")[1].split("```")[0]
+    assert "np.pad(samples" in snippet
+    wave, rate = decode_audio(str(clip))
+    printed: list = []
+    scope = {"samples": resample(wave, rate, 16000, "x"), "print": printed.append}
+    exec(snippet.replace("path/to/this/folder", str(result.model_dir)), scope)
+    theirs = {r["label"]: r["score"] for r in printed[0]}
+    assert max(abs(ours[k] - theirs[k]) for k in TONES) < 1e-4, (ours, theirs)
+
+
+def test_a_wav_cut_short_is_unreadable_but_one_streamed_with_an_unknown_size_is_read(fsdd_like, tmp_path, capsys):
+    """scipy reads a truncated WAV up to its end with a warning only: it trained as a shorter clip, silently."""
+    from leantrain.data.audio import decode_audio
+
+    whole = (fsdd_like / "0_spk_0.wav").read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="truncated"):
+        decode_audio(str(cut))
+    streamed = tmp_path / "streamed.wav"  # a writer that streamed it leaves the data size unknown: 0xFFFFFFFF
+    at = whole.index(b"data") + 4
+    streamed.write_bytes(whole[:at] + (0xFFFFFFFF).to_bytes(4, "little") + whole[at + 4 :])
+    wave, rate = decode_audio(str(streamed))
+    assert rate == 8000 and np.array_equal(wave, decode_audio(str(fsdd_like / "0_spk_0.wav"))[0])
+
+    import shutil
+
+    data = tmp_path / "w"
+    shutil.copytree(fsdd_like, data)
+    shutil.copy(cut, data / "1_spk_99.wav")
+    base = ["train", "--model", "preset:tiny-audio", "--data", str(data), "--label-pattern", r"^(\d+)_",
+            "--max-steps", "1", "--no-progress", "--no-report", "--max-seconds", "0.3"]  # fmt: skip
+    assert main([*base, "--cache-dir", str(tmp_path / "c"), "--output-dir", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "1 dropped (1 unreadable audio files)" in err and "1_spk_99.wav" in err
+
+
+def test_an_image_given_to_an_audio_model_is_not_sent_to_soundfile(tmp_path, monkeypatch):
+    import sys
+
+    from leantrain.data.audio import decode_audio
+
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # not installed
+    with pytest.raises(DataError, match=r"cat.png: not an audio file \(.png\); give WAV files"):
+        decode_audio(str(tmp_path / "cat.png"))
+
+
+def test_a_wav2vec2_config_trains_from_scratch(job, fsdd_like, tmp_path):
+    """A model without an input embedding table: the attention-mask probe asked for one and the run stopped on
+    transformers' NotImplementedError (get_input_embeddings) before its first step, with or without --lora."""
+    from transformers import Wav2Vec2Config
+
+    from leantrain import predict
+
+    folder = tmp_path / "w2v"
+    Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16),
+        conv_stride=(5, 4), conv_kernel=(10, 4), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        classifier_proj_size=16,
+    ).save_pretrained(folder)  # fmt: skip
+    for lora in (False, True):
+        out = tmp_path / f"run-{lora}"
+        result = train(job(model=str(folder / "config.json"), data=str(fsdd_like), label_pattern=r"^(\d+)_",
+                           max_steps=1, eval_fraction=0.25, lora=lora, output_dir=str(out)))  # fmt: skip
+        assert result.metrics["optimizer_steps"] == 1
+    rows = predict(str(out), files=[str(fsdd_like / "2_spk_5.wav")])
+    assert set(rows[0]["probabilities"]) == set(TONES)

@@ -99,6 +99,10 @@ def test_cli_predict_and_evaluate_on_image_files(job, image_folder, tmp_path, ca
     assert len(pred) == 48 and {"file", "label", "score", "p_red", "p_blue"} <= set(pred.columns)
     assert main(["predict", str(result.output_dir), "--text", "hello"]) == 2
     assert "an image classifier" in capsys.readouterr().err
+    # a folder given to --file exists: not "no such file", but where its files go
+    assert main(["predict", str(result.output_dir), "--file", str(image_folder / "red")]) == 2
+    err = capsys.readouterr().err
+    assert f"red: a folder; give its files with --data {image_folder / 'red'}" in err and len(err.splitlines()) == 1
 
 
 def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job, image_folder, tmp_path, capsys):
@@ -126,6 +130,8 @@ def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job
         ("empty_class", "class folder 'green' holds no image files"),
         ("no_classes", "cannot tell the labels"),
         ("one_class", "a classifier needs at least two"),
+        # not a 'train' vs 'test' classifier
+        ("splits", "sub-folders (test, train) look like splits"),
     ],
 )
 def test_bad_folders_exit_2_with_one_line(tmp_path, capsys, layout, needle):
@@ -134,6 +140,11 @@ def test_bad_folders_exit_2_with_one_line(tmp_path, capsys, layout, needle):
     if layout == "no_classes":
         for i in range(4):
             make_image(root / f"{i}.png", "red", rng)
+    elif layout == "splits":
+        for split in ("train", "test"):
+            for colour in COLOURS:
+                for i in range(3):
+                    make_image(root / split / colour / f"{i}.png", colour, rng)
     else:
         for i in range(4):
             make_image(root / "red" / f"{i}.png", "red", rng)
@@ -251,6 +262,13 @@ def test_task_is_inferred_from_the_model_and_a_wrong_task_is_refused(tmp_path, c
     from transformers import BertConfig
 
     assert tasks.infer(BertConfig()) == "text-classification"
+    from transformers import PerceiverConfig, WhisperConfig
+
+    # whisper can classify audio, or be its own decoder alone: audio, as documented; not its checkpoint's name's
+    # task (seq2seq, which leantrain's cannot load it for), nor text classification (which it cannot do)
+    for arch in (None, ["WhisperForConditionalGeneration"], ["WhisperForAudioClassification"]):
+        assert tasks.infer(WhisperConfig(architectures=arch)) == "audio-classification"
+    assert tasks.infer(PerceiverConfig()) == "text-classification"  # it classifies text and images alike
     code = main(["train", "--model", "preset:tiny-vit", "--task", "audio-classification", "--data", str(tmp_path),
                  "--output-dir", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
     assert code == 2 and "cannot do it" in capsys.readouterr().err
@@ -348,3 +366,84 @@ def test_evaluation_files_of_a_class_training_lacks_exit_2(image_folder, tmp_pat
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "labels ['green'] never occur in the training data" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I"])
+def test_a_16_bit_grey_image_keeps_its_grey_levels(tmp_path, mode):
+    """Pillow's own conversion clips 16-bit levels at 255: mid-grey would be read as white."""
+    from PIL import Image
+
+    from leantrain.data.images import decode_image
+
+    levels = np.arange(0, 256, dtype=np.uint8).reshape(16, 16)
+    wide = levels.astype(np.uint16) * 257  # the same picture, 16 bits a pixel
+    path = tmp_path / ("grey16.png" if mode == "I;16" else "grey32.tif")  # PNG cannot hold mode I
+    image = Image.fromarray(wide) if mode == "I;16" else Image.fromarray(wide.astype(np.int32), "I")
+    image.save(path)
+    assert Image.open(path).mode == mode
+    for channels in (1, 3):
+        got = decode_image(str(path), channels)
+        assert got.shape == (16, 16, channels)
+        assert np.array_equal(got[..., 0], levels)
+
+
+def test_the_python_api_takes_paths_and_refuses_wrong_types_in_one_line(job, image_folder):
+    """A Path is one file as a string is; a value of the wrong type is a LeantrainError naming the argument, not a
+    TypeError (or a KeyError) from deep inside, and a batch size of 0 is refused, not taken for the default."""
+    from leantrain import evaluate, predict
+    from leantrain.errors import ConfigError
+
+    run = train(job(data=str(image_folder), max_steps=1)).output_dir
+    image = image_folder / "red" / "0.png"
+    rows = predict(run, files=image)
+    assert [r["file"] for r in rows] == [str(image)]
+    assert predict(str(run), files=(p for p in [image, str(image)])) == rows * 2
+    assert evaluate(run, image_folder)["examples"] == 48
+    for call, needle in [
+        (lambda: predict(run, files=[image, 3]), "files must be a path or a list of them, got int 3"),
+        (lambda: predict(run, files=3), "files must be a path or a list of them, got int 3"),
+        (lambda: predict(run, files=[]), "files is empty; give at least one"),  # not "none of the 0 ... read"
+        (lambda: predict(run, texts=["fine", ""]), "--text '' is empty"),
+        (lambda: predict(run, files=image, batch_size=-1), "--batch-size must be a positive integer, got -1"),
+        (lambda: evaluate(run, image_folder, batch_size=0), "--batch-size must be a positive integer, got 0"),
+        (lambda: evaluate(run, image_folder, batch_size="8"), "--batch-size must be a positive integer, got '8'"),
+        (lambda: evaluate(run, 123), "evaluate(): data must be a path (str or Path), got int 123"),
+        (lambda: evaluate(run, image_folder, read={"format": "csv"}), "read must be a"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert needle in str(info.value)
+
+
+def test_a_cached_source_is_named_by_the_path_given_now(image_folder, tmp_path):
+    """Cache entries are found by content: the same files under another path were named by the path that cached
+    them (a run on /abs/data said `../data: 48 rows`)."""
+    import shutil
+
+    from leantrain.data.media import IMAGE, MediaProcessor, load_media_source
+    from leantrain.model.presets import preset_processor
+
+    copy = tmp_path / "copy"
+    shutil.copytree(image_folder, copy)  # names, sizes and modification times kept: the same cache entry
+    mp = MediaProcessor(IMAGE, preset_processor("preset:tiny-vit"))
+    first = load_media_source(str(image_folder), mp, tmp_path / "cache")
+    again = load_media_source(str(copy), mp, tmp_path / "cache")
+    assert again.cache_hit and not first.cache_hit
+    assert again.path == str(copy) and again.describe().startswith(f"{copy}: 48 rows")
+
+
+def test_a_photo_is_read_upright_as_its_exif_orientation_says(tmp_path):
+    """A phone stores a portrait photo sideways with an EXIF orientation; transformers' pipeline turns it upright,
+    so training must too, or the published model predicts on other pictures than it learned from."""
+    from PIL import Image
+
+    from leantrain.data.images import decode_image
+
+    rng = np.random.default_rng(7)
+    upright = rng.integers(0, 255, (12, 20, 3), dtype=np.uint8)  # 12 high, 20 wide
+    stored = Image.fromarray(np.ascontiguousarray(np.rot90(upright, k=1)))  # as the camera wrote it: turned
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    stored.save(tmp_path / "photo.png", exif=exif)
+    got = decode_image(str(tmp_path / "photo.png"), 3)
+    assert got.shape == (12, 20, 3) and np.array_equal(got, upright)

@@ -71,11 +71,14 @@ class _Parser(argparse.ArgumentParser):
         scope = _all_parsers(commands[command]) if command else _all_parsers(self)
         known = [o for p in scope for a in p._actions for o in a.option_strings]
         hint = hf_names.hint(name, known)
-        if hint and not hint.endswith(f" {name}?"):
-            return f"unknown flag {name}{hint}"
         elsewhere = [
             c for c, sub in commands.items() if c != command and any(name in a.option_strings for a in sub._actions)
         ]
+        # another command's flag: a look-alike of this command's is named only when it is the same setting's
+        # shorter name (evaluate --eval-data: --data), not a mere likeness (predict --lora: --format)
+        near = hint.rsplit(" ", 1)[-1].rstrip("?").lstrip("-") if hint.startswith("; did you mean") else ""
+        if hint and not hint.endswith(f" {name}?") and (not (command and elsewhere) or near in name):
+            return f"unknown flag {name}{hint}"
         if command and elsewhere:
             takers = ", ".join(f"`{self.prog} {c}`" for c in elsewhere)
             return f"`{prog}` takes no {name} (a flag of {takers}); see `{prog} --help`"
@@ -666,9 +669,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from leantrain.inference.api import check_output
 
     _check_sizes(args)
-    for text in args.text or ():
-        if not text.strip():  # a model would still answer, with a label for nothing
-            raise ConfigError(f"--text {text!r} is empty; give the text to predict on, or leave that --text out")
     if args.output:
         check_output(args.output)  # before the model is loaded and run
     rows = predict(

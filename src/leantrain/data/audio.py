@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +31,38 @@ def decode_audio(item: Any) -> tuple[np.ndarray, int]:
 
         from scipy.io import wavfile
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "chunk not understood": metadata chunks, harmless
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # "chunk not understood": metadata chunks, harmless
             rate, data = wavfile.read(io.BytesIO(item) if isinstance(item, bytes) else item)
+        _refuse_truncated([str(w.message) for w in caught])
         return _mono(_to_float(data)), int(rate)
     try:
         import soundfile
     except ImportError:
+        suffix = Path(name).suffix.lower()
+        if name and suffix not in AUDIO_SUFFIXES:  # an image given to an audio model: soundfile would not help
+            raise DataError(
+                f"{name}: not an audio file ({suffix or 'no suffix'}); give WAV files (FLAC, OGG, MP3: with soundfile)"
+            ) from None
         raise DataError(
             f"{name or 'audio bytes'}: not a WAV file; reading other formats needs soundfile "
             "(pip install soundfile), or convert the files to WAV"
         ) from None
     data, rate = soundfile.read(io.BytesIO(item) if isinstance(item, bytes) else item, dtype="float32")
     return _mono(data), int(rate)
+
+
+#: a data size that a writer which streamed the file left as unknown (ffmpeg writes 0xFFFFFFFF): not a truncation
+_UNKNOWN_SIZE = 0xFFFF0000
+
+
+def _refuse_truncated(messages: list[str]) -> None:
+    """scipy reads a WAV cut short (a partial download or copy) up to its end with only a warning: it would train
+    as a shorter clip padded with silence. Such a file is unreadable, as a cut-short image is."""
+    for message in messages:
+        found = re.search(r"Reached EOF prematurely.*expected (\d+) bytes", message)
+        if found and int(found.group(1)) < _UNKNOWN_SIZE:
+            raise ValueError(f"truncated: {message}")
 
 
 def _to_float(data: np.ndarray) -> np.ndarray:
@@ -56,7 +76,9 @@ def _to_float(data: np.ndarray) -> np.ndarray:
 def _mono(data: np.ndarray) -> np.ndarray:
     data = np.asarray(data, dtype=np.float32)
     if data.ndim == 2:
-        data = data.mean(axis=1)
+        # the channels are the shorter axis: (samples, channels) from WAV and soundfile, (channels, samples) in
+        # datasets' and torchaudio's arrays
+        data = data.mean(axis=int(data.shape[0] > data.shape[1]))
     if data.ndim != 1 or data.size == 0:
         raise ValueError("no audio samples")
     return data

@@ -102,16 +102,29 @@ def decode_image(item: Any, channels: int) -> np.ndarray:
         if arr.shape[-1] != channels:
             arr = np.repeat(arr[:, :, :1], channels, axis=2) if channels == 3 else arr.mean(-1, keepdims=True)
         return np.ascontiguousarray(arr.astype(np.uint8))
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     if isinstance(item, dict):
         item = item.get("bytes") or item.get("path")
     source = io.BytesIO(item) if isinstance(item, bytes) else item
     with Image.open(source) as img:
         img.load()
-        converted = img.convert("RGB" if channels == 3 else "L")
+        # upright, as a camera's EXIF orientation says and as transformers' `load_image` (pipeline) turns it
+        upright = ImageOps.exif_transpose(img)
+        # Pillow's convert clips these at 255: a 16-bit image would turn black and white
+        grey = Image.fromarray(_to_8bit(np.asarray(upright))) if upright.mode in _WIDE_GREY else upright
+        converted = grey.convert("RGB" if channels == 3 else "L")
     arr = np.asarray(converted, dtype=np.uint8)
     return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+#: Pillow's one-channel modes wider than 8 bits: 16-bit PNG and TIFF open as I;16 (or I in older Pillow)
+_WIDE_GREY = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+
+
+def _to_8bit(arr: np.ndarray) -> np.ndarray:
+    """16-bit grey levels (0..65535) as 8-bit ones, scaled: 65535 is white, as 255 is."""
+    return np.round(np.clip(arr.astype(np.float64), 0, 65535) / 257).astype(np.uint8)
 
 
 def check_sizes(arrays: list[np.ndarray], expected: tuple[int, int] | None, source: str) -> None:

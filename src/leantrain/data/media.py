@@ -43,6 +43,9 @@ IMAGE_COLUMNS = ("image", "img", "image_path", "image_file", "path", "file", "fi
 AUDIO_COLUMNS = ("audio", "audio_path", "audio_file", "wav", "path", "file", "filename", "filepath", "file_path")
 CHUNK = 512
 MAX_AUTO_SECONDS = 30.0
+#: bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped; EXIF orientation applied;
+#: truncated WAVs dropped)
+MEDIA_CACHE_VERSION = 2
 
 
 def kind(task: str) -> str:
@@ -350,6 +353,7 @@ def _list_folder(path: Path, task: str, need_labels: bool, label_pattern: str | 
                 f"{path}: cannot tell the labels: put each class's files in its own sub-folder, or give "
                 "--label-pattern (a regular expression whose first group is the label, e.g. '^(\\d+)_')"
             )
+        _refuse_split_folders(path, classes, names)
         counts = {c: 0 for c in classes}
         for n in names:
             if "/" in n:
@@ -367,6 +371,23 @@ def _list_folder(path: Path, task: str, need_labels: bool, label_pattern: str | 
         labels = [n.split("/", 1)[0] for n in names]
         label_from = "class folders"
     return MediaListing(str(path), [str(f) for f in files], names, labels, label_from, "files", report, h.hexdigest())
+
+
+#: sub-folder names that split a data set rather than name a class (train/cat/1.jpg)
+SPLIT_FOLDERS = ("train", "training", "val", "valid", "validation", "dev", "eval", "test", "testing")
+
+
+def _refuse_split_folders(path: Path, classes: list[str], names: list[str]) -> None:
+    """A folder of splits, each with its class folders, would otherwise train a 'train' vs 'test' classifier."""
+    if not all(c.lower() in SPLIT_FOLDERS for c in classes) or not any(n.count("/") >= 2 for n in names):
+        return
+    train = next((c for c in classes if c.lower().startswith("train")), classes[0])
+    held = next((c for c in classes if c != train), None)
+    fix = f"--data {path / train}" + (f" --eval-data {path / held}" if held else "")
+    raise DataError(
+        f"{path}: its sub-folders ({', '.join(classes)}) look like splits, each with its own class folders, not "
+        f"classes; give each split's own folder (e.g. {fix})"
+    )
 
 
 def _list_idx(path: Path, images: Path, labels: Path) -> MediaListing:
@@ -637,10 +658,13 @@ def load_media_source(
         pattern=label_pattern,
         processor=mp.fingerprint(),
         strict=strict,
+        version=MEDIA_CACHE_VERSION,
     )
     path = cache_dir / "processed" / f"{key}.npz" if cache_dir is not None else None
     cached = _load_cached(path) if path is not None else None
     if cached is not None:
+        # entries are found by content: the same files under another path are named as given now
+        cached.path = cached.report.source = listing.source
         if mp.max_seconds is None:
             mp.max_seconds = cached.max_seconds
         return cached

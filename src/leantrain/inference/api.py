@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from leantrain.data.sources import ReadOptions
-from leantrain.errors import DataError, LeantrainError
+from leantrain.errors import ConfigError, DataError, LeantrainError
 from leantrain.model.loading import library_bars_off
 from leantrain.parallel import callers_random_states
 
@@ -78,6 +79,39 @@ TOKEN_KEYS = ("tokens_column", "tags_column", "spans_column", "tag_column", "tag
 
 def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _checked(call: str, run_or_model, data, batch_size, read) -> tuple[Any, str | None]:
+    """`run_or_model` and `data` as strings (a path is one too); a value of the wrong type, or a batch size that is
+    not a positive integer, refused in one line naming the argument, before any model is loaded."""
+    path_or_none = (str, os.PathLike, type(None))
+    for name, value in (("run_or_model", run_or_model), ("data", data)):
+        if not isinstance(value, path_or_none):
+            raise ConfigError(f"{call}(): {name} must be a path (str or Path), got {type(value).__name__} {value!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
+        raise ConfigError(f"--batch-size must be a positive integer, got {batch_size!r}")
+    if read is not None and not isinstance(read, ReadOptions):
+        raise ConfigError(f"{call}(): read must be a leantrain.data.sources.ReadOptions, got {type(read).__name__}")
+    return (None if run_or_model is None else str(run_or_model)), None if data is None else str(data)
+
+
+def _inputs(name: str, value, one: tuple[type, ...]) -> list[str] | None:
+    """`texts` or `files` as a list of strings: one string (or, for files, a path) is one input, not a sequence of
+    characters; a list, tuple or other iterable of them is several."""
+    if value is None:
+        return None
+    if isinstance(value, one):
+        value = [value]
+    items = [value] if isinstance(value, (bytes, dict)) or not hasattr(value, "__iter__") else list(value)
+    if not items:
+        raise ConfigError(f"predict(): {name} is empty; give at least one")
+    for x in items:
+        if not isinstance(x, one):
+            kind = "text" if name == "texts" else "path"
+            raise ConfigError(f"predict(): {name} must be a {kind} or a list of them, got {type(x).__name__} {x!r}")
+        if isinstance(x, str) and name == "texts" and not x.strip():  # a model would answer: a label for nothing
+            raise ConfigError(f"--text {x!r} is empty; give the text to predict on, or leave that --text out")
+    return [str(x) for x in items]
 
 
 def _job(run_or_model: str, overrides: dict[str, Any], cache_dir: str | None, precision: str | None):
@@ -168,6 +202,7 @@ def evaluate(
     given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples.
     A GRPO run scores each prompt's greedy completion with its rewards (`reward_column`: guessed when not given).
     `task`: score as this task, not the run's own (a preference-tuned model as a causal LM on instruction rows)."""
+    run_or_model, data = _checked("evaluate", run_or_model, data, batch_size, read)
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold,
         task=task,
@@ -247,13 +282,13 @@ def predict(
     aggregation_strategy=aggregation)` groups them (default: the run's --aggregation), of texts or of words
     (`tokens_column`, a CoNLL file; each word's tag too). `max_new_tokens`: 32 for a language model, a
     sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training.
-    `texts` or `files` a single string: that one input."""
+    `texts` or `files` a single string (`files`: or a path): that one input."""
     from leantrain.tasks.base import PredictionInputs
 
     if sum(x is not None for x in (texts, data, files)) != 1:
         raise DataError("predict: give one of --text, --file or --data")
-    # one text (or file) as a string is one input, not a sequence of characters
-    texts, files = ([x] if isinstance(x, str) else x for x in (texts, files))
+    run_or_model, data = _checked("predict", run_or_model, data, batch_size, read)
+    texts, files = _inputs("texts", texts, (str,)), _inputs("files", files, (str, os.PathLike))
     overrides = _given(max_length=max_length, multi_label_threshold=threshold, aggregation=aggregation)
     if data is not None:
         columns = dict(

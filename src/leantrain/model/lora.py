@@ -70,19 +70,40 @@ def linear_names(model: torch.nn.Module, head: list[str]) -> list[str]:
     ]
 
 
+def adaptable(module: torch.nn.Module) -> bool:
+    """Whether peft can put a LoRA adapter on `module` (the layer types its LoRA supports)."""
+    from transformers.pytorch_utils import Conv1D
+
+    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
+    return isinstance(module, (*kinds, torch.nn.MultiheadAttention))
+
+
 def resolve_targets(model: torch.nn.Module, spec: str, head: list[str]) -> str | list[str]:
     """peft's `target_modules` for `--lora-targets` (auto: every Linear layer outside the head); refuses names
-    that match no module, naming some that do."""
+    that match no module outside the head, or a module that takes no adapter (a LayerNorm, a whole attention
+    block), naming some that do."""
     if spec.strip() == AUTO_TARGETS:
         return "all-linear"
     wanted = [n.strip() for n in spec.split(",") if n.strip()]
-    names = [n for n, _ in model.named_modules() if n]
-    missing = [w for w in wanted if not any(n == w or n.endswith("." + w) for n in names)]
-    if missing or not wanted:
-        linear = sorted({n.rsplit(".", 1)[-1] for n in linear_names(model, head)})
+    outside = [(n, m) for n, m in model.named_modules() if n and not any(n == h or n.startswith(h + ".") for h in head)]
+
+    def matched(w: str) -> list[torch.nn.Module]:
+        return [m for n, m in outside if n == w or n.endswith("." + w)]
+
+    missing = [w for w in wanted if not matched(w)]
+    unfit = {w: type(m).__name__ for w in wanted for m in matched(w) if not adaptable(m)}
+    if missing or unfit or not wanted:
+        layers = sorted({n.rsplit(".", 1)[-1] for n, m in outside if adaptable(m)})
+        if unfit:
+            what = ", ".join(f"{w} ({kind})" for w, kind in unfit.items())
+            problem = f"{what} takes no adapter (peft adapts Linear, Conv and Embedding layers)"
+        else:
+            names = [n for n, _ in model.named_modules()]
+            in_head = any(n == w or n.endswith("." + w) for w in missing for n in names)
+            where = f" outside its head ({', '.join(head)}, which trains whole)" if in_head else ""
+            problem = f"{', '.join(missing) or repr(spec)} names no module of {type(model).__name__}{where}"
         raise ConfigError(
-            f"--lora-targets: {', '.join(missing) or repr(spec)} names no module of {type(model).__name__}; "
-            f"give '{AUTO_TARGETS}' or comma-separated names such as {', '.join(linear[:8])}"
+            f"--lora-targets: {problem}; give '{AUTO_TARGETS}' or comma-separated names such as {', '.join(layers[:8])}"
         )
     return wanted
 

@@ -153,7 +153,10 @@ def _known_padding(sources_padded: bool | None, decoder_masked=lambda: False):
 def _embeddings_like(model: torch.nn.Module, shape: torch.Size, device: torch.device) -> torch.Tensor:
     """What the mask functions read of the input embeddings: shape, device and dtype (eager's additive mask)."""
     getter = getattr(model, "get_input_embeddings", None)
-    embeddings = getter() if callable(getter) else None
+    try:
+        embeddings = getter() if callable(getter) else None
+    except NotImplementedError:  # a model without an embedding table (wav2vec2's input is a waveform): fp32
+        embeddings = None
     dtype = getattr(getattr(embeddings, "weight", None), "dtype", torch.float32)
     return torch.empty(shape[0], shape[1], 0, dtype=dtype, device=device)
 

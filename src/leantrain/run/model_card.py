@@ -95,22 +95,31 @@ def write_model_card(
         datasets=hub_data or None,
         metrics=list(dict.fromkeys(hub for k in shown if (hub := _HUB_METRICS.get(k)))) or None,
     )
-    name = model_dir.parent.name if model_dir.name == "model" else model_dir.name
     parts = [
-        f"# {name}",
+        f"# {_run_name(model_dir)}",
         "",
-        f"A {task} model fine-tuned with leantrain {__version__} from {_describe_model(base_model, base_id)}.",
+        f"{'An' if task[:1] in 'aeiou' else 'A'} {task} model fine-tuned with leantrain {__version__} from "
+        f"{_describe_model(base_model, base_id)}.",
         *_data_section(sources, config, mixture, metrics),
     ]
     labels = _labels(model_dir)
     if labels:
         parts += ["", f"Labels: {', '.join(f'`{label}`' for label in labels)}."]
     parts += _evaluation_section(shown, metrics) + _source_scores(metrics, shown)
-    parts += _use_section(task, config, __version__)
+    parts += _use_section(task, config, __version__, model_dir)
     card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n".join(parts))
     path = model_dir / "README.md"
     card.save(path)
     return path
+
+
+def _run_name(model_dir: Path) -> str:
+    """The run's folder name: the card is written while the run is staged (OUTPUT_DIR/.incomplete-PID/model), and
+    the staging folder is renamed away when the run publishes."""
+    from leantrain.run.directory import STAGING_PREFIX
+
+    run = model_dir.parent if model_dir.name == "model" else model_dir
+    return run.parent.name if run.name.startswith(STAGING_PREFIX) else run.name
 
 
 def _data_section(
@@ -126,19 +135,21 @@ def _data_section(
         ),
         *_mixture_lines(mixture, metrics, config),
     ]
-    if "eval" not in sources and config.get("eval_fraction"):
+    if "eval" not in sources and config.get("eval_pattern"):
+        lines.append(f"- eval: the files whose paths match `{config['eval_pattern']}`, held out of the training data")
+    elif "eval" not in sources and config.get("eval_fraction"):
         lines.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
     return lines
 
 
-def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str]:
+def _use_section(task: str, config: Mapping[str, Any], version: str, model_dir: Path) -> list[str]:
     """How to load the model, the config that trained it, the versions."""
     return [
         "",
         "## Use",
         "",
         "```python",
-        *_usage(task),
+        *_usage(task, model_dir),
         "```",
         "",
         "## Training configuration",
@@ -156,9 +167,10 @@ def _use_section(task: str, config: Mapping[str, Any], version: str) -> list[str
     ]
 
 
-def _usage(task: str) -> list[str]:
+def _usage(task: str, model_dir: Path) -> list[str]:
     """How to load the model: its `pipeline`; a sequence-to-sequence model through its AutoModel class and
-    `generate` (transformers 5 removed the text2text-generation pipeline)."""
+    `generate` (transformers 5 removed the text2text-generation pipeline); an audio classifier given its samples
+    padded as in training."""
     if task == "text2text-generation":
         return [
             "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
@@ -168,7 +180,30 @@ def _usage(task: str) -> list[str]:
             'inputs = tokenizer(["a text to transform"], return_tensors="pt", return_token_type_ids=False)',
             "print(tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True))",
         ]
+    if task == "audio-classification" and (inputs := _audio_inputs(model_dir)) is not None:
+        rate, seconds = inputs
+        n = round(rate * seconds)
+        return [
+            "import numpy as np",
+            "from transformers import pipeline",
+            "",
+            f'model = pipeline("{task}", model="path/to/this/folder")',
+            f"# samples: mono float32 at {rate} Hz, padded with silence to {seconds:g} s (or cut) as in training;",
+            "# unpadded, the feature extractor pads a short clip its own way, and the scores differ",
+            f"samples = np.pad(samples, (0, max(0, {n} - len(samples))))[:{n}]",
+            f'print(model({{"raw": samples, "sampling_rate": {rate}}}))',
+        ]
     return ["from transformers import pipeline", "", f'model = pipeline("{task}", model="path/to/this/folder")']
+
+
+def _audio_inputs(model_dir: Path) -> tuple[int, float] | None:
+    """(sampling rate, seconds) an audio model's inputs were padded to in training, from its saved processor."""
+    try:
+        rate = json.loads((model_dir / "preprocessor_config.json").read_text())["sampling_rate"]
+        seconds = json.loads((model_dir / "leantrain_inputs.json").read_text())["max_seconds"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return (int(rate), float(seconds)) if rate and seconds else None
 
 
 def _scores(metrics: Mapping[str, Any], best: str | None) -> dict[str, float]:
@@ -281,7 +316,7 @@ def _describe_data(source: str, data_config: str | None = None) -> str:
     if hub:
         subset = source.split(":", 1)[1] if ":" in source else data_config
         return f"[{hub}](https://huggingface.co/datasets/{hub})" + (f" (config `{subset}`)" if subset else "")
-    return f"the local file `{Path(source).name}`"
+    return f"the local {'folder' if Path(source).is_dir() else 'file'} `{Path(source).name}`"
 
 
 def _labels(model_dir: Path) -> list[str]:

@@ -46,6 +46,8 @@ register("leantrain.tasks.grpo:GRPO", name="grpo")
 
 #: the task of a model whose config says nothing clearer
 FALLBACK = "text-classification"
+#: the tasks whose inputs are not text
+MEDIA_TASKS = ("image-classification", "audio-classification")
 
 
 def __getattr__(name: str) -> Any:
@@ -60,8 +62,9 @@ def __getattr__(name: str) -> Any:
 
 def infer(model_config: Any, requested: str | None = None) -> str:
     """The task a model config does: `requested` (--task) when given, checked against what the model type can do;
-    else the one registered task whose transformers table holds the model type, else the first whose architecture
-    names match, else text classification."""
+    else the one registered task whose transformers table holds the model type, else the first of those whose
+    architecture names match, else (for a model that cannot classify text) the one image or audio task among them,
+    else text classification."""
     from transformers.models.auto import modeling_auto
 
     from leantrain.errors import ModelError
@@ -77,9 +80,14 @@ def infer(model_config: Any, requested: str | None = None) -> str:
         return able[0]
     for arch in getattr(model_config, "architectures", None) or []:
         for t in classes():
-            if any(arch.endswith(suffix) for suffix in t.architectures):
+            # among the tasks the model type can do, where it names some (whisper's checkpoint is a
+            # ...ForConditionalGeneration, yet no sequence-to-sequence model of leantrain's)
+            if any(arch.endswith(suffix) for suffix in t.architectures) and (not able or t.name in able):
                 return t.name
-    return FALLBACK
+    # a model type that cannot classify text but can classify images or audio does that (whisper: audio, not its
+    # decoder alone as a language model); perceiver, which can do both, stays text
+    media = [name for name in able if name in MEDIA_TASKS]
+    return media[0] if len(media) == 1 and FALLBACK not in able else FALLBACK
 
 
 def resolve(cfg: Any, model_config: Any) -> Task:

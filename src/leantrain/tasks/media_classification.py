@@ -103,6 +103,8 @@ class MediaClassification(Classification):
         processor = media.load_processor(model_path, model_config, self.name)
         if files is not None:
             missing = [f for f in files if not Path(f).is_file()]
+            if missing and Path(missing[0]).is_dir():  # it exists: "no such file" would send the user looking for it
+                raise DataError(f"{missing[0]}: a folder; give its files with --data {missing[0]} (or --file FILE)")
             if missing:
                 raise DataError(f"{missing[0]}: no such file")
             report = ReadReport("--file", len(files))
