@@ -443,10 +443,18 @@ class Trainer:
         if self.sampler.global_batch <= n:
             return
         micro = math.ceil(n / (self.sampler.micro_steps(np.arange(n)) * acc.num_processes))
+        least = cfg.grad_accum * acc.num_processes  # the examples of a global batch of micro-batches of one
+        most = (n - 1) // least  # the largest --batch-size whose global batch is below n: a second step
+        fix = f"--batch-size {most} or less gives several steps an epoch"
+        if not most:
+            lower = ", or a lower --grad-accum" if cfg.grad_accum > 1 else ""
+            fix = (
+                f"a step takes at least {least} ({cfg.grad_accum} accumulation x {acc.num_processes} processes), so "
+                f"no --batch-size gives a second step: give more data{lower}"
+            )
         self.say.info(
             f"warning: the global batch ({self.sampler.global_batch:,}) is larger than the {n:,} training examples: "
-            f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; "
-            f"--batch-size {max(1, n // (cfg.grad_accum * acc.num_processes))} or less gives several steps an epoch"
+            f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; {fix}"
         )
 
     def _warn_if_the_evaluation_is_tiny(self) -> None:
