@@ -726,6 +726,9 @@ class OptimizationConfig:
         for name in ("weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        # NumPy's legacy generators take seeds up to 2**32 - 1, and the splits seed them with seed + 1 and + 2 too
+        if not 0 <= self.seed <= 2**32 - 3:
+            raise ConfigError(f"{_flag('seed')} must be a whole number from 0 to {2**32 - 3:,}, got {self.seed}")
         _check_schedule(self)  # HF Trainer users
         optimizers.entry(self.optimizer)  # refused in one line when unknown
         _check_optimizer_settings(self)
