@@ -1382,7 +1382,14 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
 SWITCHED: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("early_stopping_threshold",), lambda c: c.early_stopping_patience is not None, "--early-stopping-patience"),
     (("streaming_eval_rows",), lambda c: bool(c.streaming), "--streaming"),
+    # a split of the evaluation data set: without one, the rows held out of --data are scored, the split unread
+    (("eval_split",), lambda c: c.eval_data is not None or _sources_evaluate_on_their_own(c.data), "--eval-data"),
 )
+
+
+def _sources_evaluate_on_their_own(data: Any) -> bool:
+    """Whether some source of a mixture names its own eval_data (which a run-wide --eval-split reads too)."""
+    return isinstance(data, list) and any(isinstance(s, dict) and s.get("eval_data") for s in data)
 
 
 def _check_switches(cfg: Any) -> None:
