@@ -389,6 +389,23 @@ def test_resuming_with_a_result_changing_config_is_refused_naming_the_keys(job, 
     assert longer.metrics["optimizer_steps"] == 6
 
 
+def test_resuming_a_checkpoint_past_the_runs_last_step_is_refused(job, capsys):
+    """A shorter run resumed from a later checkpoint would publish that checkpoint's model, trained longer than
+    asked, after saying it trains the shorter length."""
+    first = train(job("first", save_every=3, max_steps=6))
+    ckpt = step_dir(first.output_dir, 6)
+    for changes, length in ((dict(max_steps=4), "4 optimizer steps (--max-steps 4)"),
+                            (dict(max_steps=None, epochs=0.5), "5 optimizer steps (--epochs 0.5)")):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            train(job("shorter", resume=str(ckpt), **changes))
+        message = str(err.value)
+        assert f"cannot resume from {ckpt}: it is at step 6, past this run's {length}; give --max-steps 6" in message
+        assert "\n" not in message and not (first.output_dir.parent / "shorter" / "metrics.json").exists()
+    # its own length, and an earlier checkpoint, resume
+    assert train(job("same", resume=str(ckpt), max_steps=6)).metrics["optimizer_steps"] == 6
+    assert train(job("earlier", resume=str(step_dir(first.output_dir, 3)), max_steps=4)).metrics["optimizer_steps"] == 4
+
+
 def test_the_runs_own_config_yaml_resumes_its_checkpoint_and_another_task_is_refused(job, tmp_path):
     # config.yaml records the task the run inferred; the checkpoint the task as asked (none)
     first = train(job("first", save_every=2, max_steps=4))

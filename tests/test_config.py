@@ -27,6 +27,8 @@ def test_defaults_are_valid_and_round_trip_through_a_dict():
         ("batch_size", 2.5, "--batch-size"),
         ("batch_size", "32", "--batch-size"),
         ("overwrite", "yes", "--overwrite"),
+        ("seed", -1, "--seed must be a whole number from 0 to 4,294,967,293, got -1"),  # NumPy's seeds: a traceback
+        ("seed", 2**32 - 2, "--seed"),  # the splits seed NumPy with seed + 2 too
     ],
 )
 def test_bad_values_name_the_flag(key, value, flag):
@@ -238,6 +240,7 @@ def test_a_runs_own_config_is_read_back_for_inference_whatever_it_carries(tmp_pa
     [
         (dict(early_stopping_threshold=0.5), "--early-stopping-threshold needs --early-stopping-patience"),
         (dict(streaming_eval_rows=10), "--streaming-eval-rows needs --streaming"),
+        (dict(eval_split="test"), "--eval-split needs --eval-data"),  # the held-out rows were scored instead
     ],
 )
 def test_a_setting_without_its_switch_is_refused_not_ignored(given, said):
@@ -246,6 +249,10 @@ def test_a_setting_without_its_switch_is_refused_not_ignored(given, said):
         TrainConfig(data="x.csv", **given)
     if "streaming_eval_rows" in given:  # with its switch it stands
         assert TrainConfig(data="x.csv", streaming=True, max_steps=2, **given).streaming_eval_rows == 10
+    if "eval_split" in given:  # beside --eval-data, or a source's own eval_data
+        assert TrainConfig(data="glue:sst2", eval_data="glue:sst2", **given).eval_split == "test"
+        sources = [{"path": "a.csv", "eval_data": "glue:sst2"}, "b.csv"]
+        assert TrainConfig(data=sources, **given).eval_split == "test"
 
 
 @pytest.mark.parametrize(

@@ -178,6 +178,24 @@ def test_a_wrong_schedule_argument_is_one_line():
         build_scheduler(optimizer, "cosine", 10, 0.0, None, '{"num_decay_steps": 3}')
 
 
+@pytest.mark.parametrize(
+    "name, kwargs, says",
+    [
+        ("polynomial", '{"lr_end": -0.01}', "the learning rate at step 6 would be -0.002;"),  # trained on, silently
+        ("polynomial", '{"power": -1}', "fails at step 10 (0.0 cannot be raised to a negative power)"),  # a traceback
+        ("inverse_sqrt", '{"timescale": -3}', "fails at step 3 (float division by zero)"),  # after the run
+    ],
+)
+def test_schedule_arguments_that_fail_or_go_negative_at_some_step_are_refused_before_training(name, kwargs, says):
+    from leantrain.model.schedules import build_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.01)
+    with pytest.raises(ConfigError) as err:
+        build_scheduler(optimizer, name, 10, 0.0, None, kwargs)
+    assert str(err.value).startswith(f"--scheduler {name} --scheduler-kwargs {kwargs}: {says}")
+    build_scheduler(optimizer, name, 10, 0.0, None, '{"power": 2}' if name == "polynomial" else '{"timescale": 3}')
+
+
 @pytest.mark.parametrize("warmup_steps, ramp", [(4, 4), (0.5, 5), (None, 1)])  # None: --warmup-ratio 0.1
 def test_warmup_steps_are_steps_or_a_ratio_below_one(warmup_steps, ramp):
     from leantrain.model.schedules import build_scheduler

@@ -277,6 +277,17 @@ def test_a_schedule_free_optimizer_with_the_scheduler_left_out_trains_at_constan
     assert "\nscheduler: constant\n" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+def test_the_docs_name_the_optimizers_that_refuse_lora():
+    """docs/techniques/optimizers.md's list of what refuses --lora is the registry's (Muon trains LoRA adapters)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "techniques" / "optimizers.md").read_text()
+    named = re.search(r"([^.;(]*) refuse `--lora`", text.replace("\n", " "))
+    assert named is not None
+    shown = {"muon": "Muon", "galore-adamw": "GaLore", "apollo-adamw": "APOLLO"}
+    assert {n for n, word in shown.items() if word in named.group(1)} == {n for n, e in OPTIMIZERS.items() if e.no_lora}
+
+
 def test_the_refusals_are_the_registrys_in_one_place():
     """Each kind of refusal is a field of the entry that one function (`optimizers.check`) reads."""
     from types import SimpleNamespace

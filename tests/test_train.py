@@ -320,9 +320,15 @@ def test_a_batch_larger_than_the_data_says_what_it_used(job, capsys):
     n = result.metrics["train_examples"] // 2  # two epochs of all the training rows
     assert (
         f"warning: the global batch (1,000,000) is larger than the {n:,} training examples: each optimizer step "
-        f"trains on all {n:,}, one step per epoch, in micro-batches of up to {n:,}" in err
+        f"trains on all {n:,}, one step per epoch, in micro-batches of up to {n:,}; --batch-size {n - 1:,} or less "
+        "gives several steps an epoch" in err  # a batch of all n is one step still
     )
     assert result.metrics["optimizer_steps"] == 2
+    train(job(batch_size=1, grad_accum=n + 1, output_dir=str(result.output_dir.parent / "accumulated"), max_steps=1))
+    assert (
+        f"up to 1; a step takes at least {n + 1} ({n + 1} accumulation x 1 processes), so no --batch-size gives a "
+        "second step: give more data, or a lower --grad-accum" in capsys.readouterr().err
+    )
     train(job(batch_size=16, output_dir=str(result.output_dir.parent / "small"), epochs=1))
     assert "is larger than the" not in capsys.readouterr().err
 

@@ -35,6 +35,8 @@ def test_a_weight_follows_the_last_at_and_a_path_that_exists_is_read_whole(tmp_p
         (["a.csv@0", "b.csv@1"], "weight must be a positive number, got '0'"),
         (["a.csv@-2", "b.csv@1"], "weight must be a positive number, got '-2'"),
         (["a.csv@inf", "b.csv@1"], "weight must be a positive number"),
+        (["a.csv@1e308", "b.csv@1e308"], "the weights 1e+308, 1e+308 cannot be made shares"),  # a hang
+        (["a.csv@1e300", "b.csv@1e-300"], "write them as shares, e.g. 0.7 and 0.3"),  # b's share: 0
         ([{"path": "a.csv", "weight": "heavy"}, "b.csv@1"], "the weight 'heavy' is not a number"),
         ([{"path": "a.csv", "weight": True}, "b.csv@1"], "is not a number"),
         (["a.csv@0.5", "b.csv"], "weights are given for some sources and not for b.csv"),

@@ -726,6 +726,9 @@ class OptimizationConfig:
         for name in ("weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        # NumPy's legacy generators take seeds up to 2**32 - 1, and the splits seed them with seed + 1 and + 2 too
+        if not 0 <= self.seed <= 2**32 - 3:
+            raise ConfigError(f"{_flag('seed')} must be a whole number from 0 to {2**32 - 3:,}, got {self.seed}")
         _check_schedule(self)  # HF Trainer users
         optimizers.entry(self.optimizer)  # refused in one line when unknown
         _check_optimizer_settings(self)
@@ -1387,7 +1390,14 @@ def _choice(cfg: Any, name: str, choices: tuple[str, ...]) -> None:
 SWITCHED: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
     (("early_stopping_threshold",), lambda c: c.early_stopping_patience is not None, "--early-stopping-patience"),
     (("streaming_eval_rows",), lambda c: bool(c.streaming), "--streaming"),
+    # a split of the evaluation data set: without one, the rows held out of --data are scored, the split unread
+    (("eval_split",), lambda c: c.eval_data is not None or _sources_evaluate_on_their_own(c.data), "--eval-data"),
 )
+
+
+def _sources_evaluate_on_their_own(data: Any) -> bool:
+    """Whether some source of a mixture names its own eval_data (which a run-wide --eval-split reads too)."""
+    return isinstance(data, list) and any(isinstance(s, dict) and s.get("eval_data") for s in data)
 
 
 def _check_switches(cfg: Any) -> None:

@@ -231,6 +231,14 @@ def _check_shares(specs: list[SourceSpec], flag: str) -> None:
             f"{flag}: weights are given for some sources and not for {missing}; give every source a weight "
             "(path@weight), or none (each source then counts its rows)"
         )
+    if weighted:  # the shares are weight / sum: a sum beyond a float gives none (the run then never stepped)
+        weights = [float(s.weight) for s in weighted]  # type: ignore[arg-type]
+        total = sum(weights)
+        if not math.isfinite(total) or min(weights) / total == 0.0:
+            raise ConfigError(
+                f"{flag}: the weights {', '.join(f'{w:g}' for w in weights)} cannot be made shares in floating point "
+                "(too large to add up, or too far apart); weights are relative: write them as shares, e.g. 0.7 and 0.3"
+            )
     if weighted and any(s.repeat is not None for s in specs):
         raise ConfigError(
             f"{flag}: a source has both weights and repeat; weights set every source's share, repeat sets one by "

@@ -35,7 +35,7 @@ def build_scheduler(
     from transformers import get_scheduler
 
     try:
-        return get_scheduler(
+        scheduler = get_scheduler(
             hf_name,
             optimizer,
             num_warmup_steps=warmup,
@@ -45,6 +45,26 @@ def build_scheduler(
     except (TypeError, ValueError) as exc:  # an argument the schedule does not take, or a bad value
         first = str(exc).strip().splitlines()[0][:200]
         raise ConfigError(f"--scheduler {name} --scheduler-kwargs {kwargs}: {first}") from None
+    if specific:
+        _check_every_step(scheduler, f"--scheduler {name} --scheduler-kwargs {kwargs}", max(total_steps, 1))
+    return scheduler
+
+
+def _check_every_step(scheduler, flags: str, total: int) -> None:
+    """The schedule's rate at every step of the run, now: a value its kwargs allow can fail later (a division by
+    zero at the last step, after the training) or go negative (the run would climb the loss, and say nothing)."""
+    lambdas = getattr(scheduler, "lr_lambdas", None) or []
+    for base, rate in zip(scheduler.base_lrs, lambdas, strict=False):
+        for step in range(total + 1):  # the last step() leaves the rate of step `total`
+            try:
+                value = base * rate(step)
+            except (ArithmeticError, TypeError, ValueError) as exc:
+                raise ConfigError(f"{flags}: fails at step {step} ({exc})") from None
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(
+                    f"{flags}: the learning rate at step {step} would be {value:g}; a rate must be finite and not "
+                    "negative: change the kwargs"
+                )
 
 
 # The three most used schedules, with transformers' formulas (tests/test_optim.py checks them step by step against

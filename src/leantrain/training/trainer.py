@@ -204,6 +204,7 @@ class Trainer:
 
     def _build_loop_parts(self) -> None:
         self._build_batches()
+        self._check_resume_fits()
         self._build_optimization()
         self._build_components()
 
@@ -242,6 +243,18 @@ class Trainer:
             raise ConfigError(f"--data: {len(data.train)} training rows cannot feed {acc.num_processes} processes")
         # (a stream has no steps per epoch; the config requires --max-steps with --streaming)
         self.total_steps = cfg.max_steps or max(1, math.ceil((self.steps_per_epoch or 0) * cfg.epochs))
+
+    def _check_resume_fits(self) -> None:
+        """A checkpoint past the run's last step would be published as it is, more steps than asked: refused."""
+        ckpt = self.resume_from
+        if ckpt is None or ckpt.step <= self.total_steps:
+            return
+        length = f"--max-steps {self.cfg.max_steps}" if self.cfg.max_steps else f"--epochs {self.cfg.epochs:g}"
+        raise ConfigError(
+            f"cannot resume from {ckpt.path}: it is at step {ckpt.step}, past this run's "
+            f"{counted(self.total_steps, 'optimizer step')} ({length}); give --max-steps {ckpt.step} or more to "
+            "continue it, --resume an earlier checkpoint, or start a new run in another --output-dir"
+        )
 
     def _static_shapes(self, collate):
         """--static-shapes (on with --compile): lengths padded up to buckets, the ragged micro-batch filled with
@@ -430,10 +443,18 @@ class Trainer:
         if self.sampler.global_batch <= n:
             return
         micro = math.ceil(n / (self.sampler.micro_steps(np.arange(n)) * acc.num_processes))
+        least = cfg.grad_accum * acc.num_processes  # the examples of a global batch of micro-batches of one
+        most = (n - 1) // least  # the largest --batch-size whose global batch is below n: a second step
+        fix = f"--batch-size {most} or less gives several steps an epoch"
+        if not most:
+            lower = ", or a lower --grad-accum" if cfg.grad_accum > 1 else ""
+            fix = (
+                f"a step takes at least {least} ({cfg.grad_accum} accumulation x {acc.num_processes} processes), so "
+                f"no --batch-size gives a second step: give more data{lower}"
+            )
         self.say.info(
             f"warning: the global batch ({self.sampler.global_batch:,}) is larger than the {n:,} training examples: "
-            f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; "
-            f"--batch-size {max(1, n // (cfg.grad_accum * acc.num_processes))} or less gives several steps an epoch"
+            f"each optimizer step trains on all {n:,}, one step per epoch, in micro-batches of up to {micro:,}; {fix}"
         )
 
     def _warn_if_the_evaluation_is_tiny(self) -> None:
