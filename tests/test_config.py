@@ -36,6 +36,16 @@ def test_bad_values_name_the_flag(key, value, flag):
         TrainConfig(**{key: value})
 
 
+@pytest.mark.parametrize("model", ["preset:tiny-vit", "scratch/config.json"])
+def test_an_adapter_alone_of_a_model_built_from_scratch_is_refused(model):
+    """--save-adapter writes the adapter without its base: a base built from scratch (a preset, a bare config) is
+    saved nowhere else, so the adapter could never be loaded."""
+    with pytest.raises(ConfigError, match=rf"--save-adapter: {model} is built from scratch"):
+        TrainConfig(model=model, lora=True, save_adapter=True)
+    TrainConfig(model=model, lora=True)  # the merged model is written: fine
+    TrainConfig(model="some/folder", lora=True, save_adapter=True)  # a pretrained base: fine
+
+
 def test_yaml_values_are_overridden_by_flags(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("batch_size: 8\nlr: 1e-4\nmax-length: 64\n")

@@ -24,7 +24,7 @@ import yaml
 
 from leantrain import tasks
 from leantrain.errors import ConfigError
-from leantrain.model import freezing, optimizers
+from leantrain.model import freezing, optimizers, presets
 
 #: seconds of training the default job is sized for: its rows are what this machine trains in that time at the speed
 #: it measured (`default_job_rows`). The whole job runs at 0.83-0.96x the measured step's speed (its loader, logger and
@@ -1519,6 +1519,11 @@ def _check_lora(cfg: ModelConfig) -> None:
     for name in ("quantize", "save_adapter"):
         if getattr(cfg, name) and not cfg.lora:
             raise ConfigError(f"{_flag(name)} needs --lora (it trains adapters over a frozen base); add --lora")
+    if cfg.save_adapter and (presets.is_preset(cfg.model) or str(cfg.model).endswith(".json")):
+        raise ConfigError(
+            f"--save-adapter: {cfg.model} is built from scratch, its random weights saved nowhere but in model/, so "
+            "an adapter alone could not be loaded; leave --save-adapter out (model/ holds the merged model)"
+        )
 
 
 def _check_optimizer_settings(cfg: OptimizationConfig) -> None:
