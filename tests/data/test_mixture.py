@@ -200,6 +200,18 @@ def test_a_seek_to_a_step_equals_iterating_past_it():
     ][:20]
 
 
+def test_a_repeat_that_asks_for_an_epoch_larger_than_memory_is_refused():
+    """repeat: 1e20 overflowed the epoch's size (a negative count, exit 0); 1e6 on 216 rows built 9 GB of order."""
+    from leantrain.errors import DataError
+
+    rng = np.random.default_rng(1)
+    parts = [("a", fake_examples(rng.integers(5, 9, 100))), ("b", fake_examples(rng.integers(5, 9, 30)))]
+    for repeat in (1e20, 1e7):
+        with pytest.raises(DataError, match=r"repeat asks for an epoch of [\d,]+ examples, more than the"):
+            mix(parts, parse_sources(["a.csv", {"path": "b.csv", "repeat": repeat}]), "examples")
+    assert mix(parts, parse_sources(["a.csv", {"path": "b.csv", "repeat": 1e5}]), "examples").epoch_size == 3_000_100
+
+
 def test_without_weights_each_source_counts_its_rows_times_its_repeat():
     rng = np.random.default_rng(1)
     parts = [("a", fake_examples(rng.integers(5, 9, 100))), ("b", fake_examples(rng.integers(5, 9, 30)))]

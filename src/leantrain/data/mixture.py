@@ -20,6 +20,9 @@ from leantrain.data.prepare import Examples
 from leantrain.data.spec import SourceSpec
 from leantrain.errors import DataError
 
+#: the most examples an epoch of a mixture holds (its shuffled order is built in memory: about 2 GB at this size)
+MAX_EPOCH = 250_000_000
+
 
 # -- the mixture -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -94,6 +97,12 @@ def mix(
     repeats = np.array([s.repeat or 1.0 for s in specs])
     mean_tokens = np.array([ln.mean() if len(ln) else 0.0 for ln in lengths])
     if weights[0] is None:
+        wanted = float(np.sum(sizes * repeats))
+        if wanted > MAX_EPOCH:  # an epoch's order is built in memory: 8 bytes an example, a few times over
+            raise DataError(
+                f"--data: repeat asks for an epoch of {wanted:,.0f} examples, more than the {MAX_EPOCH:,} an epoch's "
+                "order can hold in memory; lower repeat (--epochs reads the whole mixture again)"
+            )
         quotas = np.maximum(1, np.round(sizes * repeats)).astype(np.int64)
         normalised: list[float | None] = [None] * len(parts)
     else:
