@@ -46,6 +46,13 @@ def test_an_adapter_alone_of_a_model_built_from_scratch_is_refused(model):
     TrainConfig(model="some/folder", lora=True, save_adapter=True)  # a pretrained base: fine
 
 
+def test_a_sources_own_bad_setting_is_refused_naming_the_source():
+    """Checked with the run's settings, before any data is read (it was refused after reading, naming no source)."""
+    with pytest.raises(ConfigError, match=r"^--data source a \(a.csv\): --eval-fraction must be between 0 and 1"):
+        TrainConfig(data=[{"path": "a.csv", "eval_fraction": 0}, "b.csv"])
+    TrainConfig(data=[{"path": "a.csv", "eval_fraction": 0.2}, "b.csv"])
+
+
 def test_yaml_values_are_overridden_by_flags(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("batch_size: 8\nlr: 1e-4\nmax-length: 64\n")

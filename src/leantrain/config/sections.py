@@ -1074,6 +1074,7 @@ class TrainConfig(
         _check_best_and_stopping(self)  # HF Trainer users
         optimizers.check(self.optimizer, self)  # what the optimizer refuses: a schedule, --shard fsdp, --lora
         _check_switches(self)
+        _check_source_options(self)
 
     def section(self, cls: type[_Section]) -> _Section:
         """This config's values of one section, e.g. `cfg.section(CheckpointConfig)`."""
@@ -1490,6 +1491,19 @@ def _check_token_labels(cfg: DataConfig) -> None:
         raise ConfigError(
             f"--tag-column {cfg.tag_column}: columns count from 1, the word's; the tag is in another (2, 3, ..., or -1)"
         )
+
+
+def _check_source_options(cfg: TrainConfig) -> None:
+    """A mixture source's own settings, checked now as the run's are (else refused once its data is read, without
+    naming the source)."""
+    from leantrain.data.spec import parse_sources
+
+    for spec in parse_sources(cfg.data) if cfg.data is not None else []:
+        if spec.options:
+            try:
+                dataclasses.replace(cfg, data=spec.path, **dict(spec.options))
+            except ConfigError as exc:
+                raise ConfigError(f"--data source {spec.name} ({spec.path}): {exc}") from None
 
 
 def _check_finite(cfg: TrainConfig) -> None:
