@@ -153,3 +153,19 @@ def test_a_staged_run_is_titled_by_its_own_folder_and_its_eval_pattern_is_named(
     assert body.lstrip().startswith("# digits\n"), body[:80]
     assert "An audio-classification model" in body and "the local folder `recordings`" in body
     assert r"- eval: the files whose paths match `_[0-4]\.wav$`" in body and "stratified" not in body
+
+
+def test_a_sources_name_is_shown_as_typed_not_as_html(model_dir):
+    """A mixture source's `name:` is the user's text: in the card's list and its table of scores it reads as typed
+    (no HTML rendered, no `|` ending a table cell)."""
+    names = ["<b>sms</b>", "a|b"]
+    metrics = {**METRICS, "sources": {n: {"weight": 0.5, "share_examples": 0.5, "share_tokens": 0.5,
+                                          "eval_accuracy": 0.9} for n in names}}  # fmt: skip
+    mixture = [{"path": "sms.tsv", "name": names[0], "weight": 0.5}, {"path": "b.csv", "name": names[1], "weight": 0.5}]
+    path = write_model_card(
+        model_dir, base_model=None, data={"train": mixture}, metrics=metrics, config=CONFIG, task="text-classification"
+    )
+    body = path.read_text()
+    assert "<b>" not in body.replace("`<b>sms</b>`", "")
+    assert "| `<b>sms</b>` | 0.9000 |" in body and "| `a\\|b` | 0.9000 |" in body
+    assert "  - `<b>sms</b>`: the local file `sms.tsv`" in body

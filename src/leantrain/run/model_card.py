@@ -254,7 +254,7 @@ def _mixture_lines(mixture: list[Any] | None, metrics: Mapping[str, Any], config
     drawn = metrics.get("sources") or {}
     for item, (name, row) in zip(mixture, drawn.items() or [(None, {})] * len(mixture)):
         path = _source_path(item)
-        text = f"  - `{name or path}`: {_describe_data(path, config.get('data_config'))}"
+        text = f"  - {_code(name or path)}: {_describe_data(path, config.get('data_config'))}"
         if row.get("weight") is not None:
             text += f"; asked {row['weight']:.1%}, drew {row['share_examples']:.1%} of the examples"
             text += f" and {row['share_tokens']:.1%} of the tokens"
@@ -272,8 +272,13 @@ def _source_scores(metrics: Mapping[str, Any], shown: Mapping[str, float]) -> li
     head.append("|---|" + "---|" * len(keys))
     for name, row in sources.items():
         cells = [f"{row[f'eval_{k}']:.4f}" if isinstance(row.get(f"eval_{k}"), (int, float)) else "-" for k in keys]
-        head.append(f"| {name} | " + " | ".join(cells) + " |")
+        head.append(f"| {_code(name)} | " + " | ".join(cells) + " |")
     return head
+
+
+def _code(text: str) -> str:
+    """`text` as inline code in a Markdown table: its HTML and emphasis shown as typed, a `|` not ending the cell."""
+    return "`" + str(text).replace("`", "'").replace("|", "\\|") + "`"
 
 
 def _hub_model_id(name: str | None) -> str | None:
