@@ -132,6 +132,7 @@ def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job
         ("one_class", "a classifier needs at least two"),
         # not a 'train' vs 'test' classifier
         ("splits", "sub-folders (test, train) look like splits"),
+        ("one_file", ".tsv) with an image column"),  # training on one image file
     ],
 )
 def test_bad_folders_exit_2_with_one_line(tmp_path, capsys, layout, needle):
@@ -140,6 +141,9 @@ def test_bad_folders_exit_2_with_one_line(tmp_path, capsys, layout, needle):
     if layout == "no_classes":
         for i in range(4):
             make_image(root / f"{i}.png", "red", rng)
+    elif layout == "one_file":
+        make_image(root / "red" / "0.png", "red", rng)
+        root = root / "red" / "0.png"
     elif layout == "splits":
         for split in ("train", "test"):
             for colour in COLOURS:

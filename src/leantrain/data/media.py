@@ -298,7 +298,7 @@ def list_source(
         )
     raise DataError(
         f"{source}: give a folder of {kind(task)} files (one sub-folder per class, or --label-pattern) "
-        f"or a table ({', '.join(sorted(TABLE_SUFFIXES))}) with a {kind(task)} column"
+        f"or a table ({', '.join(sorted(TABLE_SUFFIXES))}) with an {kind(task)} column"
     )
 
 
