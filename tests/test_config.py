@@ -29,6 +29,7 @@ def test_defaults_are_valid_and_round_trip_through_a_dict():
         ("overwrite", "yes", "--overwrite"),
         ("seed", -1, "--seed must be a whole number from 0 to 4,294,967,293, got -1"),  # NumPy's seeds: a traceback
         ("seed", 2**32 - 2, "--seed"),  # the splits seed NumPy with seed + 2 too
+        ("resume", " ", "--resume is empty"),  # it was read as the current folder
     ],
 )
 def test_bad_values_name_the_flag(key, value, flag):

@@ -960,6 +960,8 @@ class CheckpointConfig:
         _positive(self, "early_stopping_patience", optional=True)  # HF Trainer users
         if self.early_stopping_threshold < 0:
             raise ConfigError(f"--early-stopping-threshold must be >= 0, got {self.early_stopping_threshold}")
+        if self.resume is not None and not str(self.resume).strip():  # else read as the current folder
+            raise ConfigError("--resume is empty; give auto (the newest checkpoint in --output-dir) or a checkpoint")
 
 
 @dataclass
