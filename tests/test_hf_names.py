@@ -95,6 +95,9 @@ def test_strategies_follow_training_arguments():
         (["--num_workers", "4"], "--dataloader-num-workers N data-loader worker processes"),
         (["--optim", "lion_8bit"], "optim 'lion_8bit' has no leantrain optimizer"),
         (["--save_strategy", "best"], "save_strategy best: use --load-best-at-end"),
+        # TrainingArguments reads 0.1 as a tenth of the run: said, not just "needs an integer"
+        (["--logging_steps", "0.1"], "--logging-steps: needs a whole number of optimizer steps (a fraction of the run"),
+        (["--eval-every", "0.5"], "--eval-every: needs a whole number of optimizer steps (a fraction of the run"),
     ],
 )
 def test_an_alias_with_its_own_flag_and_bad_values_are_one_line_errors(capsys, argv, says):
@@ -251,6 +254,8 @@ def test_greater_is_better_is_accepted_where_it_agrees_with_the_metric_and_refus
 
 def test_logging_strategy_steps_is_what_leantrain_does_and_the_others_are_refused(tmp_path):
     assert TrainConfig.from_dict({"logging_strategy": "steps", "logging_steps": 7}).log_every == 7
+    with pytest.raises(ConfigError, match=r"--log-every must be an integer \(a number of optimizer steps: a fraction"):
+        TrainConfig.from_dict({"logging_steps": 0.1})
     with pytest.raises(ConfigError, match=r"logging_strategy epoch: leantrain logs a metrics.jsonl row every"):
         TrainConfig.from_dict({"logging_strategy": "epoch"})
 

@@ -177,6 +177,17 @@ def _add_flag(parser, f) -> None:
         )
 
 
+#: flags of a number of steps between two events, which TrainingArguments also takes as a fraction of the run
+_EVERY_N_STEPS = ("--log-every", "--eval-every", "--save-every", "--logging-steps", "--eval-steps", "--save-steps")
+
+
+def _fraction(text: str) -> bool:
+    try:
+        return 0 < float(text) < 1
+    except ValueError:
+        return False
+
+
 def _typed(kind: type, flag: str, epoch_ok: bool = False):
     def convert(text: str) -> Any:
         if kind is str or (epoch_ok and text == "epoch"):  # --eval-every epoch
@@ -185,6 +196,8 @@ def _typed(kind: type, flag: str, epoch_ok: bool = False):
             return kind(text)
         except ValueError:
             wanted = ("an integer" if kind is int else "a number") + (" or 'epoch'" if epoch_ok else "")
+            if flag in _EVERY_N_STEPS and _fraction(text):  # TrainingArguments reads 0.1 as a tenth of the run
+                wanted = "a whole number of optimizer steps (a fraction of the run, as the HF Trainer takes it, is not)"
             raise argparse.ArgumentTypeError(f"needs {wanted}, got '{text}'") from None
 
     convert.__name__ = kind.__name__

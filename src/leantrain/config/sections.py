@@ -1358,6 +1358,8 @@ def _coerce_types(cfg: Any) -> None:
                 isinstance(value, int) or (isinstance(value, float) and value.is_integer())
             ):
                 steps = " or 'epoch'" if f.metadata.get("epoch_ok") else ""
+                if f.name in ("log_every", "eval_every", "save_every") and isinstance(value, float) and 0 < value < 1:
+                    steps += " (a number of optimizer steps: a fraction of the run, as the HF Trainer takes it, is not)"
                 raise ConfigError(f"{_flag(f.name)} must be an integer{steps}, got {value!r}")
             setattr(cfg, f.name, int(value))
         elif want is float:
