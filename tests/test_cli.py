@@ -70,6 +70,7 @@ def test_a_flag_the_command_does_not_take_is_named_with_the_commands_own(capsys,
     """The hint comes from the command's own flags: never "did you mean" the very flag typed (another command's)."""
     code, _, err = run(capsys, *argv)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"leantrain {argv[0]}: error: "), err  # as every other refusal of the command begins
 
 
 @pytest.mark.parametrize(

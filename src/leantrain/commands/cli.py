@@ -51,7 +51,24 @@ class _Parser(argparse.ArgumentParser):
                 )
             else:
                 message = self._unknown_flag(flag)
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self._command_prog()}: error: {message}\n")
+
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        return {
+            command: sub
+            for action in self._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for command, sub in action.choices.items()
+        }
+
+    def _command(self) -> str | None:
+        """The command the arguments name (`train`), which the top parser reports unknown flags for."""
+        argv: list[str] = getattr(self, "_argv", [])
+        return next((token for token in argv if token in self._commands()), None)
+
+    def _command_prog(self) -> str:
+        command = self._command()
+        return f"{self.prog} {command}" if command else self.prog
 
     def _unknown_flag(self, flag: str) -> str:
         """One line for a flag the command does not take: the closest of the command's own flags, or, for another
@@ -59,15 +76,7 @@ class _Parser(argparse.ArgumentParser):
         from leantrain.config import hf_names
 
         name = flag.split("=")[0]
-        argv: list[str] = getattr(self, "_argv", [])
-        commands = {
-            command: sub
-            for action in self._actions
-            if isinstance(action, argparse._SubParsersAction)
-            for command, sub in action.choices.items()
-        }
-        command = next((token for token in argv if token in commands), None)
-        prog = f"{self.prog} {command}" if command else self.prog
+        commands, command, prog = self._commands(), self._command(), self._command_prog()
         scope = _all_parsers(commands[command]) if command else _all_parsers(self)
         known = [o for p in scope for a in p._actions for o in a.option_strings]
         hint = hf_names.hint(name, known)
