@@ -71,7 +71,7 @@ def test_each_source_is_scored_on_its_own_rows_as_evaluate_scores_them(job, tmp_
     page = (result.output_dir / "report.html").read_text()
     assert "data-plot='sources'" in page and "Sources of the mixture" in page
     card = (result.model_dir / "README.md").read_text()
-    assert "a mixture of 2 sources" in card and "| reviews |" in card and "| notes |" in card
+    assert "a mixture of 2 sources" in card and "| `reviews` |" in card and "| `notes` |" in card
 
 
 def test_labels_merge_into_one_head_and_two_id_maps_that_clash_are_refused(job, tmp_path):
