@@ -330,11 +330,7 @@ def lora_inventory(config_json: str, spec: LoraSpec, trust_remote_code: bool = F
 @functools.lru_cache(maxsize=16)
 def frozen_inventory(config_json: str, freeze: str, trust_remote_code: bool = False) -> ParamInventory:
     """The parameters that still train under `--freeze` (as `model.freezing.apply` leaves them), by shape."""
-    from leantrain.model import freezing
-
-    net = _build(_config_from_json(config_json), "meta", trust_remote_code)
-    freezing.apply(net, freeze)
-    return _trainable(net, ())
+    return _trainable(trained_net(config_json, None, freeze, trust_remote_code), ())
 
 
 def trained_net(config_json: str, lora: LoraSpec | None, freeze: str | None, trust_remote_code: bool = False):
