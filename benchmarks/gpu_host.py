@@ -190,8 +190,8 @@ def hf_job(job: dict) -> dict:
     clock = Clock()
     args = TrainingArguments(
         output_dir=cfg["output_dir"], per_device_train_batch_size=cfg["batch_size"], max_steps=steps,
-        learning_rate=cfg["lr"], bf16=torch.cuda.is_available(), optim="adamw_torch_fused", report_to=[],
-        logging_strategy="no", save_strategy="no", eval_strategy="no", disable_tqdm=True, seed=0,
+        learning_rate=cfg["lr"], bf16=True, use_cpu=not torch.cuda.is_available(), optim="adamw_torch_fused",
+        report_to=[], logging_strategy="no", save_strategy="no", eval_strategy="no", disable_tqdm=True, seed=0,
     )  # fmt: skip
     Trainer(model=model, args=args, train_dataset=rows, callbacks=[clock]).train()
     spans = clock.starts[warm:]
