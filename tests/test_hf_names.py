@@ -48,6 +48,7 @@ def test_trainer_flag_names_set_the_leantrain_fields_in_either_spelling():
         "--optim", "adamw_torch_fused",
         "--max_steps", "-1",
         "--seed", "7",
+        "--generation_max_length", "64",
     )  # fmt: skip
     assert (cfg.lr, cfg.batch_size, cfg.eval_batch_size, cfg.epochs, cfg.grad_accum) == (2e-5, 8, 64, 3.0, 4)
     assert (cfg.eval_every, cfg.save_every, cfg.log_every) == ("epoch", 50, 5)
@@ -56,6 +57,7 @@ def test_trainer_flag_names_set_the_leantrain_fields_in_either_spelling():
     assert cfg.load_best_at_end and cfg.metric_for_best == "eval_loss"
     assert cfg.resume == "auto" and cfg.overwrite and cfg.dataloader_num_workers == 2
     assert (cfg.optimizer, cfg.max_steps, cfg.seed) == ("adamw", None, 7)
+    assert cfg.generation_max_new_tokens == 63  # the decoder's start token is counted in the Trainer's length
 
 
 def test_leantrain_flags_take_underscores_too():
@@ -98,6 +100,9 @@ def test_strategies_follow_training_arguments():
         # TrainingArguments reads 0.1 as a tenth of the run: said, not just "needs an integer"
         (["--logging_steps", "0.1"], "--logging-steps: needs a whole number of optimizer steps (a fraction of the run"),
         (["--eval-every", "0.5"], "--eval-every: needs a whole number of optimizer steps (a fraction of the run"),
+        # named as given, not as the --generation-max-new-tokens -1 it would translate to
+        (["--generation_max_length", "1"], "generation_max_length must be an integer of 2 or more"),
+        (["--generation-max-length", "2.5"], "generation_max_length must be an integer of 2 or more"),
     ],
 )
 def test_an_alias_with_its_own_flag_and_bad_values_are_one_line_errors(capsys, argv, says):

@@ -54,6 +54,19 @@ def _max_steps(value: Any) -> Any:
     return None if value in (-1, "-1") else value  # TrainingArguments' "not set"
 
 
+def _new_tokens(value: Any) -> int:
+    """Seq2SeqTrainingArguments' generation_max_length counts the decoder's start token: one less is generated."""
+    try:
+        length = int(value)
+    except (TypeError, ValueError):
+        length = 0
+    if isinstance(value, bool) or length < 2 or str(length) != str(value).strip():
+        raise ConfigError(
+            f"generation_max_length must be an integer of 2 or more (the start token and one new token), got {value}"
+        )
+    return length - 1
+
+
 def _kwargs_json(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, dict) else value
 
@@ -206,7 +219,7 @@ ROWS: tuple[Row, ...] = (
         "generation_max_length",
         "generation_max_new_tokens",
         "seq2seq: the decoder's length with its start token, so generation_max_length - 1 new tokens",
-        lambda v: int(v) - 1,
+        _new_tokens,
     ),
     Row("generation_num_beams", "generation_num_beams", "seq2seq: 1 (the default) is greedy decoding"),
     Row("sortish_sampler", None, "seq2seq: batches are always grouped by source length (see group_by_length)"),
