@@ -607,7 +607,8 @@ class OptimizationConfig:
     )
     # --- metrics and losses
     label_smoothing: float = _help(
-        "Label smoothing of the training cross-entropy, in [0, 1) (transformers: label_smoothing_factor).",
+        "Label smoothing of the training cross-entropy, in [0, 1) (transformers: label_smoothing_factor); "
+        "DPO: the share of flipped preferences of --preference-loss robust, below 0.5 (no other loss reads it).",
         read_by=(*CLASSIFIERS, *TOKENS, *SEQ2SEQ, "dpo"),
         default=0.0,
     )
@@ -634,7 +635,9 @@ class OptimizationConfig:
         default=0.1,
     )
     simpo_gamma: float = _help(
-        "SimPO: the target reward margin between chosen and rejected.", read_by=("dpo",), default=0.5
+        "SimPO (--preference-loss simpo): the target reward margin between chosen and rejected.",
+        read_by=("dpo",),
+        default=0.5,
     )
     sft_weight: float = _help(
         "DPO: add this weight x the chosen completion's mean negative log-likelihood per token to each pair's loss "

@@ -14,7 +14,7 @@ rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins, logps/cho
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -492,6 +492,20 @@ class DPO(PolicyTask):
     @property
     def reference_free(self) -> bool:
         return self.cfg.preference_loss in REFERENCE_FREE
+
+    @classmethod
+    def for_config(cls, cfg: Any) -> PolicyTask:
+        # each of these settings is read by one loss only: set beside another, it would be ignored without a word
+        loss = cfg.preference_loss
+        if cfg.label_smoothing and loss != "robust":
+            raise ConfigError(
+                f"--label-smoothing: --preference-loss {loss} does not read it; for DPO robust to a share of flipped "
+                "preferences give --preference-loss robust with it, or leave it out"
+            )
+        gamma = next(f.default for f in fields(cfg) if f.name == "simpo_gamma")
+        if cfg.simpo_gamma != gamma and loss != "simpo":
+            raise ConfigError(f"--simpo-gamma: only --preference-loss simpo reads it, not {loss}; leave it out")
+        return super().for_config(cfg)
 
     def pairs(self, outputs: PolicyOutputs) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(pairs, 2) policy and reference log-probabilities and completion tokens: chosen, rejected."""
