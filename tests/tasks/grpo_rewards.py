@@ -22,6 +22,10 @@ def not_a_number(prompts, completions, **kwargs):
     return [math.nan if i == 2 else 1.0 for i in range(len(completions))]
 
 
+def raises(completions, **kwargs):
+    return {"reward": 1.0}[completions[0]]
+
+
 def chat_letters(prompts, completions, **kwargs):
     """As `letters`, for chats: each prompt a list of messages, each completion the assistant's message."""
     assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)

@@ -469,6 +469,13 @@ def test_a_reward_with_the_wrong_number_of_values_or_a_non_finite_one_names_the_
     assert any(f"of the prompt {p!r}" in line for p in prompts), line
 
 
+def test_a_reward_function_that_raises_is_one_line_saying_where(capsys, setup, tmp_path):
+    code, _, err = cli(capsys, setup, tmp_path, reward="tests.tasks.grpo_rewards:raises")
+    line = one_line(err)
+    assert code == 2 and "--reward tests.tasks.grpo_rewards:raises: raised KeyError: " in line
+    assert "(grpo_rewards.py line " in line and ", in raises); fix the function" in line
+
+
 def test_a_mixture_of_prompt_files_is_one_line(capsys, setup, tmp_path):
     prompts = str(setup / "prompts.jsonl")
     other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "a cat", "answer": "cat"}] * 4)

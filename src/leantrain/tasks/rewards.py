@@ -17,6 +17,7 @@ import importlib.util
 import math
 import re
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,8 +180,8 @@ def score(
     function and the prompt for a wrong number of values or a value that is not a finite number)."""
     out = np.zeros((len(completions), len(rewards)))
     for j, reward in enumerate(rewards):
-        values = reward.function(
-            prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids), **columns
+        values = _call(
+            reward, prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids), **columns
         )
         values = list(values) if values is not None else []
         if len(values) != len(completions):
@@ -197,6 +198,22 @@ def score(
                 )
             out[i, j] = number
     return out
+
+
+def _call(reward: Reward, **arguments: Any) -> Any:
+    """A function of the user's that raises is told in one line, with where it raised; a built-in's error is ours,
+    its traceback kept."""
+    if ":" not in reward.spec:
+        return reward.function(**arguments)
+    try:
+        return reward.function(**arguments)
+    except Exception as exc:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(
+            f"--reward {reward.spec}: raised {type(exc).__name__}: {first[:160]} ({Path(frame.filename).name} line "
+            f"{frame.lineno}, in {frame.name}); fix the function"
+        ) from None
 
 
 def _finite(value: Any) -> float | None:
