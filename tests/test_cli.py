@@ -567,8 +567,9 @@ def test_a_split_or_configuration_of_a_single_file_is_refused_not_ignored(capsys
     _one_line_error(code, err, str(sentiment_csv), *needles)
 
 
-def test_evaluate_reads_a_run_whose_config_records_a_split_of_a_single_file(capsys, base, tmp_path, sentiment_csv):
-    """A run of an older leantrain recorded such values; they were never read, and evaluate and predict still work."""
+def test_evaluate_reads_a_recorded_split_of_a_single_file_and_refuses_one_given(capsys, base, tmp_path, sentiment_csv):
+    """A run of an older leantrain recorded such values; they were never read, and evaluate and predict still work.
+    Given to evaluate or predict now (--split, --data-config), they are refused as train refuses them."""
     import yaml
 
     assert run(capsys, *base, "--max-steps", "1")[0] == 0
@@ -582,6 +583,10 @@ def test_evaluate_reads_a_run_whose_config_records_a_split_of_a_single_file(caps
     assert code == 0 and json.loads(out)["examples"] == 240, err
     code, out, err = run(capsys, "predict", str(tmp_path / "run"), "--text", "a fine film")
     assert code == 0 and json.loads(out)["label"] in ("pos", "neg"), err
+    code, _, err = run(capsys, "evaluate", str(tmp_path / "run"), "--data", str(sentiment_csv), "--split", "test")
+    _one_line_error(code, err, f"--split test: {sentiment_csv} is a single file and has no splits", "to --data")
+    code, _, err = run(capsys, "predict", str(tmp_path / "run"), "--data", str(sentiment_csv), "--data-config", "x")
+    _one_line_error(code, err, "--data-config x:", "has no configurations; leave --data-config out")
 
 
 def test_train_help_names_every_task_and_shows_no_unset_defaults(capsys):

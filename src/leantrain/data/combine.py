@@ -101,21 +101,16 @@ def refuse_unread_choices(cfg, folders: str = "dataset") -> None:
             found = None if source is None else unread_choice(source, options, folders)
             if found is not None:
                 where = f"--data source {spec.name} ({spec.path}): " if mixed else ""
-                raise ConfigError(where + _unread_message(spec, role, options, *found))
+                raise ConfigError(where + _unread_message(spec, role, options, found))
 
 
-def _unread_message(spec: SourceSpec, role: str, options, choice: str, what: str, part: str) -> str:
-    key = {"config": "data_config", "split": "data_split" if role == "train" else "eval_split"}[choice]
+def _unread_message(spec: SourceSpec, role: str, options, found: tuple[str, str, str]) -> str:
+    from leantrain.data.sources import unread_message
+
+    key = {"config": "data_config", "split": "data_split" if role == "train" else "eval_split"}[found[0]]
     flag = "--" + key.replace("_", "-") if spec.option(key) is None else key  # else the source's own key
-    value = options.config if choice == "config" else options.split
-    named = f"{flag} {value}"
-    if choice == "config":
-        fix = f"leave {flag} out"
-    elif "save_to_disk" in what:
-        fix = f"leave {flag} out (it holds that one split)"
-    else:
-        fix = f"give the split's own {part} to " + ("--data (or --eval-data)" if role == "train" else "--eval-data")
-    return f"{named}: {what} and has no {'configuration' if choice == 'config' else 'split'}s; {fix}"
+    value = options.config if found[0] == "config" else options.split
+    return unread_message(flag, value, found, "--data (or --eval-data)" if role == "train" else "--eval-data")
 
 
 #: how a task reads one source: (the source's config, the label codec to use or None) -> SourceData

@@ -115,6 +115,18 @@ def unread_choice(source: str, options: ReadOptions, folders: str = "dataset") -
     return next(((c, what, part) for c in asked if c in ignored), None)
 
 
+def unread_message(flag: str, value: str, found: tuple[str, str, str], to: str) -> str:
+    """The refusal of a choice `unread_choice` found, given as `flag value`; `to`: where a split's own file goes."""
+    choice, what, part = found
+    if choice == "config":
+        fix = f"leave {flag} out"
+    elif "save_to_disk" in what:
+        fix = f"leave {flag} out (it holds that one split)"
+    else:
+        fix = f"give the split's own {part} to {to}"
+    return f"{flag} {value}: {what} and has no {'configuration' if choice == 'config' else 'split'}s; {fix}"
+
+
 def _read_whole(path: Path, folders: str, config: bool) -> tuple[str, str, tuple[str, ...]]:
     """What `path` is and which choices reading it ignores, as the readers route it (`read_table`,
     `media.list_source`, `lm.read_documents`)."""
