@@ -552,6 +552,43 @@ def test_train_on_a_data_set_configuration_and_split(capsys, base, tmp_path, mon
     _one_line_error(code, err, "no split 'test' (given by --data-split)", "train, validation")
 
 
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--data-split", "validation"], ["--data-split validation:", "is a single file and has no splits", "--data"]),
+        (["--data-config", "sst2"], ["--data-config sst2:", "has no configurations", "leave --data-config out"]),
+        (["--eval-split", "test"], ["--eval-split test:", "a single file", "give the split's own file to --eval-data"]),
+    ],
+    ids=["data-split", "data-config", "eval-split"],
+)
+def test_a_split_or_configuration_of_a_single_file_is_refused_not_ignored(capsys, base, sentiment_csv, flags, needles):
+    """A CSV has no splits: `--data train.csv --data-split validation` would train on all of it without a word."""
+    code, _, err = run(capsys, *base, "--eval-data", str(sentiment_csv), *flags, "--max-steps", "1")
+    _one_line_error(code, err, str(sentiment_csv), *needles)
+
+
+def test_evaluate_reads_a_recorded_split_of_a_single_file_and_refuses_one_given(capsys, base, tmp_path, sentiment_csv):
+    """A run of an older leantrain recorded such values; they were never read, and evaluate and predict still work.
+    Given to evaluate or predict now (--split, --data-config), they are refused as train refuses them."""
+    import yaml
+
+    assert run(capsys, *base, "--max-steps", "1")[0] == 0
+    saved = tmp_path / "run" / "config.yaml"
+    values = yaml.safe_load(saved.read_text())
+    values.update(data_split="validation", data_config="sst2", eval_data=str(sentiment_csv), eval_split="test")
+    saved.write_text(yaml.safe_dump(values, sort_keys=False))
+    code, out, err = run(capsys, "evaluate", str(tmp_path / "run"))
+    assert code == 0 and json.loads(out)["examples"] == 240, err
+    code, out, err = run(capsys, "evaluate", str(tmp_path / "run"), "--data", str(sentiment_csv))
+    assert code == 0 and json.loads(out)["examples"] == 240, err
+    code, out, err = run(capsys, "predict", str(tmp_path / "run"), "--text", "a fine film")
+    assert code == 0 and json.loads(out)["label"] in ("pos", "neg"), err
+    code, _, err = run(capsys, "evaluate", str(tmp_path / "run"), "--data", str(sentiment_csv), "--split", "test")
+    _one_line_error(code, err, f"--split test: {sentiment_csv} is a single file and has no splits", "to --data")
+    code, _, err = run(capsys, "predict", str(tmp_path / "run"), "--data", str(sentiment_csv), "--data-config", "x")
+    _one_line_error(code, err, "--data-config x:", "has no configurations; leave --data-config out")
+
+
 def test_train_help_names_every_task_and_shows_no_unset_defaults(capsys):
     assert main(["train", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines

@@ -66,6 +66,9 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, infer
         unread = unread_settings(cfg, chosen.name)
         if unread:
             raise ConfigError(unread_message(chosen.name, unread))
+        from leantrain.data.combine import refuse_unread_choices
+
+        refuse_unread_choices(cfg, chosen.plain_folder)  # a split of a single file, say
     made = None
     if plan and cfg.auto:  # the planner's recommendation sets precision, checkpointing, optimizer and the split
         from leantrain.planner.auto import plan_run

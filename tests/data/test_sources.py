@@ -519,3 +519,73 @@ def test_a_file_read_with_the_other_delimiter_says_which_format_it_looks_like(tm
         read_table(str(path), options=ReadOptions(format=fmt))
     df, _ = read_table(str(path), options=ReadOptions(format=suffix))
     assert list(df.columns) == ["text", "label"]
+
+
+def _folders(tmp_path):
+    """One folder of each kind a reader takes whole or by its parts."""
+    import datasets
+
+    (tmp_path / "classes" / "cat").mkdir(parents=True)
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "train-images-idx3-ubyte").write_bytes(b"")
+    (tmp_path / "idx" / "train-labels-idx1-ubyte").write_bytes(b"")
+    one = datasets.Dataset.from_dict({"text": ["a"], "label": [0]})
+    one.save_to_disk(str(tmp_path / "saved_one"))
+    datasets.DatasetDict({"train": one, "test": one}).save_to_disk(str(tmp_path / "saved_dict"))
+    (tmp_path / "t.csv").write_text("text,label\na,0\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("source", "folders", "split", "config", "found"),
+    [
+        ("t.csv", "dataset", "validation", None, ("split", "is a single file", "file")),
+        ("t.csv", "image", None, "sst2", ("config", "is a single file", "file")),
+        ("idx", "image", "test", None, ("split", "is a folder of IDX files (images and labels)", "folder")),
+        ("idx", "image", None, "mnist", ("config", "is a folder of IDX files (images and labels)", "folder")),
+        ("classes", "image", "test", None, ("split", "is a folder of class folders", "folder")),
+        ("classes", "audio", "test", None, ("split", "is a folder of class folders", "folder")),
+        ("classes", "image", "test", "default", None),  # a configuration reads it with `datasets`, splits and all
+        ("classes", "text", "test", None, ("split", "is a folder of text files (read whole)", "folder")),
+        ("classes", "dataset", "test", "x", None),  # load_dataset's data files: its splits
+        ("saved_one", "dataset", "test", None, ("split", "is a save_to_disk folder of one Dataset", "folder")),
+        ("saved_dict", "dataset", "test", None, None),
+        ("saved_dict", "text", None, "x", ("config", "is a save_to_disk folder", "folder")),
+        ("glue", "dataset", "validation", "sst2", None),  # a hub name: its own splits and configurations
+        ("t.csv", "dataset", None, None, None),
+    ],
+)
+def test_a_split_or_configuration_a_source_has_none_of_is_found(tmp_path, source, folders, split, config, found):
+    from leantrain.data.sources import ReadOptions, unread_choice
+
+    root = _folders(tmp_path)
+    path = source if source == "glue" else str(root / source)
+    got = unread_choice(path, ReadOptions(config=config, split=split), folders)
+    assert got == (None if found is None else (found[0], f"{path} {found[1]}", found[2]))
+
+
+def test_the_embedded_corpus_is_a_single_file():
+    from leantrain.data.sources import EMBEDDED_DATA, ReadOptions, unread_choice
+
+    assert unread_choice(EMBEDDED_DATA, ReadOptions(split="test")) == (
+        "split",
+        "the embedded tweet corpus (--data left out) is a single file",
+        "file",
+    )
+
+
+def test_a_mixture_source_whose_split_would_be_ignored_is_named(tmp_path):
+    """Each source is checked with its own settings over the run's, and named."""
+    from leantrain.config import TrainConfig
+    from leantrain.data.combine import refuse_unread_choices
+    from leantrain.errors import ConfigError
+
+    root = _folders(tmp_path)
+    csv, saved = str(root / "t.csv"), str(root / "saved_dict")
+    mixed = [{"path": saved, "eval_data": saved, "eval_split": "test", "split": "train"}, {"path": csv, "name": "t"}]
+    refuse_unread_choices(TrainConfig(data=mixed), "dataset")
+    with pytest.raises(ConfigError, match=f"^--data source t \\({re.escape(csv)}\\): --data-split train: .*single"):
+        refuse_unread_choices(TrainConfig(data=[saved, csv], data_split="train"), "dataset")
+    own = [saved, {"path": csv, "name": "t", "split": "validation"}]
+    with pytest.raises(ConfigError, match=r"^--data source t .*: data_split validation: .*no splits"):
+        refuse_unread_choices(TrainConfig(data=own), "dataset")

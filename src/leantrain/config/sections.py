@@ -296,10 +296,13 @@ class DataConfig:
         default=None,
     )
     data_split: str | None = _help(
-        "Split of --data to train on, for hub data sets and `datasets` folders. Default: train.", default=None
+        "Split of --data to train on, for hub data sets and `datasets` folders (refused for a single file). "
+        "Default: train.",
+        default=None,
     )
     eval_split: str | None = _help(
-        "Split of --eval-data to evaluate on. Default: validation, else dev, else test.", default=None
+        "Split of --eval-data to evaluate on (refused for a single file). Default: validation, else dev, else test.",
+        default=None,
     )
     column_names: str | None = _help(
         "Comma-separated column names for a CSV/TSV file without a header row (its first row is then data), "

@@ -86,6 +86,33 @@ def source_config(cfg, spec: SourceSpec):
     return cfg.replace(data=spec.path, **dict(spec.options))
 
 
+def refuse_unread_choices(cfg, folders: str = "dataset") -> None:
+    """Refuse a split or configuration that a source has none of (`--data train.csv --data-split validation` would
+    train on all of train.csv), in one line naming the flag and the source; `folders`: how the task reads a plain
+    folder (`sources.PLAIN_FOLDERS`). Not asked of a trained run's recorded config, which evaluate reads back."""
+    from leantrain.data.sources import read_options, unread_choice
+
+    specs = sources_of(cfg)
+    mixed = is_mixture(specs)
+    for spec in specs:
+        sub = source_config(cfg, spec) if mixed else cfg
+        for role, source in (("train", sub.data or spec.path), ("eval", sub.eval_data)):
+            options = read_options(sub, role)
+            found = None if source is None else unread_choice(source, options, folders)
+            if found is not None:
+                where = f"--data source {spec.name} ({spec.path}): " if mixed else ""
+                raise ConfigError(where + _unread_message(spec, role, options, found))
+
+
+def _unread_message(spec: SourceSpec, role: str, options, found: tuple[str, str, str]) -> str:
+    from leantrain.data.sources import unread_message
+
+    key = {"config": "data_config", "split": "data_split" if role == "train" else "eval_split"}[found[0]]
+    flag = "--" + key.replace("_", "-") if spec.option(key) is None else key  # else the source's own key
+    value = options.config if found[0] == "config" else options.split
+    return unread_message(flag, value, found, "--data (or --eval-data)" if role == "train" else "--eval-data")
+
+
 #: how a task reads one source: (the source's config, the label codec to use or None) -> SourceData
 Reader = Callable[[Any, Any], SourceData]
 

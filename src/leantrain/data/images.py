@@ -90,19 +90,48 @@ def read_idx(path: Path) -> np.ndarray:
     return body.view(dtype).reshape(shape)
 
 
+#: an IDX image's last axis, when it has one of these sizes: grey, grey and alpha, RGB, RGBA (as Pillow reads them)
+IDX_CHANNELS = (1, 2, 3, 4)
+
+
+def idx_pixels(x: np.ndarray, path: Path) -> np.ndarray:
+    """IDX images as 8-bit pixels: floats in 0..1 scaled to 0..255, integers of any width kept when they are 0..255;
+    other values are refused (a cast would wrap or truncate them into other pixels)."""
+    if x.dtype == np.uint8:
+        return x
+    kind = f"IDX {x.dtype.name} values"
+    if x.dtype.kind == "f":
+        if not np.isfinite(x).all():
+            raise DataError(f"{path}: {kind} include NaN or infinity; write finite pixels in 0..1 (or bytes 0..255)")
+        lo, hi = float(x.min()), float(x.max())
+        if lo < 0 or hi > 1:
+            raise DataError(
+                f"{path}: {kind} span {lo:g}..{hi:g}, but float pixels are read as 0..1 (0 black, 1 white); "
+                "scale them to 0..1, or write 0..255 as unsigned bytes (type 0x08)"
+            )
+        return np.rint(x.astype(np.float32) * 255).astype(np.uint8)
+    lo, hi = int(x.min()), int(x.max())
+    if lo < 0 or hi > 255:
+        raise DataError(
+            f"{path}: {kind} span {lo}..{hi}, outside the 0..255 of 8-bit pixels; scale them to 0..255 "
+            "(unsigned bytes, type 0x08) or to 0..1 floats"
+        )
+    return x.astype(np.uint8)
+
+
 # --- decoding ---------------------------------------------------------------------------------------
 
 
 def decode_image(item: Any, channels: int) -> np.ndarray:
     """An image as an (H, W, channels) uint8 array, from a path, bytes, a datasets dict or an array."""
-    if isinstance(item, np.ndarray):
-        arr = item
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
-        if arr.shape[-1] != channels:
-            arr = np.repeat(arr[:, :, :1], channels, axis=2) if channels == 3 else arr.mean(-1, keepdims=True)
-        return np.ascontiguousarray(arr.astype(np.uint8))
     from PIL import Image, ImageOps
+
+    if isinstance(item, np.ndarray):  # an IDX image (`idx_pixels`): its channels converted as a file's would be
+        arr = item[:, :, 0] if item.ndim == 3 and item.shape[-1] == 1 else item
+        if arr.ndim == 3 and arr.shape[-1] == channels:
+            return np.ascontiguousarray(arr)
+        arr = np.asarray(Image.fromarray(np.ascontiguousarray(arr)).convert("RGB" if channels == 3 else "L"))
+        return arr[:, :, None] if arr.ndim == 2 else arr
 
     if isinstance(item, dict):
         item = item.get("bytes") or item.get("path")

@@ -44,8 +44,8 @@ AUDIO_COLUMNS = ("audio", "audio_path", "audio_file", "wav", "path", "file", "fi
 CHUNK = 512
 MAX_AUTO_SECONDS = 30.0
 #: bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped; EXIF orientation applied;
-#: truncated WAVs dropped)
-MEDIA_CACHE_VERSION = 2
+#: truncated WAVs dropped; 3: IDX floats and wide integers scaled or refused, not cast; RGBA keeps RGB, not red)
+MEDIA_CACHE_VERSION = 3
 
 
 def kind(task: str) -> str:
@@ -394,6 +394,18 @@ def _list_idx(path: Path, images: Path, labels: Path) -> MediaListing:
     x, y = image_mod.read_idx(images), image_mod.read_idx(labels)
     if x.ndim not in (3, 4) or y.ndim != 1 or len(x) != len(y):
         raise DataError(f"{path}: IDX images {x.shape} and labels {y.shape} do not match")
+    if x.ndim == 4 and x.shape[-1] not in image_mod.IDX_CHANNELS:
+        raise DataError(
+            f"{images}: IDX images of shape {x.shape} have {x.shape[-1]} channels; write (N, H, W) grey images or "
+            "(N, H, W, C) with C 1 (grey), 3 (RGB) or 4 (RGBA)"
+        )
+    x = image_mod.idx_pixels(x, images)
+    fractional = ~np.isfinite(y) | (y != np.round(y)) if y.dtype.kind == "f" else np.zeros(len(y), bool)
+    if fractional.any():  # int() would truncate 1.5 into class 1
+        raise DataError(
+            f"{labels}: IDX labels are class numbers, but label {int(fractional.argmax())} is "
+            f"{y[fractional.argmax()]:g}; write whole numbers"
+        )
     fp = source_fingerprint(str(images)) + source_fingerprint(str(labels))
     report = ReadReport(source=str(path), rows_read=len(x))
     return MediaListing(

@@ -89,6 +89,64 @@ def read_options(cfg, role: str = "train") -> ReadOptions:
     )
 
 
+#: how a task's reader takes a folder that is no `datasets` save (`Task.plain_folder`): "dataset" (`load_dataset`'s
+#: data files, with their splits), "image" or "audio" (class folders; for images also an IDX pair), "text" (text
+#: files read whole)
+PLAIN_FOLDERS = ("dataset", "image", "audio", "text")
+
+
+def unread_choice(source: str, options: ReadOptions, folders: str = "dataset") -> tuple[str, str, str] | None:
+    """The choice among a source's parts that `options` makes ("split" or "config") and reading `source` would
+    ignore, with what the source is and what a part of it would be ("file" or "folder"); None when every choice
+    made is read, or the source does not exist (reading it says so).
+
+    A local file has neither; a `save_to_disk` folder has no configurations, nor splits when it saved one Dataset;
+    another folder is read as `folders` (`PLAIN_FOLDERS`) says."""
+    asked = [c for c, v in (("split", options.split), ("config", options.config)) if v is not None]
+    if not asked:
+        return None
+    if source == EMBEDDED_DATA:
+        what, part, ignored = "the embedded tweet corpus (--data left out) is a single file", "file", tuple(asked)
+    elif not Path(source).exists():
+        return None
+    else:
+        what, part, ignored = _read_whole(Path(source), folders, options.config is not None)
+        what = f"{source} {what}"
+    return next(((c, what, part) for c in asked if c in ignored), None)
+
+
+def unread_message(flag: str, value: str, found: tuple[str, str, str], to: str) -> str:
+    """The refusal of a choice `unread_choice` found, given as `flag value`; `to`: where a split's own file goes."""
+    choice, what, part = found
+    if choice == "config":
+        fix = f"leave {flag} out"
+    elif "save_to_disk" in what:
+        fix = f"leave {flag} out (it holds that one split)"
+    else:
+        fix = f"give the split's own {part} to {to}"
+    return f"{flag} {value}: {what} and has no {'configuration' if choice == 'config' else 'split'}s; {fix}"
+
+
+def _read_whole(path: Path, folders: str, config: bool) -> tuple[str, str, tuple[str, ...]]:
+    """What `path` is and which choices reading it ignores, as the readers route it (`read_table`,
+    `media.list_source`, `lm.read_documents`)."""
+    both = ("split", "config")
+    if path.is_file():
+        return "is a single file", "file", both
+    if folders == "image" and any("idx3-ubyte" in p.name for p in path.iterdir()):
+        return "is a folder of IDX files (images and labels)", "folder", both
+    saved = [name for name in ("dataset_dict.json", "dataset_info.json", "state.json") if (path / name).is_file()]
+    if folders == "text" and not saved:
+        return "is a folder of text files (read whole)", "folder", both
+    if "dataset_dict.json" in saved:
+        return "is a save_to_disk folder", "folder", ("config",)
+    if "dataset_info.json" in saved:
+        return "is a save_to_disk folder of one Dataset", "folder", both
+    if folders in ("image", "audio") and not config:  # a configuration reads it as a `datasets` folder instead
+        return "is a folder of class folders", "folder", ("split",)
+    return "", "", ()
+
+
 @dataclass
 class ReadReport:
     """What reading a source did to its rows."""

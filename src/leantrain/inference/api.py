@@ -77,6 +77,17 @@ def _as_its_run_read(run_or_model: str, data: str) -> dict[str, Any]:
 TOKEN_KEYS = ("tokens_column", "tags_column", "spans_column", "tag_column", "tag_scheme")
 
 
+def _refuse_unread_choice(job, data: str, read: ReadOptions) -> None:
+    """A --split or --data-config that `data` has none of (a single file, a folder read whole), refused as `train`
+    refuses them: `data` would be read whole without a word."""
+    from leantrain.data.sources import unread_choice, unread_message
+
+    found = unread_choice(data, read, job.task.plain_folder)
+    if found is not None:
+        flag, value = ("--split", read.split) if found[0] == "split" else ("--data-config", read.config)
+        raise ConfigError(unread_message(flag, str(value), found, "--data"))
+
+
 def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
@@ -114,13 +125,23 @@ def _inputs(name: str, value, one: tuple[type, ...]) -> list[str] | None:
     return [str(x) for x in items]
 
 
-def _job(run_or_model: str, overrides: dict[str, Any], cache_dir: str | None, precision: str | None):
+def _job(
+    run_or_model: str,
+    overrides: dict[str, Any],
+    cache_dir: str | None,
+    precision: str | None,
+    data: str | None = None,
+    read: ReadOptions | None = None,
+):
+    """The inference job, its `data` (when given) checked for a split or configuration it has none of."""
     from leantrain.job import for_inference
 
     job = for_inference(run_or_model, overrides, cache_dir=cache_dir, precision=precision)
     if not job.from_run and (defaults := job.task.inference_defaults(job.model_config)):
         defaults = {k: v for k, v in defaults.items() if k not in overrides}
         job = for_inference(run_or_model, {**defaults, **overrides}, cache_dir=cache_dir, precision=precision)
+    if data is not None and read is not None:
+        _refuse_unread_choice(job, data, read)
     return job
 
 
@@ -216,7 +237,7 @@ def evaluate(
             source_column=source_column, target_column=target_column, reward_column=reward_column,
         )  # fmt: skip
         overrides.update(_source(data, read, run_or_model, **columns))
-    job = _job(run_or_model, overrides, cache_dir, precision)
+    job = _job(run_or_model, overrides, cache_dir, precision, data, read)
     how = job.task
     prepared = _held_out(job, run_or_model) if data is None else how.evaluation_data(job.model_path, job.model_config)
     return _scores(how, _rows(job, _model(job), prepared, batch_size), prepared)
@@ -296,7 +317,7 @@ def predict(
             audio_column=audio_column, tokens_column=tokens_column, source_column=source_column,
         )  # fmt: skip
         overrides.update(_source(data, read, run_or_model, **columns))
-    job = _job(run_or_model, overrides, None, precision)
+    job = _job(run_or_model, overrides, None, precision, data, read)
     task = job.task
     if chat and not task.generates:
         raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task.name} model")

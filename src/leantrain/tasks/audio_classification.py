@@ -9,6 +9,7 @@ from leantrain.tasks.media_classification import MediaClassification
 
 class AudioClassification(MediaClassification):
     name: ClassVar[str] = "audio-classification"
+    plain_folder: ClassVar[str] = "audio"
     input_names: ClassVar[tuple[str, ...]] = ("input_values", "input_features", "attention_mask")
     auto_model: ClassVar[str] = "AutoModelForAudioClassification"
     model_mapping: ClassVar[str] = "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"

@@ -107,6 +107,9 @@ class Task(ABC):
     #: whether `predict` generates text (and takes --chat and the sampling settings)
     generates: ClassVar[bool] = False
 
+    #: how its reader takes a folder that is no `datasets` save (`data.sources.PLAIN_FOLDERS`): with splits and
+    #: configurations to choose from ("dataset"), or read whole (class folders, text files)
+    plain_folder: ClassVar[str] = "dataset"
     #: whether `prepare_data` can leave the training examples a stream (`--streaming`)
     streams: ClassVar[bool] = False
     #: whether the task makes each optimizer step's examples from the sampled ones while training

@@ -32,6 +32,7 @@ LM_CONTEXT_CAP = 1024
 
 class CausalLM(Task):
     name: ClassVar[str] = "causal-lm"
+    plain_folder: ClassVar[str] = "text"
     aliases: ClassVar[tuple[str, ...]] = ("text-generation",)
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
     auto_model: ClassVar[str] = "AutoModelForCausalLM"

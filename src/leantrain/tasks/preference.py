@@ -127,6 +127,7 @@ class PolicyTask(CausalLM):
     model_mapping: ClassVar[str] = ""
     architectures: ClassVar[tuple[str, ...]] = ()
     streams: ClassVar[bool] = False
+    plain_folder: ClassVar[str] = "dataset"  # its rows are read as a table, never as text files
     #: "pairs" (prompt, chosen, rejected) or "judgements" (prompt, completion, label)
     data_kind: ClassVar[str] = "pairs"
     #: completions batched aside from the main ones (KTO's mismatched completions)
