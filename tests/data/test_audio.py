@@ -303,5 +303,6 @@ def test_a_wav2vec2_config_trains_from_scratch(job, fsdd_like, tmp_path):
         result = train(job(model=str(folder / "config.json"), data=str(fsdd_like), label_pattern=r"^(\d+)_",
                            max_steps=1, eval_fraction=0.25, lora=lora, output_dir=str(out)))  # fmt: skip
         assert result.metrics["optimizer_steps"] == 1
+        assert result.metrics["model_tflops"] > 0, result.metrics["flop_model"]  # SpecAugment once made it 0
     rows = predict(str(out), files=[str(fsdd_like / "2_spk_5.wav")])
     assert set(rows[0]["probabilities"]) == set(TONES)
