@@ -146,6 +146,28 @@ def test_a_damaged_gguf_file_is_one_line(tmp_path):
         resolve_model(str(bad))
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"version https://git-lfs.github.com/spec/v1\n", "b'version ', not b'GGUF': a Git LFS pointer); fetch"),
+        (b"<!DOCTYPE html><html>", "b'<!DOCTYP', not b'GGUF': a web page); download the file itself"),
+        (b"\x00\x01", "b'\\x00\\x01', not b'GGUF'); give a GGUF file"),
+        (b"", "(it is empty); give a GGUF file"),
+    ],
+)
+def test_a_file_named_gguf_that_is_not_one_is_refused_before_converting(tmp_path, capsys, sentiment_csv, content, said):
+    """It said it was converting, then failed in transformers: its first bytes are checked first."""
+    from leantrain.commands.cli import main
+
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(content)
+    code = main(["train", "--model", str(bad), "--data", str(sentiment_csv), "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "converting" not in err and "Traceback" not in err, err
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"leantrain train: error: {bad} is not a GGUF file (") and said in line, line
+
+
 def test_a_killed_conversions_staging_is_cleared_and_a_full_disk_is_one_line(gguf_file, tmp_path, monkeypatch):
     """A conversion killed before its rename leaves `<folder>.tmp-PID`: the next conversion removes it (its process
     is gone) and spares a live process's. A disk without room for the fp32 weights is refused in one line before

@@ -147,6 +147,18 @@ def test_a_lora_run_that_crashed_and_resumed_equals_the_run_left_alone(job):
 # -- bad input ---------------------------------------------------------------------------------------------------
 
 
+def test_lora_targets_may_be_a_list_of_module_names_in_python(job):
+    """peft's target_modules is a list, and --lora-targets a,b names two: train() takes either; a list holding
+    anything but names is refused in one line."""
+    result = train(job(max_steps=1, save_adapter=True), lora_targets=("query", "value"))
+    adapter = json.loads((Path(result.output_dir) / "adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["query", "value"]
+    assert TrainConfig(lora_targets=["query", "value"]).lora_targets == "query,value"
+    for bad in ([3], {"query"}, 3):
+        with pytest.raises(ConfigError, match=r"^--lora-targets must be a string or a list of strings, got "):
+            train(job(), lora_targets=bad)
+
+
 @pytest.fixture()
 def argv(tiny_model_dir, sentiment_csv, tmp_path, cache_dir):
     return [

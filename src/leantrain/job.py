@@ -40,7 +40,8 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, infer
     from leantrain.model import loading
 
     cfg = config.resolved()
-    if config.data is None and config.limit is None and config.task is None:  # the default job, as it is
+    default_job = config.data is None and config.limit is None and config.task is None
+    if default_job and not inference:  # the default job, as it is (predict --text on a model is no such job)
         from leantrain.data.sources import embedded_data_path
 
         embedded_data_path()  # without the demo extra: its one-line error, not a note before it

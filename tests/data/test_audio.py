@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from leantrain import TrainConfig, train
 from leantrain.commands.cli import main
@@ -248,6 +249,51 @@ def test_the_model_cards_pipeline_snippet_scores_a_short_clip_as_predict_does(jo
     assert max(abs(ours[k] - theirs[k]) for k in TONES) < 1e-4, (ours, theirs)
 
 
+def test_a_hub_ast_extractor_pads_frames_alike_in_training_predict_and_the_cards_pipeline(job, fsdd_like, tmp_path):
+    """A hub AST's extractor pads its filter-bank frames to its own max_length (1024, about 10 s; 128 here), which
+    the model's position embeddings fix, whatever --max-seconds is. Training, predict and the card's pipeline
+    snippet all pad the samples with silence to --max-seconds, then let the extractor pad the frames: the same
+    frames (48 of 0.5 s, then 80 padded) and the same scores."""
+    from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification, AutoFeatureExtractor, pipeline
+
+    from leantrain import predict
+    from leantrain.data.audio import decode_audio, resample
+    from leantrain.data.media import AUDIO, _Processed, load_processor
+
+    hub = tmp_path / "hub-ast"
+    config = ASTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_mel_bins=16,
+        max_length=128, patch_size=16, frequency_stride=16, time_stride=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ASTForAudioClassification(config).save_pretrained(hub)
+    ASTFeatureExtractor(num_mel_bins=16, max_length=128).save_pretrained(hub)
+    result = train(job(model=str(hub), data=str(fsdd_like), label_pattern=r"^(\d+)_", max_steps=1, eval_fraction=0.25))
+    clip = tmp_path / "short.wav"
+    write_wav(clip, TONES["1"], 0.25, 8000, np.random.default_rng(3))
+    wave, rate = decode_audio(str(clip))
+    samples = resample(wave, rate, 16000, "x")
+
+    def frames(mp):
+        processed = _Processed(mp, "x")
+        processed.add([samples])
+        return processed.parts["input_values"][0][0]
+
+    trained, predicted = (
+        frames(load_processor(str(hub), config, AUDIO, 0.5)),
+        frames(load_processor(str(result.model_dir), config, AUDIO)),
+    )
+    padded = np.pad(samples, (0, 8000 - len(samples)))  # the card's snippet
+    extractor = AutoFeatureExtractor.from_pretrained(result.model_dir)
+    piped = extractor(padded, sampling_rate=16000, return_tensors="np")["input_values"][0].astype(np.float16)
+    assert trained.shape == (128, 16) and np.array_equal(trained, predicted) and np.array_equal(trained, piped)
+    # 48 frames of 0.5 s (the tone, then silence), then the extractor's padding, which is not silence's
+    assert len(np.unique(trained[48:])) == 1 and trained[48, 0] != trained[47, 0] and len(np.unique(trained[0])) > 1
+    ours = predict(str(result.output_dir), files=[str(clip)])[0]["probabilities"]
+    theirs = pipeline("audio-classification", model=str(result.model_dir))({"raw": padded, "sampling_rate": 16000})
+    assert max(abs(ours[r["label"]] - r["score"]) for r in theirs) < 1e-4, (ours, theirs)
+
+
 def test_a_wav_cut_short_is_unreadable_but_one_streamed_with_an_unknown_size_is_read(fsdd_like, tmp_path, capsys):
     """scipy reads a truncated WAV up to its end with a warning only: it trained as a shorter clip, silently."""
     from leantrain.data.audio import decode_audio
@@ -303,5 +349,6 @@ def test_a_wav2vec2_config_trains_from_scratch(job, fsdd_like, tmp_path):
         result = train(job(model=str(folder / "config.json"), data=str(fsdd_like), label_pattern=r"^(\d+)_",
                            max_steps=1, eval_fraction=0.25, lora=lora, output_dir=str(out)))  # fmt: skip
         assert result.metrics["optimizer_steps"] == 1
+        assert result.metrics["model_tflops"] > 0, result.metrics["flop_model"]  # SpecAugment once made it 0
     rows = predict(str(out), files=[str(fsdd_like / "2_spk_5.wav")])
     assert set(rows[0]["probabilities"]) == set(TONES)

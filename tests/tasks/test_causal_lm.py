@@ -696,6 +696,36 @@ def test_predict_generates_greedily_or_by_sampling(run):
         predict(str(result.output_dir), texts=prompts, chat=True)
 
 
+def test_an_empty_prompt_generates_from_the_bos_token_as_transformers_pipeline_does(tmp_path, capsys):
+    """A language model continues nothing from its BOS token (a classifier's empty --text is still refused). A
+    GPT-2-like model whose tokenizer adds no BOS itself: the empty prompt has no token until leantrain gives it one,
+    batched beside a prompt that has some; transformers' text-generation pipeline is the oracle."""
+    from transformers import GPT2Config, GPT2LMHeadModel, pipeline
+
+    from leantrain.commands.cli import main
+    from leantrain.inference import predict
+
+    folder = tmp_path / "gpt2"
+    tokenizer = train_bpe_tokenizer(documents(200, seed=1), vocab_size=300)
+    assert tokenizer.bos_token_id is not None and tokenizer("")["input_ids"] == []
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, initializer_range=0.2,
+    )  # fmt: skip
+    # (weights this wide: the first token chosen is not the EOS, which would end the completion at once)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    rows = predict(str(folder), texts=["", "the cat"], max_new_tokens=5)
+    generator = pipeline("text-generation", model=str(folder))
+    for row, prompt in zip(rows, ["", "the cat"]):
+        [theirs] = generator(prompt, max_new_tokens=5, do_sample=False, return_full_text=False)
+        assert row == {"prompt": prompt, "completion": theirs["generated_text"]} and row["completion"]
+    assert main(["predict", str(folder), "--text", "", "--max-new-tokens", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == rows[0] and "default job" not in err  # a model folder is no default training job
+
+
 def test_lora_on_a_language_model_accumulates_exactly_and_publishes_a_merged_model(run):
     """LoRA (issue #15) on the causal-LM task: only the adapters train (embeddings and the output layer stay
     bitwise), 4 micro-batches of packed rows equal one big batch at the token level, and model/ is a plain

@@ -192,6 +192,35 @@ def test_lora_costs_less_than_full_fine_tuning_and_more_than_a_probe():
     assert "frozen weights get no gradients" in lora.source
 
 
+def test_a_wav2vec2_classifier_is_counted_by_hand_despite_spec_augment():
+    """SpecAugment (on by default) masks frames with `nonzero`, which the meta device cannot run: the count read 0
+    and so did MFU. Counted by hand for half a second at 16 kHz (8000 samples), forward + backward = 3 forward:
+      feature encoder  conv 1->16 k10 s5 (1599 frames), 16->16 k4 s4 (399 frames): 3 * 2 * (1599*160 + 399*1024)
+      projection 16->32, the positional conv (32 wide, k16, 2 groups, 400 frames), one layer, projector 32->16:
+                       6 * 399 * (512 + 4*32*32 + 2*32*64 + 512) + 6 * 400 * 32*16*16 + 12 * 32 * 399**2
+      classifier       6 * 16*2 on the pooled vector
+    The encoder asks for its input's gradient (for gradient checkpointing), so the first conv's is counted too; the
+    grouped conv's weight gradient is counted once, not once per group (torch's formula leaves the groups out)."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
+    config = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16),
+        conv_stride=(5, 4), conv_kernel=(10, 4), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        classifier_proj_size=16, layerdrop=0.9,  # skips the layer in 9 of 10 training passes
+    )  # fmt: skip
+    assert config.apply_spec_augment and config.mask_time_prob > 0
+    model = Wav2Vec2ForSequenceClassification(config)
+    by_hand = (
+        6 * (1599 * 160 + 399 * 1024)
+        + 6 * 399 * (512 + 4 * 32 * 32 + 2 * 32 * 64 + 512) + 6 * 400 * 32 * 16 * 16 + 12 * 32 * 399**2
+        + 6 * 16 * 2
+    )  # fmt: skip
+    for _ in range(3):  # the whole model's count every time, LayerDrop or not
+        counted = flop_model(model, {"input_values": (1, 8000)})
+        assert counted.per_sequence == by_hand, counted.source
+    assert model.config.apply_spec_augment and model.config.layerdrop == 0.9  # the model trains as configured
+
+
 def test_a_quantized_base_is_estimated_without_bitsandbytes_warning_of_its_meta_copy(caplog):
     """A 4-bit layer's meta copy has no quantization state: bitsandbytes logs so (twice, once an input tried) and
     the count fails; the estimate is used, and the warning, about a copy that never trains, is not shown."""

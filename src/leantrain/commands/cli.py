@@ -342,7 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="Predict labels with probabilities for texts, images or audio files.")
     p.add_argument("model", metavar="RUN_OR_MODEL")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", action="append", help="A text to classify (repeatable).")
+    src.add_argument(
+        "--text",
+        action="append",
+        help="A text to classify, or a prompt for a language model (repeatable); an empty prompt generates from the "
+        "BOS token.",
+    )
     src.add_argument("--file", action="append", help="An image or audio file to classify (repeatable).")
     src.add_argument("--data", help="File of texts to classify, or a folder or table of images or audio files.")
     p.add_argument("--output", help="Write predictions here (.jsonl, .csv or .tsv) instead of stdout.")

@@ -185,6 +185,7 @@ class ModelConfig:
     lora_targets: str = _help(
         "Layers that get adapters: auto (every Linear layer outside the head) or comma-separated module names "
         "(a module whose name is, or ends with, one of them), e.g. query,value.",
+        {"names": True},
         default="auto",
     )
     save_adapter: bool = _help(
@@ -1376,8 +1377,12 @@ def _coerce_types(cfg: Any) -> None:
             except (TypeError, ValueError):
                 raise ConfigError(f"{_flag(f.name)} must be a number, got {value!r}") from None
         elif want is str:
+            names = f.metadata.get("names")  # comma-separated names: a list of them as peft's target_modules takes
+            if names and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                value = ",".join(value)
             if not isinstance(value, (str, Path)):
-                raise ConfigError(f"{_flag(f.name)} must be a string, got {value!r}")
+                kinds = "a string or a list of strings" if names else "a string"
+                raise ConfigError(f"{_flag(f.name)} must be {kinds}, got {value!r}")
             setattr(cfg, f.name, str(value))
 
 

@@ -120,9 +120,15 @@ def _inputs(name: str, value, one: tuple[type, ...]) -> list[str] | None:
         if not isinstance(x, one):
             kind = "text" if name == "texts" else "path"
             raise ConfigError(f"predict(): {name} must be a {kind} or a list of them, got {type(x).__name__} {x!r}")
-        if isinstance(x, str) and name == "texts" and not x.strip():  # a model would answer: a label for nothing
-            raise ConfigError(f"--text {x!r} is empty; give the text to predict on, or leave that --text out")
     return [str(x) for x in items]
+
+
+def _refuse_empty(texts: list[str] | None, task) -> None:
+    """An empty --text, where the task would answer for nothing (a label, a translation); a language model
+    generates from its BOS token instead (`Task.empty_prompts`)."""
+    for x in texts or ():
+        if not x.strip() and not task.empty_prompts:
+            raise ConfigError(f"--text {x!r} is empty; give the text to predict on, or leave that --text out")
 
 
 def _job(
@@ -319,6 +325,7 @@ def predict(
         overrides.update(_source(data, read, run_or_model, **columns))
     job = _job(run_or_model, overrides, None, precision, data, read)
     task = job.task
+    _refuse_empty(texts, task)
     if chat and not task.generates:
         raise DataError(f"{run_or_model}: --chat is for language models, and this is a {task.name} model")
     generation = _given(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)

@@ -33,6 +33,7 @@ def folder_for(path: Path, cache: Path | None = None) -> Path:
 
 def as_model_folder(path: Path, cache: Path | None = None) -> Path:
     """`path` (a .gguf file) as a model folder: converted on first use, then read from the cache."""
+    _check_magic(path)
     folder = folder_for(path, cache)
     if (folder / "config.json").is_file():
         return folder
@@ -82,6 +83,28 @@ def as_model_folder(path: Path, cache: Path | None = None) -> Path:
                 raise ModelError(f"{path}: cannot write its model folder {folder} ({exc.strerror or exc})") from None
             raise
     return folder
+
+
+#: what a file named .gguf often is instead, by its first bytes: (what it is, what to do)
+LOOKALIKES = {
+    b"version https://git-lfs": ("a Git LFS pointer", "fetch the file itself with git lfs pull"),
+    b"<": ("a web page", "download the file itself, not the page that links to it"),
+}
+GIVE = "give a GGUF file written by llama.cpp or the gguf package, or a Hugging Face model folder"
+
+
+def _check_magic(path: Path) -> None:
+    """Refuse a file that does not start with GGUF's magic before anything says it converts (one line)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(24)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if head.startswith(b"GGUF"):
+        return
+    what, fix = next((v for k, v in LOOKALIKES.items() if head.lstrip().startswith(k)), (None, GIVE))
+    starts = f"it starts with {head[:8]!r}, not b'GGUF'" if head else "it is empty"
+    raise ModelError(f"{path} is not a GGUF file ({starts}{': ' + what if what else ''}); {fix}")
 
 
 def _no_room(path: Path, folder: Path, free: int, need: int) -> str:

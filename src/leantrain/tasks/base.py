@@ -106,6 +106,9 @@ class Task(ABC):
     planner: ClassVar[str | None] = None
     #: whether `predict` generates text (and takes --chat and the sampling settings)
     generates: ClassVar[bool] = False
+    #: whether an empty --text is an input: a language model generates from its BOS token alone, as transformers'
+    #: text-generation pipeline does; a classifier would label nothing, a translator translate nothing
+    empty_prompts: ClassVar[bool] = False
 
     #: how its reader takes a folder that is no `datasets` save (`data.sources.PLAIN_FOLDERS`): with splits and
     #: configurations to choose from ("dataset"), or read whole (class folders, text files)

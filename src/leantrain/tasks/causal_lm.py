@@ -41,6 +41,7 @@ class CausalLM(Task):
     pipeline: ClassVar[str] = "text-generation"
     planner: ClassVar[str | None] = "causal-lm"
     generates: ClassVar[bool] = True
+    empty_prompts: ClassVar[bool] = True
     metric_names: tuple[str, ...] = ("loss", "perplexity", "exact_match")  # an instance may narrow them
     #: --metric-for-best when not given: lower loss is better
     default_metric: ClassVar[str] = "loss"
@@ -561,13 +562,25 @@ def generate(
     key = "messages" if chats else "prompt"
     for start in range(0, len(prompts), batch_size):
         # a rendered chat holds its special tokens already, as in training (`data.instructions`)
-        chunk = texts[start : start + batch_size]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chats)
+        enc = _encoded(model, tokenizer, texts[start : start + batch_size], not chats, path)
         with torch.no_grad():
             ids = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
         completions = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         out += [{key: p, "completion": c} for p, c in zip(prompts[start : start + batch_size], completions)]
     return out
+
+
+def _encoded(model: Any, tokenizer: Any, texts: list[str], special: bool, path: str) -> Any:
+    """The prompts' ids, left-padded. A prompt of no tokens (an empty one, where the tokenizer adds no BOS itself:
+    GPT-2's) starts from the BOS token, as transformers' text-generation pipeline generates from nothing."""
+    ids = tokenizer(texts, add_special_tokens=special)["input_ids"]
+    if all(ids):
+        return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=special)
+    bos = getattr(getattr(model, "generation_config", None), "bos_token_id", None)
+    bos = bos if bos is not None else tokenizer.bos_token_id
+    if bos is None:
+        raise DataError(f"{path}: an empty prompt, and the model has no BOS token to generate from; give a prompt")
+    return tokenizer.pad({"input_ids": [row or [bos] for row in ids]}, return_tensors="pt")
 
 
 def render_chat(tokenizer: Any, chat: Chat, path: str) -> str:

@@ -202,6 +202,7 @@ class GRPO(Task):
     auto_model: ClassVar[str] = "AutoModelForCausalLM"
     pipeline: ClassVar[str] = "text-generation"
     generates: ClassVar[bool] = True
+    empty_prompts: ClassVar[bool] = True
     makes_examples: ClassVar[bool] = True
     shown_while_training: ClassVar[tuple[str, ...]] = ("reward",)
     default_metric: ClassVar[str] = "reward"

@@ -43,6 +43,7 @@ class RewardModel(PolicyTask):
     planner: ClassVar[str | None] = None
     _pooler_note: str | None = None  # what `build_model` did to the pooler (`model_notes`)
     generates: ClassVar[bool] = False
+    empty_prompts: ClassVar[bool] = False  # it scores texts: an empty one says nothing
     metric_names: tuple[str, ...] = ("loss", *REWARD_METRICS)
     default_metric: ClassVar[str] = "accuracy"
     uses_reference: ClassVar[bool] = False

@@ -70,7 +70,8 @@ Any other model: counted (`counted_flop_model`)
 `torch.utils.flop_counter.FlopCounterMode` counts the matrix products (mm, addmm, bmm, attention,
 convolutions) of one forward and backward pass. It runs on a copy of the model built on the meta
 device (shapes only: no memory, no arithmetic), at three sequence lengths; three counts fix the
-three coefficients of the polynomial exactly.
+three coefficients of the polynomial exactly. The copy runs without SpecAugment and LayerDrop (`_unmasked`), and
+a grouped convolution's weight gradient is counted once, not once per group as torch's formula does.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def _meta_copy(model):
         memo |= {id(b): torch.empty_like(b, device="meta") for b in model.buffers()}
         clone = copy.deepcopy(model, memo)
         clone.train()
-        return clone
+        return _unmasked(clone)
     config = getattr(model, "config", None)
     if config is not None and hasattr(cls, "config_class"):
         config = copy.deepcopy(config)
@@ -204,6 +205,19 @@ def _meta_copy(model):
     else:
         clone = copy.deepcopy(model).to("meta")
     clone.train()
+    return _unmasked(clone)
+
+
+def _unmasked(clone):
+    """`clone` (a copy: its config is its own) without SpecAugment and LayerDrop (wav2vec2, HuBERT, WavLM): masking
+    frames indexes with `nonzero`, which the meta device cannot run, and LayerDrop skips layers at random. Neither
+    is matrix work; the count is the whole model's, every step alike."""
+    for module in clone.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "apply_spec_augment", False):
+            config.apply_spec_augment = False
+        if getattr(config, "layerdrop", 0):
+            config.layerdrop = 0.0
     return clone
 
 
@@ -213,9 +227,13 @@ class _Total:
     one total."""
 
     def __init__(self):
+        import torch
         from torch.utils.flop_counter import flop_registry
 
         self.flop_registry = dict(flop_registry)
+        backward = torch.ops.aten.convolution_backward
+        if backward in self.flop_registry:
+            self.flop_registry[backward] = _grouped_conv_backward(self.flop_registry[backward])
         self.total = 0
 
     def _count_flops(self, func_packet, out, args, kwargs):  # torch's FlopCounterMode._count_flops, one total
@@ -226,6 +244,21 @@ class _Total:
 
     def get_total_flops(self) -> int:
         return self.total
+
+
+def _grouped_conv_backward(formula):
+    """torch's count of a convolution's backward, its weight gradient divided by the groups: torch's formula leaves
+    the groups out of that term, counting a grouped convolution's (wav2vec2's positional one: 16 groups) 16 times."""
+
+    def count(*args, out_val, **kwargs):
+        if len(args) != 11 or kwargs:  # (grad_out, input, weight, bias, stride, padding, dilation, transposed,
+            return formula(*args, out_val=out_val, **kwargs)  # output_padding, groups, output_mask), else as torch
+        *head, groups, (want_input, want_weight, want_bias) = args
+        inputs = formula(*head, groups, [want_input, False, want_bias], out_val=out_val)
+        weights = formula(*head, groups, [False, want_weight, False], out_val=out_val)
+        return inputs + weights // max(int(groups), 1)
+
+    return count
 
 
 #: operators that read a tensor's layout, which torch's counting mode declines (returns NotImplemented for)
