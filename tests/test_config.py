@@ -317,3 +317,22 @@ def test_a_bench_candidate_keeps_only_the_settings_its_switches_read():
     recorded = {"data": "x.csv", "eval_data": "e.csv", "eval_fraction": 0.1}
     assert without_unswitched(recorded) == {"data": "x.csv", "eval_data": "e.csv"}
     assert without_unswitched({"data": "x.csv", "eval_fraction": 0.2}) == {"data": "x.csv", "eval_fraction": 0.2}
+
+
+def test_comma_separated_settings_take_a_list_of_names_in_python():
+    """As YAML lists and peft's target_modules: each setting of comma-separated names takes a list of them."""
+    cfg = TrainConfig(
+        metrics=["accuracy", "macro_f1"],
+        freeze=("embeddings", "bert.encoder.layer.0.*"),
+        column_names=["label", "text"],
+        report_to=["tensorboard"],
+        reward=["exact-match", "my_rewards:brevity=0.1"],
+    )
+    assert (cfg.metrics, cfg.freeze, cfg.column_names) == (
+        "accuracy,macro_f1",
+        "embeddings,bert.encoder.layer.0.*",
+        "label,text",
+    )
+    assert (cfg.report_to, cfg.reward) == ("tensorboard", "exact-match,my_rewards:brevity=0.1")
+    with pytest.raises(ConfigError, match=r"^--metrics must be a string or a list of strings, got \[1\]"):
+        TrainConfig(metrics=[1])

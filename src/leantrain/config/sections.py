@@ -146,6 +146,7 @@ class ModelConfig:
         "Parameters that keep their pretrained values, without gradients or optimizer state: embeddings (the input "
         "embedding table) and globs over parameter names, comma-separated (bert.encoder.layer.[0-2].*); none: "
         "nothing. Default: none; the default job's: embeddings.",
+        {"names": True},
         default=None,
     )
     dropout: float | None = _help(
@@ -215,6 +216,7 @@ class ModelConfig:
         "matches --reward-pattern), number (its last number is the column's), or module:function (a Python function "
         "as TRL's GRPOTrainer takes one; a file: path/to/rewards.py:function); several comma-separated, each "
         "optionally weighted NAME=WEIGHT, the reward their weighted sum.",
+        {"names": True},
         read_by=GRPO,
         default=None,
     )
@@ -308,6 +310,7 @@ class DataConfig:
     column_names: str | None = _help(
         "Comma-separated column names for a CSV/TSV file without a header row (its first row is then data), "
         "e.g. label,text.",
+        {"names": True},
         default=None,
     )
     format: str | None = _help(
@@ -1005,6 +1008,7 @@ class LoggingConfig:
         "(regression: rmse,pearson,spearman; multi-label: micro_f1,macro_f1,subset_accuracy). Seq2seq (scored "
         "on generated text): rouge1, rouge2, rougeL, rougeLsum (rouge-score, stemmed; default) or bleu, chrf "
         "(sacrebleu; --task translation's default).",
+        {"names": True},
         default=None,
     )
     # --- sequence-to-sequence
@@ -1022,6 +1026,7 @@ class LoggingConfig:
         f"Experiment trackers, comma-separated, through Accelerate: {'|'.join(TRACKERS)} (all: every one "
         "installed). Runs are written under OUTPUT_DIR/trackers/ (W&B honours WANDB_MODE=offline). "
         "--log tensorboard is the same as --report-to tensorboard.",
+        {"names": True},
         default=None,
     )
 
