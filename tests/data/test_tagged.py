@@ -32,3 +32,15 @@ def test_lists_of_words_and_tags_in_unguessed_columns_are_told_to_name_them(tmp_
     assert read.words == [rows[0]["sentence"]] and read.tags == [rows[0]["labels"]]
     with pytest.raises(DataError, match=r"name it with --tokens-column sentence$"):  # predict: no tags needed
         read_tagged(str(path), "eval", ReadOptions(), TaggedColumns(), require_tags=False)
+
+
+@pytest.mark.parametrize(("label", "said"), [("B-PER", "labelled with the tag 'B-PER'"), ("O", "labelled 'O'")])
+def test_a_span_labelled_with_a_tag_or_o_is_refused_naming_the_row(tmp_path, label, said):
+    """A span's label is its entity type: 'B-PER' trained on 'B-B-PER' tags, refused as tags that "never occur in
+    the training data" of the training data itself."""
+    path = tmp_path / "spans.jsonl"
+    rows = [{"text": "Anna met Bo", "entities": [[9, 11, "PER"]]}, {"text": "Anna met Bo", "entities": [[0, 4, label]]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as caught:
+        read_tagged(str(path), "train", ReadOptions(), TaggedColumns())
+    assert f"spans.jsonl: row 2: the span [0, 4, '{label}'] is {said}" in str(caught.value), str(caught.value)

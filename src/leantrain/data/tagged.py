@@ -51,8 +51,10 @@ class TaggedRows:
     #: entities of each text as (start, end, type) character offsets
     char_spans: list[list[tuple[int, int, str]]] | None = None
     report: ReadReport | None = None
-    #: how the rows were read: "conll", "tokens" or "spans" (with the column names)
+    #: how the rows were read (with the column names), for the run's notes
     description: str = ""
+    #: what the rows are: "conll" (a CoNLL file), "tokens" (a table of words and tags) or "spans" (texts and spans)
+    kind: str = ""
     notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -91,6 +93,35 @@ def read_tagged(
     return rows
 
 
+#: the reading flags of token rows: the kinds of rows that read each, the field of TaggedColumns it sets, what it
+#: is for, and where the flag meant may be
+_FLAGS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
+    "--tokens-column": (("tokens",), "tokens", "a table's words", ""),
+    "--tags-column": (("tokens",), "tags", "a table's tags", " (a CoNLL file's tag column is --tag-column)"),
+    "--text-column": (("spans",), "text", "the texts of span rows", ""),
+    "--spans-column": (("spans",), "spans", "a table's entity spans", ""),
+    "--tag-column": (("conll",), "tag_column", "CoNLL files", " (a table's tags are named with --tags-column)"),
+}
+_KIND_NAMES = {"conll": "a CoNLL file", "tokens": "a table of words and tags", "spans": "texts with entity spans"}
+
+
+def unread_flag(columns: TaggedColumns, tag_scheme: str, read: list[TaggedRows]) -> str | None:
+    """One line refusing a reading flag that none of the sources `read` reads (--tags-column beside a CoNLL file,
+    --tag-column beside a table, --tag-scheme beside span rows, whose labels are entity types): it would be ignored
+    without a word. None when each flag given is read."""
+    kinds = {rows.kind for rows in read}
+    given: list[tuple[str, tuple[str, ...], Any, str, str]] = [
+        (flag, kinds_, getattr(columns, f), a, b) for flag, (kinds_, f, a, b) in _FLAGS.items()
+    ]
+    scheme = None if tag_scheme == "auto" else tag_scheme
+    given.append(("--tag-scheme", ("conll", "tokens"), scheme, "word tags", " (a span's label is an entity type)"))
+    for flag, wanted, value, purpose, hint in given:
+        if value is not None and not kinds & set(wanted):
+            what = " and ".join(f"{rows.source} is {_KIND_NAMES[rows.kind]}" for rows in read)
+            return f"{flag} {value} is for {purpose}, and {what}{hint}; drop {flag}"
+    return None
+
+
 # -- CoNLL -----------------------------------------------------------------------------------------------------------
 
 
@@ -100,7 +131,7 @@ def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) ->
     if not path.is_file():
         raise DataError(f"{path}: no such file; check the path given to --data/--eval-data")
     text, bad = decode_lines(path.read_bytes().replace(b"\r\n", b"\n"))
-    rows = TaggedRows(str(path), [], words=[], tags=[], description="CoNLL")
+    rows = TaggedRows(str(path), [], words=[], tags=[], description="CoNLL", kind="conll")
     assert rows.words is not None and rows.tags is not None
     words: list[str] = []
     tags: list[str] = []
@@ -191,7 +222,7 @@ def _rows_of_table(df: pd.DataFrame, source: str, columns: TaggedColumns, requir
 
 def _token_rows(df: pd.DataFrame, source: str, tokens: str, tags: str | None) -> TaggedRows:
     names = df.attrs.get("class_names", {}).get(tags) if tags is not None else None
-    rows = TaggedRows(source, [], words=[], tags=[] if tags is not None else None)
+    rows = TaggedRows(source, [], words=[], tags=[] if tags is not None else None, kind="tokens")
     rows.description = f"words '{tokens}'" + (f", tags '{tags}'" if tags else "")
     assert rows.words is not None
     empty = 0
@@ -247,7 +278,7 @@ def _tag_name(tag: Any, names: list[str] | None, source: str, column: str | None
 
 
 def _span_rows(df: pd.DataFrame, source: str, text: str, spans: str | None, require_tags: bool = True) -> TaggedRows:
-    rows = TaggedRows(source, [], texts=[], char_spans=[] if spans is not None else None)
+    rows = TaggedRows(source, [], texts=[], char_spans=[] if spans is not None else None, kind="spans")
     rows.description = f"text '{text}'" + (f", entity spans '{spans}'" if spans else "")
     assert rows.texts is not None
     for i, value in enumerate(df[text].tolist()):
@@ -280,6 +311,21 @@ def _holds_words(value: Any) -> bool:
     return isinstance(parsed, list) and bool(parsed) and all(isinstance(w, str) for w in parsed)
 
 
+def _check_span_label(kind: str, source: str, where: str, item: Any) -> None:
+    """A span's label is an entity type: a tag ("B-PER") would train on "B-B-PER" tags, and "O" on an entity of
+    type "O"."""
+    from leantrain.data.tags import OUTSIDE, parse
+
+    prefix, name = parse(kind)
+    if kind == OUTSIDE:
+        raise DataError(f"{source}: {where}: the span {str(item)[:80]} is labelled 'O', no entity; leave it out")
+    if prefix:
+        raise DataError(
+            f"{source}: {where}: the span {str(item)[:80]} is labelled with the tag {kind!r}; label a span with its "
+            f"entity type ({name!r})"
+        )
+
+
 def _span(item: Any, source: str, column: str | None, where: str, text: str) -> tuple[int, int, str]:
     """(start, end, type) of one entity of a span row, refused in one line unless it lies within its text."""
     kind: Any = None
@@ -301,6 +347,7 @@ def _span(item: Any, source: str, column: str | None, where: str, text: str) -> 
         ) from None
     if kind is None or not str(kind).strip():
         raise DataError(f"{source}: {where}: the span {str(item)[:80]} in column '{column}' has no label")
+    _check_span_label(str(kind).strip(), source, where, item)
     if not 0 <= start < end <= len(text):
         raise DataError(
             f"{source}: {where}: the span [{start}, {end}) ({kind}) lies outside its text of {len(text)} characters; "
