@@ -552,6 +552,26 @@ def test_predict_reads_a_text_file_one_source_a_line_and_evaluate_asks_for_a_tar
     _one_line_error(capsys, scored, "no target column to score against", "--target-column")
 
 
+def test_evaluate_and_predict_say_how_many_rows_they_leave_out(models, pairs, tmp_path, capsys, caplog):
+    """A row without a source (or, to score, a target) is left out of evaluate and predict as of training, and now
+    said with how many (evaluate scored 2 of 4 rows, predict wrote 3 of 4, without a word)."""
+    from leantrain import evaluate, predict
+
+    result = train(job(models, pairs, tmp_path, "run", max_steps=1))
+    gappy = tmp_path / "gappy.csv"
+    gappy.write_text("source,target\nthe cat,cat the\n,a dog\nred mat,\nsat on,on sat\n")
+    with caplog.at_level("WARNING", logger="leantrain"):
+        scores = evaluate(str(result.output_dir), str(gappy))
+    assert scores["examples"] == 2 and scores["skipped"] == 2
+    said = "gappy.csv: 4 rows, 2 dropped (1 without a source text, 1 without a target text)"
+    assert said in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="leantrain"):
+        rows = predict(str(result.output_dir), str(gappy))
+    assert [r["text"] for r in rows] == ["the cat", "red mat", "sat on"]
+    assert "gappy.csv: 4 rows, 1 dropped (1 without a source text)" in caplog.text, caplog.text
+
+
 # -- telemetry and LoRA ---------------------------------------------------------------------------------------------
 
 
