@@ -1508,12 +1508,20 @@ def _check_source_options(cfg: TrainConfig) -> None:
     naming the source)."""
     from leantrain.data.spec import parse_sources
 
-    for spec in parse_sources(cfg.data) if cfg.data is not None else []:
+    specs = parse_sources(cfg.data) if cfg.data is not None else []
+    for spec in specs:
+        where = f"--data source {spec.name} ({spec.path})"
+        if len(specs) > 1 and cfg.eval_split is not None and spec.option("eval_data", cfg.eval_data) is None:
+            # a run-wide split that this source, holding its rows out, would not read
+            raise ConfigError(
+                f"{where}: --eval-split {cfg.eval_split} needs its eval_data, and it has none (its rows are held "
+                "out); give eval_split in the mapping of each source with an eval_data, not --eval-split"
+            )
         if spec.options:
             try:
                 dataclasses.replace(cfg, data=spec.path, **dict(spec.options))
             except ConfigError as exc:
-                raise ConfigError(f"--data source {spec.name} ({spec.path}): {exc}") from None
+                raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_finite(cfg: TrainConfig) -> None:
