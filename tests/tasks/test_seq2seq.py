@@ -491,8 +491,12 @@ def test_translation_pairs_and_the_task_aliases(models, tmp_path):
     df = pd.DataFrame({"translation": [{"en": "the cat", "fr": "le chat"}, {"en": "a dog", "fr": "un chien"}]})
     cols = resolve_pair_columns(df, "wmt", "en", "fr")
     assert (cols.source, cols.target, cols.translation) == ("en", "fr", "translation")
-    with pytest.raises(Exception, match="say which way with --source-column en --target-column fr"):
+    # both ways: the first in the alphabet was the one suggested, the reverse of a French-to-English run's
+    both = r"say which way with --source-column en --target-column fr, or --source-column fr --target-column en$"
+    with pytest.raises(Exception, match=both):
         resolve_pair_columns(df, "wmt", None, None)
+    with pytest.raises(Exception, match=r"say which way with --source-column fr --target-column en$"):
+        resolve_pair_columns(df, "wmt", "fr", None)
     assert resolve_pair_columns(pd.DataFrame({"document": [], "summary": []}), "x", None, None).target == "summary"
     config = load_config(str(models["t5"]))
     for spelling, names in (("translation", ("bleu", "chrf", "loss")), ("summarization", None)):
