@@ -127,17 +127,21 @@ def unread_flag(columns: TaggedColumns, tag_scheme: str, read: list[TaggedRows])
 
 def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) -> TaggedRows:
     """A CoNLL file's sentences: the first column's words, the tag column's tags (the second of two); without
-    `require_tags`, lines of a word alone are words to predict on (and the tags, if any, are not read)."""
+    `require_tags`, lines of a word alone are words to predict on (and the tags, if any, are not read). A CoNLL-U
+    file (`.conllu`): the FORM column's words, its comments, multiword ranges and empty nodes skipped."""
     if not path.is_file():
         raise DataError(f"{path}: no such file; check the path given to --data/--eval-data")
     text, bad = decode_lines(path.read_bytes().replace(b"\r\n", b"\n"))
     rows = TaggedRows(str(path), [], words=[], tags=[], description="CoNLL", kind="conll")
     assert rows.words is not None and rows.tags is not None
+    conllu = path.suffix.lower() == ".conllu"
     words: list[str] = []
     tags: list[str] = []
     first_line = 0
     for number, line in enumerate(text.split("\n"), start=1):
-        fields = line.split()
+        fields = [f.strip() for f in line.split("\t")] if conllu and line.strip() else line.split()
+        if conllu and fields and (line.startswith("#") or not fields[0].isdigit()):
+            continue  # a comment, a multiword token's range ("1-2") or an empty node ("1.1"): no word of its own
         if not fields or fields[0] == "-DOCSTART-":
             if words:
                 rows.words.append(words)
@@ -147,8 +151,8 @@ def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) ->
             continue
         if not words:
             first_line = number
-        words.append(fields[0])
-        tags.append(_conll_tag(fields, tag_column, path, number) if require_tags else "")
+        words.append(fields[1] if conllu and len(fields) > 1 else fields[0])
+        tags.append(_conll_tag(fields, tag_column, path, number, int(conllu)) if require_tags else "")
     if words:
         rows.words.append(words)
         rows.tags.append(tags)
@@ -163,18 +167,20 @@ def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) ->
     return rows
 
 
-def _conll_tag(fields: list[str], tag_column: int | None, path: Path, number: int) -> str:
+def _conll_tag(fields: list[str], tag_column: int | None, path: Path, number: int, word: int = 0) -> str:
+    """The tag of a line's `fields`, whose word is at index `word` (1 in CoNLL-U, after the ID)."""
     if tag_column is None:
-        if len(fields) == 2:
+        if len(fields) == 2 and not word:
             return fields[1]
         if len(fields) == 1:
             raise DataError(f"{path}: line {number} holds a word without a tag ({fields[0]!r}); give each word its tag")
+        comment = " (a comment? only .conllu files have them: remove it)" if fields[0].startswith("#") else ""
         raise DataError(
-            f"{path}: line {number} has {len(fields)} columns ({' '.join(fields)[:80]}); say which holds the tag "
-            f"with --tag-column (counting from 1; -1 for the last)"
+            f"{path}: line {number} has {len(fields)} columns ({' '.join(fields)[:80]}){comment}; say which holds the "
+            f"tag with --tag-column (counting from 1; -1 for the last{'; 4: UPOS' if word else ''})"
         )
     index = tag_column - 1 if tag_column > 0 else len(fields) + tag_column
-    if not 0 < index < len(fields):
+    if not 0 <= index < len(fields) or index == word:
         raise DataError(
             f"{path}: line {number} has {len(fields)} columns, so no column {tag_column} (--tag-column) to hold "
             "a tag besides the word"
