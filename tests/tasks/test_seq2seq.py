@@ -576,6 +576,18 @@ def test_evaluate_and_predict_say_how_many_rows_they_leave_out(models, pairs, tm
     assert "gappy.csv: 4 rows, 1 dropped (1 without a source text)" in caplog.text, caplog.text
 
 
+def test_predicts_generation_settings_are_checked_and_zero_new_tokens_is_refused():
+    """`--max-new-tokens 0` generated the run's own number of tokens without a word: refused, as a causal LM's is."""
+    from leantrain.errors import LeantrainError
+    from leantrain.tasks.seq2seq import sampling_settings
+
+    assert sampling_settings({}, 16) == {"max_new_tokens": 16}
+    assert sampling_settings({"max_new_tokens": 4}, 16) == {"max_new_tokens": 4}
+    for tokens in (0, -3):
+        with pytest.raises(LeantrainError, match=f"--max-new-tokens must be a positive integer, got {tokens}"):
+            sampling_settings({"max_new_tokens": tokens}, 16)
+
+
 # -- telemetry and LoRA ---------------------------------------------------------------------------------------------
 
 

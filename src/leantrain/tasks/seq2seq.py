@@ -479,7 +479,8 @@ def sampling_settings(generation: dict[str, Any], max_new_tokens: int) -> dict[s
     """`predict`'s generation settings (--max-new-tokens, --temperature, --top-p) as `generate_ids` takes them."""
     from leantrain.errors import LeantrainError
 
-    tokens = generation.get("max_new_tokens") or max_new_tokens
+    given = generation.get("max_new_tokens")
+    tokens = max_new_tokens if given is None else given  # 0 is refused, not taken for "the run's"
     temperature, top_p = generation.get("temperature"), generation.get("top_p")
     if tokens <= 0:
         raise LeantrainError(f"--max-new-tokens must be a positive integer, got {tokens}")
