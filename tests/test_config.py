@@ -328,3 +328,21 @@ def test_a_bench_candidate_keeps_only_the_settings_its_switches_read():
     recorded = {"data": "x.csv", "eval_data": "e.csv", "eval_fraction": 0.1}
     assert without_unswitched(recorded) == {"data": "x.csv", "eval_data": "e.csv"}
     assert without_unswitched({"data": "x.csv", "eval_fraction": 0.2}) == {"data": "x.csv", "eval_fraction": 0.2}
+
+
+@pytest.mark.parametrize(
+    ("task", "given", "unread"),
+    [
+        ("seq2seq", dict(text_column="source", label_column="target"), {"text_column", "label_column"}),
+        ("token-classification", dict(label_column="tags", text_pair_column="b"), {"label_column", "text_pair_column"}),
+        ("token-classification", dict(text_column="text"), set()),  # span rows' texts
+        ("image-classification", dict(label_column="category"), set()),
+        ("causal-lm", dict(text_column="body", text_pair_column="b"), {"text_pair_column"}),
+    ],
+)
+def test_the_text_pair_and_label_columns_are_refused_by_tasks_that_read_none(task, given, unread):
+    """seq2seq reads --source-column and --target-column: `--text-column source --label-column target` trained on
+    the columns it guessed without a word, as token classification ignored --label-column."""
+    from leantrain.config.sections import unread_settings
+
+    assert set(unread_settings(TrainConfig(data="x.csv", **given), task)) == unread

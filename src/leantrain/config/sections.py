@@ -109,6 +109,9 @@ REFERENCE = ("dpo", "kto")  # the tasks with a reference model (`Task.uses_refer
 SEQ2SEQ = ("seq2seq",)
 TOKENS = ("token-classification",)
 GRPO = ("grpo",)
+#: the tasks whose readers take --text-column (seq2seq names its columns --source-column and --target-column;
+#: preference pairs and media files have their own)
+TEXT_COLUMN_READERS = (*TEXT, "causal-lm", "reward-model", "grpo", *TOKENS)
 
 
 def _help(
@@ -285,11 +288,15 @@ class DataConfig:
     eval_data: str | None = _help(
         "Evaluation data in the same formats. Default: a stratified split of --data.", default=None
     )
-    text_column: str | None = _help("Column holding the text. Guessed when obvious.", default=None)
-    text_pair_column: str | None = _help(
-        "Column holding the second text of a sentence pair. Guessed when obvious.", default=None
+    text_column: str | None = _help(
+        "Column holding the text. Guessed when obvious.", read_by=TEXT_COLUMN_READERS, default=None
     )
-    label_column: str | None = _help("Column holding the label. Guessed when obvious.", default=None)
+    text_pair_column: str | None = _help(
+        "Column holding the second text of a sentence pair. Guessed when obvious.", read_by=TEXT, default=None
+    )
+    label_column: str | None = _help(
+        "Column holding the label. Guessed when obvious.", read_by=CLASSIFIERS, default=None
+    )
     data_config: str | None = _help(
         "Configuration (subset) of a hub data set or a local `datasets` folder with several, e.g. sst2 for glue "
         "(also written --data glue:sst2); --eval-data naming the same data set gets it too.",
