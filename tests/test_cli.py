@@ -589,6 +589,34 @@ def test_evaluate_reads_a_recorded_split_of_a_single_file_and_refuses_one_given(
     _one_line_error(code, err, "--data-config x:", "has no configurations; leave --data-config out")
 
 
+def test_a_format_or_column_names_a_folder_ignores_is_refused_but_a_recorded_one_is_read_back(
+    capsys, base, tmp_path, sentiment_csv
+):
+    """A `save_to_disk` folder is read as its files say: --format and --column-names were ignored without a word.
+    Refused by train, and by evaluate when given; a run's config.yaml holding one still evaluates."""
+    import datasets
+    import pandas as pd
+    import yaml
+
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_pandas(pd.read_csv(sentiment_csv), preserve_index=False).save_to_disk(str(folder))
+    capsys.readouterr()  # the saving bar
+    at = base.index("--data") + 1
+    on_folder = [*base[:at], str(folder), *base[at + 1 :]]
+    code, _, err = run(capsys, *on_folder, "--format", "csv", "--max-steps", "1")
+    _one_line_error(code, err, f"--format csv: {folder} is a folder, read as its files say", "leave --format out")
+    code, _, err = run(capsys, *on_folder, "--column-names", "text,label", "--max-steps", "1")
+    _one_line_error(code, err, "--column-names text,label:", "leave --column-names out")
+    assert not (tmp_path / "run").exists()
+    assert run(capsys, *on_folder, "--max-steps", "1")[0] == 0
+    saved = tmp_path / "run" / "config.yaml"
+    saved.write_text(yaml.safe_dump({**yaml.safe_load(saved.read_text()), "format": "csv"}, sort_keys=False))
+    code, out, err = run(capsys, "evaluate", str(tmp_path / "run"))  # its held-out 10%
+    assert code == 0 and json.loads(out)["examples"] == 24, err
+    code, _, err = run(capsys, "evaluate", str(tmp_path / "run"), "--data", str(folder), "--format", "csv")
+    _one_line_error(code, err, f"--format csv: {folder} is a folder", "leave --format out")
+
+
 def test_train_help_names_every_task_and_shows_no_unset_defaults(capsys):
     assert main(["train", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines

@@ -269,8 +269,19 @@ def test_a_setting_without_its_switch_is_refused_not_ignored(given, said):
         assert TrainConfig(data="x.csv", streaming=True, max_steps=2, **given).streaming_eval_rows == 10
     if "eval_split" in given:  # beside --eval-data, or a source's own eval_data
         assert TrainConfig(data="glue:sst2", eval_data="glue:sst2", **given).eval_split == "test"
-        sources = [{"path": "a.csv", "eval_data": "glue:sst2"}, "b.csv"]
+        sources = [{"path": "a.csv", "eval_data": "glue:sst2"}, {"path": "b.csv", "eval_data": "glue:sst2"}]
         assert TrainConfig(data=sources, **given).eval_split == "test"
+
+
+def test_a_run_wide_eval_split_beside_a_mixture_source_without_eval_data_names_that_source():
+    """The source holds its rows out, so the split is not read for it: refused naming it (the run stopped later
+    with "--eval-split needs --eval-data", naming no source), and how to give the split to the others."""
+    sources = [{"path": "a.csv", "eval_data": "glue:sst2"}, "b.csv"]
+    said = r"^--data source b \(b.csv\): --eval-split test needs its eval_data, and it has none .*in the mapping of"
+    with pytest.raises(ConfigError, match=said):
+        TrainConfig(data=sources, eval_split="test")
+    own = [{"path": "a.csv", "eval_data": "glue:sst2", "eval_split": "test"}, "b.csv"]
+    assert TrainConfig(data=own).data == own  # the source's own split, read by it alone
 
 
 @pytest.mark.parametrize(
@@ -336,3 +347,21 @@ def test_comma_separated_settings_take_a_list_of_names_in_python():
     assert (cfg.report_to, cfg.reward) == ("tensorboard", "exact-match,my_rewards:brevity=0.1")
     with pytest.raises(ConfigError, match=r"^--metrics must be a string or a list of strings, got \[1\]"):
         TrainConfig(metrics=[1])
+
+
+@pytest.mark.parametrize(
+    ("task", "given", "unread"),
+    [
+        ("seq2seq", dict(text_column="source", label_column="target"), {"text_column", "label_column"}),
+        ("token-classification", dict(label_column="tags", text_pair_column="b"), {"label_column", "text_pair_column"}),
+        ("token-classification", dict(text_column="text"), set()),  # span rows' texts
+        ("image-classification", dict(label_column="category"), set()),
+        ("causal-lm", dict(text_column="body", text_pair_column="b"), {"text_pair_column"}),
+    ],
+)
+def test_the_text_pair_and_label_columns_are_refused_by_tasks_that_read_none(task, given, unread):
+    """seq2seq reads --source-column and --target-column: `--text-column source --label-column target` trained on
+    the columns it guessed without a word, as token classification ignored --label-column."""
+    from leantrain.config.sections import unread_settings
+
+    assert set(unread_settings(TrainConfig(data="x.csv", **given), task)) == unread

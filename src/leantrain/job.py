@@ -80,6 +80,7 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, infer
         # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
         cfg, made = plan_run(cfg, chosen.prepare_data(model_path, model_config))
         chosen = choose(cfg)
+    chosen.recorded = inference
     precision, why = parallel.choose_precision(cfg.precision)
     return Job(cfg, model_path, model_config, chosen, made, precision, why)
 

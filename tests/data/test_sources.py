@@ -589,3 +589,41 @@ def test_a_mixture_source_whose_split_would_be_ignored_is_named(tmp_path):
     own = [saved, {"path": csv, "name": "t", "split": "validation"}]
     with pytest.raises(ConfigError, match=r"^--data source t .*: data_split validation: .*no splits"):
         refuse_unread_choices(TrainConfig(data=own), "dataset")
+
+
+@pytest.mark.parametrize(
+    ("sources", "options", "found"),
+    [
+        (["saved_one"], {"format": "csv"}, ("format", "csv", "saved_one is a folder, read as its files say")),
+        (["classes"], {"column_names": ("text", "label")}, ("column_names", "text,label", "classes is a folder")),
+        (["glue:sst2"], {"format": "json"}, ("format", "json", "glue:sst2 names a hub data set")),
+        (["t.csv", "saved_one"], {"format": "csv"}, None),  # the training file reads it
+        (["t.csv"], {"format": "csv"}, None),
+        (["saved_one"], {}, None),
+    ],
+)
+def test_a_format_or_column_names_no_source_reads_is_found(tmp_path, sources, options, found):
+    """A folder or a hub data set is read as its own files say: --format and --column-names would be ignored."""
+    from leantrain.data.sources import ReadOptions, unread_reading
+
+    root = _folders(tmp_path)
+    paths = [s if ":" in s else str(root / s) for s in sources]
+    got = unread_reading(paths, ReadOptions(**options))
+    if found is None:
+        assert got is None
+    else:
+        assert got is not None and got[:2] == found[:2] and got[2].startswith(found[2].replace(sources[0], paths[0]))
+
+
+def test_a_mixture_source_whose_format_would_be_ignored_is_named(tmp_path):
+    from leantrain.config import TrainConfig
+    from leantrain.data.combine import refuse_unread_choices
+    from leantrain.errors import ConfigError
+
+    root = _folders(tmp_path)
+    csv, saved = str(root / "t.csv"), str(root / "saved_one")
+    refuse_unread_choices(TrainConfig(data=[{"path": csv, "format": "csv"}, saved]), "dataset")
+    with pytest.raises(ConfigError, match=r"^--data source saved_one .*: --format csv: .* is a folder, read as its"):
+        refuse_unread_choices(TrainConfig(data=[csv, saved], format="csv"), "dataset")
+    with pytest.raises(ConfigError, match=r"^--data source saved_one .*: column_names a,b: .*leave column_names out"):
+        refuse_unread_choices(TrainConfig(data=[csv, {"path": saved, "column_names": "a,b"}]), "dataset")

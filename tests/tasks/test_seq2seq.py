@@ -491,8 +491,12 @@ def test_translation_pairs_and_the_task_aliases(models, tmp_path):
     df = pd.DataFrame({"translation": [{"en": "the cat", "fr": "le chat"}, {"en": "a dog", "fr": "un chien"}]})
     cols = resolve_pair_columns(df, "wmt", "en", "fr")
     assert (cols.source, cols.target, cols.translation) == ("en", "fr", "translation")
-    with pytest.raises(Exception, match="say which way with --source-column en --target-column fr"):
+    # both ways: the first in the alphabet was the one suggested, the reverse of a French-to-English run's
+    both = r"say which way with --source-column en --target-column fr, or --source-column fr --target-column en$"
+    with pytest.raises(Exception, match=both):
         resolve_pair_columns(df, "wmt", None, None)
+    with pytest.raises(Exception, match=r"say which way with --source-column fr --target-column en$"):
+        resolve_pair_columns(df, "wmt", "fr", None)
     assert resolve_pair_columns(pd.DataFrame({"document": [], "summary": []}), "x", None, None).target == "summary"
     config = load_config(str(models["t5"]))
     for spelling, names in (("translation", ("bleu", "chrf", "loss")), ("summarization", None)):
@@ -550,6 +554,38 @@ def test_predict_reads_a_text_file_one_source_a_line_and_evaluate_asks_for_a_tar
     only_sources.write_text("source\nthe cat\na dog\n")
     scored = ["evaluate", str(result.output_dir), "--data", str(only_sources)]
     _one_line_error(capsys, scored, "no target column to score against", "--target-column")
+
+
+def test_evaluate_and_predict_say_how_many_rows_they_leave_out(models, pairs, tmp_path, capsys, caplog):
+    """A row without a source (or, to score, a target) is left out of evaluate and predict as of training, and now
+    said with how many (evaluate scored 2 of 4 rows, predict wrote 3 of 4, without a word)."""
+    from leantrain import evaluate, predict
+
+    result = train(job(models, pairs, tmp_path, "run", max_steps=1))
+    gappy = tmp_path / "gappy.csv"
+    gappy.write_text("source,target\nthe cat,cat the\n,a dog\nred mat,\nsat on,on sat\n")
+    with caplog.at_level("WARNING", logger="leantrain"):
+        scores = evaluate(str(result.output_dir), str(gappy))
+    assert scores["examples"] == 2 and scores["skipped"] == 2
+    said = "gappy.csv: 4 rows, 2 dropped (1 without a source text, 1 without a target text)"
+    assert said in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="leantrain"):
+        rows = predict(str(result.output_dir), str(gappy))
+    assert [r["text"] for r in rows] == ["the cat", "red mat", "sat on"]
+    assert "gappy.csv: 4 rows, 1 dropped (1 without a source text)" in caplog.text, caplog.text
+
+
+def test_predicts_generation_settings_are_checked_and_zero_new_tokens_is_refused():
+    """`--max-new-tokens 0` generated the run's own number of tokens without a word: refused, as a causal LM's is."""
+    from leantrain.errors import LeantrainError
+    from leantrain.tasks.seq2seq import sampling_settings
+
+    assert sampling_settings({}, 16) == {"max_new_tokens": 16}
+    assert sampling_settings({"max_new_tokens": 4}, 16) == {"max_new_tokens": 4}
+    for tokens in (0, -3):
+        with pytest.raises(LeantrainError, match=f"--max-new-tokens must be a positive integer, got {tokens}"):
+            sampling_settings({"max_new_tokens": tokens}, 16)
 
 
 # -- telemetry and LoRA ---------------------------------------------------------------------------------------------

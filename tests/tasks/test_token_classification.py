@@ -657,6 +657,33 @@ def test_bad_input_is_refused_in_one_line(capsys, run, tiny_model_dir, corpus, t
     assert not (tmp_path / "bad" / "metrics.json").exists()
 
 
+def test_a_reading_flag_no_source_reads_is_refused_but_a_runs_recorded_one_is_read_back(
+    capsys, run, corpus, tiny_model_dir, tmp_path
+):
+    """--tags-column beside a CoNLL file, --tag-column beside a table and --tag-scheme beside span rows were
+    ignored without a word (span rows under --tag-scheme none were told their own tags "never occur in the training
+    data"); a run's config.yaml holding such a flag still evaluates."""
+    base = ["train", "--task", "ner", "--model", tiny_model_dir, "--output-dir", tmp_path / "bad", "--no-progress"]
+    line = one_line(capsys, *base, "--data", corpus[0], "--tags-column", "ner")
+    assert "--tags-column ner is for a table's tags, and " in line, line
+    assert line.endswith("train.conll is a CoNLL file (a CoNLL file's tag column is --tag-column); drop --tags-column")
+    table = tmp_path / "rows.jsonl"
+    table.write_text(json.dumps({"tokens": ["Anna", "met"], "ner_tags": ["B-PER", "O"]}) + "\n")
+    line = one_line(capsys, *base, "--data", table, "--eval-data", corpus[1], "--tag-column", "2")
+    assert "--tag-column 2 is for CoNLL files" not in line  # the evaluation file is a CoNLL file: it is read
+    line = one_line(capsys, *base, "--data", table, "--tag-column", "2")
+    assert "--tag-column 2 is for CoNLL files, and " in line and "rows.jsonl is a table of words and tags" in line, line
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text('{"text": "Anna met", "entities": [[0, 4, "PER"]]}\n{"text": "Bo", "entities": []}\n')
+    line = one_line(capsys, *base, "--data", spans, "--tag-scheme", "none")
+    assert "--tag-scheme none is for word tags, and " in line and "spans.jsonl is texts with entity spans" in line
+    assert not (tmp_path / "bad").exists()
+    result, _ = run(max_steps=1, batch_size=8)
+    recorded = result.output_dir / "config.yaml"
+    recorded.write_text(recorded.read_text() + "tags_column: ner\n")  # as a run before this check recorded it
+    assert evaluate(str(result.output_dir))["sentences"] == 24
+
+
 # -- planner and telemetry -------------------------------------------------------------------------------------------
 
 

@@ -109,6 +109,9 @@ REFERENCE = ("dpo", "kto")  # the tasks with a reference model (`Task.uses_refer
 SEQ2SEQ = ("seq2seq",)
 TOKENS = ("token-classification",)
 GRPO = ("grpo",)
+#: the tasks whose readers take --text-column (seq2seq names its columns --source-column and --target-column;
+#: preference pairs and media files have their own)
+TEXT_COLUMN_READERS = (*TEXT, "causal-lm", "reward-model", "grpo", *TOKENS)
 
 
 def _help(
@@ -288,11 +291,15 @@ class DataConfig:
     eval_data: str | None = _help(
         "Evaluation data in the same formats. Default: a stratified split of --data.", default=None
     )
-    text_column: str | None = _help("Column holding the text. Guessed when obvious.", default=None)
-    text_pair_column: str | None = _help(
-        "Column holding the second text of a sentence pair. Guessed when obvious.", default=None
+    text_column: str | None = _help(
+        "Column holding the text. Guessed when obvious.", read_by=TEXT_COLUMN_READERS, default=None
     )
-    label_column: str | None = _help("Column holding the label. Guessed when obvious.", default=None)
+    text_pair_column: str | None = _help(
+        "Column holding the second text of a sentence pair. Guessed when obvious.", read_by=TEXT, default=None
+    )
+    label_column: str | None = _help(
+        "Column holding the label. Guessed when obvious.", read_by=CLASSIFIERS, default=None
+    )
     data_config: str | None = _help(
         "Configuration (subset) of a hub data set or a local `datasets` folder with several, e.g. sst2 for glue "
         "(also written --data glue:sst2); --eval-data naming the same data set gets it too.",
@@ -1518,12 +1525,20 @@ def _check_source_options(cfg: TrainConfig) -> None:
     naming the source)."""
     from leantrain.data.spec import parse_sources
 
-    for spec in parse_sources(cfg.data) if cfg.data is not None else []:
+    specs = parse_sources(cfg.data) if cfg.data is not None else []
+    for spec in specs:
+        where = f"--data source {spec.name} ({spec.path})"
+        if len(specs) > 1 and cfg.eval_split is not None and spec.option("eval_data", cfg.eval_data) is None:
+            # a run-wide split that this source, holding its rows out, would not read
+            raise ConfigError(
+                f"{where}: --eval-split {cfg.eval_split} needs its eval_data, and it has none (its rows are held "
+                "out); give eval_split in the mapping of each source with an eval_data, not --eval-split"
+            )
         if spec.options:
             try:
                 dataclasses.replace(cfg, data=spec.path, **dict(spec.options))
             except ConfigError as exc:
-                raise ConfigError(f"--data source {spec.name} ({spec.path}): {exc}") from None
+                raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_finite(cfg: TrainConfig) -> None:

@@ -96,12 +96,27 @@ def refuse_unread_choices(cfg, folders: str = "dataset") -> None:
     mixed = is_mixture(specs)
     for spec in specs:
         sub = source_config(cfg, spec) if mixed else cfg
+        _refuse_unread_reading(sub, spec, mixed)
         for role, source in (("train", sub.data or spec.path), ("eval", sub.eval_data)):
             options = read_options(sub, role)
             found = None if source is None else unread_choice(source, options, folders)
             if found is not None:
                 where = f"--data source {spec.name} ({spec.path}): " if mixed else ""
                 raise ConfigError(where + _unread_message(spec, role, options, found))
+
+
+def _refuse_unread_reading(sub, spec: SourceSpec, mixed: bool) -> None:
+    """--format or --column-names where neither of a source's files (training, evaluation) is a file they read: a
+    folder or a hub data set, read as its own files say, would ignore them without a word."""
+    from leantrain.data.sources import read_options, unread_reading
+
+    sources = [s for s in (sub.data or spec.path, sub.eval_data) if s is not None]
+    found = unread_reading(sources, read_options(sub, "train"))
+    if found is not None:
+        key, value, what = found
+        flag = "--" + key.replace("_", "-") if spec.option(key) is None else key  # else the source's own key
+        where = f"--data source {spec.name} ({spec.path}): " if mixed else ""
+        raise ConfigError(f"{where}{flag} {value}: {what}; leave {flag} out (it is for a file's own reading)")
 
 
 def _unread_message(spec: SourceSpec, role: str, options, found: tuple[str, str, str]) -> str:

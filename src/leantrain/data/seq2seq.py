@@ -125,7 +125,7 @@ def _translation_columns(
     if src is None or (tgt is None and require_target):
         raise DataError(
             f"{source}: its '{TRANSLATION}' column holds translations between {', '.join(languages)}; say which way "
-            f"with --source-column {languages[0]} --target-column {languages[-1]}"
+            f"with {_directions(languages, src, tgt)}"
         )
     for flag, lang in (("--source-column", src), ("--target-column", tgt)):
         if lang is not None and lang not in languages:
@@ -134,6 +134,15 @@ def _translation_columns(
                 f"{', '.join(languages)}"
             )
     return PairColumns(src, tgt or "", TRANSLATION)
+
+
+def _directions(languages: list[str], src: str | None, tgt: str | None) -> str:
+    """The flags of each way the languages can go (the one given kept): both ways shown, so that the run's own is
+    chosen, not whichever came first in the alphabet."""
+    ways = [(a, b) for a in languages for b in languages if a != b and src in (None, a) and tgt in (None, b)]
+    if not ways or len(ways) > 2:
+        return f"--source-column and --target-column (two of {', '.join(languages)})"
+    return ", or ".join(f"--source-column {a} --target-column {b}" for a, b in ways)
 
 
 def pair_texts(df: pd.DataFrame, cols: PairColumns, report: ReadReport | None = None) -> tuple[list[str], list[str]]:

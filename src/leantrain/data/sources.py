@@ -115,6 +115,31 @@ def unread_choice(source: str, options: ReadOptions, folders: str = "dataset") -
     return next(((c, what, part) for c in asked if c in ignored), None)
 
 
+def unread_reading(sources: list[str], options: ReadOptions) -> tuple[str, str, str] | None:
+    """The reading setting ("format" or "column_names") that `options` gives and none of `sources` reads, with
+    the first source and what it is: a folder or a hub data set is read as its own files say, so --format and
+    --column-names (for a file whose suffix or header does not say) would be ignored. None when each is read."""
+    given = [("format", options.format), ("column_names", ",".join(options.column_names or ()) or None)]
+    for key, value in given:
+        whole = [(s, what) for s in sources if (what := _read_as_its_files_say(s)) is not None]
+        if value is not None and whole and len(whole) == len(sources):
+            source, what = whole[0]
+            return key, value, f"{source} {what}"
+    return None
+
+
+def _read_as_its_files_say(source: str) -> str | None:
+    """What `source` is when reading it takes no --format or --column-names (a folder, a hub data set); None for a
+    file (or a path that reading refuses in its own words)."""
+    if source == EMBEDDED_DATA:
+        return None
+    if Path(source).is_dir():
+        return "is a folder, read as its files say"
+    if not Path(source).exists() and (split_config(source)[1] is not None or _looks_like_hub_name(source)):
+        return "names a hub data set, read as its files say"
+    return None
+
+
 def unread_message(flag: str, value: str, found: tuple[str, str, str], to: str) -> str:
     """The refusal of a choice `unread_choice` found, given as `flag value`; `to`: where a split's own file goes."""
     choice, what, part = found

@@ -51,8 +51,10 @@ class TaggedRows:
     #: entities of each text as (start, end, type) character offsets
     char_spans: list[list[tuple[int, int, str]]] | None = None
     report: ReadReport | None = None
-    #: how the rows were read: "conll", "tokens" or "spans" (with the column names)
+    #: how the rows were read (with the column names), for the run's notes
     description: str = ""
+    #: what the rows are: "conll" (a CoNLL file), "tokens" (a table of words and tags) or "spans" (texts and spans)
+    kind: str = ""
     notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -91,22 +93,55 @@ def read_tagged(
     return rows
 
 
+#: the reading flags of token rows: the kinds of rows that read each, the field of TaggedColumns it sets, what it
+#: is for, and where the flag meant may be
+_FLAGS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
+    "--tokens-column": (("tokens",), "tokens", "a table's words", ""),
+    "--tags-column": (("tokens",), "tags", "a table's tags", " (a CoNLL file's tag column is --tag-column)"),
+    "--text-column": (("spans",), "text", "the texts of span rows", ""),
+    "--spans-column": (("spans",), "spans", "a table's entity spans", ""),
+    "--tag-column": (("conll",), "tag_column", "CoNLL files", " (a table's tags are named with --tags-column)"),
+}
+_KIND_NAMES = {"conll": "a CoNLL file", "tokens": "a table of words and tags", "spans": "texts with entity spans"}
+
+
+def unread_flag(columns: TaggedColumns, tag_scheme: str, read: list[TaggedRows]) -> str | None:
+    """One line refusing a reading flag that none of the sources `read` reads (--tags-column beside a CoNLL file,
+    --tag-column beside a table, --tag-scheme beside span rows, whose labels are entity types): it would be ignored
+    without a word. None when each flag given is read."""
+    kinds = {rows.kind for rows in read}
+    given: list[tuple[str, tuple[str, ...], Any, str, str]] = [
+        (flag, kinds_, getattr(columns, f), a, b) for flag, (kinds_, f, a, b) in _FLAGS.items()
+    ]
+    scheme = None if tag_scheme == "auto" else tag_scheme
+    given.append(("--tag-scheme", ("conll", "tokens"), scheme, "word tags", " (a span's label is an entity type)"))
+    for flag, wanted, value, purpose, hint in given:
+        if value is not None and not kinds & set(wanted):
+            what = " and ".join(f"{rows.source} is {_KIND_NAMES[rows.kind]}" for rows in read)
+            return f"{flag} {value} is for {purpose}, and {what}{hint}; drop {flag}"
+    return None
+
+
 # -- CoNLL -----------------------------------------------------------------------------------------------------------
 
 
 def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) -> TaggedRows:
     """A CoNLL file's sentences: the first column's words, the tag column's tags (the second of two); without
-    `require_tags`, lines of a word alone are words to predict on (and the tags, if any, are not read)."""
+    `require_tags`, lines of a word alone are words to predict on (and the tags, if any, are not read). A CoNLL-U
+    file (`.conllu`): the FORM column's words, its comments, multiword ranges and empty nodes skipped."""
     if not path.is_file():
         raise DataError(f"{path}: no such file; check the path given to --data/--eval-data")
     text, bad = decode_lines(path.read_bytes().replace(b"\r\n", b"\n"))
-    rows = TaggedRows(str(path), [], words=[], tags=[], description="CoNLL")
+    rows = TaggedRows(str(path), [], words=[], tags=[], description="CoNLL", kind="conll")
     assert rows.words is not None and rows.tags is not None
+    conllu = path.suffix.lower() == ".conllu"
     words: list[str] = []
     tags: list[str] = []
     first_line = 0
     for number, line in enumerate(text.split("\n"), start=1):
-        fields = line.split()
+        fields = [f.strip() for f in line.split("\t")] if conllu and line.strip() else line.split()
+        if conllu and fields and (line.startswith("#") or not fields[0].isdigit()):
+            continue  # a comment, a multiword token's range ("1-2") or an empty node ("1.1"): no word of its own
         if not fields or fields[0] == "-DOCSTART-":
             if words:
                 rows.words.append(words)
@@ -116,8 +151,8 @@ def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) ->
             continue
         if not words:
             first_line = number
-        words.append(fields[0])
-        tags.append(_conll_tag(fields, tag_column, path, number) if require_tags else "")
+        words.append(fields[1] if conllu and len(fields) > 1 else fields[0])
+        tags.append(_conll_tag(fields, tag_column, path, number, int(conllu)) if require_tags else "")
     if words:
         rows.words.append(words)
         rows.tags.append(tags)
@@ -132,18 +167,20 @@ def read_conll(path: Path, tag_column: int | None, require_tags: bool = True) ->
     return rows
 
 
-def _conll_tag(fields: list[str], tag_column: int | None, path: Path, number: int) -> str:
+def _conll_tag(fields: list[str], tag_column: int | None, path: Path, number: int, word: int = 0) -> str:
+    """The tag of a line's `fields`, whose word is at index `word` (1 in CoNLL-U, after the ID)."""
     if tag_column is None:
-        if len(fields) == 2:
+        if len(fields) == 2 and not word:
             return fields[1]
         if len(fields) == 1:
             raise DataError(f"{path}: line {number} holds a word without a tag ({fields[0]!r}); give each word its tag")
+        comment = " (a comment? only .conllu files have them: remove it)" if fields[0].startswith("#") else ""
         raise DataError(
-            f"{path}: line {number} has {len(fields)} columns ({' '.join(fields)[:80]}); say which holds the tag "
-            f"with --tag-column (counting from 1; -1 for the last)"
+            f"{path}: line {number} has {len(fields)} columns ({' '.join(fields)[:80]}){comment}; say which holds the "
+            f"tag with --tag-column (counting from 1; -1 for the last{'; 4: UPOS' if word else ''})"
         )
     index = tag_column - 1 if tag_column > 0 else len(fields) + tag_column
-    if not 0 < index < len(fields):
+    if not 0 <= index < len(fields) or index == word:
         raise DataError(
             f"{path}: line {number} has {len(fields)} columns, so no column {tag_column} (--tag-column) to hold "
             "a tag besides the word"
@@ -191,7 +228,7 @@ def _rows_of_table(df: pd.DataFrame, source: str, columns: TaggedColumns, requir
 
 def _token_rows(df: pd.DataFrame, source: str, tokens: str, tags: str | None) -> TaggedRows:
     names = df.attrs.get("class_names", {}).get(tags) if tags is not None else None
-    rows = TaggedRows(source, [], words=[], tags=[] if tags is not None else None)
+    rows = TaggedRows(source, [], words=[], tags=[] if tags is not None else None, kind="tokens")
     rows.description = f"words '{tokens}'" + (f", tags '{tags}'" if tags else "")
     assert rows.words is not None
     empty = 0
@@ -247,7 +284,7 @@ def _tag_name(tag: Any, names: list[str] | None, source: str, column: str | None
 
 
 def _span_rows(df: pd.DataFrame, source: str, text: str, spans: str | None, require_tags: bool = True) -> TaggedRows:
-    rows = TaggedRows(source, [], texts=[], char_spans=[] if spans is not None else None)
+    rows = TaggedRows(source, [], texts=[], char_spans=[] if spans is not None else None, kind="spans")
     rows.description = f"text '{text}'" + (f", entity spans '{spans}'" if spans else "")
     assert rows.texts is not None
     for i, value in enumerate(df[text].tolist()):
@@ -280,6 +317,21 @@ def _holds_words(value: Any) -> bool:
     return isinstance(parsed, list) and bool(parsed) and all(isinstance(w, str) for w in parsed)
 
 
+def _check_span_label(kind: str, source: str, where: str, item: Any) -> None:
+    """A span's label is an entity type: a tag ("B-PER") would train on "B-B-PER" tags, and "O" on an entity of
+    type "O"."""
+    from leantrain.data.tags import OUTSIDE, parse
+
+    prefix, name = parse(kind)
+    if kind == OUTSIDE:
+        raise DataError(f"{source}: {where}: the span {str(item)[:80]} is labelled 'O', no entity; leave it out")
+    if prefix:
+        raise DataError(
+            f"{source}: {where}: the span {str(item)[:80]} is labelled with the tag {kind!r}; label a span with its "
+            f"entity type ({name!r})"
+        )
+
+
 def _span(item: Any, source: str, column: str | None, where: str, text: str) -> tuple[int, int, str]:
     """(start, end, type) of one entity of a span row, refused in one line unless it lies within its text."""
     kind: Any = None
@@ -301,6 +353,7 @@ def _span(item: Any, source: str, column: str | None, where: str, text: str) -> 
         ) from None
     if kind is None or not str(kind).strip():
         raise DataError(f"{source}: {where}: the span {str(item)[:80]} in column '{column}' has no label")
+    _check_span_label(str(kind).strip(), source, where, item)
     if not 0 <= start < end <= len(text):
         raise DataError(
             f"{source}: {where}: the span [{start}, {end}) ({kind}) lies outside its text of {len(text)} characters; "

@@ -78,14 +78,18 @@ TOKEN_KEYS = ("tokens_column", "tags_column", "spans_column", "tag_column", "tag
 
 
 def _refuse_unread_choice(job, data: str, read: ReadOptions) -> None:
-    """A --split or --data-config that `data` has none of (a single file, a folder read whole), refused as `train`
-    refuses them: `data` would be read whole without a word."""
-    from leantrain.data.sources import unread_choice, unread_message
+    """A --split or --data-config that `data` has none of (a single file, a folder read whole), or a --format or
+    --column-names that a folder or hub data set does not take, refused as `train` refuses them: `data` would be
+    read without a word of them."""
+    from leantrain.data.sources import unread_choice, unread_message, unread_reading
 
     found = unread_choice(data, read, job.task.plain_folder)
     if found is not None:
         flag, value = ("--split", read.split) if found[0] == "split" else ("--data-config", read.config)
         raise ConfigError(unread_message(flag, str(value), found, "--data"))
+    if (ignored := unread_reading([data], read)) is not None:
+        flag = "--" + ignored[0].replace("_", "-")
+        raise ConfigError(f"{flag} {ignored[1]}: {ignored[2]}; leave {flag} out (it is for a file's own reading)")
 
 
 def _given(**values: Any) -> dict[str, Any]:

@@ -125,6 +125,9 @@ class Task(ABC):
     #: whether its `build_model` turns the model's dropout off (as TRL's preference and reward trainers do), which
     #: the planner then counts; --dropout still sets it
     dropout_off: ClassVar[bool] = False
+    #: whether the config is read back from a trained run by evaluate and predict (`job.assemble`): a setting it
+    #: recorded is read as it was, not refused as one a new run would be
+    recorded: bool = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

@@ -334,7 +334,9 @@ class Seq2Seq(Task):
         tokenizer = self._set_up(model_path, model_config)
         src = self._load(self.cfg.eval_data, "eval", tokenizer)
         self.references = list(src.rows.references)
-        return TaskData(None, examples(src.rows), [], tokenizer, facts={"examples": len(src.rows)})
+        said_dropped(src.report)
+        facts = {"examples": len(src.rows), "skipped": src.report.rows_dropped}
+        return TaskData(None, examples(src.rows), [], tokenizer, facts=facts)
 
     def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
         """The counts, and the first few examples with what the model generated."""
@@ -365,6 +367,7 @@ class Seq2Seq(Task):
             df, report = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
             cols = resolve_pair_columns(df, cfg.eval_data, cfg.source_column, cfg.target_column, require_target=False)
             texts, _ = pair_texts(df, type(cols)(cols.source, "", cols.translation), report)
+            said_dropped(report)
         if not texts:
             raise DataError(f"{cfg.eval_data or '--text'}: no text to transform")
         tokenizer = self._set_up(model_path, model_config)
@@ -391,6 +394,15 @@ class Seq2Seq(Task):
             for i, text in zip(batch, self.decode(generated.cpu().numpy())):
                 out[i] = {**shown[i], "generated_text": text}
         return out
+
+
+def said_dropped(report: Any) -> None:
+    """Rows without a source (or a target to score against) are left out of an evaluation or prediction: said,
+    with how many, as a run's first lines say it."""
+    if report.rows_dropped:
+        import logging
+
+        logging.getLogger("leantrain").warning("%s", report.summary())
 
 
 def examples(rows: Any):
@@ -467,7 +479,8 @@ def sampling_settings(generation: dict[str, Any], max_new_tokens: int) -> dict[s
     """`predict`'s generation settings (--max-new-tokens, --temperature, --top-p) as `generate_ids` takes them."""
     from leantrain.errors import LeantrainError
 
-    tokens = generation.get("max_new_tokens") or max_new_tokens
+    given = generation.get("max_new_tokens")
+    tokens = max_new_tokens if given is None else given  # 0 is refused, not taken for "the run's"
     temperature, top_p = generation.get("temperature"), generation.get("top_p")
     if tokens <= 0:
         raise LeantrainError(f"--max-new-tokens must be a positive integer, got {tokens}")

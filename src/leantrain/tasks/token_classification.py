@@ -89,6 +89,7 @@ class TokenClassification(Task):
         tokenizer = self._tokenizer(model_path, model_config)
         train_rows = self._read(cfg.data, "train")
         eval_rows = self._read(cfg.eval_data, "eval") if cfg.eval_data else None
+        self._refuse_unread_flag([train_rows] + ([eval_rows] if eval_rows else []))
         notes = [_describe(train_rows)] + ([_describe(eval_rows)] if eval_rows else [])
         train_rows, eval_rows, notes = self._tag(train_rows, eval_rows, notes)
         train = self._sentences(tokenizer, train_rows, notes)
@@ -134,16 +135,29 @@ class TokenClassification(Task):
             )
         return tokenizer
 
-    def _read(self, source: str, split: str, require_tags: bool = True):
-        from leantrain.data.sources import read_options, resolve_data_path
-        from leantrain.data.tagged import TaggedColumns, read_tagged
+    def _columns(self):
+        from leantrain.data.tagged import TaggedColumns
 
         cfg = self.cfg
-        columns = TaggedColumns(cfg.tokens_column, cfg.tags_column, cfg.text_column, cfg.spans_column, cfg.tag_column)
-        rows = read_tagged(resolve_data_path(source), split, read_options(cfg, split), columns, require_tags)
+        return TaggedColumns(cfg.tokens_column, cfg.tags_column, cfg.text_column, cfg.spans_column, cfg.tag_column)
+
+    def _read(self, source: str, split: str, require_tags: bool = True):
+        from leantrain.data.sources import read_options, resolve_data_path
+        from leantrain.data.tagged import read_tagged
+
+        cfg = self.cfg
+        rows = read_tagged(resolve_data_path(source), split, read_options(cfg, split), self._columns(), require_tags)
         if len(rows) == 0:
             raise DataError(f"{source}: no sentence to read")
         return rows
+
+    def _refuse_unread_flag(self, read: list) -> None:
+        """A reading flag that none of the sources read (--tags-column beside a CoNLL file) would be ignored without
+        a word: refused, unless the config is a trained run's own, read back."""
+        from leantrain.data.tagged import unread_flag
+
+        if not self.recorded and (message := unread_flag(self._columns(), self.cfg.tag_scheme, read)):
+            raise ConfigError(message)
 
     def _tag(self, train, evaluation, notes: list[str]):
         """The tags of both sources in IOB2 (or as they are, without a scheme); the label names from training's."""
