@@ -291,3 +291,20 @@ def baseline_micro_f1(y: np.ndarray, majority: np.ndarray) -> float:
     from sklearn.metrics import f1_score
 
     return float(f1_score(y, np.broadcast_to(majority, y.shape), average="micro"))
+
+
+def test_evaluate_and_predict_say_how_many_rows_they_leave_out(job, tmp_path, caplog):
+    """A row without text (or, to score, a label) is left out of evaluate and predict as of training, and said with
+    how many (evaluate scored 2 of 4 rows and predict wrote 3 of 4 without a word)."""
+    data = write_csv(tmp_path / "train.csv", [(t, str(int(float(y)))) for t, y in counting_rows(40, 0)])
+    result = train(job(data=str(data), max_steps=1))
+    gappy = write_csv(tmp_path / "gappy.csv", [("great film", "1"), ("", "2"), ("the plot", ""), ("a story", "0")])
+    with caplog.at_level("WARNING", logger="leantrain"):
+        scores = evaluate(str(result.output_dir), str(gappy))
+    assert scores["examples"] == 2 and scores["skipped"] == 2
+    assert "gappy.csv: 4 rows, 2 dropped (1 with empty text, 1 without a label" in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="leantrain"):
+        rows = predict(str(result.output_dir), str(gappy))
+    assert [r["text"] for r in rows] == ["great film", "the plot", "a story"]
+    assert "gappy.csv: 4 rows, 1 dropped (1 with empty text)" in caplog.text, caplog.text

@@ -195,6 +195,14 @@ class ReadReport:
             self.rows_dropped += count
             self.drop_reasons[reason] = self.drop_reasons.get(reason, 0) + count
 
+    def say_dropped(self) -> None:
+        """Rows an evaluation or prediction leaves out (no text, no label), said with how many, as a run's first
+        lines say them: its scores or rows would otherwise count fewer rows than the file has without a word."""
+        if self.rows_dropped:
+            import logging
+
+            logging.getLogger("leantrain").warning("%s", self.summary())
+
     def summary(self) -> str:
         text = f"{self.source}: {self.rows_read:,} rows"
         if self.encoding != "UTF-8":

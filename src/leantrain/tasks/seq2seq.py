@@ -334,7 +334,7 @@ class Seq2Seq(Task):
         tokenizer = self._set_up(model_path, model_config)
         src = self._load(self.cfg.eval_data, "eval", tokenizer)
         self.references = list(src.rows.references)
-        said_dropped(src.report)
+        src.report.say_dropped()
         facts = {"examples": len(src.rows), "skipped": src.report.rows_dropped}
         return TaskData(None, examples(src.rows), [], tokenizer, facts=facts)
 
@@ -367,7 +367,7 @@ class Seq2Seq(Task):
             df, report = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
             cols = resolve_pair_columns(df, cfg.eval_data, cfg.source_column, cfg.target_column, require_target=False)
             texts, _ = pair_texts(df, type(cols)(cols.source, "", cols.translation), report)
-            said_dropped(report)
+            report.say_dropped()
         if not texts:
             raise DataError(f"{cfg.eval_data or '--text'}: no text to transform")
         tokenizer = self._set_up(model_path, model_config)
@@ -394,15 +394,6 @@ class Seq2Seq(Task):
             for i, text in zip(batch, self.decode(generated.cpu().numpy())):
                 out[i] = {**shown[i], "generated_text": text}
         return out
-
-
-def said_dropped(report: Any) -> None:
-    """Rows without a source (or a target to score against) are left out of an evaluation or prediction: said,
-    with how many, as a run's first lines say it."""
-    if report.rows_dropped:
-        import logging
-
-        logging.getLogger("leantrain").warning("%s", report.summary())
 
 
 def examples(rows: Any):

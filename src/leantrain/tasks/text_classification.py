@@ -119,7 +119,9 @@ class TextClassification(Classification):
         check_pairs(model_path, model_config, src.path, src.columns.text_pair is not None)
         names = class_names(model_config)
         labels = self.evaluation_labels(src, names)
-        return TaskData(None, Examples(src.tokens, labels), names, tokenizer, facts={"examples": len(labels)})
+        src.report.say_dropped()
+        facts = {"examples": len(labels), "skipped": src.report.rows_dropped}
+        return TaskData(None, Examples(src.tokens, labels), names, tokenizer, facts=facts)
 
     def evaluation_labels(self, src: Any, names: list[str]):
         """The evaluation source's labels as the trained model's targets; a label the model does not know is refused."""
@@ -169,9 +171,12 @@ class TextClassification(Classification):
         from leantrain.data.sources import read_options, read_table
 
         cfg = self.cfg
-        df, _ = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
+        df, report = read_table(cfg.eval_data, split="eval", options=read_options(cfg, "eval"))
         cols = resolve_columns(df, cfg.eval_data, cfg.text_column, cfg.text_pair_column, None, require_label=False)
-        df = df[df[cols.text].astype(str).str.strip() != ""]
+        blank = df[cols.text].astype(str).str.strip() == ""
+        report.drop("with empty text", int(blank.sum()))
+        report.say_dropped()
+        df = df[~blank]
         texts = df[cols.text].astype(str).tolist()
         return texts, df[cols.text_pair].astype(str).tolist() if cols.text_pair else None
 
