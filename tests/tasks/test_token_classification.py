@@ -850,3 +850,16 @@ def test_a_sentence_classifier_taken_for_tokens_gets_a_new_head_and_keeps_its_bo
     for name, value in sentences.bert.state_dict().items():
         if not name.startswith("pooler."):  # the token model has no pooler
             assert torch.equal(tokens.bert.state_dict()[name], value), name
+
+
+def test_a_run_trained_without_a_tag_scheme_is_scored_so_by_evaluate_on_any_file(run, corpus, tmp_path):
+    """--tag-scheme none trains B-PER and I-PER as plain tags and scores them per tag: evaluate on a copy of the
+    evaluation file scored entities instead (its model's label names have prefixes), so the two F1s differed."""
+    result, _ = run(tag_scheme="none", max_steps=4)
+    run_dir = str(result.output_dir)
+    copy = tmp_path / "copy.conll"
+    copy.write_bytes(corpus[1].read_bytes())
+    own, again = evaluate(run_dir), evaluate(run_dir, str(copy))
+    assert again["tag_scheme"] == "none" and "per_type" not in again
+    for key in ("f1", "accuracy", "loss"):
+        assert again[key] == pytest.approx(own[key], abs=1e-9) == pytest.approx(result.metrics[f"eval_{key}"]), key

@@ -253,13 +253,16 @@ class TokenClassification(Task):
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
         from leantrain.model import loading
 
-        return loading.load_for_classification(
+        model = loading.load_for_classification(
             model_path,
             data.label_names,
             trust_remote_code=self.cfg.trust_remote_code,
             auto_model=self.auto_model,
             notes=self.head_notes,
         )
+        # saved in config.json: tags trained as plain names (--tag-scheme none) are scored so again, not as entities
+        model.config.leantrain_tag_scheme = self.scheme
+        return model
 
     def collator(self, data: TaskData, *, train: bool):
         fixed = self.cfg.max_length if self.cfg.pad_to_max_length else None
@@ -420,7 +423,7 @@ class TokenClassification(Task):
 
         self.label_names = [model_config.id2label[i] for i in range(model_config.num_labels)]
         plain = all(schemes.parse(n)[0] in ("", schemes.OUTSIDE) for n in self.label_names)
-        self.scheme = "none" if plain else "iob2"
+        self.scheme = getattr(model_config, "leantrain_tag_scheme", None) or ("none" if plain else "iob2")
 
     def evaluation_data(self, model_path: str, model_config: Any) -> TaskData:
         """The config's `eval_data` (any input format), tags converted to IOB2 and mapped to the model's labels."""
