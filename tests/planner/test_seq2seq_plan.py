@@ -92,23 +92,28 @@ def test_an_encoder_decoders_facts_and_optimizer_state_are_the_real_models(pair_
         assert facts.inventory.state_bytes(optimizer) == state_bytes(opt), optimizer
 
 
-@pytest.mark.parametrize(("name", "precision"), [("t5", "fp32"), ("t5", "bf16"), ("bart", "fp32")])
-def test_planned_activations_are_what_the_seq2seq_task_saves(pair_models, name, precision):
+@pytest.mark.parametrize(
+    ("name", "precision", "smoothing"),
+    [("t5", "fp32", 0.0), ("t5", "bf16", 0.0), ("t5", "fp32", 0.1), ("bart", "fp32", 0.0)],
+)
+def test_planned_activations_are_what_the_seq2seq_task_saves(pair_models, name, precision, smoothing):
     """The activations planned for 4 pairs of 48 source and 24 target tokens are what the task's own forward and loss
-    save (its head at target tokens, fused with the loss for the T5), carried from proxies of 1-2 encoder and 1-2
-    decoder layers at a vocabulary of 512 and 1,024 to the real model's 2 + 3 layers and 30,522 entries."""
+    save (its head at target tokens, fused with the loss for the T5 unless --label-smoothing takes the logits),
+    carried from proxies of 1-2 encoder and 1-2 decoder layers at a vocabulary of 512 and 1,024 to the real model's
+    2 + 3 layers and 30,522 entries."""
     from leantrain.model import loading
     from leantrain.tasks.seq2seq import Seq2Seq
 
     path = str(pair_models[name])
     facts = M.model_facts(path)
-    profile = M.activation_profile(facts.config_json, 48, precision, False, target_len=24)
-    assert profile.fused_head == (name == "t5")
+    fused = name == "t5" and not smoothing
+    profile = M.activation_profile(facts.config_json, 48, precision, False, target_len=24, fusable=not smoothing)
+    assert profile.fused_head == fused
     planned = profile.saved(4, facts.layers, False)
     model = M._build(loading.load_config(path), "cpu").train()
-    task = Seq2Seq(TrainConfig(model=path, data="unused.csv", task="seq2seq"))
+    task = Seq2Seq(TrainConfig(model=path, data="unused.csv", task="seq2seq", label_smoothing=smoothing))
     task.check_model(model)
-    assert task.selects_logits and task.fuses_head_loss == (name == "t5")
+    assert task.selects_logits and task.fuses_head_loss == fused
     batch = M.proxy_batch(model.config, 4, 48, torch.Generator().manual_seed(0), target_len=24)
     dtype = torch.bfloat16 if precision == "bf16" else None
 
@@ -121,7 +126,7 @@ def test_planned_activations_are_what_the_seq2seq_task_saves(pair_models, name, 
     measured = saved_bytes(model, step)
     assert planned == pytest.approx(measured, rel=0.03)
     # the targets matter: twice as long, the decoder's layers and the logits save more
-    longer = M.activation_profile(facts.config_json, 48, precision, False, target_len=48)
+    longer = M.activation_profile(facts.config_json, 48, precision, False, target_len=48, fusable=not smoothing)
     assert longer.saved(4, facts.layers, False) > 1.2 * planned
 
 
@@ -189,6 +194,12 @@ def test_plan_command_plans_a_seq2seq_run_on_its_pairs(pair_models, summaries, t
     source, target = plan["request"]["seq_len"], plan["request"]["target_len"]
     assert 5 < source < 128 and 1 < target < source  # the data's longest, under --max-length's 128
     assert f"sources {source} and targets {target} tokens" in out and "sequence-to-sequence" in out
+    # --label-smoothing takes the logits: the head is not fused with the loss, and the same run needs more
+    assert main([*common, "--data", str(summaries), "--memory", "2GB", "--label-smoothing", "0.1"]) == 0
+    smoothed = capsys.readouterr().out
+    assert "kept whole: --label-smoothing" in smoothed
+    peak = lambda text: float(text.split("recommended: ")[1].split("predicted peak ")[1].split(" MiB")[0])  # noqa: E731
+    assert peak(smoothed) > peak(out)
     assert main([*common, "--memory", "4MiB", "--max-target-length", "32"]) == 1
     out = capsys.readouterr().out
     assert "nothing fits" in out and "--max-target-length (32)" in out and "--max-source-length (128)" in out

@@ -59,6 +59,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         # an encoder-decoder's sources and targets (`make_plan` drops the targets of any other model)
         seq_len=cfg.max_source_length or cfg.max_length,
         target_len=cfg.max_target_length,
+        fuse_head=not cfg.label_smoothing,  # a smoothed loss takes an encoder-decoder's logits (`tasks.seq2seq`)
         device=device,
         num_processes=num_processes,
         # an explicit precision is kept (auto lets the planner choose); so is an optimizer the planner does not

@@ -717,10 +717,10 @@ def _saved_bytes(
     return float(sum(seen.values()))
 
 
-def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
+def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = True):
     """A proxy model from `config`, in training mode, run as its task runs it: (the model, a classifier's
     `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only, whether its
-    head and loss are fused there)."""
+    head and loss are fused there: where the model allows and, `fusable`, the run does)."""
     from leantrain.model import loading
     from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
@@ -738,7 +738,7 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
         tail = None if causal or pair or checkpointing else first_token_tail(net)
     # an encoder-decoder's output head at target tokens only, as its task runs it (`tasks.seq2seq.check_model`)
     counted_logits = (causal or pair) and head_rows_work(net, decoder=pair)
-    fused = counted_logits and head_loss_works(net, decoder=pair)
+    fused = fusable and counted_logits and head_loss_works(net, decoder=pair)
     if checkpointing:
         loading.enable_activation_checkpointing(net)
     if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
@@ -756,13 +756,15 @@ def activation_profile(
     lora: LoraSpec | None = None,
     counted: float = 1.0,
     target_len: int = 0,
+    fusable: bool = True,
 ) -> ActivationProfile:
     """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc).
     `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only.
-    `target_len`: an encoder-decoder's target tokens (its sources are `seq_len` long; 0: as long)."""
+    `target_len`: an encoder-decoder's target tokens (its sources are `seq_len` long; 0: as long); `fusable`: whether
+    its run fuses the output head with the loss where the model allows (not with --label-smoothing)."""
     base_config = _config_from_json(config_json)
     if is_seq2seq(base_config):
-        return _pair_profile(config_json, seq_len, target_len or seq_len, precision, checkpointing, lora)
+        return _pair_profile(config_json, seq_len, target_len or seq_len, precision, checkpointing, lora, fusable)
     # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
     # changes; a causal LM's logits (one score per token and vocabulary entry) grow with it, so its proxies run at
     # two vocabularies and that share is carried over to the real one, linearly.
@@ -819,7 +821,13 @@ PAIR_PROXIES = ((1, 1), (2, 1), (1, 2))
 
 
 def _pair_profile(
-    config_json: str, seq_len: int, target_len: int, precision: str, checkpointing: bool, lora: LoraSpec | None
+    config_json: str,
+    seq_len: int,
+    target_len: int,
+    precision: str,
+    checkpointing: bool,
+    lora: LoraSpec | None,
+    fusable: bool = True,
 ) -> ActivationProfile:
     """An encoder-decoder's profile, counted on proxies of one and two encoder and decoder layers (PAIR_PROXIES) at
     the run's source and target lengths: `per_layer` is the mean over the real model's layers (each encoder layer
@@ -831,7 +839,8 @@ def _pair_profile(
     real = [int(getattr(config, n)) for n in names]
     vocab = int(config.vocab_size)
     small = min(vocab, 512)
-    counts, fused = _pair_counts(config_json, names, (seq_len, target_len), precision, checkpointing, lora, small)
+    lengths = (seq_len, target_len)
+    counts, fused = _pair_counts(config_json, names, lengths, precision, checkpointing, (lora, fusable), small)
     base, layers, copies_base, copies = _split_pair_counts(counts, small, checkpointing)
     full = max(_split_pair_counts(counts, small, False)[1]) if checkpointing else 0.0
     c, one = checkpointing, PAIR_PROXIES[0]
@@ -856,13 +865,13 @@ def _pair_counts(
     lengths: tuple[int, int],
     precision: str,
     checkpointing: bool,
-    lora: LoraSpec | None,
+    run: tuple[LoraSpec | None, bool],
     small: int,
 ) -> tuple[dict[tuple[tuple[int, int], int, bool, int], float], bool]:
     """Saved bytes of an encoder-decoder's proxies (PAIR_PROXIES, its layer counts `names` set) on sources and
     targets of `lengths`, at batches 2 and 4, with and without checkpointing (as planned), at the small vocabulary
-    (and the smallest proxy at twice it): {((encoder, decoder layers), batch, ckpt, vocab): bytes}, and whether the
-    proxies fused the head and the loss."""
+    (and the smallest proxy at twice it), with the run's LoRA and whether it may fuse the head and the loss (`run`):
+    {((encoder, decoder layers), batch, ckpt, vocab): bytes}, and whether the proxies fused them."""
     counts: dict[tuple[tuple[int, int], int, bool, int], float] = {}
     fused_head = False
 
@@ -870,7 +879,7 @@ def _pair_counts(
         nonlocal fused_head
         with _quiet():
             config = _config_from_json(config_json, vocab_size=vocab, **dict(zip(names, stacks)))
-        net, _, selected, fused_head = _proxy(config, ckpt, lora)
+        net, _, selected, fused_head = _proxy(config, ckpt, *run)
         for batch in (2, 4):
             counts[(stacks, batch, ckpt, vocab)] = _saved_bytes(
                 net, batch, lengths[0], precision, None, 1.0, selected, fused_head, lengths[1]
@@ -973,6 +982,7 @@ def _backward(
     lora: LoraSpec | None,
     counted: float,
     freeze: str | None,
+    fusable: bool = True,
 ) -> tuple[float, float]:
     """(activations, transients) at the backward peak of a micro-step on rows of `lengths` (a source's and, for an
     encoder-decoder, a target's: 0, as long as the source)."""
@@ -986,6 +996,7 @@ def _backward(
         lora=lora,
         counted=counted,
         target_len=target_len if pair else 0,
+        fusable=fusable or not pair,
     )
     still = facts.layers - (frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0)
     act = profile.saved(micro_batch, still, checkpointing)
@@ -1018,6 +1029,7 @@ def estimate(
     flat: bool = False,
     freeze: str | None = None,
     target_len: int = 0,
+    fuse_head: bool = True,
 ) -> MemoryEstimate:
     """Predicted peak training memory of one configuration (see the module docstring). With `lora`, gradients and
     optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized).
@@ -1027,7 +1039,8 @@ def estimate(
     flat (`model.flat`), whose gradients stay allocated between steps. `freeze`: --freeze's names, whose parameters
     keep no gradient or state; the first layers it freezes with everything before them save no activations (later
     frozen layers are counted as if they trained: an overestimate). `target_len`: an encoder-decoder's target tokens
-    (its sources are `seq_len` long; 0: as long)."""
+    (its sources are `seq_len` long; 0: as long); `fuse_head`: whether its run fuses the output head with the loss
+    where the model allows (--label-smoothing takes the logits: it does not)."""
     weights = 4 * facts.inventory.numel + facts.inventory.buffer_bytes
     dequantized = 0
     if lora is not None:  # LoRA
@@ -1038,7 +1051,7 @@ def estimate(
     grads = 4 * inv.numel
     state = inv.state_bytes(optimizer, settings)
     act, bwd_ws = _backward(
-        facts, micro_batch, (seq_len, target_len), precision, checkpointing, workspace, lora, counted, freeze
+        facts, micro_batch, (seq_len, target_len), precision, checkpointing, workspace, lora, counted, freeze, fuse_head
     )
     # With accumulation the gradients are alive through the whole backward (flat parameters': the small ones' buffer);
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.

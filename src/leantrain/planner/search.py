@@ -72,6 +72,9 @@ class PlanRequest:
     flat_parameters: bool = True
     #: an encoder-decoder's target tokens (--max-target-length; 0: as many as its sources'); other models have none
     target_len: int = 0
+    #: whether an encoder-decoder's run fuses its output head with the loss where the model allows: not with
+    #: --label-smoothing, whose loss takes the logits (`tasks.seq2seq.Seq2Seq.check_model`)
+    fuse_head: bool = True
 
     @property
     def settings(self) -> Any:
@@ -241,7 +244,7 @@ def enumerate_candidates(
                         facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device,
                         lora=request.lora, counted=request.counted, settings=request.settings,
                         flat=request.flat_parameters and OPTIMIZERS[opt].flat, freeze=request.freeze,
-                        target_len=request.target_len,
+                        target_len=request.target_len, fuse_head=request.fuse_head,
                     )  # fmt: skip
                     secs = step_seconds(
                         speed,
@@ -494,6 +497,7 @@ def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> 
         notes.append(
             f"sequence-to-sequence: sources of {request.seq_len} tokens through the encoder, targets of "
             f"{request.target_len} through the decoder, logits over a vocabulary of {facts.vocab:,} at target tokens"
+            + ("" if request.fuse_head else " (kept whole: --label-smoothing's loss takes them)")
         )
     if facts.kind == "causal-lm":
         notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
@@ -534,7 +538,7 @@ def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:
     def baseline(spec: LoraSpec | None) -> MemoryEstimate:
         return estimate(
             facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, lora=spec,
-            counted=request.counted, target_len=request.target_len,
+            counted=request.counted, target_len=request.target_len, fuse_head=request.fuse_head,
         )  # fmt: skip
 
     full = baseline(None)
