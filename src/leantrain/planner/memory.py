@@ -983,9 +983,11 @@ def _backward(
     counted: float,
     freeze: str | None,
     fusable: bool = True,
+    late_grads: float = 0.0,
 ) -> tuple[float, float]:
     """(activations, transients) at the backward peak of a micro-step on rows of `lengths` (a source's and, for an
-    encoder-decoder, a target's: 0, as long as the source)."""
+    encoder-decoder, a target's: 0, as long as the source); `late_grads`: the gradients alive at the end of backward
+    that the caller does not add itself (an encoder-decoder's end of backward may be its peak)."""
     seq_len, target_len = lengths[0], lengths[1] or lengths[0]
     pair = facts.kind == "seq2seq"
     profile = activation_profile(
@@ -1003,14 +1005,30 @@ def _backward(
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel), of the
     # longer of an encoder-decoder's source and target
     tokens = max(seq_len, target_len) if pair else seq_len
-    bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * tokens * facts.intermediate * 4
+    bwd_ws = layers_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * tokens * facts.intermediate * 4
     if facts.kind in ("causal-lm", "seq2seq"):  # the output head at every target token, or where a token counts
         rows = micro_batch * (target_len if pair else counted_positions(seq_len, counted))
         fused = workspace.transient_pair_fused_logits.get(precision, 3.0) if pair else workspace.transient_fused_logits
         act, bwd_ws = _logits_backward_peak(
             facts, profile, workspace, micro_batch, rows, checkpointing, act, bwd_ws, fused
         )
+    if pair:
+        end = _pair_backward_end(facts, profile, micro_batch, checkpointing, layers_ws, late_grads)
+        act, bwd_ws = max((act, bwd_ws), end, key=sum)
     return act, bwd_ws
+
+
+def _pair_backward_end(
+    facts: ModelFacts, profile: Any, micro_batch: int, checkpointing: bool, bwd_ws: float, late_grads: float
+) -> tuple[float, float]:
+    """(activations, transients) at the end of an encoder-decoder's backward: every gradient made (`late_grads`:
+    those the caller does not add), beside the first encoder layer's activations (recomputed, under checkpointing)
+    and transients or, after them, the embedding matrix's dense gradient (a T5's is its head's too, made again for
+    the decoder's and the encoder's inputs). With its layers checkpointed, t5-small at 16 pairs of 128 and 64 tokens
+    peaks here, not at the loss (benchmarks/results/planner_accuracy_seq2seq.md)."""
+    layer = micro_batch * (profile.layer_full if checkpointing else profile.per_layer) + profile.copies_per_layer
+    embedding = 4.0 * facts.vocab * facts.hidden
+    return layer, late_grads + max(bwd_ws, embedding - layer)
 
 
 def estimate(
@@ -1050,12 +1068,13 @@ def estimate(
     inv = trainable_inventory(facts, lora, freeze)
     grads = 4 * inv.numel
     state = inv.state_bytes(optimizer, settings)
-    act, bwd_ws = _backward(
-        facts, micro_batch, (seq_len, target_len), precision, checkpointing, workspace, lora, counted, freeze, fuse_head
-    )
     # With accumulation the gradients are alive through the whole backward (flat parameters': the small ones' buffer);
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else (4 * inv.flat_numel() if flat else 0)
+    act, bwd_ws = _backward(
+        facts, micro_batch, (seq_len, target_len), precision, checkpointing, workspace, lora, counted, freeze,
+        fuse_head, grads - grads_in_backward,
+    )  # fmt: skip
     backward = act + bwd_ws + grads_in_backward + dequantized
     opt_ws = inv.temporaries(optimizer, settings)  # the registry's fitted temporaries
     step = grads + opt_ws
