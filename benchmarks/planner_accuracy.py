@@ -6,6 +6,8 @@
     python benchmarks/planner_accuracy.py --models tiny   # the tiny BERT only
     python benchmarks/planner_accuracy.py --models tiny-llama,gpt2,gqa-llama --skip-probe \
         --out benchmarks/results/planner_accuracy_lm      # causal LMs
+    python benchmarks/planner_accuracy.py --models t5-small --skip-probe \
+        --out benchmarks/results/planner_accuracy_seq2seq # an encoder-decoder (t5-small's config, random weights)
 
 1. Memory: for MiniLM (all-MiniLM-L6-v2, 22.7 M parameters) and a tiny BERT (2 layers, width 64, 2.0 M),
    at several micro-batches and lengths, with and without activation checkpointing, for AdamW, Adafactor
@@ -92,15 +94,45 @@ def tiny_causal_lms(work: Path) -> dict[str, str]:
 LM_KINDS = ("tiny-llama", "gpt2", "gqa-llama")
 
 
+def seq2seq_models(work: Path) -> dict[str, str]:
+    """Encoder-decoders at real sizes, from their configs alone (random weights): t5-small (512 wide, 6 + 6 layers,
+    8 heads, vocabulary 32,128; its head fused with the loss at target tokens)."""
+    from transformers import T5Config
+
+    config = T5Config(vocab_size=32128, d_model=512, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
+                      d_kv=64, architectures=["T5ForConditionalGeneration"])  # fmt: skip
+    config.save_pretrained(work / "t5-small")
+    return {"t5-small": str(work / "t5-small")}
+
+
+SEQ2SEQ_KINDS = ("t5-small",)
+
+
 def length(row: dict) -> str:
-    """The row length, and the share of positions counted when not all are (instruction tuning)."""
+    """The row length, and the share of positions counted when not all are (instruction tuning); an encoder-decoder's
+    source / target lengths."""
     counted = row.get("counted", 1.0)
+    if row.get("target_len"):
+        return f"{row['seq_len']} / {row['target_len']}"
     return str(row["seq_len"]) + (f" ({counted:.1%} counted)" if counted < 1 else "")
 
 
 def grid(model: str | None, kind: str):
     from planner_measure import Trial
 
+    if kind in SEQ2SEQ_KINDS:  # sources of 128 tokens, targets of 64: a few micro-batches, both precisions
+        combos = [
+            ("fp32", False, "adamw", 4),
+            ("fp32", False, "adamw", 8),
+            ("fp32", False, "adamw", 16),
+            ("fp32", True, "adamw", 16),
+            ("bf16", False, "adamw", 8),
+            ("bf16", True, "adamw", 8),
+            # after the end of backward was modelled on the two checkpointed trials above: checked on two more
+            ("fp32", True, "adafactor", 8),
+            ("bf16", True, "adamw", 16),
+        ]
+        return [Trial(model, p, c, o, b, 1, 128, steps=2, target_len=64) for p, c, o, b in combos]
     if kind in LM_KINDS:  # packed rows; the logits' share changes with tokens per micro-batch, not with the split
         combos = [
             ("fp32", False, "adamw", 16, 128),
@@ -161,6 +193,7 @@ def accuracy(model: str | None, kind: str, say) -> list[dict]:
             r["optimizer"],
             r["grad_accum"],
             counted=r.get("counted", 1.0),
+            target_len=r.get("target_len", 0),
         )
         rows.append(
             {
@@ -168,6 +201,7 @@ def accuracy(model: str | None, kind: str, say) -> list[dict]:
                 **{k: r[k] for k in ("precision", "activation_checkpointing", "optimizer", "batch_size", "grad_accum")},
                 "seq_len": r["seq_len"],
                 "counted": r.get("counted", 1.0),
+                "target_len": r.get("target_len", 0),
                 "predicted_mib": e.steady_peak / MIB,
                 "measured_mib": r["measured_peak_bytes"] / MIB,
                 "error": e.steady_peak / r["measured_peak_bytes"] - 1,
@@ -182,7 +216,7 @@ def accuracy(model: str | None, kind: str, say) -> list[dict]:
         )
         say(
             f"  {rows[-1]['precision']} ckpt={rows[-1]['activation_checkpointing']} {rows[-1]['optimizer']} "
-            f"{r['batch_size']}x{r['grad_accum']} len {r['seq_len']}: predicted {rows[-1]['predicted_mib']:.0f} "
+            f"{r['batch_size']}x{r['grad_accum']} len {length(rows[-1])}: predicted {rows[-1]['predicted_mib']:.0f} "
             f"measured {rows[-1]['measured_mib']:.0f} MiB ({rows[-1]['error']:+.1%})"
         )
     return rows
@@ -260,6 +294,10 @@ def context() -> dict:
     for line in lscpu.splitlines():
         if line.startswith(("Model name", "CPU(s):", "Flags")) and not line.startswith("Flags"):
             ctx[line.split(":")[0].strip()] = line.split(":", 1)[1].strip()
+        if line.startswith("Flags"):  # what bf16 runs on: native instructions (AVX-512 BF16, AMX) or emulation
+            wanted = ("avx512_bf16", "amx_bf16", "amx_tile", "amx_fp16")
+            have = [f for f in wanted if f in line.split()]
+            ctx["bf16 flags"] = ", ".join(have) or "none of " + ", ".join(wanted)
     ctx["load average at start"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     return ctx
 
@@ -354,7 +392,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="planner-bench-"))
     tiny = tiny_bert(work / "tiny-bert")
-    models = {"tiny": tiny, "minilm": None, **tiny_causal_lms(work)}
+    models = {"tiny": tiny, "minilm": None, **tiny_causal_lms(work), **seq2seq_models(work)}
     results: dict = {"context": context(), "accuracy": [], "planted": []}
     stem = Path(args.out)
     if args.probe_only:

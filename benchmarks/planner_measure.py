@@ -55,6 +55,8 @@ class Trial:
     counted: float = 1.0
     #: --dropout: every dropout's rate (None: the model's own)
     dropout: float | None = None
+    #: an encoder-decoder's target tokens (its sources are `seq_len` long; 0: as long)
+    target_len: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +93,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     from leantrain.model.optimizers import build_optimizer, state_bytes
     from leantrain.model.schedules import build_scheduler
     from leantrain.parallel.precision import MixedPrecision
-    from leantrain.planner.memory import is_causal_lm, proxy_batch, proxy_loss
+    from leantrain.planner.memory import is_causal_lm, is_seq2seq, proxy_batch, proxy_loss
     from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
     from leantrain.telemetry.memory import MemoryMeter, tensor_bytes
@@ -104,7 +106,7 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
     config = model_config(trial.model, trial.num_labels)  # the batch's kind and vocabulary
     batches = [
         {
-            **{k: v.to(device) for k, v in proxy_batch(config, b, s, gen, trial.counted).items()},
+            **{k: v.to(device) for k, v in proxy_batch(config, b, s, gen, trial.counted, trial.target_len).items()},
             "step_units": torch.tensor(float(b * trial.grad_accum)),
         }
         for _ in range(trial.grad_accum)
@@ -118,10 +120,11 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
 
         set_rate(model, trial.dropout)
     # a classifier's last layer at the first token only, as its task runs it (not under checkpointing)
-    tail = None if trial.activation_checkpointing else first_token_tail(model)
-    # a causal LM's logits where a token counts, as its task computes them
-    counted_logits = is_causal_lm(model.config) and head_rows_work(model)
-    fused = counted_logits and head_loss_works(model)  # and there the head and loss in one chunked pass
+    pair = is_seq2seq(model.config)
+    tail = None if trial.activation_checkpointing or pair else first_token_tail(model)
+    # a causal LM's logits where a token counts, an encoder-decoder's at target tokens, as their tasks compute them
+    counted_logits = (is_causal_lm(model.config) or pair) and head_rows_work(model, decoder=pair)
+    fused = counted_logits and head_loss_works(model, decoder=pair)  # and there the head and loss in one chunked pass
     if trial.activation_checkpointing:
         loading.enable_activation_checkpointing(model)
     model.train()
@@ -175,10 +178,12 @@ def warm_up(trials: list[Trial]) -> None:
         # Kernels are built per shape (oneDNN's bf16 matmuls JIT-compile and cache one per shape: 10-15 MiB
         # for the tiny BERT's shapes), so the warm-up runs each trial's own shape; checkpointing and
         # accumulation run the same kernels.
-        key = (t.model, t.precision, t.optimizer, t.batch_size, t.seq_len)
+        key = (t.model, t.precision, t.optimizer, t.batch_size, t.seq_len, t.target_len)
         if key not in done:
             done.add(key)
-            measure_trial(Trial(t.model, t.precision, False, t.optimizer, t.batch_size, 1, t.seq_len, 1))
+            measure_trial(
+                Trial(t.model, t.precision, False, t.optimizer, t.batch_size, 1, t.seq_len, 1, target_len=t.target_len)
+            )
 
 
 def measure_trials(

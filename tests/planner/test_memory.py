@@ -221,6 +221,7 @@ def check_against_measurement(model: str | None, trials: list[Trial], tolerance:
                 r["optimizer"],
                 r["grad_accum"],
                 counted=r.get("counted", 1.0),
+                target_len=r.get("target_len", 0),
             )
             assert r["optimizer_state_bytes"] == e.optimizer_state  # exact, as above
             rows.append((r, e.steady_peak, e.steady_peak / r["measured_peak_bytes"] - 1))
@@ -326,7 +327,7 @@ def test_causal_lm_facts_and_plan_know_the_task():
     assert plan.facts["flops_per_sequence"] == pytest.approx(flops)
     assert flops > 6 * facts.params * 256 * 1.01  # more than 6 x parameters: attention's s^2 term
     assert plan.recommended is not None
-    with pytest.raises(ConfigError, match="text encoders and causal language models"):
+    with pytest.raises(ConfigError, match=r"causal language models and encoder-decoders .* planned by hand"):
         M.model_facts("preset:tiny-vit")
 
 

@@ -532,9 +532,11 @@ def test_bad_input_is_one_line_naming_the_fix(models, pairs, tmp_path, capsys):
     mixture = ["--data", f"{pairs[0]}@0.5", "--data", f"{only_sources}@0.5"]
     _one_line_error(capsys, [*base, *t5, *mixture], "--task seq2seq reads one source", "join the files into one")
     _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--metrics", "accuracy"], "--metrics", "rouge1")
-    # the planner does not model encoder-decoders: `plan` and `--auto` say so
-    _one_line_error(capsys, ["plan", *t5, "--data", str(pairs[0])], "planner", "'t5' model (seq2seq)")
-    _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--auto"], "planner", "'t5' model (seq2seq)")
+    # the planner models a T5 (tests/planner/test_seq2seq_plan.py), not a warm-started bert2bert: `plan` and `--auto`
+    # say so
+    b2b = ["--model", str(models["bert2bert"]), "--max-target-length", "32"]  # (its positions: 128)
+    _one_line_error(capsys, ["plan", *b2b, "--data", str(pairs[0])], "planner", "'encoder-decoder' model", "by hand")
+    _one_line_error(capsys, [*base, *b2b, "--data", str(pairs[0]), "--auto"], "planner", "by hand")
 
 
 def test_predict_reads_a_text_file_one_source_a_line_and_evaluate_asks_for_a_target_to_score(

@@ -88,6 +88,8 @@ def probe(plan: Plan, base_job: dict[str, Any], work_dir: Path, config: ProbeCon
     config = config or ProbeConfig()
     job = {k: v for k, v in base_job.items() if k not in ("auto", "memory", "output_dir", "resume", "save_every")}
     job.update(max_length=plan.request.seq_len, pad_to_max_length=True, report=False, eval_every=None)
+    if plan.request.target_len:  # an encoder-decoder's planned lengths (its pairs are padded to each batch's longest)
+        job.update(max_source_length=plan.request.seq_len, max_target_length=plan.request.target_len)
     # what is measured is training: the run's closing evaluation, at the planned length over a tenth of the data,
     # took most of a probe's time (259 of 293 s on the default job), so it scores a token share
     if not job.get("eval_data"):

@@ -56,7 +56,10 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         model=cfg.model,
         budget=budget,
         global_batch=cfg.batch_size_or_default() * cfg.grad_accum * num_processes,
-        seq_len=cfg.max_length,
+        # an encoder-decoder's sources and targets (`make_plan` drops the targets of any other model)
+        seq_len=cfg.max_source_length or cfg.max_length,
+        target_len=cfg.max_target_length,
+        fuse_head=not cfg.label_smoothing,  # a smoothed loss takes an encoder-decoder's logits (`tasks.seq2seq`)
         device=device,
         num_processes=num_processes,
         # an explicit precision is kept (auto lets the planner choose); so is an optimizer the planner does not
@@ -106,8 +109,13 @@ def fitted_to_data(
         longest = int(max(data.train.lengths))
         # (a preference pair's row holds both its sequences: up to twice --max-length)
         if longest < request.seq_len or getattr(data.train.features, "parts", 1) > 1:
-            notes.append(f"length {longest}: the longest example of --data (--max-length {cfg.max_length})")
+            flag = (
+                f"--max-source-length {request.seq_len}" if cfg.max_source_length else f"--max-length {cfg.max_length}"
+            )
+            notes.append(f"length {longest}: the longest example of --data ({flag})")
             request = dataclasses.replace(request, seq_len=longest)
+        request, said = _fitted_targets(cfg, request, data)
+        notes += said
     # a causal LM's logits are computed where the next token counts (not under --compile, whose one graph keeps every
     # position's): planned at the row that counts the most
     counted = None if cfg.streaming or cfg.compile else getattr(getattr(data.train, "features", None), "counted", None)
@@ -123,6 +131,19 @@ def fitted_to_data(
         facts = model_facts(cfg.model, config=data.model_config, task=cfg.task)
         notes.append(f"vocabulary {facts.vocab:,}: the tokenizer this run trains on --data")
     return request, facts, notes
+
+
+def _fitted_targets(cfg: TrainConfig, request: PlanRequest, data: Any) -> tuple[PlanRequest, list[str]]:
+    """An encoder-decoder's targets planned no longer than the longest of its training pairs' (its sources are its
+    rows' `lengths`)."""
+    targets = getattr(data.train.features, "target_lengths", None)
+    if targets is None or not len(targets):
+        return request, []
+    longest = int(max(targets))
+    if longest >= request.target_len:
+        return request, []
+    note = f"targets {longest}: the longest target of --data (--max-target-length {cfg.max_target_length})"
+    return dataclasses.replace(request, target_len=longest), [note]
 
 
 def precompute_note(cfg: TrainConfig, plan: Plan, data: Any) -> list[str]:

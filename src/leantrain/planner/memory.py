@@ -151,6 +151,12 @@ class WorkspaceModel:
     #: chunk's logits, their log-softmax and the softmax's gradient in its place (fitted: preset:tiny-llama's fp32
     #: trials imply 2.7-3.2, the checkpointed one 3.6; tests/planner/test_memory.py)
     transient_fused_logits: float = 3.0
+    #: an encoder-decoder's, by precision: in fp32 the chunk's logits and their log-softmax (the softmax's gradient
+    #: written in its place), 2.0 as `losses.head_cross_entropy_sum` allocates them (measured 2.0 on a tiny T5 whose
+    #: logits dwarf the rest); in bf16 about one more (measured 3.1: the low-precision matmuls' copies)
+    transient_pair_fused_logits: dict[str, float] = field(
+        default_factory=lambda: {"fp32": 2.0, "bf16": 3.0, "fp16": 3.0}
+    )
     #: one-off memory of the first training step of a run (kernels' code and buffers, thread pools), by device
     #: and precision: 16-21 MiB in fp32 `leantrain train` runs of the tiny BERT and MiniLM on CPU; bf16 adds
     #: oneDNN's cache of JIT-built kernels, one per matmul shape (5-13 MiB for the tiny BERT at one shape). CUDA's
@@ -214,8 +220,8 @@ class ModelFacts:
     inventory: ParamInventory
     #: the config as a JSON string (to build proxies, and a hashable cache key)
     config_json: str
-    #: how the planner models it (its task's `planner`): "classifier" or "causal-lm": which head the proxies get and
-    #: which loss they run
+    #: how the planner models it (its task's `planner`): "classifier", "token-classifier", "causal-lm" or "seq2seq":
+    #: which head the proxies get and which loss they run
     kind: str = "classifier"
     #: vocabulary size: a causal LM's logits hold one score per token and vocabulary entry
     vocab: int = 0
@@ -353,6 +359,8 @@ def frozen_leading_layers(config_json: str, freeze: str, trust_remote_code: bool
     from leantrain.model import freezing
 
     config = _config_from_json(config_json)
+    if is_seq2seq(config):  # an encoder-decoder's frozen layers are counted as if they trained (an overestimate)
+        return 0
     net = _build(config, "meta", trust_remote_code)
     freezing.apply(net, freeze)
     n = getattr(config, _layers_attr(config))
@@ -408,6 +416,22 @@ def _layers_attr(config) -> str:
     raise ConfigError(f"{type(config).__name__}: cannot tell the number of layers; the planner needs a transformer")
 
 
+#: an encoder-decoder's config fields for its encoder's and its decoder's layer counts: T5's; BART's, mBART's, Marian's
+_STACKS = (("num_layers", "num_decoder_layers"), ("encoder_layers", "decoder_layers"))
+
+
+def stack_layers(config) -> tuple[str, str]:
+    """The names of an encoder-decoder's encoder and decoder layer counts in its config; refused in one line for
+    one whose config has none (a warm-started `EncoderDecoderModel` holds two configs)."""
+    for names in _STACKS:
+        if all(isinstance(getattr(config, n, None), int) for n in names):
+            return names
+    raise ConfigError(
+        f"the planner models encoder-decoders whose config gives both layer counts (T5, BART, mBART, Marian); a "
+        f"'{getattr(config, 'model_type', '?')}' model is planned by hand for now (leantrain bench)"
+    )
+
+
 def model_facts(
     model: str | None, num_labels: int = 2, trust_remote_code: bool = False, config=None, task: str | None = None
 ) -> ModelFacts:
@@ -421,16 +445,19 @@ def model_facts(
             path, trust_remote_code=trust_remote_code, num_labels=num_labels, problem_type="single_label_classification"
         )
     kind = planner_kind(config, task, model)
+    # an encoder-decoder's layers are its encoder's and its decoder's (T5's d_ff, BART's encoder_ffn_dim wide)
+    stacks = stack_layers(config) if kind == "seq2seq" else (_layers_attr(config),)
     config = _as_planned(config, kind)
     inventory = _inventory(config.to_json_string(), trust_remote_code)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0))
+    widths = ("intermediate_size", "hidden_dim", "d_ff", "encoder_ffn_dim")
     return ModelFacts(
         name=str(model) if model else loading.EMBEDDED_MODEL,
         model_type=getattr(config, "model_type", "?"),
         hidden=hidden,
-        intermediate=int(getattr(config, "intermediate_size", 0) or getattr(config, "hidden_dim", 0) or 4 * hidden),
+        intermediate=int(next((getattr(config, n) for n in widths if getattr(config, n, 0)), 4 * hidden)),
         heads=int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_heads", 1)),
-        layers=int(getattr(config, _layers_attr(config))),
+        layers=sum(int(getattr(config, n)) for n in stacks),
         inventory=inventory,
         config_json=config.to_json_string(),
         kind=kind,
@@ -491,15 +518,17 @@ def _build(config, device: str, trust_remote_code: bool = False):
 
 
 def planner_kind(config, task: str | None = None, model: str | None = None) -> str:
-    """How the planner models a model of `config` doing `task` (else its own): the task's `planner`, "classifier"
-    or "causal-lm"; refused in one line for a task the planner does not model."""
+    """How the planner models a model of `config` doing `task` (else its own): the task's `planner` ("classifier",
+    "token-classifier", "causal-lm", "seq2seq"); refused in one line for a task the planner does not model (images,
+    audio, a reward model, GRPO)."""
     from leantrain import tasks
 
     chosen = tasks.task_class(tasks.infer(config, task))
     if chosen.planner is None:
         raise ConfigError(
-            f"{model or 'the model'}: the planner models text encoders and causal language models; a "
-            f"'{getattr(config, 'model_type', '?')}' model ({chosen.name}) is planned by hand for now (leantrain bench)"
+            f"{model or 'the model'}: the planner models text encoders, causal language models and encoder-decoders "
+            f"(sequence-to-sequence); a '{getattr(config, 'model_type', '?')}' model ({chosen.name}) is planned by "
+            "hand for now (leantrain bench)"
         )
     return chosen.planner
 
@@ -509,6 +538,7 @@ _AUTO_CLASSES = {
     "classifier": "AutoModelForSequenceClassification",
     "token-classifier": "AutoModelForTokenClassification",
     "causal-lm": "AutoModelForCausalLM",
+    "seq2seq": "AutoModelForSeq2SeqLM",
 }
 
 
@@ -522,21 +552,29 @@ def is_causal_lm(config) -> bool:
     return planner_kind(config) == "causal-lm"
 
 
+def is_seq2seq(config) -> bool:
+    """Whether `config` is an encoder-decoder's trained as sequence-to-sequence: sources and targets, the loss per
+    target token."""
+    return planner_kind(config) == "seq2seq"
+
+
 def counted_positions(seq_len: int, counted: float) -> int:
     """Positions of a row whose next token counts, for a `counted` share of them (at least one): every position but
     the last, which predicts nothing, at 1."""
     return max(1, math.ceil(counted * (seq_len - 1)))
 
 
-def proxy_batch(config, batch: int, seq_len: int, generator, counted: float = 1.0) -> dict:
-    """A training batch of the shape a run feeds `net`: a classifier's padded rows with their labels, or a causal
+def proxy_batch(config, batch: int, seq_len: int, generator, counted: float = 1.0, target_len: int = 0) -> dict:
+    """A training batch of the shape a run feeds `net`: a classifier's padded rows with their labels, a causal
     LM's packed rows (two documents a row, position ids restarting at the second), the next token counted at
     every position or, with `counted` below 1, at that share of each row's positions (instruction tuning counts
-    completions only)."""
+    completions only), or an encoder-decoder's sources of `seq_len` and targets of `target_len` tokens."""
     import torch
 
     vocab = int(getattr(config, "vocab_size", 100))
     ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq_len), generator=generator)
+    if is_seq2seq(config):
+        return pair_batch(ids, target_len or seq_len, vocab, generator)
     if is_token_classifier(config):  # a label at every position
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids)}
     if not is_causal_lm(config):
@@ -552,15 +590,53 @@ def proxy_batch(config, batch: int, seq_len: int, generator, counted: float = 1.
     return {"input_ids": ids, "position_ids": positions, "labels": labels}
 
 
+def pair_batch(source, target_len: int, vocab: int, generator) -> dict:
+    """An encoder-decoder's batch as `data.seq2seq.PairCollator` makes it, every source and target token real (the
+    longest pairs a micro-batch can hold): the decoder reads the target shifted right behind a start token."""
+    import torch
+
+    labels = torch.randint(min(5, vocab - 1), vocab, (source.shape[0], target_len), generator=generator)
+    decoder_ids = torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], dim=1)
+    return {
+        "input_ids": source,
+        "attention_mask": torch.ones_like(source),
+        "decoder_input_ids": decoder_ids,
+        "labels": labels,
+        "target_mask": torch.ones_like(labels, dtype=torch.bool),
+    }
+
+
+def _pair_loss(net, batch: dict, autocast=None, selected: bool = False, fused: bool = False):
+    """An encoder-decoder's summed loss per target token as `tasks.seq2seq` computes it: the output head at target
+    tokens only (`selected`), or there fused with the loss (`fused`)."""
+    import torch.nn.functional as F
+
+    from leantrain.tasks.causal_lm import head_loss, head_rows
+
+    keep, labels = batch["target_mask"], batch["labels"]
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "decoder_input_ids")}
+    cut: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if selected:
+        cut = head_loss(net, keep, labels[keep]) if fused else head_rows(net, keep)
+    with autocast or contextlib.nullcontext(), cut:
+        logits = net(**inputs, use_cache=False).logits
+    if fused:
+        return logits  # the summed loss, from the head
+    return F.cross_entropy((logits if selected else logits[keep]).float(), labels[keep], reduction="sum")
+
+
 def proxy_loss(net, batch: dict, autocast=None, tail=None, counted_logits: bool = False, fused: bool = False):
     """The summed training loss of `batch` as the trainer computes it: the forward under `autocast`, the task's loss
-    (a classifier's cross-entropy, a causal LM's per-token loss) outside it, in fp32. `tail`: a classifier's
-    `FirstTokenTail`, run at the first token as the task runs it. `counted_logits`: a causal LM's logits only at
-    the positions whose next token counts, as its task computes them where the model allows
+    (a classifier's cross-entropy, a causal LM's or an encoder-decoder's per-token loss) outside it, in fp32.
+    `tail`: a classifier's `FirstTokenTail`, run at the first token as the task runs it. `counted_logits`: a causal
+    LM's logits only at the positions whose next token counts (an encoder-decoder's at its target tokens), as its
+    task computes them where the model allows
     (`tasks.causal_lm.head_rows_work`, asked by the caller: it runs the model); `fused`: there, the head and the
     loss in one chunked pass (`tasks.causal_lm.head_loss_works`)."""
     import torch.nn.functional as F
 
+    if is_seq2seq(net.config):
+        return _pair_loss(net, batch, autocast, counted_logits, fused)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     causal = is_causal_lm(net.config)
     if is_token_classifier(net.config):
@@ -618,11 +694,12 @@ def _saved_bytes(
     counted: float = 1.0,
     counted_logits: bool = False,
     fused: bool = False,
+    target_len: int = 0,
 ) -> float:
     """Bytes of the distinct storages autograd saves in one forward (parameters excluded)."""
     import torch
 
-    inputs = proxy_batch(net.config, batch, seq_len, torch.Generator().manual_seed(0), counted)
+    inputs = proxy_batch(net.config, batch, seq_len, torch.Generator().manual_seed(0), counted, target_len)
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     seen: dict[int, int] = {}
 
@@ -640,17 +717,17 @@ def _saved_bytes(
     return float(sum(seen.values()))
 
 
-def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
+def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = True):
     """A proxy model from `config`, in training mode, run as its task runs it: (the model, a classifier's
     `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only, whether its
-    head and loss are fused there)."""
+    head and loss are fused there: where the model allows and, `fusable`, the run does)."""
     from leantrain.model import loading
     from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
 
     net = _build(config, "cpu")
     net.train()
-    causal = is_causal_lm(config)
+    causal, pair = is_causal_lm(config), is_seq2seq(config)
     # A classifier's last layer runs at the first token only, as the task runs it (not when checkpointed), a token
     # classifier's where a token is tagged; a causal LM's output head only where a token counts
     if is_token_classifier(config):  # a token classifier's where a token is tagged
@@ -658,9 +735,10 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None):
 
         tail = None if checkpointing else labelled_rows_tail(net)
     else:
-        tail = None if causal or checkpointing else first_token_tail(net)
-    counted_logits = causal and head_rows_work(net)
-    fused = counted_logits and head_loss_works(net)
+        tail = None if causal or pair or checkpointing else first_token_tail(net)
+    # an encoder-decoder's output head at target tokens only, as its task runs it (`tasks.seq2seq.check_model`)
+    counted_logits = (causal or pair) and head_rows_work(net, decoder=pair)
+    fused = fusable and counted_logits and head_loss_works(net, decoder=pair)
     if checkpointing:
         loading.enable_activation_checkpointing(net)
     if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
@@ -677,10 +755,16 @@ def activation_profile(
     trust_remote_code: bool = False,
     lora: LoraSpec | None = None,
     counted: float = 1.0,
+    target_len: int = 0,
+    fusable: bool = True,
 ) -> ActivationProfile:
     """Count saved activations on one- and two-layer proxies of the model at batches 2 and 4 (see module doc).
-    `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only."""
+    `counted`: a causal LM's share of positions whose next token counts; its logits are computed there only.
+    `target_len`: an encoder-decoder's target tokens (its sources are `seq_len` long; 0: as long); `fusable`: whether
+    its run fuses the output head with the loss where the model allows (not with --label-smoothing)."""
     base_config = _config_from_json(config_json)
+    if is_seq2seq(base_config):
+        return _pair_profile(config_json, seq_len, target_len or seq_len, precision, checkpointing, lora, fusable)
     # A small vocabulary keeps the proxies cheap. An encoder's embeddings save indices, not the table, so nothing
     # changes; a causal LM's logits (one score per token and vocabulary entry) grow with it, so its proxies run at
     # two vocabularies and that share is carried over to the real one, linearly.
@@ -693,10 +777,8 @@ def activation_profile(
     if causal:  # the logits' share per vocabulary entry: per sequence (logits, their fp32 copy) and fixed
         c = checkpointing
         more = {b: counts[(1, b, c, 2 * small)] - counts[(1, b, c, small)] for b in (2, 4)}
-        per_entry = (more[4] - more[2]) / 2 / small
-        fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
-        base += per_entry * (vocab - small)
-        copies_base += fixed_per_entry * (vocab - small)
+        per_seq, fixed = _vocabulary_share(more, small, vocab)
+        base, copies_base = base + per_seq, copies_base + fixed
     return ActivationProfile(
         per_layer=layer,
         base=base,
@@ -709,14 +791,126 @@ def activation_profile(
     )
 
 
+def _vocabulary_share(more: dict[int, float], small: int, vocab: int) -> tuple[float, float]:
+    """What the logits' side adds from the proxies' vocabulary `small` to the real `vocab`, carried over linearly
+    from `more` (what a proxy at twice `small` saves beyond one at `small`, at batches 2 and 4): (per sequence,
+    fixed)."""
+    per_entry = (more[4] - more[2]) / 2 / small
+    fixed_per_entry = max(more[2] - 2 * (more[4] - more[2]) / 2, 0.0) / small
+    return per_entry * (vocab - small), fixed_per_entry * (vocab - small)
+
+
+@contextlib.contextmanager
+def _proxy_runs():
+    """Within: one thread (small matmuls: as fast, and the neighbours left alone) and a fixed seed (the dropout
+    masks), both restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+#: an encoder-decoder's proxies: (encoder layers, decoder layers)
+PAIR_PROXIES = ((1, 1), (2, 1), (1, 2))
+
+
+def _pair_profile(
+    config_json: str,
+    seq_len: int,
+    target_len: int,
+    precision: str,
+    checkpointing: bool,
+    lora: LoraSpec | None,
+    fusable: bool = True,
+) -> ActivationProfile:
+    """An encoder-decoder's profile, counted on proxies of one and two encoder and decoder layers (PAIR_PROXIES) at
+    the run's source and target lengths: `per_layer` is the mean over the real model's layers (each encoder layer
+    costs in the source length, each decoder layer in the target's and, through cross-attention, the source's);
+    a checkpointed model recomputes the larger of an encoder and a decoder layer. Its logits' side (the output head
+    at target tokens, fused with the loss) is carried from two vocabularies to the real one, as a causal LM's."""
+    config = _config_from_json(config_json)
+    names = stack_layers(config)
+    real = [int(getattr(config, n)) for n in names]
+    vocab = int(config.vocab_size)
+    small = min(vocab, 512)
+    lengths = (seq_len, target_len)
+    counts, fused = _pair_counts(config_json, names, lengths, precision, checkpointing, (lora, fusable), small)
+    base, layers, copies_base, copies = _split_pair_counts(counts, small, checkpointing)
+    full = max(_split_pair_counts(counts, small, False)[1]) if checkpointing else 0.0
+    c, one = checkpointing, PAIR_PROXIES[0]
+    more = {b: counts[(one, b, c, 2 * small)] - counts[(one, b, c, small)] for b in (2, 4)}
+    per_seq, fixed = _vocabulary_share(more, small, vocab)
+    return ActivationProfile(
+        per_layer=sum(n * x for n, x in zip(real, layers)) / sum(real),
+        base=base + per_seq,
+        copies_per_layer=sum(n * x for n, x in zip(real, copies)) / sum(real),
+        copies_base=copies_base + fixed,
+        layer_full=full,
+        source=f"saved tensors counted on encoder-decoder proxies of 1-2 encoder and 1-2 decoder layers at source "
+        f"length {seq_len} and target length {target_len}, {precision}, logits carried from vocabularies {small} "
+        f"and {2 * small} to {vocab}",
+        fused_head=fused,
+    )
+
+
+def _pair_counts(
+    config_json: str,
+    names: tuple[str, str],
+    lengths: tuple[int, int],
+    precision: str,
+    checkpointing: bool,
+    run: tuple[LoraSpec | None, bool],
+    small: int,
+) -> tuple[dict[tuple[tuple[int, int], int, bool, int], float], bool]:
+    """Saved bytes of an encoder-decoder's proxies (PAIR_PROXIES, its layer counts `names` set) on sources and
+    targets of `lengths`, at batches 2 and 4, with and without checkpointing (as planned), at the small vocabulary
+    (and the smallest proxy at twice it), with the run's LoRA and whether it may fuse the head and the loss (`run`):
+    {((encoder, decoder layers), batch, ckpt, vocab): bytes}, and whether the proxies fused them."""
+    counts: dict[tuple[tuple[int, int], int, bool, int], float] = {}
+    fused_head = False
+
+    def count(stacks: tuple[int, int], ckpt: bool, vocab: int) -> None:
+        nonlocal fused_head
+        with _quiet():
+            config = _config_from_json(config_json, vocab_size=vocab, **dict(zip(names, stacks)))
+        net, _, selected, fused_head = _proxy(config, ckpt, *run)
+        for batch in (2, 4):
+            counts[(stacks, batch, ckpt, vocab)] = _saved_bytes(
+                net, batch, lengths[0], precision, None, 1.0, selected, fused_head, lengths[1]
+            )
+
+    with _proxy_runs():
+        for stacks in PAIR_PROXIES:
+            for ckpt in {False, checkpointing}:
+                count(stacks, ckpt, small)
+        count(PAIR_PROXIES[0], checkpointing, 2 * small)
+    return counts, fused_head
+
+
+def _split_pair_counts(counts: dict, small: int, ckpt: bool) -> tuple[float, tuple, float, tuple]:
+    """(base, (per encoder layer, per decoder layer), fixed copies outside the layers, (fixed copies per encoder
+    layer, per decoder layer)) per sequence, from total(E, D, B) = B * (base + E * enc + D * dec) + copies_base +
+    E * copies_enc + D * copies_dec."""
+    per_seq = {k: (counts[(k, 4, ckpt, small)] - counts[(k, 2, ckpt, small)]) / 2 for k in PAIR_PROXIES}
+    fixed = {k: counts[(k, 2, ckpt, small)] - 2 * per_seq[k] for k in PAIR_PROXIES}
+    one = PAIR_PROXIES[0]
+    layers = tuple(per_seq[k] - per_seq[one] for k in PAIR_PROXIES[1:])
+    copies = tuple(max(fixed[k] - fixed[one], 0.0) for k in PAIR_PROXIES[1:])
+    return per_seq[one] - sum(layers), layers, max(fixed[one] - sum(copies), 0.0), copies
+
+
 def _proxy_counts(
     config_json: str, seq_len: int, precision: str, checkpointing: bool, lora, counted: float, small: int, causal: bool
 ) -> tuple[dict[tuple[int, int, bool, int], float], bool]:
     """Saved bytes of proxies with 1 and 2 layers, at batches 2 and 4, with and without checkpointing (as planned),
     at the small vocabulary (and, for a causal LM, one layer at twice it): {(layers, batch, ckpt, vocab): bytes},
     and whether the proxies fused the head and the loss."""
-    import torch
-
     layers_name = _layers_attr(_config_from_json(config_json))
     counts: dict[tuple[int, int, bool, int], float] = {}
     fused_head = False
@@ -731,18 +925,12 @@ def _proxy_counts(
                 net, batch, seq_len, precision, tail, counted, counted_logits, fused_head
             )
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matmuls: one thread is as fast and leaves the neighbours alone
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            for n_layers in (1, 2):
-                for ckpt in {False, checkpointing}:
-                    count(n_layers, ckpt, small)
-            if causal:
-                count(1, checkpointing, 2 * small)
-    finally:
-        torch.set_num_threads(threads)
+    with _proxy_runs():
+        for n_layers in (1, 2):
+            for ckpt in {False, checkpointing}:
+                count(n_layers, ckpt, small)
+        if causal:
+            count(1, checkpointing, 2 * small)
     return counts, fused_head
 
 
@@ -756,32 +944,91 @@ def _split_counts(counts: dict, small: int, ckpt: bool) -> tuple[float, float, f
     return per_seq[1] - layer, layer, max(fixed[1] - copies_layer, 0.0), copies_layer
 
 
-def _causal_lm_backward_peak(
+def _logits_backward_peak(
     facts: ModelFacts,
     profile: Any,
     workspace: WorkspaceModel,
     micro_batch: int,
-    seq_len: int,
-    counted: float,
+    rows: int,
     checkpointing: bool,
     act: float,
     bwd_ws: float,
+    fused_transient: float,
 ) -> tuple[float, float]:
-    """(activations, transients) at a causal LM's backward peak. Its logits dominate the part outside the layers,
-    and backward meets them first: the peak is at the loss (everything saved, no layer recomputed yet, the logits'
-    gradients in flight) or later in the layers (the logits' tensors freed; a checkpointed layer recomputed, the
-    layers' own transients), whichever is larger."""
+    """(activations, transients) at the backward peak of a model with an output head over the vocabulary at `rows`
+    positions of a micro-batch (a causal LM's, an encoder-decoder's). Its logits dominate the part outside the
+    layers, and backward meets them first: the peak is at the loss (everything saved, no layer recomputed yet, the
+    logits' gradients in flight) or later in the layers (the logits' tensors freed; a checkpointed layer
+    recomputed, the layers' own transients), whichever is larger."""
     recompute = micro_batch * profile.layer_full + profile.copies_per_layer if checkpointing else 0.0
-    rows = micro_batch * counted_positions(seq_len, counted)
     transient = workspace.transient_logits
     if profile.fused_head:  # the head and loss fused: a chunk of rows at a time, in the forward pass
         from leantrain.model.losses import HEAD_CHUNK_ROWS
 
-        rows, transient = min(rows, HEAD_CHUNK_ROWS), workspace.transient_fused_logits
+        rows, transient = min(rows, HEAD_CHUNK_ROWS), fused_transient
     logits = rows * facts.vocab * 4  # one fp32 copy
     at_loss = (act - recompute, transient * logits)
     in_layers = (act - micro_batch * profile.base, bwd_ws)
     return max(at_loss, in_layers, key=sum)
+
+
+def _backward(
+    facts: ModelFacts,
+    micro_batch: int,
+    lengths: tuple[int, int],
+    precision: str,
+    checkpointing: bool,
+    workspace: WorkspaceModel,
+    lora: LoraSpec | None,
+    counted: float,
+    freeze: str | None,
+    fusable: bool = True,
+    late_grads: float = 0.0,
+) -> tuple[float, float]:
+    """(activations, transients) at the backward peak of a micro-step on rows of `lengths` (a source's and, for an
+    encoder-decoder, a target's: 0, as long as the source); `late_grads`: the gradients alive at the end of backward
+    that the caller does not add itself (an encoder-decoder's end of backward may be its peak)."""
+    seq_len, target_len = lengths[0], lengths[1] or lengths[0]
+    pair = facts.kind == "seq2seq"
+    profile = activation_profile(
+        facts.config_json,
+        seq_len,
+        precision,
+        checkpointing,
+        lora=lora,
+        counted=counted,
+        target_len=target_len if pair else 0,
+        fusable=fusable or not pair,
+    )
+    still = facts.layers - (frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0)
+    act = profile.saved(micro_batch, still, checkpointing)
+    # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel), of the
+    # longer of an encoder-decoder's source and target
+    tokens = max(seq_len, target_len) if pair else seq_len
+    bwd_ws = layers_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * tokens * facts.intermediate * 4
+    if facts.kind in ("causal-lm", "seq2seq"):  # the output head at every target token, or where a token counts
+        rows = micro_batch * (target_len if pair else counted_positions(seq_len, counted))
+        fused = workspace.transient_pair_fused_logits.get(precision, 3.0) if pair else workspace.transient_fused_logits
+        act, bwd_ws = _logits_backward_peak(
+            facts, profile, workspace, micro_batch, rows, checkpointing, act, bwd_ws, fused
+        )
+    if pair:
+        end = _pair_backward_end(facts, profile, micro_batch, checkpointing, layers_ws, late_grads)
+        act, bwd_ws = max((act, bwd_ws), end, key=sum)
+    return act, bwd_ws
+
+
+def _pair_backward_end(
+    facts: ModelFacts, profile: Any, micro_batch: int, checkpointing: bool, bwd_ws: float, late_grads: float
+) -> tuple[float, float]:
+    """(activations, transients) at the end of an encoder-decoder's backward: every gradient made (`late_grads`:
+    those the caller does not add), beside the first encoder layer's activations (recomputed, under checkpointing)
+    and transients or, after them, the embedding matrix's dense gradient (a T5's is its head's too, made again for
+    the decoder's and the encoder's inputs). With its layers checkpointed, t5-small at 16 pairs of 128 and 64 tokens
+    peaks here, not at the loss (benchmarks/results/planner_accuracy_seq2seq.md)."""
+    layer = micro_batch * (profile.layer_full if checkpointing else profile.per_layer) + profile.copies_per_layer
+    embedding = 4.0 * facts.vocab * facts.hidden
+    return layer, late_grads + max(bwd_ws, embedding - layer)
 
 
 def estimate(
@@ -799,6 +1046,8 @@ def estimate(
     settings: Any = None,
     flat: bool = False,
     freeze: str | None = None,
+    target_len: int = 0,
+    fuse_head: bool = True,
 ) -> MemoryEstimate:
     """Predicted peak training memory of one configuration (see the module docstring). With `lora`, gradients and
     optimizer state are the adapters' and the head's alone, and the frozen weights count as stored (quantized).
@@ -807,7 +1056,9 @@ def estimate(
     optimizer's (e.g. a projection rank), any object with the config's fields. `flat`: the parameters are kept
     flat (`model.flat`), whose gradients stay allocated between steps. `freeze`: --freeze's names, whose parameters
     keep no gradient or state; the first layers it freezes with everything before them save no activations (later
-    frozen layers are counted as if they trained: an overestimate)."""
+    frozen layers are counted as if they trained: an overestimate). `target_len`: an encoder-decoder's target tokens
+    (its sources are `seq_len` long; 0: as long); `fuse_head`: whether its run fuses the output head with the loss
+    where the model allows (--label-smoothing takes the logits: it does not)."""
     weights = 4 * facts.inventory.numel + facts.inventory.buffer_bytes
     dequantized = 0
     if lora is not None:  # LoRA
@@ -817,18 +1068,13 @@ def estimate(
     inv = trainable_inventory(facts, lora, freeze)
     grads = 4 * inv.numel
     state = inv.state_bytes(optimizer, settings)
-    profile = activation_profile(facts.config_json, seq_len, precision, checkpointing, lora=lora, counted=counted)
-    still = facts.layers - (frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0)
-    act = profile.saved(micro_batch, still, checkpointing)
-    # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel).
-    bwd_ws = workspace.transient_ffn.get(precision, 1.2) * micro_batch * seq_len * facts.intermediate * 4
-    if facts.kind == "causal-lm":
-        act, bwd_ws = _causal_lm_backward_peak(
-            facts, profile, workspace, micro_batch, seq_len, counted, checkpointing, act, bwd_ws
-        )
     # With accumulation the gradients are alive through the whole backward (flat parameters': the small ones' buffer);
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else (4 * inv.flat_numel() if flat else 0)
+    act, bwd_ws = _backward(
+        facts, micro_batch, (seq_len, target_len), precision, checkpointing, workspace, lora, counted, freeze,
+        fuse_head, grads - grads_in_backward,
+    )  # fmt: skip
     backward = act + bwd_ws + grads_in_backward + dequantized
     opt_ws = inv.temporaries(optimizer, settings)  # the registry's fitted temporaries
     step = grads + opt_ws

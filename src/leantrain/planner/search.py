@@ -36,7 +36,7 @@ class PlanRequest:
     budget: int
     #: examples per optimizer step across processes: held fixed, only its split changes
     global_batch: int
-    #: tokens per sequence to plan for (the longest batch is padded to it)
+    #: tokens per sequence to plan for (the longest batch is padded to it); an encoder-decoder's sources'
     seq_len: int
     #: "cpu" or "cuda"
     device: str = "cpu"
@@ -70,6 +70,11 @@ class PlanRequest:
     optimizer_settings: dict[str, Any] = field(default_factory=dict)
     #: the run's --flat-parameters: with an optimizer that takes them (AdamW, SGD) the gradients stay allocated
     flat_parameters: bool = True
+    #: an encoder-decoder's target tokens (--max-target-length; 0: as many as its sources'); other models have none
+    target_len: int = 0
+    #: whether an encoder-decoder's run fuses its output head with the loss where the model allows: not with
+    #: --label-smoothing, whose loss takes the logits (`tasks.seq2seq.Seq2Seq.check_model`)
+    fuse_head: bool = True
 
     @property
     def settings(self) -> Any:
@@ -152,13 +157,16 @@ class Plan:
         return min(self.candidates, key=lambda c: (c.peak, -c.relative_throughput))  # the fastest of the least
 
     def no_fit_message(self) -> str:
-        s = self.smallest
+        s, r = self.smallest, self.request
+        lengths = f"--max-length ({r.seq_len})"
+        if r.target_len:
+            lengths = f"--max-source-length ({r.seq_len}), --max-target-length ({r.target_len})"
         return (
             f"nothing fits in {format_bytes(self.request.budget)}: the smallest configuration ({s.name}: "
             f"{s.precision}, {'with' if s.activation_checkpointing else 'without'} activation checkpointing, "
             f"{s.optimizer}, micro-batch {s.micro_batch} x {s.grad_accum} accumulation) needs "
-            f"{format_bytes(s.peak)}; give --memory {_round_up_mib(s.peak)}MiB or more, or lower --max-length "
-            f"({self.request.seq_len}) or the global batch"
+            f"{format_bytes(s.peak)}; give --memory {_round_up_mib(s.peak)}MiB or more, or lower {lengths} or the "
+            "global batch"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,6 +244,7 @@ def enumerate_candidates(
                         facts, micro, request.seq_len, precision, ckpt, opt, accum, request.device,
                         lora=request.lora, counted=request.counted, settings=request.settings,
                         flat=request.flat_parameters and OPTIMIZERS[opt].flat, freeze=request.freeze,
+                        target_len=request.target_len, fuse_head=request.fuse_head,
                     )  # fmt: skip
                     secs = step_seconds(
                         speed,
@@ -245,7 +254,7 @@ def enumerate_candidates(
                         inventory.numel,  # the optimizer steps only what trains (LoRA's adapters, what is not frozen)
                         micro,
                         accum,
-                        request.seq_len,
+                        request.seq_len + request.target_len,  # the tokens of a sequence (an encoder-decoder's two)
                         precision,
                         ckpt,
                         opt,
@@ -351,8 +360,9 @@ def render(plan: Plan, all_rows: bool = False) -> str:
     )
     lines = [
         f"plan for {plan.facts['model']} ({plan.facts['params'] / 1e6:.1f} M parameters) on {r.device}: "
-        f"global batch {r.global_batch} ({counted(r.num_processes, 'process', 'processes')}), length {r.seq_len}, "
-        f"budget {format_bytes(r.budget)}",
+        f"global batch {r.global_batch} ({counted(r.num_processes, 'process', 'processes')}), "
+        + (f"sources {r.seq_len} and targets {r.target_len} tokens" if r.target_len else f"length {r.seq_len}")
+        + f", budget {format_bytes(r.budget)}",
         "memory in MiB: predicted peak = weights + optimizer state + the larger of backward [activations + "
         "workspace] and the optimizer step [gradients + workspace]; work includes the one-off runtime share; "
         "speed relative to fp32/AdamW in one micro-batch",
@@ -399,7 +409,6 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     """Predict every candidate of `request`, recommend the fastest that fits."""
     from leantrain.planner.memory import model_facts
     from leantrain.planner.speed import device_speed
-    from leantrain.telemetry.flops import encoder_flop_model, is_encoder_config
 
     if request.global_batch <= 0 or request.seq_len <= 0:
         raise ConfigError("the global batch and the sequence length must be positive")
@@ -408,29 +417,10 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
         from leantrain.planner.memory import with_dropout
 
         facts = with_dropout(facts, request.dropout)
+    # an encoder-decoder's targets: as long as its sources unless said; other models have none
+    request = replace(request, target_len=(request.target_len or request.seq_len) if facts.kind == "seq2seq" else 0)
     speed = speed or device_speed(request.device)
-    from leantrain.model import freezing
-    from leantrain.planner.memory import _build, _config_from_json, trained_net
-    from leantrain.telemetry.flops import counted_flop_model, flop_model
-
-    config = _config_from_json(facts.config_json)
-    if request.lora is not None or freezing.patterns(request.freeze):  # as the run's telemetry counts it: frozen
-        meta = trained_net(facts.config_json, request.lora, request.freeze)  # weights get no weight gradient
-        flop = flop_model(meta)
-    elif is_encoder_config(config):
-        head = "token" if facts.kind == "token-classifier" else "sequence"
-        flop = encoder_flop_model(config, request.num_labels, head=head)
-    else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included
-        meta = _build(config, "meta")
-        flop = counted_flop_model(meta)
-    per_seq = flop.batch_flops(1, request.seq_len)
-    if facts.kind == "causal-lm" and request.counted < 1.0:  # the output head only where a token counts
-        from leantrain.planner.memory import counted_positions
-        from leantrain.telemetry.flops import row_flops
-
-        uncounted = request.seq_len - counted_positions(request.seq_len, request.counted)
-        per_seq -= uncounted * row_flops(meta.get_output_embeddings().parameters())
-    per_seq *= 1 + request.reference_forward / 3  # a forward without backward: a third of training's FLOPs
+    per_seq = flops_per_sequence(request, facts)
     plan = Plan(
         request=request,
         facts={
@@ -454,6 +444,33 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     return plan
 
 
+def flops_per_sequence(request: PlanRequest, facts: ModelFacts) -> float:
+    """FLOPs of one training sequence (an encoder-decoder's source and target), as the run's telemetry counts them."""
+    from leantrain.model import freezing
+    from leantrain.planner.memory import _build, _config_from_json, trained_net
+    from leantrain.telemetry.flops import counted_flop_model, encoder_flop_model, flop_model, is_encoder_config
+
+    config = _config_from_json(facts.config_json)
+    meta = None
+    if request.lora is not None or freezing.patterns(request.freeze):  # as the run's telemetry counts it: frozen
+        meta = trained_net(facts.config_json, request.lora, request.freeze)  # weights get no weight gradient
+        flop = flop_model(meta)
+    elif is_encoder_config(config):
+        head = "token" if facts.kind == "token-classifier" else "sequence"
+        flop = encoder_flop_model(config, request.num_labels, head=head)
+    else:  # counted as the run's telemetry counts it: the matmuls of a meta-device copy, attention's s^2 included;
+        meta = _build(config, "meta")  # an encoder-decoder's in its source and target lengths (`pair_flop_model`)
+        flop = flop_model(meta) if facts.kind == "seq2seq" else counted_flop_model(meta)
+    per_seq = flop.batch_flops(1, request.seq_len) + flop.target_flops(request.seq_len, request.target_len)
+    if facts.kind == "causal-lm" and request.counted < 1.0 and meta is not None:  # the head only where a token counts
+        from leantrain.planner.memory import counted_positions
+        from leantrain.telemetry.flops import row_flops
+
+        uncounted = request.seq_len - counted_positions(request.seq_len, request.counted)
+        per_seq -= uncounted * row_flops(meta.get_output_embeddings().parameters())
+    return per_seq * (1 + request.reference_forward / 3)  # a forward without backward: a third of training's FLOPs
+
+
 def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> list[str]:
     """What the plan's figures rest on: the speed model, the proxies, per-process memory, a reference, the LM head."""
     notes = [
@@ -475,6 +492,12 @@ def _plan_notes(request: PlanRequest, facts: ModelFacts, speed: DeviceSpeed) -> 
             f"reference model: {request.reference_forward:g} more forward pass(es) a step without gradients "
             f"(+{request.reference_forward / 3:.0%} of the step's FLOPs)"
             + ("; a frozen copy of the weights in each candidate's precision" if request.reference_copy else "")
+        )
+    if facts.kind == "seq2seq":
+        notes.append(
+            f"sequence-to-sequence: sources of {request.seq_len} tokens through the encoder, targets of "
+            f"{request.target_len} through the decoder, logits over a vocabulary of {facts.vocab:,} at target tokens"
+            + ("" if request.fuse_head else " (kept whole: --label-smoothing's loss takes them)")
         )
     if facts.kind == "causal-lm":
         notes.append(f"causal LM: rows of {request.seq_len} tokens, logits over a vocabulary of {facts.vocab:,}")
@@ -511,12 +534,17 @@ def lora_notes(request: PlanRequest, facts: ModelFacts) -> list[str]:
     if importlib.util.find_spec("bitsandbytes") is not None:
         specs += [LoraSpec(quantize="4bit", pooler_whole=pooler), LoraSpec(quantize="8bit", pooler_whole=pooler)]
     micro = request.per_process_batch
-    full = estimate(facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, counted=request.counted)
+
+    def baseline(spec: LoraSpec | None) -> MemoryEstimate:
+        return estimate(
+            facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, lora=spec,
+            counted=request.counted, target_len=request.target_len, fuse_head=request.fuse_head,
+        )  # fmt: skip
+
+    full = baseline(None)
     parts = []
     for spec in specs:
-        m = estimate(
-            facts, micro, request.seq_len, "fp32", False, "adamw", 1, request.device, lora=spec, counted=request.counted
-        )
+        m = baseline(spec)
         parts.append(
             f"{spec.label()}: peak {format_bytes(m.peak)} ({m.peak / full.peak:.2f}x), weights "
             f"{format_bytes(m.weights)}, optimizer state {format_bytes(m.optimizer_state)}"

@@ -101,7 +101,8 @@ class Task(ABC):
     architectures: ClassVar[tuple[str, ...]] = ()
     #: the `transformers.pipeline` task that the published model/ serves
     pipeline: ClassVar[str] = ""
-    #: how the planner models its memory and speed: "classifier" (an encoder with a head) or "causal-lm"; None: not
+    #: how the planner models its memory and speed: "classifier" (an encoder with a head), "token-classifier",
+    #: "causal-lm" or "seq2seq" (an encoder-decoder); None: not
     #: modelled (`leantrain plan` and `--auto` refuse it in one line)
     planner: ClassVar[str | None] = None
     #: whether `predict` generates text (and takes --chat and the sampling settings)

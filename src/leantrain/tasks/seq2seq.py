@@ -65,8 +65,9 @@ class Seq2Seq(Task):
     architectures: ClassVar[tuple[str, ...]] = ("ForConditionalGeneration", "EncoderDecoderModel", "MTModel")
     # the Hub's pipeline tag; transformers 5 removed this pipeline (model/ loads with AutoModelForSeq2SeqLM)
     pipeline: ClassVar[str] = "text2text-generation"
-    # the planner's memory and speed models know encoders and decoder-only LMs, not cross-attention
-    planner: ClassVar[str | None] = None
+    # planned on encoder-decoder proxies at the run's source and target lengths, the head fused with the loss at
+    # target tokens as `forward` runs it (planner.memory)
+    planner: ClassVar[str | None] = "seq2seq"
     generates: ClassVar[bool] = True
     default_metric: ClassVar[str] = "loss"
     #: whether the output head runs only at target tokens (`forward`); set by `check_model`
