@@ -195,6 +195,7 @@ def test_plan_command_plans_a_seq2seq_run_on_its_pairs(pair_models, summaries, t
     source, target = plan["request"]["seq_len"], plan["request"]["target_len"]
     assert 5 < source < 128 and 1 < target < source  # the data's longest, under --max-length's 128
     assert f"sources {source} and targets {target} tokens" in out and "sequence-to-sequence" in out
+    assert f"length {source}: the longest example of --data (--max-source-length 128)" in out  # its own flag
     # --label-smoothing takes the logits: the head is not fused with the loss, and the same run needs more
     assert main([*common, "--data", str(summaries), "--memory", "2GB", "--label-smoothing", "0.1"]) == 0
     smoothed = capsys.readouterr().out

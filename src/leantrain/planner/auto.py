@@ -109,8 +109,11 @@ def fitted_to_data(
         longest = int(max(data.train.lengths))
         # (a preference pair's row holds both its sequences: up to twice --max-length)
         if longest < request.seq_len or getattr(data.train.features, "parts", 1) > 1:
+            seq2seq = getattr(data.train.features, "target_lengths", None) is not None
             flag = (
-                f"--max-source-length {request.seq_len}" if cfg.max_source_length else f"--max-length {cfg.max_length}"
+                f"--max-source-length {request.seq_len}"
+                if cfg.max_source_length or seq2seq
+                else f"--max-length {cfg.max_length}"
             )
             notes.append(f"length {longest}: the longest example of --data ({flag})")
             request = dataclasses.replace(request, seq_len=longest)
