@@ -98,12 +98,12 @@ def training_speed(
     measured."""
     import torch
 
-    from leantrain.parallel import cpu_name, threads
+    from leantrain.parallel import cpu_model, threads
 
     held = ",".join(f"{k}={os.environ[k]}" for k in HELD_ISA_ENV if os.environ.get(k))
     key = " | ".join(
         [
-            cpu_name(),
+            cpu_model(),  # not its name alone: 'AMD EPYC' covers AVX2 parts 3x slower than AVX-512 BF16 ones
             held or "all instructions",
             f"{torch.get_num_threads()} threads",
             f"torch {torch.__version__}",

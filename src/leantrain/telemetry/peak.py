@@ -6,8 +6,9 @@ GPUs: dense (no 2:4 sparsity) tensor-core figures from the vendor's data sheets,
 dtype, and cached in `~/.cache/leantrain/peak.json` (`$LEANTRAIN_CACHE` moves it) keyed by device
 model, thread count, torch version and dtype. The first few runs each probe and the cache keeps the
 best figure, so one probe on a busy machine cannot deflate the peak (and inflate MFU) for good; a run
-that beats the cached peak sends it back to probing. A measured peak is what this device reaches on a
-large GEMM, so MFU against it reads higher than against a data-sheet figure; the report says which.
+that reaches 90% of the cached peak (`IMPLAUSIBLE_MFU`) sends it back to probing. A measured peak is what
+this device reaches on a large GEMM, so MFU against it reads higher than against a data-sheet figure; the
+report says which.
 
 `LEANTRAIN_PEAK_TFLOPS=<number>` overrides both (for a device the table gets wrong).
 """
@@ -192,7 +193,8 @@ def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = Non
 
             device_name = cpu_name()
     threads = torch.get_num_threads()
-    key = _cache_key(device_name, threads, dtype)
+    # a CPU's name ('AMD EPYC') covers generations whose GEMMs differ 2-5x; a home shared between them keeps both
+    key = _cache_key(_cpu_model() if torch.device(device).type == "cpu" else device_name, threads, dtype)
     path = cache_file()
     size = probe_size(torch.device(device).type, dtype)
     entry = read_cache(path).get(key)
@@ -224,12 +226,25 @@ def measured_peak(dtype: str, device: str = "cpu", device_name: str | None = Non
     )
 
 
+def _cpu_model() -> str:
+    from leantrain.parallel import cpu_model
+
+    return cpu_model()
+
+
+#: the share of a measured peak beyond which a whole training step's FLOP/s say the probes ran slow: a step's
+#: matmuls are smaller than the probe's and it does more than matmuls (MiniLM's default job reads 35-45% of a
+#: quiet probe; 95% of one taken while neighbours were busy, 2.2x too low)
+IMPLAUSIBLE_MFU = 0.9
+
+
 def distrust(found: Peak, achieved_flops_per_second: float) -> bool:
-    """Send a measured peak back to probing when a run achieved more than it (MFU above 100%).
+    """Send a measured peak back to probing when a run came implausibly close to it or beat it (MFU above
+    `IMPLAUSIBLE_MFU`).
 
     Returns True when the cached figure was marked; the next runs probe again and keep the best.
     """
-    if found.cache_key is None or achieved_flops_per_second <= found.flops_per_second:
+    if found.cache_key is None or achieved_flops_per_second <= IMPLAUSIBLE_MFU * found.flops_per_second:
         return False
     path = cache_file()
     entry = read_cache(path).get(found.cache_key)
