@@ -952,10 +952,7 @@ class Trainer:
         metrics = logger.final_metrics(self.state, unwrapped, self.optimizer, self.amp, extra)
         best_mfu = max(metrics["mfu"] or 0.0, metrics["steady_mfu"] or 0.0)
         if distrust(self.flop_peak, self.flop_peak.flops_per_second * best_mfu):
-            self.say.info(
-                f"warning: this run reached {best_mfu:.0%} of the cached peak FLOP/s, more than a training step "
-                "can (the probes ran on a busy machine); the next runs probe it again"
-            )
+            self.say.info(f"warning: MFU {best_mfu:.0%} says the peak's probes ran slow; the next runs probe again")
         acc.wait_for_everyone()
         from leantrain.parallel import sharding
 
