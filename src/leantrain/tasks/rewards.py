@@ -127,9 +127,8 @@ def import_function(spec: str) -> Callable:
     except ConfigError:
         raise
     except Exception as exc:  # a module that fails to import for any reason: say which and why, in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(
-            f"--reward {spec}: the module {module_name!r} does not import ({type(exc).__name__}: {first[:160]})"
+            f"--reward {spec}: the module {module_name!r} does not import ({type(exc).__name__}: {_first_line(exc)})"
         ) from None
     function = getattr(module, function_name, None)
     if not callable(function):
@@ -209,11 +208,16 @@ def _call(reward: Reward, **arguments: Any) -> Any:
         return reward.function(**arguments)
     except Exception as exc:
         frame = traceback.extract_tb(exc.__traceback__)[-1]
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(
-            f"--reward {reward.spec}: raised {type(exc).__name__}: {first[:160]} ({Path(frame.filename).name} line "
-            f"{frame.lineno}, in {frame.name}); fix the function"
+            f"--reward {reward.spec}: raised {type(exc).__name__}: {_first_line(exc)} "
+            f"({Path(frame.filename).name} line {frame.lineno}, in {frame.name}); fix the function"
         ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message for a one-line refusal: its first line, cut to 160 characters."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else ""
 
 
 def _finite(value: Any) -> float | None:
