@@ -714,6 +714,11 @@ def test_evaluate_and_predict_refuse_a_reading_flag_they_were_given_that_nothing
         "the token-classification task does not read --label-column (text-classification, "
         "image-classification, audio-classification); leave it out (or choose their task with --task)"
     )
+    line = one_line(capsys, "evaluate", run_dir, "--data", corpus[1], "--max-target-length", "64")
+    assert line.endswith(
+        "the token-classification task does not read --max-target-length (seq2seq); leave it out "
+        "(or choose their task with --task)"
+    ), line
     line = one_line(capsys, "evaluate", run_dir, "--tags-column", "ner")
     assert "--tags-column ner is for reading --data, and evaluate without --data rescores the run's held-out " in line
     assert line.endswith("give --data, or leave --tags-column out"), line

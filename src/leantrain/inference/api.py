@@ -254,6 +254,7 @@ def evaluate(
     source_column: str | None = None,
     target_column: str | None = None,
     reward_column: str | None = None,
+    max_target_length: int | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -266,13 +267,14 @@ def evaluate(
     (`tag_column`), a table of words and tags (`tokens_column`, `tags_column`) or of texts with entity spans
     (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected).
     A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
-    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples.
+    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples;
+    `max_target_length` (default: the run's) cuts the targets the loss counts (`references_cut` says how many).
     A GRPO run scores each prompt's greedy completion with its rewards (`reward_column`: guessed when not given).
     `task`: score as this task, not the run's own (a preference-tuned model as a causal LM on instruction rows)."""
     run_or_model, data = _checked("evaluate", run_or_model, data, batch_size, read)
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold,
-        task=task,
+        task=task, max_target_length=max_target_length,
     )  # fmt: skip
     columns = dict(
         text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
