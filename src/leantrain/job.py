@@ -4,6 +4,7 @@ start here, so what they print and what they run cannot drift apart."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -32,10 +33,12 @@ class Job:
     compiled: bool = False
 
 
-def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, inference: bool = False) -> Job:
+def assemble(
+    config: TrainConfig, task: Any = None, *, plan: bool = False, inference: bool = False, given: Collection[str] = ()
+) -> Job:
     """The job `config` describes. `task`: a `Task` subclass to run instead of the one the config names; `plan`:
     make --auto's plan (it prepares the data, so only `train` asks for it); `inference`: the config is a trained
-    run's own, read back to score its model."""
+    run's own, read back to score its model, but for the settings `given` to evaluate or predict itself."""
     from leantrain import parallel, tasks
     from leantrain.model import loading
 
@@ -61,12 +64,14 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, infer
     chosen = choose(cfg)
     if cfg.streaming and not chosen.streams:
         raise ConfigError(f"--streaming: the {chosen.name} task reads its data whole; drop --streaming")
-    if not inference:  # a setting only another task reads would otherwise train as if it were not there
-        from leantrain.config.sections import unread_message, unread_settings
+    # a setting only another task reads would otherwise run as if it were not there; of a trained run's config
+    # read back, only what evaluate or predict was given: the run recorded the rest, and is read as it ran
+    from leantrain.config.sections import unread_message, unread_settings
 
-        unread = unread_settings(cfg, chosen.name)
-        if unread:
-            raise ConfigError(unread_message(chosen.name, unread))
+    unread = {k: v for k, v in unread_settings(cfg, chosen.name).items() if not inference or k in given}
+    if unread:
+        raise ConfigError(unread_message(chosen.name, unread))
+    if not inference:
         from leantrain.data.combine import refuse_unread_choices
 
         refuse_unread_choices(cfg, chosen.plain_folder)  # a split of a single file, say
@@ -80,7 +85,7 @@ def assemble(config: TrainConfig, task: Any = None, *, plan: bool = False, infer
         # planned on the data as the run will see it (cached: the trainer reads it back rather than redo it)
         cfg, made = plan_run(cfg, chosen.prepare_data(model_path, model_config))
         chosen = choose(cfg)
-    chosen.recorded = inference
+    chosen.recorded, chosen.given = inference, frozenset(given)
     precision, why = parallel.choose_precision(cfg.precision)
     return Job(cfg, model_path, model_config, chosen, made, precision, why)
 
@@ -133,11 +138,17 @@ _NOT_AT_INFERENCE = {"lora": False, "quantize": None, "save_adapter": False, "st
 
 
 def for_inference(
-    run_or_model: str, overrides: dict[str, Any], *, cache_dir: str | None = None, precision: str | None = None
+    run_or_model: str,
+    overrides: dict[str, Any],
+    *,
+    cache_dir: str | None = None,
+    precision: str | None = None,
+    given: Collection[str] = (),
 ) -> Job:
     """The job of scoring or applying a trained model: the run's own config (config.yaml, or a checkpoint's
     manifest) as far as inference needs it, with `overrides` (the data to score and how to read it); a model
-    leantrain did not train gets the defaults, in fp32 unless `precision` says otherwise."""
+    leantrain did not train gets the defaults, in fp32 unless `precision` says otherwise. `given`: the keys of
+    `overrides` the user gave, checked as train checks them (the rest is the run's, or what reads a new file)."""
     from leantrain.config import sections
     from leantrain.config.saved import read_run_values
     from leantrain.model import loading
@@ -158,7 +169,7 @@ def for_inference(
     values.update(_NOT_AT_INFERENCE, model=path, cache_dir=cache_dir, **overrides)
     if precision is not None:
         values["precision"] = precision
-    job = assemble(TrainConfig.from_dict(values, source=f"{path} (its run's config)"), inference=True)
+    job = assemble(TrainConfig.from_dict(values, source=f"{path} (its run's config)"), inference=True, given=given)
     job.from_run = from_run
     job.compiled = bool(saved.get("compile"))
     return job

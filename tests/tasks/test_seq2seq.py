@@ -578,6 +578,45 @@ def test_evaluate_and_predict_say_how_many_rows_they_leave_out(models, pairs, tm
     assert "gappy.csv: 4 rows, 1 dropped (1 without a source text)" in caplog.text, caplog.text
 
 
+def test_evaluate_says_how_many_references_max_target_length_cuts_and_scores_the_whole_texts(
+    models, pairs, tmp_path, capsys, caplog
+):
+    """A reference longer than --max-target-length has its loss counted on its first tokens only: evaluate scored
+    so without a word. It now says how many were cut, to what length and the flag that counts them whole, in one
+    line and in `references_cut`; the scores compare the whole reference texts, whatever the cut."""
+    from transformers import AutoTokenizer
+
+    from leantrain import evaluate
+
+    result = train(job(models, pairs, tmp_path, "run", max_steps=1, max_target_length=16))
+    with pairs[1].open(newline="", encoding="utf-8") as f:
+        references = [row["target"] for row in csv.DictReader(f)]
+    whole = [len(ids) for ids in AutoTokenizer.from_pretrained(models["t5"])(text_target=references)["input_ids"]]
+    longer, longest = sum(n > 16 for n in whole), max(whole)
+    assert 0 < longer < len(references)
+    said = (
+        f"{pairs[1]}: {longer} of {len(references)} references are longer than --max-target-length 16 tokens (the "
+        f"longest: {longest}): the loss counts only their first 16 and the model writes at most 8 (the scores "
+        f"compare the whole texts); --max-target-length {longest} counts them whole"
+    )
+    for data in (str(pairs[1]), None):  # a file, and the run's own held-out pairs
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="leantrain"):
+            cut = evaluate(str(result.output_dir), data)
+        assert cut["references_cut"] == longer and cut["max_target_length"] == 16, cut
+        assert [r.getMessage() for r in caplog.records if "references" in r.getMessage()] == [said], caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="leantrain"):
+        counted = evaluate(str(result.output_dir), str(pairs[1]), max_target_length=longest)
+    assert counted["references_cut"] == 0 and "references" not in caplog.text, caplog.text
+    assert counted["target_tokens"] > cut["target_tokens"] and counted["loss"] != cut["loss"]
+    assert counted["rougeL"] == cut["rougeL"]  # the same generated texts against the same whole references
+    capsys.readouterr()
+    args = ["evaluate", str(result.output_dir), "--data", str(pairs[1]), "--max-target-length", str(longest)]
+    assert main([*args, "--metrics", "loss"]) == 0  # (the loss alone: nothing generated)
+    assert json.loads(capsys.readouterr().out)["references_cut"] == 0
+
+
 def test_predicts_generation_settings_are_checked_and_zero_new_tokens_is_refused():
     """`--max-new-tokens 0` generated the run's own number of tokens without a word: refused, as a causal LM's is."""
     from leantrain.errors import LeantrainError

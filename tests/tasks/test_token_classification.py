@@ -684,6 +684,53 @@ def test_a_reading_flag_no_source_reads_is_refused_but_a_runs_recorded_one_is_re
     assert evaluate(str(result.output_dir))["sentences"] == 24
 
 
+def test_evaluate_and_predict_refuse_a_reading_flag_they_were_given_that_nothing_reads(capsys, run, corpus, tmp_path):
+    """evaluate and predict ignored a token reading flag given on their own command line that their --data's format
+    does not read (--tags-column beside a CoNLL file), that only another task reads (--label-column), or that nothing
+    reads without --data (the run's held-out rows are read as the run read them): each is refused in one line, as
+    train refuses it. A run's recorded config holding such a flag still reads back, whatever file is scored."""
+    result, _ = run(max_steps=1, batch_size=8)
+    run_dir = result.output_dir
+    capsys.readouterr()
+    line = one_line(capsys, "evaluate", run_dir, "--data", corpus[1], "--tags-column", "ner")
+    assert line.endswith("eval.conll is a CoNLL file (a CoNLL file's tag column is --tag-column); drop --tags-column")
+    assert "--tags-column ner is for a table's tags, and " in line, line
+    table = tmp_path / "rows.jsonl"
+    table.write_text(json.dumps({"tokens": ["Anna", "met"], "ner_tags": ["B-PER", "O"]}) + "\n")
+    line = one_line(capsys, "evaluate", run_dir, "--data", table, "--tag-column", "2")
+    assert "--tag-column 2 is for CoNLL files, and " in line and "rows.jsonl is a table of words and tags" in line, line
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text('{"text": "Anna met", "entities": [[0, 4, "PER"]]}\n')
+    line = one_line(capsys, "evaluate", run_dir, "--data", spans, "--tag-scheme", "iob2")
+    assert "--tag-scheme iob2 is for word tags, and " in line and line.endswith("drop --tag-scheme"), line
+    line = one_line(capsys, "predict", run_dir, "--data", corpus[1], "--tokens-column", "words")
+    assert "--tokens-column words is for a table's words, and " in line and "eval.conll is a CoNLL file" in line, line
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Anna met John\n")
+    line = one_line(capsys, "predict", run_dir, "--data", texts, "--text-column", "body")
+    assert "--text-column body is for the texts of span rows, and " in line and "texts.txt is a text file" in line
+    line = one_line(capsys, "evaluate", run_dir, "--data", corpus[1], "--label-column", "y")
+    assert line.endswith(
+        "the token-classification task does not read --label-column (text-classification, "
+        "image-classification, audio-classification); leave it out (or choose their task with --task)"
+    )
+    line = one_line(capsys, "evaluate", run_dir, "--data", corpus[1], "--max-target-length", "64")
+    assert line.endswith(
+        "the token-classification task does not read --max-target-length (seq2seq); leave it out "
+        "(or choose their task with --task)"
+    ), line
+    line = one_line(capsys, "evaluate", run_dir, "--tags-column", "ner")
+    assert "--tags-column ner is for reading --data, and evaluate without --data rescores the run's held-out " in line
+    assert line.endswith("give --data, or leave --tags-column out"), line
+    line = one_line(capsys, "predict", run_dir, "--text", "Anna met", "--tokens-column", "words")
+    assert "--tokens-column words is for reading --data" in line and "leave --tokens-column out" in line, line
+    recorded = run_dir / "config.yaml"
+    recorded.write_text(recorded.read_text() + "tags_column: ner\ntag_column: 2\n")  # as an older run recorded them
+    assert evaluate(str(run_dir), str(corpus[1]))["sentences"] == 24  # its own file: read as the run read it
+    assert evaluate(str(run_dir), str(table))["sentences"] == 1
+    assert predict(str(run_dir), str(corpus[1]))[0]["tokens"] == make_sentences(24, seed=2)[0][0]
+
+
 # -- planner and telemetry -------------------------------------------------------------------------------------------
 
 

@@ -337,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--label-separator",
         help="Multi-label models: the character joining a row's labels (default: the run's own --label-separator).",
     )
+    p.add_argument(
+        "--max-target-length",
+        type=int,
+        help="Seq2seq: the loss counts at most this many tokens of each reference (the scores compare whole texts); "
+        "generation stops there too unless the run set --generation-max-new-tokens (default: the run's).",
+    )
     _add_threshold_flag(p)
 
     p = sub.add_parser("predict", help="Predict labels with probabilities for texts, images or audio files.")
@@ -680,6 +686,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         source_column=args.source_column,
         target_column=args.target_column,
         reward_column=args.reward_column,
+        max_target_length=args.max_target_length,
     )
     if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
         from leantrain.tasks.scoring import format_report
@@ -743,8 +750,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _check_sizes(args: argparse.Namespace) -> None:
-    for name in ("max_length", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
+    for name in ("max_length", "batch_size", "max_target_length"):
+        if getattr(args, name, None) is not None and getattr(args, name) <= 0:
             raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 
 

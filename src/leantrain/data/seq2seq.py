@@ -185,6 +185,19 @@ def tokenize_targets(tokenizer: Any, texts: list[str], max_length: int, chunk: i
     return TokenizedText(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32), offsets)
 
 
+def cut_targets(tokenizer: Any, rows: PairRows, max_length: int, chunk: int = 2048) -> tuple[int, int]:
+    """How many of `rows`' targets `tokenize_targets` cut at `max_length` tokens, and the longest one's tokens
+    whole: only the targets that reach the limit (less a start token `drop_leading` left out) are tokenized again."""
+    near = np.flatnonzero(rows.target_lengths >= max_length - 1)
+    whole: list[int] = []
+    for start in range(0, len(near), chunk):
+        texts = [rows.references[i] for i in near[start : start + chunk]]
+        enc = tokenizer(text_target=texts, return_attention_mask=False, return_token_type_ids=False, verbose=False)
+        whole.extend(len(x) for x in enc["input_ids"])
+    longest = max(whole, default=int(rows.target_lengths.max(initial=0)))
+    return sum(n > max_length for n in whole), longest
+
+
 def drop_leading(tokens: TokenizedText, token_id: int | None) -> TokenizedText:
     """Each row without its first token where that is `token_id` (a decoder's start token that the tokenizer also
     puts first, as BERT's [CLS] in a bert2bert model: the decoder starts from it, so it is not a target)."""

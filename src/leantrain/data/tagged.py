@@ -53,7 +53,8 @@ class TaggedRows:
     report: ReadReport | None = None
     #: how the rows were read (with the column names), for the run's notes
     description: str = ""
-    #: what the rows are: "conll" (a CoNLL file), "tokens" (a table of words and tags) or "spans" (texts and spans)
+    #: what the rows are: "conll" (a CoNLL file), "tokens" (a table of words and tags), "spans" (texts and spans)
+    #: or "lines" (a text file to predict on, one text a line)
     kind: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -102,7 +103,12 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "--spans-column": (("spans",), "spans", "a table's entity spans", ""),
     "--tag-column": (("conll",), "tag_column", "CoNLL files", " (a table's tags are named with --tags-column)"),
 }
-_KIND_NAMES = {"conll": "a CoNLL file", "tokens": "a table of words and tags", "spans": "texts with entity spans"}
+_KIND_NAMES = {
+    "conll": "a CoNLL file",
+    "tokens": "a table of words and tags",
+    "spans": "texts with entity spans",
+    "lines": "a text file, one text a line",
+}
 
 
 def unread_flag(columns: TaggedColumns, tag_scheme: str, read: list[TaggedRows]) -> str | None:

@@ -96,6 +96,30 @@ def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _reading(columns: dict[str, Any], read: ReadOptions | None) -> dict[str, Any]:
+    """The reading settings given (columns, --tag-scheme other than auto, --format, --split, ...), by config key."""
+    read = read or ReadOptions()
+    names = ",".join(read.column_names) if read.column_names else None
+    options = {"format": read.format, "column_names": names, "data_config": read.config, "split": read.split}
+    return {k: v for k, v in {**columns, **options}.items() if v not in (None, "auto")}
+
+
+def _refuse_reading_without_data(call: str, reading: dict[str, Any]) -> None:
+    """A reading setting given without --data, which nothing would read: evaluate rescores the run's own held-out
+    rows as the run read them, predict reads --text or --file as they are."""
+    if reading:
+        key, value = next(iter(reading.items()))
+        flag = "--" + key.replace("_", "-")
+        what = (
+            "rescores the run's held-out rows as the run read them"
+            if call == "evaluate"
+            else "reads its inputs as given"
+        )
+        raise ConfigError(
+            f"{flag} {value} is for reading --data, and {call} without --data {what}; give --data, or leave {flag} out"
+        )
+
+
 def _checked(call: str, run_or_model, data, batch_size, read) -> tuple[Any, str | None]:
     """`run_or_model` and `data` as strings (a path is one too); a value of the wrong type, or a batch size that is
     not a positive integer, refused in one line naming the argument, before any model is loaded."""
@@ -136,20 +160,32 @@ def _refuse_empty(texts: list[str] | None, task) -> None:
 
 
 def _job(
+    call: str,
     run_or_model: str,
     overrides: dict[str, Any],
+    columns: dict[str, Any],
     cache_dir: str | None,
     precision: str | None,
     data: str | None = None,
     read: ReadOptions | None = None,
 ):
-    """The inference job, its `data` (when given) checked for a split or configuration it has none of."""
+    """The inference job of `call` (evaluate, predict): `overrides` and the `columns` that read `data` (when given)
+    as the caller gave them, checked as train checks them; `data` checked for a split or configuration it has none
+    of."""
     from leantrain.job import for_inference
 
-    job = for_inference(run_or_model, overrides, cache_dir=cache_dir, precision=precision)
+    reading = _reading(columns, read)
+    given = {*overrides, *reading}  # the rest is the run's own config, read back as it ran
+    if data is None:
+        _refuse_reading_without_data(call, reading)
+    else:
+        overrides = {**overrides, **_source(data, read, run_or_model, **columns)}
+    job = for_inference(run_or_model, overrides, cache_dir=cache_dir, precision=precision, given=given)
     if not job.from_run and (defaults := job.task.inference_defaults(job.model_config)):
         defaults = {k: v for k, v in defaults.items() if k not in overrides}
-        job = for_inference(run_or_model, {**defaults, **overrides}, cache_dir=cache_dir, precision=precision)
+        job = for_inference(
+            run_or_model, {**defaults, **overrides}, cache_dir=cache_dir, precision=precision, given=given
+        )
     if data is not None and read is not None:
         _refuse_unread_choice(job, data, read)
     return job
@@ -218,6 +254,7 @@ def evaluate(
     source_column: str | None = None,
     target_column: str | None = None,
     reward_column: str | None = None,
+    max_target_length: int | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -230,24 +267,23 @@ def evaluate(
     (`tag_column`), a table of words and tags (`tokens_column`, `tags_column`) or of texts with entity spans
     (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected).
     A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
-    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples.
+    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples;
+    `max_target_length` (default: the run's) cuts the targets the loss counts (`references_cut` says how many).
     A GRPO run scores each prompt's greedy completion with its rewards (`reward_column`: guessed when not given).
     `task`: score as this task, not the run's own (a preference-tuned model as a causal LM on instruction rows)."""
     run_or_model, data = _checked("evaluate", run_or_model, data, batch_size, read)
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold,
-        task=task,
+        task=task, max_target_length=max_target_length,
     )  # fmt: skip
-    if data is not None:
-        columns = dict(
-            text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
-            image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
-            tokens_column=tokens_column, tags_column=tags_column, spans_column=spans_column, tag_column=tag_column,
-            tag_scheme=tag_scheme,
-            source_column=source_column, target_column=target_column, reward_column=reward_column,
-        )  # fmt: skip
-        overrides.update(_source(data, read, run_or_model, **columns))
-    job = _job(run_or_model, overrides, cache_dir, precision, data, read)
+    columns = dict(
+        text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
+        image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
+        tokens_column=tokens_column, tags_column=tags_column, spans_column=spans_column, tag_column=tag_column,
+        tag_scheme=tag_scheme,
+        source_column=source_column, target_column=target_column, reward_column=reward_column,
+    )  # fmt: skip
+    job = _job("evaluate", run_or_model, overrides, columns, cache_dir, precision, data, read)
     how = job.task
     prepared = _held_out(job, run_or_model) if data is None else how.evaluation_data(job.model_path, job.model_config)
     return _scores(how, _rows(job, _model(job), prepared, batch_size), prepared)
@@ -321,13 +357,11 @@ def predict(
     run_or_model, data = _checked("predict", run_or_model, data, batch_size, read)
     texts, files = _inputs("texts", texts, (str,)), _inputs("files", files, (str, os.PathLike))
     overrides = _given(max_length=max_length, multi_label_threshold=threshold, aggregation=aggregation)
-    if data is not None:
-        columns = dict(
-            text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
-            audio_column=audio_column, tokens_column=tokens_column, source_column=source_column,
-        )  # fmt: skip
-        overrides.update(_source(data, read, run_or_model, **columns))
-    job = _job(run_or_model, overrides, None, precision, data, read)
+    columns = dict(
+        text_column=text_column, text_pair_column=text_pair_column, image_column=image_column,
+        audio_column=audio_column, tokens_column=tokens_column, source_column=source_column,
+    )  # fmt: skip
+    job = _job("predict", run_or_model, overrides, columns, None, precision, data, read)
     task = job.task
     _refuse_empty(texts, task)
     if chat and not task.generates:

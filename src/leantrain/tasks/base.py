@@ -129,6 +129,9 @@ class Task(ABC):
     #: whether the config is read back from a trained run by evaluate and predict (`job.assemble`): a setting it
     #: recorded is read as it was, not refused as one a new run would be
     recorded: bool = False
+    #: there, the settings given to evaluate or predict itself (flags, or the call's arguments): checked as train
+    #: checks them, for the user typed them
+    given: frozenset[str] = frozenset()
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

@@ -194,7 +194,12 @@ class Seq2Seq(Task):
         evaluation = sample(evaluation, cfg.eval_limit, cfg.seed + 2, "evaluating on", "--eval-limit", notes)
         notes.append(lengths_note(train, self._settings()))
         self.references = list(evaluation.references)
-        return TaskData(examples(train), examples(evaluation), [], tokenizer, notes)
+        facts, cut = self._cut_references(evaluation, cfg.eval_data or train_src.path)
+        if cut:
+            notes.append(cut)
+            if self.recorded:  # evaluate's rescoring of the run's held-out pairs, whose notes it does not show
+                _warn(cut)
+        return TaskData(examples(train), examples(evaluation), [], tokenizer, notes, facts=facts)
 
     def build_model(self, model_path: str, data: TaskData) -> torch.nn.Module:
         from transformers import AutoModelForSeq2SeqLM
@@ -303,6 +308,8 @@ class Seq2Seq(Task):
         out: dict[str, float] = {}
         if "preds" in rows:
             texts = self.decode(rows["preds"])
+            # the reference texts as written, not their tokens cut at --max-target-length (which HF's
+            # run_summarization decodes): a model that writes a long reference whole is not scored as wrong
             references = [self.references[int(i)] for i in rows["index"]]
             out |= score("generation", self.scored, texts, references)
         out["loss"] = float(rows["loss_sum"].sum()) / max(float(rows["tokens"].sum()), 1.0)
@@ -336,8 +343,32 @@ class Seq2Seq(Task):
         src = self._load(self.cfg.eval_data, "eval", tokenizer)
         self.references = list(src.rows.references)
         src.report.say_dropped()
-        facts = {"examples": len(src.rows), "skipped": src.report.rows_dropped}
+        cut_facts, cut = self._cut_references(src.rows, self.cfg.eval_data)
+        if cut:
+            _warn(cut)
+        facts = {"examples": len(src.rows), "skipped": src.report.rows_dropped, **cut_facts}
         return TaskData(None, examples(src.rows), [], tokenizer, facts=facts)
+
+    def _cut_references(self, rows: Any, source: str) -> tuple[dict[str, int], str | None]:
+        """How many evaluation targets --max-target-length cuts (its facts), and the line that says so (None: none):
+        their loss counts the cut tokens only, and generation may stop short of them."""
+        from leantrain.data.seq2seq import cut_targets
+
+        limit = int(self.cfg.max_target_length)
+        cut, longest = cut_targets(self.tokenizer, rows, limit)
+        facts = {"references_cut": cut, "max_target_length": limit}
+        if not cut:
+            return facts, None
+        writes = (
+            f" and the model writes at most {self.max_new_tokens}"
+            if self.scored and self.max_new_tokens < longest
+            else ""
+        )
+        return facts, (
+            f"{source}: {cut:,} of {len(rows):,} references are longer than --max-target-length {limit} tokens (the "
+            f"longest: {longest:,}): the loss counts only their first {limit}{writes} (the scores compare the whole "
+            f"texts); --max-target-length {longest} counts them whole"
+        )
 
     def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
         """The counts, and the first few examples with what the model generated."""
@@ -395,6 +426,13 @@ class Seq2Seq(Task):
             for i, text in zip(batch, self.decode(generated.cpu().numpy())):
                 out[i] = {**shown[i], "generated_text": text}
         return out
+
+
+def _warn(message: str) -> None:
+    """A line evaluate says before it scores (as `ReadReport.say_dropped` says the rows it leaves out)."""
+    import logging
+
+    logging.getLogger("leantrain").warning("%s", message)
 
 
 def examples(rows: Any):

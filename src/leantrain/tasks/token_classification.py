@@ -153,10 +153,14 @@ class TokenClassification(Task):
 
     def _refuse_unread_flag(self, read: list) -> None:
         """A reading flag that none of the sources read (--tags-column beside a CoNLL file) would be ignored without
-        a word: refused, unless the config is a trained run's own, read back."""
-        from leantrain.data.tagged import unread_flag
+        a word: refused, unless the config is a trained run's own, read back (then only what evaluate or predict
+        was given is checked)."""
+        from leantrain.data.tagged import TaggedColumns, unread_flag
 
-        if not self.recorded and (message := unread_flag(self._columns(), self.cfg.tag_scheme, read)):
+        keys = ("tokens_column", "tags_column", "text_column", "spans_column", "tag_column", "tag_scheme")
+        checked = {k: getattr(self.cfg, k) if not self.recorded or k in self.given else None for k in keys}
+        columns = TaggedColumns(*(checked[k] for k in keys[:-1]))
+        if message := unread_flag(columns, checked["tag_scheme"] or "auto", read):
             raise ConfigError(message)
 
     def _tag(self, train, evaluation, notes: list[str]):
@@ -432,6 +436,7 @@ class TokenClassification(Task):
         self._trained_labels(model_config)
         tokenizer = self._tokenizer(model_path, model_config)
         rows = self._read(self.cfg.eval_data, "eval")
+        self._refuse_unread_flag([rows])
         scheme = self._scheme(rows) if self.scheme == "iob2" else "none"
         rows, repaired = _to_iob2(rows, scheme)
         notes: list[str] = []
@@ -486,12 +491,15 @@ class TokenClassification(Task):
         return TaskData(None, Examples(windows, windows.sentence), self.label_names, tokenizer), shown
 
     def _inputs_of_table(self) -> tuple[list[list[str]] | None, list[str] | None]:
-        source = self.cfg.eval_data
         from leantrain.data.sources import text_lines
+        from leantrain.data.tagged import TaggedRows
 
+        source = self.cfg.eval_data
         if (lines := text_lines(source, self.cfg.format)) is not None:
+            self._refuse_unread_flag([TaggedRows(source, [], kind="lines")])  # no column to name
             return None, lines
         rows = self._read(source, "eval", require_tags=False)
+        self._refuse_unread_flag([rows])
         return rows.words, rows.texts
 
     def prediction_rows(self, rows: dict[str, np.ndarray], shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
