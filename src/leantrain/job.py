@@ -167,6 +167,10 @@ def for_inference(
     if from_run and _compares_with_reference({**saved, **overrides}):  # the model it was tuned from, not model/
         values["reference_model"] = saved.get("reference_model") or saved.get("model")
     values.update(_NOT_AT_INFERENCE, model=path, cache_dir=cache_dir, **overrides)
+    if "max_length" in overrides and "max_source_length" not in overrides:
+        # --max-length cuts a seq2seq run's sources as train reads it (--max-source-length's default): the length
+        # the run recorded would otherwise win without a word
+        values["max_source_length"] = None
     if precision is not None:
         values["precision"] = precision
     job = assemble(TrainConfig.from_dict(values, source=f"{path} (its run's config)"), inference=True, given=given)

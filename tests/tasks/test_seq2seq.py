@@ -597,7 +597,8 @@ def test_evaluate_says_how_many_references_max_target_length_cuts_and_scores_the
     said = (
         f"{pairs[1]}: {longer} of {len(references)} references are longer than --max-target-length 16 tokens (the "
         f"longest: {longest}): the loss counts only their first 16 and the model writes at most 8 (the scores "
-        f"compare the whole texts); --max-target-length {longest} counts them whole"
+        f"compare the whole texts); --max-target-length {longest} counts them whole, --generation-max-new-tokens "
+        f"{longest} lets the model write them"
     )
     for data in (str(pairs[1]), None):  # a file, and the run's own held-out pairs
         caplog.clear()
@@ -615,6 +616,91 @@ def test_evaluate_says_how_many_references_max_target_length_cuts_and_scores_the
     args = ["evaluate", str(result.output_dir), "--data", str(pairs[1]), "--max-target-length", str(longest)]
     assert main([*args, "--metrics", "loss"]) == 0  # (the loss alone: nothing generated)
     assert json.loads(capsys.readouterr().out)["references_cut"] == 0
+
+
+def test_evaluate_and_predict_max_length_cuts_sources_in_place_of_the_runs_max_source_length(models, pairs, tmp_path):
+    """`--max-length` is --max-source-length's default in training; at evaluate and predict the length the run
+    recorded won over it without a word. Now --max-length cuts the sources there too."""
+    from leantrain import evaluate
+    from leantrain.job import for_inference
+
+    result = train(job(models, pairs, tmp_path, "run", max_steps=1, max_source_length=4, metrics="loss"))
+    run = str(result.output_dir)
+    assert for_inference(run, {}).task._settings().max_source_length == 4  # the run's own
+    assert for_inference(run, {"max_length": 16}).task._settings().max_source_length == 16  # (predict's job too)
+    cut, whole = evaluate(run, str(pairs[1])), evaluate(run, str(pairs[1]), max_length=16)
+    assert cut["examples"] == whole["examples"] and cut["loss"] != whole["loss"], (cut, whole)
+
+
+def test_evaluate_takes_generation_max_new_tokens_and_tasks_that_do_not_generate_refuse_it(
+    models, pairs, tmp_path, capsys, caplog, minilm_dir, sentiment_csv
+):
+    """A run's --generation-max-new-tokens capped evaluate's generation with no flag to raise it, while its line on
+    cut references said "the model writes at most N". evaluate takes --generation-max-new-tokens (a classifier or
+    a language model, whose evaluation generates nothing, refuses it in one line)."""
+    from leantrain import evaluate
+
+    result = train(job(models, pairs, tmp_path, "run", max_steps=1, max_target_length=16, eval_limit=4))
+    run, data = str(result.output_dir), str(pairs[1])
+    own = evaluate(run, data)  # the run's 8
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="leantrain"):
+        fewer = evaluate(run, data, generation_max_new_tokens=3, max_target_length=64)
+    assert fewer["mean_generated_tokens"] <= 3 < own["mean_generated_tokens"], (fewer, own)
+    assert "references" not in caplog.text, caplog.text
+    capsys.readouterr()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="leantrain"):
+        assert main(["evaluate", run, "--data", data, "--generation-max-new-tokens", "12"]) == 0
+    more = json.loads(capsys.readouterr().out)
+    assert own["mean_generated_tokens"] < more["mean_generated_tokens"] <= 12, (own, more)
+    assert more["references_cut"] > 0 and "the model writes at most 12 (" in caplog.text, caplog.text
+    flag = ["--generation-max-new-tokens", "8"]
+    for model in (str(minilm_dir), "preset:tiny-llama"):
+        argv = ["evaluate", model, "--data", str(sentiment_csv), *flag]
+        _one_line_error(capsys, argv, "does not read --generation-max-new-tokens (seq2seq)", "leave it out")
+    _one_line_error(capsys, ["evaluate", run, *flag[:1], "0"], "--generation-max-new-tokens must be a positive")
+
+
+def test_a_source_prefix_is_noted_on_a_model_not_pretrained_with_one_and_its_absence_on_t5(models, pairs, tmp_path):
+    """`--source-prefix 'summarize: '` on a BART was put before every source without a word: BART was not
+    pretrained with task prefixes, so the run notes it (it is legal). A T5 checkpoint given none is noted as HF's
+    run_summarization warns."""
+    from transformers import AutoTokenizer, BartConfig, T5Config
+
+    from leantrain.job import assemble
+
+    tokenizer = AutoTokenizer.from_pretrained(models["t5"])
+    bart = BartConfig(
+        vocab_size=30522, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=256,
+        pad_token_id=0, bos_token_id=101, eos_token_id=102, decoder_start_token_id=102,
+    )  # fmt: skip
+    t5 = T5Config.from_pretrained(models["t5"])
+    for name, config in (("bart", bart), ("t5-small", t5)):  # configs alone: random weights, as from scratch
+        config.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+
+    def noted(model: Path, prefix: str | None) -> list[str]:
+        cfg = TrainConfig(
+            model=str(model), task="seq2seq", data=str(pairs[0]), eval_data=str(pairs[1]), source_prefix=prefix,
+            cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
+        )  # fmt: skip
+        made = assemble(cfg)
+        return [n for n in made.task.prepare_data(made.model_path, made.model_config).notes if "prefix" in n]
+
+    cost = len(tokenizer("summarize: ", add_special_tokens=False)["input_ids"])
+    assert noted(tmp_path / "bart", "summarize: ") == [
+        "--source-prefix 'summarize: ': a 'bart' model was not pretrained with task prefixes (T5 was), so the same "
+        f"text before every source tells it nothing and takes {cost} of its 128 tokens (--max-source-length); leave "
+        "--source-prefix out unless you mean it"
+    ]
+    assert noted(tmp_path / "t5-small", None) == [
+        f"{tmp_path / 't5-small'} was pretrained with a task prefix before every input, and no --source-prefix is "
+        "given: give one, e.g. --source-prefix 'summarize: ' or 'translate English to German: '"
+    ]
+    for model, prefix in ((tmp_path / "bart", None), (tmp_path / "t5-small", "summarize: "), (models["t5"], "x: ")):
+        assert noted(model, prefix) == [], (model, prefix)
 
 
 def test_predicts_generation_settings_are_checked_and_zero_new_tokens_is_refused():

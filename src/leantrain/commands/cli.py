@@ -343,6 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seq2seq: the loss counts at most this many tokens of each reference (the scores compare whole texts); "
         "generation stops there too unless the run set --generation-max-new-tokens (default: the run's).",
     )
+    p.add_argument(
+        "--generation-max-new-tokens",
+        type=int,
+        help="Seq2seq: tokens the model writes at most per example (default: the run's, else --max-target-length).",
+    )
     _add_threshold_flag(p)
 
     p = sub.add_parser("predict", help="Predict labels with probabilities for texts, images or audio files.")
@@ -434,7 +439,13 @@ def _add_column_flags(p: argparse.ArgumentParser, label: bool) -> None:
     default = "the run's --max-length" + (
         "; a language model leantrain did not train: its context, at most 1,024" if label else ""
     )
-    p.add_argument("--max-length", type=int, default=None, help=f"Cut inputs at this many tokens (default: {default}).")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help=f"Cut inputs at this many tokens (default: {default}; seq2seq: the sources, in place of the run's "
+        "--max-source-length).",
+    )
     p.add_argument("--batch-size", type=int, help="Examples per batch (default: the run's evaluation batch, else 64).")
     # how to read --data, as `train` reads it
     p.add_argument("--format", choices=DATA_FORMATS, help="Read --data in this format whatever its suffix.")
@@ -687,6 +698,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         target_column=args.target_column,
         reward_column=args.reward_column,
         max_target_length=args.max_target_length,
+        generation_max_new_tokens=args.generation_max_new_tokens,
     )
     if "per_class" in metrics:  # the per-class table and the confusion matrix, for a person to read
         from leantrain.tasks.scoring import format_report
@@ -750,7 +762,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _check_sizes(args: argparse.Namespace) -> None:
-    for name in ("max_length", "batch_size", "max_target_length"):
+    for name in ("max_length", "batch_size", "max_target_length", "generation_max_new_tokens"):
         if getattr(args, name, None) is not None and getattr(args, name) <= 0:
             raise LeantrainError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
 

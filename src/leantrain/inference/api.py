@@ -255,6 +255,7 @@ def evaluate(
     target_column: str | None = None,
     reward_column: str | None = None,
     max_target_length: int | None = None,
+    generation_max_new_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Scores of a trained model on a labelled file (or, for images and audio, folder): `metrics` (comma-separated,
     as --metrics; default: the run's own, else accuracy and macro-F1) and the loss; for classifiers the per-class
@@ -266,24 +267,30 @@ def evaluate(
     classifier: entity F1, precision, recall (strict IOB2), token accuracy, loss and `per_type`; `data` a CoNLL file
     (`tag_column`), a table of words and tags (`tokens_column`, `tags_column`) or of texts with entity spans
     (`text_column`, `spans_column`), tags in `tag_scheme` (default: detected).
-    A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not
-    given) and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples;
-    `max_target_length` (default: the run's) cuts the targets the loss counts (`references_cut` says how many).
-    A GRPO run scores each prompt's greedy completion with its rewards (`reward_column`: guessed when not given).
-    `task`: score as this task, not the run's own (a preference-tuned model as a causal LM on instruction rows)."""
+    A sequence-to-sequence model generates for every source (`source_column`, `target_column`: guessed when not given)
+    and reports ROUGE (or BLEU and chrF, as its run did), the loss per target token and a few examples; `max_length`
+    cuts its sources (in place of the run's --max-source-length), `max_target_length` the targets its loss counts
+    (`references_cut` says how many), `generation_max_new_tokens` what it writes (default: the run's, else
+    `max_target_length`). A GRPO run scores each prompt's greedy completion with its rewards (`reward_column`: guessed
+    when not given). `task`: score as this task, not the run's own (a preference-tuned model as a causal LM on
+    instruction rows)."""
     run_or_model, data = _checked("evaluate", run_or_model, data, batch_size, read)
     overrides = _given(
         max_length=max_length, metrics=metrics, label_separator=label_separator, multi_label_threshold=threshold,
-        task=task, max_target_length=max_target_length,
+        task=task, max_target_length=max_target_length, generation_max_new_tokens=generation_max_new_tokens,
     )  # fmt: skip
     columns = dict(
         text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
         image_column=image_column, audio_column=audio_column, label_pattern=label_pattern,
         tokens_column=tokens_column, tags_column=tags_column, spans_column=spans_column, tag_column=tag_column,
-        tag_scheme=tag_scheme,
-        source_column=source_column, target_column=target_column, reward_column=reward_column,
+        tag_scheme=tag_scheme, source_column=source_column, target_column=target_column, reward_column=reward_column,
     )  # fmt: skip
     job = _job("evaluate", run_or_model, overrides, columns, cache_dir, precision, data, read)
+    return _evaluated(job, run_or_model, data, batch_size)
+
+
+def _evaluated(job, run_or_model: str, data: str | None, batch_size: int | None) -> dict[str, Any]:
+    """The scores of `job`'s model on `data`, or (None) on its run's own held-out rows."""
     how = job.task
     prepared = _held_out(job, run_or_model) if data is None else how.evaluation_data(job.model_path, job.model_config)
     return _scores(how, _rows(job, _model(job), prepared, batch_size), prepared)
@@ -348,7 +355,8 @@ def predict(
     entities (type, score, text, character offsets) as `pipeline("token-classification",
     aggregation_strategy=aggregation)` groups them (default: the run's --aggregation), of texts or of words
     (`tokens_column`, a CoNLL file; each word's tag too). `max_new_tokens`: 32 for a language model, a
-    sequence-to-sequence run's own --generation-max-new-tokens. `read`: how to read `data`, as for training.
+    sequence-to-sequence run's own --generation-max-new-tokens; `max_length` cuts its sources, in place of the run's
+    --max-source-length. `read`: how to read `data`, as for training.
     `texts` or `files` a single string (`files`: or a path): that one input."""
     from leantrain.tasks.base import PredictionInputs
 

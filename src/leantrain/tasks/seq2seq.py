@@ -193,6 +193,8 @@ class Seq2Seq(Task):
         train = sample(train, cfg.limit, cfg.seed + 1, "training on", "--limit", notes)
         evaluation = sample(evaluation, cfg.eval_limit, cfg.seed + 2, "evaluating on", "--eval-limit", notes)
         notes.append(lengths_note(train, self._settings()))
+        if not self.recorded and (prefix := prefix_note(cfg, model_config, tokenizer, self._settings())):
+            notes.append(prefix)
         self.references = list(evaluation.references)
         facts, cut = self._cut_references(evaluation, cfg.eval_data or train_src.path)
         if cut:
@@ -359,15 +361,17 @@ class Seq2Seq(Task):
         facts = {"references_cut": cut, "max_target_length": limit}
         if not cut:
             return facts, None
-        writes = (
-            f" and the model writes at most {self.max_new_tokens}"
-            if self.scored and self.max_new_tokens < longest
-            else ""
-        )
+        writes = raise_it = ""
+        if self.scored and self.max_new_tokens < longest:
+            writes = f" and the model writes at most {self.max_new_tokens}"
+            # the flag that lets it write as far: its own when set, else --max-target-length (its default)
+            own = getattr(self.cfg, "generation_max_new_tokens", None)
+            let = f", --generation-max-new-tokens {longest}" if own else " and"
+            raise_it = f"{let} lets the model write them"
         return facts, (
             f"{source}: {cut:,} of {len(rows):,} references are longer than --max-target-length {limit} tokens (the "
             f"longest: {longest:,}): the loss counts only their first {limit}{writes} (the scores compare the whole "
-            f"texts); --max-target-length {longest} counts them whole"
+            f"texts); --max-target-length {longest} counts them whole{raise_it}"
         )
 
     def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
@@ -461,6 +465,33 @@ def lengths_note(rows: Any, settings: Any) -> str:
         f"--max-source-length {settings.max_source_length}), targets {tgt.mean():.1f} ({at_target:,} reach "
         f"--max-target-length {settings.max_target_length}); the loss counts {int(tgt.sum()):,} target tokens"
     )
+
+
+#: the model types whose checkpoints read a task prefix (T5's convention: "summarize: ", "translate ... : ")
+T5_FAMILY = ("t5", "mt5", "umt5", "longt5", "switch_transformers")
+#: the checkpoints pretrained on T5's multi-task mixture, whose inputs began with a task prefix (the ones HF's
+#: run_summarization warns about when no --source_prefix is given)
+T5_PREFIXED = ("t5-small", "t5-base", "t5-large", "t5-3b", "t5-11b")
+
+
+def prefix_note(cfg: Any, model_config: Any, tokenizer: Any, settings: Any) -> str | None:
+    """A line on a --source-prefix the model was not pretrained to read (BART, mBART, Marian, Pegasus: legal, but
+    the same text before every source only costs source tokens), or on a T5 checkpoint given none (it reads its
+    task from one); None otherwise."""
+    prefix, kind = cfg.source_prefix, getattr(model_config, "model_type", None)
+    if prefix and kind not in T5_FAMILY:
+        cost, room = len(tokenizer(prefix, add_special_tokens=False)["input_ids"]), settings.max_source_length
+        return (
+            f"--source-prefix {prefix!r}: a '{kind}' model was not pretrained with task prefixes (T5 was), so the "
+            f"same text before every source tells it nothing and takes {cost} of its {room} tokens "
+            "(--max-source-length); leave --source-prefix out unless you mean it"
+        )
+    if not prefix and Path(str(cfg.model).rstrip("/")).name in T5_PREFIXED:
+        return (
+            f"{cfg.model} was pretrained with a task prefix before every input, and no --source-prefix is given: "
+            "give one, e.g. --source-prefix 'summarize: ' or 'translate English to German: '"
+        )
+    return None
 
 
 def decoder_ids(model_config: Any, tokenizer: Any) -> DecoderIds:
