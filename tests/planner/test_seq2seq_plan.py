@@ -13,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -226,3 +227,37 @@ def test_train_auto_picks_a_configuration_for_a_seq2seq_run(pair_models, summari
     assert (config["batch_size"], config["grad_accum"]) == (rec["micro_batch"], rec["grad_accum"])
     assert config["activation_checkpointing"] == rec["activation_checkpointing"]
     assert result.metrics["global_batch"] == 16
+
+
+def test_a_probe_measures_pairs_padded_to_the_planned_source_and_target_lengths(
+    pair_models, summaries, tmp_path, monkeypatch
+):
+    """`plan --probe` on a seq2seq run trains its candidates on batches of the planned shapes: every source padded to
+    the planned source length and every target to the planned target length (the data's longest), not each batch to
+    its own longest pair, which would measure a smaller step than the one predicted."""
+    from leantrain.commands import bench
+    from leantrain.data.batching import ExamplesDataset
+    from leantrain.job import assemble
+
+    jobs = []
+
+    def run_job(name, over, base, steps, out_dir, say, timeout, env=None):
+        jobs.append({**base, **over})
+        metrics = {"steady_samples_per_second": 10.0, "peak_memory_over_baseline_bytes": 1000, "weights_bytes": 10}
+        return bench.BenchRow(name, over, metrics)
+
+    monkeypatch.setattr(bench, "run_job", run_job)
+    args = ["--model", str(pair_models["t5"]), "--task", "seq2seq", "--data", str(summaries), "--memory", "2GB"]
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--plan-dir", str(tmp_path / "p")]
+    assert main(["plan", *args, *cache, "--probe", "--probe-top", "1"]) == 0
+    request = json.loads((tmp_path / "p" / "plan.json").read_text())["request"]
+    source, target = request["seq_len"], request["target_len"]
+    probed = TrainConfig(**{**jobs[0], "output_dir": str(tmp_path / "probe")})
+    made = assemble(probed)  # the probe's run, as `leantrain train` builds it
+    task = made.task
+    data = task.prepare_data(made.model_path, made.model_config)
+    rows = ExamplesDataset(data.train)
+    shortest = np.argsort(data.train.features.lengths)[:4]  # pairs far shorter than the planned lengths
+    batch = task.collator(data, train=True)([rows[int(i)] for i in shortest])
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (4, source)
+    assert batch["labels"].shape == batch["decoder_input_ids"].shape == batch["target_mask"].shape == (4, target)
