@@ -128,9 +128,15 @@ class ActivationProfile:
     source: str
     #: a causal LM whose head and loss run fused over chunks of rows: its logits never exceed a chunk
     fused_head: bool = False
+    #: an encoder-decoder's encoder layer (per sequence, and its fixed copies): `per_layer` is the mean of both stacks
+    encoder_layer: tuple[float, float] | None = None
 
-    def saved(self, micro_batch: int, layers: int, checkpointing: bool) -> float:
+    def saved(self, micro_batch: int, layers: int, checkpointing: bool, leading: int = 0) -> float:
+        """Saved for backward by `layers` layers, the first `leading` of which (an encoder-decoder's: of its encoder)
+        save nothing, as nothing before them trains."""
+        skipped, copies = self.encoder_layer or (self.per_layer, self.copies_per_layer)
         act = micro_batch * (self.base + layers * self.per_layer) + self.copies_base + layers * self.copies_per_layer
+        act -= leading * (micro_batch * skipped + copies)
         if checkpointing:
             act += micro_batch * self.layer_full + self.copies_per_layer
         return act
@@ -361,8 +367,6 @@ def frozen_leading_layers(config_json: str, freeze: str, trust_remote_code: bool
     from leantrain.model import freezing
 
     config = _config_from_json(config_json)
-    if is_seq2seq(config):  # an encoder-decoder's frozen layers are counted as if they trained (an overestimate)
-        return 0
     net = _build(config, "meta", trust_remote_code)
     freezing.apply(net, freeze)
     n = getattr(config, _layers_attr(config))
@@ -858,6 +862,7 @@ def _pair_profile(
         f"length {seq_len} and target length {target_len}, {precision}, logits carried from vocabularies {small} "
         f"and {2 * small} to {vocab}",
         fused_head=fused,
+        encoder_layer=(layers[0], copies[0]),
     )
 
 
@@ -1003,8 +1008,11 @@ def _backward(
         target_len=target_len if pair else 0,
         fusable=fusable or not pair,
     )
-    still = facts.layers - (frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0)
-    act = saved = profile.saved(micro_batch, still, checkpointing)
+    leading = frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0
+    still = facts.layers - leading  # the layers that save anything (an encoder-decoder's frozen ones: its encoder's)
+    act = saved = profile.saved(micro_batch, facts.layers, checkpointing, leading) - _untaken_head_gradient(
+        facts, profile, lora, freeze
+    )
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel), of the
     # longer of an encoder-decoder's source and target
     tokens = max(seq_len, target_len) if pair else seq_len
@@ -1024,6 +1032,25 @@ def _backward(
     layer = micro_batch * (profile.layer_full if checkpointing else profile.per_layer) + profile.copies_per_layer
     end = _backward_end(min(layer, saved), (layers_ws, first), late_grads, embedding)
     return act, bwd_ws, end if sum(end) > act + bwd_ws else None
+
+
+def _untaken_head_gradient(
+    facts: ModelFacts, profile: ActivationProfile, lora: LoraSpec | None, freeze: str | None
+) -> float:
+    """The fused head's weight gradient, which the proxies take in the forward pass, where `--freeze` freezes the
+    output layer (a tied one with the embeddings): then it is not taken. (LoRA's proxies run as the run does.)"""
+    from leantrain.model import freezing
+
+    if lora is not None or not profile.fused_head or not freezing.patterns(freeze):
+        return 0.0
+    return 0.0 if _head_trains(facts.config_json, freeze) else 4.0 * facts.vocab * facts.hidden
+
+
+@functools.lru_cache(maxsize=16)
+def _head_trains(config_json: str, freeze: str, trust_remote_code: bool = False) -> bool:
+    """Whether the output layer's weight trains under `--freeze`."""
+    head = trained_net(config_json, None, freeze, trust_remote_code).get_output_embeddings()
+    return head is not None and head.weight.requires_grad
 
 
 def _embedding_gradient(facts: ModelFacts, lora: LoraSpec | None, freeze: str | None) -> float:
