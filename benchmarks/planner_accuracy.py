@@ -211,7 +211,7 @@ def accuracy(model: str | None, kind: str, say) -> list[dict]:
                 "optimizer_mib": e.optimizer_state / MIB,
                 "optimizer_measured_mib": r["optimizer_state_bytes"] / MIB,
                 "activations_mib": e.activations / MIB,
-                "workspace_mib": (e.backward_workspace if e.phase == "backward" else e.optimizer_workspace) / MIB,
+                "workspace_mib": (e.optimizer_workspace if e.phase == "optimizer step" else e.backward_workspace) / MIB,
             }
         )
         say(

@@ -57,6 +57,8 @@ class Trial:
     dropout: float | None = None
     #: an encoder-decoder's target tokens (its sources are `seq_len` long; 0: as long)
     target_len: int = 0
+    #: --freeze: the names whose parameters keep their values (None: every parameter trains)
+    freeze: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +121,10 @@ def measure_trial(trial: Trial) -> dict[str, Any]:
         from leantrain.model.dropout import set_rate
 
         set_rate(model, trial.dropout)
+    if trial.freeze:  # before the optimizer, as the run freezes them: no gradient and no state
+        from leantrain.model import freezing
+
+        freezing.apply(model, trial.freeze)
     # a classifier's last layer at the first token only, as its task runs it (not under checkpointing)
     pair = is_seq2seq(model.config)
     tail = None if trial.activation_checkpointing or pair else first_token_tail(model)

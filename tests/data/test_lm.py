@@ -56,6 +56,26 @@ def test_the_collator_pads_packed_rows_with_a_segment_of_their_own_and_no_attent
     assert padded["attention_mask"].tolist() == [[1] * 5, [1, 1, 1, 0, 0]]
 
 
+def test_pad_to_max_length_pads_every_batch_to_max_length():
+    """--pad-to-max-length (what `plan --probe` runs with): a batch of short rows is as wide as --max-length, the
+    shape the plan is for, with the padding a segment of its own that counts nothing."""
+    from types import SimpleNamespace
+
+    from leantrain import TrainConfig
+    from leantrain.tasks.causal_lm import CausalLM
+
+    rows = pack(docs(3, 2), max_length=5, packing=False)
+    items = [{**rows.row(i), "slot": Slot(i, 4.0, i == 1, float(rows.counted[i]))} for i in (0, 1)]
+    data = SimpleNamespace(processor=SimpleNamespace(pad_token_id=1))
+    for packing in (True, False):
+        cfg = TrainConfig(task="causal-lm", max_length=8, pad_to_max_length=True, packing=packing)
+        batch = CausalLM(cfg).collator(data, train=True)(items)
+        assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (2, 8)
+        assert batch["labels"][1].tolist() == [IGNORE, 14] + [IGNORE] * 6 and int(batch["padded_tokens"]) == 16
+    dynamic = CausalLM(TrainConfig(task="causal-lm", max_length=8)).collator(data, train=True)(items)
+    assert dynamic["input_ids"].shape == (2, 3)  # without it: the batch's longest row
+
+
 def test_documents_come_from_text_files_in_a_folder_searched_recursively(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "one.txt").write_text("first document\nstill the first\n\n\nsecond document\n")

@@ -166,18 +166,19 @@ def test_layers_frozen_with_everything_before_them_are_planned_without_activatio
 
     facts = M.model_facts(str(tiny_model_dir))
     assert M.frozen_leading_layers(facts.config_json, freeze) == leading
-    planned = M.estimate(facts, 4, 32, "fp32", False, "adamw", freeze=freeze).activations
+    b = 16  # a batch whose peak is in backward (at 4 the gradients outweigh the activations: the end of backward)
+    planned = M.estimate(facts, b, 32, "fp32", False, "adamw", freeze=freeze).activations
     model = loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"])
     model.train()
     freezing.apply(model, freeze)
     task = TextClassification(TrainConfig(model=str(tiny_model_dir), data="unused.csv"))
     task.check_model(model)
-    ids = torch.randint(1000, 30000, (4, 32), generator=torch.Generator().manual_seed(0))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1, 0])}
+    ids = torch.randint(1000, 30000, (b, 32), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1] * (b // 2))}
     measured = saved_bytes(model, lambda: task.loss_sum(task.forward(model, batch), batch))
     per_layer = M.activation_profile(facts.config_json, 32, "fp32", False).per_layer
-    whole = M.estimate(facts, 4, 32, "fp32", False, "adamw").activations
-    assert planned == pytest.approx(whole - leading * 4 * per_layer, abs=1)
+    whole = M.estimate(facts, b, 32, "fp32", False, "adamw").activations
+    assert planned == pytest.approx(whole - leading * b * per_layer, abs=1)
     assert measured <= planned <= 1.3 * measured
 
 
@@ -222,6 +223,7 @@ def check_against_measurement(model: str | None, trials: list[Trial], tolerance:
                 r["grad_accum"],
                 counted=r.get("counted", 1.0),
                 target_len=r.get("target_len", 0),
+                freeze=r.get("freeze"),
             )
             assert r["optimizer_state_bytes"] == e.optimizer_state  # exact, as above
             rows.append((r, e.steady_peak, e.steady_peak / r["measured_peak_bytes"] - 1))
@@ -254,6 +256,19 @@ def test_tiny_bert_predicted_peak_within_15_percent_of_measured(tiny_model_dir):
             Trial(m, "bf16", False, "adamw", 64, 1, 128, steps=2),
             Trial(m, "fp32", False, "adamw", 32, 2, 128, steps=2),
         ],
+    )
+
+
+@pytest.mark.slow  # measures in a new Python process: 2 trials, one shape warmed up (40 s at load 4)
+def test_freezing_the_lower_half_is_planned_within_15_percent_of_measured(tiny_model_dir):
+    """The tiny BERT at 64 x 128 tokens (activations most of its peak) trained whole and with its embeddings and
+    first layer frozen (--freeze), whose layer then saves nothing for backward: measured 7.8% and 4.9% under
+    (2026-12-06). Counted as if it trained, the frozen layer put the second trial 86% over."""
+    m = str(tiny_model_dir)
+    lower = "bert.embeddings.*,bert.encoder.layer.0.*"
+    assert M.frozen_leading_layers(M.model_facts(m).config_json, lower) == 1
+    check_against_measurement(
+        m, [Trial(m, "fp32", False, "adamw", 64, 1, 128, steps=2, freeze=f) for f in (None, lower)]
     )
 
 
@@ -313,6 +328,24 @@ def test_causal_lm_logits_carried_to_the_real_vocabulary(tied, counted):
         assert predicted == pytest.approx(saved, rel=0.01), precision
 
 
+def test_a_frozen_tied_head_is_planned_without_its_weight_gradient():
+    """preset:tiny-llama's output layer is its embedding matrix: `--freeze embeddings` freezes both, and the fused
+    head and loss then take no weight gradient in the forward pass, which the proxies (trained whole) do: planned
+    within 2% of what the frozen model saves (counted with it, 10% over)."""
+    from leantrain.model import freezing
+    from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
+
+    facts = M.model_facts("preset:tiny-llama")
+    net = M._build(M._config_from_json(facts.config_json), "cpu").train()
+    freezing.apply(net, "embeddings")
+    batch = M.proxy_batch(net.config, 8, 128, torch.Generator().manual_seed(0))
+    fused = head_rows_work(net) and head_loss_works(net)
+    measured = saved_bytes(net, lambda: M.proxy_loss(net, batch, None, None, True, fused))
+    profile = M.activation_profile(facts.config_json, 128, "fp32", False)
+    planned = profile.saved(8, facts.layers, False) - M._untaken_head_gradient(facts, profile, None, "embeddings")
+    assert fused and planned == pytest.approx(measured, rel=0.02)
+
+
 def test_causal_lm_facts_and_plan_know_the_task():
     """A causal LM is planned (it was refused: "text encoders only"), with its vocabulary, and its FLOPs counted as the
     run's telemetry counts them, attention's term in the sequence length included."""
@@ -351,6 +384,20 @@ def test_causal_lm_predicted_peak_within_10_percent_of_measured():
         ],
         tolerance=0.10,
     )
+
+
+@pytest.mark.slow  # measures in a new Python process: 1 trial, warmed up (30 s at load 4)
+def test_a_tied_causal_lm_at_a_small_micro_batch_peaks_at_the_end_of_backward():
+    """preset:tiny-llama's output layer is its embedding matrix: at the end of backward every gradient is made, that
+    matrix's among them (the head's share), when the embedding lookup makes its dense gradient once more, to be
+    added to it. At one row of 64 tokens its activations weigh less than that, and the end of backward is the peak,
+    above the optimizer step by an embedding matrix (8 MiB) under AdamW: predicted 7.7% under the measured peak
+    (2026-12-06); without that candidate, 15-17% under."""
+    m = "preset:tiny-llama"
+    facts = M.model_facts(m)
+    e = M.estimate(facts, 1, 64, "fp32", False, "adamw")
+    assert e.phase == "end of backward" and e.steady_peak > e.weights + e.optimizer_state + e.gradients
+    check_against_measurement(m, [Trial(m, "fp32", False, "adamw", 1, 1, 64, steps=2)])
 
 
 def test_flat_parameters_gradients_are_planned_alive_through_backward(tiny_model_dir):

@@ -13,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -130,6 +131,43 @@ def test_planned_activations_are_what_the_seq2seq_task_saves(pair_models, name, 
     assert longer.saved(4, facts.layers, False) > 1.2 * planned
 
 
+@pytest.mark.parametrize(("freeze", "leading"), [("shared.weight,encoder.block.0.*", 1), ("encoder.block.0.*", 0)])
+def test_encoder_layers_frozen_with_everything_before_them_are_planned_without_activations(
+    pair_models, freeze, leading
+):
+    """The T5's shared embedding and first encoder layer frozen: nothing in that layer needs a gradient, so it saves
+    nothing, and the plan leaves out an encoder layer's share (not the mean of an encoder's and a decoder's); the
+    output layer, tied to that embedding, is frozen too, and its fused loss takes no weight gradient in the forward
+    pass (7.8 MiB here). What the task's forward saves is then within 5% of the plan (3.4% over: the frozen
+    embedding's dropout mask; counted as before, 74% over). With the embedding training, the frozen layer's input
+    needs a gradient: it is counted as if it trained (an overestimate)."""
+    from leantrain.model import freezing, loading
+    from leantrain.tasks.seq2seq import Seq2Seq
+
+    path = str(pair_models["t5"])
+    facts = M.model_facts(path)
+    assert M.frozen_leading_layers(facts.config_json, freeze) == leading
+    planned = M.estimate(facts, 16, 48, "fp32", False, "adamw", freeze=freeze, target_len=24).activations
+    whole = M.estimate(facts, 16, 48, "fp32", False, "adamw", target_len=24).activations
+    encoder_layer = M.activation_profile(facts.config_json, 48, "fp32", False, target_len=24).encoder_layer
+    head = leading * 4 * facts.vocab * facts.hidden  # (the shared embedding frozen with the layer)
+    assert encoder_layer is not None
+    assert planned == pytest.approx(whole - leading * 16 * encoder_layer[0] - head, abs=1)
+    model = M._build(loading.load_config(path), "cpu").train()
+    freezing.apply(model, freeze)
+    task = Seq2Seq(TrainConfig(model=path, data="unused.csv", task="seq2seq"))
+    task.check_model(model)
+    batch = M.proxy_batch(model.config, 16, 48, torch.Generator().manual_seed(0), target_len=24)
+
+    def step():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return task.loss_sum(task.forward(model, batch), batch)
+
+    measured = saved_bytes(model, step)
+    assert measured <= planned <= measured * (1.05 if leading else 1.3)
+
+
 def test_a_seq2seq_plan_counts_flops_in_both_lengths(pair_models):
     """The speed model's FLOPs per pair are the run's telemetry's (`pair_flop_model`: source and target lengths,
     cross-attention's s x t), and the table names both lengths."""
@@ -226,3 +264,37 @@ def test_train_auto_picks_a_configuration_for_a_seq2seq_run(pair_models, summari
     assert (config["batch_size"], config["grad_accum"]) == (rec["micro_batch"], rec["grad_accum"])
     assert config["activation_checkpointing"] == rec["activation_checkpointing"]
     assert result.metrics["global_batch"] == 16
+
+
+def test_a_probe_measures_pairs_padded_to_the_planned_source_and_target_lengths(
+    pair_models, summaries, tmp_path, monkeypatch
+):
+    """`plan --probe` on a seq2seq run trains its candidates on batches of the planned shapes: every source padded to
+    the planned source length and every target to the planned target length (the data's longest), not each batch to
+    its own longest pair, which would measure a smaller step than the one predicted."""
+    from leantrain.commands import bench
+    from leantrain.data.batching import ExamplesDataset
+    from leantrain.job import assemble
+
+    jobs = []
+
+    def run_job(name, over, base, steps, out_dir, say, timeout, env=None):
+        jobs.append({**base, **over})
+        metrics = {"steady_samples_per_second": 10.0, "peak_memory_over_baseline_bytes": 1000, "weights_bytes": 10}
+        return bench.BenchRow(name, over, metrics)
+
+    monkeypatch.setattr(bench, "run_job", run_job)
+    args = ["--model", str(pair_models["t5"]), "--task", "seq2seq", "--data", str(summaries), "--memory", "2GB"]
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--plan-dir", str(tmp_path / "p")]
+    assert main(["plan", *args, *cache, "--probe", "--probe-top", "1"]) == 0
+    request = json.loads((tmp_path / "p" / "plan.json").read_text())["request"]
+    source, target = request["seq_len"], request["target_len"]
+    probed = TrainConfig(**{**jobs[0], "output_dir": str(tmp_path / "probe")})
+    made = assemble(probed)  # the probe's run, as `leantrain train` builds it
+    task = made.task
+    data = task.prepare_data(made.model_path, made.model_config)
+    rows = ExamplesDataset(data.train)
+    shortest = np.argsort(data.train.features.lengths)[:4]  # pairs far shorter than the planned lengths
+    batch = task.collator(data, train=True)([rows[int(i)] for i in shortest])
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (4, source)
+    assert batch["labels"].shape == batch["decoder_input_ids"].shape == batch["target_mask"].shape == (4, target)

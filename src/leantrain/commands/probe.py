@@ -3,10 +3,11 @@
 Each probed candidate is a short `leantrain train` of the user's own job (model, data, length) in its
 own process, through `bench.run_job` (the machinery of `leantrain bench`): steady samples/s after the
 first step, and its peak memory as the run reports it (weights plus the peak over the baseline taken
-once the model is loaded). Every batch is padded to the planned length (--pad-to-max-length), so the
-peak is the worst case the plan is for, and the process frees memory as a budgeted run does
-(MALLOC_MMAP_THRESHOLD_, see telemetry.memory.return_freed_memory). Measured beats predicted: the
-recommendation becomes the fastest probed candidate whose *measured* peak fits.
+once the model is loaded). Every batch is padded to the planned length (--pad-to-max-length; an
+encoder-decoder's sources and targets each to theirs), so the peak is the worst case the plan is for,
+and the process frees memory as a budgeted run does (MALLOC_MMAP_THRESHOLD_, see
+telemetry.memory.return_freed_memory). Measured beats predicted: the recommendation becomes the fastest
+probed candidate whose *measured* peak fits.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ def probe(plan: Plan, base_job: dict[str, Any], work_dir: Path, config: ProbeCon
     config = config or ProbeConfig()
     job = {k: v for k, v in base_job.items() if k not in ("auto", "memory", "output_dir", "resume", "save_every")}
     job.update(max_length=plan.request.seq_len, pad_to_max_length=True, report=False, eval_every=None)
-    if plan.request.target_len:  # an encoder-decoder's planned lengths (its pairs are padded to each batch's longest)
+    padded = f"{plan.request.seq_len} tokens"
+    if plan.request.target_len:  # an encoder-decoder's sources and targets are padded to their own planned lengths
         job.update(max_source_length=plan.request.seq_len, max_target_length=plan.request.target_len)
+        padded = f"sources of {plan.request.seq_len} and targets of {plan.request.target_len} tokens"
     # what is measured is training: the run's closing evaluation, at the planned length over a tenth of the data,
     # took most of a probe's time (259 of 293 s on the default job), so it scores a token share
     if not job.get("eval_data"):
@@ -115,8 +118,7 @@ def probe(plan: Plan, base_job: dict[str, Any], work_dir: Path, config: ProbeCon
     plan.probed = True
     plan.notes.append(
         f"probed {len(probed)} candidate(s), {config.repeats} x {config.steps} steps each of the real job, padded "
-        f"to {plan.request.seq_len} tokens (fastest run, largest peak); measured peak and speed replace the "
-        "predictions"
+        f"to {padded} (fastest run, largest peak); measured peak and speed replace the predictions"
     )
     choose(plan)
     return plan

@@ -799,7 +799,9 @@ class EfficiencyConfig:
         default=True,
     )
     pad_to_max_length: bool = _help(
-        "Pad every batch to --max-length (fixed shapes: for compiled models and memory benchmarks).", default=False
+        "Pad every batch to --max-length (an encoder-decoder's sources to --max-source-length, targets to "
+        "--max-target-length): fixed shapes, for compiled models and memory benchmarks.",
+        default=False,
     )
     # --- attention
     attention: str = _help(

@@ -284,15 +284,16 @@ def _whole_document_rows(offsets: np.ndarray, max_length: int) -> list[int]:
 
 # -- batching ----------------------------------------------------------------------------------------------------
 class LMCollator:
-    """Stacks rows, padding each micro-batch to its longest. Packed rows get no attention mask: their padding is
-    one more segment (positions from 0, nothing counted), so position ids alone keep everything apart."""
+    """Stacks rows, padding each micro-batch to its longest (or to `fixed_length`: --pad-to-max-length). Packed rows
+    get no attention mask: their padding is one more segment (positions from 0, nothing counted), so position ids
+    alone keep everything apart."""
 
-    def __init__(self, pad_token_id: int, packing: bool):
-        self.pad_token_id, self.packing = pad_token_id, packing
+    def __init__(self, pad_token_id: int, packing: bool, fixed_length: int | None = None):
+        self.pad_token_id, self.packing, self.fixed_length = pad_token_id, packing, fixed_length
 
     def __call__(self, items: list[dict]) -> dict[str, Any]:
         lengths = [len(x["input_ids"]) for x in items]
-        width = max(lengths)
+        width = self.fixed_length or max(lengths)
         # filled in NumPy, then one tensor each: a torch operator per row and field costs the host more than the
         # copying (about 100 of them for 8 rows)
         ids = np.full((len(items), width), self.pad_token_id, dtype=np.int64)

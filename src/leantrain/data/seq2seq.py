@@ -320,22 +320,24 @@ def load_pairs(
 
 
 class PairCollator:
-    """Pads each micro-batch's sources and targets to their own longest (dynamic padding); the decoder's input is
-    the target shifted right behind the start token, as transformers' models shift labels themselves."""
+    """Pads each micro-batch's sources and targets to their own longest (dynamic padding), or to `fixed_length`'s
+    (source, target) lengths (--pad-to-max-length); the decoder's input is the target shifted right behind the
+    start token, as transformers' models shift labels themselves."""
 
     #: static shapes' padding of the decoder's fields (a filled row's labels are ignored, its targets masked)
     pad_values: ClassVar[dict[str, Any]] = {"decoder_input_ids": None, "target_mask": False}
     #: the tokens the model computes on: the sources' and the targets'
     padded_keys = ("input_ids", "labels")
 
-    def __init__(self, pad_token_id: int, decoder_start_token_id: int):
+    def __init__(self, pad_token_id: int, decoder_start_token_id: int, fixed_length: tuple[int, int] | None = None):
         self.pad, self.start = pad_token_id, decoder_start_token_id
         self.pad_token_id = pad_token_id
+        self.fixed_length = fixed_length
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         sources = [x["input_ids"] for x in items]
         targets = [x["target_ids"] for x in items]
-        width, depth = max(map(len, sources)), max(max(map(len, targets)), 1)
+        width, depth = self.fixed_length or (max(map(len, sources)), max(max(map(len, targets)), 1))
         ids = torch.full((len(items), width), self.pad, dtype=torch.long)
         mask = torch.zeros((len(items), width), dtype=torch.long)
         labels = torch.full((len(items), depth), IGNORE, dtype=torch.long)

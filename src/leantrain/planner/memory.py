@@ -1,9 +1,11 @@
 """Predict the peak training memory of one configuration from the model's config, without training it.
 
-The peak is the larger of two moments of an optimizer step:
+The peak is the largest of three moments of an optimizer step:
 
-    backward  weights + optimizer state + activations + gradients alive then + backward workspace
-    step      weights + optimizer state + gradients + the optimizer's temporaries
+    backward         weights + optimizer state + activations + gradients alive then + backward workspace
+    end of backward  weights + optimizer state + every gradient + the first trained layer's activations and
+                     workspace (or the input embedding's dense gradient, on top where it is reused)
+    step             weights + optimizer state + gradients + the optimizer's temporaries
 
 plus a fixed *runtime* share (kernels' code, thread pools, allocator arenas: what the first step
 of any process costs on CPU, measured once per device kind; CUDA's context lies outside the allocator
@@ -126,9 +128,15 @@ class ActivationProfile:
     source: str
     #: a causal LM whose head and loss run fused over chunks of rows: its logits never exceed a chunk
     fused_head: bool = False
+    #: an encoder-decoder's encoder layer (per sequence, and its fixed copies): `per_layer` is the mean of both stacks
+    encoder_layer: tuple[float, float] | None = None
 
-    def saved(self, micro_batch: int, layers: int, checkpointing: bool) -> float:
+    def saved(self, micro_batch: int, layers: int, checkpointing: bool, leading: int = 0) -> float:
+        """Saved for backward by `layers` layers, the first `leading` of which (an encoder-decoder's: of its encoder)
+        save nothing, as nothing before them trains."""
+        skipped, copies = self.encoder_layer or (self.per_layer, self.copies_per_layer)
         act = micro_batch * (self.base + layers * self.per_layer) + self.copies_base + layers * self.copies_per_layer
+        act -= leading * (micro_batch * skipped + copies)
         if checkpointing:
             act += micro_batch * self.layer_full + self.copies_per_layer
         return act
@@ -188,14 +196,14 @@ class MemoryEstimate:
     optimizer_workspace: int
     #: one-off memory of the first step in a process (see WorkspaceModel.runtime)
     runtime: int
-    #: where the peak falls: "backward" or "optimizer step"
+    #: where the peak falls: "backward", "end of backward" (every gradient made) or "optimizer step"
     phase: str
     peak: int
 
     @property
     def workspace(self) -> int:
         """Transient memory at the peak, runtime share included (the table's workspace column)."""
-        ws = self.backward_workspace if self.phase == "backward" else self.optimizer_workspace
+        ws = self.optimizer_workspace if self.phase == "optimizer step" else self.backward_workspace
         return ws + self.runtime
 
     @property
@@ -359,8 +367,6 @@ def frozen_leading_layers(config_json: str, freeze: str, trust_remote_code: bool
     from leantrain.model import freezing
 
     config = _config_from_json(config_json)
-    if is_seq2seq(config):  # an encoder-decoder's frozen layers are counted as if they trained (an overestimate)
-        return 0
     net = _build(config, "meta", trust_remote_code)
     freezing.apply(net, freeze)
     n = getattr(config, _layers_attr(config))
@@ -856,6 +862,7 @@ def _pair_profile(
         f"length {seq_len} and target length {target_len}, {precision}, logits carried from vocabularies {small} "
         f"and {2 * small} to {vocab}",
         fused_head=fused,
+        encoder_layer=(layers[0], copies[0]),
     )
 
 
@@ -984,10 +991,11 @@ def _backward(
     freeze: str | None,
     fusable: bool = True,
     late_grads: float = 0.0,
-) -> tuple[float, float]:
+) -> tuple[float, float, tuple[float, float] | None]:
     """(activations, transients) at the backward peak of a micro-step on rows of `lengths` (a source's and, for an
-    encoder-decoder, a target's: 0, as long as the source); `late_grads`: the gradients alive at the end of backward
-    that the caller does not add itself (an encoder-decoder's end of backward may be its peak)."""
+    encoder-decoder, a target's: 0, as long as the source), and the same at the end of backward where that is
+    larger (else None); `late_grads`: the gradients alive at the end of backward that the caller does not add
+    itself."""
     seq_len, target_len = lengths[0], lengths[1] or lengths[0]
     pair = facts.kind == "seq2seq"
     profile = activation_profile(
@@ -1000,8 +1008,11 @@ def _backward(
         target_len=target_len if pair else 0,
         fusable=fusable or not pair,
     )
-    still = facts.layers - (frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0)
-    act = profile.saved(micro_batch, still, checkpointing)
+    leading = frozen_leading_layers(facts.config_json, freeze) if lora is None and freeze else 0
+    still = facts.layers - leading  # the layers that save anything (an encoder-decoder's frozen ones: its encoder's)
+    act = saved = profile.saved(micro_batch, facts.layers, checkpointing, leading) - _untaken_head_gradient(
+        facts, profile, lora, freeze
+    )
     # Transients of the micro-step: about one fp32 feed-forward activation in flight (see WorkspaceModel), of the
     # longer of an encoder-decoder's source and target
     tokens = max(seq_len, target_len) if pair else seq_len
@@ -1012,23 +1023,88 @@ def _backward(
         act, bwd_ws = _logits_backward_peak(
             facts, profile, workspace, micro_batch, rows, checkpointing, act, bwd_ws, fused
         )
-    if pair:
-        end = _pair_backward_end(facts, profile, micro_batch, checkpointing, layers_ws, late_grads)
-        act, bwd_ws = max((act, bwd_ws), end, key=sum)
-    return act, bwd_ws
-
-
-def _pair_backward_end(
-    facts: ModelFacts, profile: Any, micro_batch: int, checkpointing: bool, bwd_ws: float, late_grads: float
-) -> tuple[float, float]:
-    """(activations, transients) at the end of an encoder-decoder's backward: every gradient made (`late_grads`:
-    those the caller does not add), beside the first encoder layer's activations (recomputed, under checkpointing)
-    and transients or, after them, the embedding matrix's dense gradient (a T5's is its head's too, made again for
-    the decoder's and the encoder's inputs). With its layers checkpointed, t5-small at 16 pairs of 128 and 64 tokens
-    peaks here, not at the loss (benchmarks/results/planner_accuracy_seq2seq.md)."""
+    if still == 0:  # nothing trains below the head: backward ends there
+        return act, bwd_ws, None
+    embedding = (_embedding_gradient(facts, lora, freeze), _embedding_reused(facts))
+    first = 0.0 if lora is not None else _first_layer_gradient(facts.config_json, freeze)
+    # the first trained layer's activations (recomputed, under checkpointing); no more than all that is saved (a
+    # classifier's only trained layer may run at the first token only)
     layer = micro_batch * (profile.layer_full if checkpointing else profile.per_layer) + profile.copies_per_layer
-    embedding = 4.0 * facts.vocab * facts.hidden
-    return layer, late_grads + max(bwd_ws, embedding - layer)
+    end = _backward_end(min(layer, saved), (layers_ws, first), late_grads, embedding)
+    return act, bwd_ws, end if sum(end) > act + bwd_ws else None
+
+
+def _untaken_head_gradient(
+    facts: ModelFacts, profile: ActivationProfile, lora: LoraSpec | None, freeze: str | None
+) -> float:
+    """The fused head's weight gradient, which the proxies take in the forward pass, where `--freeze` freezes the
+    output layer (a tied one with the embeddings): then it is not taken. (LoRA's proxies run as the run does.)"""
+    from leantrain.model import freezing
+
+    if lora is not None or not profile.fused_head or not freezing.patterns(freeze):
+        return 0.0
+    return 0.0 if _head_trains(facts.config_json, freeze) else 4.0 * facts.vocab * facts.hidden
+
+
+@functools.lru_cache(maxsize=16)
+def _head_trains(config_json: str, freeze: str, trust_remote_code: bool = False) -> bool:
+    """Whether the output layer's weight trains under `--freeze`."""
+    head = trained_net(config_json, None, freeze, trust_remote_code).get_output_embeddings()
+    return head is not None and head.weight.requires_grad
+
+
+def _embedding_gradient(facts: ModelFacts, lora: LoraSpec | None, freeze: str | None) -> float:
+    """Bytes of the input embedding matrix's gradient: 0 where it does not train (frozen, or under LoRA)."""
+    inv = trainable_inventory(facts, lora, freeze)
+    return 4.0 * sum(math.prod(s) for s, e in zip(inv.shapes, inv.embedding) if e)
+
+
+@functools.lru_cache(maxsize=16)
+def _first_layer_gradient(config_json: str, freeze: str | None, trust_remote_code: bool = False) -> float:
+    """Bytes of the gradients of the first layer that trains (an encoder-decoder's, of its encoder): made while that
+    layer's activations are freed, at the end of backward."""
+    import torch
+
+    from leantrain.model import freezing
+
+    config = _config_from_json(config_json)
+    n = int(getattr(config, stack_layers(config)[0] if is_seq2seq(config) else _layers_attr(config)))
+    net = _build(config, "meta", trust_remote_code)
+    freezing.apply(net, freeze)
+    layers = next((m for m in net.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+    trained = [sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in layers or ()]
+    return 4.0 * next((x for x in trained if x), 0)
+
+
+def _embedding_reused(facts: ModelFacts) -> bool:
+    """Whether the input embedding matrix gets a gradient before the end of backward too: an encoder-decoder's is
+    shared by its encoder and decoder (and often its head), a causal LM's may be tied to its output layer."""
+    return facts.kind == "seq2seq" or (facts.kind == "causal-lm" and _tied_head(facts.config_json))
+
+
+@functools.lru_cache(maxsize=16)
+def _tied_head(config_json: str, trust_remote_code: bool = False) -> bool:
+    """Whether the model's output layer is its input embedding matrix (built on the meta device)."""
+    net = _build(_config_from_json(config_json), "meta", trust_remote_code)
+    head, table = net.get_output_embeddings(), net.get_input_embeddings()
+    return head is not None and table is not None and head.weight is table.weight
+
+
+def _backward_end(
+    layer: float, first: tuple[float, float], late_grads: float, embedding: tuple[float, bool]
+) -> tuple[float, float]:
+    """(activations, transients) at the end of backward: every gradient made (`late_grads`: those the caller does
+    not add) but the first trained layer's (`first`: its transients and its gradients, made as its activations
+    `layer` are freed), or after that layer the input embedding matrix's dense gradient (`embedding`: its bytes,
+    and whether it is reused). A reused matrix already holds a gradient (a tied head's, or the decoder's), so this
+    one is a transient on top; else it is the last gradient made, and before it the others only. With its layers
+    checkpointed, t5-small at 16 pairs of 128 and 64 tokens peaks here, not at the loss
+    (benchmarks/results/planner_accuracy_seq2seq.md); so does a causal LM whose head is its embedding matrix, at
+    micro-batches whose activations weigh less than its gradients."""
+    (bwd_ws, layer_grads), (size, reused) = first, embedding
+    last = 0.0 if reused else min(size, late_grads)  # (with accumulation it exists from the first micro-step)
+    own = min(layer_grads, late_grads - last)  # (with accumulation: alive all along, in the caller's share)
+    return layer, late_grads - last + max(bwd_ws - own, (size if reused else last) - layer)
 
 
 def estimate(
@@ -1071,13 +1147,19 @@ def estimate(
     # With accumulation the gradients are alive through the whole backward (flat parameters': the small ones' buffer);
     # without it, each gradient appears as its layer's activations are freed and adds little at the peak.
     grads_in_backward = grads if grad_accum > 1 else (4 * inv.flat_numel() if flat else 0)
-    act, bwd_ws = _backward(
+    act, bwd_ws, end = _backward(
         facts, micro_batch, (seq_len, target_len), precision, checkpointing, workspace, lora, counted, freeze,
         fuse_head, grads - grads_in_backward,
     )  # fmt: skip
     backward = act + bwd_ws + grads_in_backward + dequantized
     opt_ws = inv.temporaries(optimizer, settings)  # the registry's fitted temporaries
     step = grads + opt_ws
+    # the end of backward shows its parts only where it is the peak: else the saved activations are the news
+    if end is not None and sum(end) + grads_in_backward + dequantized > max(backward, step):
+        (act, bwd_ws), backward = end, sum(end) + grads_in_backward + dequantized
+        phase = "end of backward"
+    else:
+        phase = "backward" if backward >= step else "optimizer step"
     runtime = workspace.runtime_bytes(device, precision)
     return MemoryEstimate(
         weights=weights,
@@ -1087,6 +1169,6 @@ def estimate(
         backward_workspace=int(bwd_ws),
         optimizer_workspace=int(opt_ws),
         runtime=runtime,
-        phase="backward" if backward >= step else "optimizer step",
+        phase=phase,
         peak=int(weights + state + runtime + max(backward, step)),
     )

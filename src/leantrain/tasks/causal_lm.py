@@ -215,7 +215,8 @@ class CausalLM(Task):
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator
 
-        return LMCollator(data.processor.pad_token_id, packing=self.packing)
+        fixed = self.cfg.max_length if self.cfg.pad_to_max_length else None
+        return LMCollator(data.processor.pad_token_id, packing=self.packing, fixed_length=fixed)
 
     # -- a step --------------------------------------------------------------------------------------------------
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:

@@ -229,7 +229,9 @@ class Seq2Seq(Task):
         from leantrain.data.seq2seq import PairCollator
 
         assert self.ids is not None
-        return PairCollator(self.ids.pad, self.ids.start)
+        settings = self._settings()
+        fixed = (settings.max_source_length, settings.max_target_length) if self.cfg.pad_to_max_length else None
+        return PairCollator(self.ids.pad, self.ids.start, fixed)
 
     # -- a step --------------------------------------------------------------------------------------------------
     def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
