@@ -75,6 +75,7 @@ def assemble(
         from leantrain.data.combine import refuse_unread_choices
 
         refuse_unread_choices(cfg, chosen.plain_folder)  # a split of a single file, say
+        _refuse_two_source_lengths(cfg, chosen.name)
     made = None
     if plan and cfg.auto:  # the planner's recommendation sets precision, checkpointing, optimizer and the split
         from leantrain.planner.auto import plan_run
@@ -88,6 +89,17 @@ def assemble(
     chosen.recorded, chosen.given = inference, frozenset(given)
     precision, why = parallel.choose_precision(cfg.precision)
     return Job(cfg, model_path, model_config, chosen, made, precision, why)
+
+
+def _refuse_two_source_lengths(cfg: TrainConfig, task: str) -> None:
+    """--max-length is a sequence-to-sequence run's source length only where --max-source-length is left out: given
+    both, one of them would be ignored."""
+    default = next(f.default for f in fields(TrainConfig) if f.name == "max_length")
+    if task == "seq2seq" and cfg.max_source_length is not None and cfg.max_length != default:
+        raise ConfigError(
+            f"--max-length {cfg.max_length} and --max-source-length {cfg.max_source_length} both cut a "
+            "sequence-to-sequence run's sources; give --max-source-length alone"
+        )
 
 
 def _say_the_default_job(cfg: TrainConfig) -> None:

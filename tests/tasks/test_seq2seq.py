@@ -532,6 +532,9 @@ def test_bad_input_is_one_line_naming_the_fix(models, pairs, tmp_path, capsys):
     mixture = ["--data", f"{pairs[0]}@0.5", "--data", f"{only_sources}@0.5"]
     _one_line_error(capsys, [*base, *t5, *mixture], "--task seq2seq reads one source", "join the files into one")
     _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), "--metrics", "accuracy"], "--metrics", "rouge1")
+    # --max-length is the sources' length only where --max-source-length is left out: given both, one was ignored
+    two = ["--max-length", "64", "--max-source-length", "32"]
+    _one_line_error(capsys, [*base, *t5, "--data", str(pairs[0]), *two], "--max-length 64", "--max-source-length alone")
     # the planner models a T5 (tests/planner/test_seq2seq_plan.py), not a warm-started bert2bert: `plan` and `--auto`
     # say so
     b2b = ["--model", str(models["bert2bert"]), "--max-target-length", "32"]  # (its positions: 128)
