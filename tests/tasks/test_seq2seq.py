@@ -612,7 +612,14 @@ def test_evaluate_says_how_many_references_max_target_length_cuts_and_scores_the
     caplog.clear()
     with caplog.at_level("WARNING", logger="leantrain"):
         counted = evaluate(str(result.output_dir), str(pairs[1]), max_target_length=longest)
-    assert counted["references_cut"] == 0 and "references" not in caplog.text, caplog.text
+    assert counted["references_cut"] == 0, counted
+    # nothing cut, but the run's --generation-max-new-tokens 8 keeps the model from writing the long ones whole
+    capped = (
+        f"{pairs[1]}: {sum(n > 8 for n in whole)} of {len(references)} references are longer than the 8 tokens the "
+        f"model writes at most (the longest: {longest}), so no output matches them whole; "
+        f"--generation-max-new-tokens {longest} lets the model write them"
+    )
+    assert [r.getMessage() for r in caplog.records if "references" in r.getMessage()] == [capped], caplog.text
     assert counted["target_tokens"] > cut["target_tokens"] and counted["loss"] != cut["loss"]
     assert counted["rougeL"] == cut["rougeL"]  # the same generated texts against the same whole references
     capsys.readouterr()
@@ -650,7 +657,7 @@ def test_evaluate_takes_generation_max_new_tokens_and_tasks_that_do_not_generate
     with caplog.at_level("WARNING", logger="leantrain"):
         fewer = evaluate(run, data, generation_max_new_tokens=3, max_target_length=64)
     assert fewer["mean_generated_tokens"] <= 3 < own["mean_generated_tokens"], (fewer, own)
-    assert "references" not in caplog.text, caplog.text
+    assert "longer than the 3 tokens the model writes at most" in caplog.text, caplog.text  # (none cut at 64)
     capsys.readouterr()
     caplog.clear()
     with caplog.at_level("WARNING", logger="leantrain"):

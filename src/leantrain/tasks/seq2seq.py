@@ -362,7 +362,7 @@ class Seq2Seq(Task):
         cut, longest = cut_targets(self.tokenizer, rows, limit)
         facts = {"references_cut": cut, "max_target_length": limit}
         if not cut:
-            return facts, None
+            return facts, self._capped_references(rows, source, longest)
         writes = raise_it = ""
         if self.scored and self.max_new_tokens < longest:
             writes = f" and the model writes at most {self.max_new_tokens}"
@@ -374,6 +374,18 @@ class Seq2Seq(Task):
             f"{source}: {cut:,} of {len(rows):,} references are longer than --max-target-length {limit} tokens (the "
             f"longest: {longest:,}): the loss counts only their first {limit}{writes} (the scores compare the whole "
             f"texts); --max-target-length {longest} counts them whole{raise_it}"
+        )
+
+    def _capped_references(self, rows: Any, source: str, longest: int) -> str | None:
+        """The line on references longer than what the model may write (--generation-max-new-tokens below them),
+        which no output can match whole; None where every reference fits or nothing is generated."""
+        capped = int((rows.target_lengths > self.max_new_tokens).sum()) if self.scored else 0
+        if not capped:
+            return None
+        return (
+            f"{source}: {capped:,} of {len(rows):,} references are longer than the {self.max_new_tokens} tokens the "
+            f"model writes at most (the longest: {longest:,}), so no output matches them whole; "
+            f"--generation-max-new-tokens {longest} lets the model write them"
         )
 
     def evaluation_report(self, rows: dict[str, np.ndarray], data: TaskData) -> dict[str, Any]:
