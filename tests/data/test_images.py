@@ -103,6 +103,28 @@ def test_cli_predict_and_evaluate_on_image_files(job, image_folder, tmp_path, ca
     assert main(["predict", str(result.output_dir), "--file", str(image_folder / "red")]) == 2
     err = capsys.readouterr().err
     assert f"red: a folder; give its files with --data {image_folder / 'red'}" in err and len(err.splitlines()) == 1
+    # a folder has no columns: a column flag given to evaluate or predict would be ignored
+    for call in (["evaluate", "--label-column", "kind"], ["predict", "--image-column", "img"]):
+        assert main([call[0], str(result.output_dir), "--data", str(image_folder), *call[1:]]) == 2
+        err = capsys.readouterr().err
+        assert f"{call[1]} {call[2]}: {image_folder} is a folder of image files, not a table" in err
+        assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", ["--image-column", "--label-column"])
+def test_a_column_flag_on_a_folder_exits_2_unless_a_table_reads_it(image_folder, tmp_path, capsys, flag):
+    args = ["train", "--model", "preset:tiny-vit", "--data", str(image_folder), flag, "x",
+            "--cache-dir", str(tmp_path / "c"), "--output-dir", str(tmp_path / "r"), "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} x: {image_folder} is a folder of image files, not a table, so it has no columns" in err
+    assert f"leave {flag} out" in err and len(err.splitlines()) == 1 and not (tmp_path / "r").exists()
+    # an evaluation table reads it: no refusal
+    from leantrain.data.media import IMAGE, refuse_unread_columns
+    from leantrain.data.sources import ReadOptions
+
+    (table := tmp_path / "eval.csv").write_text("x,label\n")
+    refuse_unread_columns(IMAGE, [(str(image_folder), None), (str(table), ReadOptions())], image_column="x")
 
 
 def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job, image_folder, tmp_path, capsys):
@@ -249,6 +271,8 @@ def test_idx_files_are_a_source_like_mnist(job, tmp_path):
     _write_idx(folder / "t10k-labels-idx1-ubyte.gz", labels, 0x08)
     result = train(job(data=str(folder), epochs=4))
     assert result.metrics["eval_accuracy"] >= 0.9 and result.metrics["train_examples"] > 0
+    with pytest.raises(DataError, match=r"is a folder of IDX files, not a table.*idx1 file holds the labels"):
+        train(job(data=str(folder), label_column="label", output_dir=str(tmp_path / "r2")))
 
     from leantrain.data.images import read_idx
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -300,6 +300,34 @@ def list_source(
         f"{source}: give a folder of {kind(task)} files (one sub-folder per class, or --label-pattern) "
         f"or a table ({', '.join(sorted(TABLE_SUFFIXES))}) with an {kind(task)} column"
     )
+
+
+def refuse_unread_columns(task: str, sources: Sequence[tuple[str | None, ReadOptions | None]], **given: Any) -> None:
+    """A column flag (`given`: image_column, audio_column, label_column) where no source is a table: a folder of
+    files or IDX files has no columns, so the flag would be ignored without a word."""
+    named = [(key, value) for key, value in given.items() if value is not None]
+    paths = [(source, options) for source, options in sources if source is not None]
+    if not named or not paths or any(_is_table(source, task, options) for source, options in paths):
+        return
+    key, value = named[0]
+    flag, source = "--" + key.replace("_", "-"), paths[0][0]
+    idx = task == IMAGE and image_mod.find_idx_pair(Path(source)) is not None
+    labels = "its idx1 file holds the labels" if idx else "labels come from class sub-folders or --label-pattern"
+    raise DataError(
+        f"{flag} {value}: {source} is a folder of {'IDX' if idx else kind(task)} files, not a table, so it has no "
+        f"columns; leave {flag} out ({labels})"
+    )
+
+
+def _is_table(source: str, task: str, options: ReadOptions | None) -> bool:
+    """Whether `list_source` reads `source` as a table (or refuses it in its own words): not a folder of files."""
+    path = Path(source)
+    if not path.is_dir():
+        return True
+    if task == IMAGE and image_mod.find_idx_pair(path) is not None:
+        return False
+    saved = (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+    return saved or (options is not None and options.config is not None)
 
 
 def _label_from_pattern(pattern: str, name: str) -> str | None:
@@ -751,6 +779,8 @@ def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, co
         strict=data.strict,
     )
     assert isinstance(data.data, str), "one source, resolved: data.combine reads a mixture's sources one at a time"
+    sources = [(data.data, read_options(data, "train")), (data.eval_data, read_options(data, "eval"))]
+    refuse_unread_columns(mp.task, sources, **{column_key(mp.task): input_column, "label_column": data.label_column})
     train_src = load_media_source(data.data, split="train", options=read_options(data, "train"), **common)
     notes = [train_src.describe()]
     eval_src = None
@@ -770,6 +800,11 @@ def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, co
         notes.append(f"audio resampled to {mp.sampling_rate} Hz, padded or cut to {mp.max_seconds:g} s")
     columns = Columns(text=input_column or kind(mp.task), label=train_src.label_from)
     return PreparedData(all_data.subset(train_rows), eval_set, labels.names, columns, notes)
+
+
+def column_key(task: str) -> str:
+    """The config key that names the column of this task's inputs."""
+    return "image_column" if task == IMAGE else "audio_column"
 
 
 def _pattern_rows(data: DataConfig, train_src: MediaSource) -> np.ndarray:

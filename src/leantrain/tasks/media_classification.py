@@ -67,6 +67,8 @@ class MediaClassification(Classification):
         from leantrain.tasks.text_classification import class_names
 
         cfg = self.cfg
+        columns = {media.column_key(self.name): self.input_column, "label_column": cfg.label_column}
+        media.refuse_unread_columns(self.name, [(cfg.eval_data, read_options(cfg, "eval"))], **columns)
         processor = media.load_processor(model_path, model_config, self.name)
         src = media.load_media_source(
             cfg.eval_data,
@@ -110,6 +112,8 @@ class MediaClassification(Classification):
             report = ReadReport("--file", len(files))
             listing = media.MediaListing("--file", list(files), list(files), None, "-", "files", report)
         else:
+            source = [(cfg.eval_data, read_options(cfg, "eval"))]
+            media.refuse_unread_columns(self.name, source, **{media.column_key(self.name): self.input_column})
             listing = media.list_source(
                 cfg.eval_data, self.name, need_labels=False, input_column=self.input_column, split="eval",
                 options=read_options(cfg, "eval"),
