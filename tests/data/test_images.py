@@ -219,6 +219,16 @@ def test_a_config_json_without_a_processor_trains_from_scratch_on_images_of_its_
     scored = evaluate(str(result.output_dir), str(data), cache_dir=str(tmp_path / "c2"))
     assert scored["examples"] == len(files) == 16 and scored["accuracy"] == pytest.approx(sum(hits) / len(hits))
 
+    # the card's snippet serves the grey model: pipeline makes a file name RGB, which a one-channel model cannot take
+    from PIL import Image
+    from transformers import pipeline
+
+    card = (result.model_dir / "README.md").read_text()
+    assert 'model(np.asarray(Image.open("image.png").convert("L"))[..., None])' in card
+    pipe = pipeline("image-classification", model=str(result.model_dir))
+    served = pipe(np.asarray(Image.open(files[0]).convert("L"))[..., None], top_k=1)[0]
+    assert served["label"] == rows[0]["label"] and served["score"] == pytest.approx(rows[0]["score"], abs=1e-4)
+
 
 def test_mixed_sizes_without_a_processor_or_the_wrong_size_exit_2(tmp_path, capsys):
     rng = np.random.default_rng(3)
