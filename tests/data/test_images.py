@@ -242,11 +242,12 @@ def test_mixed_sizes_without_a_processor_or_the_wrong_size_exit_2(tmp_path, caps
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "images of different sizes (" in err and "no image processor" in err and "Traceback" not in err
+    assert "e.g. blue/0.png)" in err  # one of the odd size (20x20, not the model's 16x16), to look at
 
     for p in data.rglob("*.png"):
         make_image(p, p.parent.name, rng, size=(20, 20))
     assert main(args) == 2
-    assert "images are 20x20 but the model takes 16x16" in capsys.readouterr().err
+    assert "images are 20x20 (e.g. blue/0.png) but the model takes 16x16" in capsys.readouterr().err
 
 
 def test_a_table_of_image_paths_and_labels(job, image_folder, tmp_path):

@@ -595,7 +595,7 @@ def process_source(listing: MediaListing, mp: MediaProcessor, strict: bool = Fal
     processed = _Processed(mp, listing.source)
     kept: list[int] = []
     for chunk in _chunks(_decoded(listing, mp, strict, failed), CHUNK):
-        processed.add([value for _, value in chunk])
+        processed.add([value for _, value in chunk], [listing.names[i] for i, _ in chunk])
         kept += [i for i, _ in chunk]
     listing.report.drop(f"unreadable {what} files", len(failed))
     if not kept:
@@ -651,7 +651,7 @@ class _Processed:
         self.norm: dict[str, Any] | None = None
         self.expected: Any = tuple(mp.image_size) if mp.image_size else None  # images the model does not resize
 
-    def add(self, chunk: list[Any]) -> None:
+    def add(self, chunk: list[Any], names: list[str]) -> None:
         mp = self.mp
         if mp.task == AUDIO:
             assert mp.max_seconds is not None  # set by `_decoded`
@@ -659,7 +659,7 @@ class _Processed:
             out = audio_mod.process_audio(mp.processor, [audio_mod.fit_length(w, samples) for w in chunk])
         else:
             if not mp.resizes:
-                image_mod.check_sizes(chunk, self.expected, self.source)
+                image_mod.check_sizes(chunk, self.expected, self.source, names)
                 self.expected = chunk[0].shape[:2]
             pixels, self.norm = image_mod.process_images(mp.processor, chunk)
             out = {"pixel_values": pixels}
