@@ -127,7 +127,9 @@ def test_a_column_flag_on_a_folder_exits_2_unless_a_table_reads_it(image_folder,
     refuse_unread_columns(IMAGE, [(str(image_folder), None), (str(table), ReadOptions())], image_column="x")
 
 
-def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job, image_folder, tmp_path, capsys):
+def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(
+    job, image_folder, tmp_path, capsys, caplog
+):
     import shutil
 
     data = tmp_path / "imgs"
@@ -139,6 +141,12 @@ def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job
     assert "2 dropped (2 unreadable image files)" in err
     assert "blue/empty.jpg" in err and "red/broken.png" in err
     assert result.metrics["train_examples"] > 0
+    # evaluate scores the readable files and says which it left out: its score counts fewer files than given
+    assert main(["evaluate", str(result.output_dir), "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{") :])["skipped"] == 2
+    said = "2 dropped (2 unreadable image files) (unreadable, skipped: blue/empty.jpg, red/broken.png)"
+    assert said in caplog.text, caplog.text
 
     code = main(["train", "--model", "preset:tiny-vit", "--data", str(data), "--strict", "--cache-dir",
                  str(tmp_path / "c2"), "--output-dir", str(tmp_path / "r2"), "--no-progress"])  # fmt: skip

@@ -557,12 +557,17 @@ class MediaSource:
     skipped: list[str] = field(default_factory=list)  # the first unreadable files' names
     max_seconds: float | None = None
 
-    def describe(self) -> str:
+    def summary(self) -> str:
+        """The rows read and dropped, the first unreadable files named."""
         text = self.report.summary()
         if self.skipped:
             text += (
                 f" (unreadable, skipped: {', '.join(self.skipped)}{', ...' if self.report.rows_dropped > 5 else ''})"
             )
+        return text
+
+    def describe(self) -> str:
+        text = self.summary()
         shapes = ", ".join(f"{k} {tuple(v.shape[1:])} {v.dtype}" for k, v in self.features.arrays.items())
         cached = "processed data loaded from cache" if self.cache_hit else "processed and cached"
         return f"{text}; labels from {self.label_from}; {shapes}, {self.features.nbytes / 2**20:.1f} MB; {cached}"

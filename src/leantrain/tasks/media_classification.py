@@ -86,6 +86,10 @@ class MediaClassification(Classification):
         if unseen:
             raise DataError(f"{cfg.eval_data}: labels {unseen[:5]} are unknown to the model (it knows {names})")
         labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
+        if src.report.rows_dropped:  # the scores count fewer files than the source holds: said, as for text
+            import logging
+
+            logging.getLogger("leantrain").warning("%s", src.summary())
         facts = {"examples": len(labels), "skipped": src.report.rows_dropped}
         return TaskData(None, Examples(src.features, labels), names, processor, facts=facts)
 
