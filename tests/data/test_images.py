@@ -127,6 +127,17 @@ def test_a_column_flag_on_a_folder_exits_2_unless_a_table_reads_it(image_folder,
     refuse_unread_columns(IMAGE, [(str(image_folder), None), (str(table), ReadOptions())], image_column="x")
 
 
+def test_a_mixtures_column_flag_is_refused_only_where_no_source_is_a_table(job, image_folder, tmp_path):
+    rows = [{"img": str(p), "category": p.parent.name} for p in sorted(image_folder.rglob("*.png"))]
+    (table := tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the folder's labels are its class folders, the table's its 'category' column
+    result = train(job(data=[str(image_folder), str(table)], label_column="category", max_steps=1))
+    assert result.metrics["num_labels"] == 2
+    with pytest.raises(DataError, match=f"--label-column category: {image_folder} is a folder of image files"):
+        twice = [str(image_folder), {"path": str(image_folder), "name": "again"}]
+        train(job(data=twice, label_column="category", output_dir=str(tmp_path / "b")))
+
+
 def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(
     job, image_folder, tmp_path, capsys, caplog
 ):

@@ -768,10 +768,13 @@ def _load_cached(path: Path) -> MediaSource | None:
 # --- train and eval sets ----------------------------------------------------------------------------
 
 
-def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, codec=None, *, seed: int):
+def prepare_media_data(
+    data: DataConfig, mp: MediaProcessor, cache_dir: Path, codec=None, *, seed: int, check_columns: bool = True
+):
     """Load (or reuse) the processed training and evaluation sets that the data section describes (a PreparedData);
     `codec` turns labels into targets (`data.labels`; default: class ids, checked against the training labels);
-    `seed` draws the held-out files and the --limit sample."""
+    `seed` draws the held-out files and the --limit sample; `check_columns`: refuse a column flag that no source
+    reads (a mixture's sources are checked together)."""
     from leantrain.data.columns import Columns
     from leantrain.data.prepare import PreparedData
 
@@ -786,7 +789,9 @@ def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, co
     )
     assert isinstance(data.data, str), "one source, resolved: data.combine reads a mixture's sources one at a time"
     sources = [(data.data, read_options(data, "train")), (data.eval_data, read_options(data, "eval"))]
-    refuse_unread_columns(mp.task, sources, **{column_key(mp.task): input_column, "label_column": data.label_column})
+    if check_columns:
+        given = {column_key(mp.task): input_column, "label_column": data.label_column}
+        refuse_unread_columns(mp.task, sources, **given)
     train_src = load_media_source(data.data, split="train", options=read_options(data, "train"), **common)
     notes = [train_src.describe()]
     eval_src = None

@@ -18,14 +18,32 @@ class MediaClassification(Classification):
 
         cfg = self.cfg
         processor = media.load_processor(model_path, model_config, self.name, cfg.max_seconds)
+        mixed = self._refuse_unread_columns()
 
         def read(source_cfg: Any, codec: Any) -> SourceData:
-            data = media.prepare_media_data(source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed)
+            data = media.prepare_media_data(
+                source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed, check_columns=not mixed
+            )
             return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
 
         data = prepare_sources(cfg, read, tokens=False, what=self.name)
         sized = media.model_config(model_path, model_config, processor, cfg.trust_remote_code)
         return TaskData(data.train, data.eval, data.label_names, processor, data.notes, sized, sources=data.facts())
+
+    def _refuse_unread_columns(self) -> bool:
+        """Whether the data is a mixture; if so, a run-wide column flag is refused where no source is a table (one
+        source's folder beside another's table is no mistake: the table reads it)."""
+        from leantrain.data import media
+        from leantrain.data.combine import is_mixture, source_config, sources_of
+        from leantrain.data.sources import read_options
+
+        cfg, specs = self.cfg, sources_of(self.cfg)
+        if not is_mixture(specs):
+            return False
+        sources = [(spec.path, read_options(source_config(cfg, spec), "train")) for spec in specs]
+        columns = {media.column_key(self.name): self.input_column, "label_column": cfg.label_column}
+        media.refuse_unread_columns(self.name, [*sources, (cfg.eval_data, read_options(cfg, "eval"))], **columns)
+        return True
 
     def build_model(self, model_path: str, data: TaskData):
         from leantrain.model import loading
