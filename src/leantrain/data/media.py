@@ -657,7 +657,7 @@ class _Processed:
         self.norm: dict[str, Any] | None = None
         self.expected: Any = tuple(mp.image_size) if mp.image_size else None  # images the model does not resize
 
-    def add(self, chunk: list[Any], names: list[str]) -> None:
+    def add(self, chunk: list[Any], names: list[str] | None = None) -> None:
         mp = self.mp
         if mp.task == AUDIO:
             assert mp.max_seconds is not None  # set by `_decoded`
@@ -665,7 +665,7 @@ class _Processed:
             out = audio_mod.process_audio(mp.processor, [audio_mod.fit_length(w, samples) for w in chunk])
         else:
             if not mp.resizes:
-                image_mod.check_sizes(chunk, self.expected, self.source, names)
+                image_mod.check_sizes(chunk, self.expected, self.source, names or [])
                 self.expected = chunk[0].shape[:2]
             pixels, self.norm = image_mod.process_images(mp.processor, chunk)
             out = {"pixel_values": pixels}
