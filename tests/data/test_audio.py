@@ -321,6 +321,33 @@ def test_a_wav_cut_short_is_unreadable_but_one_streamed_with_an_unknown_size_is_
     assert "1 dropped (1 unreadable audio files)" in err and "1_spk_99.wav" in err
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_clip_with_nan_or_infinite_samples_is_unreadable_not_a_nan_loss(fsdd_like, tmp_path, value):
+    """A float WAV can hold NaN: its features were NaN, training stopped blaming the learning rate and predict gave
+    NaN scores with exit 0."""
+    import shutil
+
+    from scipy.io import wavfile
+
+    from leantrain.data.audio import decode_audio
+    from leantrain.data.media import AUDIO, MediaProcessor, list_source, process_source
+    from leantrain.model.presets import preset_processor
+
+    data = tmp_path / "w"
+    shutil.copytree(fsdd_like, data)
+    wave = decode_audio(str(data / "1_spk_0.wav"))[0]
+    wave[10:20] = value
+    wavfile.write(data / "1_spk_99.wav", 8000, wave)
+    with pytest.raises(ValueError, match=r"10 of its .* samples are not finite"):
+        decode_audio(str(data / "1_spk_99.wav"))
+    mp = MediaProcessor(AUDIO, preset_processor("preset:tiny-audio"), max_seconds=0.3)
+    src = process_source(list_source(str(data), AUDIO, label_pattern=r"^(\d)_"), mp)
+    assert src.skipped == ["1_spk_99.wav"] and len(src.names) == 36
+    assert np.isfinite(src.features.arrays["input_values"].astype(np.float32)).all()
+    with pytest.raises(DataError, match=r"1_spk_99.wav: cannot read as audio \(ValueError: 10 of its"):
+        process_source(list_source(str(data / "1_spk_99.wav"), AUDIO, need_labels=False), mp, strict=True)
+
+
 def test_an_image_given_to_an_audio_model_is_not_sent_to_soundfile(tmp_path, monkeypatch):
     import sys
 

@@ -86,3 +86,25 @@ def test_a_table_of_text_and_row_ids_is_told_it_has_no_labels():
     df = pd.DataFrame({"index": ["0", "1", "2"], "sentence": ["uneasy mishmash .", "a fine film", "dull"]})
     with pytest.raises(DataError, match=r"test.tsv: no label column .*leantrain predict RUN --data test.tsv$"):
         resolve_columns(df, "test.tsv", None, None, None)
+
+
+@pytest.mark.parametrize(
+    "given, needle",
+    [
+        # each sentence paired with itself: MRPC scored near all-paraphrase, exit 0
+        (dict(text="sentence1", pair="sentence1"), "the text column and --text-pair-column are both 'sentence1'"),
+        (dict(pair="text"), "the text column and --text-pair-column are both 'text'"),  # the guessed text
+        # the label as the second text: it was read as a candidate text column, "text column ambiguous"
+        (dict(pair="label"), "--text-pair-column and the label column are both 'label'"),
+    ],
+)
+def test_a_pair_column_that_is_the_text_or_the_label_column_is_refused(given, needle):
+    from leantrain.data.columns import resolve_columns
+
+    df = pd.DataFrame({"sentence1": ["a b"], "text": ["c d"], "label": ["1"]})
+    if "text" not in given:
+        df = df.drop(columns="sentence1")
+    with pytest.raises(DataError, match=needle) as info:
+        resolve_columns(df, "pairs.csv", given.get("text"), given["pair"], None)
+    assert str(info.value).startswith("pairs.csv: ") and "\n" not in str(info.value)
+    assert resolve_columns(df, "pairs.csv", given.get("text"), None, None).text_pair is None  # no pair: fine

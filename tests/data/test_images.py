@@ -103,9 +103,44 @@ def test_cli_predict_and_evaluate_on_image_files(job, image_folder, tmp_path, ca
     assert main(["predict", str(result.output_dir), "--file", str(image_folder / "red")]) == 2
     err = capsys.readouterr().err
     assert f"red: a folder; give its files with --data {image_folder / 'red'}" in err and len(err.splitlines()) == 1
+    # a folder has no columns: a column flag given to evaluate or predict would be ignored
+    for call in (["evaluate", "--label-column", "kind"], ["predict", "--image-column", "img"]):
+        assert main([call[0], str(result.output_dir), "--data", str(image_folder), *call[1:]]) == 2
+        err = capsys.readouterr().err
+        assert f"{call[1]} {call[2]}: {image_folder} is a folder of image files, not a table" in err
+        assert len(err.splitlines()) == 1
 
 
-def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job, image_folder, tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--image-column", "--label-column"])
+def test_a_column_flag_on_a_folder_exits_2_unless_a_table_reads_it(image_folder, tmp_path, capsys, flag):
+    args = ["train", "--model", "preset:tiny-vit", "--data", str(image_folder), flag, "x",
+            "--cache-dir", str(tmp_path / "c"), "--output-dir", str(tmp_path / "r"), "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} x: {image_folder} is a folder of image files, not a table, so it has no columns" in err
+    assert f"leave {flag} out" in err and len(err.splitlines()) == 1 and not (tmp_path / "r").exists()
+    # an evaluation table reads it: no refusal
+    from leantrain.data.media import IMAGE, refuse_unread_columns
+    from leantrain.data.sources import ReadOptions
+
+    (table := tmp_path / "eval.csv").write_text("x,label\n")
+    refuse_unread_columns(IMAGE, [(str(image_folder), None), (str(table), ReadOptions())], image_column="x")
+
+
+def test_a_mixtures_column_flag_is_refused_only_where_no_source_is_a_table(job, image_folder, tmp_path):
+    rows = [{"img": str(p), "category": p.parent.name} for p in sorted(image_folder.rglob("*.png"))]
+    (table := tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the folder's labels are its class folders, the table's its 'category' column
+    result = train(job(data=[str(image_folder), str(table)], label_column="category", max_steps=1))
+    assert result.metrics["num_labels"] == 2
+    with pytest.raises(DataError, match=f"--label-column category: {image_folder} is a folder of image files"):
+        twice = [str(image_folder), {"path": str(image_folder), "name": "again"}]
+        train(job(data=twice, label_column="category", output_dir=str(tmp_path / "b")))
+
+
+def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(
+    job, image_folder, tmp_path, capsys, caplog
+):
     import shutil
 
     data = tmp_path / "imgs"
@@ -117,6 +152,12 @@ def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(job
     assert "2 dropped (2 unreadable image files)" in err
     assert "blue/empty.jpg" in err and "red/broken.png" in err
     assert result.metrics["train_examples"] > 0
+    # evaluate scores the readable files and says which it left out: its score counts fewer files than given
+    assert main(["evaluate", str(result.output_dir), "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{") :])["skipped"] == 2
+    said = "2 dropped (2 unreadable image files) (unreadable, skipped: blue/empty.jpg, red/broken.png)"
+    assert said in caplog.text, caplog.text
 
     code = main(["train", "--model", "preset:tiny-vit", "--data", str(data), "--strict", "--cache-dir",
                  str(tmp_path / "c2"), "--output-dir", str(tmp_path / "r2"), "--no-progress"])  # fmt: skip
@@ -197,6 +238,16 @@ def test_a_config_json_without_a_processor_trains_from_scratch_on_images_of_its_
     scored = evaluate(str(result.output_dir), str(data), cache_dir=str(tmp_path / "c2"))
     assert scored["examples"] == len(files) == 16 and scored["accuracy"] == pytest.approx(sum(hits) / len(hits))
 
+    # the card's snippet serves the grey model: pipeline makes a file name RGB, which a one-channel model cannot take
+    from PIL import Image
+    from transformers import pipeline
+
+    card = (result.model_dir / "README.md").read_text()
+    assert 'model(np.asarray(Image.open("image.png").convert("L"))[..., None])' in card
+    pipe = pipeline("image-classification", model=str(result.model_dir))
+    served = pipe(np.asarray(Image.open(files[0]).convert("L"))[..., None], top_k=1)[0]
+    assert served["label"] == rows[0]["label"] and served["score"] == pytest.approx(rows[0]["score"], abs=1e-4)
+
 
 def test_mixed_sizes_without_a_processor_or_the_wrong_size_exit_2(tmp_path, capsys):
     rng = np.random.default_rng(3)
@@ -210,11 +261,12 @@ def test_mixed_sizes_without_a_processor_or_the_wrong_size_exit_2(tmp_path, caps
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "images of different sizes (" in err and "no image processor" in err and "Traceback" not in err
+    assert "e.g. blue/0.png)" in err  # one of the odd size (20x20, not the model's 16x16), to look at
 
     for p in data.rglob("*.png"):
         make_image(p, p.parent.name, rng, size=(20, 20))
     assert main(args) == 2
-    assert "images are 20x20 but the model takes 16x16" in capsys.readouterr().err
+    assert "images are 20x20 (e.g. blue/0.png) but the model takes 16x16" in capsys.readouterr().err
 
 
 def test_a_table_of_image_paths_and_labels(job, image_folder, tmp_path):
@@ -249,6 +301,8 @@ def test_idx_files_are_a_source_like_mnist(job, tmp_path):
     _write_idx(folder / "t10k-labels-idx1-ubyte.gz", labels, 0x08)
     result = train(job(data=str(folder), epochs=4))
     assert result.metrics["eval_accuracy"] >= 0.9 and result.metrics["train_examples"] > 0
+    with pytest.raises(DataError, match=r"is a folder of IDX files, not a table.*idx1 file holds the labels"):
+        train(job(data=str(folder), label_column="label", output_dir=str(tmp_path / "r2")))
 
     from leantrain.data.images import read_idx
 

@@ -481,6 +481,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             f"--eval-fraction {given['eval_fraction']} holds out a share of --data, but --eval-data gives the "
             "evaluation rows, so it would be ignored: leave --eval-fraction out, or drop --eval-data to hold rows out"
         )
+    if "eval_fraction" in given and cfg.eval_pattern is not None:
+        raise ConfigError(
+            f"--eval-fraction {given['eval_fraction']} holds out a share of --data, but --eval-pattern picks the "
+            "evaluation files, so it would be ignored: leave one of them out"
+        )
     return cfg
 
 

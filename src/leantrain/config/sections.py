@@ -543,6 +543,11 @@ class DataConfig:
                     re.compile(pattern)
                 except re.error as exc:
                     raise ConfigError(f"{_flag(name)} '{pattern}' is not a regular expression ({exc})") from None
+        if self.eval_pattern is not None and self.eval_data is not None:  # the files --eval-data names are the ones
+            raise ConfigError(
+                f"--eval-pattern '{self.eval_pattern}' picks evaluation files out of --data, but --eval-data gives "
+                "them, so it would be ignored: leave one of them out"
+            )
         if self.max_seconds is not None and not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
             raise ConfigError(f"{_flag('max_seconds')} must be a positive number, got {self.max_seconds}")
 

@@ -81,6 +81,9 @@ def _mono(data: np.ndarray) -> np.ndarray:
         data = data.mean(axis=int(data.shape[0] > data.shape[1]))
     if data.ndim != 1 or data.size == 0:
         raise ValueError("no audio samples")
+    bad = int(data.size - np.isfinite(data).sum())
+    if bad:  # a float WAV can hold them: NaN features, then a NaN loss blamed on the learning rate
+        raise ValueError(f"{bad:,} of its {data.size:,} samples are not finite (NaN or infinity)")
     return data
 
 

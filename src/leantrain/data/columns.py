@@ -55,6 +55,8 @@ def resolve_columns(
                 + "name it with --label-column"
                 + _no_header_hint(df, ", or")
             )
+    if pair is not None and pair == label:
+        raise DataError(f"{source}: --text-pair-column and the label column are both '{pair}'; name the second texts")
     if text is None:
         for a, b in PAIR_NAMES:
             if a.lower() in lower and b.lower() in lower and pair in (None, lower[b.lower()]):
@@ -73,6 +75,8 @@ def resolve_columns(
             text = candidates[0]
     if text == label:
         raise DataError(f"{source}: --text-column and --label-column are both '{text}'")
+    if text == pair:  # each text would be paired with itself
+        raise DataError(f"{source}: the text column and --text-pair-column are both '{text}'; name each with its flag")
     return Columns(text=text, label=label, text_pair=pair)
 
 

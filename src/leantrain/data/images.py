@@ -156,21 +156,25 @@ def _to_8bit(arr: np.ndarray) -> np.ndarray:
     return np.round(np.clip(arr.astype(np.float64), 0, 65535) / 257).astype(np.uint8)
 
 
-def check_sizes(arrays: list[np.ndarray], expected: tuple[int, int] | None, source: str) -> None:
-    """Without a resizing processor every image must have one size, the model's."""
+def check_sizes(arrays: list[np.ndarray], expected: tuple[int, int] | None, source: str, names: list[str]) -> None:
+    """Without a resizing processor every image must have one size, the model's; `names`: the images', to point at
+    one of the odd size."""
     sizes = Counter(a.shape[:2] for a in arrays)
     if len(sizes) > 1:
         common = ", ".join(f"{h}x{w} ({n})" for (h, w), n in sizes.most_common(4))
+        usual = expected if expected is not None else sizes.most_common(1)[0][0]
+        odd = next((f", e.g. {n}" for a, n in zip(arrays, names) if a.shape[:2] != tuple(usual)), "")
         raise DataError(
-            f"{source}: images of different sizes ({common}) and the model has no image processor to resize "
-            "them; save one next to its config.json (e.g. ViTImageProcessor(size=...).save_pretrained(folder)) "
+            f"{source}: images of different sizes ({common}{odd}) and the model has no image processor to "
+            "resize them; save one next to its config.json (e.g. ViTImageProcessor(size=...).save_pretrained(folder)) "
             "or resize the images"
         )
     if expected is not None and sizes and next(iter(sizes)) != tuple(expected):
         (h, w) = next(iter(sizes))
         raise DataError(
-            f"{source}: images are {h}x{w} but the model takes {expected[0]}x{expected[1]} and has no image "
-            "processor to resize them; save one next to its config.json or resize the images"
+            f"{source}: images are {h}x{w}{f' (e.g. {names[0]})' if names else ''} but the model takes "
+            f"{expected[0]}x{expected[1]} and has no image processor to resize them; save one next to its "
+            "config.json or resize the images"
         )
 
 

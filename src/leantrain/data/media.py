@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,8 +44,9 @@ AUDIO_COLUMNS = ("audio", "audio_path", "audio_file", "wav", "path", "file", "fi
 CHUNK = 512
 MAX_AUTO_SECONDS = 30.0
 #: bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped; EXIF orientation applied;
-#: truncated WAVs dropped; 3: IDX floats and wide integers scaled or refused, not cast; RGBA keeps RGB, not red)
-MEDIA_CACHE_VERSION = 3
+#: truncated WAVs dropped; 3: IDX floats and wide integers scaled or refused, not cast; RGBA keeps RGB, not red;
+#: 4: clips with NaN or infinite samples dropped)
+MEDIA_CACHE_VERSION = 4
 
 
 def kind(task: str) -> str:
@@ -302,6 +303,34 @@ def list_source(
     )
 
 
+def refuse_unread_columns(task: str, sources: Sequence[tuple[str | None, ReadOptions | None]], **given: Any) -> None:
+    """A column flag (`given`: image_column, audio_column, label_column) where no source is a table: a folder of
+    files or IDX files has no columns, so the flag would be ignored without a word."""
+    named = [(key, value) for key, value in given.items() if value is not None]
+    paths = [(source, options) for source, options in sources if source is not None]
+    if not named or not paths or any(_is_table(source, task, options) for source, options in paths):
+        return
+    key, value = named[0]
+    flag, source = "--" + key.replace("_", "-"), paths[0][0]
+    idx = task == IMAGE and image_mod.find_idx_pair(Path(source)) is not None
+    labels = "its idx1 file holds the labels" if idx else "labels come from class sub-folders or --label-pattern"
+    raise DataError(
+        f"{flag} {value}: {source} is a folder of {'IDX' if idx else kind(task)} files, not a table, so it has no "
+        f"columns; leave {flag} out ({labels})"
+    )
+
+
+def _is_table(source: str, task: str, options: ReadOptions | None) -> bool:
+    """Whether `list_source` reads `source` as a table (or refuses it in its own words): not a folder of files."""
+    path = Path(source)
+    if not path.is_dir():
+        return True
+    if task == IMAGE and image_mod.find_idx_pair(path) is not None:
+        return False
+    saved = (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+    return saved or (options is not None and options.config is not None)
+
+
 def _label_from_pattern(pattern: str, name: str) -> str | None:
     m = re.search(pattern, name)
     if m is None:
@@ -528,12 +557,17 @@ class MediaSource:
     skipped: list[str] = field(default_factory=list)  # the first unreadable files' names
     max_seconds: float | None = None
 
-    def describe(self) -> str:
+    def summary(self) -> str:
+        """The rows read and dropped, the first unreadable files named."""
         text = self.report.summary()
         if self.skipped:
             text += (
                 f" (unreadable, skipped: {', '.join(self.skipped)}{', ...' if self.report.rows_dropped > 5 else ''})"
             )
+        return text
+
+    def describe(self) -> str:
+        text = self.summary()
         shapes = ", ".join(f"{k} {tuple(v.shape[1:])} {v.dtype}" for k, v in self.features.arrays.items())
         cached = "processed data loaded from cache" if self.cache_hit else "processed and cached"
         return f"{text}; labels from {self.label_from}; {shapes}, {self.features.nbytes / 2**20:.1f} MB; {cached}"
@@ -567,7 +601,7 @@ def process_source(listing: MediaListing, mp: MediaProcessor, strict: bool = Fal
     processed = _Processed(mp, listing.source)
     kept: list[int] = []
     for chunk in _chunks(_decoded(listing, mp, strict, failed), CHUNK):
-        processed.add([value for _, value in chunk])
+        processed.add([value for _, value in chunk], [listing.names[i] for i, _ in chunk])
         kept += [i for i, _ in chunk]
     listing.report.drop(f"unreadable {what} files", len(failed))
     if not kept:
@@ -623,7 +657,7 @@ class _Processed:
         self.norm: dict[str, Any] | None = None
         self.expected: Any = tuple(mp.image_size) if mp.image_size else None  # images the model does not resize
 
-    def add(self, chunk: list[Any]) -> None:
+    def add(self, chunk: list[Any], names: list[str] | None = None) -> None:
         mp = self.mp
         if mp.task == AUDIO:
             assert mp.max_seconds is not None  # set by `_decoded`
@@ -631,7 +665,7 @@ class _Processed:
             out = audio_mod.process_audio(mp.processor, [audio_mod.fit_length(w, samples) for w in chunk])
         else:
             if not mp.resizes:
-                image_mod.check_sizes(chunk, self.expected, self.source)
+                image_mod.check_sizes(chunk, self.expected, self.source, names or [])
                 self.expected = chunk[0].shape[:2]
             pixels, self.norm = image_mod.process_images(mp.processor, chunk)
             out = {"pixel_values": pixels}
@@ -734,10 +768,13 @@ def _load_cached(path: Path) -> MediaSource | None:
 # --- train and eval sets ----------------------------------------------------------------------------
 
 
-def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, codec=None, *, seed: int):
+def prepare_media_data(
+    data: DataConfig, mp: MediaProcessor, cache_dir: Path, codec=None, *, seed: int, check_columns: bool = True
+):
     """Load (or reuse) the processed training and evaluation sets that the data section describes (a PreparedData);
     `codec` turns labels into targets (`data.labels`; default: class ids, checked against the training labels);
-    `seed` draws the held-out files and the --limit sample."""
+    `seed` draws the held-out files and the --limit sample; `check_columns`: refuse a column flag that no source
+    reads (a mixture's sources are checked together)."""
     from leantrain.data.columns import Columns
     from leantrain.data.prepare import PreparedData
 
@@ -751,6 +788,10 @@ def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, co
         strict=data.strict,
     )
     assert isinstance(data.data, str), "one source, resolved: data.combine reads a mixture's sources one at a time"
+    sources = [(data.data, read_options(data, "train")), (data.eval_data, read_options(data, "eval"))]
+    if check_columns:
+        given = {column_key(mp.task): input_column, "label_column": data.label_column}
+        refuse_unread_columns(mp.task, sources, **given)
     train_src = load_media_source(data.data, split="train", options=read_options(data, "train"), **common)
     notes = [train_src.describe()]
     eval_src = None
@@ -770,6 +811,11 @@ def prepare_media_data(data: DataConfig, mp: MediaProcessor, cache_dir: Path, co
         notes.append(f"audio resampled to {mp.sampling_rate} Hz, padded or cut to {mp.max_seconds:g} s")
     columns = Columns(text=input_column or kind(mp.task), label=train_src.label_from)
     return PreparedData(all_data.subset(train_rows), eval_set, labels.names, columns, notes)
+
+
+def column_key(task: str) -> str:
+    """The config key that names the column of this task's inputs."""
+    return "image_column" if task == IMAGE else "audio_column"
 
 
 def _pattern_rows(data: DataConfig, train_src: MediaSource) -> np.ndarray:

@@ -170,7 +170,7 @@ def _use_section(task: str, config: Mapping[str, Any], version: str, model_dir: 
 def _usage(task: str, model_dir: Path) -> list[str]:
     """How to load the model: its `pipeline`; a sequence-to-sequence model through its AutoModel class and
     `generate` (transformers 5 removed the text2text-generation pipeline); an audio classifier given its samples
-    padded as in training."""
+    padded as in training; a grey image classifier given its pixels as an array."""
     if task == "text2text-generation":
         return [
             "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
@@ -193,7 +193,27 @@ def _usage(task: str, model_dir: Path) -> list[str]:
             f"samples = np.pad(samples, (0, max(0, {n} - len(samples))))[:{n}]",
             f'print(model({{"raw": samples, "sampling_rate": {rate}}}))',
         ]
+    if task == "image-classification" and _saved_inputs(model_dir).get("channels") == 1:
+        return [
+            "import numpy as np",
+            "from PIL import Image",
+            "from transformers import pipeline",
+            "",
+            f'model = pipeline("{task}", model="path/to/this/folder")',
+            "# a grey (one-channel) model: pipeline makes a file name or a PIL image RGB, which it cannot take;",
+            "# give it the grey pixels as an (height, width, 1) array",
+            'print(model(np.asarray(Image.open("image.png").convert("L"))[..., None]))',
+        ]
     return ["from transformers import pipeline", "", f'model = pipeline("{task}", model="path/to/this/folder")']
+
+
+def _saved_inputs(model_dir: Path) -> dict[str, Any]:
+    """What leantrain saved of the model's inputs (channels, audio length); empty when it saved nothing."""
+    try:
+        saved = json.loads((model_dir / "leantrain_inputs.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def _audio_inputs(model_dir: Path) -> tuple[int, float] | None:

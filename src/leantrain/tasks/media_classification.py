@@ -18,14 +18,32 @@ class MediaClassification(Classification):
 
         cfg = self.cfg
         processor = media.load_processor(model_path, model_config, self.name, cfg.max_seconds)
+        mixed = self._refuse_unread_columns()
 
         def read(source_cfg: Any, codec: Any) -> SourceData:
-            data = media.prepare_media_data(source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed)
+            data = media.prepare_media_data(
+                source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed, check_columns=not mixed
+            )
             return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
 
         data = prepare_sources(cfg, read, tokens=False, what=self.name)
         sized = media.model_config(model_path, model_config, processor, cfg.trust_remote_code)
         return TaskData(data.train, data.eval, data.label_names, processor, data.notes, sized, sources=data.facts())
+
+    def _refuse_unread_columns(self) -> bool:
+        """Whether the data is a mixture; if so, a run-wide column flag is refused where no source is a table (one
+        source's folder beside another's table is no mistake: the table reads it)."""
+        from leantrain.data import media
+        from leantrain.data.combine import is_mixture, source_config, sources_of
+        from leantrain.data.sources import read_options
+
+        cfg, specs = self.cfg, sources_of(self.cfg)
+        if not is_mixture(specs):
+            return False
+        sources = [(spec.path, read_options(source_config(cfg, spec), "train")) for spec in specs]
+        columns = {media.column_key(self.name): self.input_column, "label_column": cfg.label_column}
+        media.refuse_unread_columns(self.name, [*sources, (cfg.eval_data, read_options(cfg, "eval"))], **columns)
+        return True
 
     def build_model(self, model_path: str, data: TaskData):
         from leantrain.model import loading
@@ -67,6 +85,8 @@ class MediaClassification(Classification):
         from leantrain.tasks.text_classification import class_names
 
         cfg = self.cfg
+        columns = {media.column_key(self.name): self.input_column, "label_column": cfg.label_column}
+        media.refuse_unread_columns(self.name, [(cfg.eval_data, read_options(cfg, "eval"))], **columns)
         processor = media.load_processor(model_path, model_config, self.name)
         src = media.load_media_source(
             cfg.eval_data,
@@ -84,6 +104,10 @@ class MediaClassification(Classification):
         if unseen:
             raise DataError(f"{cfg.eval_data}: labels {unseen[:5]} are unknown to the model (it knows {names})")
         labels = np.array([label_id[x] for x in src.labels], dtype=np.int64)
+        if src.report.rows_dropped:  # the scores count fewer files than the source holds: said, as for text
+            import logging
+
+            logging.getLogger("leantrain").warning("%s", src.summary())
         facts = {"examples": len(labels), "skipped": src.report.rows_dropped}
         return TaskData(None, Examples(src.features, labels), names, processor, facts=facts)
 
@@ -110,6 +134,8 @@ class MediaClassification(Classification):
             report = ReadReport("--file", len(files))
             listing = media.MediaListing("--file", list(files), list(files), None, "-", "files", report)
         else:
+            source = [(cfg.eval_data, read_options(cfg, "eval"))]
+            media.refuse_unread_columns(self.name, source, **{media.column_key(self.name): self.input_column})
             listing = media.list_source(
                 cfg.eval_data, self.name, need_labels=False, input_column=self.input_column, split="eval",
                 options=read_options(cfg, "eval"),
