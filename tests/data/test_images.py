@@ -138,6 +138,22 @@ def test_a_mixtures_column_flag_is_refused_only_where_no_source_is_a_table(job, 
         train(job(data=twice, label_column="category", output_dir=str(tmp_path / "b")))
 
 
+def test_a_runs_recorded_column_flag_is_not_refused_where_evaluate_reads_its_folder_back(job, image_folder, tmp_path):
+    """Runs trained before a column flag on a folder was refused recorded it (ignored) in config.yaml; evaluate
+    reads the run's own held-out files back as the run read them, and refuses only a column flag given to it."""
+    import yaml
+
+    from leantrain import evaluate
+
+    run = train(job(data=str(image_folder), max_steps=1)).output_dir
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "image_column": "x", "label_column": "y"}))
+    assert "accuracy" in evaluate(str(run))
+    assert "accuracy" in evaluate(str(run), str(image_folder))
+    with pytest.raises(DataError, match=f"--image-column img: {image_folder} is a folder of image files"):
+        evaluate(str(run), str(image_folder), image_column="img")
+
+
 def test_unreadable_images_are_skipped_and_named_or_stop_the_run_with_strict(
     job, image_folder, tmp_path, capsys, caplog
 ):

@@ -91,6 +91,8 @@ def probe(plan: Plan, base_job: dict[str, Any], work_dir: Path, config: ProbeCon
     job.update(max_length=plan.request.seq_len, pad_to_max_length=True, report=False, eval_every=None)
     padded = f"{plan.request.seq_len} tokens"
     if plan.request.target_len:  # an encoder-decoder's sources and targets are padded to their own planned lengths
+        # (--max-length, which would also name the sources' length, back at its default: train refuses both)
+        job.pop("max_length")
         job.update(max_source_length=plan.request.seq_len, max_target_length=plan.request.target_len)
         padded = f"sources of {plan.request.seq_len} and targets of {plan.request.target_len} tokens"
     # what is measured is training: the run's closing evaluation, at the planned length over a tenth of the data,

@@ -21,8 +21,10 @@ class MediaClassification(Classification):
         mixed = self._refuse_unread_columns()
 
         def read(source_cfg: Any, codec: Any) -> SourceData:
+            # a run's own data read back (evaluate's held-out rows) is read as the run read it: not checked again
+            checked = not mixed and not self.recorded
             data = media.prepare_media_data(
-                source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed, check_columns=not mixed
+                source_cfg, processor, Path(cfg.cache_dir), codec, seed=source_cfg.seed, check_columns=checked
             )
             return SourceData(data.train, data.eval, list(data.notes), list(data.label_names))
 
@@ -70,6 +72,14 @@ class MediaClassification(Classification):
         return data.train.features.input_shapes
 
     # -- inference -------------------------------------------------------------------------------------------------
+    def _given_columns(self) -> dict[str, Any]:
+        """The column flags to check against a source: of a trained run's config read back, only those evaluate or
+        predict was given (the run's own, such as a table's --image-column, may not fit another source)."""
+        from leantrain.data import media
+
+        columns = {media.column_key(self.name): self.input_column, "label_column": self.cfg.label_column}
+        return {k: v for k, v in columns.items() if not self.recorded or k in self.given}
+
     @property
     def input_column(self) -> str | None:
         """--image-column or --audio-column, whichever is this task's."""
@@ -85,8 +95,7 @@ class MediaClassification(Classification):
         from leantrain.tasks.text_classification import class_names
 
         cfg = self.cfg
-        columns = {media.column_key(self.name): self.input_column, "label_column": cfg.label_column}
-        media.refuse_unread_columns(self.name, [(cfg.eval_data, read_options(cfg, "eval"))], **columns)
+        media.refuse_unread_columns(self.name, [(cfg.eval_data, read_options(cfg, "eval"))], **self._given_columns())
         processor = media.load_processor(model_path, model_config, self.name)
         src = media.load_media_source(
             cfg.eval_data,
@@ -135,7 +144,8 @@ class MediaClassification(Classification):
             listing = media.MediaListing("--file", list(files), list(files), None, "-", "files", report)
         else:
             source = [(cfg.eval_data, read_options(cfg, "eval"))]
-            media.refuse_unread_columns(self.name, source, **{media.column_key(self.name): self.input_column})
+            given = {k: v for k, v in self._given_columns().items() if k != "label_column"}  # (predict reads none)
+            media.refuse_unread_columns(self.name, source, **given)
             listing = media.list_source(
                 cfg.eval_data, self.name, need_labels=False, input_column=self.input_column, split="eval",
                 options=read_options(cfg, "eval"),
