@@ -197,6 +197,7 @@ def test_lora_targets_naming_a_module_that_takes_no_adapter_is_refused_in_one_li
     assert needle in line and "query" in line.split("such as")[1], line
 
 
+@pytest.mark.slow  # launches a `leantrain train` process (peft and bitsandbytes imported afresh): 9-15 s, load 2-4
 def test_bitsandbytes_is_imported_with_its_hub_kernel_lookup_quiet(argv):
     """On a CPU with AVX512-BF16, importing bitsandbytes (peft does) looks for a 4-bit kernel on the Hub and, offline,
     logs two warnings a user can do nothing about. Whatever this CPU, the loggers must be quiet by the time the

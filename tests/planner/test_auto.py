@@ -279,7 +279,7 @@ def lm_corpus(tmp_path_factory):
     return path
 
 
-def test_plan_command_plans_a_causal_lm_on_its_text(lm_corpus, cache_dir, capsys):
+def test_plan_command_plans_a_causal_lm_on_its_text(lm_corpus, cache_dir, capsys, without_lora_notes):
     """`plan --model preset:tiny-llama --data corpus.txt` (refused before: "text encoders only", then the preset name
     and the .txt file): planned with the vocabulary of the tokenizer the run trains on that text, not the preset's
     8,192, so the logits and the peak are the run's own."""
@@ -330,7 +330,7 @@ def test_train_auto_plans_a_causal_lm_with_the_vocabulary_it_trains(lm_corpus, c
     assert at_largest is not None and (at_largest.micro_batch, at_largest.grad_accum) == (8, 2)
 
 
-def test_instruction_data_plans_the_logits_where_a_token_counts(tmp_path, cache_dir, capsys):
+def test_instruction_data_plans_the_logits_where_a_token_counts(tmp_path, cache_dir, capsys, without_lora_notes):
     """Instruction tuning counts completions only, and the run computes logits there only: `plan` on prompt /
     completion rows plans the logits at the share of positions the most-counting row has (here a few completions
     packed in a row of 64), not at every position, and predicts a lower peak than the same request counted

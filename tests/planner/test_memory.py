@@ -346,7 +346,7 @@ def test_a_frozen_tied_head_is_planned_without_its_weight_gradient():
     assert fused and planned == pytest.approx(measured, rel=0.02)
 
 
-def test_causal_lm_facts_and_plan_know_the_task():
+def test_causal_lm_facts_and_plan_know_the_task(without_lora_notes):
     """A causal LM is planned (it was refused: "text encoders only"), with its vocabulary, and its FLOPs counted as the
     run's telemetry counts them, attention's term in the sequence length included."""
     from leantrain.planner.search import PlanRequest, make_plan

@@ -245,7 +245,7 @@ def test_the_request_freezes_what_the_run_freezes():
     assert request_for(TrainConfig(data="x.csv", freeze="bert.pooler.*"), "cpu", 1)[0].freeze == "bert.pooler.*"
 
 
-def test_the_plan_counts_the_dropout_the_run_trains_with(facts, dropout_model_dir):
+def test_the_plan_counts_the_dropout_the_run_trains_with(facts, dropout_model_dir, without_lora_notes):
     """--dropout 0 on a model that ships dropout plans its activations as the same model shipped without (no masks
     kept for the backward); the default job's request asks for it."""
     from leantrain import TrainConfig

@@ -168,7 +168,7 @@ def test_encoder_layers_frozen_with_everything_before_them_are_planned_without_a
     assert measured <= planned <= measured * (1.05 if leading else 1.3)
 
 
-def test_a_seq2seq_plan_counts_flops_in_both_lengths(pair_models):
+def test_a_seq2seq_plan_counts_flops_in_both_lengths(pair_models, without_lora_notes):
     """The speed model's FLOPs per pair are the run's telemetry's (`pair_flop_model`: source and target lengths,
     cross-attention's s x t), and the table names both lengths."""
     from leantrain.planner.search import PlanRequest, make_plan
@@ -220,7 +220,7 @@ def test_bart_predicted_peak_within_15_percent_of_measured(pair_models):
     )
 
 
-def test_plan_command_plans_a_seq2seq_run_on_its_pairs(pair_models, summaries, tmp_path, capsys):
+def test_plan_command_plans_a_seq2seq_run_on_its_pairs(pair_models, summaries, tmp_path, capsys, without_lora_notes):
     """`leantrain plan --task seq2seq --data sum.csv` (refused before: "planned by hand for now"): exit 0, the table,
     a recommendation, planned at the longest source and target of the data; a budget nothing fits names both length
     flags."""
