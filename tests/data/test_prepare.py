@@ -133,3 +133,15 @@ def test_data_config_applies_to_eval_data_only_when_it_names_the_same_data_set()
     assert read_options(colon, "eval").config is None  # the eval side names no configuration of its own
     both = cfg.replace(data="glue:sst2", eval_data="glue")
     assert read_options(both, "eval").config == "sst2"
+
+
+def test_a_limit_beyond_the_data_is_said_and_every_row_trains(tmp_path, tokenizer):
+    """--limit 5000 on 40 rows trained on all of them without a word (the run's config says limit 5000); the notes
+    now say it, as a limit that cuts says its sample."""
+    path = write_csv(tmp_path / "few.csv", make_sentiment_rows(40, seed=3))
+    cfg = TrainConfig(data=str(path), limit=5000, eval_fraction=0.25)
+    data = prepare_data(cfg, tokenizer, tmp_path / "cache", seed=0)
+    assert len(data.train.labels) == 30
+    assert "--limit 5,000 is more than the 30 training rows there are: all of them are used" in data.notes
+    cut = prepare_data(cfg.replace(limit=20), tokenizer, tmp_path / "cache", seed=0)
+    assert len(cut.train.labels) == 20 and not any("more than" in n for n in cut.notes)

@@ -555,6 +555,13 @@ def test_a_preset_trains_its_tokenizer_on_the_instruction_rows(sentiment_prompts
     assert 0 < rows.counted.sum() < 0.25 * rows.lengths.sum()  # " positive" or " negative" and EOS of each prompt
 
 
+def test_a_limit_beyond_the_documents_is_said(sentiment_prompts, tmp_path):
+    cfg = TrainConfig(model="preset:tiny-llama", data=str(sentiment_prompts), cache_dir=str(tmp_path), limit=10**6)
+    data = CausalLM(cfg).prepare_data("preset:tiny-llama", None)
+    said = [n for n in data.notes if n.startswith("--limit 1,000,000 is more than the ")]
+    assert said and said[0].endswith(" documents there are: all of them are used"), data.notes
+
+
 def test_a_preset_tunes_on_chats_and_predict_renders_chats_as_training_did(sentiment_prompts, tmp_path):
     """A preset's own tokenizer has a chat template (a 'messages' column needed --chat-template before); the
     run's model/ keeps it, and `predict --chat` / a 'messages' column generate from the rendered chat, as

@@ -28,6 +28,7 @@ import numpy as np
 from leantrain.data import audio as audio_mod
 from leantrain.data import images as image_mod
 from leantrain.data.sources import TABLE_SUFFIXES, ReadOptions, ReadReport, read_options
+from leantrain.data.split import beyond_limit
 from leantrain.data.tokenize import cache_key, source_fingerprint
 from leantrain.errors import ConfigError, DataError, ModelError
 from leantrain.telemetry.console import counted
@@ -807,6 +808,8 @@ def prepare_media_data(
     if data.limit is not None and data.limit < len(train_rows):
         train_rows = _limited(all_data.labels, train_rows, data.limit, seed)
         notes.append(f"training on a stratified sample of {len(train_rows):,} files (--limit)")
+    elif over := beyond_limit(data.limit, len(train_rows), "training files"):
+        notes.append(over)
     if mp.task == AUDIO:
         notes.append(f"audio resampled to {mp.sampling_rate} Hz, padded or cut to {mp.max_seconds:g} s")
     columns = Columns(text=input_column or kind(mp.task), label=train_src.label_from)

@@ -13,7 +13,7 @@ import pandas as pd
 from leantrain.data.columns import Columns, missing_labels, normalise_labels, resolve_columns
 from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
-from leantrain.data.split import stratified_split
+from leantrain.data.split import beyond_limit, stratified_split
 from leantrain.data.tokenize import (
     TokenizedText,
     cache_key,
@@ -243,6 +243,8 @@ def prepare_data(data: DataConfig, tokenizer, cache_dir: Path, codec=None, *, se
         )
         train_rows = np.sort(train_rows[keep])
         notes.append(f"training on a stratified sample of {len(train_rows):,} rows (--limit)")
+    elif over := beyond_limit(data.limit, len(train_rows), "training rows"):
+        notes.append(over)
     return PreparedData(all_train.subset(train_rows), eval_set, label_names, train_src.columns, notes)
 
 

@@ -15,6 +15,14 @@ import math
 import numpy as np
 
 
+def beyond_limit(limit: int | None, count: int, what: str, flag: str = "--limit") -> str | None:
+    """The note for a limit over what the data holds (all of it is used, as a limit that cuts says its sample);
+    None where there is no limit or it cuts."""
+    if limit is None or limit <= count:
+        return None
+    return f"{flag} {limit:,} is more than the {count:,} {what} there are: all of them are used"
+
+
 def stratified_split(
     labels: np.ndarray, test_fraction: float, seed: int, exact_first: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

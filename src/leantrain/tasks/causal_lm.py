@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from leantrain.data.split import beyond_limit
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData, same_logits
 from leantrain.telemetry.console import counted
@@ -124,6 +125,8 @@ class CausalLM(Task):
             keep = np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(docs))[: cfg.limit])
             docs = docs.subset(keep)
             notes.append(f"training on a random sample of {cfg.limit:,} documents (--limit)")
+        elif over := beyond_limit(cfg.limit, len(docs), "documents"):
+            notes.append(over)
         return SourceData(docs, eval_docs, notes)
 
     def _rows(self, docs: Any, eval_docs: Any, notes: list[str]) -> tuple[Any, Any]:

@@ -35,6 +35,7 @@ import torch
 
 from leantrain.data.batching import GlobalBatchSampler, slot_fields
 from leantrain.data.prepare import Examples
+from leantrain.data.split import beyond_limit
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData, TrainingContext
 from leantrain.telemetry.console import counted
@@ -275,6 +276,8 @@ class GRPO(Task):
             keep = np.random.default_rng(cfg.seed + 1).permutation(len(train.prompts))[: cfg.limit]
             train = train.subset(np.sort(keep))
             notes.append(f"training on a random sample of {cfg.limit:,} prompts (--limit)")
+        elif over := beyond_limit(cfg.limit, len(train.prompts), "training prompts"):
+            notes.append(over)
         train, held = self._fitting(train, "training", notes), self._fitting(held, "evaluation", notes)
         self._load_rewards(train, notes)
         self.tables = {"train": train, "eval": held}

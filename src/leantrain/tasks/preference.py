@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from leantrain.data.split import beyond_limit
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks import policy
 from leantrain.tasks.base import TaskData, TrainingContext
@@ -198,6 +199,8 @@ class PolicyTask(CausalLM):
         if cfg.limit is not None and cfg.limit < len(train):
             train = train.subset(np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(train))[: cfg.limit]))
             notes.append(f"training on a random sample of {cfg.limit:,} rows (--limit)")
+        elif over := beyond_limit(cfg.limit, len(train), "training rows"):
+            notes.append(over)
         train, held = self.finish(train), self.finish(held)
         notes.append(f"{len(train):,} training rows, {int(train.counted.sum()):,} completion tokens counted")
         train_set, eval_set = Examples(train, self.labels_of(train)), Examples(held, self.labels_of(held))

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from leantrain.data.split import beyond_limit
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData
 from leantrain.telemetry.console import counted
@@ -463,6 +464,8 @@ def examples(rows: Any):
 def sample(rows: Any, limit: int | None, seed: int, what: str, flag: str, notes: list[str]) -> Any:
     """A seeded random `limit` of the pairs (in their order), said in `notes`; all of them without a limit."""
     if limit is None or limit >= len(rows):
+        if over := beyond_limit(limit, len(rows), "pairs", flag):
+            notes.append(over)
         return rows
     keep = np.sort(np.random.default_rng(seed).permutation(len(rows))[:limit])
     notes.append(f"{what} a random sample of {limit:,} of {len(rows):,} pairs ({flag})")

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from leantrain.data.alignment import IGNORE
+from leantrain.data.split import beyond_limit
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData
 from leantrain.telemetry.console import counted
@@ -105,6 +106,8 @@ class TokenClassification(Task):
             keep = np.sort(np.random.default_rng(cfg.seed + 1).permutation(len(train.where))[: cfg.limit])
             train = _subset(train, keep)
             notes.append(f"training on a random sample of {cfg.limit:,} sentences (--limit)")
+        elif over := beyond_limit(cfg.limit, len(train.where), "training sentences"):
+            notes.append(over)
         train_windows, eval_windows = self._windows(tokenizer, train), self._windows(tokenizer, held)
         self.eval_gold = held.gold or []
         notes.append(_window_note(train_windows, len(train.where), cfg, tokenizer))
