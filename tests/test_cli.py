@@ -579,6 +579,7 @@ def test_evaluate_reads_a_recorded_split_of_a_single_file_and_refuses_one_given(
     saved = tmp_path / "run" / "config.yaml"
     values = yaml.safe_load(saved.read_text())
     values.update(data_split="validation", data_config="sst2", eval_data=str(sentiment_csv), eval_split="test")
+    values.update(eval_pattern="_[0-4]$")  # beside --eval-data: ignored then, refused by train now
     saved.write_text(yaml.safe_dump(values, sort_keys=False))
     code, out, err = run(capsys, "evaluate", str(tmp_path / "run"))
     assert code == 0 and json.loads(out)["examples"] == 240, err

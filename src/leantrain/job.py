@@ -178,6 +178,8 @@ def for_inference(
     values = {k: v for k, v in saved.items() if k in keep}
     if from_run and _compares_with_reference({**saved, **overrides}):  # the model it was tuned from, not model/
         values["reference_model"] = saved.get("reference_model") or saved.get("model")
+    if values.get("eval_data") is not None:  # a run that recorded --eval-pattern beside it (ignored) read the file
+        values["eval_pattern"] = None
     values.update(_NOT_AT_INFERENCE, model=path, cache_dir=cache_dir, **overrides)
     if "max_length" in overrides and "max_source_length" not in overrides:
         # --max-length cuts a seq2seq run's sources as train reads it (--max-source-length's default): the length
