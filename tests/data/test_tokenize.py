@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from leantrain.data.prepare import load_source
+from leantrain.errors import DataError
 from tests.conftest import make_sentiment_rows, write_csv
 
 
@@ -103,3 +104,18 @@ def test_a_cache_hit_names_the_file_read_now_not_the_one_that_cached_it(tmp_path
     again = load_source(str(copy), tokenizer, 32, tmp_path / "cache", "train")
     assert again.cache_hit and again.report.source == str(copy)
     assert again.report.summary().startswith(f"{copy}: 30 rows")
+
+
+def test_a_cache_entry_that_pairs_the_text_with_itself_is_refused(tmp_path, tokenizer, monkeypatch):
+    """An older leantrain cached `--text-pair-column text` without refusing it: the entry is refused on a hit too."""
+    from leantrain.data import prepare
+
+    path = write_csv(tmp_path / "d.csv", make_sentiment_rows(30))
+    with monkeypatch.context() as older:  # resolve columns as the older leantrain did: no check that they differ
+        older.setattr(prepare, "refuse_shared_columns", lambda columns, source: None)
+        older.setattr("leantrain.data.columns.refuse_shared_columns", lambda columns, source: None)
+        assert load_source(str(path), tokenizer, 32, tmp_path / "cache", "train", text_pair_column="text").columns == (
+            prepare.Columns(text="text", label="label", text_pair="text")
+        )
+    with pytest.raises(DataError, match="the text column and --text-pair-column are both 'text'"):
+        load_source(str(path), tokenizer, 32, tmp_path / "cache", "train", text_pair_column="text")

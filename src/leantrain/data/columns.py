@@ -73,11 +73,21 @@ def resolve_columns(
                 hint = "name it with --text-column" + _no_header_hint(df, ", or")
                 raise DataError(f"{source}: text column {what} among {_list(cols)}; {hint}")
             text = candidates[0]
+    columns = Columns(text=text, label=label, text_pair=pair)
+    refuse_shared_columns(columns, source)
+    return columns
+
+
+def refuse_shared_columns(columns: Columns, source: str) -> None:
+    """Refuse one column read as two things: also for columns a tokenization cache entry recorded, which an older
+    leantrain may have written without this check."""
+    text, pair, label = columns.text, columns.text_pair, columns.label
     if text == label:
         raise DataError(f"{source}: --text-column and --label-column are both '{text}'")
+    if pair is not None and pair == label:
+        raise DataError(f"{source}: --text-pair-column and the label column are both '{pair}'; name the second texts")
     if text == pair:  # each text would be paired with itself
         raise DataError(f"{source}: the text column and --text-pair-column are both '{text}'; name each with its flag")
-    return Columns(text=text, label=label, text_pair=pair)
 
 
 def _unlabelled(df: pd.DataFrame) -> bool:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from leantrain.data.columns import Columns, missing_labels, normalise_labels, resolve_columns
+from leantrain.data.columns import Columns, missing_labels, normalise_labels, refuse_shared_columns, resolve_columns
 from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_options, read_table, resolve_data_path
 from leantrain.data.split import beyond_limit, stratified_split
@@ -124,6 +124,7 @@ def load_source(
         except TypeError:
             log.warning("tokenization cache entry %s describes its columns wrongly; tokenizing again", path)
         else:
+            refuse_shared_columns(columns, source)
             refuse_unreadable_text(source, tokens, tokenizer)
             return Source(source, columns, tokens, labels, report, True)
 
