@@ -136,6 +136,10 @@ def test_a_mixtures_column_flag_is_refused_only_where_no_source_is_a_table(job, 
     with pytest.raises(DataError, match=f"--label-column category: {image_folder} is a folder of image files"):
         twice = [str(image_folder), {"path": str(image_folder), "name": "again"}]
         train(job(data=twice, label_column="category", output_dir=str(tmp_path / "b")))
+    # a source's own column flag is read by its own files: on a folder beside a table, refused, naming the source
+    own = [{"path": str(image_folder), "name": "shapes", "label_column": "category"}, str(table)]
+    with pytest.raises(DataError, match=f"--data source shapes: --label-column category: {image_folder} is a folder"):
+        train(job(data=own, label_column="category", output_dir=str(tmp_path / "c")))
 
 
 def test_a_runs_recorded_column_flag_is_not_refused_where_evaluate_reads_its_folder_back(job, image_folder, tmp_path):

@@ -38,13 +38,26 @@ class MediaClassification(Classification):
         from leantrain.data import media
         from leantrain.data.combine import is_mixture, source_config, sources_of
         from leantrain.data.sources import read_options
+        from leantrain.errors import DataError
 
         cfg, specs = self.cfg, sources_of(self.cfg)
         if not is_mixture(specs):
             return False
         sources = [(spec.path, read_options(source_config(cfg, spec), "train")) for spec in specs]
-        columns = {media.column_key(self.name): self.input_column, "label_column": cfg.label_column}
+        key = media.column_key(self.name)
+        columns = {key: self.input_column, "label_column": cfg.label_column}
         media.refuse_unread_columns(self.name, [*sources, (cfg.eval_data, read_options(cfg, "eval"))], **columns)
+        for spec in specs:  # a source's own column flag is read by its own files or by none
+            own = {k: spec.option(k) for k in (key, "label_column") if spec.option(k) is not None}
+            sub = source_config(cfg, spec)
+            try:
+                media.refuse_unread_columns(
+                    self.name,
+                    [(spec.path, read_options(sub, "train")), (sub.eval_data, read_options(sub, "eval"))],
+                    **own,
+                )
+            except DataError as exc:
+                raise DataError(f"--data source {spec.name}: {exc}") from None
         return True
 
     def build_model(self, model_path: str, data: TaskData):
