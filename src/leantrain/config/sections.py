@@ -1244,7 +1244,7 @@ def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
     """The default job's rows on this machine, and a clause that says why: what it trains in `DEFAULT_JOB_SECONDS`
     at the samples/s it measured for the job's batch size and precision (once, then cached:
     `model.training_speed`), rounded down to a thousand. CPUs of one kind differ too much for a size per kind
-    (AVX2 EPYCs trained MiniLM at 25 and at 65-75 samples/s). Not measured on a GPU, for another model or task, or
+    (two AVX2 EPYCs trained MiniLM at 25-30 and 51-56 samples/s). Not measured on a GPU, for another model or task, or
     where several processes or machines would each measure their own."""
     import os
 

@@ -3,11 +3,12 @@
 The default job sizes its rows from this figure, so its training takes about the same few minutes on any machine
 instead of a size chosen per CPU class (CPUs of one class differ by 2-3x: an AVX2 EPYC trained MiniLM at 25 and
 another at 65-75 samples/s). The steps run the model as the job does (its precision, batches of its size and the
-corpus's typical length, AdamW) on random token ids. The job itself runs slower (its batches vary in length, its step
-carries the loader, the logger and the guards, and a shared machine's speed drifts): on a Sapphire Rapids the probe
-read 158 samples/s where the default job ran 138 in bf16 and 70 where it ran 70.0 held to AVX2 in fp32; on an EPYC
-with AVX512-BF16 114 where it ran 94 and 71 where it ran 62 (benchmarks/results/quickstart.md). The default job's
-seconds (`config.sections.DEFAULT_JOB_SECONDS`) leave room for that.
+corpus's typical length, AdamW) on random token ids. The job itself mostly runs slower (its batches vary in length,
+its step carries the loader, the logger and the guards, and a shared machine's speed drifts): on a Sapphire Rapids the
+probe read 158 samples/s where the default job ran 138 in bf16 and 70 where it ran 70.0 held to AVX2 in fp32; on an
+EPYC with AVX512-BF16 114 where it ran 94 and 71 where it ran 62. On an EPYC with AVX2 only it read 45-47 where the
+job ran 51-56: ten-step probes there spread over 46-60 in one process (benchmarks/results/quickstart.md). The default
+job's seconds (`config.sections.DEFAULT_JOB_SECONDS`) leave room for a probe that reads high.
 
 The first measurement is cached in `~/.cache/leantrain/training_speed.json` (`$LEANTRAIN_CACHE` moves it), keyed by
 CPU, the instruction sets torch is held to, thread count, torch version, precision, model and shape, and is kept: a
