@@ -1286,9 +1286,9 @@ def _short_of_the_accuracy(rows: int, speed: float) -> str:
             return ""
         (r0, a0), (r1, a1) = pair
         accuracy = a0 + (a1 - a0) * (rows - r0) / (r1 - r0)
-        if round(accuracy, 2) >= 0.80:
+        if accuracy >= 0.80:
             return ""
-        expect = f"about {accuracy:.2f}"
+        expect = f"about {accuracy:.3f}"  # not rounded: 0.796 (11,000 rows) would read as 0.80
     return (
         f"; fewer than the {enough:,} rows that reach accuracy 0.80, so expect {expect} (--limit {enough}: about "
         f"{enough / speed / 60:.0f} minutes of training here)"
