@@ -287,6 +287,15 @@ def test_the_head_and_loss_fuse_only_where_the_logits_are_the_heads_output(llama
     whole = task.loss_sum(scaling.train()(input_ids=batch["input_ids"]), batch).detach()
     trained = task.loss_sum(task.forward(scaling, batch), batch).detach()
     assert float(trained) == pytest.approx(float(whole), rel=1e-6)
+    # padded to a fixed length: the unfused head makes a full batch's logits (one shape, the peak a probe measures);
+    # the fused loss stays, its logits never whole
+    padded = CausalLM(TrainConfig(model=str(llama_dir), data=str(corpus), packing=False, pad_to_max_length=True))
+    padded.check_model(scaling)
+    assert not padded.selects_logits and padded.tail_rows(batch) is None
+    assert padded.forward(scaling, batch).logits.shape == (*batch["input_ids"].shape, model.config.vocab_size)
+    assert float(padded.loss_sum(padded.forward(scaling, batch), batch).detach()) == pytest.approx(float(whole), 1e-6)
+    padded.check_model(model)
+    assert padded.selects_logits and padded.fuses_head_loss
 
 
 @pytest.mark.parametrize("selected", [True, False], ids=["counted-logits", "all-logits"])

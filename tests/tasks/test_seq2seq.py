@@ -729,6 +729,32 @@ def test_predicts_generation_settings_are_checked_and_zero_new_tokens_is_refused
 # -- telemetry and LoRA ---------------------------------------------------------------------------------------------
 
 
+def test_padded_to_fixed_lengths_the_unfused_head_makes_a_full_batchs_logits(models, pairs, tmp_path):
+    """--pad-to-max-length: the head's logits are a full batch's (one shape, the peak `plan --probe` measures) where
+    they are made at all (label smoothing takes them), with the same loss; the fused head and loss stays fused."""
+    from leantrain.tasks.seq2seq import Seq2Seq
+
+    task, built, _ = prepared_task(models, pairs, tmp_path, "t5")
+    batch = batch_of(task, [([101, 7, 8, 9, 102], [11, 12, 13, 102]), ([101, 5, 102], [14, 102])])
+
+    def checked(**changes) -> Seq2Seq:
+        made = Seq2Seq(task.cfg.replace(**changes))
+        made.ids = task.ids
+        made.check_model(built)
+        return made
+
+    cut, padded = checked(label_smoothing=0.1), checked(label_smoothing=0.1, pad_to_max_length=True)
+    assert cut.selects_logits and not padded.selects_logits and not padded.fuses_head_loss
+    outputs = padded.forward(built, batch)
+    assert outputs.logits.shape == (*batch["labels"].shape, built.config.vocab_size)
+    assert padded.tail_rows(batch) is None
+    with torch.random.fork_rng(devices=[]):
+        expected = float(cut.loss_sum(cut.forward(built, batch), batch))
+    assert float(padded.loss_sum(outputs, batch)) == pytest.approx(expected, rel=1e-6)
+    fused = checked(pad_to_max_length=True)
+    assert fused.selects_logits and fused.fuses_head_loss
+
+
 @pytest.mark.parametrize("model", ["t5", "bert2bert"])
 def test_flops_of_a_training_micro_batch_are_what_it_computes(models, pairs, tmp_path, model):
     """The FLOP meter's count of an encoder-decoder's micro-batch (the head at target tokens only, fused with the

@@ -805,7 +805,8 @@ class EfficiencyConfig:
     )
     pad_to_max_length: bool = _help(
         "Pad every batch to --max-length (an encoder-decoder's sources to --max-source-length, targets to "
-        "--max-target-length): fixed shapes, for compiled models and memory benchmarks.",
+        "--max-target-length): fixed shapes, for compiled models and memory benchmarks. A language model's head "
+        "then makes the whole batch's logits (its worst case) unless it runs fused with the loss.",
         default=False,
     )
     # --- attention

@@ -212,8 +212,11 @@ class CausalLM(Task):
         if self.packing:  # after the attention choice: the kernel that will run must keep documents apart
             check_packing_separates(model)
         # A compiled model keeps the full logits: a data-dependent row count would give it a graph per batch.
-        self.selects_logits = not self.cfg.compile and head_rows_work(model)
-        self.fuses_head_loss = self.selects_logits and head_loss_works(model)
+        rows = not self.cfg.compile and head_rows_work(model)
+        self.fuses_head_loss = rows and head_loss_works(model)
+        # padded to a fixed length, the logits are a full batch's (one shape, the peak `plan --probe` measures),
+        # except where the fused loss keeps them from existing
+        self.selects_logits = rows and (self.fuses_head_loss or not getattr(self.cfg, "pad_to_max_length", False))
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.lm import LMCollator

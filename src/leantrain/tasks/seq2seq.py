@@ -221,10 +221,12 @@ class Seq2Seq(Task):
         from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
 
         # a compiled model keeps the full logits: a data-dependent row count would give it a graph per batch
-        self.selects_logits = not getattr(self.cfg, "compile", False) and head_rows_work(model, decoder=True)
+        rows = not getattr(self.cfg, "compile", False) and head_rows_work(model, decoder=True)
         # the fused loss is plain cross-entropy: label smoothing takes the logits
-        fusable = self.selects_logits and not self.label_smoothing
-        self.fuses_head_loss = fusable and head_loss_works(model, decoder=True)
+        self.fuses_head_loss = rows and not self.label_smoothing and head_loss_works(model, decoder=True)
+        # padded to fixed lengths, the logits are a full batch's (one shape, the peak `plan --probe` measures),
+        # except where the fused loss keeps them from existing
+        self.selects_logits = rows and (self.fuses_head_loss or not getattr(self.cfg, "pad_to_max_length", False))
 
     def collator(self, data: TaskData, *, train: bool):
         from leantrain.data.seq2seq import PairCollator
