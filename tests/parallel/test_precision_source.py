@@ -76,3 +76,20 @@ def test_a_run_trains_in_the_configured_precision_and_says_so(
     result = train(cfg)
     assert result.metrics["precision"] == "bf16"
     assert "precision bf16 (from ACCELERATE_MIXED_PRECISION=bf16" in capsys.readouterr().err
+
+
+def test_a_chosen_half_precision_that_runs_no_faster_here_says_why(accelerate_home, monkeypatch):
+    """--precision bf16 on a CPU with AVX2 only (bf16 emulated, several times slower than fp32) keeps bf16 and says
+    so in the line that names the precision; where bf16 is fast, nothing is added."""
+    monkeypatch.setattr(parallel, "cpu_flags", lambda: {"avx2"})
+    assert parallel.choose_precision("bf16", "cpu") == (
+        "bf16",
+        "set by --precision; no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32",
+    )
+    accelerate_home("mixed_precision: bf16\n")
+    assert parallel.choose_precision("auto", "cpu")[1].endswith(
+        "; no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32"
+    )
+    assert parallel.choose_precision("fp32", "cpu") == ("fp32", "set by --precision")
+    monkeypatch.setattr(parallel, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    assert parallel.choose_precision("bf16", "cpu") == ("bf16", "set by --precision")

@@ -102,18 +102,25 @@ def device_type() -> str:
 def choose_precision(requested: str, device: str | None = None) -> tuple[str, str]:
     """Resolve `auto`: the user's Accelerate config when it sets a precision, else bf16 where the device runs it
     fast, else fp32; say why (which source won)."""
+    device = device or device_type()
     if requested != "auto":
-        return requested, "set by --precision"
+        return requested, "set by --precision" + _not_faster(requested, device)
     from leantrain.parallel.precision import accelerate_precision
 
     configured = accelerate_precision()  # the user's Accelerate config, when --precision is left to auto
     if configured is not None:
-        return configured
-    device = device or device_type()
+        return configured[0], configured[1] + _not_faster(configured[0], device)
     bf16 = precision_support(device)["bf16"]
     if bf16.fast:
         return "bf16", f"auto: bf16 runs fast here ({bf16.why})"
     return "fp32", f"auto: fp32, since bf16 would not be faster here ({bf16.why})"
+
+
+def _not_faster(precision: str, device: str) -> str:
+    """Why a half precision someone chose runs no faster than fp32 on this device (bf16 on a CPU without AVX-512 BF16
+    or AMX is emulated, several times slower), as a clause; empty where it is fast or fp32."""
+    support = precision_support(device).get(precision)
+    return f"; {support.why}" if support is not None and support.supported and not support.fast else ""
 
 
 def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | None = None):
