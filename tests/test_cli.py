@@ -238,6 +238,28 @@ def test_info_shows_config_counts_and_head(capsys, tiny_model_dir):
     assert "classifier: Linear(64 -> 5)" in out
 
 
+def test_a_vits_learned_positions_and_class_token_count_as_embeddings_its_patch_projection_outside():
+    """A ViT has no lookup table: its embeddings are the positions and class token its embeddings module holds
+    (`leantrain info` said 0 in embeddings); the patch projection multiplies, so it counts outside them."""
+    from transformers import BertConfig, BertForSequenceClassification, ViTConfig, ViTForImageClassification
+
+    from leantrain.model.loading import count_parameters
+
+    vit = ViTForImageClassification(
+        ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+                  patch_size=8)
+    )  # fmt: skip
+    assert count_parameters(vit).embeddings == (1 + 16) * 32 + 32  # positions of the class token and 16 patches
+    bert = BertForSequenceClassification(
+        BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    )
+    tables = bert.bert.embeddings
+    expected = sum(
+        t.weight.numel() for t in (tables.word_embeddings, tables.position_embeddings, tables.token_type_embeddings)
+    )
+    assert count_parameters(bert).embeddings == expected  # its LayerNorm outside, as before
+
+
 TINY_BERT = dict(
     vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
     max_position_embeddings=64,

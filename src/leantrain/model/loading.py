@@ -486,8 +486,13 @@ def count_parameters(model) -> ParamCounts:
 
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    # each tensor once: an encoder-decoder's tied embeddings are one tensor in several modules (T5's three)
+    # each tensor once: an encoder-decoder's tied embeddings are one tensor in several modules (T5's three). Tables
+    # looked up, and the learned positions and class tokens a ViT's or AST's embeddings module holds itself: weights
+    # read, not multiplied (a patch projection multiplies: it counts outside them)
     embedding = {id(p): p for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    for m in model.modules():
+        if type(m).__name__.endswith("Embeddings"):
+            embedding.update((id(p), p) for p in m.parameters(recurse=False))
     return ParamCounts(total, trainable, sum(p.numel() for p in embedding.values()))
 
 
