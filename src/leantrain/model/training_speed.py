@@ -1,8 +1,8 @@
 """How fast this machine trains a sequence classifier: a few optimizer steps timed once and cached.
 
 The default job sizes its rows from this figure, so its training takes about the same few minutes on any machine
-instead of a size chosen per CPU class (CPUs of one class differ by 2-3x: an AVX2 EPYC trained MiniLM at 25 and
-another at 65-75 samples/s). The steps run the model as the job does (its precision, batches of its size and the
+instead of a size chosen per CPU class (CPUs of one class differ by about 2x: two AVX2 EPYCs trained MiniLM at 25-30
+and at 51-56 samples/s). The steps run the model as the job does (its precision, batches of its size and the
 corpus's typical length, AdamW) on random token ids. The job itself mostly runs slower (its batches vary in length,
 its step carries the loader, the logger and the guards, and a shared machine's speed drifts): on a Sapphire Rapids the
 probe read 158 samples/s where the default job ran 138 in bf16 and 70 where it ran 70.0 held to AVX2 in fp32; on an
