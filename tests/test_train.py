@@ -162,11 +162,26 @@ def test_separate_eval_data_and_unseen_labels(job, tmp_path):
         train(job(eval_data=str(bad), output_dir=str(tmp_path / "other")))
 
 
-def test_evaluate_without_data_rescores_the_runs_own_held_out_rows_in_its_precision(job, tmp_path):
+def test_evaluate_without_data_rescores_the_runs_own_held_out_rows_in_its_precision(job, tmp_path, monkeypatch):
     """`leantrain evaluate RUN`: the run's config rebuilt from config.yaml (its seed, split, --max-length and
-    precision), its held-out rows prepared as it prepared them: the run's own final evaluation, again."""
+    precision), its held-out rows prepared as it prepared them: the run's own final evaluation, again. The check of
+    the first-token shortcut runs in fp32 in both (not under the bf16 autocast `prepare` wraps the forward in, which
+    failed it on an AVX2 CPU: evaluate then ran the whole last layer, 8e-6 off in the loss)."""
+    import torch
+
+    from leantrain.tasks import classification
+
+    checked = []
+
+    def first_token_tail(model):
+        checked.append(torch.is_autocast_enabled("cpu") or hasattr(model, "_original_forward"))  # Accelerate's wrap
+        return shortcut(model)
+
+    shortcut = classification.first_token_tail
+    monkeypatch.setattr(classification, "first_token_tail", first_token_tail)
     result = train(job(max_steps=3, max_length=24, precision="bf16"))
     again = evaluate(str(result.output_dir), cache_dir=str(tmp_path / "c"))
+    assert checked == [False, False]  # the run's check and evaluate's, neither on an autocast-wrapped forward
     assert again["examples"] == 24  # 10% of the 240 rows, as the run held them out
     for name in ("loss", "accuracy", "macro_f1"):
         assert again[name] == pytest.approx(result.metrics[f"eval_{name}"], abs=1e-6), name

@@ -219,9 +219,11 @@ def _rows(job, model, data, batch_size: int | None) -> dict[str, Any]:
     from leantrain.tasks.evaluation import eval_loader, gather_rows
 
     batch_size = batch_size or job.cfg.eval_batch_size or DEFAULT_BATCH_SIZE
+    # what it may skip (a classifier's last layer beyond the first token), checked as the trainer checks it: before
+    # `prepare` wraps the forward in the run's autocast, whose rounding would fail the check where fp32 passed it
+    job.task.check_model(model)
     accelerator = parallel.make_accelerator(job.precision)
     model, loader = accelerator.prepare(model, eval_loader(job.task, data, batch_size))
-    job.task.check_model(model)  # what it may skip (a classifier's last layer beyond the first token)
     return gather_rows(model, loader, accelerator, job.task)
 
 
