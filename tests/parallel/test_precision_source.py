@@ -84,11 +84,11 @@ def test_a_chosen_half_precision_that_runs_no_faster_here_says_why(accelerate_ho
     monkeypatch.setattr(parallel, "cpu_flags", lambda: {"avx2"})
     assert parallel.choose_precision("bf16", "cpu") == (
         "bf16",
-        "set by --precision; no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32",
+        "set by --precision; no AVX-512 BF16 or AMX: bf16 is emulated, many times slower than fp32",
     )
     accelerate_home("mixed_precision: bf16\n")
     assert parallel.choose_precision("auto", "cpu")[1].endswith(
-        "; no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32"
+        "; no AVX-512 BF16 or AMX: bf16 is emulated, many times slower than fp32"
     )
     assert parallel.choose_precision("fp32", "cpu") == ("fp32", "set by --precision")
     monkeypatch.setattr(parallel, "cpu_flags", lambda: {"avx2", "avx512_bf16"})

@@ -80,7 +80,7 @@ def precision_support(device_type: str) -> dict[str, PrecisionSupport]:
         if amx_bf16
         else "AVX-512 BF16 instructions"
         if avx_bf16
-        else "no AVX-512 BF16 or AMX: bf16 is emulated, slower than fp32"
+        else "no AVX-512 BF16 or AMX: bf16 is emulated, many times slower than fp32"
     )
     fp16_why = (
         "AMX-FP16 matrix units" if "amx_fp16" in flags else "no AMX-FP16: fp16 runs no faster than fp32 on this CPU"
