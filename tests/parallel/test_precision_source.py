@@ -79,7 +79,7 @@ def test_a_run_trains_in_the_configured_precision_and_says_so(
 
 
 def test_a_chosen_half_precision_that_runs_no_faster_here_says_why(accelerate_home, monkeypatch):
-    """--precision bf16 on a CPU with AVX2 only (bf16 emulated, several times slower than fp32) keeps bf16 and says
+    """--precision bf16 on a CPU with AVX2 only (bf16 emulated, many times slower than fp32) keeps bf16 and says
     so in the line that names the precision; where bf16 is fast, nothing is added."""
     monkeypatch.setattr(parallel, "cpu_flags", lambda: {"avx2"})
     assert parallel.choose_precision("bf16", "cpu") == (
