@@ -348,6 +348,30 @@ def test_a_clip_with_nan_or_infinite_samples_is_unreadable_not_a_nan_loss(fsdd_l
         process_source(list_source(str(data / "1_spk_99.wav"), AUDIO, need_labels=False), mp, strict=True)
 
 
+def test_a_float_clip_written_at_integer_scale_is_unreadable_not_silently_loud(fsdd_like, tmp_path):
+    """A float WAV written from 16-bit values without scaling (samples up to thousands) gave features far off what
+    the extractor was made for, without a word; a float clip whose overs stay near full scale is read as it is."""
+    import shutil
+
+    from scipy.io import wavfile
+
+    from leantrain.data.audio import decode_audio
+    from leantrain.data.media import AUDIO, MediaProcessor, list_source, process_source
+    from leantrain.model.presets import preset_processor
+
+    data = tmp_path / "w"
+    shutil.copytree(fsdd_like, data)
+    wave = decode_audio(str(data / "1_spk_0.wav"))[0]
+    wavfile.write(data / "1_spk_99.wav", 8000, (wave / np.abs(wave).max() * 20000).astype(np.float32))
+    wavfile.write(data / "1_spk_98.wav", 8000, (wave / np.abs(wave).max() * 1.5).astype(np.float32))  # overs
+    with pytest.raises(ValueError, match=r"float samples reach 20,000, far beyond full scale \(1.0\)"):
+        decode_audio(str(data / "1_spk_99.wav"))
+    assert float(np.abs(decode_audio(str(data / "1_spk_98.wav"))[0]).max()) == pytest.approx(1.5)
+    mp = MediaProcessor(AUDIO, preset_processor("preset:tiny-audio"), max_seconds=0.3)
+    src = process_source(list_source(str(data), AUDIO, label_pattern=r"^(\d)_"), mp)
+    assert src.skipped == ["1_spk_99.wav"] and len(src.names) == 37
+
+
 def test_an_image_given_to_an_audio_model_is_not_sent_to_soundfile(tmp_path, monkeypatch):
     import sys
 

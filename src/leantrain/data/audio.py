@@ -16,6 +16,9 @@ from leantrain.errors import DataError
 
 AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif"})
 MAX_RESAMPLE_FACTOR = 2000  # larger up/down factors mean a filter too long to be sensible (odd rates)
+#: a float clip's largest sample magnitude that is still audio at full scale 1.0 (a master's overs stay within a
+#: few dB; 30 dB over is a clip written from integer values without scaling)
+MAX_FLOAT_PEAK = 32.0
 
 
 def decode_audio(item: Any) -> tuple[np.ndarray, int]:
@@ -84,6 +87,12 @@ def _mono(data: np.ndarray) -> np.ndarray:
     bad = int(data.size - np.isfinite(data).sum())
     if bad:  # a float WAV can hold them: NaN features, then a NaN loss blamed on the learning rate
         raise ValueError(f"{bad:,} of its {data.size:,} samples are not finite (NaN or infinity)")
+    peak = float(np.abs(data).max())
+    if peak > MAX_FLOAT_PEAK:  # extractors expect [-1, 1]: a log-mel's level, a fixed normalisation, would be off
+        raise ValueError(
+            f"its float samples reach {peak:,.0f}, far beyond full scale (1.0): written from integers without "
+            "scaling? Divide 16-bit values by 32768 before writing float audio"
+        )
     return data
 
 

@@ -46,8 +46,8 @@ CHUNK = 512
 MAX_AUTO_SECONDS = 30.0
 #: bump when decoding changes what is stored (2: 16-bit grey images scaled, not clipped; EXIF orientation applied;
 #: truncated WAVs dropped; 3: IDX floats and wide integers scaled or refused, not cast; RGBA keeps RGB, not red;
-#: 4: clips with NaN or infinite samples dropped)
-MEDIA_CACHE_VERSION = 4
+#: 4: clips with NaN or infinite samples dropped; 5: float clips at integer scale dropped)
+MEDIA_CACHE_VERSION = 5
 
 
 def kind(task: str) -> str:
