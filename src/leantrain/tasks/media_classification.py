@@ -43,13 +43,13 @@ class MediaClassification(Classification):
         cfg, specs = self.cfg, sources_of(self.cfg)
         if not is_mixture(specs):
             return False
-        sources = [(spec.path, read_options(source_config(cfg, spec), "train")) for spec in specs]
+        subs = [(spec, source_config(cfg, spec)) for spec in specs]
+        sources = [(spec.path, read_options(sub, "train")) for spec, sub in subs]
         key = media.column_key(self.name)
         columns = {key: self.input_column, "label_column": cfg.label_column}
         media.refuse_unread_columns(self.name, [*sources, (cfg.eval_data, read_options(cfg, "eval"))], **columns)
-        for spec in specs:  # a source's own column flag is read by its own files or by none
+        for spec, sub in subs:  # a source's own column flag is read by its own files or by none
             own = {k: spec.option(k) for k in (key, "label_column") if spec.option(k) is not None}
-            sub = source_config(cfg, spec)
             try:
                 media.refuse_unread_columns(
                     self.name,
