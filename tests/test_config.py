@@ -88,11 +88,12 @@ def measured(monkeypatch, tmp_path):
     from leantrain.parallel import threads
 
     class Measured:
-        speed, calls, others = 100.0, [], 0.0
+        speed, calls, others, within = 100.0, [], 0.0, []
 
-    def fake(model_path, precision, batch, length, steps=3, fast=True, freeze="none", dropout=None):
+    def fake(model_path, precision, batch, length, steps=3, fast=True, freeze="none", dropout=None, within=None):
         extra = ((freeze,) if freeze != "none" else ()) + ((dropout,) if dropout is not None else ())
         Measured.calls.append((precision, batch, length, *extra))
+        Measured.within.append(within)
         return Measured.speed
 
     monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
@@ -131,6 +132,28 @@ def test_the_default_job_trains_what_this_machine_trains_in_about_four_minutes(m
     # a rate given is kept, the usual one included: it is not taken for a rate left out
     assert TrainConfig(lr=5e-5, limit=9).resolved().lr == 5e-5
     assert config_from_args(build_parser().parse_args(["train", "--lr", "5e-5", "--limit", "9"])).resolved().lr == 5e-5
+
+
+def test_the_default_jobs_speed_is_measured_on_the_step_its_classifier_takes(measured, tiny_model_dir):
+    import torch
+    import transformers
+
+    from leantrain.config.sections import cut_at_the_first_token
+
+    TrainConfig(precision="fp32").resolved()
+    assert measured.within == [cut_at_the_first_token]  # the last layer at the first token, as the task trains
+    TrainConfig(precision="bf16", compile=True).resolved()
+    TrainConfig(precision="fp16", activation_checkpointing=True).resolved()
+    assert measured.within[1:] == [None, None]  # neither cuts: the task runs the whole last layer (`check_model`)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    ids = torch.tensor([[2, 5, 7, 9]])
+    whole = model(input_ids=ids).logits
+    rows = []
+    model.bert.encoder.layer[-1].register_forward_hook(lambda _m, _a, out: rows.append((out[0] if isinstance(out, tuple) else out).shape[1]))
+    with cut_at_the_first_token(model)():
+        torch.testing.assert_close(model(input_ids=ids).logits, whole)
+    assert rows[-1] == 1  # the last layer's output: the first token's row alone
+    assert cut_at_the_first_token(torch.nn.Linear(2, 2)) is None  # no BERT-shaped layer: the whole step
 
 
 def test_the_default_jobs_measured_speed_is_kept_so_the_job_stays_the_same(measured):
