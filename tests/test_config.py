@@ -149,7 +149,9 @@ def test_the_default_jobs_speed_is_measured_on_the_step_its_classifier_takes(mea
     ids = torch.tensor([[2, 5, 7, 9]])
     whole = model(input_ids=ids).logits
     rows = []
-    model.bert.encoder.layer[-1].register_forward_hook(lambda _m, _a, out: rows.append((out[0] if isinstance(out, tuple) else out).shape[1]))
+    model.bert.encoder.layer[-1].register_forward_hook(
+        lambda _m, _a, out: rows.append((out[0] if isinstance(out, tuple) else out).shape[1])
+    )
     with cut_at_the_first_token(model)():
         torch.testing.assert_close(model(input_ids=ids).logits, whole)
     assert rows[-1] == 1  # the last layer's output: the first token's row alone

@@ -421,3 +421,36 @@ def test_a_folder_of_model_folders_names_them(tmp_path):
         ModelError, match=r"its folders step-000002, step-000004 do: give one of them, e\.g\. .*step-000004$"
     ):
         resolve_model(str(tmp_path / "checkpoints"))
+
+
+def test_tweets_are_normalized_by_the_tokenizer_the_published_model_keeps(job, tmp_path, capsys):
+    from transformers import AutoTokenizer, pipeline
+
+    from leantrain import predict
+
+    rows = [("@united lost my bag http://t.co/AbC123xyz &amp; awful", "neg"), ("@jo so happy today", "pos")] * 20
+    data = tmp_path / "tweets.csv"
+    data.write_text("text,label\n" + "".join(f'"{t}",{y}\n' for t, y in rows))
+    result = train(job(data=str(data), normalize_tweets=True, max_steps=2, eval_fraction=0.2))
+    tokenizer = AutoTokenizer.from_pretrained(result.model_dir)  # as a user loads it, by its saved class
+    raw = "RT @someone: mail me@x.com http://t.co/XyZ789 &lt;3"
+    assert tokenizer.tokenize(raw) == ["rt", "@", "user", ":", "mail", "me", "@", "x", ".", "com", "http", "<", "3"]
+    assert tokenizer.tokenize(tokenizer.backend_tokenizer.normalizer.normalize_str(raw)) == tokenizer.tokenize(raw)
+    plain = AutoTokenizer.from_pretrained(job().model)
+    pair = ("a plain sentence, no tweet in it", "and a second one")
+    assert tokenizer(*pair) == plain(*pair)  # ids, segments and mask: the model's own tokenizer's, rules aside
+    # leantrain's predict and a transformers pipeline read the raw tweet as the run trained on it
+    clf = pipeline("text-classification", model=str(result.model_dir))
+    ours = predict(str(result.model_dir.parent), texts=[raw])[0]
+    assert clf(raw)[0]["score"] == pytest.approx(ours["score"], abs=1e-5)
+    assert clf(raw)[0]["score"] == pytest.approx(clf("RT @user: mail me@x.com http <3")[0]["score"], abs=1e-6)
+
+
+def test_tweets_are_left_as_they_are_unless_asked_and_the_default_job_asks():
+    assert not TrainConfig(data="mine.csv").resolved().normalize_tweets
+    assert TrainConfig(limit=9).resolved().normalize_tweets is True  # the default job's corpus is tweets
+    assert TrainConfig(limit=9, normalize_tweets=False).resolved().normalize_tweets is False
+    assert TrainConfig(limit=9, task="text-classification", model="m").resolved().normalize_tweets is True
+    # another model or task on the tweets: left unset, which no task refuses (a language model reads no such flag)
+    assert TrainConfig(limit=9, model="gpt2").resolved().normalize_tweets is None
+    assert TrainConfig(limit=9, task="causal-lm").resolved().normalize_tweets is None

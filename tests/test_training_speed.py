@@ -35,9 +35,10 @@ def test_the_measured_length_is_what_the_default_jobs_batches_pad_to(minilm_dir)
     from leantrain.config.sections import DEFAULT_JOB_BATCH_SIZE, DEFAULT_JOB_LENGTH
     from leantrain.data.batching import GlobalBatchSampler
     from leantrain.data.sources import embedded_data_path, read_table
+    from leantrain.model.loading import tweet_tokenizer
 
     table, _ = read_table(str(embedded_data_path()))
-    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    tokenizer = tweet_tokenizer(AutoTokenizer.from_pretrained(minilm_dir), "MiniLM")  # as the job: --normalize-tweets
     lengths = np.array([len(ids) for ids in tokenizer(table["text"].tolist(), truncation=True)["input_ids"]])
     batches = GlobalBatchSampler(lengths, DEFAULT_JOB_BATCH_SIZE, seed=42).global_batches()
     padded = np.mean([lengths[batch].max() for batch in batches])  # the job's batches: grouped by length

@@ -121,6 +121,45 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
         raise _offline_hint(name, exc) from None
 
 
+#: --normalize-tweets: the patterns the tokenizer rewrites before its own normalizer (TweetEval's preprocessing: a
+#: t.co link's random letters are a dozen tokens of noise; a user mention becomes the word for one, an e-mail address
+#: stays)
+TWEET_RULES: tuple[tuple[str, str], ...] = (
+    (r"https?://\S+|www\.\S+", "http"),
+    (r"(?<!\w)@\w+", "@user"),
+    ("&amp;", "&"),
+    ("&lt;", "<"),
+    ("&gt;", ">"),
+    ("&quot;", '"'),
+)
+
+
+def tweet_tokenizer(tokenizer, name: str):
+    """A copy of the fast `tokenizer` whose normalizer rewrites `TWEET_RULES` first. It is a TokenizersBackend: saved,
+    its tokenizer.json keeps the rules and loads with them (a model's own tokenizer class rebuilds its normalizer
+    from its settings), so the published model reads text as it trained. Rewriting twice changes nothing."""
+    from tokenizers import Regex, Tokenizer, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ModelError(
+            f"--normalize-tweets: {name}'s tokenizer is a Python one ({type(tokenizer).__name__}) that cannot take "
+            "the rules; use a model with a fast tokenizer (tokenizer.json), or --no-normalize-tweets"
+        )
+    copy = Tokenizer.from_str(backend.to_str())
+    rules = [normalizers.Replace(Regex(pattern), to) for pattern, to in TWEET_RULES]
+    copy.normalizer = normalizers.Sequence([*rules, *([copy.normalizer] if copy.normalizer else [])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=copy,
+        model_max_length=tokenizer.model_max_length,
+        padding_side=tokenizer.padding_side,
+        truncation_side=tokenizer.truncation_side,
+        model_input_names=list(tokenizer.model_input_names),
+        **tokenizer.special_tokens_map,
+    )
+
+
 def check_tokenizer_fits(tokenizer, config, name: str) -> None:
     """Refuse a tokenizer whose vocabulary is far smaller than the model's embedding table: not the model's own
     (a model's table may hold a few spare rows; half of it unused means another vocabulary)."""

@@ -2,13 +2,11 @@
 
 The default job sizes its rows from this figure, so its training takes about the same few minutes on any machine
 instead of a size chosen per CPU class (CPUs of one class differ by about 2x: two AVX2 EPYCs trained MiniLM at 25-30
-and at 51-56 samples/s). The steps run the model as the job does (its precision, batches of its size and the
-corpus's typical length, AdamW) on random token ids. The job itself mostly runs slower (its batches vary in length,
-its step carries the loader, the logger and the guards, and a shared machine's speed drifts): on a Sapphire Rapids the
-probe read 158 samples/s where the default job ran 138 in bf16 and 70 where it ran 70.0 held to AVX2 in fp32; on an
-EPYC with AVX512-BF16 114 where it ran 94 and 71 where it ran 62. On an EPYC with AVX2 only it read 45-47 where the
-job ran 51-56: ten-step probes there spread over 46-60 in one process (benchmarks/results/quickstart.md). The default
-job's seconds (`config.sections.DEFAULT_JOB_SECONDS`) leave room for a probe that reads high.
+and at 51-56 samples/s). The steps are the job's (its precision, batches of its size at the length they pad to on
+average, the classifier's last layer at the first token alone, gradients clipped, fused AdamW) on random token ids.
+What they cannot tell is how a shared machine's speed drifts: on an EPYC with AVX2 only, fresh processes' probes read
+41-74 samples/s where the jobs that followed ran 52-65 (benchmarks/results/quickstart.md). The default job's seconds
+(`config.sections.DEFAULT_JOB_SECONDS`) leave room for a probe that reads high.
 
 The first measurement is cached in `~/.cache/leantrain/training_speed.json` (`$LEANTRAIN_CACHE` moves it), keyed by
 CPU, the instruction sets torch is held to, thread count, torch version, precision, model and shape, and is kept: a

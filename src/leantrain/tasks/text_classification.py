@@ -44,6 +44,8 @@ class TextClassification(Classification):
         from leantrain.model import loading
 
         tokenizer = loading.load_tokenizer(model_path, trust_remote_code=self.cfg.trust_remote_code)
+        if self.cfg.normalize_tweets:  # in the tokenizer: the published model/ reads new tweets the same way
+            tokenizer = loading.tweet_tokenizer(tokenizer, model_path)
         loading.check_tokenizer_fits(tokenizer, model_config, model_path)
         self._check_length(model_config, tokenizer)
         cache = Path(self.cfg.cache_dir)
