@@ -444,6 +444,7 @@ def test_tweets_are_normalized_by_the_tokenizer_the_published_model_keeps(job, t
     ours = predict(str(result.model_dir.parent), texts=[raw])[0]
     assert clf(raw)[0]["score"] == pytest.approx(ours["score"], abs=1e-5)
     assert clf(raw)[0]["score"] == pytest.approx(clf("RT @user: mail me@x.com http <3")[0]["score"], abs=1e-6)
+    assert "read as tweets" in (result.model_dir / "README.md").read_text()  # the card says what the tokenizer does
 
 
 def test_tweets_are_left_as_they_are_unless_asked_and_the_default_job_asks():

@@ -139,6 +139,11 @@ def _data_section(
         lines.append(f"- eval: the files whose paths match `{config['eval_pattern']}`, held out of the training data")
     elif "eval" not in sources and config.get("eval_fraction"):
         lines.append(f"- eval: a stratified {config['eval_fraction']:.0%} held out of the training data")
+    if config.get("normalize_tweets"):
+        lines.append(
+            "- read as tweets: links written `http`, user mentions `@user`, HTML entities as their characters; the "
+            "tokenizer saved here does it, so give it raw text"
+        )
     return lines
 
 
