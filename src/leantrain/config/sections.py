@@ -35,8 +35,9 @@ DEFAULT_JOB_SECONDS = 250
 #: benchmarks/results/quickstart.md) and at least
 DEFAULT_JOB_ROWS = {"max": 24_000, "min": 2_000}
 #: the default job's accuracy on the held-out tweets by rows trained (fp32, one epoch as the default job trains:
-#: DEFAULT_JOB_LR, DEFAULT_JOB_BATCH_SIZE, its embeddings frozen, no dropout; the mean of two seeds:
-#: benchmarks/results/quickstart.md); the last row is the first to reach 0.80
+#: DEFAULT_JOB_LR, DEFAULT_JOB_BATCH_SIZE, its embeddings frozen, no dropout; the mean of two seeds, the text as it
+#: is: normalized tweets scored the same a row at 11,000, two seeds: benchmarks/results/quickstart.md); the last row
+#: is the first to reach 0.80
 DEFAULT_JOB_ACCURACY = ((8_000, 0.786), (13_000, 0.803))
 #: the default job's rows where its speed is not measured (a GPU, several processes or machines)
 DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["max"]
