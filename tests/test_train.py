@@ -447,6 +447,16 @@ def test_tweets_are_normalized_by_the_tokenizer_the_published_model_keeps(job, t
     assert "read as tweets" in (result.model_dir / "README.md").read_text()  # the card says what the tokenizer does
 
 
+def test_tweets_need_a_fast_tokenizer_to_carry_the_rules():
+    from leantrain.model.loading import tweet_tokenizer
+
+    class PythonTokenizer:  # no backend_tokenizer: nothing to add the rules to, nothing tokenizer.json could keep
+        pass
+
+    with pytest.raises(ModelError, match=r"--normalize-tweets: m's tokenizer is a Python one .*--no-normalize-tweets"):
+        tweet_tokenizer(PythonTokenizer(), "m")
+
+
 def test_tweets_are_left_as_they_are_unless_asked_and_the_default_job_asks():
     assert not TrainConfig(data="mine.csv").resolved().normalize_tweets
     assert TrainConfig(limit=9).resolved().normalize_tweets is True  # the default job's corpus is tweets

@@ -122,7 +122,7 @@ def training_speed(
             "fast dropout" if fast else "torch's dropout",  # figures cached before either: torch's, not keyed
             *([f"frozen {freeze}"] if freeze != "none" else []),  # figures cached before: nothing frozen
             *([f"dropout {dropout:g}"] if dropout is not None else []),  # before: the model's own
-            # figures cached before: unclipped, the whole last layer (they read 10-30% under the job on an AVX2 EPYC)
+            # figures cached before: unclipped, the whole last layer, rows of a length the job's batches did not pad to
             "clipped, first-token tail" if within else "clipped",
         ]
     )
