@@ -138,7 +138,7 @@ def test_the_default_jobs_speed_is_measured_on_the_step_its_classifier_takes(mea
     import torch
     import transformers
 
-    from leantrain.config.sections import cut_at_the_first_token
+    from leantrain.tasks.classification import cut_at_the_first_token
 
     TrainConfig(precision="fp32").resolved()
     assert measured.within == [cut_at_the_first_token]  # the last layer at the first token, as the task trains

@@ -1273,6 +1273,7 @@ def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
     from leantrain.model.loading import EMBEDDED_MODEL, embedded_model_path
     from leantrain.model.training_speed import training_speed
     from leantrain.parallel import choose_precision, device_type
+    from leantrain.tasks.classification import cut_at_the_first_token, cuts_at_the_first_token
 
     if device_type() == "cuda":
         return DEFAULT_JOB_LIMIT, "the most rows, on a GPU"
@@ -1289,22 +1290,13 @@ def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
         fast=cfg.fast_dropout,
         freeze=cfg.freeze or "none",
         dropout=cfg.dropout,
-        within=None if cfg.compile or cfg.activation_checkpointing else cut_at_the_first_token,  # as the task does
+        within=cut_at_the_first_token if cuts_at_the_first_token(cfg) else None,  # the step as the task takes it
     )
     rows = int(speed * DEFAULT_JOB_SECONDS) // 1000 * 1000
     rows = min(max(rows, DEFAULT_JOB_ROWS["min"]), DEFAULT_JOB_ROWS["max"])
     seconds = rows / speed
     why = f"this machine trains {speed:.0f} samples/s in {precision} ({when}): about {seconds:.0f} s of training"
     return rows, why + _short_of_the_accuracy(rows, speed)
-
-
-def cut_at_the_first_token(model: Any) -> Any:
-    """What a classifier's training step runs its forward within (`TextClassification.check_model`): its last layer
-    after the attention at the first token alone, where the model allows it."""
-    from leantrain.tasks.classification import first_token_tail
-
-    tail = first_token_tail(model)
-    return tail.cut if tail else None
 
 
 def _short_of_the_accuracy(rows: int, speed: float) -> str:

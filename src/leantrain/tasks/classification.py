@@ -39,9 +39,7 @@ class Classification(Task):
     tail: FirstTokenTail | None = None
 
     def check_model(self, model: torch.nn.Module) -> None:
-        # A compiled graph would not see the hooks, and a checkpointed layer recomputes without them.
-        cut = not (getattr(self.cfg, "compile", False) or getattr(self.cfg, "activation_checkpointing", False))
-        self.tail = first_token_tail(model) if cut else None
+        self.tail = first_token_tail(model) if cuts_at_the_first_token(self.cfg) else None
 
     def forward(self, model: torch.nn.Module, batch: dict[str, Any]) -> Any:
         """The model's outputs with its last layer's attention output and feed-forward run at the first token only,
@@ -240,6 +238,18 @@ def first_token_tail(model: torch.nn.Module) -> FirstTokenTail | None:
             return model(input_ids=ids, attention_mask=mask).logits
 
     return tail if same_logits(model, lambda: model(input_ids=ids, attention_mask=mask).logits, cut) else None
+
+
+def cuts_at_the_first_token(cfg: Any) -> bool:
+    """Whether a classifier trains its last layer at the first token (`Classification.forward`): not where the step is
+    compiled (a graph would not see the hooks) or checkpointed (a layer recomputes without them)."""
+    return not (getattr(cfg, "compile", False) or getattr(cfg, "activation_checkpointing", False))
+
+
+def cut_at_the_first_token(model: torch.nn.Module) -> Callable[[], contextlib.AbstractContextManager] | None:
+    """What a classifier's training step runs its forward within: its `FirstTokenTail.cut`, where it has one."""
+    tail = first_token_tail(model)
+    return tail.cut if tail else None
 
 
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, names: tuple[str, ...] = ()) -> dict[str, float]:
