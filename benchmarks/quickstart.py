@@ -1,13 +1,13 @@
 """The quick start's default job, timed as a new user meets it: `leantrain train` with no arguments (the embedded
-all-MiniLM-L6-v2 on a stratified sample of the embedded tweet corpus, sized for the CPU), in a fresh process with an
+all-MiniLM-L6-v2 on as many rows of the embedded tweet corpus as fit its --max-time), in a fresh process with an
 empty cache (reading, repairing and tokenizing the corpus, the CPU's GEMM probe and the report page included).
 
 "whole s" is the process from start to exit as this script saw it; "training s" the run's own training time
 (`train_seconds`), "evaluation s" its final evaluation, "start s" from the process's start to the line that
 announces training. `--avx2` also runs the job as a CPU with AVX2 only would: torch's kernels, oneDNN and MKL held
 to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS), in fp32 (bf16 would be emulated there);
-each job sizes its rows from the speed it measures. Other processes' load is measured during each run (cores of 2)
-and the load average before and after; quick-start times are only meaningful on a quiet machine.
+each job sizes its steps from the speed of its own warm-up. Other processes' load is measured during each run (cores
+of 2) and the load average before and after; quick-start times are only meaningful on a quiet machine.
 
     python benchmarks/quickstart.py --avx2          # -> benchmarks/results/quickstart.md and .json
 """
@@ -47,8 +47,8 @@ def run(name: str, env_extra: dict[str, str], flags: list[str], work: Path) -> d
         for line in proc.stdout:
             if training_at is None and line.startswith("leantrain: training "):
                 training_at = time.perf_counter()
-            if measured is None and (found := re.search(r"trains ([0-9.]+) samples/s", line)):
-                measured = float(found[1])
+            if measured is None and (found := re.search(r"--max-time .*: ([0-9.]+) s a step", line)):
+                measured = float(found[1])  # seconds a step at the sizing
             log.write(line)
         code = proc.wait()
     whole = time.perf_counter() - started
@@ -56,18 +56,17 @@ def run(name: str, env_extra: dict[str, str], flags: list[str], work: Path) -> d
         sys.exit(f"{name}: exit {code}; see {work / f'{name}.log'}")
     m = json.loads((out / "metrics.json").read_text())
     config = (out / "config.yaml").read_text()
-    limit = next(int(x.split(":")[1]) for x in config.splitlines() if x.startswith("limit:"))
     lr = next(float(x.split(":")[1]) for x in config.splitlines() if x.startswith("lr:"))
     batch = next(int(x.split(":")[1]) for x in config.splitlines() if x.startswith("batch_size:"))
     return {
         "job": name,
-        "rows": limit,
+        "rows": m["train_examples"],
         "lr": lr,
         "batch_size": batch,
         "precision": m["precision"],
         "accuracy": m["eval_accuracy"],
         "macro_f1": m["eval_macro_f1"],
-        "measured_samples_per_second": measured,
+        "measured_samples_per_second": batch / measured if measured else None,
         "samples_per_second": m["train_samples_per_second"],
         "start_seconds": (training_at or started) - started,
         "training_seconds": m["train_seconds"],
@@ -92,7 +91,8 @@ def page(rows: list[dict]) -> list[str]:
         "`leantrain train` with no arguments, as `scripts/quickstart.sh` runs it after installing: a fresh process, an "
         "empty cache (`python benchmarks/quickstart.py --avx2`). whole: the process from start to exit; start: to the "
         "line that announces training; others: cores' worth of other processes' CPU during the run (of 2); load: the "
-        "1-minute load average before and after; measured: the speed the job measured to size its rows.",
+        "1-minute load average before and after; rows: the rows trained; measured: the speed of the job's warm-up, "
+        "which sized it.",
         "",
         "| job | rows | lr | batch | precision | accuracy | macro-F1 | measured samples/s | samples/s | start s | "
         "training s | evaluation s | whole s | others | load before, after |",

@@ -80,50 +80,19 @@ def test_missing_yaml_file(tmp_path):
         TrainConfig.from_yaml(tmp_path / "nope.yaml")
 
 
-@pytest.fixture
-def measured(monkeypatch, tmp_path):
-    """The default job's speed measurement replaced by a figure the test sets (`measured.speed`), counted."""
-    from leantrain import parallel
-    from leantrain.model import training_speed
-    from leantrain.parallel import threads
+def test_the_default_job_trains_as_many_of_its_rows_as_fit_its_time():
+    from leantrain.config.sections import DEFAULT_JOB_LR, DEFAULT_JOB_ROWS, DEFAULT_JOB_SECONDS
 
-    class Measured:
-        speed, calls, others, within = 100.0, [], 0.0, []
-
-    def fake(model_path, precision, batch, length, steps=3, fast=True, freeze="none", dropout=None, within=None):
-        extra = ((freeze,) if freeze != "none" else ()) + ((dropout,) if dropout is not None else ())
-        Measured.calls.append((precision, batch, length, *extra))
-        Measured.within.append(within)
-        return Measured.speed
-
-    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
-    monkeypatch.setattr(training_speed, "_MEASURED", {})
-    monkeypatch.setattr(training_speed, "measure_training_speed", fake)
-    monkeypatch.setattr(threads, "neighbour_load", lambda: lambda: Measured.others)  # a quiet machine unless set
-    monkeypatch.setattr(parallel, "device_type", lambda: "cpu")
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    return Measured
-
-
-def test_the_default_job_trains_what_this_machine_trains_in_about_four_minutes(measured):
-    from leantrain.config.sections import DEFAULT_JOB_LENGTH, DEFAULT_JOB_LR, DEFAULT_JOB_ROWS, DEFAULT_JOB_SECONDS
-
-    measured.speed = 50.9  # 250 s at 50.9 samples/s: 12,725 training rows, rounded down to a thousand
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000
-    # measured as the job runs: its own batch, its embeddings frozen
-    assert measured.calls == [("fp32", 16, DEFAULT_JOB_LENGTH, "embeddings", 0.0)] and DEFAULT_JOB_SECONDS == 250
-    measured.speed = 80.0
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000  # the same shape: the speed measured before
-    assert TrainConfig(precision="bf16", batch_size=8).resolved().limit == 20_000  # measured for its own shape
-    assert measured.calls[-1] == ("bf16", 8, DEFAULT_JOB_LENGTH, "embeddings", 0.0)
-    measured.speed = 1000.0
-    assert TrainConfig(precision="fp16").resolved().limit == DEFAULT_JOB_ROWS["max"]
-    measured.speed = 0.5
-    assert TrainConfig(precision="fp16", batch_size=4).resolved().limit == DEFAULT_JOB_ROWS["min"]
-    calls = len(measured.calls)
-    assert TrainConfig(limit=500).resolved().limit == 500
-    assert TrainConfig(data="mine.csv").resolved().limit is None  # your own data: every row
-    assert len(measured.calls) == calls  # neither measures
+    job = TrainConfig(precision="fp32").resolved()
+    assert (job.limit, job.max_time, job.max_time_seconds) == (DEFAULT_JOB_ROWS, "260s", 260.0)
+    assert DEFAULT_JOB_SECONDS == 260 and DEFAULT_JOB_ROWS == 24_000
+    assert TrainConfig(max_time="10m").resolved().max_time_seconds == 600  # your time, its rows
+    counted = TrainConfig(max_steps=30).resolved()  # a step count given: no time
+    assert (counted.limit, counted.max_time) == (DEFAULT_JOB_ROWS, None)
+    rows = TrainConfig(limit=500).resolved()  # rows given: all of them, whatever the time
+    assert (rows.limit, rows.max_time) == (500, None)
+    mine = TrainConfig(data="mine.csv").resolved()  # your own data: every row, no time
+    assert (mine.limit, mine.max_time) == (None, None)
     assert TrainConfig(limit=500).resolved().lr == DEFAULT_JOB_LR  # the default job's own rate
     assert TrainConfig(lr=3e-5, limit=9).resolved().lr == 3e-5 and TrainConfig(data="mine.csv").resolved().lr == 5e-5
     # the default job's own batch where --batch-size is left out; the usual one for your data; one given is kept
@@ -134,123 +103,48 @@ def test_the_default_job_trains_what_this_machine_trains_in_about_four_minutes(m
     assert config_from_args(build_parser().parse_args(["train", "--lr", "5e-5", "--limit", "9"])).resolved().lr == 5e-5
 
 
-def test_the_default_jobs_speed_is_measured_on_the_step_its_classifier_takes(measured, tiny_model_dir):
-    import torch
-    import transformers
-
-    from leantrain.tasks.classification import cut_at_the_first_token
-
-    TrainConfig(precision="fp32").resolved()
-    assert measured.within == [cut_at_the_first_token]  # the last layer at the first token, as the task trains
-    TrainConfig(precision="bf16", compile=True).resolved()
-    TrainConfig(precision="fp16", activation_checkpointing=True).resolved()
-    assert measured.within[1:] == [None, None]  # neither cuts: the task runs the whole last layer (`check_model`)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
-    ids = torch.tensor([[2, 5, 7, 9]])
-    whole = model(input_ids=ids).logits
-    rows = []
-    model.bert.encoder.layer[-1].register_forward_hook(
-        lambda _m, _a, out: rows.append((out[0] if isinstance(out, tuple) else out).shape[1])
-    )
-    with cut_at_the_first_token(model)():
-        torch.testing.assert_close(model(input_ids=ids).logits, whole)
-    assert rows[-1] == 1  # the last layer's output: the first token's row alone
-    assert cut_at_the_first_token(torch.nn.Linear(2, 2)) is None  # no BERT-shaped layer: the whole step
+@pytest.mark.parametrize(("given", "seconds"), [("260", 260), ("260s", 260), ("4.5m", 270), ("1h", 3600), (90, 90)])
+def test_max_time_reads_seconds_minutes_and_hours(given, seconds):
+    assert TrainConfig(data="mine.csv", max_time=given).max_time_seconds == seconds
 
 
-def test_the_default_jobs_measured_speed_is_kept_so_the_job_stays_the_same(measured):
-    from leantrain.model import training_speed
-
-    measured.speed = 50.0
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000
-    training_speed._MEASURED.clear()  # a later process: only the file remembers
-    measured.speed = 80.0
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000
-    assert len(measured.calls) == 1
-    training_speed.cache_file().unlink()  # deleted: measured again
-    assert TrainConfig(precision="fp32").resolved().limit == 20_000
-    training_speed.cache_file().unlink()  # a cache that cannot be written: measured once in this process all the same
-    training_speed.cache_file().mkdir()
-    training_speed._MEASURED.clear()
-    measured.speed = 20.0
-    assert [TrainConfig(precision="fp32").resolved().limit for _ in range(2)] == [5_000, 5_000]
-    assert len(measured.calls) == 3
-
-
-def test_a_speed_measured_beside_a_busy_neighbour_sizes_this_run_only(measured):
-    """Other processes held a core while the speed was measured: this run is sized from it (the neighbour slows it
-    too), but it is not kept, so that a busy first run does not shrink every later default job on the machine."""
-    from leantrain.config.sections import default_job_rows
-    from leantrain.model import training_speed
-
-    measured.speed, measured.others = 20.0, 1.2
-    for _ in range(2):  # the job asks twice (resolving, then its line): the second answer comes from this process
-        rows, why = default_job_rows(TrainConfig(precision="fp32"))
-        assert rows == 5_000 and "other processes used 1.2 cores: not kept" in why, why
-    assert len(measured.calls) == 1
-    assert not training_speed.cache_file().exists()
-    training_speed._MEASURED.clear()  # a later process, on a quiet machine: measured again, and kept
-    measured.speed, measured.others = 50.0, 0.1
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000
-    training_speed._MEASURED.clear()
-    assert TrainConfig(precision="fp32").resolved().limit == 12_000 and len(measured.calls) == 2
-
-
-def test_the_default_job_is_not_measured_where_the_measurement_would_not_fit(measured, monkeypatch):
-    from leantrain import parallel
-    from leantrain.config.sections import DEFAULT_JOB_LIMIT
-
-    assert TrainConfig(model="bert-base-uncased").resolved().limit == DEFAULT_JOB_LIMIT  # not the measured model
-    assert TrainConfig(task="causal-lm").resolved().limit == DEFAULT_JOB_LIMIT
-    assert TrainConfig(num_machines=2).resolved().limit == DEFAULT_JOB_LIMIT  # each machine would measure its own
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert TrainConfig().resolved().limit == DEFAULT_JOB_LIMIT
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.setattr(parallel, "device_type", lambda: "cuda")
-    assert TrainConfig().resolved().limit == DEFAULT_JOB_LIMIT
-    assert measured.calls == []
-
-
-def test_the_default_job_says_the_speed_it_measured_and_the_time_that_buys(measured, capsys):
+@pytest.mark.parametrize("given", ["five minutes", "0", "-3s", "3 days"])
+def test_a_time_that_cannot_be_read_is_refused_in_one_line(given, capsys):
     from leantrain.commands import cli
 
-    measured.speed = 50.0
-    assert cli.main(["train", "--print-config", "--precision", "fp32"]) == 0
-    said = capsys.readouterr()
-    line = next(x for x in (said.out + said.err).splitlines() if "the default job" in x)
-    assert "12,000 rows" in line and "50 samples/s in fp32" in line and "about 240 s of training" in line, line
+    assert cli.main(["train", "--data", "mine.csv", "--max-time", given, "--print-config"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "--max-time" in said[0] and "Traceback" not in said[0], said
 
 
-def test_a_machine_too_slow_for_the_accuracy_is_told_what_to_expect(measured, capsys):
-    """Fewer rows than reach accuracy 0.80 in the job's time: the line says the accuracy they reach and what the
-    rows that reach 0.80 would take on this machine; a machine fast enough hears nothing of it."""
+def test_the_default_job_says_its_time_and_the_rows_that_reach_the_accuracy(capsys):
     from leantrain.commands import cli
 
-    def line() -> str:
-        assert cli.main(["train", "--print-config", "--precision", "fp32"]) == 0
+    def line(*args: str) -> str:
+        assert cli.main(["train", "--print-config", "--precision", "fp32", *args]) == 0
         said = capsys.readouterr()
         return next(x for x in (said.out + said.err).splitlines() if "the default job" in x)
 
-    measured.speed = 32.0  # an AVX2 EPYC's: 8,000 rows
-    slow = line()
-    assert "8,000 rows" in slow and "expect about 0.790" in slow and "--limit 16000: about 8 minutes" in slow, slow
-    training_speed_cache_cleared()
-    measured.speed = 54.0  # 13,000 rows: 0.796 by the table, which would round to 0.80
-    assert "13,000 rows" in (near := line()) and "expect about 0.796" in near, near
-    training_speed_cache_cleared()
-    measured.speed = 46.0  # 11,000 rows: between the table's rows
-    assert "11,000 rows" in (near := line()) and "expect about 0.794" in near, near
-    training_speed_cache_cleared()
-    measured.speed = 100.0
-    fast = line()
-    assert "24,000 rows" in fast and "expect" not in fast, fast
+    timed = line()
+    assert "as many of 24,000 rows" in timed and "in 260 s (--max-time" in timed, timed
+    assert "16,000 rows reach accuracy 0.80, 8,000 0.79" in timed, timed
+    assert "as many" not in line("--max-steps", "40") and "24,000 rows" in line("--max-steps", "40")
 
 
-def training_speed_cache_cleared() -> None:
-    from leantrain.model import training_speed
+def test_a_default_job_too_short_for_the_accuracy_is_told_what_to_expect():
+    """Fewer rows than reach accuracy 0.80 in the job's time: its sizing says the accuracy they reach and what the
+    rows that reach 0.80 would take on this machine; rows enough, or another run, hear nothing of it."""
+    from leantrain.config.sections import default_job_expectation
 
-    training_speed._MEASURED.clear()
-    training_speed.cache_file().unlink()
+    job = TrainConfig(precision="fp32").resolved()
+    slow = default_job_expectation(job, 8_000, 32.0)  # an AVX2 EPYC's: 8,000 rows
+    assert "expect about 0.790" in slow and "--limit 16000: about 8 minutes" in slow, slow
+    assert "expect about 0.796" in default_job_expectation(job, 13_000, 54.0)  # not rounded to 0.80
+    assert "expect about 0.794" in default_job_expectation(job, 11_000, 46.0)  # between the table's rows
+    assert "expect under 0.79" in default_job_expectation(job, 5_000, 20.0)
+    assert default_job_expectation(job, 16_000, 64.0) == ""
+    mine = TrainConfig(data="mine.csv", max_time="5m").resolved()
+    assert default_job_expectation(mine, 8_000, 32.0) == ""
 
 
 def test_settings_only_other_tasks_read_are_found_for_built_in_tasks_only():

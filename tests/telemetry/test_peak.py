@@ -120,10 +120,8 @@ def test_a_run_at_90_percent_of_the_cached_peak_or_more_sends_it_back_to_probing
 
 def test_cpus_of_one_name_and_another_generation_keep_their_own_peaks(tmp_path, monkeypatch):
     """'AMD EPYC' names AVX2 parts and AVX-512 BF16 ones: a home shared between them must not hand one's peak to
-    the other (nor the default job's measured speed, keyed the same way)."""
+    the other."""
     from leantrain import parallel
-    from leantrain.model import training_speed
-    from leantrain.parallel import threads
 
     monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
     monkeypatch.delenv("LEANTRAIN_PEAK_TFLOPS", raising=False)
@@ -135,13 +133,6 @@ def test_cpus_of_one_name_and_another_generation_keep_their_own_peaks(tmp_path, 
         monkeypatch.setattr(parallel, "cpu_flags", lambda flags=flags: set(flags))
         assert peak.device_peak("cpu", "bf16").flops_per_second == expected
     assert len(json.loads((tmp_path / "peak.json").read_text())) == 2
-    speeds = iter([30.0, 90.0])
-    monkeypatch.setattr(training_speed, "_MEASURED", {})
-    monkeypatch.setattr(training_speed, "measure_training_speed", lambda *a, **k: next(speeds))
-    monkeypatch.setattr(threads, "neighbour_load", lambda: lambda: 0.0)
-    assert training_speed.training_speed("m", "bf16", 16, 32)[0] == 30.0  # the AVX2 part, flags as last set
-    monkeypatch.setattr(parallel, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
-    assert training_speed.training_speed("m", "bf16", 16, 32)[0] == 90.0  # not the AVX2 part's figure
 
 
 def test_an_unwritable_cache_still_gives_a_figure(tmp_path, monkeypatch):

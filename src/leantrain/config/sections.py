@@ -26,23 +26,20 @@ from leantrain import tasks
 from leantrain.errors import ConfigError
 from leantrain.model import freezing, optimizers, presets
 
-#: seconds of training the default job is sized for: its rows are what this machine trains in that time at the speed
-#: it measured (`default_job_rows`). The whole job runs at 0.83-0.96x the measured step's speed (its loader, logger and
-#: guards, lengths that vary, a neighbour's load: benchmarks/results/quickstart.md, a Sapphire Rapids and an EPYC),
-#: so these seconds come to 260-300 of training, under the quick start's five minutes
-DEFAULT_JOB_SECONDS = 250
+#: the default job's --max-time, in seconds: it trains as many rows as its own first steps say fit in this time
+#: (`training.time_budget`). Timed on the job's steps, not a probe beside them, the estimate errs only by how the
+#: machine drifts after the warm-up (a shared 2-core EPYC: a sixth within minutes), which these seconds leave room
+#: for under the quick start's five minutes
+DEFAULT_JOB_SECONDS = 260
 #: the default job's rows at most (24,000 trained in 148-254 s to accuracy 0.81 on 2-core CPUs with AVX-512:
-#: benchmarks/results/quickstart.md) and at least
-DEFAULT_JOB_ROWS = {"max": 24_000, "min": 2_000}
-#: the default job's accuracy on the held-out tweets by rows trained (fp32, one epoch as the default job trains:
+#: benchmarks/results/quickstart.md); --max-time trains as many of them as fit
+DEFAULT_JOB_ROWS = 24_000
+#: the default job's accuracy on the held-out tweets by rows trained (fp32, as the default job trains:
 #: DEFAULT_JOB_LR, DEFAULT_JOB_BATCH_SIZE, its embeddings frozen, no dropout, --normalize-tweets; the mean of two
 #: seeds: benchmarks/results/quickstart.md); the last row is the first to reach 0.80
 DEFAULT_JOB_ACCURACY = ((8_000, 0.790), (13_000, 0.796), (16_000, 0.803))
-#: the default job's rows where its speed is not measured (a GPU, several processes or machines)
-DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS["max"]
-#: the measured steps' length: what the default job's batches pad to on average (its tweets' mean row is 26.4 tokens
-#: with MiniLM's tokenizer and --normalize-tweets, 32.9 without; length-grouped batches of 16 pad to 27.1)
-DEFAULT_JOB_LENGTH = 27
+#: the default job's rows (kept under this name for callers that size other work by it)
+DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS
 #: examples per micro-batch where --batch-size is left out
 DEFAULT_BATCH_SIZE = 32
 #: the default job's, where --batch-size is left out: twice the optimizer steps of 32 on the same rows, which on
@@ -358,9 +355,8 @@ class DataConfig:
     )
     max_length: int = _help("Longest tokenized input; longer inputs are truncated.", default=128)
     limit: int | None = _help(
-        "Train on a stratified sample of this many training rows. The default job uses what this "
-        f"machine trains in about {DEFAULT_JOB_SECONDS / 60:.0f} minutes at its measured speed, at most "
-        f"{DEFAULT_JOB_ROWS['max']:,}; otherwise all rows.",
+        "Train on a stratified sample of this many training rows. The default job: "
+        f"{DEFAULT_JOB_ROWS:,}, as many of them as fit its --max-time; otherwise all rows.",
         default=None,
     )
     eval_fraction: float = _help(
@@ -575,6 +571,13 @@ class OptimizationConfig:
     )
     epochs: float = _help("Passes over the training data (fractions allowed).", default=1.0)
     max_steps: int | None = _help("Stop after this many optimizer steps (overrides --epochs).", default=None)
+    max_time: str | None = _help(
+        "Train for about this long (260, 260s, 4.5m, 1h), at most --max-steps or --epochs allow: at the end of the "
+        "warm-up the run times its own steps and keeps as many as fit, the schedule decaying over them; config.yaml "
+        f"records them as --max-steps. The default job's: {DEFAULT_JOB_SECONDS} s.",
+        default=None,
+        metadata_extra={"number_ok": True},  # YAML's `max_time: 300` is seconds
+    )
     lr: float | None = _help(
         f"Peak learning rate (default {DEFAULT_LR:g}; the default job's {DEFAULT_JOB_LR:g}).", default=None
     )
@@ -748,6 +751,10 @@ class OptimizationConfig:
         _positive(self, "grad_accum")
         _positive(self, "batch_size", optional=True)
         _positive(self, "max_steps", optional=True)
+        if self.max_time is not None:
+            from leantrain.config.units import parse_duration
+
+            parse_duration(self.max_time)  # a clear one-line error for 'five minutes'
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
             raise ConfigError(f"{_flag('epochs')} must be a positive number, got {self.epochs}")
         if not 0 <= self.warmup_ratio < 1:
@@ -766,6 +773,13 @@ class OptimizationConfig:
         _choice(self, "on_nan", ON_NAN)
         _check_losses(self)
         _check_online_rl(self)
+
+    @property
+    def max_time_seconds(self) -> float | None:
+        """--max-time in seconds (None: not given)."""
+        from leantrain.config.units import parse_duration
+
+        return parse_duration(self.max_time) if self.max_time is not None else None
 
 
 @dataclass
@@ -1200,7 +1214,9 @@ class TrainConfig(
         if self.data is None:
             changes["data"] = EMBEDDED_DATA
             if self.limit is None:
-                changes["limit"] = default_job_rows(self.replace(**changes))[0]
+                changes["limit"] = DEFAULT_JOB_ROWS
+                if self.max_steps is None and self.max_time is None:  # sized to its time, not to a step count
+                    changes["max_time"] = f"{DEFAULT_JOB_SECONDS}s"
         if self.lr is None:
             changes["lr"] = DEFAULT_JOB_LR if self.data is None else DEFAULT_LR
         if self.scheduler is None:
@@ -1262,45 +1278,15 @@ class TrainConfig(
         return dataclasses.asdict(self)
 
 
-def default_job_rows(cfg: TrainConfig) -> tuple[int, str]:
-    """The default job's rows on this machine, and a clause that says why: what it trains in `DEFAULT_JOB_SECONDS`
-    at the samples/s it measured for the job's batch size and precision (once, then cached:
-    `model.training_speed`), rounded down to a thousand. CPUs of one kind differ too much for a size per kind
-    (two AVX2 EPYCs trained MiniLM at 25-30 and 51-56 samples/s). Not measured on a GPU, for another model or task, or
-    where several processes or machines would each measure their own."""
-    import os
+def default_job_expectation(cfg: TrainConfig, rows: int, speed: float) -> str:
+    """What the default job's `rows` should reach, where they are fewer than the rows that reach accuracy 0.80, and
+    what those cost at `speed` (samples/s); "" for any other run, or rows enough."""
+    from leantrain.data.sources import EMBEDDED_DATA
+    from leantrain.model.loading import EMBEDDED_MODEL
 
-    from leantrain.model.loading import EMBEDDED_MODEL, embedded_model_path
-    from leantrain.model.training_speed import training_speed
-    from leantrain.parallel import choose_precision, device_type
-    from leantrain.tasks.classification import cut_at_the_first_token, cuts_at_the_first_token
-
-    if device_type() == "cuda":
-        return DEFAULT_JOB_LIMIT, "the most rows, on a GPU"
-    if cfg.num_machines > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return DEFAULT_JOB_LIMIT, "the most rows: several processes would each measure a speed of their own"
-    if cfg.model not in (None, EMBEDDED_MODEL) or cfg.task is not None:
-        return DEFAULT_JOB_LIMIT, "the most rows: the speed is measured for the embedded model's classifier only"
-    precision = choose_precision(cfg.precision)[0]
-    speed, when = training_speed(
-        str(embedded_model_path()),
-        precision,
-        cfg.batch_size_or_default(),
-        DEFAULT_JOB_LENGTH,
-        fast=cfg.fast_dropout,
-        freeze=cfg.freeze or "none",
-        dropout=cfg.dropout,
-        within=cut_at_the_first_token if cuts_at_the_first_token(cfg) else None,  # the step as the task takes it
-    )
-    rows = int(speed * DEFAULT_JOB_SECONDS) // 1000 * 1000
-    rows = min(max(rows, DEFAULT_JOB_ROWS["min"]), DEFAULT_JOB_ROWS["max"])
-    seconds = rows / speed
-    why = f"this machine trains {speed:.0f} samples/s in {precision} ({when}): about {seconds:.0f} s of training"
-    return rows, why + _short_of_the_accuracy(rows, speed)
-
-
-def _short_of_the_accuracy(rows: int, speed: float) -> str:
-    """What a machine too slow for the rows that reach accuracy 0.80 should expect, and what those rows cost here."""
+    default_job = cfg.data == EMBEDDED_DATA and cfg.model in (None, EMBEDDED_MODEL) and cfg.limit == DEFAULT_JOB_ROWS
+    if not default_job or cfg.task not in (None, "text-classification"):
+        return ""
     (fewest, lowest), enough = DEFAULT_JOB_ACCURACY[0], DEFAULT_JOB_ACCURACY[-1][0]
     if rows < fewest:
         expect = f"under {lowest:.2f}"
@@ -1423,6 +1409,8 @@ def _coerce_types(cfg: Any) -> None:
             names = f.metadata.get("names")  # comma-separated names: a list of them as peft's target_modules takes
             if names and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 value = ",".join(value)
+            if f.metadata.get("number_ok") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = f"{value:g}"
             if not isinstance(value, (str, Path)):
                 kinds = "a string or a list of strings" if names else "a string"
                 raise ConfigError(f"{_flag(f.name)} must be {kinds}, got {value!r}")

@@ -1,4 +1,4 @@
-"""Amounts of memory as users write them (--memory 8GiB) and as leantrain prints them."""
+"""Amounts of memory and time as users write them (--memory 8GiB, --max-time 5m) and as leantrain prints them."""
 
 from __future__ import annotations
 
@@ -48,3 +48,23 @@ def format_bytes(n: float) -> str:
     if abs(n) >= GIB:
         return f"{n / GIB:.2f} GiB"
     return f"{n / MIB:.0f} MiB"
+
+
+_SECONDS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_duration(text: str | int | float, flag: str = "--max-time") -> float:
+    """Seconds in '260', '260s', '4.5m', '1h' (a bare number is seconds)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _SECONDS:
+            raise ConfigError(f"{flag}: cannot read {text!r} as a time; write it like 260, 260s, 4.5m or 1h")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    seconds = value * _SECONDS[unit]
+    if not seconds > 0:
+        raise ConfigError(f"{flag}: must be more than 0 seconds, got {text!r}")
+    return seconds

@@ -23,10 +23,7 @@ def build_scheduler(
     import json
 
     hf_name = "constant_with_warmup" if name == "constant" else name  # leantrain's constant keeps the warm-up
-    if warmup_steps is not None:
-        warmup = int(warmup_steps) if warmup_steps >= 1 else round(warmup_steps * total_steps)
-    else:
-        warmup = round(warmup_ratio * total_steps)
+    warmup = warmup_length(total_steps, warmup_ratio, warmup_steps)
     specific = json.loads(kwargs) if kwargs else None
     if hf_name in _COMMON and not specific:
         return torch.optim.lr_scheduler.LambdaLR(
@@ -48,6 +45,23 @@ def build_scheduler(
     if specific:
         _check_every_step(scheduler, f"--scheduler {name} --scheduler-kwargs {kwargs}", max(total_steps, 1))
     return scheduler
+
+
+def warmup_length(total_steps: int, warmup_ratio: float, warmup_steps: float | None = None) -> int:
+    """The warm-up's optimizer steps: `warmup_steps` (steps, or a share below 1), else `warmup_ratio` of the run."""
+    if warmup_steps is not None:
+        return int(warmup_steps) if warmup_steps >= 1 else round(warmup_steps * total_steps)
+    return round(warmup_ratio * total_steps)
+
+
+def resize(scheduler, name: str, total_steps: int, warmup: int, kwargs: str | None = None) -> None:
+    """Make `scheduler` (built by `build_scheduler`, or Accelerate's wrapper of it) the schedule `name` over
+    `total_steps` with a warm-up of `warmup` steps, from its next step on: its position is kept, and so is the rate it
+    set at this step, which every schedule gives whatever its length up to the end of the warm-up."""
+    inner = getattr(scheduler, "scheduler", scheduler)
+    scratch = torch.optim.SGD([torch.zeros(1)], lr=1.0)  # its lambdas hold the length; they take no optimizer state
+    template = build_scheduler(scratch, name, total_steps, 0.0, warmup, kwargs)
+    inner.lr_lambdas = [template.lr_lambdas[0]] * len(inner.lr_lambdas)
 
 
 def _check_every_step(scheduler, flags: str, total: int) -> None:

@@ -82,6 +82,13 @@ class MetricsLogger:
         self.meter.start()
         self.timer.start()
 
+    def resize(self, total_steps: int) -> None:
+        """The run's last step moved (--max-time): the last log row and the progress bar end there."""
+        self.total_steps = total_steps
+        if (bar := getattr(self, "bar", None)) is not None:
+            bar.total = total_steps
+            bar.refresh()
+
     @contextlib.contextmanager
     def paused(self):
         """Evaluation and saving are not training time."""

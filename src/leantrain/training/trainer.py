@@ -281,7 +281,7 @@ class Trainer:
     def _build_optimization(self) -> None:
         """Optimizer and schedule, Accelerate's placement, FLOP counting, compile and local SGD."""
         from leantrain.model.optimizers import build_optimizer, describe_split
-        from leantrain.model.schedules import build_scheduler
+        from leantrain.model.schedules import build_scheduler, warmup_length
         from leantrain.parallel.local_sgd import LocalSGD
 
         cfg = self.cfg
@@ -292,6 +292,7 @@ class Trainer:
         scheduler = build_scheduler(
             optimizer, schedule, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
         )
+        self.warmup = warmup_length(self.total_steps, cfg.warmup_ratio, cfg.warmup_steps)  # kept if --max-time resizes
         if self.sharded:  # the model is FSDP2's already: Accelerate would wrap it in DDP
             self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
                 optimizer, self.train_loader, self.eval_loader, scheduler
@@ -389,6 +390,7 @@ class Trainer:
             self.plan.write(self.staging)  # plan.json and plan.md: what was predicted, and why this configuration
         self.resume_rng: dict | None = None  # set by a resume, applied just before the loop starts
         history = self._resume(log_path) if self.resume_from is not None else []
+        self.time_budget = self._time_budget()
         self.checkpointer.warn_if_short_of_space(self.model, self._final_model_bytes())
         self.metrics_log = self._open_log(log_path)
         self.logger = MetricsLogger(
@@ -616,6 +618,7 @@ class Trainer:
                         if not self.train_step(batches):
                             continue  # out of memory (--auto): the step is redone with smaller micro-batches
                         self.profiler.after_step(state.step)
+                        self._size_to_the_time()
                         self._govern_threads()
                         new_best = self._maybe_evaluate(last=state.step >= self.total_steps)
                         saved = self.checkpointer.should_save(state.step, new_best)
@@ -635,6 +638,49 @@ class Trainer:
             logger.meter.pause()
             logger.bar.close()
             self.profiler.close()
+
+    def _time_budget(self):
+        """--max-time: what sizes the run at the end of its warm-up. A run resumed past that point keeps the size its
+        checkpoint recorded (with --max-time still given: without it, its flags say how long it goes on)."""
+        from leantrain.training.time_budget import TimeBudget
+
+        sized, seconds = self.state.sized_steps, self.cfg.max_time_seconds
+        if sized is not None and seconds is not None:
+            self._resize(sized)
+            return None
+        self.state.sized_steps = None
+        return TimeBudget(seconds, self.total_steps, self.warmup, self.state.step) if seconds is not None else None
+
+    def _size_to_the_time(self) -> None:
+        budget = self.time_budget
+        if budget is None or not budget.reads_time(self.state.step):
+            return
+        if self.accelerator.device.type == "cuda":
+            torch.cuda.synchronize()  # the host runs ahead of the device: its clock is read at two steps of a run
+        steps = budget.after_step(self.state.step, self.logger.elapsed())
+        if steps is None:
+            return
+        from leantrain.config.sections import default_job_expectation
+        from leantrain.parallel import broadcast_from_main
+
+        budget.sized_steps = steps = broadcast_from_main(steps)  # every process stops at the main process's step
+        self._resize(steps)
+        self.time_budget = None
+        examples = self.sampler.global_batch
+        assert budget.seconds_per_step is not None
+        expect = default_job_expectation(self.cfg, steps * examples, examples / budget.seconds_per_step)
+        self.say.info(budget.decision(self.state.step, examples) + expect)
+
+    def _resize(self, steps: int) -> None:
+        """The run's last step moved to `steps`: the schedule decays over them, the log and saves end there."""
+        from leantrain.model.schedules import resize
+
+        cfg = self.cfg
+        resize(self.scheduler, cfg.scheduler_or_default(), steps, self.warmup, cfg.scheduler_kwargs)
+        self.total_steps = self.state.sized_steps = steps
+        self.checkpointer.schedule(self.steps_per_epoch, steps)
+        if (logger := getattr(self, "logger", None)) is not None:
+            logger.resize(steps)
 
     def _log_the_stopped_window(self) -> None:
         """An early stop between log rows: the steps since the last row get theirs, so that metrics.jsonl, the
@@ -1015,6 +1061,8 @@ class Trainer:
         from leantrain.config import resolved_values
 
         cfg, acc = self.cfg, self.accelerator
+        if self.state.sized_steps is not None:  # --max-time: the run it trained, as flags that train it again
+            cfg = cfg.replace(max_steps=self.state.sized_steps, warmup_steps=self.warmup)
         metric = cfg.metric_for_best or self.state.best_metric
         from leantrain.tasks.registry import recorded_name
 
