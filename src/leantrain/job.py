@@ -109,7 +109,7 @@ def _say_the_default_job(cfg: TrainConfig) -> None:
     seconds = cfg.max_time_seconds
     size = (
         f"as many of {cfg.limit:,} rows of the embedded tweet corpus as this machine trains in {seconds:.0f} s "
-        "(--max-time: sized once its warm-up is timed)"
+        "(--max-time: sized from the pace of its own steps)"
         if seconds is not None
         else f"{cfg.limit:,} rows of the embedded tweet corpus"
     )

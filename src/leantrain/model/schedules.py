@@ -64,6 +64,22 @@ def resize(scheduler, name: str, total_steps: int, warmup: int, kwargs: str | No
     inner.lr_lambdas = [template.lr_lambdas[0]] * len(inner.lr_lambdas)
 
 
+def warp(scheduler, at: int, end: int, new_end: int) -> None:
+    """Stretch or squeeze the rest of `scheduler`'s schedule after step `at` so that what it reached at step `end`
+    it reaches at `new_end` (--max-time's re-sizing): the rate up to `at` is kept, the shape after it too."""
+    inner = getattr(scheduler, "scheduler", scheduler)
+    scale = (end - at) / max(1, new_end - at)
+
+    def stretched(rate):
+        # a plain function: LambdaLR saves a callable object's attributes in its state, a function's not at all
+        def warped(step: float) -> float:
+            return rate(step) if step <= at else rate(at + (step - at) * scale)
+
+        return warped
+
+    inner.lr_lambdas = [stretched(rate) for rate in inner.lr_lambdas]
+
+
 def _check_every_step(scheduler, flags: str, total: int) -> None:
     """The schedule's rate at every step of the run, now: a value its kwargs allow can fail later (a division by
     zero at the last step, after the training) or go negative (the run would climb the loss, and say nothing)."""

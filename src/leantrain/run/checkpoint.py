@@ -120,7 +120,7 @@ class TrainState:
     logged_sums: dict[str, float] = field(default_factory=dict)  # the task's `train_sums` since the last row
     nan_skipped_steps: int = 0
     elapsed_seconds: float = 0.0
-    sized_steps: int | None = None  # --max-time: the run's last step, as sized once at the end of its warm-up
+    time_budget: dict[str, Any] = field(default_factory=dict)  # --max-time's sizes and readings (TimeBudget.state)
     best_metric: str = "accuracy"
     best_value: float | None = None
     best_step: int | None = None

@@ -308,6 +308,8 @@ class MetricsLogger:
             "loss_scale": amp.loss_scale,  # fp16 only (None otherwise)
             "nan_skipped_steps": state.nan_skipped_steps,
             "resumed_from": extra["resumed_from"],
+            # --max-time: its seconds, each sizing as [step, last step], the readings
+            "time_budget": {"seconds": self.cfg.max_time_seconds, **state.time_budget} if self.cfg.max_time else None,
             "best_checkpoint": extra["best_checkpoint"],
             "train_examples": examples,
             "train_seconds": meter.seconds,

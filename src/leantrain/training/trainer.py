@@ -293,6 +293,7 @@ class Trainer:
             optimizer, schedule, self.total_steps, cfg.warmup_ratio, cfg.warmup_steps, cfg.scheduler_kwargs
         )
         self.warmup = warmup_length(self.total_steps, cfg.warmup_ratio, cfg.warmup_steps)  # kept if --max-time resizes
+        self.planned_steps = self.total_steps  # before --max-time sizes the run
         if self.sharded:  # the model is FSDP2's already: Accelerate would wrap it in DDP
             self.optimizer, self.train_loader, self.eval_loader, self.scheduler = self.accelerator.prepare(
                 optimizer, self.train_loader, self.eval_loader, scheduler
@@ -640,47 +641,54 @@ class Trainer:
             self.profiler.close()
 
     def _time_budget(self):
-        """--max-time: what sizes the run at the end of its warm-up. A run resumed past that point keeps the size its
-        checkpoint recorded (with --max-time still given: without it, its flags say how long it goes on)."""
+        """--max-time: what sizes the run from the pace of its steps. A run resumed with it keeps the sizes and the
+        readings its checkpoint recorded (without it, its flags say how long it goes on)."""
         from leantrain.training.time_budget import TimeBudget
 
-        sized, seconds = self.state.sized_steps, self.cfg.max_time_seconds
-        if sized is not None and seconds is not None:
-            self._resize(sized)
+        seconds = self.cfg.max_time_seconds
+        if seconds is None:
+            self.state.time_budget = {}
             return None
-        self.state.sized_steps = None
-        return TimeBudget(seconds, self.total_steps, self.warmup, self.state.step) if seconds is not None else None
+        budget = TimeBudget(seconds, self.planned_steps, self.warmup, self.state.step, self.state.time_budget)
+        for i, (at, last) in enumerate(budget.sizes):
+            self._resize(at, last, budget.sizes[i - 1][1] if i else None)
+        return budget
 
     def _size_to_the_time(self) -> None:
-        budget = self.time_budget
-        if budget is None or not budget.reads_time(self.state.step):
+        budget, step = self.time_budget, self.state.step
+        if budget is None or not budget.due(step):
             return
         if self.accelerator.device.type == "cuda":
-            torch.cuda.synchronize()  # the host runs ahead of the device: its clock is read at two steps of a run
-        steps = budget.after_step(self.state.step, self.logger.elapsed())
-        if steps is None:
-            return
-        from leantrain.config.sections import default_job_expectation
+            torch.cuda.synchronize()  # the host runs ahead of the device: its clock is read at a few steps of a run
         from leantrain.parallel import broadcast_from_main
 
-        budget.sized_steps = steps = broadcast_from_main(steps)  # every process stops at the main process's step
-        self._resize(steps)
-        self.time_budget = None
-        examples = self.sampler.global_batch
-        assert budget.seconds_per_step is not None
-        expect = default_job_expectation(self.cfg, steps * examples, examples / budget.seconds_per_step)
-        self.say.info(budget.decision(self.state.step, examples) + expect)
+        elapsed = self.logger.elapsed()
+        last = budget.apply(step, elapsed, broadcast_from_main(budget.propose(step, elapsed)))  # the main's clock
+        self.state.time_budget = budget.state()
+        if last is None:
+            return
+        self._resize(step, last, budget.sizes[-2][1] if len(budget.sizes) > 1 else None)
+        from leantrain.config.sections import default_job_expectation
 
-    def _resize(self, steps: int) -> None:
-        """The run's last step moved to `steps`: the schedule decays over them, the log and saves end there."""
-        from leantrain.model.schedules import resize
+        examples = self.sampler.global_batch
+        expect = default_job_expectation(self.cfg, last * examples, examples / budget.seconds_per_step)
+        self.say.info(budget.decision(step, elapsed, examples) + expect)
+
+    def _resize(self, at: int, last: int, was: int | None) -> None:
+        """The run's last step moved to `last` at step `at`: the schedule decays over the steps to it (the first
+        sizing, at the warm-up's end, rebuilds it over them; a later one stretches the rest of it from `was`), the
+        log and the saves end there."""
+        from leantrain.model.schedules import resize, warp
 
         cfg = self.cfg
-        resize(self.scheduler, cfg.scheduler_or_default(), steps, self.warmup, cfg.scheduler_kwargs)
-        self.total_steps = self.state.sized_steps = steps
-        self.checkpointer.schedule(self.steps_per_epoch, steps)
+        if was is None:
+            resize(self.scheduler, cfg.scheduler_or_default(), last, self.warmup, cfg.scheduler_kwargs)
+        else:
+            warp(self.scheduler, at, was, last)
+        self.total_steps = last
+        self.checkpointer.schedule(self.steps_per_epoch, last)
         if (logger := getattr(self, "logger", None)) is not None:
-            logger.resize(steps)
+            logger.resize(last)
 
     def _log_the_stopped_window(self) -> None:
         """An early stop between log rows: the steps since the last row get theirs, so that metrics.jsonl, the
@@ -1061,8 +1069,8 @@ class Trainer:
         from leantrain.config import resolved_values
 
         cfg, acc = self.cfg, self.accelerator
-        if self.state.sized_steps is not None:  # --max-time: the run it trained, as flags that train it again
-            cfg = cfg.replace(max_steps=self.state.sized_steps, warmup_steps=self.warmup)
+        if sizes := self.state.time_budget.get("sizes"):  # --max-time: the steps it trained, the warm-up that ran
+            cfg = cfg.replace(max_steps=sizes[-1][1], warmup_steps=self.warmup)
         metric = cfg.metric_for_best or self.state.best_metric
         from leantrain.tasks.registry import recorded_name
 
