@@ -235,6 +235,28 @@ def test_a_refusal_by_the_main_process_is_told_once_whether_the_others_refused_o
     assert not told({0: (1, 10), 1: (-15, 10)})
 
 
+def test_a_refusal_by_another_process_before_the_main_process_says_it_is_told_in_its_one_line(tmp_path):
+    """On a loaded machine process 1 can refuse the input and the launcher stop process 0 before it says it: the
+    refusal is told in one line as the main process's would be; a process stopped for another reason is not."""
+    from types import SimpleNamespace
+
+    from leantrain.parallel.agent import first_failure, refused_elsewhere, told_already
+
+    both = {0: SimpleNamespace(exitcode=2, timestamp=11, pid=0), 1: SimpleNamespace(exitcode=2, timestamp=10, pid=1)}
+    both_refused = (both, tmp_path, first_failure(both, tmp_path))
+
+    def line(failures: dict[int, tuple[int, int]]) -> str | None:
+        failures = {r: SimpleNamespace(exitcode=code, timestamp=t, pid=r) for r, (code, t) in failures.items()}
+        return refused_elsewhere(failures, tmp_path, first_failure(failures, tmp_path))
+
+    assert line({0: (-15, 11), 1: (2, 10)}) is None  # no log of process 1's: nothing to tell it with
+    (tmp_path / "process-1.log").write_text("leantrain train: process 1 of 2 failed: train.csv: no 'prompt' column\n")
+    assert line({0: (-15, 11), 1: (2, 10)}) == "process 1 of 2 failed: train.csv: no 'prompt' column"
+    assert told_already(*both_refused) and line({0: (2, 11), 1: (2, 10)})  # both: the main's line is on screen
+    assert line({0: (1, 11), 1: (2, 10)}) is None  # the main process failed on its own: told as two failures
+    assert line({0: (2, 10), 1: (-15, 11)}) is None  # the main process refused first: its line is on screen
+
+
 def test_a_process_that_lost_its_peer_says_so_and_keeps_its_traceback_in_the_log_folder(tmp_path):
     from leantrain.commands.launch import ProcessFailed, report_failure
 

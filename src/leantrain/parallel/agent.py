@@ -58,8 +58,12 @@ def main() -> int:
         except OSError:
             pass
         first = first_failure(exc.failures, logs)
-        if told_already(exc.failures, logs, first):
-            if fresh:  # the main process's line said all: the others' logs repeat it
+        told = told_already(exc.failures, logs, first)
+        line = None if told else refused_elsewhere(exc.failures, logs, first)
+        if line:  # the main process was stopped before it could say it
+            print(f"leantrain train: error: {line}", file=sys.stderr, flush=True)
+        if told or line:
+            if fresh:  # one line said all: the others' logs repeat it
                 _remove_logs(logs)
             return 2
         lines = describe_failures(exc.failures, logs, _world(module), first)
@@ -140,9 +144,21 @@ def first_failure(failures: dict[int, Any], logs: Path) -> int:
 def told_already(failures: dict[int, Any], logs: Path, first: int) -> bool:
     """The main process refused the input (exit 2: its one line is on the terminal), and every other process
     refused it too or was stopped for it (a slower one is stopped before it reads the input): nothing to add."""
-    if first != 0 or failures[0].exitcode != 2:
+    if 0 not in failures or failures[0].exitcode != 2:  # refused, whichever process refused first: on the screen
         return False
     return all(failures[r].exitcode == 2 or _consequence(failures, r, logs) for r in failures if r != 0)
+
+
+def refused_elsewhere(failures: dict[int, Any], logs: Path, first: int) -> str | None:
+    """Input that another process refused first (exit 2, its line in its log) while every other process refused it
+    too or was stopped for it, the main process before it could say so on the terminal (a loaded machine): that
+    line, to be told as the main process's would be; None otherwise."""
+    log = logs / f"process-{first}.log"
+    if first == 0 or failures[first].exitcode != 2 or not log.is_file():
+        return None
+    if not all(failures[r].exitcode == 2 or _consequence(failures, r, logs) for r in failures if r != first):
+        return None
+    return (log.read_text().strip().splitlines() or [""])[-1].removeprefix("leantrain train: ") or None
 
 
 def _consequence(failures: dict[int, Any], rank: int, logs: Path) -> bool:
