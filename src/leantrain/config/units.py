@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from leantrain.errors import ConfigError
 
 MIB = 2**20
@@ -24,20 +26,21 @@ _UNITS = {
 }
 
 
+def _amount(text: str | int | float, units: Mapping[str, float], flag: str, what: str, examples: str) -> float:
+    """A number with one of `units` after it ('' when bare), in the unit `units` maps to 1."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in units:
+        raise ConfigError(f"{flag}: cannot read {text!r} as {what}; write it like {examples}")
+    return float(m.group(1)) * units[m.group(2).lower()]
+
+
 def parse_memory(text: str | int | float, flag: str = "--memory") -> int:
     """Bytes in '8GiB', '512MiB', '8GB', '1.5 GiB', '123456' (bytes). GiB/MiB are powers of 2, GB/MB of 10."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
-    else:
-        import re
-
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ConfigError(
-                f"{flag}: cannot read {text!r} as an amount of memory; write it like 8GiB, 512MiB, 8GB or 2.5GB"
-            )
-        value, unit = float(m.group(1)), m.group(2).lower()
-    n = int(value * _UNITS[unit])
+    n = int(_amount(text, _UNITS, flag, "an amount of memory", "8GiB, 512MiB, 8GB or 2.5GB"))
     if n <= 0:
         raise ConfigError(f"{flag}: must be more than 0 bytes, got {text!r}")
     return n
@@ -55,16 +58,7 @@ _SECONDS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 
 def parse_duration(text: str | int | float, flag: str = "--max-time") -> float:
     """Seconds in '260', '260s', '4.5m', '1h' (a bare number is seconds)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
-    else:
-        import re
-
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _SECONDS:
-            raise ConfigError(f"{flag}: cannot read {text!r} as a time; write it like 260, 260s, 4.5m or 1h")
-        value, unit = float(m.group(1)), m.group(2).lower()
-    seconds = value * _SECONDS[unit]
+    seconds = _amount(text, _SECONDS, flag, "a time", "260, 260s, 4.5m or 1h")
     if not seconds > 0:
         raise ConfigError(f"{flag}: must be more than 0 seconds, got {text!r}")
     return seconds
