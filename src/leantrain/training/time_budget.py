@@ -62,19 +62,17 @@ class TimeBudget:
             return None, self.read_at, 0.0, step
         since = next((m for m in reversed(self.marks) if m[1] <= elapsed - PACE_OVER * self.seconds), self.marks[0])
         pace = max((elapsed - since[1]) / max(1, step - since[0]), 1e-9)
-        last: int | None = min(self.planned, max(step, step + math.floor(max(0.0, self.seconds - elapsed) / pace)))
-        if self.sizes:
-            was = self.sizes[-1][1]
-            if last == was or abs(last - was) * pace < SMALLEST_RESIZE * self.seconds:  # type: ignore[operator]
-                last = None
-        end = last if last is not None else self.sizes[-1][1]
+        fit = min(self.planned, max(step, step + math.floor(max(0.0, self.seconds - elapsed) / pace)))
+        was = self.sizes[-1][1] if self.sizes else None
+        stays = was is not None and abs(fit - was) * pace < SMALLEST_RESIZE * self.seconds
+        end = was if stays and was is not None else fit
         gap = 0.05 * self.seconds  # readings a twentieth of the time apart at least
         later = [
             step + math.ceil((t - elapsed) / pace)
             for t in (r * self.seconds for r in READ_AGAIN_AT)
             if t >= elapsed + gap
         ]
-        return last, sorted({s for s in later if step < s < end}), pace, since[0]
+        return None if stays else fit, sorted({s for s in later if step < s < end}), pace, since[0]
 
     def apply(self, step: int, elapsed: float, reading: tuple[int | None, list[int], float, int]) -> int | None:
         """Take a reading (the first process's, on every process); the run's new last step, or None."""
