@@ -1,9 +1,9 @@
 """The training config: one dataclass per section (`sections`), flat in `TrainConfig`; TrainingArguments names
-(`hf_names`); amounts of memory (`units`). Every field is a YAML key and a CLI flag."""
+(`hf_names`); amounts of memory and time (`units`). Every field is a YAML key and a CLI flag."""
 
 from leantrain.config.sections import (
     DATA_FORMATS,
-    DEFAULT_JOB_LIMIT,
+    DEFAULT_JOB_ROWS,
     SCHEDULERS,
     SECTIONS,
     TrainConfig,
@@ -17,7 +17,7 @@ from leantrain.config.sections import (
 
 __all__ = [
     "DATA_FORMATS",
-    "DEFAULT_JOB_LIMIT",
+    "DEFAULT_JOB_ROWS",
     "SCHEDULERS",
     "SECTIONS",
     "TrainConfig",

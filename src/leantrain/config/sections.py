@@ -39,8 +39,6 @@ DEFAULT_JOB_ROWS = 24_000
 #: runs, two seeds each on the rows alone and on the 24,000-row sample: benchmarks/results/quickstart.md); the last
 #: row is the first to reach 0.80
 DEFAULT_JOB_ACCURACY = ((8_000, 0.787), (13_000, 0.798), (16_000, 0.802))
-#: the default job's rows (kept under this name for callers that size other work by it)
-DEFAULT_JOB_LIMIT = DEFAULT_JOB_ROWS
 #: examples per micro-batch where --batch-size is left out
 DEFAULT_BATCH_SIZE = 32
 #: the default job's, where --batch-size is left out: twice the optimizer steps of 32 on the same rows, which on
