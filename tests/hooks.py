@@ -85,9 +85,23 @@ class OutOfMemoryAt(Hooks):
         return True
 
 
+class PacedClock(Hooks):
+    """This process's training clock as a test sets it: `paces[RANK]` seconds an optimizer step, no sleeping (read
+    by --max-time in place of `MetricsLogger.elapsed`), so that the processes of one job can disagree on the time."""
+
+    def __init__(self, paces: list[float]):
+        from leantrain.training.metrics_logger import MetricsLogger
+
+        self.pace, self.now = paces[int(os.environ.get("RANK", 0))], 0.0
+        MetricsLogger.elapsed = lambda logger: self.now  # type: ignore[method-assign]
+
+    def before_optimizer_step(self, step: int) -> None:
+        self.now = self.pace * step  # read after the step
+
+
 def from_environment() -> Hooks | None:
-    """The hooks LT_TEST_FAULT ("RANK:STEP:raise|kill"), LT_TEST_OOM ("STEP[:RANK]") or LT_TEST_STEP_SLEEP
-    (seconds) describe, or None."""
+    """The hooks LT_TEST_FAULT ("RANK:STEP:raise|kill"), LT_TEST_OOM ("STEP[:RANK]"), LT_TEST_STEP_SLEEP
+    (seconds) or LT_TEST_CLOCK (seconds a step on each rank: "1,3") describe, or None."""
     if spec := os.environ.get("LT_TEST_FAULT"):
         rank, step, mode = spec.split(":")
         return Fault(int(rank), int(step), mode)
@@ -96,6 +110,8 @@ def from_environment() -> Hooks | None:
         return OutOfMemoryAt(int(step), int(rank) if rank else None)
     if spec := os.environ.get("LT_TEST_STEP_SLEEP"):
         return SlowSteps(float(spec))
+    if spec := os.environ.get("LT_TEST_CLOCK"):
+        return PacedClock([float(x) for x in spec.split(",")])
     return None
 
 

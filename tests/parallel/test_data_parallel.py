@@ -173,6 +173,24 @@ def test_two_processes_with_static_shapes_equal_one_process(setup, baseline):
     assert max_diff(weights(out_dir), weights(baseline)) <= TOL
 
 
+def test_two_processes_whose_clocks_disagree_train_what_the_first_ones_reading_sizes(setup):
+    """--max-time on two processes whose clocks read 1 and 3 s a step (LT_TEST_CLOCK): alone, the first would size
+    the run at its warm-up's end to 30 of its 42 steps and the second to 15, and read again at other steps. Both
+    take the first process's readings, at the same steps, and train what one process given those steps does."""
+    root, base = setup
+    job = dict(base, epochs=6, warmup_steps=15)
+    one = train(TrainConfig(**job, batch_size=16, max_steps=30, output_dir=str(root / "timed-one"))).output_dir
+    out_dir = root / "timed-two"
+    rc, _, err = run_job(
+        ["-m", "leantrain", "train", *flags(**job, batch_size=8, max_time="30s", output_dir=out_dir, num_processes=2)],
+        **site_env(LT_TEST_CLOCK="1,3"),
+    )
+    assert rc == 0, err[-3000:]
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["time_budget"]["sizes"] == [[15, 30]] and metrics["optimizer_steps"] == 30, metrics["time_budget"]
+    assert max_diff(weights(out_dir), weights(one)) <= TOL
+
+
 def test_two_processes_with_class_weights_equal_one_process(setup):
     """A weighted step divides by the total class weight of the whole step across both ranks (issue #17): with
     weights 1 and 3 and label smoothing, two processes of 8 equal one of 16; dividing by each rank's own weight
