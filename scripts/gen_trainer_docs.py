@@ -21,8 +21,9 @@ The `TrainingArguments` names you know work as they are, on the command line in 
 (`--learning_rate 2e-5` or `--learning-rate 2e-5`) and as YAML keys (`learning_rate: 2.0e-5`). Each one sets a
 leantrain setting, shown below with its own flag. Giving a name together with the leantrain flag it stands for
 (`--lr 1e-4 --learning_rate 2e-5`) is refused in one line rather than guessed; a `TrainingArguments` field that
-leantrain has no setting for is refused with the reason listed here. `leantrain train --print-config` shows the
-config a command line or YAML file resolves to, without training.
+leantrain has no setting for is refused with the reason listed here, unless its value says what leantrain does
+anyway (the Trainer's default, mostly: `adam_beta1: 0.9`, `ddp_find_unused_parameters: false`), which is accepted.
+`leantrain train --print-config` shows the config a command line or YAML file resolves to, without training.
 
 ```yaml
 # a Trainer user's YAML trains as written (leantrain train --config trainer.yaml)
@@ -77,13 +78,13 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    from leantrain.config.hf_names import RENAMED, ROWS, flag
+    from leantrain.config.hf_names import RENAMED, ROWS, flag, shown
 
     lines = [INTRO, "## TrainingArguments fields", ""]
     lines += ["| TrainingArguments | leantrain | notes |", "|---|---|---|"]
     for row in ROWS:
         if row.field is None:
-            target = "no setting"
+            target = f"no setting; accepted: {_cell(shown(row.agrees))}" if row.agrees else "no setting"
         elif row.field == row.hf:
             target = f"`{flag(row.field)}` (the same name)"
         else:

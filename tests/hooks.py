@@ -25,7 +25,8 @@ def site_env(**variables: str) -> dict[str, str]:
 
 
 class Fault(Hooks):
-    """Fail on process `rank` at optimizer step `step`: raise an error, or SIGKILL the process (`mode` kill)."""
+    """Fail on process `rank` at optimizer step `step`: raise an error, SIGKILL the process (`mode` kill) or stop
+    answering for an hour (`mode` hang: its launcher ends it when another process gives up on it)."""
 
     def __init__(self, rank: int, step: int, mode: str):
         self.rank, self.step, self.mode = rank, step, mode
@@ -41,6 +42,8 @@ class Fault(Hooks):
         )
         if self.mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.mode == "hang":
+            time.sleep(3600)
         raise RuntimeError(f"injected fault at optimizer step {step}")
 
 
@@ -100,7 +103,7 @@ class PacedClock(Hooks):
 
 
 def from_environment() -> Hooks | None:
-    """The hooks LT_TEST_FAULT ("RANK:STEP:raise|kill"), LT_TEST_OOM ("STEP[:RANK]"), LT_TEST_STEP_SLEEP
+    """The hooks LT_TEST_FAULT ("RANK:STEP:raise|kill|hang"), LT_TEST_OOM ("STEP[:RANK]"), LT_TEST_STEP_SLEEP
     (seconds) or LT_TEST_CLOCK (seconds a step on each rank: "1,3") describe, or None."""
     if spec := os.environ.get("LT_TEST_FAULT"):
         rank, step, mode = spec.split(":")

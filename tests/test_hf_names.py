@@ -288,3 +288,81 @@ def test_group_by_length_is_its_batch_order_and_false_is_refused(capsys):
     assert "--batch-order must be one of shuffled, longest-first; got 'random'" in refused(
         capsys, "--batch-order", "random"
     )
+
+
+#: the Trainer's defaults that leantrain refuses, because it does otherwise: batches grouped by length, and a
+#: seq2seq evaluation that generates
+REFUSED_DEFAULTS = {"train_sampling_strategy", "sortish_sampler", "predict_with_generate"}
+
+
+def test_every_training_arguments_field_has_a_row_and_its_default_is_accepted_where_leantrain_agrees():
+    """Every field of the installed transformers' Seq2SeqTrainingArguments is in the table: translated, accepted
+    where its value says what leantrain does, or refused with the reason (a field a new transformers adds fails here
+    until it has its row). Each default alone, and all of them in one file as `TrainingArguments().to_dict()` writes
+    them, train as leantrain's own defaults would, except the few where leantrain does otherwise."""
+    import dataclasses
+
+    from transformers import Seq2SeqTrainingArguments
+
+    from leantrain.config.hf_names import BY_NAME
+
+    fields = dataclasses.fields(Seq2SeqTrainingArguments)
+    assert sorted(f.name for f in fields if f.name not in BY_NAME) == []
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    refused = set()
+    for name, value in defaults.items():
+        try:
+            TrainConfig.from_dict({name: value})
+        except ConfigError:
+            refused.add(name)
+    assert refused == REFUSED_DEFAULTS
+    dump = TrainConfig.from_dict({k: v for k, v in defaults.items() if k not in REFUSED_DEFAULTS})
+    # what the Trainer's defaults say: lr 5e-5, bf16 and fp16 false (full precision), a checkpoint every 500 steps
+    assert (dump.lr, dump.precision, dump.save_every, dump.eval_every) == (5e-5, "fp32", 500, None)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--adam_beta1", "0.9", "--adam-epsilon", "1e-8"],
+        ["--ddp_find_unused_parameters", "false", "--dataloader_drop_last", "false"],
+        ["--gradient_checkpointing_kwargs", '{"use_reentrant": false}', "--torch_compile_backend", "inductor"],
+        ["--do_train", "--do_eval", "false", "--log_on_each_node", "true", "--include_num_input_tokens_seen", "no"],
+    ],
+)
+def test_names_whose_values_say_what_leantrain_does_are_accepted_as_flags(argv):
+    assert flags_config(*argv) == flags_config()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--adam_beta1", "0.8"], "adam_beta1 (TrainingArguments) has no leantrain setting: AdamW keeps torch's "),
+        (["--adam_beta1", "0.8"], "(accepted: 0.9)"),
+        (["--logging_first_step"], "metrics.jsonl rows come every --log-every optimizer steps and at the last"),
+        (["--gradient_checkpointing_kwargs", '{"use_reentrant": true}'], 'accepted: null or {} or {"use_reentrant"'),
+        (["--tf32", "true"], "fp32 matrix products stay full fp32 on a GPU"),
+        (["--torch_compile_mode", "max-autotune"], "--compile picks the mode: reduce-overhead (CUDA graphs) on a GPU"),
+    ],
+)
+def test_other_values_of_those_names_are_refused_with_what_leantrain_does(capsys, argv, says):
+    assert says in refused(capsys, *argv)
+
+
+def test_trainer_names_for_leantrain_settings_set_them(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "use_liger_kernel: true\nenable_jit_checkpoint: true\nddp_timeout: 600\n"
+        "gradient_checkpointing_kwargs: {use_reentrant: false}\nadam_beta2: 0.999\ngradient_checkpointing: null\n"
+    )
+    cfg = TrainConfig.from_yaml(path)
+    assert (cfg.kernels, cfg.save_on_interrupt, cfg.collective_timeout_seconds) == ("liger", True, 600.0)
+    assert cfg.activation_checkpointing is False  # null: the Trainer's "not set"
+    assert flags_config("--ddp_timeout", "1800").collective_timeout_seconds == 1800.0
+    assert flags_config("--collective-timeout", "10m").collective_timeout_seconds == 600.0
+    with pytest.raises(ConfigError, match=r"--collective-timeout: cannot read 'soon' as a time"):
+        TrainConfig.from_dict({"collective_timeout": "soon"})

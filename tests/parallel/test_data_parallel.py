@@ -191,6 +191,24 @@ def test_two_processes_whose_clocks_disagree_train_what_the_first_ones_reading_s
     assert max_diff(weights(out_dir), weights(one)) <= TOL
 
 
+def test_a_process_that_stops_answering_ends_the_job_in_the_collective_timeout(setup):
+    """Process 1 hangs before its second optimizer step; process 0 waits for it at the next gradient all-reduce for
+    --collective-timeout (5 s; torch's default would be 30 minutes) and fails, which ends the job."""
+    import time
+
+    root, base = setup
+    started = time.monotonic()
+    rc, _, err = run_job(
+        ["-m", "leantrain", "train",
+         *flags(**base, batch_size=8, epochs=1, output_dir=root / "hung", num_processes=2, collective_timeout="5s")],
+        timeout=150, **site_env(LT_TEST_FAULT="1:2:hang"),
+    )  # fmt: skip
+    assert rc != 0 and "injecting a fault (hang) into process 1" in err, err[-3000:]
+    assert "process 0 of 2 gave up waiting for another process at a collective (--collective-timeout" in err, err
+    assert time.monotonic() - started < 120, err[-3000:]
+    assert not (root / "hung" / "model").exists()
+
+
 def test_two_processes_with_class_weights_equal_one_process(setup):
     """A weighted step divides by the total class weight of the whole step across both ranks (issue #17): with
     weights 1 and 3 and label smoothing, two processes of 8 equal one of 16; dividing by each rank's own weight

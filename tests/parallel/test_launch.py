@@ -264,6 +264,9 @@ def test_a_process_that_lost_its_peer_says_so_and_keeps_its_traceback_in_the_log
         raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:5287. This is typically caused ...")
     assert str(lost.value).startswith("process 0 of 2 stopped after another process failed: it lost its connection")
     assert "Traceback" in (tmp_path / "process-0.log").read_text() and lost.value.exit_code == 1
+    with pytest.raises(ProcessFailed) as waited, report_failure(0, 2, tmp_path):
+        raise RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation")
+    assert str(waited.value).startswith("process 0 of 2 gave up waiting for another process at a collective")
     failed = r"process 1 of 2 failed: KeyError: 'x'; its traceback is in"
     with pytest.raises(ProcessFailed, match=failed), report_failure(1, 2, tmp_path):
         raise KeyError("x")

@@ -25,6 +25,7 @@ checkpoint at the next step boundary and every one exits 128 + the signal's numb
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -250,7 +251,7 @@ def launch_ray(cfg: TrainConfig, holder: dict[str, str] | None = None) -> int:
     try:
         import ray
         from ray.train import RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
+        from ray.train.torch import TorchConfig, TorchTrainer
     except ImportError:
         raise ConfigError('--launcher ray needs Ray Train: pip install "leantrain[ray]" (or "ray[train]")') from None
     workers = cfg.ray_workers or cfg.num_processes or 1
@@ -261,8 +262,10 @@ def launch_ray(cfg: TrainConfig, holder: dict[str, str] | None = None) -> int:
         init["_temp_dir"] = os.environ.get("LEANTRAIN_RAY_TMPDIR") or None
     try:
         ray.init(**{k: v for k, v in init.items() if v is not None})
+        timeout = cfg.collective_timeout_seconds  # Ray starts the process group: its timeout is set here
         trainer = TorchTrainer(
             _ray_worker,
+            torch_config=TorchConfig(timeout_s=math.ceil(timeout)) if timeout is not None else None,
             train_loop_config={"config": cfg.to_dict(), "env": holder or {}},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cfg.use_gpu),
             run_config=RunConfig(name="leantrain", storage_path=storage),
@@ -304,7 +307,7 @@ def _first_lines(exc: BaseException, n: int = 6) -> str:
 
 # -- inside a launched process --------------------------------------------------------------------------
 
-from leantrain.parallel.agent import FAILURE_LOGS_ENV, PEER_LOST  # noqa: E402 - beside what uses them
+from leantrain.parallel.agent import COLLECTIVE_TIMEOUT, FAILURE_LOGS_ENV, PEER_LOST  # noqa: E402 - beside its use
 
 
 class ProcessFailed(LeantrainError):
@@ -349,6 +352,11 @@ class report_failure:
             raise ProcessFailed(
                 f"{who} stopped after another process failed: it lost its connection to it ({exc_type.__name__}: "
                 f"{lost}){kept}"
+            ) from None
+        if any(words in str(exc) for words in COLLECTIVE_TIMEOUT):
+            raise ProcessFailed(
+                f"{who} gave up waiting for another process at a collective (--collective-timeout, else torch's "
+                f"default): {exc_type.__name__}: {first}{kept}"
             ) from None
         raise ProcessFailed(f"{who} failed: {exc_type.__name__}: {first}{kept}") from None
 

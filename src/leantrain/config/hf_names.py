@@ -82,6 +82,9 @@ class Row:
     convert: Callable[[Any], Any] | None = None
     #: joint rows (eval/save strategies, bf16/fp16) are resolved together by `translate`, not one by one
     joint: bool = False
+    #: without a field: the values that agree with what leantrain does (accepted, nothing to set; the Trainer's
+    #: default among them where it does), any other refused with the note; None: every value refused
+    agrees: tuple[Any, ...] | None = None
 
 
 ROWS: tuple[Row, ...] = (
@@ -113,12 +116,14 @@ ROWS: tuple[Row, ...] = (
         None,
         "use --projection-rank, --projection-update-interval, --projection-scale (GaLore, APOLLO) or --muon-lr, "
         "--muon-momentum (Muon)",
+        agrees=(None, ""),
     ),
     Row(
         "optim_target_modules",
         None,
         "GaLore, APOLLO and Muon take every 2-D weight of the model's repeated blocks (printed at start); the "
         "embeddings and head step with AdamW",
+        agrees=(None,),
     ),
     Row("seed", "seed", "also seeds the data order, splits and head initialisation"),
     Row("output_dir", "output_dir", "default: runs/<timestamp>"),
@@ -160,8 +165,8 @@ ROWS: tuple[Row, ...] = (
     Row("fp16", "precision", "true: --precision fp16 (loss scaling on CPU too)", joint=True),
     Row("torch_compile", "compile", "compile time is reported apart", lambda v: to_bool("torch_compile", v)),
     Row("dataloader_num_workers", "dataloader_num_workers", "batches stay identical to 0 workers"),
-    Row("fsdp", None, "use --shard fsdp (FSDP2, one transformer layer per unit)"),
-    Row("deepspeed", None, "not supported: use --shard fsdp, or --auto to fit memory"),
+    Row("fsdp", None, "use --shard fsdp (FSDP2, one transformer layer per unit)", agrees=(None, "", False)),
+    Row("deepspeed", None, "not supported: use --shard fsdp, or --auto to fit memory", agrees=(None,)),
     Row(
         "group_by_length",
         "batch_order",
@@ -174,10 +179,30 @@ ROWS: tuple[Row, ...] = (
         "transformers 5's name for group_by_length: group_by_length is --batch-order longest-first",
         lambda v: _length_grouped("train_sampling_strategy", v, v == "group_by_length"),
     ),
-    Row("auto_find_batch_size", None, "use --auto: the planner picks the split and halves it on out-of-memory"),
-    Row("push_to_hub", None, "model/ is a save_pretrained folder with a model card: push it with `hf upload`"),
-    Row("hub_model_id", None, "see push_to_hub"),
-    Row("logging_dir", None, "metrics.jsonl lives in --output-dir, the trackers' files in OUTPUT_DIR/trackers"),
+    Row(
+        "auto_find_batch_size",
+        None,
+        "use --auto: the planner picks the split and halves it on out-of-memory",
+        agrees=(False,),
+    ),
+    Row(
+        "push_to_hub",
+        None,
+        "model/ is a save_pretrained folder with a model card: push it with `hf upload`",
+        agrees=(False,),
+    ),
+    Row("hub_model_id", None, "see push_to_hub", agrees=(None,)),
+    Row("hub_token", None, "see push_to_hub", agrees=(None,)),
+    Row("hub_private_repo", None, "see push_to_hub", agrees=(None,)),
+    Row("hub_strategy", None, "see push_to_hub", agrees=("every_save",)),
+    Row("hub_always_push", None, "see push_to_hub", agrees=(False,)),
+    Row("hub_revision", None, "see push_to_hub", agrees=(None,)),
+    Row(
+        "logging_dir",
+        None,
+        "metrics.jsonl lives in --output-dir, the trackers' files in OUTPUT_DIR/trackers",
+        agrees=(None,),
+    ),
     Row(
         "logging_strategy",
         None,
@@ -188,19 +213,41 @@ ROWS: tuple[Row, ...] = (
         "eval_accumulation_steps",
         None,
         "not needed: evaluation moves its per-example rows off the device batch by batch",
+        agrees=(None,),
     ),
     Row("evaluation_strategy", None, "the name before transformers 4.46: write eval_strategy"),
     Row("disable_tqdm", "progress", "true: --no-progress", lambda v: not to_bool("disable_tqdm", v)),
-    Row("adam_beta1", None, "AdamW keeps torch's defaults (betas 0.9, 0.999; eps 1e-8), as the Trainer's do"),
-    Row("adam_beta2", None, "see adam_beta1"),
-    Row("adam_epsilon", None, "see adam_beta1"),
-    Row("label_names", None, "leantrain finds the label column (or --label-column)"),
-    Row("remove_unused_columns", None, "leantrain reads only the columns it uses (--text-column, --label-column)"),
-    Row("use_cpu", None, "leantrain uses the GPU when there is one; CUDA_VISIBLE_DEVICES= hides it"),
-    Row("local_rank", None, "set by the launcher (--num-processes, accelerate launch, torchrun)"),
-    Row("do_train", None, "`leantrain train` trains; accepted as true", lambda v: _true("do_train", v)),
-    Row("do_eval", None, "leantrain always evaluates at the end; accepted as true", lambda v: _true("do_eval", v)),
-    Row("run_name", None, "the run is named by --output-dir"),
+    Row(
+        "adam_beta1",
+        None,
+        "AdamW keeps torch's defaults (betas 0.9, 0.999; eps 1e-8), as the Trainer's do",
+        agrees=(0.9,),
+    ),
+    Row("adam_beta2", None, "see adam_beta1", agrees=(0.999,)),
+    Row("adam_epsilon", None, "see adam_beta1", agrees=(1e-8,)),
+    Row("label_names", None, "leantrain finds the label column (or --label-column)", agrees=(None,)),
+    Row(
+        "remove_unused_columns",
+        None,
+        "leantrain reads only the columns it uses (--text-column, --label-column)",
+        agrees=(True,),
+    ),
+    Row(
+        "use_cpu",
+        None,
+        "leantrain uses the GPU when there is one; CUDA_VISIBLE_DEVICES= hides it",
+        agrees=(False,),
+    ),
+    Row("local_rank", None, "set by the launcher (--num-processes, accelerate launch, torchrun)", agrees=(-1,)),
+    Row(
+        "do_train",
+        None,
+        "read by scripts, not by the Trainer, nor by leantrain: `leantrain train` trains and evaluates",
+        agrees=(True, False),
+    ),
+    Row("do_eval", None, "see do_train", agrees=(True, False)),
+    Row("do_predict", None, "see do_train; `leantrain predict RUN --data FILE` predicts", agrees=(True, False)),
+    Row("run_name", None, "the run is named by --output-dir", agrees=(None,)),
     Row(
         "report_to",
         "report_to",
@@ -212,8 +259,8 @@ ROWS: tuple[Row, ...] = (
     Row(
         "predict_with_generate",
         None,
-        "seq2seq: evaluation always generates (--metrics loss evaluates without); accepted as true",
-        lambda v: _true("predict_with_generate", v),
+        "seq2seq: evaluation always generates (--metrics loss evaluates without)",
+        agrees=(True,),
     ),
     Row(
         "generation_max_length",
@@ -222,12 +269,244 @@ ROWS: tuple[Row, ...] = (
         _new_tokens,
     ),
     Row("generation_num_beams", "generation_num_beams", "seq2seq: 1 (the default) is greedy decoding"),
-    Row("sortish_sampler", None, "seq2seq: batches are always grouped by source length (see group_by_length)"),
+    Row(
+        "sortish_sampler",
+        None,
+        "seq2seq: batches are always grouped by source length (see group_by_length)",
+        agrees=(True,),
+    ),
     Row(
         "generation_config",
         None,
         "seq2seq: the model's own generation config is used, its length and beams set by --generation-max-new-tokens "
         "and --generation-num-beams",
+        agrees=(None,),
+    ),
+    # --- the rest of TrainingArguments: what leantrain does, and the values that say the same
+    Row(
+        "average_tokens_across_devices",
+        None,
+        "the loss is always divided by the examples (or tokens) of the whole optimizer step, across processes",
+        agrees=(True,),
+    ),
+    Row("bf16_full_eval", None, "evaluation runs in the run's --precision, as training does", agrees=(False,)),
+    Row("fp16_full_eval", None, "see bf16_full_eval", agrees=(False,)),
+    Row(
+        "tf32",
+        None,
+        "fp32 matrix products stay full fp32 on a GPU, torch's default; --precision bf16 is the fast path",
+        agrees=(None, False),
+    ),
+    Row("activation_checkpointing", "activation_checkpointing", "transformers 5's name for gradient_checkpointing"),
+    Row(
+        "activation_checkpointing_kwargs",
+        None,
+        "every layer is checkpointed, non-reentrant (use_reentrant false); every_n_layers has no setting",
+        agrees=(None, {}, {"use_reentrant": False}),
+    ),
+    Row(
+        "gradient_checkpointing_kwargs",
+        None,
+        "see activation_checkpointing_kwargs",
+        agrees=(None, {}, {"use_reentrant": False}),
+    ),
+    Row(
+        "torch_compile_backend",
+        None,
+        "--compile compiles with inductor, torch's default backend",
+        agrees=(None, "inductor"),
+    ),
+    Row(
+        "torch_compile_mode",
+        None,
+        "--compile picks the mode: reduce-overhead (CUDA graphs) on a GPU, torch's default on a CPU",
+        agrees=(None,),
+    ),
+    Row(
+        "use_liger_kernel",
+        "kernels",
+        "true: --kernels liger (Llama-family models on CUDA)",
+        lambda v: "liger" if to_bool("use_liger_kernel", v) else "none",
+    ),
+    Row(
+        "liger_kernel_config",
+        None,
+        "--kernels liger applies Liger's RMSNorm, RoPE and SwiGLU; its fused cross-entropy stays off (leantrain's "
+        "losses run the head in chunks)",
+        agrees=(None,),
+    ),
+    Row(
+        "use_cache",
+        None,
+        "training runs without the key-value cache, which saves nothing there; generating evaluations use it",
+        agrees=(False,),
+    ),
+    Row("neftune_noise_alpha", None, "NEFTune's noise on the embeddings is not implemented", agrees=(None,)),
+    Row(
+        "torch_empty_cache_steps",
+        None,
+        "the CUDA allocator keeps its cache; --auto halves the micro-batch on out-of-memory",
+        agrees=(None,),
+    ),
+    Row(
+        "logging_first_step",
+        None,
+        "metrics.jsonl rows come every --log-every optimizer steps and at the last",
+        agrees=(False,),
+    ),
+    Row(
+        "log_on_each_node",
+        None,
+        "leantrain's lines and logs come from the job's first process alone, on any number of machines",
+        agrees=(True, False),
+    ),
+    Row(
+        "logging_nan_inf_filter",
+        None,
+        "no non-finite loss reaches the log: --on-nan stops the run at it (saving the last good state) or skips the "
+        "step",
+        agrees=(True,),
+    ),
+    Row(
+        "include_num_input_tokens_seen",
+        None,
+        "metrics.jsonl rows give tokens per second (padding left out); no running count of tokens",
+        agrees=("no", False),
+    ),
+    Row(
+        "log_level",
+        None,
+        "leantrain prints its own lines; transformers' verbosity is TRANSFORMERS_VERBOSITY=info|warning|error",
+        agrees=("passive",),
+    ),
+    Row(
+        "log_level_replica",
+        None,
+        "processes other than the first print only their errors",
+        agrees=("warning", "passive"),
+    ),
+    Row(
+        "project",
+        None,
+        "Trackio's project: Trackio is not among --report-to's trackers (tensorboard, wandb, mlflow; wandb's "
+        "project is WANDB_PROJECT)",
+        agrees=("huggingface",),
+    ),
+    Row("trackio_space_id", None, "see project", agrees=(None,)),
+    Row("trackio_bucket_id", None, "see project", agrees=(None,)),
+    Row("trackio_static_space_id", None, "see project", agrees=(None,)),
+    Row("eval_delay", None, "the first evaluation comes at the first --eval-every step", agrees=(0,)),
+    Row(
+        "prediction_loss_only",
+        None,
+        "evaluations score the task's metrics and the loss; a seq2seq run's --metrics loss scores the loss alone",
+        agrees=(False,),
+    ),
+    Row(
+        "eval_on_start",
+        None,
+        "no evaluation before training: `leantrain evaluate MODEL --data FILE` scores a model as it is",
+        agrees=(False,),
+    ),
+    Row(
+        "eval_do_concat_batches",
+        None,
+        "evaluation keeps each example's row, batch after batch",
+        agrees=(True,),
+    ),
+    Row(
+        "eval_use_gather_object",
+        None,
+        "evaluation gathers each example's row once across processes, as tensors",
+        agrees=(False,),
+    ),
+    Row(
+        "include_for_metrics",
+        None,
+        "each task scores its own predictions and labels; there is no compute_metrics",
+        agrees=(None, []),
+    ),
+    Row("batch_eval_metrics", None, "scores are computed once, over every example's row", agrees=(False,)),
+    Row(
+        "save_only_model",
+        None,
+        "checkpoints hold the optimizer, schedule and random states for an exact resume; model/ the weights alone",
+        agrees=(False,),
+    ),
+    Row("save_on_each_node", None, "the job's first process writes every file", agrees=(False,)),
+    Row(
+        "enable_jit_checkpoint",
+        "save_on_interrupt",
+        "true: --save-on-interrupt (a checkpoint at the next step boundary on SIGTERM or Ctrl-C)",
+        lambda v: to_bool("enable_jit_checkpoint", v),
+    ),
+    Row(
+        "ignore_data_skip",
+        None,
+        "a resumed run takes up its data where it stopped without reading through it again: exact and at once",
+        agrees=(False,),
+    ),
+    Row(
+        "restore_callback_states_from_checkpoint",
+        None,
+        "leantrain has no callbacks: early stopping is a setting",
+        agrees=(False,),
+    ),
+    Row(
+        "full_determinism",
+        None,
+        "the same seed and settings give the same bits on a CPU by default; torch's deterministic algorithms for a "
+        "GPU have no setting",
+        agrees=(False,),
+    ),
+    Row("data_seed", None, "--seed also seeds the data order", agrees=(None,)),
+    Row(
+        "accelerator_config",
+        None,
+        "Accelerate's own settings come from `accelerate config` or `accelerate launch`",
+        agrees=(None,),
+    ),
+    Row(
+        "parallelism_config",
+        None,
+        "data parallel (--num-processes, --num-machines) and FSDP (--shard fsdp); no tensor or context parallelism",
+        agrees=(None,),
+    ),
+    Row("fsdp_config", None, "--shard fsdp wraps each transformer layer (FSDP2); nothing else to set", agrees=(None,)),
+    Row("dataloader_drop_last", None, "every example trains: a short last step is its own size", agrees=(False,)),
+    Row("dataloader_pin_memory", None, "batches are pinned where there is a GPU", agrees=(True,)),
+    Row(
+        "dataloader_persistent_workers",
+        None,
+        "--dataloader-num-workers' processes run with torch's defaults",
+        agrees=(False,),
+    ),
+    Row("dataloader_prefetch_factor", None, "see dataloader_persistent_workers", agrees=(None,)),
+    Row("dataloader_multiprocessing_context", None, "see dataloader_persistent_workers", agrees=(None,)),
+    Row("dataloader_in_order", None, "batches come in order, the same with workers as without", agrees=(True,)),
+    Row("length_column_name", None, "each row's length is taken when it is tokenized", agrees=("length",)),
+    Row(
+        "ddp_find_unused_parameters",
+        None,
+        "DistributedDataParallel keeps its defaults (every parameter that trains gets a gradient)",
+        agrees=(None, False),
+    ),
+    Row("ddp_bucket_cap_mb", None, "see ddp_find_unused_parameters", agrees=(None,)),
+    Row("ddp_broadcast_buffers", None, "see ddp_find_unused_parameters", agrees=(None, True)),
+    Row("ddp_static_graph", None, "see ddp_find_unused_parameters", agrees=(None, False)),
+    Row("ddp_backend", None, "Accelerate picks NCCL on GPUs and gloo on CPUs", agrees=(None,)),
+    Row(
+        "ddp_timeout",
+        "collective_timeout",
+        "seconds, as --collective-timeout reads a bare number (the Trainer's 1800 is 30 minutes)",
+        lambda v: str(v),
+    ),
+    Row("debug", None, "no debug features; --on-nan stops at a non-finite loss or gradient", agrees=("", None)),
+    Row(
+        "skip_memory_metrics",
+        None,
+        "peak memory is always in metrics.json (torch's counters: nothing slows)",
+        agrees=(True, False),
     ),
 )
 
@@ -241,15 +520,50 @@ BY_NAME = {r.hf: r for r in ROWS}
 _SEE_HELP = "; see `leantrain train --help`"
 #: the names that are aliases (different from the leantrain field they set), for the CLI's hidden flags
 ALIASES = tuple(r.hf for r in ROWS if r.field is not None and r.field != r.hf)
-#: accepted and ignored when true (no setting to change)
-_NO_OP = ("do_train", "do_eval", "predict_with_generate")
 #: accepted where they agree with what leantrain does (checked by `translate`), refused where they do not
 _CHECKED = ("greater_is_better", "logging_strategy")
 
 
-def _true(name: str, value: Any) -> None:
-    if not to_bool(name, value):
-        raise ConfigError(f"{name}: false has no leantrain meaning (`leantrain train` trains and evaluates)")
+def _agrees(row: Row, value: Any) -> bool:
+    """Whether `value` (from YAML, or a flag's text) is one of the values `row` accepts as what leantrain does."""
+    for agreed in row.agrees or ():
+        if agreed is None or isinstance(agreed, (list, dict)):
+            read = value
+            if isinstance(value, str) and value.strip().lower() in ("none", "null", "~", ""):
+                read = None
+            elif isinstance(value, str) and agreed is not None:
+                try:
+                    read = json.loads(value)
+                except ValueError:
+                    continue
+            if read == agreed or (agreed is None and read is None):
+                return True
+        elif isinstance(agreed, bool):
+            try:
+                if to_bool(row.hf, value) == agreed:
+                    return True
+            except ConfigError:
+                continue
+        elif isinstance(agreed, (int, float)):
+            try:
+                if not isinstance(value, bool) and float(value) == float(agreed):
+                    return True
+            except (TypeError, ValueError):
+                continue
+        elif str(value).strip().lower() == str(agreed).lower():
+            return True
+    return False
+
+
+def shown(values: tuple[Any, ...]) -> str:
+    """Agreeing values as a YAML file writes them: "true or false", "null", "[]"."""
+
+    def one(value: Any) -> str:
+        if value is None or isinstance(value, (bool, list, dict)):
+            return json.dumps(value)
+        return repr(value) if value == "" else str(value)
+
+    return " or ".join(one(v) for v in values)
 
 
 def _length_grouped(name: str, value: Any, grouped: bool) -> str:
@@ -275,8 +589,9 @@ def translate(values: dict[str, Any], source: str, known: Collection[str] | None
         row = BY_NAME.get(key)
         if key in RENAMED:
             refused.append(RENAMED[key])
-        elif row is not None and row.field is None and key not in _NO_OP and not row.joint:
-            refused.append(f"{key} (TrainingArguments) has no leantrain setting: {row.note}")
+        elif row is not None and row.field is None and not row.joint and not _agrees(row, values[key]):
+            accepted = f" (accepted: {shown(row.agrees)})" if row.agrees else ""
+            refused.append(f"{key} (TrainingArguments) has no leantrain setting: {row.note}{accepted}")
         elif row is None and known is not None and key not in known:
             refused.append(f"unknown key '{key}'{hint(key, sorted(known)) or ''}")
     if refused:
@@ -287,9 +602,8 @@ def translate(values: dict[str, Any], source: str, known: Collection[str] | None
         row = BY_NAME.get(key)
         if row is None:
             out.put(key, value, key)
-        elif key in _NO_OP:
-            assert row.convert is not None
-            row.convert(value)
+        elif value is None:
+            continue  # a TrainingArguments name left null: the Trainer's "not set", so leantrain's default
         elif not row.joint and row.field is not None:
             out.put(row.field, row.convert(value) if row.convert else value, key)
     _strategy(values, out, "eval", "eval_every")
@@ -356,7 +670,7 @@ def _logging(values: dict[str, Any], out: _Settings) -> None:
 def _greater_is_better(values: dict[str, Any], out: _Settings) -> None:
     """Accepted where it agrees with the direction leantrain knows for metric_for_best; false without a metric
     names the loss (the Trainer's own default pair)."""
-    if "greater_is_better" not in values:
+    if values.get("greater_is_better") is None:  # not given, or null: the Trainer's "not set"
         return
     from leantrain.tasks.scoring import lower_is_better
 
@@ -408,16 +722,12 @@ def hint(name: str, known: list[str]) -> str:
 
 def cli_kind(row: Row, field_kind: type | None) -> type:
     """The type a hidden alias flag parses its value as (bool: `--bf16` alone, or `--bf16 true`)."""
-    if row.hf in (
-        "bf16",
-        "fp16",
-        "do_train",
-        "do_eval",
-        "predict_with_generate",
-        "greater_is_better",
-        "group_by_length",
+    if row.hf in ("bf16", "fp16", "greater_is_better", "group_by_length") or (
+        row.agrees and all(isinstance(v, bool) for v in row.agrees)
     ):
         return bool
+    if row.agrees:
+        return str  # read by `translate`
     if row.hf.endswith("_strategy") or (row.convert is not None and field_kind is not bool):
         return str
     if row.hf.endswith("_steps") and row.joint:
@@ -426,5 +736,5 @@ def cli_kind(row: Row, field_kind: type | None) -> type:
 
 
 def cli_rows() -> tuple[Row, ...]:
-    """The rows that get a flag of their own: aliases and the no-op do_train/do_eval."""
-    return tuple(r for r in ROWS if (r.field is not None and r.field != r.hf) or r.hf in (*_NO_OP, *_CHECKED))
+    """The rows that get a flag of their own: aliases, and the names accepted where they agree with leantrain."""
+    return tuple(r for r in ROWS if (r.field is not None and r.field != r.hf) or r.agrees or r.hf in _CHECKED)

@@ -931,12 +931,32 @@ class ParallelConfig:
         default=None,
     )
     local_sgd_outer_momentum: float = _help("Local SGD outer optimizer momentum (Nesterov).", default=0.0)
+    collective_timeout: str | None = _help(
+        "How long a process waits for the others at a collective (gradients' all-reduce, a broadcast) before it "
+        "fails: 10m, 600, 1h (transformers: ddp_timeout, seconds). A process that died or hangs then ends the job "
+        "in that time instead of holding the others. Default: torch's (30 minutes with gloo, 10 with NCCL).",
+        default=None,
+        metadata_extra={"number_ok": True},  # YAML's `collective_timeout: 600` is seconds
+    )
 
     def __post_init__(self) -> None:
         _coerce_types(self)
         self._check()
 
+    @property
+    def collective_timeout_seconds(self) -> float | None:
+        """--collective-timeout in seconds (None: torch's default)."""
+        from leantrain.config.units import parse_duration
+
+        if self.collective_timeout is None:
+            return None
+        return parse_duration(self.collective_timeout, "--collective-timeout")
+
     def _check(self) -> None:
+        if self.collective_timeout is not None:
+            from leantrain.config.units import parse_duration
+
+            parse_duration(self.collective_timeout, "--collective-timeout")  # one line for 'ten minutes'
         _positive(self, "num_machines")
         _positive(self, "num_processes", "ray_workers", "main_process_port", "local_sgd_steps", optional=True)
         if not 0 <= self.machine_rank < self.num_machines:

@@ -123,13 +123,17 @@ def _not_faster(precision: str, device: str) -> str:
     return f"; {support.why}" if support is not None and support.supported and not support.fast else ""
 
 
-def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | None = None):
+def make_accelerator(
+    precision: str, shard: str = "none", log_with: list[str] | None = None, timeout_seconds: float | None = None
+):
     """One Accelerator per run. Mixed precision maps to Accelerate's autocast ('no' for fp32).
 
     shard="fsdp" shards parameters, gradients and optimizer state with FSDP2, one transformer layer per unit:
     on GPUs through Accelerate's FSDP plugin; on CPU processes the trainer shards the model itself
     (`parallel.sharding`) and this Accelerator places the rest. `log_with` names the experiment
     trackers (`--report-to`, started by `parallel.trackers.start_trackers` once the run's folder exists).
+    `timeout_seconds`: how long a collective waits (--collective-timeout), set where the processes first connect
+    (a process that has run a job before keeps its group, and the group's timeout).
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
@@ -156,6 +160,12 @@ def make_accelerator(precision: str, shard: str = "none", log_with: list[str] | 
         from accelerate import DataLoaderConfiguration
 
         kwargs["dataloader_config"] = DataLoaderConfiguration(non_blocking=True)
+    if timeout_seconds is not None:
+        from datetime import timedelta
+
+        from accelerate.utils import InitProcessGroupKwargs
+
+        kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_seconds))]
     return Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, cpu=cpu, **kwargs)
 
 

@@ -33,6 +33,8 @@ PEER_LOST = (
     "NCCL communicator was aborted",
     "Connection refused",
 )
+#: what a collective says when another process did not come in time (gloo, NCCL's watchdog): --collective-timeout
+COLLECTIVE_TIMEOUT = ("Timed out waiting", "Watchdog caught collective operation timeout")
 
 
 def main() -> int:

@@ -82,7 +82,9 @@ class Trainer:
         self.precision, self.precision_why = parallel.choose_precision(cfg.precision)
         if plan is not None:  # --auto's plan wrote its choice into --precision
             self.precision_why = "chosen by --auto's plan"
-        self.accelerator = accelerator = parallel.make_accelerator(self.precision, cfg.shard, self._trackers(cfg))
+        self.accelerator = accelerator = parallel.make_accelerator(
+            self.precision, cfg.shard, self._trackers(cfg), cfg.collective_timeout_seconds
+        )
         from leantrain.model import kernels
 
         kernels.check(cfg.kernels, accelerator.device.type, model_config)  # before any work
