@@ -775,3 +775,14 @@ def test_predictions_written_as_csv_hold_lists_and_entities_as_json(tmp_path):
         assert {k: json.loads(back[k]) for k in row} == row
     write_predictions([{"text": "hi", "labels": ["a", "b"]}], str(tmp_path / "m.csv"), None)
     assert pd.read_csv(tmp_path / "m.csv").iloc[0]["labels"] == "a|b"  # multi-label: joined, as before
+
+
+def test_a_grpo_run_given_trls_beta_is_told_it_is_kl_beta():
+    """TRL's GRPOConfig calls the KL penalty's weight `beta`; leantrain's --beta is DPO's and KTO's."""
+    from leantrain.config.sections import unread_message, unread_settings
+
+    unread = unread_settings(TrainConfig(task="grpo", reward="exact-match", beta=0.04), "grpo")
+    assert unread_message("grpo", unread) == (
+        "the grpo task does not read --beta (dpo, kto); leave it out (or choose their task with --task); grpo's "
+        "--kl-beta is what TRL's grpo trainer calls beta"
+    )

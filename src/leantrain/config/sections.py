@@ -1358,14 +1358,26 @@ def unread_settings(cfg: TrainConfig, task: str) -> dict[str, tuple[str, ...]]:
     }
 
 
+#: a setting another task reads, given to a task whose own setting TRL's trainer for it names alike
+NAMESAKES = {("grpo", "beta"): "kl_beta"}
+
+
 def unread_message(task: str, unread: dict[str, tuple[str, ...]]) -> str:
-    """One line naming the settings `task` does not read, grouped by the tasks that read them."""
+    """One line naming the settings `task` does not read, grouped by the tasks that read them (and, where TRL
+    calls this task's own setting by that name, which one it is)."""
     groups: dict[tuple[str, ...], list[str]] = {}
     for name, read_by in unread.items():
         groups.setdefault(read_by, []).append(_flag(name))
     named = ", ".join(f"{', '.join(flags)} ({', '.join(read_by)})" for read_by, flags in groups.items())
     them = "it" if len(unread) == 1 else "them"
-    return f"the {task} task does not read {named}; leave {them} out (or choose their task with --task)"
+    meant = [
+        f"; {task}'s {_flag(NAMESAKES[task, name])} is what TRL's {task} trainer calls {name}"
+        for name in unread
+        if (task, name) in NAMESAKES
+    ]
+    return f"the {task} task does not read {named}; leave {them} out (or choose their task with --task)" + "".join(
+        meant
+    )
 
 
 def field_help(cls: type = TrainConfig) -> dict[str, str]:
