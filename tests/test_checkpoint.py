@@ -366,6 +366,13 @@ def test_a_finished_run_is_not_resumed_and_overwrite_discards_its_checkpoints(jo
 # -- a changed config is refused ----------------------------------------------------------------------------------
 
 
+def test_how_long_processes_wait_for_each_other_may_change_on_resume(job):
+    whole = train(job("whole", save_every=2, max_steps=4, collective_timeout="5m"))
+    ckpt = str(step_dir(whole.output_dir, 2))
+    resumed = train(job("resumed", save_every=2, max_steps=4, collective_timeout="10m", resume=ckpt))
+    assert resumed.metrics["resumed_from"] == ckpt
+
+
 def test_resuming_with_a_result_changing_config_is_refused_naming_the_keys(job, sentiment_csv, tmp_path):
     data = tmp_path / "data.csv"
     shutil.copy(sentiment_csv, data)

@@ -73,6 +73,7 @@ RESUMABLE_CHANGES = frozenset(
         "main_process_ip",
         "main_process_port",
         "launcher",  # the number of processes itself is checked as a fact
+        "collective_timeout",  # how long processes wait for each other, not what they compute
         "log",
         "report",
         "save_on_interrupt",
