@@ -362,6 +362,7 @@ def test_trainer_names_for_leantrain_settings_set_them(tmp_path):
     cfg = TrainConfig.from_yaml(path)
     assert (cfg.kernels, cfg.save_on_interrupt, cfg.collective_timeout_seconds) == ("liger", True, 600.0)
     assert cfg.activation_checkpointing is False  # null: the Trainer's "not set"
+    assert TrainConfig.from_dict({"adam_beta1": None, "evaluation_strategy": None}) == TrainConfig()
     assert flags_config("--ddp_timeout", "1800").collective_timeout_seconds == 1800.0
     assert flags_config("--collective-timeout", "10m").collective_timeout_seconds == 600.0
     with pytest.raises(ConfigError, match=r"--collective-timeout: cannot read 'soon' as a time"):

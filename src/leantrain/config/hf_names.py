@@ -590,6 +590,8 @@ def translate(values: dict[str, Any], source: str, known: Collection[str] | None
         if key in RENAMED:
             refused.append(RENAMED[key])
         elif row is not None and row.field is None and not row.joint and not _agrees(row, values[key]):
+            if values[key] is None:  # null: the Trainer's "not set"
+                continue
             accepted = f" (accepted: {shown(row.agrees)})" if row.agrees else ""
             refused.append(f"{key} (TrainingArguments) has no leantrain setting: {row.note}{accepted}")
         elif row is None and known is not None and key not in known:
