@@ -347,6 +347,7 @@ def test_names_whose_values_say_what_leantrain_does_are_accepted_as_flags(argv):
         (["--gradient_checkpointing_kwargs", '{"use_reentrant": true}'], 'accepted: null or {} or {"use_reentrant"'),
         (["--tf32", "true"], "fp32 matrix products stay full fp32 on a GPU"),
         (["--torch_compile_mode", "max-autotune"], "--compile picks the mode: reduce-overhead (CUDA graphs) on a GPU"),
+        (["--hub_model_id", "me/model"], "see push_to_hub (model/ is a save_pretrained folder with a model card"),
     ],
 )
 def test_other_values_of_those_names_are_refused_with_what_leantrain_does(capsys, argv, says):

@@ -555,6 +555,12 @@ def _agrees(row: Row, value: Any) -> bool:
     return False
 
 
+def _note(row: Row) -> str:
+    """The row's note, with the note it points to where it says "see NAME" (the terminal has no table to look in)."""
+    named = BY_NAME.get(row.note.removeprefix("see ").split(";")[0]) if row.note.startswith("see ") else None
+    return row.note if named is None else f"{row.note} ({named.note})"
+
+
 def shown(values: tuple[Any, ...]) -> str:
     """Agreeing values as a YAML file writes them: "true or false", "null", "[]"."""
 
@@ -593,7 +599,7 @@ def translate(values: dict[str, Any], source: str, known: Collection[str] | None
             if values[key] is None:  # null: the Trainer's "not set"
                 continue
             accepted = f" (accepted: {shown(row.agrees)})" if row.agrees else ""
-            refused.append(f"{key} (TrainingArguments) has no leantrain setting: {row.note}{accepted}")
+            refused.append(f"{key} (TrainingArguments) has no leantrain setting: {_note(row)}{accepted}")
         elif row is None and known is not None and key not in known:
             refused.append(f"unknown key '{key}'{hint(key, sorted(known)) or ''}")
     if refused:
@@ -710,7 +716,7 @@ def hint(name: str, known: list[str]) -> str:
     as_flag = name.startswith("-")
     key = name.lstrip("-").replace("-", "_")
     if key in BY_NAME and BY_NAME[key].field is None:
-        return f": {key} (TrainingArguments) has no leantrain setting: {BY_NAME[key].note}"
+        return f": {key} (TrainingArguments) has no leantrain setting: {_note(BY_NAME[key])}"
     near = difflib.get_close_matches(key, [r.hf for r in ROWS if r.field is not None], n=1, cutoff=0.8)
     if near:
         return f"; did you mean {flag(near[0]) if as_flag else repr(near[0])}?"
