@@ -365,6 +365,11 @@ def test_trainer_names_for_leantrain_settings_set_them(tmp_path):
     assert cfg.activation_checkpointing is False  # null: the Trainer's "not set"
     assert TrainConfig.from_dict({"adam_beta1": None, "evaluation_strategy": None}) == TrainConfig()
     assert flags_config("--ddp_timeout", "1800").collective_timeout_seconds == 1800.0
+    trl = flags_config(
+        "--num_iterations", "2", "--epsilon", "0.1", "--epsilon-high", "0.3", "--precompute-ref-log-probs"
+    )
+    assert (trl.iterations_per_generation, trl.clip_epsilon, trl.clip_epsilon_high) == (2, 0.1, 0.3)
+    assert trl.precompute_reference is True
     assert flags_config("--collective-timeout", "10m").collective_timeout_seconds == 600.0
     with pytest.raises(ConfigError, match=r"--collective-timeout: cannot read 'soon' as a time"):
         TrainConfig.from_dict({"collective_timeout": "soon"})

@@ -1,4 +1,5 @@
-"""Hugging Face `TrainingArguments` names: ONE table, read by the CLI, the YAML loader and the docs.
+"""Hugging Face `TrainingArguments` names (and the few of TRL's configs that mean one setting in every task): ONE
+table, read by the CLI, the YAML loader and the docs.
 
 A Trainer user's habits carry over: `--learning_rate 2e-5` (or `--learning-rate`), `bf16: true` or
 `eval_strategy: epoch` in a YAML file set the leantrain field they mean. A name given together with the leantrain
@@ -282,6 +283,12 @@ ROWS: tuple[Row, ...] = (
         "and --generation-num-beams",
         agrees=(None,),
     ),
+    # --- TRL's configs: the names that mean one setting in every task (beta and loss_type do not: DPO's are
+    # --beta and --preference-loss, GRPO's --kl-beta and its loss's normalisation)
+    Row("precompute_ref_log_probs", "precompute_reference", "TRL's DPOConfig: the reference's log-probabilities once"),
+    Row("num_iterations", "iterations_per_generation", "TRL's GRPOConfig: optimizer steps a generation is reused"),
+    Row("epsilon", "clip_epsilon", "TRL's GRPOConfig: the policy ratio's lower clip"),
+    Row("epsilon_high", "clip_epsilon_high", "TRL's GRPOConfig: the policy ratio's upper clip"),
     # --- the rest of TrainingArguments: what leantrain does, and the values that say the same
     Row(
         "average_tokens_across_devices",
