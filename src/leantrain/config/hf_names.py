@@ -506,7 +506,7 @@ ROWS: tuple[Row, ...] = (
         "ddp_timeout",
         "collective_timeout",
         "seconds, as --collective-timeout reads a bare number (the Trainer's 1800 is 30 minutes)",
-        lambda v: str(v),
+        str,
     ),
     Row("debug", None, "no debug features; --on-nan stops at a non-finite loss or gradient", agrees=("", None)),
     Row(
@@ -532,7 +532,10 @@ _CHECKED = ("greater_is_better", "logging_strategy")
 
 
 def _agrees(row: Row, value: Any) -> bool:
-    """Whether `value` (from YAML, or a flag's text) is one of the values `row` accepts as what leantrain does."""
+    """Whether `value` (from YAML, or a flag's text) is one of the values `row` accepts as what leantrain does; null
+    always is (the Trainer's "not set")."""
+    if value is None:
+        return True
     for agreed in row.agrees or ():
         if agreed is None or isinstance(agreed, (list, dict)):
             read = value
@@ -543,7 +546,7 @@ def _agrees(row: Row, value: Any) -> bool:
                     read = json.loads(value)
                 except ValueError:
                     continue
-            if read == agreed or (agreed is None and read is None):
+            if read == agreed:
                 return True
         elif isinstance(agreed, bool):
             try:
@@ -603,8 +606,6 @@ def translate(values: dict[str, Any], source: str, known: Collection[str] | None
         if key in RENAMED:
             refused.append(RENAMED[key])
         elif row is not None and row.field is None and not row.joint and not _agrees(row, values[key]):
-            if values[key] is None:  # null: the Trainer's "not set"
-                continue
             accepted = f" (accepted: {shown(row.agrees)})" if row.agrees else ""
             refused.append(f"{key} (TrainingArguments) has no leantrain setting: {_note(row)}{accepted}")
         elif row is None and known is not None and key not in known:
