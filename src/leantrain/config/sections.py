@@ -1375,9 +1375,8 @@ def unread_message(task: str, unread: dict[str, tuple[str, ...]]) -> str:
         for name in unread
         if (task, name) in NAMESAKES
     ]
-    return f"the {task} task does not read {named}; leave {them} out (or choose their task with --task)" + "".join(
-        meant
-    )
+    said = f"the {task} task does not read {named}; leave {them} out (or choose their task with --task)"
+    return said + "".join(meant)
 
 
 def field_help(cls: type = TrainConfig) -> dict[str, str]:
