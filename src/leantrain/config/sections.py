@@ -953,10 +953,7 @@ class ParallelConfig:
         return parse_duration(self.collective_timeout, "--collective-timeout")
 
     def _check(self) -> None:
-        if self.collective_timeout is not None:
-            from leantrain.config.units import parse_duration
-
-            parse_duration(self.collective_timeout, "--collective-timeout")  # one line for 'ten minutes'
+        _ = self.collective_timeout_seconds  # one line for 'ten minutes'
         _positive(self, "num_machines")
         _positive(self, "num_processes", "ray_workers", "main_process_port", "local_sgd_steps", optional=True)
         if not 0 <= self.machine_rank < self.num_machines:
