@@ -320,6 +320,39 @@ def test_qlora_resumes_exactly_and_publishes_the_adapter_merged_into_the_dequant
     assert diff <= (1e-5 if bits == "4bit" else 2e-3), diff
 
 
+@pytest.mark.parametrize("bits", ["4bit", "8bit"])
+def test_a_base_to_quantize_loads_as_stored_and_what_trains_is_fp32(tiny_model_dir, tmp_path, bits, job, monkeypatch):
+    """A bf16 checkpoint (most causal LMs on the Hub) is quantized from its bf16 weights, so loading it costs its bf16
+    size, not the fp32 copy every other run loads; what stays unquantized (embeddings, norms, the head, the
+    adapters) is fp32, as without --quantize."""
+    pytest.importorskip("bitsandbytes")
+    from types import SimpleNamespace
+
+    from transformers import AutoModel, AutoTokenizer
+
+    from leantrain.model import loading, lora
+
+    folder = tmp_path / "bf16"
+    AutoModel.from_pretrained(tiny_model_dir).to(torch.bfloat16).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    with loading.weights_as_stored():
+        model = loading.load_for_classification(str(folder), ["neg", "pos"])
+    assert next(model.bert.parameters()).dtype == torch.bfloat16
+    assert next(loading.load_for_classification(str(folder), ["neg", "pos"]).bert.parameters()).dtype == torch.float32
+    cfg = SimpleNamespace(lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="auto", quantize=bits)
+    model = lora.apply(model, cfg, torch.device("cpu"))
+    assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {torch.float32}
+    assert {p.dtype for p in model.parameters() if not p.is_floating_point()} == {
+        torch.uint8 if bits == "4bit" else torch.int8
+    }
+    # a run does the same: its base reaches the quantizer in bf16, and it trains
+    quantized = []
+    quantize_base = lora.quantize_base
+    monkeypatch.setattr(lora, "quantize_base", lambda m, *a: quantized.append(m.dtype) or quantize_base(m, *a))
+    train(job(model=str(folder), quantize=bits, max_steps=2))
+    assert quantized == [torch.bfloat16]
+
+
 # -- the planner -------------------------------------------------------------------------------------------------
 
 

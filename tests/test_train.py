@@ -83,6 +83,26 @@ def test_train_writes_a_shippable_run(job, capsys):
     ]
 
 
+def test_a_checkpoint_stored_in_bf16_trains_in_fp32_as_its_weights_upcast(job, tiny_model_dir, tmp_path):
+    """Most causal LMs on the Hub are stored in bf16, and transformers 5 loads a checkpoint in the dtype it was saved
+    in. Its weights train in fp32 (the optimizer's master weights; --precision sets the compute): a bf16 checkpoint
+    trains exactly as the same weights stored in fp32, and publishes fp32."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(tiny_model_dir).to(torch.bfloat16)
+    published = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        folder = tmp_path / str(dtype)
+        model.to(dtype).save_pretrained(folder)  # bf16 to fp32 is exact: the same weights, stored two ways
+        AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+        run = job(model=str(folder), output_dir=str(tmp_path / f"run-{dtype}"), optimizer="adamw", max_steps=3)
+        published[dtype] = load_file(train(run).output_dir / "model" / "model.safetensors")
+    assert {t.dtype for t in published[torch.bfloat16].values()} == {torch.float32}
+    assert all(torch.equal(published[torch.bfloat16][k], v) for k, v in published[torch.float32].items())
+
+
 def test_a_run_is_repeatable_with_the_same_seed(job, tmp_path):
     a = train(job(output_dir=str(tmp_path / "a"))).metrics
     b = train(job(output_dir=str(tmp_path / "b"))).metrics

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,23 @@ EMBEDDED_MODEL = "embedded:all-MiniLM-L6-v2"
 #: what every from_pretrained here is given. transformers 5.25 swaps layers for Hub kernels by default: a download
 #: at load time (the Hub may be out of reach), other layers than the ones the loss equivalences are tested on, and
 #: a model that no longer copies to the meta device (the FLOP count). leantrain trains the architecture as written.
-PRETRAINED: dict[str, object] = {"use_kernels": False}
+#: And transformers 5 loads a checkpoint in the dtype it was stored in (most causal LMs on the Hub: bf16): the
+#: weights are the optimizer's master weights, so they load in fp32 whatever the file holds; --precision sets the
+#: compute (bf16 master weights lose updates below their resolution, and AdamW's fused step refuses them).
+PRETRAINED: dict[str, object] = {"use_kernels": False, "dtype": "float32"}
+#: the dtype weights load in: fp32, or as stored within `weights_as_stored` (a base about to be quantized)
+_WEIGHTS_DTYPE: contextvars.ContextVar[str] = contextvars.ContextVar("weights_dtype", default="float32")
+
+
+@contextlib.contextmanager
+def weights_as_stored():
+    """Within: checkpoints load in the dtype they were stored in. --quantize quantizes the frozen base from them, so a
+    bf16 checkpoint's load peak is its bf16 size, not twice that; `lora.apply` puts what stays unquantized in fp32."""
+    token = _WEIGHTS_DTYPE.set("auto")
+    try:
+        yield
+    finally:
+        _WEIGHTS_DTYPE.reset(token)
 
 
 def embedded_model_path() -> Path:
@@ -454,6 +471,10 @@ def load_for_causal_lm(name: str, config=None, trust_remote_code: bool = False):
     return weights_or_random(AutoModelForCausalLM, name, config, trust_remote_code, "a causal language model")
 
 
+def _pretrained() -> dict[str, object]:
+    return {**PRETRAINED, "dtype": _WEIGHTS_DTYPE.get()}
+
+
 def weights_or_random(
     auto_class, name: str, config, trust_remote_code: bool, what: str, new_head: bool = False, info: dict | None = None
 ):
@@ -472,14 +493,14 @@ def weights_or_random(
             model.config._name_or_path = name
             return model
         if not new_head:
-            return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code, **PRETRAINED)
+            return auto_class.from_pretrained(name, config=config, trust_remote_code=trust_remote_code, **_pretrained())
         model, loaded = auto_class.from_pretrained(
             name,
             config=config,
             trust_remote_code=trust_remote_code,
             ignore_mismatched_sizes=True,
             output_loading_info=True,
-            **PRETRAINED,
+            **_pretrained(),
         )
         # only the head is replaced: a body of other sizes is another model, refused as without new_head
         base = getattr(model, "base_model_prefix", "") or ""

@@ -224,6 +224,7 @@ def apply(
         assert device is not None  # (None: the planner's proxies, never quantized)
         check_quantization_runs(cfg.quantize, device)
         quantize_base(model.to(device), cfg.quantize, head, device)
+        model.float()  # what stays unquantized (embeddings, norms, head) in fp32, as loaded without --quantize
     config = LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,

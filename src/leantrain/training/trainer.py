@@ -147,7 +147,9 @@ class Trainer:
             self.say.info(note)
         if self.resume_from is not None:
             self.resume_from.check_matches({}, self.task.data_facts(self.data))
-        self.model = self.task.build_model(model_path, self.data)
+        # a base --quantize will quantize loads as stored (bf16: half the fp32 load peak); lora.apply casts the rest
+        with loading.weights_as_stored() if self.cfg.quantize else contextlib.nullcontext():
+            self.model = self.task.build_model(model_path, self.data)
         if self.cfg.dropout is not None:  # before the attention is chosen: SDPA or eager depends on its dropout
             from leantrain.model import dropout
 
