@@ -56,6 +56,31 @@ def test_plan_command_prints_the_table_and_writes_the_plan(tiny_model_dir, tmp_p
     assert (tmp_path / "p" / "plan.md").is_file()
 
 
+def test_plan_says_what_max_time_buys_at_the_measured_speed(
+    tiny_model_dir, sentiment_csv, tmp_path, capsys, monkeypatch
+):
+    """--max-time turns the recommended candidate's measured samples/s into steps and examples; unprobed, the plan's
+    speeds are relative and it says how to measure them."""
+    from leantrain.commands import bench
+
+    def run_job(name, over, base, steps, out_dir, say, timeout, env=None):  # a probe that measured 10 samples/s
+        metrics = {"steady_samples_per_second": 10.0, "peak_memory_over_baseline_bytes": 1000, "weights_bytes": 10}
+        return bench.BenchRow(name, over, metrics)
+
+    monkeypatch.setattr(bench, "run_job", run_job)
+    common = ["plan", "--model", str(tiny_model_dir), "--data", str(sentiment_csv), "--memory", "1GiB"]
+    common += ["--global-batch", "8", "--max-length", "32", "--cache-dir", str(tmp_path / "cache"), "--max-time", "1m"]
+    assert main([*common, "--probe", "--probe-top", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = int(out.split(" epochs of the ")[1].split(" training rows")[0].replace(",", ""))
+    assert (
+        "--max-time 1m: at the recommended candidate's measured 10.0 samples/s, about 75 optimizer steps of 8 " in out
+    )
+    assert f"(600 examples, {600 / rows:.2g} epochs of the {rows:,} training rows)" in out
+    assert main(common) == 0
+    assert "--max-time 1m: the speeds above are relative; --probe measures the candidates" in capsys.readouterr().out
+
+
 def test_plan_command_says_when_nothing_fits(tiny_model_dir, capsys):
     code = main(["plan", "--model", str(tiny_model_dir), "--memory", "8MiB", "--max-length", "64"])
     out = capsys.readouterr().out

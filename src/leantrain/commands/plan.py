@@ -69,9 +69,31 @@ def run_plan(cfg: TrainConfig, options: PlanOptions, job: dict[str, Any], say=pr
 
         root = Path(options.plan_dir) if options.plan_dir else Path(tempfile.mkdtemp(prefix="leantrain-probe-"))
         probe(plan, job, root / "probes", ProbeConfig(top=options.probe_top, steps=options.probe_steps), say=say)
+    plan.notes += time_note(cfg, plan, data)
     if options.plan_dir:
         paths = plan.write(Path(options.plan_dir))
     return plan, paths
+
+
+def time_note(cfg: TrainConfig, plan: Plan, data: Any) -> list[str]:
+    """What --max-time buys: the steps and examples at the recommended candidate's measured speed (the plan's own
+    speeds are relative, so without --probe it says how to find out)."""
+    if cfg.max_time is None:
+        return []
+    given = f"--max-time {cfg.max_time}"
+    c = plan.recommended
+    speed = (c.measured or {}).get("samples_per_second") if c is not None else None
+    if c is None or not speed:
+        return [f"{given}: the speeds above are relative; --probe measures the candidates and says what it buys"]
+    examples = speed * (cfg.max_time_seconds or 0.0)
+    batch = plan.request.global_batch
+    rows = len(data.train) if data is not None and hasattr(data.train, "__len__") else None
+    epochs = f", {examples / rows:.2g} epochs of the {rows:,} training rows" if rows else ""
+    return [
+        f"{given}: at the recommended candidate's measured {speed:.1f} samples/s, about {int(examples // batch):,} "
+        f"optimizer steps of {batch} ({examples:,.0f} examples{epochs}); start-up and evaluation not counted, and a "
+        "run with length-grouped batches pads less than the probes (every row at the planned length)"
+    ]
 
 
 def _replace(request, **changes):
