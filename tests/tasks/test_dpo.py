@@ -494,6 +494,7 @@ def test_static_shapes_pad_pairs_to_a_few_widths_and_change_nothing(run, packing
 
 
 @pytest.mark.slow  # compiles the tiny Llama's graphs: about a minute here
+@pytest.mark.no_cover  # coverage's tracer slows dynamo ~1.6x (tests/training/test_compile.py)
 def test_a_compiled_dpo_run_meets_a_few_widths_and_recompiles_at_most_for_the_short_batch(run):
     """With --compile, pairs of every length train on a few bucketed widths, compiled dynamic at once: no new graph
     for a new length after the warm-up (the epoch's short last batch, whose rows are not filled, may add one)."""

@@ -24,6 +24,7 @@ def run(dropout_model_dir, sentiment_csv, cache_dir, tmp_path):
 
 
 @pytest.mark.slow  # inductor compiles C++: 13.6-14.9 s alone, 108 s in the CI dry run of a0b384c (coverage, 2 workers)
+@pytest.mark.no_cover  # coverage's tracer slows dynamo's own Python ~1.6x (79 s against 48 alone, cold caches)
 def test_a_compiled_model_trains_like_the_eager_one(run, monkeypatch):
     # Inductor draws dropout masks from its own generator unless told to use eager's: only then can a compiled
     # run with dropout match an eager one, and only if the warm-up left the RNG where it found it.
@@ -55,6 +56,7 @@ def _trains_like_the_eager_one(run):
 
 
 @pytest.mark.slow  # compiles the tiny model two or more times: about 100 s here
+@pytest.mark.no_cover
 def test_a_step_that_recompiles_is_compile_time_not_training_time(run):
     """A new batch shape after the warm-up (dynamic padding gives every batch its own length) makes dynamo compile
     again inside the run: that step's time goes to compile_seconds and its work out of the throughput, so the
@@ -72,6 +74,7 @@ def test_a_step_that_recompiles_is_compile_time_not_training_time(run):
 
 
 @pytest.mark.slow  # compiles the tiny model's graphs once or twice: about 60 s here
+@pytest.mark.no_cover
 def test_a_compiled_run_with_dynamic_lengths_compiles_a_few_graphs_and_none_after_the_first_steps(run):
     """Lengths vary from batch to batch and the epoch's last micro-batch is short (216 training rows, batch 40: five
     full steps and one of 16): static shapes (on with --compile) pad lengths up to buckets and fill the short batch
@@ -88,6 +91,7 @@ def test_a_compiled_run_with_dynamic_lengths_compiles_a_few_graphs_and_none_afte
 
 
 @pytest.mark.slow  # three compiled runs (the later two on a warm cache): 71 s alone on an AVX2 EPYC
+@pytest.mark.no_cover
 def test_compiled_runs_and_a_compiled_resumption_give_the_same_bits(run):
     """The same seed and settings give the same bits under --compile too, and a resumed compiled run ends where
     the uninterrupted one does (docs/performance.md). Inductor's C++ code summed the embeddings' gradient rows
