@@ -20,7 +20,8 @@ read); do not edit.
 The `TrainingArguments` names you know work as they are, on the command line in either spelling
 (`--learning_rate 2e-5` or `--learning-rate 2e-5`) and as YAML keys (`learning_rate: 2.0e-5`). Each one sets a
 leantrain setting, shown below with its own flag. Giving a name together with the leantrain flag it stands for
-(`--lr 1e-4 --learning_rate 2e-5`) is refused in one line rather than guessed; a `TrainingArguments` field that
+(`--lr 1e-4 --learning_rate 2e-5`) is refused in one line rather than guessed (the same value twice is no
+question, and is accepted); a `TrainingArguments` field that
 leantrain has no setting for is refused with the reason listed here, unless its value says what leantrain does
 anyway (the Trainer's default, mostly: `adam_beta1: 0.9`, `ddp_find_unused_parameters: false`), which is accepted.
 `leantrain train --print-config` shows the config a command line or YAML file resolves to, without training.
@@ -73,6 +74,40 @@ losses, regression and multi-label are in [Metrics and losses](metrics-and-losse
 """
 
 
+TRL_INTRO = """\
+The fields TRL's `DPOConfig`, `KTOConfig`, `RewardConfig`, `SFTConfig` and `GRPOConfig` add to `TrainingArguments`
+work the same way, with `--task` naming the trainer (`dpo`, `kto`, `reward-model`, `sft`, `grpo`). Those
+leantrain shares by name are its own settings: `beta` (DPO, KTO), `max_length`, `label_smoothing` (robust DPO),
+`num_generations`, `max_completion_length`, `temperature`, `top_p`, `desirable_weight`, `undesirable_weight`,
+`packing`. One name means one thing, so GRPO's KL weight is `--kl-beta` (a `beta` given to `grpo` is refused with
+that name). TRL's GRPO counts completions in `per_device_train_batch_size` where leantrain's `--batch-size` counts
+prompts: given to `grpo`, it becomes `--batch-size` per_device_train_batch_size / num_generations. A file of a
+config's defaults (`DPOConfig().to_dict()`, its `*_token` fields masked as `<NAME>`) trains as TRL's defaults say,
+except where leantrain does otherwise: SFT's `assistant_only_loss: false` and `packing_strategy: bfd` (leantrain
+counts a chat's assistant tokens only and packs documents in their order), GRPO's `beta: 0.0`, and every trainer's
+`train_sampling_strategy` (batches are grouped by length); each is refused with what leantrain does.
+
+The `ModelConfig` and `ScriptArguments` that TRL's scripts (`trl sft`, `trl dpo`, ...) take beside it are in the
+table too, so a TRL script's command line trains as written:
+
+```bash
+leantrain train --model_name_or_path runs/sft --dataset_name pairs.jsonl --task dpo --use_peft \\
+  --lora_r 16 --lora_target_modules all-linear --learning_rate 5e-6 --beta 0.1
+```
+
+```yaml
+# TRL's DPO settings (leantrain train --config dpo.yaml)
+task: dpo
+model: runs/sft/model
+data: pairs.jsonl
+learning_rate: 1.0e-6
+beta: 0.1
+loss_type: [sigmoid, sft]   # --preference-loss sigmoid --sft-weight 0.2
+loss_weights: [1.0, 0.2]
+precompute_ref_log_probs: true
+```"""
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -80,16 +115,21 @@ def _cell(text: str) -> str:
 def render() -> str:
     from leantrain.config.hf_names import RENAMED, ROWS, flag, shown
 
-    lines = [INTRO, "## TrainingArguments fields", ""]
-    lines += ["| TrainingArguments | leantrain | notes |", "|---|---|---|"]
-    for row in ROWS:
-        if row.field is None:
-            target = f"no setting; accepted: {_cell(shown(row.agrees))}" if row.agrees else "no setting"
-        elif row.field == row.hf:
-            target = f"`{flag(row.field)}` (the same name)"
-        else:
-            target = f"`{flag(row.field)}` (alias `{flag(row.hf)}`)"
-        lines.append(f"| `{row.hf}` | {target} | {_cell(row.note)} |")
+    def table(rows: list, names: str) -> list[str]:
+        lines = [f"| {names} | leantrain | notes |", "|---|---|---|"]
+        for row in rows:
+            if row.field is None:
+                target = f"no setting; accepted: {_cell(shown(row.agrees))}" if row.agrees else "no setting"
+            elif row.field == row.hf:
+                target = f"`{flag(row.field)}` (the same name)"
+            else:
+                target = f"`{flag(row.field)}` (alias `{flag(row.hf)}`)"
+            lines.append(f"| `{row.hf}` | {target} | {_cell(row.note)} |")
+        return lines
+
+    trainer = [r for r in ROWS if r.source == "TrainingArguments"]
+    lines = [INTRO, "## TrainingArguments fields", "", *table(trainer, "TrainingArguments")]
+    lines += ["", "## TRL config fields", "", TRL_INTRO, "", *table([r for r in ROWS if r not in trainer], "TRL")]
     lines += ["", "## Renamed leantrain flags", ""]
     lines += [f"- `{flag(name)}`: {why.split(': ', 1)[1]}" for name, why in RENAMED.items()]
     return "\n".join(lines) + "\n"

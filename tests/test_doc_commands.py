@@ -267,7 +267,7 @@ def offline_argv(command: str, ws: Path, tiny: Path) -> list[str]:
             if isinstance(given.get("data"), list):  # a mixture: each source's shared paths made offline
                 out += [a for item in given["data"] for a in ("--data", _offline_source(item, ws, tiny))]
             out += ["--limit", "200"]
-        if "--model" not in out and "model" not in given:
+        if not {"--model", "--model_name_or_path"} & set(out) and "model" not in given:  # TRL scripts: its name
             out += ["--model", str(tiny)]
         out += ["--cache-dir", str(ws / "cache")]
         projecting = "--optimizer" in out and out[out.index("--optimizer") + 1] in ("galore-adamw", "apollo-adamw")

@@ -26,6 +26,17 @@ def refused(capsys, *argv: str) -> str:
     return err
 
 
+def refused_alone(values: dict, task: str | None = None) -> set[str]:
+    """The names of `values` that a config of that one name (with the task) refuses."""
+    refused = set()
+    for name, value in values.items():
+        try:
+            TrainConfig.from_dict({"task": task, name: value})
+        except ConfigError:
+            refused.add(name)
+    return refused
+
+
 def test_trainer_flag_names_set_the_leantrain_fields_in_either_spelling():
     cfg = flags_config(
         "--learning_rate", "2e-5",
@@ -313,12 +324,7 @@ def test_every_training_arguments_field_has_a_row_and_its_default_is_accepted_wh
         for f in fields
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     }
-    refused = set()
-    for name, value in defaults.items():
-        try:
-            TrainConfig.from_dict({name: value})
-        except ConfigError:
-            refused.add(name)
+    refused = refused_alone(defaults)
     assert refused == REFUSED_DEFAULTS
     dump = TrainConfig.from_dict({k: v for k, v in defaults.items() if k not in REFUSED_DEFAULTS})
     # what the Trainer's defaults say: lr 5e-5, bf16 and fp16 false (full precision), a checkpoint every 500 steps
@@ -373,3 +379,205 @@ def test_trainer_names_for_leantrain_settings_set_them(tmp_path):
     assert flags_config("--collective-timeout", "10m").collective_timeout_seconds == 600.0
     with pytest.raises(ConfigError, match=r"--collective-timeout: cannot read 'soon' as a time"):
         TrainConfig.from_dict({"collective_timeout": "soon"})
+
+
+#: TRL's configs, and the task each trains
+TRL_CONFIGS = {
+    "DPOConfig": "dpo",
+    "KTOConfig": "kto",
+    "RewardConfig": "reward",  # reward-model's other name
+    "SFTConfig": "sft",  # causal-lm's other name
+    "GRPOConfig": "grpo",
+}
+#: the defaults of each (beyond TrainingArguments' train_sampling_strategy) that leantrain refuses, because it does
+#: otherwise: a chat counts its assistant's tokens only, packing keeps the documents' order, and GRPO's beta is its
+#: KL weight (leantrain's --kl-beta; --beta is DPO's)
+TRL_REFUSED_DEFAULTS = {"SFTConfig": {"assistant_only_loss", "packing_strategy"}, "GRPOConfig": {"beta"}}
+
+
+@pytest.mark.parametrize("config", sorted(TRL_CONFIGS))
+def test_every_trl_config_field_has_a_row_and_its_defaults_train_where_leantrain_agrees(config):
+    """Every field of the installed TRL's config is a leantrain setting of the same name or in the table (a field a
+    new TRL adds fails here until it has its row). Each default alone with the config's task, and all of them in one
+    file as `DPOConfig().to_dict()` writes them, train as TRL's defaults say, except the few where leantrain does
+    otherwise; and the task reads every setting the file sets."""
+    import dataclasses
+
+    import trl
+
+    from leantrain.config.hf_names import BY_NAME
+    from leantrain.config.sections import unread_settings
+    from leantrain.tasks.registry import canonical
+
+    fields = dataclasses.fields(getattr(trl, config))
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert sorted(f.name for f in fields if f.name not in BY_NAME and f.name not in known) == []
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    task = TRL_CONFIGS[config]
+    refused = refused_alone(defaults, task)
+    assert refused == {"train_sampling_strategy"} | TRL_REFUSED_DEFAULTS.get(config, set())
+    dump = TrainConfig.from_dict({"task": task, **{k: v for k, v in defaults.items() if k not in refused}})
+    # TRL's own defaults, carried over: its learning rate, bf16 unless fp16 (leantrain's auto), the activations
+    # recomputed, every dropout off where its trainer turns dropout off
+    assert (dump.lr, dump.precision, dump.activation_checkpointing) == (defaults["learning_rate"], "auto", True)
+    assert dump.dropout == (0.0 if defaults.get("disable_dropout") else None)
+    assert unread_settings(dump, canonical(task)) == {}
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"loss_type": "sigmoid"}, {"preference_loss": "sigmoid", "sft_weight": 0.0}),
+        ({"loss_type": ["ipo"]}, {"preference_loss": "ipo"}),
+        ({"loss_type": ["hinge", "sft"], "loss_weights": [1.0, 0.3]}, {"preference_loss": "hinge", "sft_weight": 0.3}),
+        ({"loss_type": ["robust", "sft"]}, {"preference_loss": "robust", "sft_weight": 1.0}),
+        ({"loss_type": "dapo"}, {"preference_loss": "sigmoid"}),  # GRPO's default: leantrain's GRPO loss
+        ({"loss_type": "nll", "dataset_text_field": "body"}, {"text_column": "body"}),
+        ({"completion_only_loss": False}, {"train_on_prompt": True}),
+        ({"completion_only_loss": None, "assistant_only_loss": True}, {"train_on_prompt": False}),
+        ({"disable_dropout": True, "task": "grpo"}, {"dropout": 0.0}),
+        ({"disable_dropout": False, "task": "grpo", "shuffle_dataset": True}, {"dropout": None}),
+        ({"remove_unused_columns": False, "task": "grpo"}, {"task": "grpo"}),
+        ({"shuffle_dataset": False, "task": "causal-lm"}, {"task": "causal-lm"}),
+    ],
+)
+def test_trl_names_set_what_they_mean(given, says):
+    cfg = TrainConfig.from_dict(given)
+    assert {name: getattr(cfg, name) for name in says} == says
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"loss_type": "exo_pair"}, "loss_type exo_pair has no leantrain setting: leantrain computes DPO's sigmoid, "),
+        ({"loss_type": "grpo"}, "GRPO's dapo, KTO's kto and SFT's nll"),
+        ({"loss_type": ["sigmoid", "sft"], "loss_weights": [0.5, 1.0]}, "(weight 1, --preference-loss)"),
+        ({"loss_weights": [1.0, 0.2]}, "loss_weights weighs the losses of loss_type; give both"),
+        ({"disable_dropout": False, "task": "dpo"}, "dpo trains with every dropout off (as TRL's trainer for it"),
+        ({"shuffle_dataset": False, "task": "grpo"}, "shuffle_dataset false has no leantrain setting: grpo shuffles"),
+        ({"remove_unused_columns": False}, "grpo hands a row's others to reward functions"),
+        ({"use_vllm": True}, "use_vllm (TRL's GRPOConfig) has no leantrain setting: GRPO: completions are sampled"),
+        ({"vllm_mode": "server"}, "see use_vllm (GRPO: completions are sampled with transformers"),
+        ({"scale_rewards": "batch"}, "(accepted: group or true)"),
+        ({"task": "grpo", "beta": 0.0}, "grpo does not read it: its --kl-beta is what TRL's grpo trainer calls beta"),
+    ],
+)
+def test_trl_names_leantrain_does_otherwise_are_refused_with_what_it_does(given, says):
+    with pytest.raises(ConfigError) as refusal:
+        TrainConfig.from_dict(given)
+    assert says in str(refusal.value)
+
+
+def test_trl_names_read_the_task_from_another_source(tmp_path, capsys):
+    path = tmp_path / "dpo.yaml"
+    path.write_text("disable_dropout: false\nloss_type: [sigmoid, sft]\nloss_weights: [1.0, 0.1]\n")
+    with pytest.raises(ConfigError, match="dpo trains with every dropout off"):
+        TrainConfig.from_yaml(path, overrides={"task": "dpo"})
+    assert TrainConfig.from_yaml(path, overrides={"task": "grpo"}).dropout is None
+    assert "dpo trains with every dropout off" in refused(capsys, "--task", "dpo", "--disable_dropout", "false")
+    (tmp_path / "task.yaml").write_text("task: dpo\n")  # the task in the file, the TRL name a flag
+    assert "dpo trains with every dropout off" in refused(
+        capsys, "--config", str(tmp_path / "task.yaml"), "--disable_dropout", "false"
+    )
+    cfg = flags_config("--loss_type", "ipo,sft", "--loss_weights", "1,0.25", "--disable-dropout")
+    assert (cfg.preference_loss, cfg.sft_weight, cfg.dropout) == ("ipo", 0.25, 0.0)
+    assert TrainConfig.from_dict({"bf16": None, "fp16": False}).precision == "auto"  # TRL's: bf16 unless fp16
+    assert TrainConfig.from_dict({"fp16": False}).precision == "fp32"  # the Trainer's: bf16 false unless given
+
+
+@pytest.mark.parametrize("arguments", ["ModelConfig", "ScriptArguments"])
+def test_every_field_of_trl_scripts_arguments_has_a_row_and_its_defaults_are_accepted(arguments):
+    """TRL's scripts (`trl sft`, `trl dpo`, ...) take a ModelConfig and ScriptArguments beside the trainer's config:
+    every field is a leantrain setting or in the table, and their defaults say what leantrain does."""
+    import dataclasses
+
+    import trl
+
+    from leantrain.config.hf_names import BY_NAME
+
+    fields = dataclasses.fields(getattr(trl, arguments))
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert sorted(f.name for f in fields if f.name not in BY_NAME and f.name not in known) == []
+    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    dump = TrainConfig.from_dict({**defaults, "dataset_name": "data/pairs"} if "dataset_name" in defaults else defaults)
+    if arguments == "ScriptArguments":  # the evaluation rows are the data set's test split, as TRL's scripts take
+        assert (dump.data, dump.data_split, dump.eval_data, dump.eval_split) == (
+            "data/pairs",
+            None,
+            "data/pairs",
+            "test",
+        )
+    else:  # LoRA's settings keep TRL's values; without use_peft a run refuses them (leantrain's --lora-r needs --lora)
+        assert (dump.lora, dump.quantize, dump.lora_r, dump.lora_targets, dump.attention) == (
+            False,
+            None,
+            16,
+            "auto",
+            "auto",
+        )
+
+
+def test_a_trl_scripts_command_line_sets_what_it_means(capsys):
+    cfg = flags_config(
+        "--model_name_or_path", "my/model", "--dataset_name", "my/data", "--dataset_config", "en",
+        "--dataset_train_split", "train[:90%]", "--dataset_test_split", "validation", "--use_peft",
+        "--lora_target_modules", "q_proj,v_proj", "--load_in_4bit", "--attn_implementation", "eager",
+        "--dtype", "float32", "--dataset_streaming", "false",
+    )  # fmt: skip
+    assert (cfg.model, cfg.data, cfg.data_config, cfg.data_split) == ("my/model", "my/data", "en", "train[:90%]")
+    assert (cfg.eval_data, cfg.eval_split, cfg.lora, cfg.quantize) == ("my/data", "validation", True, "4bit")
+    assert (cfg.lora_targets, cfg.attention, cfg.streaming) == ("q_proj,v_proj", "eager", False)
+    assert TrainConfig.from_dict({"lora_target_modules": "all-linear"}).lora_targets == "auto"
+    says = refused(capsys, "--dtype", "bfloat16")
+    assert "dtype (TRL's ModelConfig) has no leantrain setting: the weights load in fp32, the optimizer's" in says
+    for given, message in [
+        ({"use_peft": True, "load_in_4bit": True, "use_bnb_nested_quant": False}, "use_bnb_nested_quant false has no"),
+        ({"dataset_test_split": "test"}, "dataset_test_split names a split of dataset_name; give dataset_name too"),
+        ({"load_in_4bit": True, "load_in_8bit": True}, "load_in_4bit and load_in_8bit both set quantize; give one"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig.from_dict(given)
+
+
+@pytest.mark.parametrize("config", ["TrainingArguments", *sorted(TRL_CONFIGS)])
+def test_a_config_as_to_dict_writes_it_trains_where_leantrain_agrees(config, tmp_path):
+    """What a user saves of their arguments (`args.to_dict()` to YAML): the values __post_init__ worked out (report_to
+    [], debug [], the accelerator_config's defaults, GRPO's generation_batch_size), the *_token fields masked as
+    <NAME>. use_cpu is given because TRL's configs refuse to build for bf16 on a CPU without it."""
+    import transformers
+    import trl
+    import yaml
+
+    cls = getattr(transformers, config, None) or getattr(trl, config)
+    task = TRL_CONFIGS.get(config)
+    written = cls(output_dir=str(tmp_path), use_cpu=True).to_dict()
+    refused = refused_alone(written, task)
+    assert refused == {"use_cpu", "train_sampling_strategy"} | TRL_REFUSED_DEFAULTS.get(config, set())
+    path = tmp_path / "args.yaml"
+    path.write_text(yaml.safe_dump({"task": task, **{k: v for k, v in written.items() if k not in refused}}))
+    cfg = TrainConfig.from_yaml(path)
+    # GRPO's 8 completions a device step are one prompt's group (leantrain's --batch-size counts prompts)
+    assert (cfg.batch_size, cfg.report_to) == (1 if config == "GRPOConfig" else 8, "none")
+
+
+def test_trl_grpo_counts_completions_in_its_batch():
+    cfg = TrainConfig.from_dict({"task": "grpo", "per_device_train_batch_size": 16, "num_generations": 4})
+    assert (cfg.batch_size, cfg.num_generations) == (4, 4)  # 4 prompts, 4 completions each
+    with pytest.raises(ConfigError, match="counts completions in TRL's GRPO: a multiple of num_generations"):
+        TrainConfig.from_dict({"task": "grpo", "per_device_train_batch_size": 12, "num_generations": 8})
+    assert TrainConfig.from_dict({"per_device_train_batch_size": 12}).batch_size == 12  # other tasks: examples
+    with pytest.raises(ConfigError, match="steps_per_generation 4 has no leantrain setting"):
+        TrainConfig.from_dict({"task": "grpo", "steps_per_generation": 4})
+
+
+def test_trl_names_older_recipes_carry_are_read_or_refused_with_the_reason(capsys):
+    assert flags_config("--max_seq_length", "512").max_length == 512
+    assert TrainConfig.from_dict({"torch_dtype": "float32"}) == TrainConfig()
+    says = refused(capsys, "--max_prompt_length", "256")
+    assert (
+        "max_prompt_length (TRL before 1.0) has no leantrain setting: gone from TRL 1's configs: leantrain cuts" in says
+    )

@@ -31,7 +31,8 @@ def _config(config: TrainConfig | dict | None, overrides: dict[str, Any]) -> Tra
         from leantrain.config import hf_names
 
         known = {f.name for f in fields(TrainConfig)}
-        config = config.replace(**hf_names.translate(overrides, "train()", known))
+        task = overrides.get("task") or config.task
+        config = config.replace(**hf_names.translate(overrides, "train()", known, task))
     return config
 
 

@@ -461,6 +461,19 @@ def _read_options(args: argparse.Namespace):
     return ReadOptions(config=args.data_config, split=args.split, column_names=names, format=args.format)
 
 
+def _task_in(path: str) -> str | None:
+    """The task a --config file names, if it reads as one (else from_yaml says what is wrong with it)."""
+    from pathlib import Path
+
+    import yaml
+
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return values.get("task") if isinstance(values, dict) and isinstance(values.get("task"), str) else None
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     from leantrain.config import hf_names
 
@@ -468,7 +481,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if isinstance(given.get("data"), list) and len(given["data"]) == 1:
         given["data"] = given["data"][0]  # one --data: the path as it always was
     aliases = {k.removeprefix("hf__"): v for k, v in vars(args).items() if k.startswith("hf__")}
-    given = hf_names.translate({**given, **aliases}, "flags")  # TrainingArguments names
+    task = given.get("task") or (_task_in(args.config) if args.config else None)  # for TRL's names that depend on it
+    given = hf_names.translate({**given, **aliases}, "flags", task=task)  # TrainingArguments (and TRL) names
     for name, value in given.items():
         setattr(args, name, value)  # `bench` and `plan` read the job's flags from args
     if args.config:

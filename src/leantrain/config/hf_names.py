@@ -1,11 +1,12 @@
-"""Hugging Face `TrainingArguments` names (and the few of TRL's configs that mean one setting in every task): ONE
-table, read by the CLI, the YAML loader and the docs.
+"""Hugging Face `TrainingArguments` names, and those TRL's configs add: ONE table, read by the CLI, the YAML loader
+and the docs.
 
 A Trainer user's habits carry over: `--learning_rate 2e-5` (or `--learning-rate`), `bf16: true` or
 `eval_strategy: epoch` in a YAML file set the leantrain field they mean. A name given together with the leantrain
-flag it stands for is refused in one line (which one should win?); a TrainingArguments name leantrain has no
-equivalent for is refused with the reason. `docs/for-trainer-users.md` is generated from `ROWS`
-(scripts/gen_trainer_docs.py).
+flag it stands for is refused in one line (which one should win?); a name leantrain has no equivalent for is
+refused with the reason, unless its value says what leantrain does anyway. TRL's `loss_type` is read by its value
+(no two trainers share one); the few names whose TRL default differs by trainer are checked against the run's task.
+`docs/for-trainer-users.md` is generated from `ROWS` (scripts/gen_trainer_docs.py).
 """
 
 from __future__ import annotations
@@ -86,6 +87,72 @@ class Row:
     #: without a field: the values that agree with what leantrain does (accepted, nothing to set; the Trainer's
     #: default among them where it does), any other refused with the note; None: every value refused
     agrees: tuple[Any, ...] | None = None
+    #: where the name comes from, as messages name it
+    source: str = "TrainingArguments"
+
+
+_TRL, _DPO, _GRPO, _SFT, _REWARD = (
+    f"TRL's {c}" for c in ("configs", "DPOConfig", "GRPOConfig", "SFTConfig", "RewardConfig")
+)
+_MODEL, _SCRIPT, _OLD_TRL = "TRL's ModelConfig", "TRL's ScriptArguments", "TRL before 1.0"
+#: the Trainer's accelerator_config as `TrainingArguments().to_dict()` writes it (transformers 5.25)
+_ACCELERATOR_DEFAULTS = {
+    "split_batches": False,
+    "dispatch_batches": None,
+    "even_batches": True,
+    "use_seedable_sampler": True,
+    "non_blocking": False,
+    "gradient_accumulation_kwargs": None,
+}
+#: peft's task types: the task sets the adapters' own
+_PEFT_TASK_TYPES = ("CAUSAL_LM", "SEQ_CLS", "SEQ_2_SEQ_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION", None)
+#: GRPOConfig's settings that only vLLM reads, and their defaults
+_VLLM_DEFAULTS = (
+    ("vllm_mode", "colocate"),
+    ("vllm_model_impl", "vllm"),
+    ("vllm_enable_sleep_mode", False),
+    ("vllm_structured_outputs_regex", None),
+    ("vllm_server_base_url", None),
+    ("vllm_server_host", "0.0.0.0"),
+    ("vllm_server_port", 8000),
+    ("vllm_server_timeout", 240.0),
+    ("vllm_group_port", 51216),
+    ("vllm_gpu_memory_utilization", 0.3),
+    ("vllm_max_model_length", None),
+    ("vllm_tensor_parallel_size", 1),
+    ("vllm_importance_sampling_correction", True),
+    ("vllm_importance_sampling_mode", "sequence_mask"),
+    ("vllm_importance_sampling_clip_max", 3.0),
+    ("vllm_importance_sampling_clip_min", None),
+    ("vllm_importance_sampling_cap", None),
+)
+_SAPO_VESPO = (
+    ("sapo_temperature_neg", 1.05),
+    ("sapo_temperature_pos", 1.0),
+    ("vespo_k_pos", 2.0),
+    ("vespo_lambda_pos", 3.0),
+    ("vespo_k_neg", 3.0),
+    ("vespo_lambda_neg", 2.0),
+)
+#: adaptive entropy's settings (read only with use_adaptive_entropy), and their defaults
+_ENTROPY_DEFAULTS = (
+    ("use_adaptive_entropy", False),
+    ("entropy_coef_min", 0.0),
+    ("entropy_coef_max", 1.0),
+    ("entropy_coef_delta", 0.005),
+    ("entropy_target", 0.2),
+)
+
+
+def _lora_targets(value: Any) -> str:
+    """peft's target_modules as --lora-targets writes them: all-linear is auto, a list comma-separated."""
+    names = [str(name) for name in (value if isinstance(value, (list, tuple)) else str(value).split(","))]
+    names = [name.strip() for name in names if name.strip()]
+    return "auto" if names == ["all-linear"] else ",".join(names)
+
+
+def _not_completion_only(value: Any) -> bool:
+    return not to_bool("completion_only_loss", value)
 
 
 ROWS: tuple[Row, ...] = (
@@ -230,7 +297,9 @@ ROWS: tuple[Row, ...] = (
     Row(
         "remove_unused_columns",
         None,
-        "leantrain reads only the columns it uses (--text-column, --label-column)",
+        "leantrain reads only the columns it uses (--text-column, --label-column); grpo hands a row's others to "
+        "reward functions (false, as TRL's GRPOConfig)",
+        joint=True,
         agrees=(True,),
     ),
     Row(
@@ -253,7 +322,7 @@ ROWS: tuple[Row, ...] = (
         "report_to",
         "report_to",
         "tensorboard, wandb, mlflow (or all, none) through Accelerate's trackers; files under OUTPUT_DIR/trackers",
-        lambda v: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v,
+        lambda v: (",".join(map(str, v)) or "none") if isinstance(v, (list, tuple)) else v,  # to_dict's [] is none
     ),
     Row("label_smoothing_factor", "label_smoothing", "exact under accumulation: smoothing is per example"),
     # --- Seq2SeqTrainingArguments
@@ -283,12 +352,6 @@ ROWS: tuple[Row, ...] = (
         "and --generation-num-beams",
         agrees=(None,),
     ),
-    # --- TRL's configs: the names that mean one setting in every task (beta and loss_type do not: DPO's are
-    # --beta and --preference-loss, GRPO's --kl-beta and its loss's normalisation)
-    Row("precompute_ref_log_probs", "precompute_reference", "TRL's DPOConfig: the reference's log-probabilities once"),
-    Row("num_iterations", "iterations_per_generation", "TRL's GRPOConfig: optimizer steps a generation is reused"),
-    Row("epsilon", "clip_epsilon", "TRL's GRPOConfig: the policy ratio's lower clip"),
-    Row("epsilon_high", "clip_epsilon_high", "TRL's GRPOConfig: the policy ratio's upper clip"),
     # --- the rest of TrainingArguments: what leantrain does, and the values that say the same
     Row(
         "average_tokens_across_devices",
@@ -470,8 +533,9 @@ ROWS: tuple[Row, ...] = (
     Row(
         "accelerator_config",
         None,
-        "Accelerate's own settings come from `accelerate config` or `accelerate launch`",
-        agrees=(None,),
+        "Accelerate's own settings come from `accelerate config` or `accelerate launch` (the Trainer's defaults, as "
+        "to_dict() writes them, are accepted)",
+        agrees=(None, _ACCELERATOR_DEFAULTS, {**_ACCELERATOR_DEFAULTS, "use_configured_state": False}),
     ),
     Row(
         "parallelism_config",
@@ -481,7 +545,12 @@ ROWS: tuple[Row, ...] = (
     ),
     Row("fsdp_config", None, "--shard fsdp wraps each transformer layer (FSDP2); nothing else to set", agrees=(None,)),
     Row("dataloader_drop_last", None, "every example trains: a short last step is its own size", agrees=(False,)),
-    Row("dataloader_pin_memory", None, "batches are pinned where there is a GPU", agrees=(True,)),
+    Row(
+        "dataloader_pin_memory",
+        None,
+        "batches are pinned where there is a GPU (the Trainer's false on a CPU, true on a GPU: either)",
+        agrees=(True, False),
+    ),
     Row(
         "dataloader_persistent_workers",
         None,
@@ -508,12 +577,326 @@ ROWS: tuple[Row, ...] = (
         "seconds, as --collective-timeout reads a bare number (the Trainer's 1800 is 30 minutes)",
         str,
     ),
-    Row("debug", None, "no debug features; --on-nan stops at a non-finite loss or gradient", agrees=("", None)),
+    Row("debug", None, "no debug features; --on-nan stops at a non-finite loss or gradient", agrees=("", None, [])),
     Row(
         "skip_memory_metrics",
         None,
         "peak memory is always in metrics.json (torch's counters: nothing slows)",
         agrees=(True, False),
+    ),
+    # --- TRL's configs beyond TrainingArguments (DPOConfig, KTOConfig, RewardConfig, SFTConfig, GRPOConfig); the
+    # names leantrain shares with them (beta, max_length, label_smoothing, temperature, ...) are its own fields
+    Row(
+        "precompute_ref_log_probs",
+        "precompute_reference",
+        "DPO, KTO: the reference's log-probabilities once",
+        source=_TRL,
+    ),
+    Row("num_iterations", "iterations_per_generation", "GRPO: optimizer steps a generation is reused", source=_GRPO),
+    Row("epsilon", "clip_epsilon", "GRPO: the policy ratio's lower clip", source=_GRPO),
+    Row("epsilon_high", "clip_epsilon_high", "GRPO: the policy ratio's upper clip", source=_GRPO),
+    Row("dataset_text_field", "text_column", "SFT: the column of plain text", source=_SFT),
+    Row("chat_template_path", "chat_template", "SFT, reward: a Jinja template, or a file holding one", source=_TRL),
+    Row(
+        "completion_only_loss",
+        "train_on_prompt",
+        "SFT: true (or null) counts the completion's tokens only, leantrain's default; false the prompt's too",
+        _not_completion_only,
+        source=_SFT,
+    ),
+    Row(
+        "loss_type",
+        "preference_loss",
+        "DPO: sigmoid, ipo, hinge or robust (a list [LOSS, sft] with loss_weights [1, W]: --sft-weight W); GRPO: "
+        "dapo (the loss over the step's completion tokens); KTO: kto; SFT: nll",
+        joint=True,
+        source=_TRL,
+    ),
+    Row("loss_weights", "sft_weight", "DPO: see loss_type", joint=True, source=_DPO),
+    Row(
+        "disable_dropout",
+        "dropout",
+        "true: every dropout off (--dropout 0); false: the model's own, except in dpo, kto and reward-model, which "
+        "always train with dropout off (as TRL's trainers for them do by default)",
+        joint=True,
+        source=_TRL,
+    ),
+    Row(
+        "shuffle_dataset",
+        None,
+        "grpo shuffles its prompts (true); causal-lm packs documents in their order and shuffles the rows (false)",
+        joint=True,
+        source=_TRL,
+    ),
+    Row(
+        "assistant_only_loss",
+        None,
+        "SFT: a messages column counts the assistant's tokens only (--train-on-prompt: every token)",
+        agrees=(True,),
+        source=_SFT,
+    ),
+    Row(
+        "packing_strategy",
+        None,
+        "SFT: --packing lays documents in their order, plain text continuing into the next row, instruction "
+        "documents whole (no best-fit reordering)",
+        source=_SFT,
+    ),
+    Row(
+        "eval_packing",
+        None,
+        "SFT: evaluation rows are packed as training's, instruction data one example a row (exact match per example)",
+        agrees=(None,),
+        source=_SFT,
+    ),
+    Row(
+        "dataset_kwargs",
+        None,
+        "SFT: --data is read as --format and the column flags say",
+        agrees=(None, {}),
+        source=_SFT,
+    ),
+    Row(
+        "model_init_kwargs",
+        None,
+        "the model loads in the run's --precision (and --attention)",
+        agrees=(None, {}),
+        source=_TRL,
+    ),
+    Row(
+        "router_aux_loss_coef",
+        None,
+        "a mixture of experts' balancing loss keeps its config's weight",
+        agrees=(None,),
+        source=_TRL,
+    ),
+    Row("dataset_num_proc", None, "data is tokenized once, in one process, and cached", agrees=(None,), source=_TRL),
+    Row(
+        "truncation_mode",
+        None,
+        "a sequence over --max-length keeps its start, the prompt first",
+        agrees=("keep_start",),
+        source=_TRL,
+    ),
+    Row(
+        "padding_free",
+        None,
+        "--packing lays rows without padding (position ids restart at each document), with any attention",
+        agrees=(False,),
+        source=_TRL,
+    ),
+    Row(
+        "pad_to_multiple_of",
+        None,
+        "batches are padded to their longest row (with --compile, to a few lengths: --static-shapes)",
+        agrees=("auto", None),
+        source=_TRL,
+    ),
+    Row("pad_token", None, "the tokenizer's own", agrees=(None,), source=_TRL),
+    Row("eos_token", None, "the tokenizer's own", agrees=(None,), source=_TRL),
+    Row("activation_offloading", None, "--activation-checkpointing recomputes instead", agrees=(False,), source=_TRL),
+    Row(
+        "precompute_ref_batch_size",
+        None,
+        "DPO, KTO: the reference's log-probabilities are computed in batches of --eval-batch-size",
+        agrees=(None,),
+        source=_TRL,
+    ),
+    Row("sync_ref_model", None, "DPO, KTO, GRPO: the reference stays the initial model", agrees=(False,), source=_TRL),
+    Row("ref_model_mixup_alpha", None, "see sync_ref_model", agrees=(0.6,), source=_TRL),
+    Row("ref_model_sync_steps", None, "see sync_ref_model", agrees=(512,), source=_TRL),
+    Row("ld_alpha", None, "DPO: no length-desensitized weighting (LD-DPO)", agrees=(None,), source=_DPO),
+    Row("f_divergence_type", None, "DPO: the reverse KL of DPO's losses", agrees=("reverse_kl",), source=_DPO),
+    Row("f_alpha_divergence_coef", None, "see f_divergence_type", agrees=(0.5,), source=_DPO),
+    Row("use_weighting", None, "DPO: every pair weighs the same (no WPO weighting)", agrees=(False,), source=_DPO),
+    Row(
+        "discopop_tau", None, "DPO: read only by loss_type discopop, which leantrain lacks", agrees=(0.05,), source=_DPO
+    ),
+    Row("center_rewards_coefficient", None, "reward-model: no mean-zero penalty", agrees=(None, 0.0), source=_REWARD),
+    Row("cast_lm_head_to_fp32", None, "GRPO: the head runs in the run's --precision", agrees=(False,), source=_GRPO),
+    Row(
+        "num_generations_eval",
+        None,
+        "GRPO: evaluation decodes one completion a prompt greedily and scores it",
+        agrees=(None,),
+        source=_GRPO,
+    ),
+    Row(
+        "ds3_gather_for_generation", None, "GRPO: read only under DeepSpeed ZeRO-3", agrees=(True, False), source=_GRPO
+    ),
+    Row(
+        "generation_batch_size",
+        None,
+        "GRPO: completions are sampled for each micro-batch's prompts, every optimizer step (--iterations-per-"
+        "generation reuses them for more): what TRL's defaults work out to (per_device_train_batch_size x "
+        "steps_per_generation x processes) is accepted",
+        joint=True,
+        agrees=(None,),
+        source=_GRPO,
+    ),
+    Row(
+        "steps_per_generation",
+        None,
+        "see generation_batch_size (gradient_accumulation_steps, TRL's default, is accepted)",
+        joint=True,
+        agrees=(None,),
+        source=_GRPO,
+    ),
+    Row("top_k", None, "GRPO: no top-k filter (--top-p filters)", agrees=(0, None), source=_GRPO),
+    Row("min_p", None, "see top_k", agrees=(None,), source=_GRPO),
+    Row("repetition_penalty", None, "GRPO: no repetition penalty", agrees=(1.0,), source=_GRPO),
+    Row(
+        "generation_kwargs",
+        None,
+        "GRPO: sampling reads --temperature, --top-p and --max-completion-length",
+        agrees=(None, {}),
+        source=_GRPO,
+    ),
+    Row(
+        "chat_template_kwargs",
+        None,
+        "GRPO: the chat template renders with its defaults",
+        agrees=(None, {}),
+        source=_GRPO,
+    ),
+    Row("cache_implementation", None, "GRPO: generation keeps the model's own KV cache", agrees=(None,), source=_GRPO),
+    Row(
+        "use_vllm",
+        None,
+        "GRPO: completions are sampled with transformers (batched, a KV cache), not vLLM",
+        agrees=(False,),
+        source=_GRPO,
+    ),
+    *(Row(name, None, "see use_vllm", agrees=(default, None), source=_GRPO) for name, default in _VLLM_DEFAULTS),
+    Row("use_transformers_continuous_batching", None, "see use_vllm", agrees=(False,), source=_GRPO),
+    Row("transformers_continuous_batching_config", None, "see use_vllm", agrees=(None,), source=_GRPO),
+    Row("use_transformers_paged", None, "see use_vllm", agrees=(False,), source=_GRPO),
+    Row("max_tool_calling_iterations", None, "GRPO: no tool calls while generating", agrees=(None,), source=_GRPO),
+    Row("delta", None, "GRPO: no two-sided clip (INTELLECT-2's delta)", agrees=(None,), source=_GRPO),
+    Row("off_policy_mask_threshold", None, "GRPO: no off-policy masking", agrees=(None,), source=_GRPO),
+    *(
+        Row(name, None, "GRPO: read only by loss_type sapo or vespo", agrees=(d,), source=_GRPO)
+        for name, d in _SAPO_VESPO
+    ),
+    Row("importance_sampling_level", None, "GRPO: the policy ratio is per token", agrees=("token",), source=_GRPO),
+    Row(
+        "use_bias_correction_kl",
+        None,
+        "GRPO: the KL is weighted by the policy ratio (DeepSeek-V3.2's unbiased estimate)",
+        agrees=(True,),
+        source=_GRPO,
+    ),
+    Row("reward_weights", None, "GRPO: weigh each reward in --reward as NAME=WEIGHT", agrees=(None,), source=_GRPO),
+    Row(
+        "multi_objective_aggregation",
+        None,
+        "GRPO: the rewards' weighted sum is scaled into advantages",
+        agrees=("sum_then_normalize",),
+        source=_GRPO,
+    ),
+    Row(
+        "scale_rewards",
+        None,
+        "GRPO: --advantage grpo divides by the group's standard deviation (+ 1e-4); rloo subtracts the others' mean, "
+        "unscaled; no batch-wide scaling",
+        agrees=("group", True),
+        source=_GRPO,
+    ),
+    Row(
+        "mask_truncated_completions",
+        None,
+        "GRPO: a completion cut at --max-completion-length still counts",
+        agrees=(False,),
+        source=_GRPO,
+    ),
+    Row("top_entropy_quantile", None, "GRPO: every completion token counts", agrees=(1.0,), source=_GRPO),
+    Row("entropy_coef", None, "GRPO: no entropy bonus", agrees=(0.0,), source=_GRPO),
+    *(Row(name, None, "see entropy_coef", agrees=(d,), source=_GRPO) for name, d in _ENTROPY_DEFAULTS),
+    Row(
+        "log_completions",
+        None,
+        "GRPO: each log row has the completions' lengths, clipped share and rewards, not their text",
+        agrees=(False,),
+        source=_GRPO,
+    ),
+    Row("log_multimodal", None, "see log_completions", agrees=(True, False), source=_GRPO),
+    Row("num_completions_to_print", None, "see log_completions", agrees=(None,), source=_GRPO),
+    Row("log_unique_prompts", None, "see log_completions", agrees=(False,), source=_GRPO),
+    Row("log_completions_hub_repo", None, "see log_completions", agrees=(None,), source=_GRPO),
+    # --- TRL's ModelConfig and ScriptArguments: what its scripts (`trl sft`, `trl dpo`, ...) take besides a config
+    Row("model_name_or_path", "model", "a hub name or a local folder", source=_MODEL),
+    Row("model_revision", None, "a hub model's main revision, or the folder as it is", agrees=("main",), source=_MODEL),
+    Row(
+        "dtype",
+        None,
+        "the weights load in fp32, the optimizer's master weights; --precision bf16 (or fp16) sets the compute",
+        agrees=("float32",),
+        source=_MODEL,
+    ),
+    Row("attn_implementation", "attention", "eager, sdpa or flex_attention (auto: measured per device)", source=_MODEL),
+    Row("use_peft", "lora", "LoRA adapters (with the task's head trained whole)", source=_MODEL),
+    Row(
+        "lora_target_modules",
+        "lora_targets",
+        "a list, or all-linear (--lora-targets auto: every Linear layer outside the head)",
+        _lora_targets,
+        source=_MODEL,
+    ),
+    Row(
+        "lora_target_parameters", None, "adapters go on the layers --lora-targets names", agrees=(None,), source=_MODEL
+    ),
+    Row(
+        "lora_modules_to_save", None, "the task's head trains whole beside the adapters", agrees=(None,), source=_MODEL
+    ),
+    Row("lora_task_type", None, "the task sets the adapters' type", agrees=_PEFT_TASK_TYPES, source=_MODEL),
+    Row("use_rslora", None, "an adapter's update is scaled by lora_alpha / lora_r", agrees=(False,), source=_MODEL),
+    Row("use_dora", None, "plain LoRA adapters (no DoRA)", agrees=(False,), source=_MODEL),
+    Row("load_in_4bit", "quantize", "true: --quantize 4bit (NF4, QLoRA)", joint=True, source=_MODEL),
+    Row("load_in_8bit", "quantize", "true: --quantize 8bit", joint=True, source=_MODEL),
+    Row("bnb_4bit_quant_type", None, "--quantize 4bit is NF4", agrees=("nf4",), source=_MODEL),
+    Row(
+        "use_bnb_nested_quant",
+        None,
+        "--quantize 4bit quantizes the quantization constants too (bitsandbytes' default: true)",
+        joint=True,
+        agrees=(True,),
+        source=_MODEL,
+    ),
+    Row("bnb_4bit_quant_storage", None, "bitsandbytes' own (uint8)", agrees=(None,), source=_MODEL),
+    Row("dataset_name", "data", "a hub name, a `datasets` folder or a file", source=_SCRIPT),
+    Row("dataset_config", "data_config", "the data set's configuration (subset)", source=_SCRIPT),
+    Row(
+        "dataset_train_split",
+        "data_split",
+        "train (or null) is leantrain's default; another name is --data-split",
+        joint=True,
+        source=_SCRIPT,
+    ),
+    Row(
+        "dataset_test_split",
+        "eval_split",
+        "the evaluation rows: --eval-data DATASET --eval-split NAME (else --eval-fraction of the data is held out)",
+        joint=True,
+        source=_SCRIPT,
+    ),
+    Row("dataset_streaming", "streaming", "read the data as a stream", source=_SCRIPT),
+    Row("ignore_bias_buffers", None, "DistributedDataParallel keeps its defaults", agrees=(False,), source=_SCRIPT),
+    # --- TRL's names before 1.0, still in older recipes
+    Row("max_seq_length", "max_length", "SFTConfig's name for max_length before TRL 0.20", source=_OLD_TRL),
+    Row(
+        "torch_dtype",
+        None,
+        "see dtype (ModelConfig's name for it before transformers 5)",
+        agrees=("float32",),
+        source=_OLD_TRL,
+    ),
+    Row(
+        "max_prompt_length",
+        None,
+        "gone from TRL 1's configs: leantrain cuts prompt and completion together at --max-length, the prompt first "
+        "(GRPO: prompts longer than --max-length less --max-completion-length are skipped and counted)",
+        agrees=(None,),
+        source=_OLD_TRL,
     ),
 )
 
@@ -528,7 +911,7 @@ _SEE_HELP = "; see `leantrain train --help`"
 #: the names that are aliases (different from the leantrain field they set), for the CLI's hidden flags
 ALIASES = tuple(r.hf for r in ROWS if r.field is not None and r.field != r.hf)
 #: accepted where they agree with what leantrain does (checked by `translate`), refused where they do not
-_CHECKED = ("greater_is_better", "logging_strategy")
+_CHECKED = ("greater_is_better", "logging_strategy", "shuffle_dataset")
 
 
 def _agrees(row: Row, value: Any) -> bool:
@@ -595,11 +978,16 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def translate(values: dict[str, Any], source: str, known: Collection[str] | None = None) -> dict[str, Any]:
-    """`values` (keys as YAML keys or flag dests, '-' already '_') with every TrainingArguments name replaced by
-    the leantrain field it sets. One source at a time: an alias and its field in the same source is an error.
-    Every name refused is refused in one message: those leantrain has no setting for and, given the `known` field
-    names, those that are neither (else they stay, for the caller's "unknown key" message)."""
+def translate(
+    values: dict[str, Any], source: str, known: Collection[str] | None = None, task: str | None = None
+) -> dict[str, Any]:
+    """`values` (keys as YAML keys or flag dests, '-' already '_') with every TrainingArguments (or TRL config)
+    name replaced by the leantrain field it sets. One source at a time: an alias and its field in the same source is
+    an error. Every name refused is refused in one message: those leantrain has no setting for and, given the `known`
+    field names, those that are neither (else they stay, for the caller's "unknown key" message). `task`: the run's
+    task where another source gives it (else `values`' own), for the TRL names whose agreement depends on it."""
+    # `to_dict()` writes every *_token field as <NAME> whatever it held (a secret, or TRL's pad/eos token): not set
+    values = {k: None if k.endswith("_token") and v == f"<{k.upper()}>" else v for k, v in values.items()}
     refused = []
     for key in values:
         row = BY_NAME.get(key)
@@ -607,7 +995,7 @@ def translate(values: dict[str, Any], source: str, known: Collection[str] | None
             refused.append(RENAMED[key])
         elif row is not None and row.field is None and not row.joint and not _agrees(row, values[key]):
             accepted = f" (accepted: {shown(row.agrees)})" if row.agrees else ""
-            refused.append(f"{key} (TrainingArguments) has no leantrain setting: {_note(row)}{accepted}")
+            refused.append(f"{key} ({row.source}) has no leantrain setting: {_note(row)}{accepted}")
         elif row is None and known is not None and key not in known:
             refused.append(f"unknown key '{key}'{hint(key, sorted(known)) or ''}")
     if refused:
@@ -627,6 +1015,11 @@ def translate(values: dict[str, Any], source: str, known: Collection[str] | None
     _precision(values, out)
     _logging(values, out)
     _greater_is_better(values, out)
+    run_task = _task(task if task is not None else values.get("task"))
+    _trl_losses(values, out)
+    _trl_by_task(values, out, run_task)
+    _trl_script(values, out)
+    _grpo_batches(values, out, run_task)
     if isinstance(out.values.get("scheduler_kwargs"), dict):  # a YAML mapping under leantrain's own name
         out.values["scheduler_kwargs"] = json.dumps(out.values["scheduler_kwargs"])
     return out.values
@@ -639,6 +1032,8 @@ class _Settings:
         self.source, self.values, self.origin = source, {}, {}  # type: ignore[var-annotated]
 
     def put(self, field: str, value: Any, given_as: str) -> None:
+        if field in self.values and self.values[field] == value:
+            return  # two names saying the same (TRL's label_smoothing beside TrainingArguments' 0.0): no question
         if field in self.values:
             raise ConfigError(
                 f"{self.source}: {self.show(self.origin[field])} and {self.show(given_as)} both set {field}; give one"
@@ -707,14 +1102,163 @@ def _greater_is_better(values: dict[str, Any], out: _Settings) -> None:
 
 
 def _precision(values: dict[str, Any], out: _Settings) -> None:
-    """bf16/fp16 as TrainingArguments has them: one true picks it; both false is full precision (fp32)."""
-    given = [k for k in ("bf16", "fp16") if k in values]
+    """bf16/fp16 as TrainingArguments has them: one true picks it; both false is full precision (fp32). bf16 null
+    (TRL's default: bf16 unless fp16) without fp16 true leaves --precision auto to choose."""
+    given = [k for k in ("bf16", "fp16") if values.get(k) is not None]
     if not given:
         return
     on = [k for k in given if to_bool(k, values[k])]
     if len(on) > 1:
         raise ConfigError(f"{out.source}: bf16 and fp16 are both true; choose one")
+    if not on and "bf16" in values and values["bf16"] is None:
+        return
     out.put("precision", on[0] if on else "fp32", on[0] if on else given[0])
+
+
+#: TRL's loss_type values, by the trainer that reads them: the values say which (no two trainers share one)
+_PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "robust")  # DPOTrainer's that --preference-loss computes alike
+_LOSSES_AGREEING = ("dapo", "kto", "nll")  # GRPO's, KTO's and SFT's defaults: what leantrain computes
+
+
+def _listed(name: str, value: Any) -> list[Any]:
+    """A list as YAML gives it, or as a flag does: JSON or comma-separated."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    text = str(value).strip()
+    if text.startswith("["):
+        try:
+            read = json.loads(text)
+        except ValueError:
+            raise ConfigError(f"{name}: cannot read {text!r} as a list") from None
+        return list(read) if isinstance(read, list) else [read]
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _trl_losses(values: dict[str, Any], out: _Settings) -> None:
+    """TRL's loss_type (with DPO's loss_weights): a DPO loss leantrain computes alike sets --preference-loss (with
+    "sft" beside it, --sft-weight); GRPO's dapo, KTO's kto and SFT's nll are what leantrain computes; the rest have
+    no setting."""
+    if values.get("loss_type") is None:
+        if values.get("loss_weights") is not None:
+            raise ConfigError(f"{out.source}: {out.show('loss_weights')} weighs the losses of loss_type; give both")
+        return
+    losses = [str(loss) for loss in _listed("loss_type", values["loss_type"])]
+    if len(losses) == 1 and losses[0] in _LOSSES_AGREEING:
+        if values.get("loss_weights") not in (None, [1], [1.0]):
+            raise ConfigError(f"{out.source}: loss_weights weighs several DPO losses; {losses[0]} is one")
+        return
+    weights = [float(w) for w in _listed("loss_weights", values.get("loss_weights") or [1.0] * len(losses))]
+    dpo = [loss for loss in losses if loss != "sft"]
+    if (
+        len(dpo) != 1
+        or dpo[0] not in _PREFERENCE_LOSSES
+        or len(weights) != len(losses)
+        or weights[losses.index(dpo[0])] != 1
+    ):
+        raise ConfigError(
+            f"{out.source}: {out.show('loss_type')} {values['loss_type']}"
+            f"{' with loss_weights ' + str(values['loss_weights']) if values.get('loss_weights') is not None else ''}"
+            f" has no leantrain setting: leantrain computes DPO's {', '.join(_PREFERENCE_LOSSES)} (weight 1, "
+            "--preference-loss), each optionally with \"sft\" at any weight (--sft-weight), GRPO's dapo, KTO's kto "
+            "and SFT's nll"
+        )
+    out.put("preference_loss", dpo[0], "loss_type")
+    if "sft" in losses:
+        out.put("sft_weight", weights[losses.index("sft")], "loss_weights" if "loss_weights" in values else "loss_type")
+
+
+def _task(spelling: Any) -> str | None:
+    """The task a spelling names; None where there is none yet (inferred later: never a TRL trainer's) or it is
+    unknown (refused later, in its own words)."""
+    if spelling is None:
+        return None
+    from leantrain.tasks import registry
+
+    return next((e.name for e in registry.TASKS.values() if spelling in (e.name, *e.aliases)), None)
+
+
+def _grpo_batches(values: dict[str, Any], out: _Settings, task: str | None) -> None:
+    """TRL's GRPO counts completions where leantrain's --batch-size counts prompts: per_device_train_batch_size is
+    the prompts' completions (num_generations each). Its generation settings agree where they are its defaults."""
+    per_device = values.get("per_device_train_batch_size")
+    if task == "grpo" and per_device is not None:
+        group = int(values.get("num_generations") or 8)  # GRPOConfig's default group, and --num-generations'
+        if int(per_device) % group:
+            raise ConfigError(
+                f"{out.source}: {out.show('per_device_train_batch_size')} {per_device} counts completions in TRL's "
+                f"GRPO: a multiple of num_generations ({group}); leantrain's --batch-size counts prompts"
+            )
+        out.values["batch_size"] = int(per_device) // group
+    steps = values.get("steps_per_generation")
+    accumulation = int(values.get("gradient_accumulation_steps") or 1)
+    if steps is not None and int(steps) != accumulation:
+        raise ConfigError(
+            f"{out.source}: {out.show('steps_per_generation')} {steps} has no leantrain setting: "
+            f"{_note(BY_NAME['steps_per_generation'])}"
+        )
+    generation = values.get("generation_batch_size")
+    step = int(per_device or 8) * int(steps or accumulation)  # TRL's per-device default: 8
+    if generation is not None and int(generation) % step:
+        raise ConfigError(
+            f"{out.source}: {out.show('generation_batch_size')} {generation} has no leantrain setting: "
+            f"{_note(BY_NAME['generation_batch_size'])}"
+        )
+
+
+def _trl_by_task(values: dict[str, Any], out: _Settings, task: str | None) -> None:
+    """disable_dropout, shuffle_dataset and remove_unused_columns, whose defaults differ by trainer as leantrain's
+    tasks do."""
+    if values.get("disable_dropout") is not None:
+        from leantrain.tasks import registry
+
+        off = task is not None and registry.task_class(task).dropout_off
+        if to_bool("disable_dropout", values["disable_dropout"]):
+            out.put("dropout", 0.0, "disable_dropout")
+        elif off:
+            raise ConfigError(
+                f"{out.source}: {out.show('disable_dropout')} false: {task} trains with every dropout off (as TRL's "
+                "trainer for it does by default); leave disable_dropout out"
+            )
+    if values.get("remove_unused_columns") is not None:
+        kept = not to_bool("remove_unused_columns", values["remove_unused_columns"])
+        if kept and task != "grpo":
+            raise ConfigError(
+                f"{out.source}: {out.show('remove_unused_columns')} false has no leantrain setting: "
+                f"{_note(BY_NAME['remove_unused_columns'])} (accepted: true)"
+            )
+    if values.get("shuffle_dataset") is not None:
+        shuffled = to_bool("shuffle_dataset", values["shuffle_dataset"])
+        if shuffled != (task == "grpo"):
+            raise ConfigError(
+                f"{out.source}: {out.show('shuffle_dataset')} {str(shuffled).lower()} has no leantrain setting: "
+                f"{_note(BY_NAME['shuffle_dataset'])}"
+            )
+
+
+def _trl_script(values: dict[str, Any], out: _Settings) -> None:
+    """TRL's ModelConfig quantization switches and ScriptArguments' splits, which set leantrain's only where they
+    ask for something other than its default."""
+    for bits in ("4bit", "8bit"):
+        if values.get(f"load_in_{bits}") is not None and to_bool(f"load_in_{bits}", values[f"load_in_{bits}"]):
+            out.put("quantize", bits, f"load_in_{bits}")
+    nested = values.get("use_bnb_nested_quant")
+    if nested is not None and not to_bool("use_bnb_nested_quant", nested) and out.values.get("quantize") == "4bit":
+        raise ConfigError(
+            f"{out.source}: {out.show('use_bnb_nested_quant')} false has no leantrain setting: "
+            f"{_note(BY_NAME['use_bnb_nested_quant'])} (accepted: true)"
+        )
+    train_split = values.get("dataset_train_split")
+    if train_split is not None and str(train_split) != "train":
+        out.put("data_split", str(train_split), "dataset_train_split")
+    if values.get("dataset_test_split") is not None:
+        data = values.get("dataset_name", values.get("data"))
+        if data is None:
+            raise ConfigError(
+                f"{out.source}: {out.show('dataset_test_split')} names a split of dataset_name; give dataset_name too "
+                "(or --eval-data)"
+            )
+        out.put("eval_data", data, "dataset_test_split")
+        out.put("eval_split", str(values["dataset_test_split"]), "dataset_test_split")
 
 
 def hint(name: str, known: list[str]) -> str:
@@ -724,7 +1268,7 @@ def hint(name: str, known: list[str]) -> str:
     as_flag = name.startswith("-")
     key = name.lstrip("-").replace("-", "_")
     if key in BY_NAME and BY_NAME[key].field is None:
-        return f": {key} (TrainingArguments) has no leantrain setting: {_note(BY_NAME[key])}"
+        return f": {key} ({BY_NAME[key].source}) has no leantrain setting: {_note(BY_NAME[key])}"
     near = difflib.get_close_matches(key, [r.hf for r in ROWS if r.field is not None], n=1, cutoff=0.8)
     if near:
         return f"; did you mean {flag(near[0]) if as_flag else repr(near[0])}?"
@@ -736,11 +1280,25 @@ def hint(name: str, known: list[str]) -> str:
     return ""
 
 
+#: joint names whose flag takes true or false
+_BOOLEAN = (
+    "bf16",
+    "fp16",
+    "greater_is_better",
+    "group_by_length",
+    "disable_dropout",
+    "shuffle_dataset",
+    "load_in_4bit",
+    "load_in_8bit",
+    "use_bnb_nested_quant",
+)
+
+
 def cli_kind(row: Row, field_kind: type | None) -> type:
     """The type a hidden alias flag parses its value as (bool: `--bf16` alone, or `--bf16 true`)."""
-    if row.hf in ("bf16", "fp16", "greater_is_better", "group_by_length") or (
-        row.agrees and all(isinstance(v, bool) for v in row.agrees)
-    ):
+    if row.hf in ("loss_type", "loss_weights"):
+        return str  # lists, read by `translate`
+    if row.hf in _BOOLEAN or (row.agrees and all(isinstance(v, bool) for v in row.agrees)):
         return bool
     if row.agrees:
         return str  # read by `translate`

@@ -1185,7 +1185,8 @@ class TrainConfig(
         from leantrain.config import hf_names
 
         # before the flags override: each source apart
-        values = hf_names.translate(values, str(path), {f.name for f in fields(cls)})
+        task = values.get("task") or (overrides or {}).get("task")
+        values = hf_names.translate(values, str(path), {f.name for f in fields(cls)}, task)
         fraction = values.get("eval_fraction")
         default = next(f.default for f in fields(cls) if f.name == "eval_fraction")
         if values.get("eval_data") is not None and fraction not in (None, default):
@@ -1645,7 +1646,14 @@ def _check_losses(cfg: OptimizationConfig) -> None:
         raise ConfigError(f"--label-smoothing must be in [0, 1), got {cfg.label_smoothing}")
     _choice(cfg, "preference_loss", PREFERENCE_LOSSES)
     if not (cfg.beta > 0 and math.isfinite(cfg.beta)):
-        raise ConfigError(f"--beta must be a positive number, got {cfg.beta}")
+        task = getattr(cfg, "task", None)
+        namesake = NAMESAKES.get((str(task), "beta"))  # a TRL config's beta: GRPO's is its KL weight
+        also = (
+            f"; {task} does not read it: its {_flag(namesake)} is what TRL's {task} trainer calls beta"
+            if namesake
+            else ""
+        )
+        raise ConfigError(f"--beta must be a positive number, got {cfg.beta}{also}")
     for name in ("simpo_gamma", "sft_weight", "desirable_weight", "undesirable_weight"):
         if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
             raise ConfigError(f"{_flag(name)} must be a number >= 0, got {getattr(cfg, name)}")

@@ -31,7 +31,7 @@ __all__ = [
 register("leantrain.tasks.text_classification:TextClassification", name="text-classification")
 register("leantrain.tasks.image_classification:ImageClassification", name="image-classification")
 register("leantrain.tasks.audio_classification:AudioClassification", name="audio-classification")
-register("leantrain.tasks.causal_lm:CausalLM", name="causal-lm", aliases=("text-generation",))
+register("leantrain.tasks.causal_lm:CausalLM", name="causal-lm", aliases=("text-generation", "sft"))
 register("leantrain.tasks.token_classification:TokenClassification", name="token-classification", aliases=("ner",))
 register(
     "leantrain.tasks.seq2seq:Seq2Seq",

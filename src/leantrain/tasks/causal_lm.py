@@ -34,7 +34,7 @@ LM_CONTEXT_CAP = 1024
 class CausalLM(Task):
     name: ClassVar[str] = "causal-lm"
     plain_folder: ClassVar[str] = "text"
-    aliases: ClassVar[tuple[str, ...]] = ("text-generation",)
+    aliases: ClassVar[tuple[str, ...]] = ("text-generation", "sft")  # the pipeline's name, TRL's trainer's
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "position_ids")
     auto_model: ClassVar[str] = "AutoModelForCausalLM"
     model_mapping: ClassVar[str] = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
