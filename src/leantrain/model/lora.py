@@ -282,7 +282,9 @@ def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
     base = _base(model)
     if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False):
         _merge_into_dequantized(model)
-        merged = model.unload()  # nothing left to merge: this unwraps the head's copy and the peft wrapper
+        # no adapter is left to merge; merging (not unload(), which since peft 0.22 keeps the head's untrained
+        # original) puts the head's trained copy in its place
+        merged = model.merge_and_unload(safe_merge=True)
         for flag in ("is_loaded_in_4bit", "is_loaded_in_8bit"):
             if hasattr(merged, flag):
                 delattr(merged, flag)
