@@ -547,7 +547,7 @@ def test_a_trl_scripts_command_line_sets_what_it_means(capsys):
 def test_a_config_as_to_dict_writes_it_trains_where_leantrain_agrees(config, tmp_path):
     """What a user saves of their arguments (`args.to_dict()` to YAML): the values __post_init__ worked out (report_to
     [], debug [], the accelerator_config's defaults, GRPO's generation_batch_size), the *_token fields masked as
-    <NAME>. use_cpu is given because TRL's configs refuse to build for bf16 on a CPU without it."""
+    <NAME>. use_cpu is given because TRL's configs refuse to build for bf16 on a CPU without it: it is --cpu."""
     import transformers
     import trl
     import yaml
@@ -556,12 +556,12 @@ def test_a_config_as_to_dict_writes_it_trains_where_leantrain_agrees(config, tmp
     task = TRL_CONFIGS.get(config)
     written = cls(output_dir=str(tmp_path), use_cpu=True).to_dict()
     refused = refused_alone(written, task)
-    assert refused == {"use_cpu", "train_sampling_strategy"} | TRL_REFUSED_DEFAULTS.get(config, set())
+    assert refused == {"train_sampling_strategy"} | TRL_REFUSED_DEFAULTS.get(config, set())
     path = tmp_path / "args.yaml"
     path.write_text(yaml.safe_dump({"task": task, **{k: v for k, v in written.items() if k not in refused}}))
     cfg = TrainConfig.from_yaml(path)
     # GRPO's 8 completions a device step are one prompt's group (leantrain's --batch-size counts prompts)
-    assert (cfg.batch_size, cfg.report_to) == (1 if config == "GRPOConfig" else 8, "none")
+    assert (cfg.batch_size, cfg.report_to, cfg.cpu) == (1 if config == "GRPOConfig" else 8, "none", True)
 
 
 def test_trl_grpo_counts_completions_in_its_batch():

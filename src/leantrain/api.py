@@ -50,14 +50,14 @@ def train(
     `hooks` instruments the run (tests);
     `compute_metrics`, as the HF Trainer takes it (an `EvalPrediction` of logits and labels in, a dict of numbers
     out), adds its scores to every evaluation, and `metric_for_best` may name them."""
-    from leantrain.parallel import callers_random_states
+    from leantrain.parallel import callers_random_states, cpu_only
 
     if isinstance(task, str):  # `task` is also TrainConfig's field: a name given here is that
         overrides["task"], task = task, None
     config = _config(config, overrides)
     refuse_unswitched(config)  # --lora-r without --lora would train the whole model
     # the run seeds Python's, NumPy's and torch's generators: the caller's draws go on after it as they would have
-    with callers_random_states():
+    with callers_random_states(), cpu_only(config.cpu):
         try:
             return _run(config, task, hooks, compute_metrics)
         except (LeantrainError, KeyboardInterrupt, torch.OutOfMemoryError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,21 @@ def test_cpuinfo_reads_the_first_processor():
     if "model name" in expected:  # x86: the name and the instruction sets
         assert parallel.cpu_name() == expected["model name"]
         assert parallel.cpu_flags() == set(expected["flags"].split()) and parallel.cpu_flags()
+
+
+def test_cpu_trains_on_the_cpu_where_a_gpu_is_visible_and_leaves_the_switch_as_it_was(
+    monkeypatch, tiny_model_dir, sentiment_csv, cache_dir, tmp_path
+):
+    """--cpu (the Trainer's use_cpu) on a machine where torch sees a GPU: every choice of device reads Accelerate's
+    switch, the Accelerator's included, so the run trains where it would fail on the missing GPU."""
+    import torch
+
+    from leantrain import TrainConfig, train
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU, as far as the run can tell
+    monkeypatch.delenv(parallel.CPU_ENV, raising=False)
+    job = dict(model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(cache_dir), max_steps=2)
+    result = train(TrainConfig(**job, cpu=True, output_dir=str(tmp_path / "cpu")))
+    assert result.metrics["optimizer_steps"] == 2 and parallel.CPU_ENV not in os.environ
+    with pytest.raises(AssertionError, match="CUDA"):  # without it the run goes for the GPU that is not there
+        train(TrainConfig(**job, output_dir=str(tmp_path / "gpu")))

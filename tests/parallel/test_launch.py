@@ -74,6 +74,18 @@ def test_torchrun_on_one_machine_is_standalone_with_one_thread_per_core(monkeypa
     assert "OMP_NUM_THREADS" not in env  # GPU ranks keep torch's default
 
 
+def test_cpu_launches_cpu_processes_on_a_machine_with_gpus(monkeypatch):
+    """--cpu: the launcher is given Accelerate's switch (its processes never claim a GPU) and CPU ranks' threads;
+    every process also reads --cpu itself."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cmd, env = launch.launch_command(cfg(num_processes=2, cpu=True), gpus=2, cores=4)
+    assert env["ACCELERATE_USE_CPU"] == "true" and env["OMP_NUM_THREADS"] == "2"
+    assert "--gpu_ids" not in cmd and "--cpu" in cmd[cmd.index("leantrain") :]
+    with pytest.raises(ConfigError, match="--num-processes 3"):  # the GPUs' count no longer bounds CPU ranks
+        launch.launch_command(cfg(num_processes=3), gpus=2)
+    launch.launch_command(cfg(num_processes=3, cpu=True), gpus=2)
+
+
 def test_torchrun_on_several_machines_names_the_main_machine():
     c = cfg(
         num_processes=4,

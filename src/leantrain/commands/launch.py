@@ -111,7 +111,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 def gpu_count() -> int:
     import torch
 
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
+    from leantrain.parallel import cpu_forced
+
+    if cpu_forced():
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -121,9 +123,12 @@ def launch_command(
 ) -> tuple[list[str], dict[str, str]]:
     """The launcher command line that runs `python -m leantrain train` with `cfg` in every process,
     and the environment variables to add for it."""
+    from leantrain.parallel import CPU_ENV
     from leantrain.parallel.threads import threads_are_users
 
     nproc = cfg.num_processes or 1
+    if cfg.cpu:  # the launcher and its processes off the GPUs, before each process reads its own --cpu
+        gpus = 0
     if cfg.num_machines > 1 and not cfg.main_process_ip:
         raise ConfigError(
             f"--num-machines {cfg.num_machines} needs --main-process-ip: the address of machine rank 0, "
@@ -133,7 +138,7 @@ def launch_command(
         raise ConfigError(
             f"--num-processes {nproc}, but this machine has {gpus} GPU(s): start at most one process per GPU"
         )
-    env = {LAUNCHED_ENV: "1"}
+    env = {LAUNCHED_ENV: "1"} | ({CPU_ENV: "true"} if cfg.cpu else {})
     if not gpus and not threads_are_users():
         # CPU ranks share the cores: one rank per core beats oversubscribed thread pools
         env["OMP_NUM_THREADS"] = str(max(1, (cores or cpu_count()) // nproc))

@@ -302,12 +302,7 @@ ROWS: tuple[Row, ...] = (
         joint=True,
         agrees=(True,),
     ),
-    Row(
-        "use_cpu",
-        None,
-        "leantrain uses the GPU when there is one; CUDA_VISIBLE_DEVICES= hides it",
-        agrees=(False,),
-    ),
+    Row("use_cpu", "cpu", "true: --cpu, the run on the CPU where a GPU is visible (Accelerate's switch)"),
     Row("local_rank", None, "set by the launcher (--num-processes, accelerate launch, torchrun)", agrees=(-1,)),
     Row(
         "do_train",

@@ -919,6 +919,9 @@ class ParallelConfig:
     launcher: str = _help(f"How processes are started: {'|'.join(LAUNCHERS)}.", default="accelerate")
     ray_workers: int | None = _help("Ray Train workers (with --launcher ray).", default=None)
     use_gpu: bool = _help("Ray workers use one GPU each (with --launcher ray).", default=False)
+    cpu: bool = _help(
+        "Train on the CPU even where a GPU is visible (Accelerate's `--cpu`; the Trainer's use_cpu).", default=False
+    )
     shard: str = _help(
         f"Shard model, gradients and optimizer state across processes: {'|'.join(SHARDING)}.", default="none"
     )
@@ -970,6 +973,8 @@ class ParallelConfig:
             raise ConfigError(
                 f"{_flag('local_sgd_outer_lr')}/{_flag('local_sgd_outer_momentum')} need {_flag('local_sgd_steps')}"
             )
+        if self.cpu and self.use_gpu:
+            raise ConfigError("--cpu keeps the run off the GPUs; --use-gpu gives each Ray worker one: choose one")
         if self.shard != "none" and self.local_sgd_steps is not None:
             raise ConfigError("--local-sgd-steps needs whole model replicas; it cannot be combined with --shard fsdp")
 

@@ -91,10 +91,36 @@ def precision_support(device_type: str) -> dict[str, PrecisionSupport]:
     }
 
 
+#: Accelerate's switch to the CPU where a GPU is visible (`accelerate launch --cpu` sets it; so does --cpu)
+CPU_ENV = "ACCELERATE_USE_CPU"
+
+
+def cpu_forced() -> bool:
+    return os.environ.get(CPU_ENV, "").lower() in ("1", "true")
+
+
+@contextlib.contextmanager
+def cpu_only(on: bool = True) -> Iterator[None]:
+    """A run on the CPU while it lasts (--cpu), through Accelerate's own switch: every choice of device, its
+    Accelerator's included, and the processes it launches read it."""
+    if not on:
+        yield
+        return
+    before = os.environ.get(CPU_ENV)
+    os.environ[CPU_ENV] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CPU_ENV, None)
+        else:
+            os.environ[CPU_ENV] = before
+
+
 def device_type() -> str:
     import torch
 
-    if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true"):
+    if torch.cuda.is_available() and not cpu_forced():
         return "cuda"
     return "cpu"
 
