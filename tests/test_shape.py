@@ -16,7 +16,6 @@ MAX_LINES = 60
 TABLES = {"leantrain.commands.cli:build_parser"}
 #: functions written before the 60-line rule, being split (this set only shrinks)
 NOT_YET_SPLIT = {
-    "leantrain.run.checkpoint:save",
     "leantrain.planner.memory:estimate",
     "leantrain.tasks.causal_lm:prepare_data",
 }

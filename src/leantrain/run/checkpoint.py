@@ -368,10 +368,8 @@ class CheckpointDir:
         acc = self.accelerator
         main = acc is None or acc.is_main_process
         rank = 0 if acc is None else acc.process_index
-        run_id = self._run_id()
         name = f"{PREFIX}{progress.step:06d}"
-        final = self.root / name
-        tmp, old = self.root / f".{name}.tmp-{run_id}", self.root / f".{name}.old-{run_id}"
+        tmp = self.root / f".{name}.tmp-{self._run_id()}"
         per_rank_optimizer = getattr(local_sgd, "enabled", False)  # local SGD: each process has its own moments
         if local_sgd is not None:
             local_sgd.sync()  # the processes' parameters agree before they are saved (collective)
@@ -379,13 +377,6 @@ class CheckpointDir:
         self._refuse_nonfinite(name, unwrapped_model)
         self._need_bytes = _state_bytes(unwrapped_model, optimizer)
         whole = _gathered(unwrapped_model, optimizer)  # --shard fsdp: whole on the main process (collective)
-
-        def prepare():
-            if main:
-                self.root.mkdir(parents=True, exist_ok=True)
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                tmp.mkdir()
 
         def write_own():
             own = {"rng": rng, "optimizer": optimizer.state_dict() if per_rank_optimizer else None}
@@ -399,32 +390,45 @@ class CheckpointDir:
                 if log_path is not None and log_path.is_file():
                     _write(tmp / "metrics.jsonl", lambda f: f.write(log_path.read_bytes()))
 
-        def publish():
-            if not main:
-                return
-            manifest = {
-                "format": FORMAT,
-                "reason": reason,
-                "progress": asdict(progress),
-                "facts": facts,
-                "config": config,
-                "num_processes": 1 if acc is None else acc.num_processes,
-                "per_rank_optimizer": per_rank_optimizer,
-                **_contents(tmp, config),
-            }
-            _write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-            fsync_dir(tmp)
-            if final.exists():  # the same step saved again (e.g. by a run that was resumed before it)
-                os.replace(final, old)  # a kill right after this: clean() puts it back
-            os.replace(tmp, final)
-            fsync_dir(self.root)
-            shutil.rmtree(old, ignore_errors=True)
-
-        for phase in (prepare, write_own, publish):
-            self._collectively(phase, tmp)
+        manifest = self._manifest(progress, reason, facts, config, per_rank_optimizer)
+        prepare, publish = (lambda: self._prepare(tmp)), (lambda: self._publish(tmp, name, manifest))
+        for phase in (prepare, write_own, publish) if main else (_nothing, write_own, _nothing):
+            self._collectively(phase, tmp)  # each phase on every process at once, so that a failure stops all
         if main:
             self.prune(keep, progress.best_step)
-        return final
+        return self.root / name
+
+    def _manifest(self, progress: TrainState, reason: str, facts: dict, config: dict, per_rank_optimizer) -> dict:
+        """What the checkpoint's manifest says of the run; `_publish` adds what the folder holds (`_contents`)."""
+        return {
+            "format": FORMAT,
+            "reason": reason,
+            "progress": asdict(progress),
+            "facts": facts,
+            "config": config,
+            "num_processes": 1 if self.accelerator is None else self.accelerator.num_processes,
+            "per_rank_optimizer": per_rank_optimizer,
+        }
+
+    def _prepare(self, tmp: Path) -> None:
+        """An empty folder for the save to fill (main process)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+
+    def _publish(self, tmp: Path, name: str, manifest: dict) -> None:
+        """The manifest last, then the folder in place under `name` in one rename (main process): a kill at any
+        point leaves the previous checkpoint or this one, never half of one."""
+        final, old = self.root / name, self.root / f".{name}.old-{self.run_id}"
+        manifest = {**manifest, **_contents(tmp, manifest["config"])}
+        _write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        fsync_dir(tmp)
+        if final.exists():  # the same step saved again (e.g. by a run that was resumed before it)
+            os.replace(final, old)  # a kill right after this: clean() puts it back
+        os.replace(tmp, final)
+        fsync_dir(self.root)
+        shutil.rmtree(old, ignore_errors=True)
 
     def _write_shared(self, tmp: Path, *, model, optimizer, scheduler, amp, local_sgd, whole=None) -> None:
         """What all processes share, written once (main process): weights, optimizer (unless per process),
@@ -780,6 +784,10 @@ def _gathered(model, optimizer):
     from leantrain.parallel import sharding
 
     return sharding.full_state(model, optimizer) if sharding.is_sharded(model) else None
+
+
+def _nothing() -> None:
+    """A phase of a save that this process sits out (it still takes part in the phase's agreement)."""
 
 
 def _state_bytes(model, optimizer) -> int:
