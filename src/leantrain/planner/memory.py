@@ -1107,6 +1107,15 @@ def _backward_end(
     return layer, late_grads - last + max(bwd_ws - own, (size if reused else last) - layer)
 
 
+def _weight_bytes(facts: ModelFacts, lora: LoraSpec | None) -> tuple[int, int]:
+    """(the weights' bytes, the bytes of the dequantized copy a quantized base makes of one layer in each forward)"""
+    if lora is None:
+        return 4 * facts.inventory.numel + facts.inventory.buffer_bytes, 0
+    lora_inv = lora_inventory(facts.config_json, lora)
+    weights = lora_inv.frozen_bytes + 4 * lora_inv.trainable.numel + facts.inventory.buffer_bytes
+    return weights, 4 * lora_inv.largest_linear if lora.quantize else 0
+
+
 def estimate(
     facts: ModelFacts,
     micro_batch: int,
@@ -1135,12 +1144,7 @@ def estimate(
     frozen layers are counted as if they trained: an overestimate). `target_len`: an encoder-decoder's target tokens
     (its sources are `seq_len` long; 0: as long); `fuse_head`: whether its run fuses the output head with the loss
     where the model allows (--label-smoothing takes the logits: it does not)."""
-    weights = 4 * facts.inventory.numel + facts.inventory.buffer_bytes
-    dequantized = 0
-    if lora is not None:  # LoRA
-        lora_inv = lora_inventory(facts.config_json, lora)
-        weights = lora_inv.frozen_bytes + 4 * lora_inv.trainable.numel + facts.inventory.buffer_bytes
-        dequantized = 4 * lora_inv.largest_linear if lora.quantize else 0  # one layer's weight, in each forward
+    weights, dequantized = _weight_bytes(facts, lora)
     inv = trainable_inventory(facts, lora, freeze)
     grads = 4 * inv.numel
     state = inv.state_bytes(optimizer, settings)
