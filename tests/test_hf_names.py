@@ -443,6 +443,8 @@ def test_every_trl_config_field_has_a_row_and_its_defaults_train_where_leantrain
         ({"disable_dropout": False, "task": "grpo", "shuffle_dataset": True}, {"dropout": None}),
         ({"remove_unused_columns": False, "task": "grpo"}, {"task": "grpo"}),
         ({"shuffle_dataset": False, "task": "causal-lm"}, {"task": "causal-lm"}),
+        # padding-free batches only save padding: the loss is the padded batches', which leantrain computes
+        ({"padding_free": True, "task": "causal-lm"}, {"task": "causal-lm", "packing": None}),
     ],
 )
 def test_trl_names_set_what_they_mean(given, says):

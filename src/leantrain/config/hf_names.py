@@ -676,8 +676,9 @@ ROWS: tuple[Row, ...] = (
     Row(
         "padding_free",
         None,
-        "--packing lays rows without padding (position ids restart at each document), with any attention",
-        agrees=(False,),
+        "the loss of padded batches, which it only makes cheaper: batches here are length-grouped (little "
+        "padding), and --packing lays rows without any (position ids restart at each document) with any attention",
+        agrees=(False, True),
         source=_TRL,
     ),
     Row(
