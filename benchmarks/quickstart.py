@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -113,7 +114,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--avx2", action="store_true", help="Also run the job as an AVX2-only CPU would.")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--flags", default="", help="More flags for every run, e.g. '--pooler identity'.")
     args = parser.parse_args()
+    extra = shlex.split(args.flags)
     import platform
 
     import torch
@@ -124,9 +127,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="leantrain-quickstart-") as tmp:
         work = Path(tmp)
-        rows.append(run("this CPU", {}, [], work))
+        rows.append(run("this CPU", {}, extra, work))
         if args.avx2:
-            rows.append(run("AVX2 only", AVX2_ONLY, ["--precision", "fp32"], work))
+            rows.append(run("AVX2 only", AVX2_ONLY, ["--precision", "fp32", *extra], work))
     name, flags = cpu()
     context = {
         "CPU": name,
@@ -137,6 +140,7 @@ def main() -> None:
         "transformers": transformers.__version__,
         "leantrain": leantrain.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **({"flags": args.flags} if extra else {}),
     }
     print(write_results(Path(args.out), "quickstart", page(rows), context, {"runs": rows}))
 

@@ -3,6 +3,7 @@ identity, so that a new classification head reads the first token rather than a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -14,6 +15,7 @@ from leantrain.errors import ConfigError
 from leantrain.model import loading
 
 MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
 
 
 @pytest.fixture()
@@ -23,6 +25,16 @@ def st_model_dir(tiny_model_dir, tmp_path):
     shutil.copytree(tiny_model_dir, folder)
     (folder / "modules.json").write_text(json.dumps(MODULES))
     return folder
+
+
+@pytest.fixture()
+def mean_model_dir(st_model_dir):
+    """The tiny BERT as a sentence-transformers checkpoint trained through mean pooling (as the embedded MiniLM)."""
+    (st_model_dir / "modules.json").write_text(json.dumps([*MODULES, POOLING]))
+    (st_model_dir / "1_Pooling").mkdir()
+    modes = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False}
+    (st_model_dir / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **modes}))
+    return st_model_dir
 
 
 def _classifier(folder):
@@ -113,5 +125,104 @@ def test_a_reward_model_from_a_sentence_transformers_checkpoint_starts_its_poole
 def test_an_unknown_pooler_setting_is_refused():
     from leantrain import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"--pooler must be one of auto, keep, identity; got 'mean'"):
-        TrainConfig(pooler="mean")
+    with pytest.raises(ConfigError, match=r"--pooler must be one of auto, keep, identity, mean; got 'max'"):
+        TrainConfig(pooler="max")
+
+
+def test_the_pooling_a_sentence_transformers_checkpoint_was_trained_through_is_read(mean_model_dir, tmp_path):
+    from leantrain.model.loading import sentence_transformers_pooling as pooling
+
+    assert pooling(str(mean_model_dir)) == "mean"
+    assert pooling(str(loading.embedded_model_path())) == "mean"
+    config = mean_model_dir / "1_Pooling" / "config.json"
+    config.write_text(json.dumps({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    assert pooling(str(mean_model_dir)) == "cls"
+    config.write_text("{not json")
+    assert pooling(str(mean_model_dir)) is None
+    assert pooling(str(tmp_path)) is None  # no modules.json
+
+
+def _states(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+
+
+def test_the_added_layer_gives_the_first_token_the_mean_of_the_tokens(mean_model_dir):
+    """The appended layer's first-token output is the mean of the last layer's states over each row's own tokens
+    (padding left out), normalised and scaled as the last layer's output is; the other layers are untouched."""
+    model = _classifier(mean_model_dir).eval()
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102], [101, 2307, 2154, 102, 0, 0]])
+    mask = (ids != 0).long()
+    before = _states(model, ids, mask)
+    note = loading.start_pooler(model, str(mean_model_dir), "auto")
+    assert "average the tokens into the first" in note and "3 layers now" in note
+    assert model.config.num_hidden_layers == 3 and _is_identity(model.bert.pooler.dense)
+    after = _states(model, ids, mask)
+    assert len(after) == len(before) + 1 and all(torch.equal(a, b) for a, b in zip(after, before))
+    norm = model.bert.encoder.layer[-2].output.LayerNorm
+    for row in range(2):
+        tokens = before[-1][row, : int(mask[row].sum())]
+        mean = torch.nn.functional.layer_norm(tokens.mean(0), (64,), norm.weight, norm.bias, norm.eps)
+        got = after[-1][row, 0]
+        # the first token's own state is added at a hundredth of the mean's weight
+        assert torch.nn.functional.cosine_similarity(got - norm.bias, mean - norm.bias, dim=0) > 0.999
+        assert not torch.allclose(got, before[-1][row, 0], atol=0.1)
+
+
+def test_mean_asked_of_a_model_it_cannot_serve_is_refused_in_one_line(mean_model_dir, tmp_path):
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    with pytest.raises(ConfigError, match=r"--pooler mean adds a layer that a LoRA adapter cannot carry"):
+        loading.start_pooler(_classifier(mean_model_dir), str(mean_model_dir), "mean", lora=True)
+    for asked in ({"lora": True}, {"auto_mean": False}):  # auto with LoRA, or for a reward model: the pooler alone
+        model = _classifier(mean_model_dir)
+        assert "starts as the identity" in loading.start_pooler(model, str(mean_model_dir), "auto", **asked)
+        assert model.config.num_hidden_layers == 2
+    config = RobertaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(ConfigError, match=r"--pooler mean: RobertaForSequenceClassification has no BERT-style"):
+        loading.start_pooler(RobertaForSequenceClassification(config), str(tmp_path), "mean")
+
+
+def test_a_mean_pooled_run_publishes_a_model_the_pipeline_loads_and_resumes_exactly(
+    mean_model_dir, sentiment_csv, tmp_path
+):
+    """The run trains the added layer (its query learns where to attend), `model/` loads with transformers'
+    pipeline one layer deeper and gives the run's own evaluation, and a resumed run ends where the whole one does."""
+    from transformers import pipeline
+
+    from leantrain import TrainConfig, train
+    from tests.test_checkpoint import assert_same_weights, step_dir
+
+    common = dict(model=str(mean_model_dir), data=str(sentiment_csv), max_steps=4, lr=1e-3, batch_size=16,
+                  progress=False, report=False, cache_dir=str(tmp_path / "cache"), save_every=2)  # fmt: skip
+    whole = train(TrainConfig(**common, output_dir=str(tmp_path / "whole")))
+    resumed = train(TrainConfig(**common, output_dir=str(tmp_path / "resumed"),
+                                resume=str(step_dir(whole.output_dir, 2))))  # fmt: skip
+    assert resumed.metrics["resumed_from"] and resumed.metrics["train_examples"] == 2 * 16
+    assert_same_weights(whole.output_dir, resumed.output_dir)
+    weights = load_file(whole.model_dir / "model.safetensors")
+    assert weights["bert.encoder.layer.2.attention.self.query.weight"].abs().max() > 0  # it trained
+    classify = pipeline("text-classification", model=str(whole.model_dir))
+    assert classify.model.config.num_hidden_layers == 3
+    assert {r["label"] for r in classify(["a lovely film", "dreadful"])} <= {"neg", "pos"}
+
+
+def test_the_planner_counts_the_added_layer_where_the_run_adds_it(minilm_dir, tiny_model_dir):
+    from leantrain import TrainConfig
+    from leantrain.planner.auto import request_for
+    from leantrain.planner.memory import mean_layer_added, model_facts, with_mean_layer
+    from leantrain.planner.search import make_plan
+    from tests.planner.test_search import SPEED
+
+    assert mean_layer_added(TrainConfig())  # the default job: the embedded MiniLM, trained through mean pooling
+    for other in ({"pooler": "identity"}, {"lora": True}, {"task": "reward-model"}, {"model": str(tiny_model_dir)}):
+        assert not mean_layer_added(TrainConfig(**other)), other
+    assert mean_layer_added(TrainConfig(model=str(tiny_model_dir), pooler="mean"))
+    facts = model_facts(str(minilm_dir))
+    deeper = with_mean_layer(facts)
+    layer = sum(p.numel() for p in _classifier(minilm_dir).bert.encoder.layer[-1].parameters())
+    assert (deeper.layers, deeper.params) == (facts.layers + 1, facts.params + layer)
+    request, _ = request_for(TrainConfig(), "cpu", 1)  # and a plan of the default job counts it
+    assert request.mean_layer
+    plan = make_plan(dataclasses.replace(request, budget=2**34), speed=SPEED, facts=facts)
+    assert plan.facts["layers"] == facts.layers + 1

@@ -85,7 +85,7 @@ STATIC_SHAPES = ("auto", "on", "off")
 LOGS = ("jsonl", "tensorboard")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "all")  # --report-to, through Accelerate
 PROBLEM_TYPES = ("single-label", "regression", "multi-label")
-POOLER = ("auto", "keep", "identity")  # --pooler: what a BERT-style pooler starts as
+POOLER = ("auto", "keep", "identity", "mean")  # --pooler: what a BERT-style pooler starts as
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
 MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 BATCH_ORDERS = ("shuffled", "longest-first")  # data.batching.GlobalBatchSampler
@@ -136,9 +136,12 @@ class ModelConfig:
     pooler: str = _help(
         "Text classification and reward models with a BERT-style pooler (the dense layer over the first token that "
         "the head reads): "
-        "auto|keep|identity. identity starts it as the identity (weight I, bias 0), so the head first reads the "
-        "first token's hidden state; auto does that for a sentence-transformers checkpoint (a modules.json beside "
-        "the weights), whose training never used its pooler, and keeps every other model's.",
+        "auto|keep|identity|mean. identity starts it as the identity (weight I, bias 0), so the head first reads "
+        "the first token's hidden state; mean also adds a last layer that averages the tokens into the first (a "
+        "BERT-shaped encoder; the model stays its class, one layer deeper). auto: for a sentence-transformers "
+        "checkpoint (a modules.json beside the weights), whose training never used its pooler, mean where it was "
+        "trained through mean pooling (a text classifier without --lora), else identity; every other model's is "
+        "kept.",
         read_by=(*TEXT, "reward-model"),
         default="auto",
     )

@@ -418,46 +418,152 @@ def pooler_dense(model):
     return None
 
 
-def is_sentence_transformers(name: str) -> bool:
-    """Whether `name` (a folder or a hub name) is a sentence-transformers checkpoint: a modules.json beside the
-    weights. A hub name is asked of the hub's cache (and the hub, when online): one small file."""
+def _checkpoint_file(name: str, file: str) -> Path | None:
+    """`file` of the checkpoint `name`: in its folder, or asked of the hub's cache (and the hub, when online)."""
     if Path(name).is_dir():
-        return (Path(name) / "modules.json").is_file()
+        path = Path(name) / file
+        return path if path.is_file() else None
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(name, "modules.json")).is_file()
-    except Exception:  # not on the hub, no such file, offline without it cached: not one
-        return False
+        return Path(hf_hub_download(name, file))
+    except Exception:  # not on the hub, no such file, offline without it cached
+        return None
 
 
-def start_pooler(model, name: str, setting: str) -> str | None:
-    """--pooler: start a BERT-style pooler as the identity (weight I, bias 0) when asked, or (auto) when `name` is a
-    sentence-transformers checkpoint: those pool the tokens' hidden states themselves and never run the pooler, so
-    its weights are whatever they started as (the embedded MiniLM's: a random matrix, std 0.009, bias 0). Through a
-    random pooler the new head sees a random projection of the first token; through the identity, the token itself
-    (after BERT's tanh). Returns a line for the user when the pooler was changed."""
+def is_sentence_transformers(name: str) -> bool:
+    """Whether `name` (a folder or a hub name) is a sentence-transformers checkpoint: a modules.json beside the
+    weights. A hub name is asked of the hub's cache (and the hub, when online): one small file."""
+    return _checkpoint_file(name, "modules.json") is not None
+
+
+def sentence_transformers_pooling(name: str) -> str | None:
+    """How a sentence-transformers checkpoint made its sentence's vector of the tokens' hidden states, as its
+    Pooling module's config says: "mean", "cls", "max", ... (several joined by "+"); None when it says nothing."""
+    import json
+
+    try:
+        modules = json.loads((_checkpoint_file(name, "modules.json") or Path("/nonexistent")).read_text())
+        folder = next(m["path"] for m in modules if str(m.get("type", "")).endswith(".Pooling"))
+        config = json.loads((_checkpoint_file(name, f"{folder}/config.json") or Path("/nonexistent")).read_text())
+    except (OSError, ValueError, StopIteration, KeyError, TypeError):
+        return None
+    modes = sorted(k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token") for k, on in
+                   config.items() if k.startswith("pooling_mode_") and on is True)  # fmt: skip
+    return "+".join(modes) or None
+
+
+#: the parts of a BERT-shaped encoder layer that `append_mean_layer` sets: a self-attention of query, key and value,
+#: its output's dense layer and norm, and the feed-forward's two dense layers and norm
+_BERT_LAYER_PARTS = (
+    "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+    "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm",
+)  # fmt: skip
+
+#: how much more the tokens' mean weighs than the first token's own state where the two are added (the layer's
+#: residual): enough that the norm after it gives the mean's direction to within a hundredth
+MEAN_WEIGHT = 100.0
+
+
+def last_bert_layer(model):
+    """The encoder's list of layers and its last layer, when every layer is BERT-shaped (`_BERT_LAYER_PARTS`)."""
     import torch
 
+    found = [n.removesuffix(".attention.self") for n, _ in model.named_modules() if n.endswith(".attention.self")]
+    if not found:
+        return None, None
+    layers = model.get_submodule(found[-1].rpartition(".")[0])
+    last = layers[-1] if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
+    try:
+        if last is None or not all(isinstance(last.get_submodule(p), torch.nn.Module) for p in _BERT_LAYER_PARTS):
+            return None, None
+    except AttributeError:
+        return None, None
+    return layers, last
+
+
+def append_mean_layer(model) -> bool:
+    """Append to a BERT-shaped encoder one more layer, set to average the tokens' hidden states into the first
+    token (the attention's query zero, so that every token weighs alike; its value and key the identity; the mean
+    weighted `MEAN_WEIGHT` times the first token's residual; the feed-forward zero; the last norm the last layer's),
+    so that a head that reads the first token reads the mean pooling a sentence-transformers model was trained
+    through. The layer trains with the rest (its query learns where to attend). The model stays its class, its
+    config one layer deeper: `pipeline` loads it as it is. False where the encoder is not BERT-shaped."""
+    import copy
+
+    import torch
+
+    layers, last = last_bert_layer(model)
+    if layers is None:
+        return False
+    layer = copy.deepcopy(last)
+    part = layer.get_submodule
+    with torch.no_grad():
+        eye = torch.eye(part("attention.self.value").in_features, dtype=last.output.dense.weight.dtype)
+        for name, weight in (("query", 0 * eye), ("key", eye), ("value", eye)):
+            part(f"attention.self.{name}").weight.copy_(weight)
+        part("attention.output.dense").weight.copy_(MEAN_WEIGHT * eye)
+        for name in ("query", "key", "value"):
+            part(f"attention.self.{name}").bias.zero_()
+        for name in ("attention.output.dense", "intermediate.dense", "output.dense"):
+            part(name).bias.zero_()
+        for name in ("intermediate.dense", "output.dense"):
+            part(name).weight.zero_()
+        part("attention.output.LayerNorm").weight.fill_(1.0)
+        part("attention.output.LayerNorm").bias.zero_()
+    for module in layer.modules():  # transformers numbers its layers (a cache's index): this one comes last
+        if isinstance(getattr(module, "layer_idx", None), int):
+            module.layer_idx = len(layers)
+    layers.append(layer)
+    model.config.num_hidden_layers = len(layers)
+    return True
+
+
+def _identity_pooler(dense) -> None:
+    import torch
+
+    with torch.no_grad():
+        dense.weight.copy_(torch.eye(dense.in_features, dtype=dense.weight.dtype, device=dense.weight.device))
+        if dense.bias is not None:
+            dense.bias.zero_()
+
+
+def start_pooler(model, name: str, setting: str, lora: bool = False, auto_mean: bool = True) -> str | None:
+    """--pooler: how the head of a model with a BERT-style pooler starts reading the tokens. identity: the pooler
+    starts as the identity (weight I, bias 0), so the head reads the first token's hidden state (after BERT's tanh)
+    rather than a random projection of it; mean: that, and a layer appended (`append_mean_layer`) that averages the
+    tokens into the first one. auto: for a sentence-transformers checkpoint, which pools the tokens' states itself
+    and never ran its pooler (the embedded MiniLM's is a random matrix, std 0.009), mean where it was trained
+    through mean pooling, its encoder is BERT-shaped and no LoRA adapters train (an adapter cannot carry a layer
+    its base lacks) and `auto_mean`, else identity; every other model's pooler is kept. Returns a line for the user."""
     from leantrain.errors import ConfigError
 
     if setting == "keep":
         return None
     dense = pooler_dense(model)
-    if dense is None:
-        if setting == "identity":
-            raise ConfigError(
-                f"--pooler identity: {type(model).__name__} has no BERT-style pooler (a square dense layer over the "
-                "first token) to start; use --pooler auto"
-            )
+    if dense is None and setting in ("identity", "mean"):
+        raise ConfigError(
+            f"--pooler {setting}: {type(model).__name__} has no BERT-style pooler (a square dense layer over the "
+            "first token) to start; use --pooler auto"
+        )
+    if dense is None or (setting == "auto" and not is_sentence_transformers(name)):
         return None
-    if setting == "auto" and not is_sentence_transformers(name):
-        return None
-    with torch.no_grad():
-        dense.weight.copy_(torch.eye(dense.in_features, dtype=dense.weight.dtype, device=dense.weight.device))
-        if dense.bias is not None:
-            dense.bias.zero_()
-    why = "--pooler identity" if setting == "identity" else "auto: a sentence-transformers checkpoint never trains it"
+    if setting == "mean" and lora:
+        raise ConfigError("--pooler mean adds a layer that a LoRA adapter cannot carry: use --pooler identity")
+    mean = setting == "mean" or (
+        setting == "auto" and auto_mean and not lora and sentence_transformers_pooling(name) == "mean"
+    )
+    if mean and not append_mean_layer(model):
+        if setting == "mean":
+            raise ConfigError(f"--pooler mean: {type(model).__name__}'s encoder layers are not BERT-shaped; use "
+                              "--pooler identity")  # fmt: skip
+        mean = False
+    _identity_pooler(dense)
+    why = f"--pooler {setting}" if setting != "auto" else "auto: a sentence-transformers checkpoint never trains it"
+    if mean:
+        return (f"pooler: the identity over a layer added to average the tokens into the first ({why}, as it was "
+                f"trained to pool: {model.config.num_hidden_layers} layers now; --pooler identity: the first token "
+                "alone)")  # fmt: skip
     return f"pooler: starts as the identity, the head reading the first token's hidden state ({why}; --pooler keep)"
 
 

@@ -14,7 +14,7 @@ from leantrain.config import TrainConfig
 from leantrain.config.units import format_bytes
 from leantrain.errors import LeantrainError
 from leantrain.model import optimizers
-from leantrain.planner.memory import LoraSpec, ModelFacts, pooler_starts_afresh
+from leantrain.planner.memory import LoraSpec, ModelFacts, mean_layer_added, pooler_starts_afresh
 from leantrain.planner.search import DEFAULT_OPTIMIZERS, Plan, PlanRequest, make_plan
 
 #: --auto plans within this share of the budget: the memory model counts tensors, not the allocator's
@@ -68,6 +68,7 @@ def request_for(cfg: TrainConfig, device: str, num_processes: int) -> tuple[Plan
         optimizers=available_optimizers() if optimizers.entry(cfg.optimizer).planned else (cfg.optimizer,),
         lora=LoraSpec.of(cfg),  # LoRA
         pooler_starts_afresh=pooler_starts_afresh(cfg),
+        mean_layer=mean_layer_added(cfg),
         freeze=cfg.freeze_or_default(),
         dropout=dropout_of(cfg),
         **reference_of(cfg),

@@ -283,11 +283,39 @@ def pooler_starts_afresh(cfg: Any) -> bool:
 
     setting = getattr(cfg, "pooler", "keep")
     if setting != "auto":
-        return setting == "identity"
+        return setting in ("identity", "mean")
     name = cfg.model
     return loading.is_sentence_transformers(
         str(loading.embedded_model_path()) if name in (None, loading.EMBEDDED_MODEL) else name
     )
+
+
+def mean_layer_added(cfg: Any) -> bool:
+    """Whether a text classifier's run adds the last encoder layer that averages the tokens into the first, as
+    `loading.start_pooler` decides (--pooler mean; auto on a checkpoint trained through mean pooling, without
+    --lora). An encoder that cannot take it is refused or left alone there, and by `with_mean_layer` here."""
+    from leantrain.config.sections import TEXT
+    from leantrain.model import loading
+
+    setting = getattr(cfg, "pooler", "keep")
+    if getattr(cfg, "task", None) not in (None, *TEXT) or setting not in ("auto", "mean"):
+        return False
+    if setting == "mean":
+        return True
+    name = cfg.model
+    path = str(loading.embedded_model_path()) if name in (None, loading.EMBEDDED_MODEL) else name
+    return not getattr(cfg, "lora", False) and loading.sentence_transformers_pooling(path) == "mean"
+
+
+def with_mean_layer(facts: ModelFacts) -> ModelFacts:
+    """`facts` one encoder layer deeper where its encoder is BERT-shaped: the layer `--pooler mean` adds."""
+    from leantrain.model.loading import last_bert_layer
+
+    config = _config_from_json(facts.config_json)
+    if last_bert_layer(_build(config, "meta"))[0] is None:
+        return facts
+    config.num_hidden_layers += 1
+    return model_facts(facts.name, config=config)
 
 
 def _afresh(net, spec: LoraSpec) -> list[str]:

@@ -54,6 +54,8 @@ class PlanRequest:
     lora: LoraSpec | None = None
     #: a BERT pooler the run starts as the identity (--pooler): with --lora it trains whole, as the head (LoRA's notes)
     pooler_starts_afresh: bool = False
+    #: a text classifier's last encoder layer added to average the tokens (--pooler mean): one layer more to count
+    mean_layer: bool = False
     #: --freeze: the names whose parameters keep no gradient or optimizer state (None or "none": nothing)
     freeze: str | None = None
     #: --dropout: every dropout's rate (None: the model's own); a dropout keeps its mask for the backward
@@ -413,6 +415,10 @@ def make_plan(request: PlanRequest, speed: DeviceSpeed | None = None, facts: Mod
     if request.global_batch <= 0 or request.seq_len <= 0:
         raise ConfigError("the global batch and the sequence length must be positive")
     facts = facts or model_facts(request.model, request.num_labels)
+    if request.mean_layer:
+        from leantrain.planner.memory import with_mean_layer
+
+        facts = with_mean_layer(facts)
     if request.dropout is not None:  # the proxies count what the run's dropouts save
         from leantrain.planner.memory import with_dropout
 

@@ -69,7 +69,9 @@ class RewardModel(PolicyTask):
             config=data.model_config,
             notes=self.head_notes,
         )
-        self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler)
+        # auto: the pooler alone (the added mean layer was measured on classification, not on rewards)
+        lora = bool(self.cfg.lora)
+        self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler, lora=lora, auto_mean=False)
         model.config.problem_type = "regression"  # the pipeline returns the reward itself, no sigmoid
         model.config.pad_token_id = data.processor.pad_token_id  # where each row's last token is
         # an encoder with sentence pairs (BERT) reads prompt and completion as its segments A and B

@@ -84,7 +84,7 @@ class TextClassification(Classification):
             auto_model=self.auto_model,
             notes=self.head_notes,
         )
-        self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler)
+        self._pooler_note = loading.start_pooler(model, model_path, self.cfg.pooler, lora=bool(self.cfg.lora))
         # saved in config.json: inference refuses single texts for a pair model (and pairs for the other)
         model.config.leantrain_text_pairs = self._pairs
         return model
