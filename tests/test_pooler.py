@@ -155,7 +155,7 @@ def test_the_added_layer_gives_the_first_token_the_mean_of_the_tokens(mean_model
     mask = (ids != 0).long()
     before = _states(model, ids, mask)
     note = loading.start_pooler(model, str(mean_model_dir), "auto")
-    assert "average the tokens into the first" in note and "3 layers now" in note
+    assert "average the tokens into the first" in note and "3 layers now" in note and "trained so" in note
     assert model.config.num_hidden_layers == 3 and _is_identity(model.bert.pooler.dense)
     after = _states(model, ids, mask)
     assert len(after) == len(before) + 1 and all(torch.equal(a, b) for a, b in zip(after, before))
@@ -178,6 +178,13 @@ def test_mean_asked_of_a_model_it_cannot_serve_is_refused_in_one_line(mean_model
         model = _classifier(mean_model_dir)
         assert "starts as the identity" in loading.start_pooler(model, str(mean_model_dir), "auto", **asked)
         assert model.config.num_hidden_layers == 2
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    albert = AlbertForSequenceClassification(AlbertConfig(vocab_size=64, embedding_size=8, hidden_size=16,
+                                                          num_attention_heads=2, intermediate_size=32))  # fmt: skip
+    assert loading.pooler_dense(albert) is not None  # a pooler, but layers of another shape
+    with pytest.raises(ConfigError, match=r"--pooler mean: AlbertForSequenceClassification's encoder layers are not"):
+        loading.start_pooler(albert, str(tmp_path), "mean")
     config = RobertaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
     with pytest.raises(ConfigError, match=r"--pooler mean: RobertaForSequenceClassification has no BERT-style"):
         loading.start_pooler(RobertaForSequenceClassification(config), str(tmp_path), "mean")

@@ -559,11 +559,12 @@ def start_pooler(model, name: str, setting: str, lora: bool = False, auto_mean: 
                               "--pooler identity")  # fmt: skip
         mean = False
     _identity_pooler(dense)
-    why = f"--pooler {setting}" if setting != "auto" else "auto: a sentence-transformers checkpoint never trains it"
     if mean:
-        return (f"pooler: the identity over a layer added to average the tokens into the first ({why}, as it was "
-                f"trained to pool: {model.config.num_hidden_layers} layers now; --pooler identity: the first token "
-                "alone)")  # fmt: skip
+        why = "--pooler mean" if setting == "mean" else "auto: the sentence-transformers checkpoint was trained so"
+        return (f"pooler: a last layer added to average the tokens into the first, which the head reads through "
+                f"the pooler started as the identity ({why}; {model.config.num_hidden_layers} layers now; --pooler "
+                "identity: the first token alone)")  # fmt: skip
+    why = f"--pooler {setting}" if setting != "auto" else "auto: a sentence-transformers checkpoint never trains it"
     return f"pooler: starts as the identity, the head reading the first token's hidden state ({why}; --pooler keep)"
 
 
