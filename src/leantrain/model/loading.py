@@ -466,7 +466,8 @@ MEAN_WEIGHT = 100.0
 
 
 def last_bert_layer(model):
-    """The encoder's list of layers and its last layer, when every layer is BERT-shaped (`_BERT_LAYER_PARTS`)."""
+    """The encoder's list of layers and its last layer, where that layer is BERT-shaped (`_BERT_LAYER_PARTS`); else
+    (None, None)."""
     import torch
 
     found = [n.removesuffix(".attention.self") for n, _ in model.named_modules() if n.endswith(".attention.self")]
@@ -520,6 +521,7 @@ def append_mean_layer(model) -> bool:
 
 
 def _identity_pooler(dense) -> None:
+    """The pooler's dense layer as the identity: weight I, bias 0."""
     import torch
 
     with torch.no_grad():
