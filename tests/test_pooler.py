@@ -212,6 +212,8 @@ def test_a_mean_pooled_run_publishes_a_model_the_pipeline_loads_and_resumes_exac
     classify = pipeline("text-classification", model=str(whole.model_dir))
     assert classify.model.config.num_hidden_layers == 3
     assert {r["label"] for r in classify(["a lovely film", "dreadful"])} <= {"neg", "pos"}
+    card = (whole.model_dir / "README.md").read_text()
+    assert "Its encoder has one layer more than the base's: the last, added in training, averages" in card
 
 
 def test_the_planner_counts_the_added_layer_where_the_run_adds_it(minilm_dir, tiny_model_dir):

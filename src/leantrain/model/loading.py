@@ -517,6 +517,7 @@ def append_mean_layer(model) -> bool:
             module.layer_idx = len(layers)
     layers.append(layer)
     model.config.num_hidden_layers = len(layers)
+    model.config.leantrain_mean_layer = True  # saved in config.json: the model card says what the layer is
     return True
 
 

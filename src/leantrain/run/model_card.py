@@ -99,7 +99,7 @@ def write_model_card(
         f"# {_run_name(model_dir)}",
         "",
         f"{'An' if task[:1] in 'aeiou' else 'A'} {task} model fine-tuned with leantrain {__version__} from "
-        f"{_describe_model(base_model, base_id)}.",
+        f"{_describe_model(base_model, base_id)}.{_added_layer(model_dir)}",
         *_data_section(sources, config, mixture, metrics),
     ]
     labels = _labels(model_dir)
@@ -347,6 +347,20 @@ def _describe_data(source: str, data_config: str | None = None) -> str:
         subset = source.split(":", 1)[1] if ":" in source else data_config
         return f"[{hub}](https://huggingface.co/datasets/{hub})" + (f" (config `{subset}`)" if subset else "")
     return f"the local {'folder' if Path(source).is_dir() else 'file'} `{Path(source).name}`"
+
+
+def _added_layer(model_dir: Path) -> str:
+    """A sentence on the encoder layer leantrain added (`--pooler mean`), where the saved config says so."""
+    try:
+        added = json.loads((model_dir / "config.json").read_text()).get("leantrain_mean_layer")
+    except (OSError, ValueError):
+        return ""
+    return (
+        " Its encoder has one layer more than the base's: the last, added in training, averages the tokens' states "
+        "into the first token, which the classification head reads (the base was trained through mean pooling)."
+        if added is True
+        else ""
+    )
 
 
 def _labels(model_dir: Path) -> list[str]:
