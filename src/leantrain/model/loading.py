@@ -442,11 +442,17 @@ def sentence_transformers_pooling(name: str) -> str | None:
     Pooling module's config says: "mean", "cls", "max", ... (several joined by "+"); None when it says nothing."""
     import json
 
+    def read(file: str) -> Any:
+        path = _checkpoint_file(name, file)
+        return json.loads(path.read_text()) if path is not None else None
+
     try:
-        modules = json.loads((_checkpoint_file(name, "modules.json") or Path("/nonexistent")).read_text())
-        folder = next(m["path"] for m in modules if str(m.get("type", "")).endswith(".Pooling"))
-        config = json.loads((_checkpoint_file(name, f"{folder}/config.json") or Path("/nonexistent")).read_text())
-    except (OSError, ValueError, StopIteration, KeyError, TypeError):
+        modules = read("modules.json") or []
+        folder = next((m["path"] for m in modules if str(m.get("type", "")).endswith(".Pooling")), None)
+        config = read(f"{folder}/config.json") if folder is not None else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not isinstance(config, dict):
         return None
     modes = sorted(k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token") for k, on in
                    config.items() if k.startswith("pooling_mode_") and on is True)  # fmt: skip
