@@ -527,6 +527,14 @@ def append_mean_layer(model) -> bool:
     return True
 
 
+def adds_mean_layer(name: str, setting: str, lora: bool = False, auto_mean: bool = True) -> bool:
+    """Whether `start_pooler` adds the mean layer (`append_mean_layer`) to a model from `name` that can take it:
+    asked (--pooler mean), or auto on a checkpoint trained through mean pooling, without LoRA, where `auto_mean`."""
+    return setting == "mean" or (
+        setting == "auto" and auto_mean and not lora and sentence_transformers_pooling(name) == "mean"
+    )
+
+
 def _identity_pooler(dense) -> None:
     """The pooler's dense layer as the identity: weight I, bias 0."""
     import torch
@@ -559,9 +567,7 @@ def start_pooler(model, name: str, setting: str, lora: bool = False, auto_mean: 
         return None
     if setting == "mean" and lora:
         raise ConfigError("--pooler mean adds a layer that a LoRA adapter cannot carry: use --pooler identity")
-    mean = setting == "mean" or (
-        setting == "auto" and auto_mean and not lora and sentence_transformers_pooling(name) == "mean"
-    )
+    mean = adds_mean_layer(name, setting, lora, auto_mean)
     if mean and not append_mean_layer(model):
         if setting == "mean":
             raise ConfigError(f"--pooler mean: {type(model).__name__}'s encoder layers are not BERT-shaped; use "

@@ -284,10 +284,15 @@ def pooler_starts_afresh(cfg: Any) -> bool:
     setting = getattr(cfg, "pooler", "keep")
     if setting != "auto":
         return setting in ("identity", "mean")
+    return loading.is_sentence_transformers(_model_path(cfg))
+
+
+def _model_path(cfg: Any) -> str:
+    """The run's model as `loading`'s checkpoint readers take it: the embedded MiniLM's folder for the default."""
+    from leantrain.model import loading
+
     name = cfg.model
-    return loading.is_sentence_transformers(
-        str(loading.embedded_model_path()) if name in (None, loading.EMBEDDED_MODEL) else name
-    )
+    return str(loading.embedded_model_path()) if name in (None, loading.EMBEDDED_MODEL) else name
 
 
 def mean_layer_added(cfg: Any) -> bool:
@@ -300,11 +305,7 @@ def mean_layer_added(cfg: Any) -> bool:
     setting = getattr(cfg, "pooler", "keep")
     if getattr(cfg, "task", None) not in (None, *TEXT) or setting not in ("auto", "mean"):
         return False
-    if setting == "mean":
-        return True
-    name = cfg.model
-    path = str(loading.embedded_model_path()) if name in (None, loading.EMBEDDED_MODEL) else name
-    return not getattr(cfg, "lora", False) and loading.sentence_transformers_pooling(path) == "mean"
+    return loading.adds_mean_layer(_model_path(cfg), setting, bool(getattr(cfg, "lora", False)))
 
 
 def with_mean_layer(facts: ModelFacts) -> ModelFacts:
