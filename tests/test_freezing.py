@@ -3,6 +3,8 @@ that matches nothing, or everything, is refused in one line; the default job fre
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -86,3 +88,41 @@ def test_a_checkpoint_from_before_freeze_was_recorded_resumes_only_with_nothing_
     with pytest.raises(CheckpointError, match=r"freeze differs \('none' in the checkpoint, 'embeddings' now\)"):
         older.check_matches({"lr": 1e-4, "freeze": "embeddings"}, {})
     older.check_matches({"lr": 1e-4, "freeze": "none"}, {})
+
+
+def test_frozen_matmul_weights_are_kept_in_bf16_in_a_bf16_run_and_published_in_fp32(
+    tiny_model_dir, sentiment_csv, tmp_path, monkeypatch
+):
+    """A frozen Linear's weights are kept in bf16, as autocast computes with them (the same losses as kept in fp32);
+    the planner counts them so; model/ holds them in fp32. Norms and embeddings stay fp32."""
+    from leantrain.planner import memory as M
+
+    def run(name):
+        cfg = TrainConfig(
+            model=str(tiny_model_dir), data=str(sentiment_csv), cache_dir=str(tmp_path / "cache"), batch_size=8,
+            max_steps=3, lr=1e-2, precision="bf16", progress=False, report=False, output_dir=str(tmp_path / name),
+            freeze="bert.encoder.layer.0.*", log_every=1,
+        )  # fmt: skip
+        result = train(cfg)
+        rows = [json.loads(r) for r in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+        losses = [(r["loss"], r["grad_norm"]) for r in rows if "loss" in r]
+        return losses, load_file(result.output_dir / "model" / "model.safetensors")
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    freezing.apply(model, "bert.encoder.layer.0.*")
+    said = freezing.store_frozen(model, torch.bfloat16)
+    kept = {n for n, p in model.named_parameters() if p.dtype == torch.bfloat16}
+    assert (
+        said is not None and kept and all(n.startswith("bert.encoder.layer.0.") and "LayerNorm" not in n for n in kept)
+    )
+    facts = M.model_facts(str(tiny_model_dir))
+    planned = M.estimate(facts, 4, 16, "bf16", False, "adamw", freeze="bert.encoder.layer.0.*").weights
+    held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert planned == pytest.approx(held, rel=1e-4)  # (the frozen layer is 0.8% of them)
+
+    losses, published = run("low")
+    monkeypatch.setattr(freezing, "store_frozen", lambda model, dtype: None)
+    assert losses == run("fp32")[0]
+    start = {f"bert.{k}": v for k, v in load_file(tiny_model_dir / "model.safetensors").items()}
+    assert {v.dtype for v in published.values() if v.is_floating_point()} == {torch.float32}
+    assert all(torch.equal(published[n], start[n].to(torch.bfloat16).float()) for n in kept)

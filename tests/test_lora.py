@@ -356,15 +356,19 @@ def test_a_base_to_quantize_loads_as_stored_and_what_trains_is_fp32(tiny_model_d
 # -- the planner -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("quantize", [None, "4bit"])
-def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize):
+@pytest.mark.parametrize(
+    ("quantize", "precision"), [(None, "fp32"), ("4bit", "fp32"), (None, "bf16"), ("4bit", "bf16")]
+)
+def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize, precision):
     """Trainable shapes, frozen (quantized) weight bytes and AdamW's state after a step, as the real peft model
-    has them; full fine-tuning's gradients and optimizer state are what LoRA leaves out."""
+    has them; full fine-tuning's gradients and optimizer state are what LoRA leaves out. In bf16 the frozen
+    weights are kept in bf16 (`freezing.store_frozen`)."""
+    import contextlib
     from types import SimpleNamespace
 
     from transformers import AutoModelForSequenceClassification
 
-    from leantrain.model import lora
+    from leantrain.model import freezing, lora
     from leantrain.model.optimizers import build_optimizer, state_bytes
     from leantrain.planner import memory as M
 
@@ -376,11 +380,15 @@ def test_the_planner_counts_what_a_lora_model_holds(tiny_model_dir, quantize):
     model = lora.apply(
         AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2), cfg, torch.device("cpu")
     )
+    low = precision == "bf16"
+    if low:
+        assert freezing.store_frozen(model, torch.bfloat16) is not None
     optimizer = build_optimizer(model, "adamw", 1e-3, 0.01)
-    model(input_ids=torch.tensor([[101, 2307, 102]]), labels=torch.tensor([1])).loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16) if low else contextlib.nullcontext():
+        model(input_ids=torch.tensor([[101, 2307, 102]]), labels=torch.tensor([1])).loss.backward()
     optimizer.step()
-    predicted = M.estimate(facts, 4, 16, "fp32", False, "adamw", lora=spec)
-    full = M.estimate(facts, 4, 16, "fp32", False, "adamw")
+    predicted = M.estimate(facts, 4, 16, precision, False, "adamw", lora=spec)
+    full = M.estimate(facts, 4, 16, precision, False, "adamw")
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert predicted.gradients == 4 * sum(p.numel() for p in trainable) < full.gradients / 20
     assert predicted.optimizer_state == state_bytes(optimizer) < full.optimizer_state / 20
@@ -429,3 +437,33 @@ def test_qlora_trains_a_causal_lm_whose_output_layer_stays_unquantized(tmp_path,
     net = M._build(M._config_from_json(facts.config_json), "meta")
     names = lora.quantized_names(net, lora.head_modules(net))
     assert "lm_head" not in names and any(n.endswith("q_proj") for n in names)
+
+
+def test_a_bf16_run_keeps_frozen_weights_in_bf16_and_trains_the_same_bits(job, monkeypatch, dropout_model_dir):
+    """Autocast casts a frozen fp32 weight afresh in every forward: stored in the run's precision it is the same bits
+    for the matmul, in half the memory and without the copy autograd keeps. model/ comes out fp32. (fp16 on a CPU
+    keeps its weights fp32: its evaluations run without autocast.)"""
+    from leantrain.model import freezing
+
+    precision = "bf16"
+    low = train(job("low", precision=precision, save_every=8))
+    monkeypatch.setattr(freezing, "store_frozen", lambda model, dtype: None)  # every weight fp32, as before
+    fp32 = train(job("fp32", precision=precision, save_every=8))
+    assert loss_log(low.output_dir) == loss_log(fp32.output_dir)
+    a, b = checkpoint_weights(low.output_dir, 8), checkpoint_weights(fp32.output_dir, 8)
+    trained = [k for k in a if ".lora_" in k or ".modules_to_save." in k]
+    assert trained and all(torch.equal(a[k], b[k]) for k in trained)
+    dtype = torch.bfloat16
+    kept = {k for k, v in a.items() if v.dtype == dtype}
+    # every frozen Linear under an adapter and the head's untouched original; nothing else (norms, embeddings)
+    assert kept == {k for k in a if k.rpartition(".")[0].endswith((".base_layer", ".original_module"))}
+    assert all(b[k].dtype == torch.float32 and torch.equal(b[k].to(dtype), a[k]) for k in kept)
+    assert sum(a[k].nbytes for k in kept) * 2 == sum(b[k].nbytes for k in kept)
+    merged, merged_fp32 = model_weights(low.output_dir), model_weights(fp32.output_dir)
+    assert {v.dtype for v in merged.values() if v.is_floating_point()} == {torch.float32}
+    # the same update merged in fp32 into the base the run computed with (rounded to bf16), none of it rounded away
+    pretrained = base_weights(dropout_model_dir)
+    for key in (k for k in merged if k.endswith("attention.self.query.weight")):
+        update = merged_fp32[key] - pretrained[key]
+        assert update.abs().max() > 0
+        torch.testing.assert_close(merged[key] - pretrained[key].to(dtype).float(), update, rtol=0, atol=1e-6)

@@ -151,6 +151,38 @@ def test_a_classifiers_activations_are_planned_as_its_task_runs_it(tiny_model_di
     assert ours < 0.85 * whole
 
 
+def test_a_bf16_lora_classifiers_activations_are_planned_with_its_frozen_weights_kept_in_bf16(tiny_model_dir):
+    """Under LoRA in bf16 the frozen weights are kept in bf16 (`freezing.store_frozen`), so autograd keeps no bf16
+    copy of them: planned as the real peft model saves, and less than with fp32 frozen weights."""
+    from types import SimpleNamespace
+
+    from leantrain import TrainConfig
+    from leantrain.model import freezing, loading, lora
+    from leantrain.tasks.text_classification import TextClassification
+
+    facts = M.model_facts(str(tiny_model_dir))
+    spec = M.LoraSpec(r=4)
+    planned = M.activation_profile(facts.config_json, 32, "bf16", False, lora=spec).saved(4, facts.layers, False)
+    cfg = SimpleNamespace(lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="auto", quantize=None)
+    model = loading.load_for_classification(str(tiny_model_dir), ["neg", "pos"])
+    model.train()
+    task = TextClassification(TrainConfig(model=str(tiny_model_dir), data="unused.csv"))
+    task.check_model(model)
+    model = lora.apply(model, cfg, torch.device("cpu"))
+    ids = torch.randint(1000, 30000, (4, 32), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1, 0])}
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            task.loss_sum(task.forward(model, batch), batch)
+
+    with_copies = saved_bytes(model, step)
+    freezing.store_frozen(model, torch.bfloat16)
+    ours = saved_bytes(model, step)
+    assert planned == pytest.approx(ours, rel=0.05)
+    assert ours < 0.8 * with_copies
+
+
 @pytest.mark.parametrize(
     ("freeze", "leading"),
     [("bert.embeddings.*,bert.encoder.layer.0.*", 1), ("embeddings,bert.encoder.layer.0.*", 0), ("embeddings", 0)],

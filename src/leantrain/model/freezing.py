@@ -6,6 +6,11 @@
 step more than their share: their gradient is a dense table as large as the weights (MiniLM's 11.7 M numbers, a
 tenth of them touched by a batch) and AdamW updates every number of it. Frozen, a MiniLM step at batch 16 runs
 12-22% faster, at the same accuracy on the default job's tweets (`benchmarks/results/quickstart.md`).
+
+In a bf16 or fp16 run, the frozen weights of matmul layers (`store_frozen`: what --freeze and LoRA freeze) are kept
+in that precision rather than fp32: autocast casts a weight that does not train afresh in every forward (it caches
+only the ones that do) and autograd keeps the copy for backward, so fp32 costs 4 + 2 bytes a number where the
+run's precision costs 2, and the matmuls see the same bits.
 """
 
 from __future__ import annotations
@@ -67,3 +72,57 @@ def _tied_to_output(model: Any, frozen: Any) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(head, "weight", None)
     return weight is not None and any(p is weight for p in frozen)
+
+
+def stored_low(model: Any) -> list[Any]:
+    """The frozen floating-point weights that `store_frozen` keeps in the run's precision: those held by matmul
+    layers alone (torch's Linear, which bitsandbytes' layers subclass, and GPT-2's Conv1D, an addmm), whose forward
+    autocast runs on the weight cast to its dtype. A weight another kind of module shares stays fp32 (a causal LM's
+    output layer tied to its input embeddings: the table's lookup is no autocast op, and its output would change)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    matmul: dict[int, Any] = {}
+    elsewhere: set[int] = set()
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if isinstance(module, (torch.nn.Linear, Conv1D)):
+                matmul[id(p)] = p
+            else:
+                elsewhere.add(id(p))
+    return [p for key, p in matmul.items() if key not in elsewhere and not p.requires_grad and p.is_floating_point()]
+
+
+def store_frozen(model: Any, dtype: Any) -> str | None:
+    """Keep `stored_low(model)` in `dtype` (the run's bf16/fp16 autocast dtype; see the module doc): casting rounds as
+    autocast's cast does, so every forward and gradient stays bitwise as it was. Returns the log's line, or None
+    where nothing is frozen."""
+    import torch
+
+    weights = [p for p in stored_low(model) if p.dtype != dtype]
+    if not weights or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    before = sum(p.numel() * p.element_size() for p in weights)
+    for p in weights:
+        p.data = p.data.to(dtype)
+    # A checkpoint's tensors on the CPU are views of its file, mapped whole (safetensors): the mapping, with the fp32
+    # pages the cast just read, stays resident while any tensor views it. Copied, the rest lets it go.
+    cast = {id(p) for p in weights}
+    for t in (*model.parameters(), *model.buffers()):
+        if id(t) not in cast and t.device.type == "cpu":
+            t.data = t.data.clone()
+    name = str(dtype).removeprefix("torch.")
+    return (
+        f"frozen matmul weights kept in {name}: {len(weights)} tensors, {before / 2**20:,.1f} MiB in fp32 now "
+        f"{sum(p.numel() * p.element_size() for p in weights) / 2**20:,.1f} MiB (autocast would cast them each forward)"
+    )
+
+
+def restore_fp32(model: Any) -> None:
+    """The weights `store_frozen` kept in bf16/fp16 back in fp32, in place: a published model/ is in one dtype, and
+    LoRA's adapters merge into fp32 weights (a bf16 weight would round most of a small update away)."""
+    import torch
+
+    for p in stored_low(model):
+        if p.dtype in (torch.bfloat16, torch.float16):
+            p.data = p.data.float()

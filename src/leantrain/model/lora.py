@@ -224,7 +224,9 @@ def apply(
         assert device is not None  # (None: the planner's proxies, never quantized)
         check_quantization_runs(cfg.quantize, device)
         quantize_base(model.to(device), cfg.quantize, head, device)
-        model.float()  # what stays unquantized (embeddings, norms, head) in fp32, as loaded without --quantize
+        # what stays unquantized (embeddings, norms, head) in fp32, as loaded without --quantize (a bf16/fp16 run
+        # then keeps the frozen output layer in its precision: freezing.store_frozen)
+        model.float()
     config = LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
@@ -279,6 +281,8 @@ def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
 
         with library_bars_off():
             model.save_pretrained(adapter_dir, safe_serialization=True)
+    from leantrain.model import freezing
+
     base = _base(model)
     if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False):
         _merge_into_dequantized(model)
@@ -288,7 +292,13 @@ def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
         for flag in ("is_loaded_in_4bit", "is_loaded_in_8bit"):
             if hasattr(merged, flag):
                 delattr(merged, flag)
+        freezing.restore_fp32(merged)
         return merged
+    if any(p.dtype != torch.float32 for p in freezing.stored_low(model)):
+        # a base kept in bf16/fp16 is merged in fp32 on the host, which held it in fp32 when it loaded: the device,
+        # on which the run fitted thanks to the smaller base, never holds the fp32 copy
+        model.to("cpu")
+        freezing.restore_fp32(model)
     return model.merge_and_unload(safe_merge=True)
 
 

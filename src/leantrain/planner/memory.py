@@ -752,10 +752,12 @@ def _saved_bytes(
     return float(sum(seen.values()))
 
 
-def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = True):
+def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = True, precision: str = "fp32"):
     """A proxy model from `config`, in training mode, run as its task runs it: (the model, a classifier's
     `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only, whether its
-    head and loss are fused there: where the model allows and, `fusable`, the run does)."""
+    head and loss are fused there: where the model allows and, `fusable`, the run does). Under LoRA its frozen
+    weights are kept in a bf16/fp16 `precision` as the run keeps them (`model.freezing.store_frozen`): autocast then
+    makes no copy of them for backward (an fp16 run on a CPU keeps them fp32; its copies are then not counted)."""
     from leantrain.model import loading
     from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
@@ -777,7 +779,12 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = T
     if checkpointing:
         loading.enable_activation_checkpointing(net)
     if lora is not None:  # frozen layers save no inputs for weight gradients; adapters save theirs
+        from leantrain.model import freezing
+        from leantrain.parallel.precision import frozen_dtype
+
         net = _with_adapters(net, lora)
+        if (low := frozen_dtype(precision, "any")) is not None:
+            freezing.store_frozen(net, low)
     return net, tail, counted_logits, fused
 
 
@@ -915,7 +922,7 @@ def _pair_counts(
         nonlocal fused_head
         with _quiet():
             config = _config_from_json(config_json, vocab_size=vocab, **dict(zip(names, stacks)))
-        net, _, selected, fused_head = _proxy(config, ckpt, *run)
+        net, _, selected, fused_head = _proxy(config, ckpt, *run, precision=precision)
         for batch in (2, 4):
             counts[(stacks, batch, ckpt, vocab)] = _saved_bytes(
                 net, batch, lengths[0], precision, None, 1.0, selected, fused_head, lengths[1]
@@ -955,7 +962,7 @@ def _proxy_counts(
         nonlocal fused_head
         with _quiet():
             config = _config_from_json(config_json, vocab_size=proxy_vocab, **{layers_name: n_layers})
-        net, tail, counted_logits, fused_head = _proxy(config, ckpt, lora)
+        net, tail, counted_logits, fused_head = _proxy(config, ckpt, lora, precision=precision)
         for batch in (2, 4):
             counts[(n_layers, batch, ckpt, proxy_vocab)] = _saved_bytes(
                 net, batch, seq_len, precision, tail, counted, counted_logits, fused_head
@@ -1136,13 +1143,46 @@ def _backward_end(
     return layer, late_grads - last + max(bwd_ws - own, (size if reused else last) - layer)
 
 
-def _weight_bytes(facts: ModelFacts, lora: LoraSpec | None) -> tuple[int, int]:
-    """(the weights' bytes, the bytes of the dequantized copy a quantized base makes of one layer in each forward)"""
+def _weight_bytes(
+    facts: ModelFacts, lora: LoraSpec | None, freeze: str | None, precision: str, device: str
+) -> tuple[int, int]:
+    """(the weights' bytes, the bytes of the dequantized copy a quantized base makes of one layer in each forward).
+    A bf16/fp16 run keeps its frozen matmul weights in its precision: 2 bytes a number (`freezing.store_frozen`)."""
+    from leantrain.model import freezing
+    from leantrain.parallel.precision import frozen_dtype
+
+    low = frozen_dtype(precision, device) is not None
+
     if lora is None:
-        return 4 * facts.inventory.numel + facts.inventory.buffer_bytes, 0
+        weights = 4 * facts.inventory.numel + facts.inventory.buffer_bytes
+        if low and freezing.patterns(freeze):
+            weights -= 2 * stored_low_numel(facts.config_json, None, freeze or "")
+        return weights, 0
     lora_inv = lora_inventory(facts.config_json, lora)
     weights = lora_inv.frozen_bytes + 4 * lora_inv.trainable.numel + facts.inventory.buffer_bytes
+    weights -= 2 * stored_low_numel(facts.config_json, lora, None) if low else 0
     return weights, 4 * lora_inv.largest_linear if lora.quantize else 0
+
+
+@functools.lru_cache(maxsize=16)
+def stored_low_numel(
+    config_json: str, lora: LoraSpec | None, freeze: str | None, trust_remote_code: bool = False
+) -> int:
+    """Numbers of the frozen weights a bf16/fp16 run keeps in its precision (`model.freezing.stored_low`) under LoRA
+    (less a quantized base's, quantized instead) or --freeze."""
+    from leantrain.model import freezing
+    from leantrain.model import lora as adapters
+
+    net = _build(_config_from_json(config_json), "meta", trust_remote_code)
+    quantized: set[int] = set()
+    if lora is not None and lora.quantize:
+        names = adapters.quantized_names(net, adapters.head_modules(net) + _afresh(net, lora))
+        quantized = {id(net.get_submodule(n).weight) for n in names}
+    if lora is not None:
+        net = _with_adapters(net, lora)
+    else:
+        freezing.apply(net, freeze)
+    return sum(p.numel() for p in freezing.stored_low(net) if id(p) not in quantized)
 
 
 def estimate(
@@ -1173,7 +1213,7 @@ def estimate(
     frozen layers are counted as if they trained: an overestimate). `target_len`: an encoder-decoder's target tokens
     (its sources are `seq_len` long; 0: as long); `fuse_head`: whether its run fuses the output head with the loss
     where the model allows (--label-smoothing takes the logits: it does not)."""
-    weights, dequantized = _weight_bytes(facts, lora)
+    weights, dequantized = _weight_bytes(facts, lora, freeze, precision, device)
     inv = trainable_inventory(facts, lora, freeze)
     grads = 4 * inv.numel
     state = inv.state_bytes(optimizer, settings)

@@ -174,7 +174,8 @@ def release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def tensor_bytes(tensors) -> int:
-    """Bytes this process holds: a sharded tensor (a DTensor, --shard fsdp) counts its local shard."""
+def tensor_bytes(tensors, float_bytes: int | None = None) -> int:
+    """Bytes this process holds: a sharded tensor (a DTensor, --shard fsdp) counts its local shard. `float_bytes`:
+    floating-point numbers counted at that size whatever their dtype (4: as saved in fp32)."""
     local = (t.to_local() if hasattr(t, "to_local") else t for t in tensors)
-    return sum(t.numel() * t.element_size() for t in local)
+    return sum(t.numel() * (float_bytes if float_bytes and t.is_floating_point() else t.element_size()) for t in local)

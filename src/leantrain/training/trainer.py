@@ -175,6 +175,7 @@ class Trainer:
 
             self.model = lora.apply(self.model, self.cfg, self.accelerator.device)
             self.say.info(lora.describe(self.model, self.cfg))
+        self._store_frozen()
         if self.sharded:  # before the optimizer, which then steps each process's shards
             from leantrain.parallel import sharding
 
@@ -189,6 +190,16 @@ class Trainer:
             f"{labels}precision {self.precision} ({self.precision_why}); "
             f"device {self.accelerator.device}, {counted(self.accelerator.num_processes, 'process', 'processes')}"
         )
+
+    def _store_frozen(self) -> None:
+        """What --lora and --freeze froze in the run's bf16/fp16 (`model.freezing.store_frozen`); not under --shard
+        fsdp, whose units gather their parameters in one dtype."""
+        from leantrain.model import freezing
+        from leantrain.parallel.precision import frozen_dtype
+
+        low = frozen_dtype(self.precision, self.accelerator.device.type)
+        if low is not None and self.cfg.shard != "fsdp" and (stored := freezing.store_frozen(self.model, low)):
+            self.say.info(stored)
 
     def _choose_attention(self) -> None:
         """--attention: the kernel, then the task's checks of the model as it will run."""
@@ -502,7 +513,9 @@ class Trainer:
         from leantrain.telemetry.memory import tensor_bytes
 
         unwrapped = self.accelerator.unwrap_model(self.model)
-        weights = tensor_bytes(unwrapped.state_dict().values()) * max(1, self.accelerator.num_processes * self.sharded)
+        # in fp32, as published: frozen weights kept in bf16/fp16 too (freezing.restore_fp32)
+        weights = tensor_bytes(unwrapped.state_dict().values(), float_bytes=4)
+        weights *= max(1, self.accelerator.num_processes * self.sharded)
         folder = Path(self.cfg.model or "")
         weight_files = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf")
         processor = sum(
@@ -1128,17 +1141,21 @@ class Trainer:
         import json
 
         from leantrain.config.saved import write_run_config
+        from leantrain.model import freezing
         from leantrain.model.lora import ADAPTER_DIR, for_publishing
         from leantrain.run import directory
         from leantrain.run.model_card import write_model_card
         from leantrain.run.report import write_report
+        from leantrain.telemetry.memory import tensor_bytes
         from leantrain.telemetry.metrics import plain_json
 
         staging = self.staging
         assert staging is not None  # the main process stages the run
         # LoRA: model/ is the merged model (the adapter alone in adapter/ with --save-adapter); else `model` itself
         model = for_publishing(model, staging / ADAPTER_DIR if self.cfg.save_adapter else None)
-        with directory.writing(staging / "model", metrics["weights_bytes"]):  # a full disk: one line, nothing left
+        freezing.restore_fp32(model)  # --freeze's frozen weights kept in bf16/fp16: model/ in one dtype
+        size = tensor_bytes((state_dict or model.state_dict()).values())  # what is written (the run's may be bf16)
+        with directory.writing(staging / "model", size):  # a full disk: one line, nothing left
             model.save_pretrained(staging / "model", safe_serialization=True, state_dict=state_dict)
             self.data.processor.save_pretrained(staging / "model")
         directory.usual_file_modes(staging / "model")
