@@ -9,8 +9,8 @@ outside the head, the head whole, bf16 autocast, AdamW lr 1e-3, micro-batch 16 o
 - **leantrain**: as it runs (`model.freezing.store_frozen` keeps frozen Linear weights in bf16);
 - **leantrain, frozen fp32**: the same with `store_frozen` switched off (every weight fp32, as before);
 - **HF Trainer + peft**: `get_peft_model(..., LoraConfig(task_type="SEQ_CLS", target_modules="all-linear"))` on the
-  model as `from_pretrained` loads it (fp32), `TrainingArguments(bf16=True, group_by_length=True)`: the usual
-  recipe, which autocasts.
+  model as `from_pretrained` loads it (fp32), `TrainingArguments(bf16=True)` and batches grouped by length
+  (`train_sampling_strategy="group_by_length"`): the usual recipe, which autocasts.
 
 Peak memory is the process's resident high-water mark (`ru_maxrss`), with freed memory returned to the kernel at
 once on every side (glibc's mmap threshold), so it is memory in use: through training (read before the model is
@@ -127,7 +127,7 @@ def run_trainer(model: Path, data: Path, out: Path, steps: int) -> dict:
         output_dir=str(out), per_device_train_batch_size=JOB["batch_size"], learning_rate=JOB["lr"], max_steps=steps,
         bf16=True, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="steps", logging_steps=1,
         disable_tqdm=True, optim="adamw_torch_fused", seed=0, dataloader_num_workers=0, lr_scheduler_type="linear",
-        group_by_length=True,
+        train_sampling_strategy="group_by_length",
     )  # fmt: skip
     trainer = Trainer(
         model=net, args=args, train_dataset=dataset, data_collator=DataCollatorWithPadding(tokenizer),

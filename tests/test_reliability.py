@@ -559,14 +559,16 @@ def test_non_finite_weights_are_never_saved_or_published(job, monkeypatch, on_na
     assert "step-000002" in str(err.value)
 
 
-def test_a_non_finite_staged_model_is_not_published(tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_non_finite_staged_model_is_not_published(tmp_path, dtype):
     from safetensors.torch import save_file
 
     run = directory.RunDir(tmp_path / "run")
     run.check()
     staging = run.begin()
     (staging / "model").mkdir()
-    save_file({"w": torch.tensor([1.0, float("nan"), 2.0])}, staging / "model" / "model.safetensors")
+    weights = {"a": torch.arange(5), "w": torch.tensor([1.0, float("nan"), 2.0], dtype=dtype), "z": torch.ones(0)}
+    save_file(weights, staging / "model" / "model.safetensors")  # (integers have no NaN: not counted)
     (staging / "metrics.json").write_text("{}")
     with pytest.raises(directory.NonFiniteModel, match="1 of 3 weights"):
         run.publish()
