@@ -111,7 +111,7 @@ def store_frozen(model: Any, dtype: Any) -> str | None:
     for t in (*model.parameters(), *model.buffers()):
         if id(t) not in cast and t.device.type == "cpu":
             t.data = t.data.clone()
-    name = str(dtype).removeprefix("torch.")
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
     return (
         f"frozen matmul weights kept in {name}: {len(weights)} tensors, {before / 2**20:,.1f} MiB in fp32 now "
         f"{sum(p.numel() * p.element_size() for p in weights) / 2**20:,.1f} MiB (autocast would cast them each forward)"
