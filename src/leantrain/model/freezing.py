@@ -76,9 +76,10 @@ def _tied_to_output(model: Any, frozen: Any) -> bool:
 
 def stored_low(model: Any) -> list[Any]:
     """The frozen floating-point weights that `store_frozen` keeps in the run's precision: those held by matmul
-    layers alone (torch's Linear, which bitsandbytes' layers subclass, and GPT-2's Conv1D, an addmm), whose forward
-    autocast runs on the weight cast to its dtype. A weight another kind of module shares stays fp32 (a causal LM's
-    output layer tied to its input embeddings: the table's lookup is no autocast op, and its output would change)."""
+    layers alone (torch's Linear and GPT-2's Conv1D, an addmm), whose forward autocast runs on the weight cast to its
+    dtype. A weight another kind of module shares stays fp32 (a causal LM's output layer tied to its input
+    embeddings: the table's lookup is no autocast op, and its output would change), and so do the layers that
+    subclass Linear to compute their own way (bitsandbytes' quantized layers and their biases)."""
     import torch
     from transformers.pytorch_utils import Conv1D
 
@@ -86,7 +87,7 @@ def stored_low(model: Any) -> list[Any]:
     elsewhere: set[int] = set()
     for module in model.modules():
         for p in module.parameters(recurse=False):
-            if isinstance(module, (torch.nn.Linear, Conv1D)):
+            if type(module) in (torch.nn.Linear, Conv1D):
                 matmul[id(p)] = p
             else:
                 elsewhere.add(id(p))

@@ -783,7 +783,7 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = T
         from leantrain.parallel.precision import frozen_dtype
 
         net = _with_adapters(net, lora)
-        if (low := frozen_dtype(precision, "any")) is not None:
+        if (low := frozen_dtype(precision, "cuda")) is not None:  # (as a GPU run; see above)
             freezing.store_frozen(net, low)
     return net, tail, counted_logits, fused
 
@@ -1177,7 +1177,7 @@ def stored_low_numel(
     quantized: set[int] = set()
     if lora is not None and lora.quantize:
         names = adapters.quantized_names(net, adapters.head_modules(net) + _afresh(net, lora))
-        quantized = {id(net.get_submodule(n).weight) for n in names}
+        quantized = {id(p) for n in names for p in net.get_submodule(n).parameters()}
     if lora is not None:
         net = _with_adapters(net, lora)
     else:
