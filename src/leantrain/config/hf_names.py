@@ -825,7 +825,8 @@ ROWS: tuple[Row, ...] = (
     Row(
         "dtype",
         None,
-        "the weights load in fp32, the optimizer's master weights; --precision bf16 (or fp16) sets the compute",
+        "the weights load in fp32, the optimizer's master weights; --precision bf16 (or fp16) sets the compute (and "
+        "what --lora or --freeze freezes is then kept in bf16)",
         agrees=("float32",),
         source=_MODEL,
     ),
