@@ -439,31 +439,51 @@ def test_qlora_trains_a_causal_lm_whose_output_layer_stays_unquantized(tmp_path,
     assert "lm_head" not in names and any(n.endswith("q_proj") for n in names)
 
 
-def test_a_bf16_run_keeps_frozen_weights_in_bf16_and_trains_the_same_bits(job, monkeypatch, dropout_model_dir):
-    """Autocast casts a frozen fp32 weight afresh in every forward: stored in the run's precision it is the same bits
-    for the matmul, in half the memory and without the copy autograd keeps. model/ comes out fp32. (fp16 on a CPU
-    keeps its weights fp32: its evaluations run without autocast.)"""
-    from leantrain.model import freezing
+@pytest.fixture()
+def bf16_model_dir(dropout_model_dir, tmp_path):
+    """The dropout BERT stored in bf16, as most causal LMs on the Hub are."""
+    from transformers import AutoModel, AutoTokenizer
 
-    precision = "bf16"
-    low = train(job("low", precision=precision, save_every=8))
+    path = tmp_path / "bf16-model"
+    AutoModel.from_pretrained(dropout_model_dir, dtype=torch.float32).to(torch.bfloat16).save_pretrained(path)
+    AutoTokenizer.from_pretrained(dropout_model_dir).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("stored", ["fp32", "bf16"])
+def test_a_bf16_run_keeps_frozen_weights_in_bf16_and_trains_the_same_bits(
+    job, monkeypatch, dropout_model_dir, bf16_model_dir, stored
+):
+    """Autocast casts a frozen fp32 weight afresh in every forward: stored in the run's precision it is the same bits
+    for the matmul, in half the memory and without the copy autograd keeps; an embedding table too where bf16 holds
+    its values (a checkpoint stored in bf16), its lookups cast back to fp32. model/ comes out fp32, and the planner
+    counts what the run holds. (fp16 on a CPU keeps its weights fp32: its evaluations run without autocast.)"""
+    from leantrain.model import freezing
+    from leantrain.planner import memory as M
+
+    model_dir = dropout_model_dir if stored == "fp32" else bf16_model_dir
+    low = train(job("low", model=str(model_dir), precision="bf16", save_every=8))
     monkeypatch.setattr(freezing, "store_frozen", lambda model, dtype: None)  # every weight fp32, as before
-    fp32 = train(job("fp32", precision=precision, save_every=8))
+    fp32 = train(job("fp32", model=str(model_dir), precision="bf16", save_every=8))
     assert loss_log(low.output_dir) == loss_log(fp32.output_dir)
     a, b = checkpoint_weights(low.output_dir, 8), checkpoint_weights(fp32.output_dir, 8)
     trained = [k for k in a if ".lora_" in k or ".modules_to_save." in k]
     assert trained and all(torch.equal(a[k], b[k]) for k in trained)
     dtype = torch.bfloat16
     kept = {k for k, v in a.items() if v.dtype == dtype}
-    # every frozen Linear under an adapter and the head's untouched original; nothing else (norms, embeddings)
-    assert kept == {k for k in a if k.rpartition(".")[0].endswith((".base_layer", ".original_module"))}
+    # every frozen Linear under an adapter and the head's untouched original, the tables when bf16 holds them
+    tables = {k for k in a if k.endswith("embeddings.weight")} if stored == "bf16" else set()
+    assert kept == {k for k in a if k.rpartition(".")[0].endswith((".base_layer", ".original_module"))} | tables
     assert all(b[k].dtype == torch.float32 and torch.equal(b[k].to(dtype), a[k]) for k in kept)
     assert sum(a[k].nbytes for k in kept) * 2 == sum(b[k].nbytes for k in kept)
+    lora_spec = M.LoraSpec(r=4, dropout=0.1, pooler_whole=False)
+    planned = M.estimate(M.model_facts(str(model_dir)), 4, 16, "bf16", False, "adamw", lora=lora_spec).weights
+    assert planned == pytest.approx(low.metrics["weights_bytes"], rel=0.01)
     merged, merged_fp32 = model_weights(low.output_dir), model_weights(fp32.output_dir)
     assert {v.dtype for v in merged.values() if v.is_floating_point()} == {torch.float32}
     # the same update merged in fp32 into the base the run computed with (rounded to bf16), none of it rounded away
-    pretrained = base_weights(dropout_model_dir)
+    pretrained = base_weights(model_dir)
     for key in (k for k in merged if k.endswith("attention.self.query.weight")):
-        update = merged_fp32[key] - pretrained[key]
+        update = merged_fp32[key] - pretrained[key].float()
         assert update.abs().max() > 0
         torch.testing.assert_close(merged[key] - pretrained[key].to(dtype).float(), update, rtol=0, atol=1e-6)

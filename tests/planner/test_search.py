@@ -285,7 +285,7 @@ def test_frozen_parameters_plan_no_gradient_or_optimizer_state(facts, tiny_model
         for plan in (plan_for(facts, 2**34, freeze=f) for f in ("none", freeze))
     )
     # frozen weights are still held: a bf16 run's frozen Linear weights in bf16 (freezing.store_frozen)
-    low = 2 * sum(p.numel() for p in freezing.stored_low(model))
+    low = 2 * sum(p.numel() for p in freezing.stored_low(model, tables=False))  # (fp32 values: tables stay)
     for key, memory in frozen.items():
         assert memory.weights == whole[key].weights - (low if frozen_dtype(key[0], "cpu") else 0)
         assert memory.gradients == 4 * trained and whole[key].gradients == 4 * total

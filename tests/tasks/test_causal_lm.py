@@ -742,6 +742,34 @@ def test_an_empty_prompt_generates_from_the_bos_token_as_transformers_pipeline_d
     assert json.loads(out) == rows[0] and "default job" not in err  # a model folder is no default training job
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_bf16_lora_run_keeps_a_tied_table_stored_in_bf16_in_bf16_with_the_same_bits(
+    llama_dir, run, tmp_path, monkeypatch, attention
+):
+    """A causal LM stored in bf16 whose output layer is its input table: the table is kept in bf16 (its values are
+    bf16's), its lookups cast back to fp32, so the losses and the published model are bitwise those of an fp32
+    table (eager's additive masks too, built in the lookups' dtype)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from leantrain.model import freezing
+
+    folder = tmp_path / "tied"
+    shutil.copytree(llama_dir, folder)
+    config = AutoConfig.from_pretrained(folder)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(folder)
+    job = dict(model=str(folder), lora=True, lora_r=4, lora_alpha=8, max_steps=4, batch_size=4, precision="bf16")
+    low, w_low = run(**job, attention=attention, save_every=4)
+    monkeypatch.setattr(freezing, "store_frozen", lambda model, dtype: None)  # every weight fp32, as before
+    fp32, w_fp32 = run(**job, attention=attention, save_every=4)
+    assert loss_log(low) == loss_log(fp32)
+    saved = load_file(low.output_dir / "checkpoints" / "step-000004" / "model.safetensors")
+    table = [v for k, v in saved.items() if k.endswith(("embed_tokens.weight", "lm_head.weight"))]  # saved once
+    assert len(table) == 1 and table[0].dtype == torch.bfloat16
+    assert w_low.keys() == w_fp32.keys() and all(torch.equal(w_low[k], w_fp32[k]) for k in w_low)
+
+
 def test_lora_on_a_language_model_accumulates_exactly_and_publishes_a_merged_model(run):
     """LoRA (issue #15) on the causal-LM task: only the adapters train (embeddings and the output layer stay
     bitwise), 4 micro-batches of packed rows equal one big batch at the token level, and model/ is a plain

@@ -10,7 +10,8 @@ tenth of them touched by a batch) and AdamW updates every number of it. Frozen, 
 In a bf16 or fp16 run, the frozen weights of matmul layers (`store_frozen`: what --freeze and LoRA freeze) are kept
 in that precision rather than fp32: autocast casts a weight that does not train afresh in every forward (it caches
 only the ones that do) and autograd keeps the copy for backward, so fp32 costs 4 + 2 bytes a number where the
-run's precision costs 2, and the matmuls see the same bits.
+run's precision costs 2, and the matmuls see the same bits. So are frozen embedding tables whose values the
+precision holds exactly (a checkpoint stored in bf16), their lookups cast back to fp32: 2 bytes where 4.
 """
 
 from __future__ import annotations
@@ -74,38 +75,55 @@ def _tied_to_output(model: Any, frozen: Any) -> bool:
     return weight is not None and any(p is weight for p in frozen)
 
 
-def stored_low(model: Any) -> list[Any]:
-    """The frozen floating-point weights that `store_frozen` keeps in the run's precision: those held by matmul
-    layers alone (torch's Linear and GPT-2's Conv1D, an addmm), whose forward autocast runs on the weight cast to its
-    dtype. A weight another kind of module shares stays fp32 (a causal LM's output layer tied to its input
-    embeddings: the table's lookup is no autocast op, and its output would change), and so do the layers that
-    subclass Linear to compute their own way (bitsandbytes' quantized layers and their biases)."""
+#: set on an embedding module whose table `store_frozen` keeps in bf16/fp16: its lookups are cast back to fp32
+OUTPUT_FP32 = "leantrain_output_fp32"
+
+
+def stored_low(model: Any, tables: bool = True) -> list[Any]:
+    """The frozen floating-point weights `store_frozen` may keep in the run's precision: those held by matmul layers
+    (torch's Linear and GPT-2's Conv1D, an addmm), whose forward autocast runs on the weight cast to its dtype, and
+    (`tables`) by embedding tables, whose lookups are cast back to fp32, alone. A weight that another kind of module
+    holds stays fp32, and so do the layers that subclass these to compute their own way (bitsandbytes' quantized
+    layers and their biases, BART's scaled embeddings)."""
     import torch
     from transformers.pytorch_utils import Conv1D
 
-    matmul: dict[int, Any] = {}
+    kinds = (torch.nn.Linear, Conv1D, torch.nn.Embedding) if tables else (torch.nn.Linear, Conv1D)
+    held: dict[int, Any] = {}
     elsewhere: set[int] = set()
     for module in model.modules():
         for p in module.parameters(recurse=False):
-            if type(module) in (torch.nn.Linear, Conv1D):
-                matmul[id(p)] = p
+            if type(module) in kinds:
+                held[id(p)] = p
             else:
                 elsewhere.add(id(p))
-    return [p for key, p in matmul.items() if key not in elsewhere and not p.requires_grad and p.is_floating_point()]
+    return [p for key, p in held.items() if key not in elsewhere and not p.requires_grad and p.is_floating_point()]
 
 
 def store_frozen(model: Any, dtype: Any) -> str | None:
-    """Keep `stored_low(model)` in `dtype` (the run's bf16/fp16 autocast dtype; see the module doc): casting rounds as
-    autocast's cast does, so every forward and gradient stays bitwise as it was. Returns the log's line, or None
-    where nothing is frozen."""
+    """Keep `stored_low(model)` in `dtype` (the run's bf16/fp16 autocast dtype; see the module doc), so that every
+    forward and gradient stays bitwise as it was: a matmul's weight rounds as autocast's cast rounds it; an embedding
+    table only where `dtype` holds its values exactly (a checkpoint stored in bf16), its lookups cast back to fp32.
+    Returns the log's line, or None where nothing is kept."""
     import torch
 
-    weights = [p for p in stored_low(model) if p.dtype != dtype]
+    tables: dict[int, list[Any]] = {}
+    for module in model.modules():
+        if type(module) is torch.nn.Embedding:
+            tables.setdefault(id(module.weight), []).append(module)
+    weights = [
+        p
+        for p in stored_low(model)
+        if p.dtype != dtype and (id(p) not in tables or torch.equal(p.data.to(dtype).to(p.dtype), p.data))
+    ]
     if not weights or dtype not in (torch.bfloat16, torch.float16):
         return None
     before = sum(p.numel() * p.element_size() for p in weights)
     for p in weights:
         p.data = p.data.to(dtype)
+        for table in tables.get(id(p), []):  # what follows the lookup computes as it did from the fp32 table
+            table.register_forward_hook(_as_fp32)
+            setattr(table, OUTPUT_FP32, True)
     # A checkpoint's tensors on the CPU are views of its file, mapped whole (safetensors): the mapping, with the fp32
     # pages the cast just read, stays resident while any tensor views it. Copied, the rest lets it go.
     cast = {id(p) for p in weights}
@@ -113,10 +131,17 @@ def store_frozen(model: Any, dtype: Any) -> str | None:
         if id(t) not in cast and t.device.type == "cpu":
             t.data = t.data.clone()
     name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    kept = sum(p.numel() * p.element_size() for p in weights) / 2**20
+    n_tables = sum(id(p) in tables for p in weights)
     return (
-        f"frozen matmul weights kept in {name}: {len(weights)} tensors, {before / 2**20:,.1f} MiB in fp32 now "
-        f"{sum(p.numel() * p.element_size() for p in weights) / 2**20:,.1f} MiB (autocast would cast them each forward)"
+        f"frozen weights kept in {name}: {len(weights)} tensors"
+        + (f" ({n_tables} of them embedding tables)" if n_tables else "")
+        + f", {before / 2**20:,.1f} MiB in fp32 now {kept:,.1f} MiB (the same bits; no autocast copy of them)"
     )
+
+
+def _as_fp32(module: Any, args: Any, output: Any) -> Any:
+    return output.float()
 
 
 def restore_fp32(model: Any) -> None:

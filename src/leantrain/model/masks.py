@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from leantrain.model.freezing import OUTPUT_FP32
+
 #: the probe batch: 2 rows of 8 tokens; the second padded after 5, or holding two documents of 5 and 3
 _PROBE_LENGTH, _PROBE_SPLIT = 8, 5
 
@@ -158,6 +160,8 @@ def _embeddings_like(model: torch.nn.Module, shape: torch.Size, device: torch.de
     except NotImplementedError:  # a model without an embedding table (wav2vec2's input is a waveform): fp32
         embeddings = None
     dtype = getattr(getattr(embeddings, "weight", None), "dtype", torch.float32)
+    if getattr(embeddings, OUTPUT_FP32, False):  # a table kept in bf16, its lookups cast to fp32 (freezing)
+        dtype = torch.float32
     return torch.empty(shape[0], shape[1], 0, dtype=dtype, device=device)
 
 

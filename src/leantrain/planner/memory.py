@@ -1152,24 +1152,25 @@ def _weight_bytes(
     from leantrain.parallel.precision import frozen_dtype
 
     low = frozen_dtype(precision, device) is not None
-
+    # embedding tables are kept low where the precision holds their values exactly: a checkpoint stored in bf16
+    tables = precision == "bf16" and json.loads(facts.config_json).get("dtype") == "bfloat16"
     if lora is None:
         weights = 4 * facts.inventory.numel + facts.inventory.buffer_bytes
         if low and freezing.patterns(freeze):
-            weights -= 2 * stored_low_numel(facts.config_json, None, freeze or "")
+            weights -= 2 * stored_low_numel(facts.config_json, None, freeze or "", tables)
         return weights, 0
     lora_inv = lora_inventory(facts.config_json, lora)
     weights = lora_inv.frozen_bytes + 4 * lora_inv.trainable.numel + facts.inventory.buffer_bytes
-    weights -= 2 * stored_low_numel(facts.config_json, lora, None) if low else 0
+    weights -= 2 * stored_low_numel(facts.config_json, lora, None, tables) if low else 0
     return weights, 4 * lora_inv.largest_linear if lora.quantize else 0
 
 
 @functools.lru_cache(maxsize=16)
 def stored_low_numel(
-    config_json: str, lora: LoraSpec | None, freeze: str | None, trust_remote_code: bool = False
+    config_json: str, lora: LoraSpec | None, freeze: str | None, tables: bool, trust_remote_code: bool = False
 ) -> int:
-    """Numbers of the frozen weights a bf16/fp16 run keeps in its precision (`model.freezing.stored_low`) under LoRA
-    (less a quantized base's, quantized instead) or --freeze."""
+    """Numbers of the frozen weights a bf16/fp16 run keeps in its precision (`model.freezing.stored_low`, embedding
+    tables with `tables`) under LoRA (less a quantized base's, quantized instead) or --freeze."""
     from leantrain.model import freezing
     from leantrain.model import lora as adapters
 
@@ -1182,7 +1183,7 @@ def stored_low_numel(
         net = _with_adapters(net, lora)
     else:
         freezing.apply(net, freeze)
-    return sum(p.numel() for p in freezing.stored_low(net) if id(p) not in quantized)
+    return sum(p.numel() for p in freezing.stored_low(net, tables) if id(p) not in quantized)
 
 
 def estimate(
