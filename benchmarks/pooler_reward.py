@@ -7,6 +7,7 @@ mean margin on all dev pairs. Needs `../shared/data/sst2`.
 
     python benchmarks/pooler_reward.py                        # writes benchmarks/results/pooler_reward.{json,md}
     python benchmarks/pooler_reward.py --steps 60 --seeds 0   # a quick look
+    python benchmarks/pooler_reward.py --poolers identity,mean --name pooler_reward_mean   # the added mean layer
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
     p.add_argument("--precision", default="auto")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--poolers", type=lambda s: s.split(","), default=["keep", "auto"], help="two --pooler settings")
+    p.add_argument("--name", default="pooler_reward", help="the results page's name")
     a = p.parse_args(argv)
     if not (SHARED / "sst2").is_dir():
         print(f"no SST-2 at {SHARED / 'sst2'}: nothing to measure")
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     load_before = os.getloadavg()[0]
     for seed in a.seeds:
-        for pooler in ("keep", "auto"):
+        for pooler in a.poolers:
             started = time.perf_counter()
             result = train(
                 TrainConfig(
@@ -77,25 +80,28 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/pooler_reward.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     by = {(r["seed"], r["pooler"]): r for r in rows}
+    first, second = a.poolers
     lines = [
-        "# A reward model's pooler on a sentence-transformers checkpoint: kept, or started as the identity",
+        f"# A reward model's pooler on a sentence-transformers checkpoint: {first} or {second}",
         "",
         f"The embedded all-MiniLM-L6-v2 as a reward model on {a.pairs:,} SST-2 preference pairs (chosen: the right "
         f"label), {a.steps} steps of {a.batch_size} pairs, lr {a.lr:g}; pairwise accuracy and mean margin on all "
-        "dev pairs. `keep`: the checkpoint's pooler (a random matrix); `auto`: the identity. Written by "
+        "dev pairs. `keep`: the checkpoint's pooler (a random matrix); `auto` and `identity`: the identity; `mean`: "
+        "the identity over an added layer that averages the tokens into the first. Written by "
         "`benchmarks/pooler_reward.py`.",
         "",
-        "| seed | keep: accuracy | auto: accuracy | difference | keep: margin | auto: margin |",
-        "|---|---|---|---|---|---|",
+        f"| seed | {first}: accuracy | {second}: accuracy | difference | {first}: margin | {second}: margin "
+        "| seconds |",
+        "|---|---|---|---|---|---|---|",
     ]
     for seed in a.seeds:
-        k, i = by[(seed, "keep")], by[(seed, "auto")]
+        k, i = by[(seed, first)], by[(seed, second)]
         diff = 100 * (i["accuracy"] - k["accuracy"])
         lines.append(
             f"| {seed} | {k['accuracy']:.4f} | {i['accuracy']:.4f} | {diff:+.2f} points | {k['margin']:.3f} | "
-            f"{i['margin']:.3f} |"
+            f"{i['margin']:.3f} | {k['seconds']:.0f} / {i['seconds']:.0f} |"
         )
-    write_results(a.out_dir, "pooler_reward", lines, context, {"runs": rows})
+    write_results(a.out_dir, a.name, lines, context, {"runs": rows})
     print("\n".join(lines))
     return 0
 
