@@ -93,44 +93,37 @@ def run_leantrain(model: Path, data: Path, out: Path, steps: int, frozen_fp32: b
 def run_trainer(model: Path, data: Path, out: Path, steps: int) -> dict:
     import csv
 
+    import transformers as hf
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
-    from transformers import (
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        DataCollatorWithPadding,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )  # fmt: skip
 
     with open(data, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = hf.AutoTokenizer.from_pretrained(model)
     encoded = tokenizer([r["sentence"] for r in rows], truncation=True, max_length=JOB["max_length"])
     dataset = Dataset.from_dict({**encoded, "labels": [int(r["label"]) for r in rows]})
-    net = AutoModelForSequenceClassification.from_pretrained(model, num_labels=2)
+    net = hf.AutoModelForSequenceClassification.from_pretrained(model, num_labels=2)
     config = LoraConfig(task_type="SEQ_CLS", r=JOB["r"], lora_alpha=2 * JOB["r"], target_modules="all-linear")
     net = get_peft_model(net, config)
     stamps: list[float] = []
 
     trained = {}
 
-    class Clock(TrainerCallback):
+    class Clock(hf.TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             stamps.append(time.perf_counter())
 
         def on_train_end(self, args, state, control, **kw):
             trained["peak_trained_bytes"] = max_rss()
 
-    args = TrainingArguments(
+    args = hf.TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=JOB["batch_size"], learning_rate=JOB["lr"], max_steps=steps,
         bf16=True, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="steps", logging_steps=1,
         disable_tqdm=True, optim="adamw_torch_fused", seed=0, dataloader_num_workers=0, lr_scheduler_type="linear",
         train_sampling_strategy="group_by_length",
     )  # fmt: skip
-    trainer = Trainer(
-        model=net, args=args, train_dataset=dataset, data_collator=DataCollatorWithPadding(tokenizer),
+    trainer = hf.Trainer(
+        model=net, args=args, train_dataset=dataset, data_collator=hf.DataCollatorWithPadding(tokenizer),
         callbacks=[Clock()],
     )  # fmt: skip
     trainer.train()

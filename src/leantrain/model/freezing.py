@@ -111,11 +111,7 @@ def store_frozen(model: Any, dtype: Any) -> str | None:
     for module in model.modules():
         if type(module) is torch.nn.Embedding:
             tables.setdefault(id(module.weight), []).append(module)
-    weights = [
-        p
-        for p in stored_low(model)
-        if p.dtype != dtype and (id(p) not in tables or torch.equal(p.data.to(dtype).to(p.dtype), p.data))
-    ]
+    weights = [p for p in stored_low(model) if p.dtype != dtype and (id(p) not in tables or _held_exactly(p, dtype))]
     if not weights or dtype not in (torch.bfloat16, torch.float16):
         return None
     before = sum(p.numel() * p.element_size() for p in weights)
@@ -138,6 +134,15 @@ def store_frozen(model: Any, dtype: Any) -> str | None:
         + (f" ({n_tables} of them embedding tables)" if n_tables else "")
         + f", {before / 2**20:,.1f} MiB in fp32 now {kept:,.1f} MiB (the same bits; no autocast copy of them)"
     )
+
+
+def _held_exactly(t: Any, dtype: Any) -> bool:
+    """Whether `dtype` holds every value of `t`: its first numbers first (a table stored in fp32 fails there, at no
+    cost to a run's start), then the whole."""
+    import torch
+
+    values = t.data.reshape(-1)
+    return all(torch.equal(v.to(dtype).to(v.dtype), v) for v in (values[:4096], values))
 
 
 def _as_fp32(module: Any, args: Any, output: Any) -> Any:
