@@ -107,12 +107,14 @@ def store_frozen(model: Any, dtype: Any) -> str | None:
     Returns the log's line, or None where nothing is kept."""
     import torch
 
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
     tables: dict[int, list[Any]] = {}
     for module in model.modules():
         if type(module) is torch.nn.Embedding:
             tables.setdefault(id(module.weight), []).append(module)
     weights = [p for p in stored_low(model) if p.dtype != dtype and (id(p) not in tables or _held_exactly(p, dtype))]
-    if not weights or dtype not in (torch.bfloat16, torch.float16):
+    if not weights:
         return None
     before = sum(p.numel() * p.element_size() for p in weights)
     for p in weights:
