@@ -9,7 +9,8 @@ outside the head, the head whole, bf16 autocast, AdamW lr 1e-3, micro-batch 16 o
 - **leantrain**: as it runs (`model.freezing.store_frozen` keeps frozen Linear weights in bf16);
 - **leantrain, frozen fp32**: the same with `store_frozen` switched off (every weight fp32, as before);
 - **HF Trainer + peft**: `get_peft_model(..., LoraConfig(task_type="SEQ_CLS", target_modules="all-linear"))` on the
-  model as `from_pretrained` loads it (fp32), `TrainingArguments(bf16=True)` and batches grouped by length
+  model as `from_pretrained` loads it (fp32; a bf16 checkpoint in bf16, transformers 5's default, so everything is
+  bf16 there), `TrainingArguments(bf16=True)` and batches grouped by length
   (`train_sampling_strategy="group_by_length"`): the usual recipe, which autocasts.
 
 Peak memory is the process's resident high-water mark (`ru_maxrss`), with freed memory returned to the kernel at
@@ -20,6 +21,7 @@ first steps' losses are printed: the two leantrain sides must agree bitwise.
 
     python benchmarks/frozen_weights.py                 # writes benchmarks/results/frozen_weights.{json,md}
     python benchmarks/frozen_weights.py --steps 10 --rounds 1     # a quick check
+    python benchmarks/frozen_weights.py --stored bf16   # a checkpoint stored in bf16: its embedding tables kept too
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ SIDES = ("leantrain", "leantrain, frozen fp32", "HF Trainer + peft")
 JOB = dict(batch_size=16, max_length=64, lr=1e-3, r=8, rows=2048)
 
 
-def make_model(folder: Path) -> None:
-    """BERT-base's architecture with random weights and the embedded MiniLM's tokenizer (the same vocabulary)."""
+def make_model(folder: Path, stored: str) -> None:
+    """BERT-base's architecture with random weights and the embedded MiniLM's tokenizer (the same vocabulary), saved in
+    `stored` (bf16: the embedding tables then stay in bf16 too)."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -54,7 +57,7 @@ def make_model(folder: Path) -> None:
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(num_labels=2))
-    model.save_pretrained(folder)
+    (model.to(torch.bfloat16) if stored == "bf16" else model).save_pretrained(folder)
     AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(folder)
 
 
@@ -161,6 +164,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--stored", choices=("fp32", "bf16"), default="fp32", help="the checkpoint's dtype")
     p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--tag", default="0", help=argparse.SUPPRESS)
@@ -174,7 +178,7 @@ def main() -> None:
     from leantrain.telemetry.memory import MMAP_THRESHOLD_BYTES
 
     work = Path(tempfile.mkdtemp(prefix="frozen-weights-"))
-    make_model(work / "model")
+    make_model(work / "model", a.stored)
     make_data(work / "train.tsv", JOB["rows"])
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "HF_HUB_OFFLINE": "1"}
     load_before = os.getloadavg()
@@ -207,7 +211,8 @@ def write(runs: dict[str, list[dict]], plan: dict, context: dict, a) -> None:
     lines = [
         "# LoRA in bf16: frozen weights kept in bf16",
         "",
-        f"BERT-base's architecture (110 M parameters, random weights), LoRA r={JOB['r']} on every Linear outside the "
+        f"BERT-base's architecture (110 M parameters, random weights stored in {a.stored}), LoRA r={JOB['r']} on "
+        "every Linear outside the "
         f"head, bf16 autocast, micro-batch {JOB['batch_size']} of SST-2 sentences (<= {JOB['max_length']} tokens), "
         f"{a.steps} steps, {a.rounds} round(s) in alternating order, each side its own process. Written by "
         "`benchmarks/frozen_weights.py`.",
@@ -231,7 +236,8 @@ def write(runs: dict[str, list[dict]], plan: dict, context: dict, a) -> None:
         f"predicts the leantrain side's weights at {plan['weights_bytes'] / MIB:,.0f} MiB and its peak (every row at "
         f"the full length) at {plan['peak_bytes'] / MIB:,.0f} MiB.",
     ]
-    write_results(RESULTS, "frozen_weights", lines, context, {"job": JOB, "runs": runs, "planned": plan})
+    name = "frozen_weights" if a.stored == "fp32" else f"frozen_weights_{a.stored}"
+    write_results(RESULTS, name, lines, context, {"job": JOB, "runs": runs, "planned": plan})
     print("\n".join(lines))
 
 
