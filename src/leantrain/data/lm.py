@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from leantrain.data.batching import slot_fields
+from leantrain.data.batching import length_mask, padded, slot_fields
 from leantrain.data.dedupe import text_hashes
 from leantrain.data.sources import ReadOptions, ReadReport, read_table
 from leantrain.data.tokenize import (
@@ -294,18 +294,12 @@ class LMCollator:
     def __call__(self, items: list[dict]) -> dict[str, Any]:
         lengths = [len(x["input_ids"]) for x in items]
         width = self.fixed_length or max(lengths)
-        # filled in NumPy, then one tensor each: a torch operator per row and field costs the host more than the
-        # copying (about 100 of them for 8 rows)
-        ids = np.full((len(items), width), self.pad_token_id, dtype=np.int64)
-        labels = np.full((len(items), width), IGNORE, dtype=np.int64)
-        positions = np.tile(np.arange(width, dtype=np.int64), (len(items), 1))
-        mask = np.zeros((len(items), width), dtype=np.int64)
+        ids = padded([x["input_ids"] for x in items], width, self.pad_token_id)
+        labels = padded([x["labels"] for x in items], width, IGNORE)
+        positions = np.tile(np.arange(width, dtype=np.int64), (len(items), 1))  # padding: a segment from 0
         for r, (x, n) in enumerate(zip(items, lengths)):
-            ids[r, :n] = x["input_ids"]
-            labels[r, :n] = x["labels"]
             positions[r, :n] = x["position_ids"]
             positions[r, n:] = np.arange(width - n)
-            mask[r, :n] = 1
         batch = {
             "input_ids": torch.from_numpy(ids),
             "position_ids": torch.from_numpy(positions),
@@ -315,7 +309,7 @@ class LMCollator:
             "padded_tokens": torch.tensor(ids.size, dtype=torch.long),
         }
         if not self.packing:
-            batch["attention_mask"] = torch.from_numpy(mask)
+            batch["attention_mask"] = torch.from_numpy(length_mask(lengths, width))
         return batch
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from leantrain.data.batching import slot_fields
+from leantrain.data.batching import length_mask, padded, slot_fields
 from leantrain.data.sources import ReadOptions, ReadReport, read_table
 from leantrain.data.tokenize import (
     TokenizedText,
@@ -338,26 +338,18 @@ class PairCollator:
         sources = [x["input_ids"] for x in items]
         targets = [x["target_ids"] for x in items]
         width, depth = self.fixed_length or (max(map(len, sources)), max(max(map(len, targets)), 1))
-        ids = torch.full((len(items), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(items), width), dtype=torch.long)
-        labels = torch.full((len(items), depth), IGNORE, dtype=torch.long)
-        decoder_ids = torch.full((len(items), depth), self.pad, dtype=torch.long)
-        target_mask = torch.zeros((len(items), depth), dtype=torch.bool)
-        for r, (s, t) in enumerate(zip(sources, targets)):
-            ids[r, : len(s)] = torch.from_numpy(s.astype(np.int64))
-            mask[r, : len(s)] = 1
-            t = torch.from_numpy(t.astype(np.int64))
-            labels[r, : len(t)] = t
-            decoder_ids[r, 0] = self.start
-            decoder_ids[r, 1 : len(t)] = t[:-1]
-            target_mask[r, : len(t)] = True
+        decoder_ids = padded([t[:-1] for t in targets], depth, self.pad, start=1)
+        decoder_ids[:, 0] = self.start  # the target shifted right behind the start token
+        ids = torch.from_numpy(padded(sources, width, self.pad))
+        labels = torch.from_numpy(padded(targets, depth, IGNORE))
+        target_lengths = [len(t) for t in targets]
         real = sum(map(len, sources)) + sum(map(len, targets))
         return {
             "input_ids": ids,
-            "attention_mask": mask,
-            "decoder_input_ids": decoder_ids,
+            "attention_mask": torch.from_numpy(length_mask([len(s) for s in sources], width)),
+            "decoder_input_ids": torch.from_numpy(decoder_ids),
             "labels": labels,
-            "target_mask": target_mask,
+            "target_mask": torch.from_numpy(length_mask(target_lengths, depth).astype(bool)),
             **slot_fields(items),
             "num_tokens": torch.tensor(real, dtype=torch.long),  # source and target tokens
             "padded_tokens": torch.tensor(ids.numel() + labels.numel(), dtype=torch.long),

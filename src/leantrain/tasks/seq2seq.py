@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from leantrain.data.batching import length_mask, padded
 from leantrain.data.split import beyond_limit
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData
@@ -547,12 +548,7 @@ def set_decoder_ids(model: Any, ids: DecoderIds) -> None:
 def pad_sources(sources: list[np.ndarray], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded source ids and their attention mask (an encoder reads padding through the mask)."""
     width = max(map(len, sources))
-    ids = torch.full((len(sources), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(sources), width), dtype=torch.long)
-    for r, s in enumerate(sources):
-        ids[r, : len(s)] = torch.from_numpy(s.astype(np.int64))
-        mask[r, : len(s)] = 1
-    return ids, mask
+    return torch.from_numpy(padded(sources, width, pad)), torch.from_numpy(length_mask(list(map(len, sources)), width))
 
 
 def sampling_settings(generation: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from leantrain.data.alignment import IGNORE
+from leantrain.data.batching import length_mask, padded, slot_fields
 from leantrain.data.split import beyond_limit
 from leantrain.errors import ConfigError, DataError
 from leantrain.tasks.base import Task, TaskData
@@ -587,27 +588,19 @@ class TokenCollator:
         self.pad_token_id, self.fixed_length = pad_token_id, fixed_length
 
     def __call__(self, items: list[dict]) -> dict[str, Any]:
-        from leantrain.data.batching import slot_fields
-
         lengths = [len(x["input_ids"]) for x in items]
         width = self.fixed_length or max(lengths)
-        shape = (len(items), width)
-        ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(shape, dtype=torch.long)
-        labels = torch.full(shape, IGNORE, dtype=torch.long)
-        word, token = torch.full(shape, -1, dtype=torch.long), torch.full(shape, -1, dtype=torch.long)
-        for r, (x, n) in enumerate(zip(items, lengths)):
-            ids[r, :n] = torch.from_numpy(x["input_ids"].astype(np.int64))
-            mask[r, :n] = 1
-            labels[r, :n] = torch.from_numpy(x["token_labels"].astype(np.int64))
-            word[r, :n] = torch.from_numpy(x["word_index"].astype(np.int64))
-            token[r, :n] = torch.from_numpy(x["token_index"].astype(np.int64))
+
+        def field(name: str, pad: int) -> torch.Tensor:
+            return torch.from_numpy(padded([x[name] for x in items], width, pad))
+
+        ids = field("input_ids", self.pad_token_id)
         return {
             "input_ids": ids,
-            "attention_mask": mask,
-            "labels": labels,
-            "word_index": word,
-            "token_index": token,
+            "attention_mask": torch.from_numpy(length_mask(lengths, width)),
+            "labels": field("token_labels", IGNORE),
+            "word_index": field("word_index", -1),
+            "token_index": field("token_index", -1),
             "sentence": torch.tensor([int(x["label"]) for x in items], dtype=torch.long),
             **slot_fields(items),
             "num_tokens": torch.tensor(sum(lengths), dtype=torch.long),
