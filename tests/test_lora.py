@@ -450,26 +450,27 @@ def bf16_model_dir(dropout_model_dir, tmp_path):
     return path
 
 
-@pytest.mark.parametrize("stored", ["fp32", "bf16"])
+@pytest.mark.parametrize(("stored", "precision"), [("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp16")])
 def test_a_bf16_run_keeps_frozen_weights_in_bf16_and_trains_the_same_bits(
-    job, monkeypatch, dropout_model_dir, bf16_model_dir, stored
+    job, monkeypatch, dropout_model_dir, bf16_model_dir, stored, precision
 ):
     """Autocast casts a frozen fp32 weight afresh in every forward: stored in the run's precision it is the same bits
     for the matmul, in half the memory and without the copy autograd keeps; an embedding table too where bf16 holds
     its values (a checkpoint stored in bf16), its lookups cast back to fp32. model/ comes out fp32, and the planner
-    counts what the run holds. (fp16 on a CPU keeps its weights fp32: its evaluations run without autocast.)"""
+    counts what the run holds. fp16 on a CPU alike: leantrain autocasts its training and evaluation itself."""
     from leantrain.model import freezing
     from leantrain.planner import memory as M
 
     model_dir = dropout_model_dir if stored == "fp32" else bf16_model_dir
-    low = train(job("low", model=str(model_dir), precision="bf16", save_every=8))
+    low = train(job("low", model=str(model_dir), precision=precision, save_every=8))
     monkeypatch.setattr(freezing, "store_frozen", lambda model, dtype: None)  # every weight fp32, as before
-    fp32 = train(job("fp32", model=str(model_dir), precision="bf16", save_every=8))
+    fp32 = train(job("fp32", model=str(model_dir), precision=precision, save_every=8))
     assert loss_log(low.output_dir) == loss_log(fp32.output_dir)
     a, b = checkpoint_weights(low.output_dir, 8), checkpoint_weights(fp32.output_dir, 8)
     trained = [k for k in a if ".lora_" in k or ".modules_to_save." in k]
     assert trained and all(torch.equal(a[k], b[k]) for k in trained)
-    dtype = torch.bfloat16
+    assert low.metrics["eval_loss"] == fp32.metrics["eval_loss"]  # evaluation in the run's autocast, both
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     kept = {k for k, v in a.items() if v.dtype == dtype}
     # every frozen Linear under an adapter and the head's untouched original, the tables when bf16 holds them
     tables = {k for k in a if k.endswith("embeddings.weight")} if stored == "bf16" else set()
@@ -477,7 +478,7 @@ def test_a_bf16_run_keeps_frozen_weights_in_bf16_and_trains_the_same_bits(
     assert all(b[k].dtype == torch.float32 and torch.equal(b[k].to(dtype), a[k]) for k in kept)
     assert sum(a[k].nbytes for k in kept) * 2 == sum(b[k].nbytes for k in kept)
     lora_spec = M.LoraSpec(r=4, dropout=0.1, pooler_whole=False)
-    planned = M.estimate(M.model_facts(str(model_dir)), 4, 16, "bf16", False, "adamw", lora=lora_spec).weights
+    planned = M.estimate(M.model_facts(str(model_dir)), 4, 16, precision, False, "adamw", lora=lora_spec).weights
     assert planned == pytest.approx(low.metrics["weights_bytes"], rel=0.01)
     merged, merged_fp32 = model_weights(low.output_dir), model_weights(fp32.output_dir)
     assert {v.dtype for v in merged.values() if v.is_floating_point()} == {torch.float32}

@@ -26,6 +26,23 @@ def test_two_cpus_of_one_name_are_told_apart_by_family_and_matmul_instructions(m
     assert collect_environment()["cpu_model"] == newer  # what every run's environment.json and bench page record
 
 
+@pytest.mark.parametrize(
+    ("flags", "fast", "said", "planned"),
+    [
+        ("avx2 avx512f avx512_bf16", False, "emulated", 0.01),  # an AMD EPYC: fp16 matmuls ~100x slower
+        ("avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16", False, "no faster than fp32", 0.9),  # Sapphire Rapids
+        ("avx2 avx512f avx512_fp16 amx_bf16 amx_fp16", True, "AMX-FP16", 2.8),
+    ],
+)
+def test_fp16_on_a_cpu_is_told_as_fast_as_its_instructions_make_it(monkeypatch, flags, fast, said, planned):
+    from leantrain.planner.speed import device_speed
+
+    fake_cpuinfo(monkeypatch, 26, flags)
+    fp16 = parallel.precision_support("cpu")["fp16"]
+    assert fp16.supported and fp16.fast == fast and said in fp16.why
+    assert device_speed("cpu", peak_fp32=1e11).precision_speedup["fp16"] == planned
+
+
 def test_cpuinfo_reads_the_first_processor():
     # whether there is a /proc/cpuinfo is decided here, not by what cpuinfo() returns: a reader pointed at the
     # wrong file returns nothing, which must fail rather than pass as "not Linux"

@@ -83,7 +83,11 @@ def precision_support(device_type: str) -> dict[str, PrecisionSupport]:
         else "no AVX-512 BF16 or AMX: bf16 is emulated, many times slower than fp32"
     )
     fp16_why = (
-        "AMX-FP16 matrix units" if "amx_fp16" in flags else "no AMX-FP16: fp16 runs no faster than fp32 on this CPU"
+        "AMX-FP16 matrix units"
+        if "amx_fp16" in flags
+        else "AVX-512 FP16 but no AMX-FP16: fp16 runs no faster than fp32 on this CPU"
+        if "avx512_fp16" in flags
+        else "no AVX-512 FP16 or AMX-FP16: fp16 is emulated, its matmuls about 100x slower than fp32's"
     )
     return {
         "bf16": PrecisionSupport(True, amx_bf16 or avx_bf16, bf16_why),

@@ -37,10 +37,8 @@ def own_forward(model: torch.nn.Module):
 
 def frozen_dtype(precision: str, device_type: str) -> torch.dtype | None:
     """The dtype a run keeps its frozen matmul weights in (`model.freezing.store_frozen`): the one its every forward,
-    training's and evaluation's, autocasts matmuls to. None in fp32, and for fp16 on a CPU, whose evaluations run in
-    fp32 (Accelerate autocasts no fp16 there)."""
-    if precision == "fp16" and device_type == "cpu":
-        return None
+    training's and evaluation's, autocasts matmuls to (fp16 on a CPU too: `MixedPrecision` autocasts it there). None
+    in fp32."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 

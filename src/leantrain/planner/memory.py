@@ -757,7 +757,7 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = T
     `FirstTokenTail` or None, whether a causal LM's logits are computed at the counted positions only, whether its
     head and loss are fused there: where the model allows and, `fusable`, the run does). Under LoRA its frozen
     weights are kept in a bf16/fp16 `precision` as the run keeps them (`model.freezing.store_frozen`): autocast then
-    makes no copy of them for backward (an fp16 run on a CPU keeps them fp32; its copies are then not counted)."""
+    makes no copy of them for backward."""
     from leantrain.model import loading
     from leantrain.tasks.causal_lm import head_loss_works, head_rows_work
     from leantrain.tasks.classification import first_token_tail
@@ -783,7 +783,7 @@ def _proxy(config, checkpointing: bool, lora: LoraSpec | None, fusable: bool = T
         from leantrain.parallel.precision import frozen_dtype
 
         net = _with_adapters(net, lora)
-        if (low := frozen_dtype(precision, "cuda")) is not None:  # (as a GPU run; see above)
+        if (low := frozen_dtype(precision, "cpu")) is not None:
             freezing.store_frozen(net, low)
     return net, tail, counted_logits, fused
 

@@ -15,7 +15,8 @@ the factors that decide the ranking are measured (benchmarks/results/bench_minil
   (bench_minilm_sst2.md: 1.51x; docs/measurements.md: 1.3-1.5x), and 0.15 for a 64-wide BERT, which bf16 does not speed
   up (measured 0.8-1.0x, benchmarks/results/planner_accuracy.md). On Ampere+ GPUs: about 2x end to end.
   Without fast bf16 (no AMX/AVX-512 BF16, pre-Ampere GPUs) it is emulated and slower. fp16 on CPUs
-  without AMX-FP16 is no faster than fp32 (docs/measurements.md).
+  with AVX-512 FP16 but no AMX-FP16 is no faster than fp32 (docs/measurements.md); without AVX-512 FP16 (AMD EPYC,
+  AVX2-only CPUs) it is emulated, its GEMMs about 100x slower than fp32's (docs/techniques/mixed-precision.md).
 - Activation checkpointing: one more forward per step; measured 0.62x throughput on CPU (the forward
   of a CPU step is relatively dearer than on GPU), 0.75x is the usual GPU figure.
 - Optimizer steps per parameter (CPU, 22.7 M params): fused AdamW 25 ms, Adafactor 150 ms,
@@ -69,7 +70,7 @@ def optimizer_seconds(kind: str) -> dict[str, float]:
 
 def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceSpeed:
     """The speed facts of this machine's `device` ("cpu" or "cuda")."""
-    from leantrain.parallel import precision_support
+    from leantrain.parallel import cpu_flags, precision_support
 
     if device == "cuda":
         return _gpu_speed(peak_fp32)
@@ -82,7 +83,8 @@ def device_speed(device: str = "cpu", peak_fp32: float | None = None) -> DeviceS
         # matmuls alone: AMX-BF16 2.8x fp32 (docs/measurements.md); emulated bf16 is far slower than fp32
         "fp32": 1.0,
         "bf16": 2.8 if support["bf16"].fast else 0.5,
-        "fp16": 2.8 if support["fp16"].fast else 0.9,  # fp16 fast only with AMX-FP16
+        # fp16 fast only with AMX-FP16; with AVX-512 FP16 about fp32's speed, without it emulated (0.01x measured)
+        "fp16": 2.8 if support["fp16"].fast else 0.9 if "avx512_fp16" in cpu_flags() else 0.01,
     }
     return DeviceSpeed(
         "cpu",

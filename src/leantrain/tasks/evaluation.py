@@ -18,17 +18,24 @@ class EvaluationStopped(Exception):
 
 @torch.no_grad()
 def gather_rows(
-    model, loader, accelerator, task: Task, hooks: Any = None, should_stop: Callable[[], bool] | None = None
+    model,
+    loader,
+    accelerator,
+    task: Task,
+    hooks: Any = None,
+    should_stop: Callable[[], bool] | None = None,
+    autocast: Callable[[], Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """`task.eval_rows` for every example in `loader`, gathered from every process, each example once, in the
     order first seen; `index` holds the example ids. `should_stop()`, asked before each batch on every process (it
-    may be collective), stops it there with `EvaluationStopped`."""
+    may be collective), stops it there with `EvaluationStopped`. `autocast`: the run's
+    (`MixedPrecision.autocast_across`, which has fp16 on a CPU where Accelerate's has none); by default Accelerate's."""
     model.eval()
     parts: dict[str, list[torch.Tensor]] = {}
     # One autocast around the whole evaluation, though the prepared model autocasts each forward itself: autocast
     # keeps its low-precision copies of the weights only while the outermost autocast lasts, so without this a
     # generating evaluation casts every weight again at every new token (1.6x the time of a bf16 generation).
-    with accelerator.autocast():
+    with (autocast or accelerator.autocast)():
         for batch in loader:
             rows = _batch_rows(model, batch, accelerator, task, hooks, should_stop)
             for k, t in rows.items():

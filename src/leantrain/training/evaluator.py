@@ -14,8 +14,11 @@ class Evaluator:
     """Owns the evaluation policy (every `every` optimizer steps, and once at the end) and the eval loader. With a
     mixture's `spans` (where each source's evaluation rows sit) it also scores each source on its own rows."""
 
-    def __init__(self, task: Task, loader, accelerator, every: int | None, hooks: Hooks | None = None, spans=()):
+    def __init__(
+        self, task: Task, loader, accelerator, every: int | None, hooks: Hooks | None = None, spans=(), autocast=None
+    ):
         self.task, self.loader, self.accelerator, self.every = task, loader, accelerator, every
+        self.autocast = autocast  # the run's autocast (fp16 on a CPU is not Accelerate's); None: Accelerate's
         self.hooks = hooks or Hooks()
         self.spans = tuple(spans)
         #: the latest evaluation's scores of each source's rows (empty: one source)
@@ -30,7 +33,7 @@ class Evaluator:
     def evaluate(self, model, should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """The task's scores over the eval set. `should_stop()` is asked before each batch (by every process: it may
         be collective); when it says so the evaluation stops there, raising `EvaluationStopped`."""
-        rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks, should_stop)
+        rows = gather_rows(model, self.loader, self.accelerator, self.task, self.hooks, should_stop, self.autocast)
         self.last_rows = rows
         self.hooks.on_evaluated(rows)
         self.by_source = scores_by_source(self.task, rows, self.spans)  # each source's own eval loss, perplexity...

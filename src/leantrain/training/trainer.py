@@ -390,7 +390,8 @@ class Trainer:
         cfg, acc = self.cfg, self.accelerator
         eval_every = steps_every(cfg.eval_every, self.steps_per_epoch)
         spans = getattr(self.data.eval, "spans", ())  # a mixture's sources: each scored on its own rows too
-        self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks, spans)
+        autocast = self.amp.autocast_across  # fp16 on a CPU too, which Accelerate's autocast leaves out
+        self.evaluator = Evaluator(self.task, self.eval_loader, acc, eval_every, self.hooks, spans, autocast)
         self.early_stopping = EarlyStopping(cfg.early_stopping_patience, cfg.early_stopping_threshold, self.state)
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
         self.checkpointer.schedule(self.steps_per_epoch, self.total_steps)
