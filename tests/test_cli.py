@@ -155,6 +155,13 @@ def test_finished_run_is_refused_without_overwrite(capsys, base):
     _one_line_error(code, err, "holds a finished run", "--overwrite")
 
 
+def test_a_run_folder_given_as_data_is_refused_naming_the_data_it_trained_on(capsys, base, tmp_path, sentiment_csv):
+    assert run(capsys, *base, "--max-steps", "1")[0] == 0
+    again = [*base, "--output-dir", str(tmp_path / "again"), "--data", str(tmp_path / "run"), "--max-steps", "1"]
+    code, _, err = run(capsys, *again)
+    _one_line_error(code, err, "a leantrain run's folder, not data", f"this run trained on {sentiment_csv}", "evaluate")
+
+
 def test_train_evaluate_predict_round_trip(capsys, base, tmp_path, sentiment_csv):
     code, out, _ = run(capsys, *base, "--epochs", "4", "--lr", "3e-3", "--warmup-ratio", "0")
     assert code == 0 and "accuracy" in out

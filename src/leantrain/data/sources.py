@@ -267,6 +267,7 @@ def read_table(
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return _read_saved_dataset(path, split, options)
+        _refuse_run_folder(path)
         if not media:
             _refuse_media_folder(path)
         return _read_dataset(source, options.config, split, options)
@@ -331,6 +332,24 @@ def _refuse_other_delimiter(source: str, fmt: str, df: pd.DataFrame) -> None:
             f"{source}: read as {fmt.upper()}, its header is one column {str(df.columns[0])!r}: it looks like a "
             f"{other.upper()} file; use --format {other}"
         )
+
+
+def _refuse_run_folder(path: Path) -> None:
+    """A leantrain run's output folder given as data (`datasets` would read its JSON files as a table): say what it
+    is, the data it trained on, and what scores it."""
+    if not ((path / "config.yaml").is_file() and (path / "environment.json").is_file()):
+        return
+    import yaml
+
+    try:
+        trained_on = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("data")
+    except (OSError, yaml.YAMLError, AttributeError):
+        trained_on = None
+    on = f" (this run trained on {trained_on})" if isinstance(trained_on, str) and trained_on else ""
+    raise DataError(
+        f"{path}: a leantrain run's folder, not data; give --data a data file or folder{on}, or score the run "
+        f"with `leantrain evaluate {path}`"
+    )
 
 
 def _refuse_media_folder(path: Path) -> None:
