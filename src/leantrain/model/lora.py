@@ -286,6 +286,7 @@ def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
     base = _base(model)
     if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False):
         _merge_into_dequantized(model)
+        model.to("cpu")  # no quantized layer is left: the rest (embeddings, norms, the head) joins them on the host
         # no adapter is left to merge; merging (not unload(), which since peft 0.22 keeps the head's untrained
         # original) puts the head's trained copy in its place
         merged = model.merge_and_unload(safe_merge=True)
@@ -303,8 +304,10 @@ def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
 
 
 def _merge_into_dequantized(model: torch.nn.Module) -> None:
-    """Replace every quantized layer (with or without an adapter) by a float Linear holding its dequantized
-    weight plus the adapter's update."""
+    """Replace every quantized layer (with or without an adapter) by a float Linear on the host holding its
+    dequantized weight plus the adapter's update: each layer is dequantized where it is (on a GPU, one layer's fp32
+    at a time) and leaves the device at once, so a device that fitted the run thanks to the quantized base never
+    holds the fp32 model (a 7 B model's 28 GB)."""
     import bitsandbytes as bnb
     from peft.tuners.lora import LoraLayer
     from peft.utils.integrations import dequantize_bnb_weight
@@ -324,7 +327,7 @@ def _merge_into_dequantized(model: torch.nn.Module) -> None:
         if name in adapters:
             for adapter in module.active_adapters:
                 weight = weight + module.get_delta_weight(adapter).float()
-        linear = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device=weight.device)
+        linear = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="cpu")
         with torch.no_grad():
             linear.weight.copy_(weight)
             if base.bias is not None:
