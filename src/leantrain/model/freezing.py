@@ -151,11 +151,16 @@ def _as_fp32(module: Any, args: Any, output: Any) -> Any:
     return output.float()
 
 
-def restore_fp32(model: Any) -> None:
+def restore_fp32(model: Any, host: bool = False) -> None:
     """The weights `store_frozen` kept in bf16/fp16 back in fp32, in place: a published model/ is in one dtype, and
-    LoRA's adapters merge into fp32 weights (a bf16 weight would round most of a small update away)."""
+    LoRA's adapters merge into fp32 weights (a bf16 weight would round most of a small update away). `host`: where
+    any was kept low, the model moves to the host first, so that a device the run fitted on thanks to them never
+    holds them in fp32."""
     import torch
 
-    for p in stored_low(model):
-        if p.dtype in (torch.bfloat16, torch.float16):
-            p.data = p.data.float()
+    low = [p for p in stored_low(model) if p.dtype in (torch.bfloat16, torch.float16)]
+    if low and host:
+        model.to("cpu")
+        low = [p for p in stored_low(model) if p.dtype in (torch.bfloat16, torch.float16)]
+    for p in low:
+        p.data = p.data.float()

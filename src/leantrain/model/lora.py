@@ -295,11 +295,9 @@ def for_publishing(model: Any, adapter_dir: Path | None = None) -> Any:
                 delattr(merged, flag)
         freezing.restore_fp32(merged)
         return merged
-    if any(p.dtype != torch.float32 for p in freezing.stored_low(model)):
-        # a base kept in bf16/fp16 is merged in fp32 on the host, which held it in fp32 when it loaded: the device,
-        # on which the run fitted thanks to the smaller base, never holds the fp32 copy
-        model.to("cpu")
-        freezing.restore_fp32(model)
+    # a base kept in bf16/fp16 is merged in fp32 on the host, which held it in fp32 when it loaded: the device, on
+    # which the run fitted thanks to the smaller base, never holds the fp32 copy
+    freezing.restore_fp32(model, host=True)
     return model.merge_and_unload(safe_merge=True)
 
 

@@ -1154,7 +1154,7 @@ class Trainer:
         assert staging is not None  # the main process stages the run
         # LoRA: model/ is the merged model (the adapter alone in adapter/ with --save-adapter); else `model` itself
         model = for_publishing(model, staging / ADAPTER_DIR if self.cfg.save_adapter else None)
-        freezing.restore_fp32(model)  # --freeze's frozen weights kept in bf16/fp16: model/ in one dtype
+        freezing.restore_fp32(model, host=True)  # --freeze's frozen weights kept in bf16/fp16: model/ in one dtype
         size = tensor_bytes((state_dict or model.state_dict()).values())  # what is written (the run's may be bf16)
         with directory.writing(staging / "model", size):  # a full disk: one line, nothing left
             model.save_pretrained(staging / "model", safe_serialization=True, state_dict=state_dict)
