@@ -126,9 +126,10 @@ def test_sampler_starts_at_a_global_batch_without_building_the_skipped_ones(monk
              projection_embeddings=True),  # the input embeddings' projector too
         dict(optimizer="apollo-adamw", warmup_steps=6, projection_rank=4, projection_update_interval=3),
         dict(optimizer="adamw", static_shapes="on"),  # lengths padded up to buckets
+        dict(optimizer="adamw", neftune_noise_alpha=5.0),  # its noise drawn from the generator the checkpoint keeps
     ],
     ids=["adamw", "adafactor", "adamw8bit", "fp16-accum", "muon", "schedule-free-adamw", "schedule-free-sgd", "lion",
-         "galore", "apollo", "static-shapes"],
+         "galore", "apollo", "static-shapes", "neftune"],
 )  # fmt: skip
 def test_resuming_a_checkpoint_gives_bitwise_the_same_run(job, changes):
     if changes["optimizer"] == "adamw8bit":

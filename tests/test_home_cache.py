@@ -37,3 +37,18 @@ def test_train_and_evaluate_without_a_cache_dir_write_only_to_the_session_folder
     assert (cache / "peak.json").is_file()  # the MFU denominator's probe
     assert [p for p in cache.iterdir() if p.is_dir()]  # the tokenized data
     assert not (Path.home() / ".cache" / "leantrain").exists()
+
+
+def test_runs_started_in_the_same_second_without_an_output_dir_each_get_their_own(tmp_path, monkeypatch):
+    import time
+
+    from leantrain.paths import default_output_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20261207-235901")
+    first = default_output_dir()
+    assert first == Path("runs/20261207-235901")
+    first.mkdir(parents=True)  # a run of that second has it
+    second = default_output_dir()
+    second.mkdir()
+    assert second == Path("runs/20261207-235901-2") and default_output_dir() == Path("runs/20261207-235901-3")

@@ -17,8 +17,14 @@ def leantrain_cache() -> Path:
 
 
 def default_output_dir() -> Path:
-    """Where a run goes when --output-dir is not given: runs/<timestamp> in the current folder."""
-    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    """Where a run goes when --output-dir is not given: runs/<timestamp> in the current folder, or runs/<timestamp>-2,
+    -3... where a run started in the same second has it (a sweep's jobs, started together, each get their own)."""
+    first = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    path, n = first, 1
+    while path.exists():
+        n += 1
+        path = first.with_name(f"{first.name}-{n}")
+    return path
 
 
 def cache_paths() -> list[tuple[str, str]]:

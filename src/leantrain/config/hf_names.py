@@ -406,7 +406,7 @@ ROWS: tuple[Row, ...] = (
         "training runs without the key-value cache, which saves nothing there; generating evaluations use it",
         agrees=(False,),
     ),
-    Row("neftune_noise_alpha", None, "NEFTune's noise on the embeddings is not implemented", agrees=(None,)),
+    Row("neftune_noise_alpha", "neftune_noise_alpha", "the same noise, drawn alike (text models; not DPO, KTO, GRPO)"),
     Row(
         "torch_empty_cache_steps",
         None,

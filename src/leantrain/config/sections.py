@@ -107,6 +107,8 @@ REFERENCE = ("dpo", "kto")  # the tasks with a reference model (`Task.uses_refer
 SEQ2SEQ = ("seq2seq",)
 TOKENS = ("token-classification",)
 GRPO = ("grpo",)
+#: the tasks NEFTune's noise may train: text models learning from labels or text, not a policy against a reference
+NOISY_EMBEDDINGS = (*TEXT, "causal-lm", "reward-model", *SEQ2SEQ, *TOKENS)
 #: the tasks whose readers take --text-column (seq2seq names its columns --source-column and --target-column;
 #: preference pairs and media files have their own)
 TEXT_COLUMN_READERS = (*TEXT, "causal-lm", "reward-model", "grpo", *TOKENS)
@@ -157,6 +159,14 @@ class ModelConfig:
         "Set every dropout of the model (hidden, attention, classifier) to this probability, 0 <= p < 1; saved in "
         "its config.json. Default: the model's own; the default job's: 0 (one short epoch learns more a row without "
         "dropout, and each step costs less).",
+        default=None,
+    )
+    neftune_noise_alpha: float | None = _help(
+        "NEFTune: in training, add noise uniform in +-alpha/sqrt(length x width) to the input embeddings "
+        "(length: the batch's padded length; the HF Trainer's and TRL's rule, drawn alike); 5 is the paper's usual "
+        "value, most used in instruction tuning. Text models; not DPO, KTO or GRPO, whose reference reads clean "
+        "embeddings. Default: off.",
+        read_by=NOISY_EMBEDDINGS,
         default=None,
     )
     # --- causal LM
@@ -244,6 +254,10 @@ class ModelConfig:
         _check_problem(self)
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}; 0 turns dropout off")
+        if self.neftune_noise_alpha is not None and not self.neftune_noise_alpha > 0:
+            raise ConfigError(
+                f"--neftune-noise-alpha must be positive, got {self.neftune_noise_alpha}; leave it out for no noise"
+            )
         if self.lora and freezing.patterns(self.freeze):  # one reading of --freeze: "none", "", " none " alike
             raise ConfigError("--freeze with --lora: LoRA already freezes every weight but its adapters and the head")
         if self.reward_pattern is not None:  # online RL
@@ -987,7 +1001,10 @@ class ParallelConfig:
 class CheckpointConfig:
     """Where the run is written, when it is checkpointed, and what it resumes."""
 
-    output_dir: str | None = _help("Where the run is written. Default: runs/<timestamp>.", default=None)
+    output_dir: str | None = _help(
+        "Where the run is written. Default: runs/<timestamp> (-2, -3... where a run of that second has it).",
+        default=None,
+    )
     overwrite: bool = _help("Replace a finished run in --output-dir (only once the new run succeeds).", default=False)
     save_every: int | str | None = _help(
         "Save a checkpoint every N optimizer steps, or at the end of every epoch ('epoch'); and at the last step.",

@@ -176,6 +176,10 @@ class Trainer:
             self.model = lora.apply(self.model, self.cfg, self.accelerator.device)
             self.say.info(lora.describe(self.model, self.cfg))
         self._store_frozen()
+        if self.cfg.neftune_noise_alpha is not None:  # after the tables' own hooks: it reads their fp32 lookups
+            from leantrain.model import neftune
+
+            self.say.info(neftune.attach(self.model, self.cfg.neftune_noise_alpha))
         if self.sharded:  # before the optimizer, which then steps each process's shards
             from leantrain.parallel import sharding
 
