@@ -91,3 +91,23 @@ def test_the_trainers_name_sets_it():
     from leantrain.config.hf_names import translate
 
     assert translate({"neftune_noise_alpha": 5}, "args.yaml") == {"neftune_noise_alpha": 5}
+
+
+@pytest.mark.slow
+def test_a_compiled_model_draws_the_noise_in_its_graph_on_dynamic_lengths():
+    """In a graph the length is a symbol (the trainer marks it dynamic): the noise is drawn from it there, without a
+    graph break, at every length; evaluation stays clean."""
+    ours, clean = tiny_llama(), tiny_llama()
+    neftune.attach(ours, 5.0)
+    compiled = torch.compile(ours)
+    for length in (11, 13):
+        ids = torch.randint(0, 64, (3, length), generator=torch.Generator().manual_seed(length))
+        torch._dynamo.mark_dynamic(ids, 1)
+        noisy, plain = compiled(input_ids=ids, labels=ids).loss, clean(input_ids=ids, labels=ids).loss
+        assert not torch.allclose(noisy, plain, rtol=0, atol=1e-4)
+        assert abs(float(noisy - plain)) < 0.5  # noise of 5/sqrt(length x 32) a number: a nudge, not a new model
+    ours.eval()
+    clean.eval()
+    ids = torch.randint(0, 64, (3, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, clean(input_ids=ids).logits)

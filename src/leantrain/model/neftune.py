@@ -4,7 +4,8 @@ Each number of the input embeddings' output gets noise drawn uniformly from ±al
 padded length and d the embedding width, in training mode only (evaluation and generation read clean embeddings).
 It is transformers' own rule (`neftune_noise_alpha` of the HF Trainer and TRL's SFTTrainer), drawn the same way from
 torch's generator, so a run gets the peer's noise bitwise; a checkpoint's saved generator resumes it, as dropout's.
-With packed rows L is the row's length, as in TRL's packing.
+With packed rows L is the row's length, as in TRL's packing. Under --compile (where the length is a symbol of
+the graph) the noise follows the same law, drawn as the graph draws it rather than bitwise the peer's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ def bound(alpha: float, length: int, width: int) -> float:
 def _noisy(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
     if not module.training:
         return output
-    mag = bound(module.neftune_noise_alpha, output.size(1), output.size(2))
+    alpha, length, width = module.neftune_noise_alpha, output.size(1), output.size(2)
+    if torch.compiler.is_compiling():  # the length is a symbol in the graph: the same noise's law, from its symbol
+        return output + torch.empty_like(output).uniform_(-1.0, 1.0) * (alpha / (length * width) ** 0.5)
+    mag = bound(alpha, length, width)
     return output + torch.zeros_like(output).uniform_(-mag, mag)
 
 
