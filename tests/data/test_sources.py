@@ -87,6 +87,18 @@ def test_save_to_disk_folder(tmp_path):
     assert df["label"].tolist() == [1, 0]
 
 
+def test_a_local_data_folder_is_read_without_the_libraries_bars_which_stay_as_they_were(tmp_path, capfd):
+    from datasets.utils import logging as datasets_logging
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"text": "good", "label": 1}\n{"text": "bad", "label": 0}\n')
+    df, _ = read_table(str(folder))
+    assert df["label"].tolist() == [1, 0]
+    assert "Generating" not in capfd.readouterr().err  # leantrain reports the rows itself
+    assert datasets_logging.is_progress_bar_enabled()  # a program calling leantrain keeps its own setting
+
+
 @pytest.mark.parametrize(
     "name,content,message",
     [

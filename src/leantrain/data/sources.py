@@ -6,10 +6,12 @@ so that the user hears about bad rows instead of training on them silently.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -758,13 +760,29 @@ def _parquet_class_names(path: Path) -> dict[str, list[str]]:
 # --- data sets: save_to_disk folders, `datasets` folders and hub data sets ---------------------------
 
 
+@contextlib.contextmanager
+def local_bars_off() -> Iterator[None]:
+    """`datasets`' bars off while it reads a local folder ("Generating train split: 4 examples"): leantrain says
+    what it read in its own line. A hub data set keeps them (a large download would look hung); restored after."""
+    from datasets.utils import logging as datasets_logging
+
+    was_enabled = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets_logging.enable_progress_bar()
+
+
 def _read_saved_dataset(path: Path, split: str, options: ReadOptions) -> tuple[pd.DataFrame, ReadReport]:
     import datasets
 
     if options.config is not None:
         raise DataError(f"{path}: a save_to_disk folder has no configurations; drop --data-config")
     try:
-        ds = datasets.load_from_disk(str(path))
+        with local_bars_off():
+            ds = datasets.load_from_disk(str(path))
     except Exception as exc:  # missing or damaged Arrow files, bad JSON, no permission: all unusable alike
         raise DataError(
             f"{path}: cannot read this save_to_disk folder ({_short(exc)}); save the data set again"
@@ -783,7 +801,8 @@ def _read_dataset(name: str, config: str | None, split: str, options: ReadOption
     label = f"{name}:{config}" if config else name
     local = Path(name).is_dir()
     try:
-        ds = datasets.load_dataset(name, config)
+        with local_bars_off() if local else contextlib.nullcontext():
+            ds = datasets.load_dataset(name, config)
     except Exception as exc:  # offline, unknown name, gated, unknown configuration: all end here for the user
         configs = _config_names(name)
         if configs and config not in configs:
