@@ -88,6 +88,32 @@ def test_documents_come_from_text_files_in_a_folder_searched_recursively(tmp_pat
         read_documents(str(tmp_path), "*.rst", None, ReadOptions(), "train")
 
 
+@pytest.mark.parametrize(
+    ("documents", "expected"),
+    [
+        ("paragraphs", ["first line\nsecond line", "after a blank line"]),
+        ("lines", ["first line", "second line", "after a blank line"]),
+        ("files", ["first line\nsecond line\n\nafter a blank line"]),
+    ],
+)
+def test_a_text_files_documents_are_its_paragraphs_lines_or_the_file(tmp_path, documents, expected):
+    path = tmp_path / "t.txt"
+    path.write_text("first line\nsecond line\n\nafter a blank line\n")
+    found, report, _ = read_documents(str(path), "*.txt", None, ReadOptions(documents=documents), "train")
+    assert found == expected and report.rows_dropped == (1 if documents == "lines" else 0)  # the blank line
+
+
+def test_a_text_file_read_another_way_is_tokenized_anew(tmp_path):
+    text = tmp_path / "c.txt"
+    text.write_text("the cat sat\nthe dog ran\n")
+    tokenizer = train_bpe_tokenizer(["the cat sat", "the dog ran"], vocab_size=300)
+    whole, _ = load_documents(str(text), tokenizer, tmp_path / "cache", "train")
+    lines, note = load_documents(
+        str(text), tokenizer, tmp_path / "cache", "train", options=ReadOptions(documents="lines")
+    )
+    assert len(whole) == 1 and len(lines) == 2 and "tokenized and cached" in note
+
+
 def test_documents_come_from_a_table_column(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text('text,label\nhello there,a\n"",b\nanother row,a\n')

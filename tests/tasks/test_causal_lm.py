@@ -413,13 +413,19 @@ def run(llama_dir, corpus, tmp_path):
     return go
 
 
-def test_a_text_file_of_one_document_says_what_ends_a_document(run, tmp_path):
-    """Lines without a blank line between them are one document: the error says so, not only 'only 1'."""
+def test_a_text_file_of_one_document_says_what_ends_a_document_and_reads_one_a_line_when_asked(run, tmp_path, capsys):
+    """Lines without a blank line between them are one document: the error says so and how to read one a line, not
+    only 'only 1'; --text-documents lines then trains on one document a line, 10% of them held out."""
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(documents(20, seed=3)) + "\n")
-    expected = "only 1 document (in text files a blank line ends a document); need two"
+    expected = (
+        "only 1 document (in text files a blank line ends a document; this one has 20 lines: --text-documents lines "
+        "reads one a line); need two"
+    )
     with pytest.raises(DataError, match=re.escape(expected)):
         run(data=str(lines))
+    result, _ = run(data=str(lines), text_documents="lines")
+    assert "held out 2 documents (10%" in capsys.readouterr().err and result.metrics["train_examples"] > 0
 
 
 def loss_log(result) -> list[float]:

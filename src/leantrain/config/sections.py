@@ -90,6 +90,7 @@ POOLER = ("auto", "keep", "identity", "mean")  # --pooler: what a BERT-style poo
 DATA_FORMATS = ("csv", "tsv", "json", "jsonl", "parquet", "conll")
 MIX_BY = ("examples", "tokens")  # data.mixture.MIX_BY
 BATCH_ORDERS = ("shuffled", "longest-first")  # data.batching.GlobalBatchSampler
+TEXT_DOCUMENTS = ("paragraphs", "lines", "files")  # --text-documents: data.lm.read_documents
 QUANTIZE = ("4bit", "8bit")  # LoRA
 PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "orpo")
 ADVANTAGES = ("grpo", "rloo")  # online RL
@@ -426,6 +427,12 @@ class DataConfig:
         read_by=("causal-lm",),
         default="*.txt",
     )
+    text_documents: str = _help(
+        "Causal LM: what one document of a text file is: paragraphs (the blocks between blank lines), lines (each "
+        "line: one text a line, as datasets' text loader reads it) or files (each file whole).",
+        read_by=("causal-lm",),
+        default="paragraphs",
+    )
     train_on_prompt: bool = _help(
         "Causal LM on instruction data (prompt/completion or messages columns): count the prompt's tokens in the "
         "loss too, not only the completion's.",
@@ -556,6 +563,7 @@ class DataConfig:
         _positive(self, "max_source_length", "eval_limit", optional=True)
         _check_data_sources(self)
         _choice(self, "batch_order", BATCH_ORDERS)
+        _choice(self, "text_documents", TEXT_DOCUMENTS)
         if not 0 < self.eval_fraction < 1:
             raise ConfigError(f"{_flag('eval_fraction')} must be between 0 and 1 (exclusive), got {self.eval_fraction}")
         for name in ("label_pattern", "eval_pattern"):

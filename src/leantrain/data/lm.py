@@ -1,6 +1,7 @@
 """Language-model data: documents read, tokenized once (cached), then packed into rows of --max-length tokens.
 
-A *document* is one text: a blank-line-separated block of a text file, or one row of a table's text column.
+A *document* is one text: a blank-line-separated block of a text file (or a line, or the file: --text-documents), or
+one row of a table's text column.
 Each ends with the tokenizer's EOS token. Packing lays the documents of a split one after another into rows of
 `max_length` tokens; a document that reaches the end of a row continues in the next one as a new *segment*.
 Position ids restart at every segment, which is what tells the model's attention (transformers' packed-sequence
@@ -96,6 +97,14 @@ def is_text_source(source: str) -> bool:
     return path.is_dir() and not any((path / name).is_file() for name in saved)
 
 
+def split_documents(text: str, documents: str) -> list[str]:
+    """A text file's documents (--text-documents): its paragraphs (blocks between blank lines), its lines, or the
+    file whole. Not yet stripped."""
+    if documents == "lines":
+        return text.splitlines()  # as datasets' text loader splits (a trailing newline ends the last line)
+    return [text] if documents == "files" else _BLANK_LINES.split(text)
+
+
 def read_documents(
     source: str, glob: str, text_column: str | None, options: ReadOptions, split: str
 ) -> tuple[list[str], ReadReport, str]:
@@ -112,7 +121,7 @@ def read_documents(
                 text = f.read_bytes().decode("utf-8-sig", errors="replace").replace("\r\n", "\n")
             except OSError as exc:
                 raise DataError(f"{f}: cannot read ({exc.strerror or exc})") from None
-            docs += _BLANK_LINES.split(text)
+            docs += split_documents(text, options.documents)
         report.rows_read = len(docs)
         kept = [d.strip() for d in docs if d.strip()]
         report.drop("empty", len(docs) - len(kept))

@@ -54,6 +54,8 @@ class ReadOptions:
     #: multi-label classes joined by --label-separator: an empty label cell is a row with no class (kept), not a
     #: missing label (dropped); with one label a row, empty is missing
     empty_label_is_no_class: bool = False
+    #: what one document of a text file is (--text-documents): paragraphs, lines or files
+    documents: str = "paragraphs"
 
     def key(self) -> dict[str, Any]:
         """What changes the rows read (for the tokenization cache key); how they were read does not."""
@@ -63,6 +65,7 @@ class ReadOptions:
             key
             | ({"no_class_rows": True} if self.empty_label_is_no_class else {})
             | ({"header_row": "refused"} if self.column_names else {})
+            | ({"documents": self.documents} if self.documents != "paragraphs" else {})
         )
 
 
@@ -88,6 +91,7 @@ def read_options(cfg, role: str = "train") -> ReadOptions:
         format=getattr(cfg, "format", None),
         empty_label_is_no_class=bool(getattr(cfg, "label_separator", None))
         and getattr(cfg, "problem_type", None) == "multi-label",
+        documents=getattr(cfg, "text_documents", None) or "paragraphs",
     )
 
 

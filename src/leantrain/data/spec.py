@@ -35,6 +35,7 @@ PER_SOURCE_FIELDS = (
     "eval_pattern",
     "eval_fraction",
     "text_glob",
+    "text_documents",
     "chat_template",
     "label_separator",
     "limit",

@@ -112,7 +112,7 @@ class CausalLM(Task):
             tokenizer.chat_template = template
         if not cfg.eval_data:
             if len(docs) < 2:
-                where = " (in text files a blank line ends a document)" if is_text_source(source) else ""
+                where = _one_document_hint(source, cfg.text_documents) if is_text_source(source) else ""
                 raise DataError(
                     f"{source}: only {len(docs)} document{where}; need two to hold one out (or give --eval-data)"
                 )
@@ -504,6 +504,21 @@ def check_packing_separates(model: Any) -> None:
             f"--packing: {type(model).__name__} with {impl} attention lets packed documents attend to each other "
             "(its attention ignores restarting position ids); use --no-packing"
         )
+
+
+def _one_document_hint(source: str, documents: str) -> str:
+    """Why a text source read as one document, and the reading that would give more, for the refusal."""
+    if documents != "paragraphs":
+        return f" (read as --text-documents {documents})"
+    path = Path(source)
+    lines = 0
+    if path.is_file():
+        with path.open("rb") as f:
+            lines = sum(1 for line in f if line.strip())
+    blank = "in text files a blank line ends a document"
+    if lines > 1:
+        return f" ({blank}; this one has {lines:,} lines: --text-documents lines reads one a line)"
+    return f" ({blank})"
 
 
 def prompts_of(cfg: Any) -> list[Any]:
