@@ -45,6 +45,27 @@ def test_the_draws_follow_torchs_generator_and_gradients_flow_through_the_kept_n
     assert torch.equal(x.grad, (first != 0).float() / (1 - round(0.3 * LEVELS) / LEVELS))
 
 
+@pytest.mark.parametrize(("dtype", "kept"), [(torch.float32, torch.bool), (torch.bfloat16, torch.bfloat16)])
+def test_an_fp32_dropout_keeps_a_bool_mask_for_backward_and_the_products_values(dtype, kept):
+    """fp32: zeroed after scaling, autograd keeps a bool a number (not the float mask torch's CPU dropout keeps), and
+    the output and the gradient equal the float-mask product's (a dropped number is +0 where the product gives -0 for
+    a negative input). 16-bit inputs keep their 2-byte mask:
+    bool-masked operators cost a CPU more time than that byte saves."""
+    x = torch.randn(64, 33, dtype=dtype, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        torch.manual_seed(3)
+        out = dropout(x * 1.0, 0.1)
+    assert saved == [kept]
+    out.backward(torch.ones_like(out))
+    dropped = round(0.1 * LEVELS)
+    torch.manual_seed(3)
+    bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
+    keep = (bits.view(torch.int16)[: x.numel()].view(x.shape) >= dropped - LEVELS // 2).to(dtype)
+    keep = keep.mul_(LEVELS / (LEVELS - dropped))
+    assert torch.equal(out, x.detach() * keep) and torch.equal(x.grad, keep)
+
+
 def test_outside_training_and_at_p_zero_it_is_torchs_own():
     x = torch.randn(64)
     assert dropout(x, 0.5, training=False) is x or torch.equal(dropout(x, 0.5, training=False), x)

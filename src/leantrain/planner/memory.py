@@ -844,14 +844,18 @@ def _vocabulary_share(more: dict[int, float], small: int, vocab: int) -> tuple[f
 
 @contextlib.contextmanager
 def _proxy_runs():
-    """Within: one thread (small matmuls: as fast, and the neighbours left alone) and a fixed seed (the dropout
-    masks), both restored after."""
+    """Within: one thread (small matmuls: as fast, and the neighbours left alone), a fixed seed (the dropout masks),
+    both restored after, and leantrain's CPU dropout (`model.dropout`), which keeps a bool mask for an fp32 input as
+    a run's does on a CPU (--fast-dropout, the default) and on a GPU (torch's fused dropout, any dtype): torch's CPU
+    dropout keeps a float one."""
     import torch
+
+    from leantrain.model.dropout import fast_dropout
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), fast_dropout():
             torch.manual_seed(0)
             yield
     finally:
