@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -124,25 +123,6 @@ def child(src: str, count: int, sizes: list[int], rounds: int, repeats: int) -> 
     return json.loads(out.strip().splitlines()[-1])
 
 
-def context() -> dict:
-    import numpy
-    import torch
-    import transformers
-
-    cpuinfo = Path("/proc/cpuinfo")
-    text = cpuinfo.read_text() if cpuinfo.exists() else ""
-    first = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
-    read = {k.strip(): v.strip() for k, v in first.items()}
-    features = [f for f in ("avx512_bf16", "amx_bf16", "avx512f", "avx2") if f in read.get("flags", "").split()]
-    name = read.get("model name", platform.processor() or "?")
-    cpu = f"{name} (family {read.get('cpu family')} model {read.get('model')})"
-    return {
-        "cpu": cpu, "cpu_features": ", ".join(features), "python": platform.python_version(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "numpy": numpy.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }  # fmt: skip
-
-
 def page(results: list[dict], args) -> list[str]:
     sides = list(dict.fromkeys(r["side"] for r in results))
     by = {(r["side"], r["kind"], r["rows"]): r["us"] for r in results}
@@ -180,7 +160,7 @@ def main() -> int:
     sys.path[:0] = [str(REPO), str(REPO / "src")]
     import torch
 
-    from benchmarks._results import write_results
+    from benchmarks._results import machine_context, write_results
 
     torch.set_num_threads(2)
     count = max(args.sizes) * 20
@@ -189,7 +169,7 @@ def main() -> int:
     results = time_sides(sides, args.sizes, args.rounds, args.repeats)
     if args.baseline_src:
         results += child(args.baseline_src, count, args.sizes, args.rounds, args.repeats)
-    text = write_results(args.out, args.name, page(results, args), context(), {"results": results})
+    text = write_results(args.out, args.name, page(results, args), machine_context(threads=2), {"results": results})
     print(text)
     return 0
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
 import statistics
 import sys
 import time
@@ -102,13 +101,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = p.parse_args()
     sys.path[:0] = [str(REPO), str(REPO / "src")]
-    import transformers
     from transformers import AutoModelForSequenceClassification
 
-    from benchmarks._results import write_results
+    from benchmarks._results import machine_context, write_results
     from leantrain.model import dropout as D
     from leantrain.model.loading import embedded_model_path
-    from leantrain.parallel import cpu_model
 
     torch.set_num_threads(2)
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -140,10 +137,7 @@ def main() -> int:
             f"| {r['rows']} x {r['length']} | {r['precision']} | {s['torch']:,.0f} | {s['float']:,.0f} "
             f"| {s['bool']:,.0f} | {s['bool'] / s['float']:.2f} | {ms['float']:,.0f} | {ms['bool']:,.0f} |"
         )
-    context = {
-        "cpu": cpu_model(), "threads": 2, "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }  # fmt: skip
+    context = machine_context(threads=2)
     print(write_results(args.out, "dropout_mask", page, context, {"rows": rows}))
     return 0
 

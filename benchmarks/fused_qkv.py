@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import platform
 import statistics
 import sys
 import time
@@ -141,10 +140,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = p.parse_args()
     sys.path[:0] = [str(REPO), str(REPO / "src")]
-    import transformers
 
-    from benchmarks._results import write_results
-    from leantrain.parallel import cpu_model
+    from benchmarks._results import machine_context, write_results
 
     torch.set_num_threads(args.threads)
     results = [measure(shape, args.steps if shape[1] < 256 else max(10, args.steps // 10)) for shape in SHAPES]
@@ -166,10 +163,7 @@ def main() -> int:
             f"| {ms['separate']:.2f} | {ms['stored']:.2f} | {ms['cat']:.2f} | {ms['separate'] / ms['stored']:.3f}x "
             f"| {ms['separate'] / ms['cat']:.3f}x | {d['stored']:.1e}, {d['cat']:.1e} |"
         )
-    context = {
-        "cpu": cpu_model(), "threads": args.threads, "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }  # fmt: skip
+    context = machine_context(threads=args.threads)
     print(write_results(args.out, "fused_qkv", page, context, {"results": results}))
     return 0
 
