@@ -44,8 +44,8 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     scale = LEVELS / (LEVELS - dropped)
     if input.dtype == torch.float32:
         # scaled, then zeroed where dropped: autograd keeps a bool mask (1 byte a number) where a product with a float
-        # mask keeps the float (4), and the values are that product's; a 16-bit input keeps the product, whose
-        # 2-byte mask costs less than the bool-masked operators, which a CPU runs unvectorized, cost time
+        # mask keeps the float (4), and the values are that product's. A 16-bit input keeps the product: its mask is
+        # 2 bytes, and the bool-masked operators, which a CPU runs unvectorized, would cost it time
         drop = bits < dropped - LEVELS // 2
         return input.mul_(scale).masked_fill_(drop, 0.0) if inplace else (input * scale).masked_fill_(drop, 0.0)
     keep = (bits >= dropped - LEVELS // 2).to(input.dtype).mul_(scale)
